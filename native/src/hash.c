@@ -1,0 +1,318 @@
+/* Hazelcast partition hashing over Arrow columns: validation, dispatch to the
+ * kernels chosen for this CPU, variable-width and composite keys. */
+#include <stdint.h>
+#include <string.h>
+
+#include "hash_internal.h"
+#include "murmur.h"
+
+#define SJ_K(name) name##_generic
+#define SJ_KTARGET
+#include "hash_kernels.inc"
+
+static void hash8_generic(const uint8_t *const *ptr, const uint32_t *len, uint32_t seed,
+                          uint32_t *out) {
+    for (int j = 0; j < 8; j++) out[j] = sj_hash_bytes_payload(ptr[j], len[j], seed);
+}
+
+static const sj_hash_kernels sj_kernels_generic = {
+    "generic", hash_int32_generic, hash_int64_generic, hash_int64_as_int32_generic, hash8_generic,
+    NULL,
+};
+
+static int force_generic = 0;
+
+static const sj_hash_kernels *kernels(void) {
+    static int has_avx2 = -1;
+    if (force_generic) return &sj_kernels_generic;
+    if (has_avx2 < 0) has_avx2 = sj_cpu_has_avx2();
+    return has_avx2 ? &sj_kernels_avx2 : &sj_kernels_generic;
+}
+
+const char *sj_hash_kernel_name(void) { return kernels()->name; }
+
+void sj_hash_force_generic(int force) { force_generic = force != 0; }
+
+int32_t sj_murmur3_32(const void *data, size_t len, uint32_t seed) {
+    const uint8_t *p = (const uint8_t *)data;
+    uint32_t h = seed;
+    size_t blocks = len / 4;
+    for (size_t b = 0; b < blocks; b++) h = sj_mix_h(h, sj_load_le32(p + 4 * b));
+    const uint8_t *tail = p + 4 * blocks;
+    uint32_t k = 0;
+    switch (len & 3) {
+    case 3: k ^= (uint32_t)tail[2] << 16; /* fall through */
+    case 2: k ^= (uint32_t)tail[1] << 8;  /* fall through */
+    case 1: k ^= tail[0]; h ^= sj_mix_k(k);
+    }
+    return (int32_t)sj_fmix(h ^ (uint32_t)len);
+}
+
+/* Granlund-Montgomery round-up division for 31-bit dividends: with
+ * l = ceil(log2 d) and magic = ceil(2**(31 + l) / d), magic * d exceeds
+ * 2**(31 + l) by less than 2**l, which makes (x * magic) >> (31 + l) equal to
+ * x / d for every x < 2**31; magic < 2**32 and the product < 2**63. */
+sj_status sj_divisor_init(sj_divisor *div, int32_t partition_count) {
+    if (partition_count < 1) return SJ_EINVAL;
+    uint32_t d = (uint32_t)partition_count, l = 0;
+    while (((uint64_t)1 << l) < d) l++;
+    uint64_t num = (uint64_t)1 << (31 + l);
+    div->d = d;
+    div->magic = (uint32_t)((num + d - 1) / d);
+    div->shift = 31 + l;
+    return SJ_OK;
+}
+
+int32_t sj_partition_of_hash(int32_t hash, int32_t partition_count) {
+    if (hash == INT32_MIN) return 0;
+    return (hash < 0 ? -hash : hash) % partition_count;
+}
+
+sj_status sj_partitions_from_hashes(const int32_t *hashes, int64_t n, int32_t partition_count,
+                                    int32_t *out) {
+    sj_divisor div;
+    if (n < 0 || sj_divisor_init(&div, partition_count) != SJ_OK) return SJ_EINVAL;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (int32_t)sj_reduce((uint32_t)hashes[i], div.d, div.magic, div.shift);
+    return SJ_OK;
+}
+
+/* Bytes `count` items of `size` bytes need, or -1 on overflow. */
+static int64_t span_bytes(int64_t count, int64_t size) {
+    if (count < 0 || size < 0 || (size && count > INT64_MAX / size)) return -1;
+    return count * size;
+}
+
+sj_status sj_column_check(const sj_column *col) {
+    if (!col || col->length < 0 || col->offset < 0 || col->length > INT64_MAX - col->offset)
+        return SJ_EINVAL;
+    int64_t end = col->offset + col->length, need;
+    switch (col->kind) {
+    case SJ_KEY_INT32: need = span_bytes(end, 4); break;
+    case SJ_KEY_INT64:
+    case SJ_KEY_INT64_AS_INT32: need = span_bytes(end, 8); break;
+    case SJ_KEY_VAR32: need = col->length ? span_bytes(end + 1, 4) : 0; break;
+    case SJ_KEY_VAR64: need = col->length ? span_bytes(end + 1, 8) : 0; break;
+    case SJ_KEY_VIEW:
+        need = span_bytes(end, 16);
+        if (col->variadic_count < 0 || (col->variadic_count && (!col->variadic || !col->variadic_sizes)))
+            return SJ_EINVAL;
+        break;
+    case SJ_KEY_FIXED:
+        if (col->width < 0) return SJ_EINVAL;
+        need = span_bytes(end, col->width);
+        if (need < 0) return SJ_EBOUNDS;
+        if (need > col->data_size || (need && !col->data)) return SJ_EBOUNDS;
+        return SJ_OK;
+    default: return SJ_EINVAL;
+    }
+    if (need < 0 || need > col->values_size || (need && !col->values)) return SJ_EBOUNDS;
+    if ((col->kind == SJ_KEY_VAR32 || col->kind == SJ_KEY_VAR64) && col->data_size < 0)
+        return SJ_EBOUNDS;
+    return SJ_OK;
+}
+
+/* The bytes of value i of a String/byte[] column, checked against its buffers. */
+static inline sj_status var_span(const sj_column *col, int64_t i, const uint8_t **ptr,
+                                 uint32_t *len) {
+    static const uint8_t empty[1];
+    int64_t s, e;
+    int64_t k = col->offset + i;
+    switch (col->kind) {
+    case SJ_KEY_VAR32:
+        s = ((const int32_t *)col->values)[k];
+        e = ((const int32_t *)col->values)[k + 1];
+        break;
+    case SJ_KEY_VAR64:
+        s = ((const int64_t *)col->values)[k];
+        e = ((const int64_t *)col->values)[k + 1];
+        break;
+    case SJ_KEY_FIXED:
+        *ptr = col->width ? col->data + k * col->width : empty;
+        *len = (uint32_t)col->width;
+        return SJ_OK;
+    default: { /* SJ_KEY_VIEW: length, then 12 inline bytes or prefix, buffer, offset */
+        const uint8_t *view = (const uint8_t *)col->values + 16 * k;
+        int32_t n, buf, off;
+        memcpy(&n, view, 4);
+        if (n < 0) return SJ_EBOUNDS;
+        *len = (uint32_t)n;
+        if (n <= 12) {
+            *ptr = view + 4;
+            return SJ_OK;
+        }
+        memcpy(&buf, view + 8, 4);
+        memcpy(&off, view + 12, 4);
+        if (buf < 0 || buf >= col->variadic_count || off < 0 ||
+            (int64_t)off + n > col->variadic_sizes[buf] || !col->variadic[buf])
+            return SJ_EBOUNDS;
+        *ptr = col->variadic[buf] + off;
+        return SJ_OK;
+    }
+    }
+    /* Unsigned compares also reject negative offsets. */
+    if ((uint64_t)e > (uint64_t)col->data_size || (uint64_t)s > (uint64_t)e) return SJ_EBOUNDS;
+    if (e - s > INT32_MAX - 4) return SJ_ERANGE; /* Java's int32 length prefix */
+    *ptr = e > s ? col->data + s : empty;
+    *len = (uint32_t)(e - s);
+    return SJ_OK;
+}
+
+static sj_status hash_var(const sj_hash_kernels *kern, const sj_column *col, uint32_t seed,
+                          const sj_divisor *div, int32_t *out, int64_t *err_index) {
+    static const uint8_t empty[1];
+    const uint8_t *ptr[8];
+    uint32_t len[8], h[8];
+    int64_t done = 0;
+    if (col->kind == SJ_KEY_VAR32 && kern->var32)
+        done = kern->var32((const int32_t *)col->values + col->offset, col->data, col->data_size,
+                           col->length, seed, div, out);
+    for (int64_t base = done; base < col->length; base += 8) {
+        int m = col->length - base < 8 ? (int)(col->length - base) : 8;
+        for (int j = 0; j < m; j++) {
+            sj_status st = var_span(col, base + j, &ptr[j], &len[j]);
+            if (st != SJ_OK) {
+                *err_index = base + j;
+                return st;
+            }
+        }
+        for (int j = m; j < 8; j++) {
+            ptr[j] = empty;
+            len[j] = 0;
+        }
+        kern->hash8(ptr, len, seed, h);
+        if (div) {
+            for (int j = 0; j < m; j++)
+                out[base + j] = (int32_t)sj_reduce(h[j], div->d, div->magic, div->shift);
+        } else {
+            memcpy(out + base, h, (size_t)m * 4);
+        }
+    }
+    return SJ_OK;
+}
+
+static sj_status hash_column(const sj_column *col, uint32_t seed, const sj_divisor *div,
+                             int32_t *out, int64_t *err_index) {
+    *err_index = -1;
+    sj_status st = sj_column_check(col);
+    if (st != SJ_OK) return st;
+    if (col->length == 0) return SJ_OK;
+    const sj_hash_kernels *kern = kernels();
+    switch (col->kind) {
+    case SJ_KEY_INT32:
+        kern->int32((const int32_t *)col->values + col->offset, col->length, seed, div, out);
+        return SJ_OK;
+    case SJ_KEY_INT64:
+        kern->int64((const int64_t *)col->values + col->offset, col->length, seed, div, out);
+        return SJ_OK;
+    case SJ_KEY_INT64_AS_INT32: {
+        int64_t bad = kern->int64_as_int32((const int64_t *)col->values + col->offset,
+                                           col->length, seed, div, out);
+        if (bad >= 0) {
+            *err_index = bad;
+            return SJ_ERANGE;
+        }
+        return SJ_OK;
+    }
+    default: return hash_var(kern, col, seed, div, out, err_index);
+    }
+}
+
+sj_status sj_hash_column(const sj_column *col, uint32_t seed, int32_t *out, int64_t *err_index) {
+    return hash_column(col, seed, NULL, out, err_index);
+}
+
+sj_status sj_partition_column(const sj_column *col, int32_t partition_count, int32_t *out,
+                              int64_t *err_index) {
+    sj_divisor div;
+    *err_index = -1;
+    if (sj_divisor_init(&div, partition_count) != SJ_OK) return SJ_EINVAL;
+    return hash_column(col, SJ_HAZELCAST_SEED, &div, out, err_index);
+}
+
+/* Incremental murmur over a payload fed in pieces (composite keys). */
+typedef struct {
+    uint32_t h, carry, carry_len, total;
+} mm_state;
+
+static void mm_feed(mm_state *s, const uint8_t *p, size_t n) {
+    while (s->carry_len && n) {
+        s->carry |= (uint32_t)*p++ << (8 * s->carry_len++);
+        n--;
+        s->total++;
+        if (s->carry_len == 4) {
+            s->h = sj_mix_h(s->h, s->carry);
+            s->carry = s->carry_len = 0;
+        }
+    }
+    for (; n >= 4; n -= 4, p += 4, s->total += 4) s->h = sj_mix_h(s->h, sj_load_le32(p));
+    for (; n; n--, s->total++) s->carry |= (uint32_t)*p++ << (8 * s->carry_len++);
+}
+
+static uint32_t mm_final(mm_state *s) {
+    uint32_t h = s->h;
+    if (s->carry_len) h ^= sj_mix_k(s->carry);
+    return sj_fmix(h ^ s->total);
+}
+
+static void put_be32(uint8_t *p, uint32_t v) {
+    v = sj_bswap32(v);
+    memcpy(p, &v, 4);
+}
+
+sj_status sj_hash_rows(const sj_column *cols, int32_t ncols, uint32_t seed, int32_t *out,
+                       int64_t *err_index, int32_t *err_column) {
+    *err_index = -1;
+    *err_column = -1;
+    if (ncols < 1 || !cols) return SJ_EINVAL;
+    int64_t rows = cols[0].length;
+    for (int32_t c = 0; c < ncols; c++) {
+        sj_status st = sj_column_check(&cols[c]);
+        if (st == SJ_OK && cols[c].length != rows) st = SJ_EINVAL;
+        if (st != SJ_OK) {
+            *err_column = c;
+            return st;
+        }
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        mm_state s = {seed, 0, 0, 0};
+        for (int32_t c = 0; c < ncols; c++) {
+            const sj_column *col = &cols[c];
+            uint8_t buf[8];
+            int64_t k = col->offset + i;
+            if (col->kind == SJ_KEY_INT32) {
+                put_be32(buf, (uint32_t)((const int32_t *)col->values)[k]);
+                mm_feed(&s, buf, 4);
+            } else if (col->kind == SJ_KEY_INT64 || col->kind == SJ_KEY_INT64_AS_INT32) {
+                int64_t v = ((const int64_t *)col->values)[k];
+                if (col->kind == SJ_KEY_INT64_AS_INT32) {
+                    if (v != (int64_t)(int32_t)v) {
+                        *err_index = i;
+                        *err_column = c;
+                        return SJ_ERANGE;
+                    }
+                    put_be32(buf, (uint32_t)v);
+                    mm_feed(&s, buf, 4);
+                } else {
+                    put_be32(buf, (uint32_t)((uint64_t)v >> 32));
+                    put_be32(buf + 4, (uint32_t)v);
+                    mm_feed(&s, buf, 8);
+                }
+            } else {
+                const uint8_t *p;
+                uint32_t n;
+                sj_status st = var_span(col, i, &p, &n);
+                if (st != SJ_OK) {
+                    *err_index = i;
+                    *err_column = c;
+                    return st;
+                }
+                put_be32(buf, n);
+                mm_feed(&s, buf, 4);
+                mm_feed(&s, p, n);
+            }
+        }
+        out[i] = (int32_t)mm_final(&s);
+    }
+    return SJ_OK;
+}

@@ -1,0 +1,13 @@
+#include "sparkjet/status.h"
+
+const char *sj_status_message(sj_status status) {
+    switch (status) {
+    case SJ_OK: return "ok";
+    case SJ_EINVAL: return "invalid argument";
+    case SJ_EBOUNDS: return "offset or length outside its buffer";
+    case SJ_ERANGE: return "value out of range for the key type";
+    case SJ_ENOMEM: return "out of memory";
+    case SJ_ECORRUPT: return "corrupt input";
+    }
+    return "unknown status";
+}
