@@ -151,26 +151,49 @@ def test_string_edge_lengths_match_reference():
     st.integers(1, 5000),
     st.sampled_from([ref.SEED, 0, 0xFFFFFFFF]),
 )
-def test_avx2_and_generic_kernels_agree_with_reference(values, cut, partition_count, seed):
+def test_every_kernel_agrees_with_reference(values, cut, partition_count, seed):
     arr = pa.array(values, pa.binary()).slice(min(cut, len(values)))
     vals = values[min(cut, len(values)) :]
     want_hash = [ref.murmur3_32(ref.payload(v, "bytes"), seed) for v in vals]
     want_part = [ref.partition(v, "bytes", partition_count) for v in vals]
     ints = np.frombuffer(b"".join(v.ljust(8, b"\0")[:8] for v in vals) or b"", dtype=np.int64)
     try:
-        for generic in (False, True):
-            native.force_generic(generic)
+        for kernel in native.available_kernels():
+            native.select_kernel(kernel)
             assert sparkjet.murmur3_32(arr, seed).to_pylist() == want_hash
             assert sparkjet.partition_ids(arr, partition_count).to_pylist() == want_part
             assert sparkjet.partition_ids(ints, partition_count).to_pylist() == [
                 ref.partition(int(v), "long", partition_count) for v in ints
             ]
     finally:
-        native.force_generic(False)
+        native.select_kernel(None)
 
 
-def test_kernel_is_reported():
-    assert native.kernel_name() in ("avx2", "generic")
+def test_kernels_are_reported_and_selectable():
+    kernels = native.available_kernels()
+    assert kernels[-1] == "generic" and native.kernel_name() == kernels[0]
+    native.select_kernel("generic")
+    try:
+        assert native.kernel_name() == "generic"
+    finally:
+        native.select_kernel(None)
+    with pytest.raises(ValueError, match="not available"):
+        native.select_kernel("sse9")
+
+
+@pytest.fixture(params=["avx512", "avx2", "generic"])
+def kernel(request):
+    if request.param not in native.available_kernels():
+        pytest.skip(f"this CPU cannot run the {request.param} kernels")
+    native.select_kernel(request.param)
+    yield request.param
+    native.select_kernel(None)
+
+
+def test_long_strings_through_each_kernel(kernel):
+    rng = np.random.default_rng(7)
+    words = ["".join(chr(c) for c in rng.integers(32, 0x3000, size=n)) for n in rng.integers(0, 90, 300)]
+    assert sparkjet.partition_ids(pa.array(words)).to_pylist() == [ref.partition(w, "string") for w in words]
 
 
 @pytest.mark.parametrize("partition_count", [1, 2, 7, 271, 1000, 65537, 2**31 - 1])
@@ -376,25 +399,22 @@ def _native_partitions(kind, values: np.ndarray, data: bytes = b"", length=None,
     "offsets,index",
     [([0, 3, 100], 1), ([0, -4, 2], 0), ([0, 4, 2], 1), ([-8, 0, 2], 0), ([0, 1, 2**31 - 1], 1)],
 )
-@pytest.mark.parametrize("generic", [False, True])
-def test_malformed_offsets_raise_instead_of_reading_out_of_bounds(offsets, index, generic):
-    native.force_generic(generic)
-    try:
-        for kind, dtype in ((native.KEY_VAR32, np.int32), (native.KEY_VAR64, np.int64)):
-            with pytest.raises(CorruptDataError, match=f"index {index}") as e:
-                _native_partitions(kind, np.array(offsets, dtype), b"abcdef")
-            assert e.value.index == index
-        # 99 good keys first, so the vectorized path meets the bad block.
-        good = list(range(0, 198, 2))
-        if offsets[0] == 0 and offsets[-1] < 2**31 - 198:
-            bad = np.array(good + [198 + o for o in offsets], np.int32)
-            with pytest.raises(CorruptDataError, match=f"index {len(good) + index}"):
-                _native_partitions(native.KEY_VAR32, bad, b"x" * 198 + b"abcdef")
-        # The same buffers, well formed, hash fine.
-        assert _native_partitions(native.KEY_VAR32, np.array(good, np.int32), b"x" * 200) == [
-            ref.partition("xx", "string")] * (len(good) - 1)
-    finally:
-        native.force_generic(False)
+def test_malformed_offsets_raise_instead_of_reading_out_of_bounds(offsets, index, kernel):
+    for kind, dtype in ((native.KEY_VAR32, np.int32), (native.KEY_VAR64, np.int64)):
+        with pytest.raises(CorruptDataError, match=f"index {index}") as e:
+            _native_partitions(kind, np.array(offsets, dtype), b"abcdef")
+        assert e.value.index == index
+    # 99 good keys before and 40 after, so the vectorized path (blocks of 32 keys)
+    # meets the bad one; keys after it may be bad too, the first is reported.
+    good = list(range(0, 198, 2))
+    if offsets[0] == 0 and offsets[-1] < 2**31 - 400:
+        tail = [198 + offsets[-1] + 2 * k for k in range(1, 41)]
+        bad = np.array(good + [198 + o for o in offsets] + tail, np.int32)
+        with pytest.raises(CorruptDataError, match=f"index {len(good) + index}"):
+            _native_partitions(native.KEY_VAR32, bad, b"x" * 198 + b"abcdef")
+    # The same buffers, well formed, hash fine.
+    assert _native_partitions(native.KEY_VAR32, np.array(good, np.int32), b"x" * 200) == [
+        ref.partition("xx", "string")] * (len(good) - 1)
 
 
 def test_short_key_at_the_end_of_data_is_read_safely():

@@ -156,10 +156,28 @@ def murmur3_bytes(const uint8_t[::1] data, uint32_t seed):
 
 
 def kernel_name():
-    """The kernel set chosen for this CPU ("avx2" or "generic")."""
+    """The kernel set in use: the fastest this CPU runs ("avx512", "avx2", "generic")."""
     return sj_hash_kernel_name().decode()
 
 
-def force_generic(bint force):
-    """Use the portable kernels even where faster ones exist (parity tests)."""
-    sj_hash_force_generic(force)
+def available_kernels():
+    """The kernel sets this CPU can run, fastest first."""
+    names = []
+    cdef const char *name = sj_hash_kernel_available(0)
+    while name != NULL:
+        names.append(name.decode())
+        name = sj_hash_kernel_available(len(names))
+    return names
+
+
+def select_kernel(name):
+    """Uses the named kernel set, or the fastest again with None (parity tests and
+    benchmarks; not to be called while another thread hashes)."""
+    if name is None:
+        sj_hash_select_kernel(NULL)
+        return
+    encoded = name.encode()
+    if sj_hash_select_kernel(encoded) != SJ_OK:
+        raise InvalidArgumentError(
+            f"kernel {name!r} is not available on this CPU; available: {available_kernels()}"
+        )

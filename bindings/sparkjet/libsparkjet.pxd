@@ -53,4 +53,5 @@ cdef extern from "sparkjet/hash.h" nogil:
     sj_status sj_partitions_from_hashes(const int32_t *hashes, int64_t n, int32_t partition_count,
                                         int32_t *out)
     const char *sj_hash_kernel_name()
-    void sj_hash_force_generic(int force)
+    const char *sj_hash_kernel_available(int i)
+    sj_status sj_hash_select_kernel(const char *name)

@@ -20,18 +20,52 @@ static const sj_hash_kernels sj_kernels_generic = {
     NULL,
 };
 
-static int force_generic = 0;
+/* Fastest first; a kernel set is usable when the CPU has its instructions. */
+static const sj_hash_kernels *all_kernels(int i) {
+    switch (i) {
+    case 0: return sj_cpu_has_avx512() ? &sj_kernels_avx512 : NULL;
+    case 1: return sj_cpu_has_avx2() ? &sj_kernels_avx2 : NULL;
+    case 2: return &sj_kernels_generic;
+    default: return NULL;
+    }
+}
+#define SJ_KERNEL_SETS 3
+
+static const sj_hash_kernels *selected = NULL;
 
 static const sj_hash_kernels *kernels(void) {
-    static int has_avx2 = -1;
-    if (force_generic) return &sj_kernels_generic;
-    if (has_avx2 < 0) has_avx2 = sj_cpu_has_avx2();
-    return has_avx2 ? &sj_kernels_avx2 : &sj_kernels_generic;
+    const sj_hash_kernels *k = selected;
+    if (k) return k;
+    for (int i = 0; i < SJ_KERNEL_SETS && !k; i++) k = all_kernels(i);
+    selected = k;
+    return k;
 }
 
 const char *sj_hash_kernel_name(void) { return kernels()->name; }
 
-void sj_hash_force_generic(int force) { force_generic = force != 0; }
+const char *sj_hash_kernel_available(int i) {
+    int seen = 0;
+    for (int j = 0; j < SJ_KERNEL_SETS; j++) {
+        const sj_hash_kernels *k = all_kernels(j);
+        if (k && seen++ == i) return k->name;
+    }
+    return NULL;
+}
+
+sj_status sj_hash_select_kernel(const char *name) {
+    if (!name) {
+        selected = NULL;
+        return SJ_OK;
+    }
+    for (int j = 0; j < SJ_KERNEL_SETS; j++) {
+        const sj_hash_kernels *k = all_kernels(j);
+        if (k && strcmp(k->name, name) == 0) {
+            selected = k;
+            return SJ_OK;
+        }
+    }
+    return SJ_EINVAL;
+}
 
 int32_t sj_murmur3_32(const void *data, size_t len, uint32_t seed) {
     const uint8_t *p = (const uint8_t *)data;

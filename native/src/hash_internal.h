@@ -22,6 +22,8 @@ typedef struct sj_hash_kernels {
 } sj_hash_kernels;
 
 extern const sj_hash_kernels sj_kernels_avx2;
+extern const sj_hash_kernels sj_kernels_avx512;
 int sj_cpu_has_avx2(void);
+int sj_cpu_has_avx512(void);
 
 #endif

@@ -100,14 +100,14 @@ static void test_kernels_agree(void) {
     static int64_t longs[N];
     static int32_t ints[N], a[N], b[N];
     static int32_t offsets[N + 1];
-    static uint8_t data[N * 40];
+    static uint8_t data[N * 80];
     int64_t err;
     int32_t pos = 0;
     for (int i = 0; i < N; i++) {
         longs[i] = (int64_t)next();
         ints[i] = (int32_t)next();
         offsets[i] = pos;
-        int len = (int)(next() % 40);
+        int len = (int)(next() % 80);
         for (int j = 0; j < len; j++) data[pos++] = (uint8_t)next();
     }
     offsets[N] = pos;
@@ -116,17 +116,22 @@ static void test_kernels_agree(void) {
                          int_column(SJ_KEY_VAR32, offsets, N, sizeof offsets)};
     cols[2].data = data;
     cols[2].data_size = pos;
-    for (int c = 0; c < 3; c++) {
-        for (int part = 0; part < 2; part++) {
-            sj_hash_force_generic(1);
-            if (part) sj_partition_column(&cols[c], 271, a, &err);
-            else sj_hash_column(&cols[c], SJ_HAZELCAST_SEED, a, &err);
-            sj_hash_force_generic(0);
-            if (part) sj_partition_column(&cols[c], 271, b, &err);
-            else sj_hash_column(&cols[c], SJ_HAZELCAST_SEED, b, &err);
-            CHECK(memcmp(a, b, sizeof a) == 0, "kernel %s disagrees on column %d", sj_hash_kernel_name(), c);
+    const char *name;
+    for (int k = 0; (name = sj_hash_kernel_available(k)) != NULL; k++) {
+        for (int c = 0; c < 3; c++) {
+            for (int part = 0; part < 2; part++) {
+                sj_hash_select_kernel("generic");
+                if (part) sj_partition_column(&cols[c], 271, a, &err);
+                else sj_hash_column(&cols[c], SJ_HAZELCAST_SEED, a, &err);
+                CHECK(sj_hash_select_kernel(name) == SJ_OK, "select %s", name);
+                if (part) sj_partition_column(&cols[c], 271, b, &err);
+                else sj_hash_column(&cols[c], SJ_HAZELCAST_SEED, b, &err);
+                CHECK(memcmp(a, b, sizeof a) == 0, "kernel %s disagrees on column %d", name, c);
+            }
         }
     }
+    sj_hash_select_kernel(NULL);
+    CHECK(sj_hash_select_kernel("no-such-kernel") == SJ_EINVAL, "unknown kernel");
     /* A composite of one column is that column's hash. */
     int32_t rc;
     for (int c = 0; c < 3; c++) {
@@ -159,6 +164,8 @@ int main(void) {
     test_divisor();
     test_kernels_agree();
     test_bounds();
-    printf("%s: kernel %s, %d failed\n", failures ? "FAIL" : "ok", sj_hash_kernel_name(), failures);
+    printf("%s: kernels", failures ? "FAIL" : "ok");
+    for (int k = 0; sj_hash_kernel_available(k); k++) printf(" %s", sj_hash_kernel_available(k));
+    printf(", %d failed\n", failures);
     return failures != 0;
 }

@@ -89,12 +89,17 @@ sj_status sj_hash_rows(const sj_column *cols, int32_t ncols, uint32_t seed, int3
 sj_status sj_partitions_from_hashes(const int32_t *hashes, int64_t n, int32_t partition_count,
                                     int32_t *out);
 
-/* The name of the kernel set chosen for this CPU at run time ("avx2", "generic"). */
+/* The name of the kernel set in use: the fastest this CPU runs ("avx512",
+ * "avx2", "generic") unless one was selected. */
 const char *sj_hash_kernel_name(void);
 
-/* Forces the portable kernels (1) or lets CPU detection choose (0): for tests
- * that compare the two. */
-void sj_hash_force_generic(int force);
+/* The i-th kernel set this CPU can run, fastest first, or NULL past the last. */
+const char *sj_hash_kernel_available(int i);
+
+/* Uses the named kernel set (SJ_EINVAL if this CPU cannot run it), or returns
+ * to the fastest with NULL: for tests that compare kernels and benchmarks.
+ * Not thread-safe against concurrent hashing. */
+sj_status sj_hash_select_kernel(const char *name);
 
 #ifdef __cplusplus
 }
