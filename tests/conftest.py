@@ -1,0 +1,21 @@
+"""Shared fixtures. Kept cheap to import: pyspark loads only when a test asks for ``spark``."""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session (``local[2]``) for the whole run, started by the first test
+    that needs it and stopped at the end. Without Java 17+ the requesting tests fail with
+    the message of :class:`sparkjet._java.JavaNotFoundError` (never a silent skip)."""
+    from sparkjet._java import JavaNotFoundError
+    from sparkjet.spark import local_session
+
+    try:
+        session = local_session("local[2]", "sparkjet-tests")
+    except JavaNotFoundError as e:
+        missing = f"JavaNotFoundError: {e}"
+    else:
+        yield session
+        session.stop()
+        return
+    pytest.fail(missing, pytrace=False)

@@ -1,0 +1,82 @@
+"""The ``sparkjet`` command, run as a user runs it: ``python -m sparkjet`` in a subprocess."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def sparkjet(*args, timeout=60, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "sparkjet", *args],
+        capture_output=True, text=True, timeout=timeout, env=env, check=False,
+    )
+
+
+def test_help_lists_the_commands():
+    done = sparkjet("--help")
+    assert done.returncode == 0, done.stderr
+    assert "demo" in done.stdout
+
+
+def test_demo_help_lists_every_option():
+    done = sparkjet("demo", "--help")
+    assert done.returncode == 0, done.stderr
+    for option in ("--rows", "--partitions", "--master", "--key-type", "--keys", "--rounds"):
+        assert option in done.stdout
+    assert "10,000,000" in done.stdout and "271" in done.stdout and "local[2]" in done.stdout
+
+
+def test_bad_option_is_a_usage_error():
+    done = sparkjet("demo", "--rows", "0")
+    assert done.returncode == 2
+    assert "--rows" in done.stderr and "at least 1" in done.stderr
+
+
+def test_without_java_one_line_and_exit_code_2(tmp_path):
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
+    done = sparkjet("demo", "--rows", "10", env=env)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sparkjet demo: error: JAVA_HOME is")
+    assert "openjdk-17-jre-headless" in lines[0]
+
+
+@pytest.mark.spark
+def test_demo_prints_the_histogram_and_the_speed():
+    rows = 20_000
+    done = sparkjet("demo", "--rows", str(rows), "--partitions", "31", "--rounds", "1",
+                    timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    total = re.search(r"^\s+histogram total\s+([\d,]+) rows$", out, re.MULTILINE)
+    assert total and int(total.group(1).replace(",", "")) == rows, out
+    for label in ("rows", "partition_count", "members / backups", "session start",
+                  "Spark alone", "Arrow round trip to Python", "with_partition_id",
+                  "partitioning cost", "min / max", "mean / stddev", "partitions with rows",
+                  "fullest 5", "emptiest 5", "per key", "throughput"):
+        assert re.search(rf"^\s+{re.escape(label)}\s", out, re.MULTILINE), f"no {label!r} in\n{out}"
+    assert re.search(r"^\s+partition_count\s+31$", out, re.MULTILINE)
+    assert re.search(r"^\s+partitions with rows\s+31 of 31$", out, re.MULTILINE)
+    # The load buckets count every partition once.
+    buckets = re.findall(r"^\s+[\d,]+ - [\d,]+\s+(\d+)\s", out, re.MULTILINE)
+    assert sum(map(int, buckets)) == 31, out
+    assert re.search(r"[\d.]+ ns/key", out)
+
+
+@pytest.mark.spark
+def test_demo_string_keys_and_histogram(spark):
+    """The demo's string keys, on the shared session (a second demo JVM would cost ~10 s)."""
+    from sparkjet import cli, partition_ids
+
+    frame = cli._key_frame(spark, 3_000, 1_000, "string")
+    keys = frame.toArrow().sort_by("id").column("key")
+    assert keys[:3].to_pylist() == [f"key-{i * 2654435761 % 1_000}" for i in range(3)]
+    assert len(set(keys.to_pylist())) == 1_000
+    loads = cli._histogram(frame, 31)
+    assert sum(loads) == 3_000
+    ids = partition_ids(keys, 31).to_pylist()
+    assert loads == [ids.count(p) for p in range(31)]
+    assert cli._time_driver(3_000, 1_000, 31, "string") > 0
