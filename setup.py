@@ -55,14 +55,17 @@ class build_ext_always(build_ext):
 
 
 cflags, ldflags = compiler_flags()
+# One extension per Cython module in bindings/sparkjet/ (sparkjet.hash, ...), each with
+# the whole C core: it is small, and no shared library has to be found at run time.
 extensions = [
     Extension(
-        "sparkjet.hash",
-        ["bindings/sparkjet/hash.pyx", *NATIVE_SOURCES],
+        f"sparkjet.{pyx.stem}",
+        [str(pyx.relative_to(ROOT)), *NATIVE_SOURCES],
         include_dirs=["native/include", "native/src", "bindings"],
         extra_compile_args=cflags,
         extra_link_args=ldflags,
-    ),
+    )
+    for pyx in sorted((ROOT / "bindings" / "sparkjet").glob("*.pyx"))
 ]
 
 setup(

@@ -1,7 +1,7 @@
 # Declarations only: the C API of native/include/sparkjet/, for Cython.
 # Downstream code that cimports these types needs sparkjet.get_include() on
 # its include path; the functions themselves are reached through sparkjet.hash.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "sparkjet/status.h" nogil:
@@ -55,3 +55,58 @@ cdef extern from "sparkjet/hash.h" nogil:
     const char *sj_hash_kernel_name()
     const char *sj_hash_kernel_available(int i)
     sj_status sj_hash_select_kernel(const char *name)
+
+
+cdef extern from "sparkjet/chunk.h" nogil:
+    uint32_t SJ_CHUNK_MAGIC
+    int SJ_CHUNK_VERSION
+    int SJ_CHUNK_HEADER_SIZE
+    int SJ_CODEC_RAW
+    int SJ_CODEC_LZ4
+    int SJ_CODEC_ARROW_LZ4
+    unsigned int SJ_CHUNK_BROADCAST
+    unsigned int SJ_CHUNK_ENTRIES
+
+    ctypedef struct sj_chunk_header:
+        uint16_t version
+        uint8_t codec
+        uint8_t flags
+        uint64_t job_id
+        int64_t snapshot_id
+        uint32_t vertex
+        int32_t partition
+        uint32_t entry_count
+        uint32_t uncompressed_size
+        uint32_t stored_size
+        uint64_t checksum
+
+    ctypedef struct sj_binary:
+        const int32_t *offsets
+        int64_t offsets_size
+        const uint8_t *data
+        int64_t data_size
+        int64_t offset
+        int64_t length
+
+    sj_status sj_chunk_header_encode(const sj_chunk_header *h, uint8_t *out)
+    sj_status sj_chunk_header_decode(const uint8_t *buf, size_t len, sj_chunk_header *h,
+                                     const char **bad_field)
+    sj_status sj_chunk_scan(const uint8_t *buf, size_t len, int64_t *offsets,
+                            sj_chunk_header *headers, size_t cap, size_t *count,
+                            size_t *err_offset, const char **bad_field)
+    sj_status sj_scatter_by_partition(const int32_t *partitions, int64_t n,
+                                      int32_t partition_count, int64_t *starts, int64_t *perm,
+                                      int64_t *err_index)
+    sj_status sj_entries_sizes(const sj_binary *keys, const sj_binary *values, int64_t *sizes,
+                               int64_t *err_index)
+    sj_status sj_entries_encode(const sj_binary *keys, const sj_binary *values,
+                                const int64_t *rows, int64_t nrows, uint8_t *out, size_t cap,
+                                size_t *written)
+    sj_status sj_entries_measure(const uint8_t *payload, size_t len, uint32_t count,
+                                 int64_t *key_bytes, int64_t *value_bytes, size_t *err_offset)
+    sj_status sj_entries_decode(const uint8_t *payload, size_t len, uint32_t count,
+                                int32_t key_base, int32_t *key_offsets, uint8_t *key_data,
+                                int32_t value_base, int32_t *value_offsets, uint8_t *value_data)
+    sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n,
+                               const int32_t *partitions, const int64_t *starts,
+                               int32_t partition_count, uint8_t *dst)

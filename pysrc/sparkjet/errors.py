@@ -36,3 +36,36 @@ class CorruptDataError(SparkjetError, ValueError):
     def __init__(self, message: str, index: int = -1):
         super().__init__(message)
         self.index = index
+
+
+class SnapshotCorruptError(CorruptDataError):
+    """A snapshot chunk or record failed a check: ``path`` is the file, ``offset`` the
+    chunk's byte offset in it, ``field`` what did not match."""
+
+    def __init__(self, path: str | None, offset: int, field: str, detail: str = ""):
+        where = f"{path}: " if path else ""
+        super().__init__(
+            f"{where}corrupt snapshot data at offset {offset}: bad {field}"
+            + (f" ({detail})" if detail else ""),
+            offset,
+        )
+        self.path = path
+        self.offset = offset
+        self.field = field
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.offset, self.field))
+
+
+class SnapshotNotFoundError(SparkjetError, LookupError):
+    """No complete snapshot matches what was asked for."""
+
+
+class SnapshotIncompleteError(SparkjetError, ValueError):
+    """A snapshot's data does not match its validation record (a missing or extra
+    chunk, a wrong count, job or checksum): it is refused whole, never restored in part."""
+
+
+class FencedError(SparkjetError, RuntimeError):
+    """A writer of an older execution tried to write or commit after a newer execution
+    was registered (a zombie): refused, and nothing it wrote becomes visible."""

@@ -1,0 +1,654 @@
+"""Snapshot storage: partition-aligned, checksummed, fenced, and all-or-nothing.
+
+Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://`` through
+``pyarrow.fs``), for job ``J`` (16 hex digits)::
+
+    job-J/log/000000000042.json                events, in order (see below)
+    job-J/snapshots/S-eE/VERTEX/00017-W-C.chunks  chunks of one partition (5 digits), or
+    job-J/snapshots/S-eE/VERTEX/broadcast-W-C.chunks  broadcast state; W writer, C call
+    job-J/snapshots/S-eE/_validation-X.json    the validation record of snapshot S by execution E
+                                               (X: its xxh3, so no write can replace it)
+    job-J/exports/NAME/...                     an exported snapshot (same layout) + _export.json
+
+**The log is the commit point.** Events are small JSON files named by a sequence number and
+created exclusively (a name is taken once, whole): ``register`` (execution E starts) and
+``commit`` (execution E's snapshot S is complete, with the xxh3 of its validation record). A
+commit counts only if its execution was registered before it and *no newer execution was
+registered before it*, so a zombie of an old execution can write and commit all it likes
+after a restart: nothing it writes becomes visible. Its data also lives under its own
+``S-eE`` directory, so it can never mix with the new execution's files.
+
+**Jet's two alternating data sets**, on a filesystem: a directory per snapshot and execution;
+the last complete snapshot is kept while the next is written, and older ones (and leftovers
+of failed attempts) are removed only after a newer one is complete. Exports are never
+removed by cleanup.
+
+**Restore trusts nothing**: the validation record must match the commit's checksum, job,
+snapshot and execution; the files of the requested partitions must be exactly those the
+record lists; every chunk's header, ids, count and checksum must match. Any mismatch raises
+and nothing is returned: never partial state.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import xxhash
+
+from sparkjet._fs import Backend
+from sparkjet.chunks import (
+    DEFAULT_CHUNK_SIZE,
+    Chunk,
+    ChunkEncoder,
+    decode_entries,
+    decode_table,
+    read_chunks,
+)
+from sparkjet.errors import (
+    FencedError,
+    InvalidArgumentError,
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
+    SnapshotNotFoundError,
+)
+from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+
+RECORD_FORMAT = 1
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+def vertex_id(vertex: str) -> int:
+    """The 32-bit id a vertex name has in chunk headers (xxh32 of its UTF-8 name)."""
+    return xxhash.xxh32_intdigest(vertex.encode())
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A complete snapshot (or an export of one)."""
+
+    job_id: int
+    snapshot_id: int
+    execution_id: int
+    chunk_count: int
+    bytes: int
+    entries: int
+    vertices: tuple[str, ...]
+    created: float
+    name: str | None = None
+
+
+@dataclass
+class VertexState:
+    """What one processor restores: its partitions' keyed state and the broadcast state."""
+
+    table: pa.Table | None = None
+    entries: tuple[pa.Array, pa.Array] | None = None
+    broadcast_table: pa.Table | None = None
+    broadcast_entries: tuple[pa.Array, pa.Array] | None = None
+    chunks: int = 0
+    bytes_read: int = 0
+
+
+@dataclass
+class Manifest:
+    """What a writer wrote: plain data that travels to whoever commits (the coordinator)."""
+
+    snapshot_id: int
+    execution_id: int
+    files: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"snapshot_id": self.snapshot_id, "execution_id": self.execution_id,
+                "files": self.files}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Manifest":
+        return cls(data["snapshot_id"], data["execution_id"], list(data["files"]))
+
+
+class SnapshotStore:
+    """The snapshots of one job in one place.
+
+    >>> store = SnapshotStore(tmp_path, job_id=1)          # doctest: +SKIP
+    >>> store.register_execution(1)
+    >>> w = store.writer(snapshot_id=0, execution_id=1)
+    >>> w.write_table("counts", table, key="key")
+    >>> store.commit(0, 1, [w.finish()])
+    >>> store.restore("counts", partitions=[0, 1, 2]).table
+    """
+
+    def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True):
+        if not isinstance(job_id, int) or not 0 <= job_id < 2**64:
+            raise InvalidArgumentError(f"job_id must be an int in 0..2**64-1, got {job_id!r}")
+        self._backend = Backend(uri, filesystem, durable)
+        self.job_id = job_id
+        self._job = f"job-{job_id:016x}"
+        self._log_lock = threading.Lock()
+        self._cleaner: threading.Thread | None = None
+        self._io = None
+        for d in ("log", "snapshots", "exports"):
+            self._backend.makedirs(self._path(d))
+
+    def __repr__(self) -> str:
+        return f"SnapshotStore({self._backend.root!r}, job_id={self.job_id})"
+
+    def close(self) -> None:
+        """Waits for background cleanup and stops the I/O threads."""
+        self.wait_for_cleanup()
+        if self._io is not None:
+            self._io.shutdown()
+            self._io = None
+
+    def __enter__(self) -> "SnapshotStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def wait_for_cleanup(self) -> None:
+        """Returns once the removal of snapshots older than the last commit is done."""
+        if self._cleaner is not None:
+            self._cleaner.join()
+            self._cleaner = None
+
+    def _pool(self):
+        # File writes and fsyncs release the GIL: a few threads keep the disk busy.
+        if self._io is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._io = ThreadPoolExecutor(4, thread_name_prefix="sparkjet-snapshot-io")
+        return self._io
+
+    @staticmethod
+    def jobs(uri, *, filesystem=None) -> list[int]:
+        """The job ids that have snapshots under a URI."""
+        backend = Backend(uri, filesystem)
+        return [int(n[4:], 16) for n in backend.listdir(backend.root) if re.fullmatch(r"job-[0-9a-f]{16}", n)]
+
+    def _path(self, *parts: str) -> str:
+        return self._backend.path(self._job, *parts)
+
+    # -- the log -----------------------------------------------------------------------
+
+    def _events(self) -> list[tuple[int, dict]]:
+        out = []
+        for name in self._backend.listdir(self._path("log")):
+            if not re.fullmatch(r"\d{12}\.json", name):
+                continue
+            raw = self._backend.read(self._path("log", name))
+            try:
+                out.append((int(name[:12]), json.loads(bytes(raw))))
+            except ValueError as e:
+                raise SnapshotCorruptError(self._path("log", name), 0, "log event", str(e)) from None
+        return out
+
+    def _append(self, event: dict, check=None) -> int:
+        """Appends an event at the next free sequence number; `check(events)` may refuse."""
+        data = json.dumps(event, sort_keys=True).encode()
+        with self._log_lock:
+            while True:
+                events = self._events()
+                if check is not None:
+                    check(events)
+                seq = events[-1][0] + 1 if events else 0
+                if self._backend.create_exclusive(self._path("log", f"{seq:012d}.json"), data):
+                    return seq
+
+    @staticmethod
+    def _newest_execution(events, before: int | None = None) -> int | None:
+        ids = [e["execution"] for s, e in events if e["type"] == "register" and (before is None or s < before)]
+        return max(ids) if ids else None
+
+    def register_execution(self, execution_id: int) -> None:
+        """Starts execution `execution_id` (the fencing token): from now on, writes and
+        commits of every older execution are refused and never become visible."""
+        if not isinstance(execution_id, int) or execution_id < 0:
+            raise InvalidArgumentError(f"execution_id must be a non-negative int, got {execution_id!r}")
+
+        def check(events):
+            newest = self._newest_execution(events)
+            if newest is not None and newest >= execution_id:
+                raise FencedError(f"job {self.job_id}: execution {execution_id} is not newer than "
+                                  f"registered execution {newest}")
+
+        self._append({"type": "register", "execution": execution_id, "time": time.time()}, check)
+
+    def current_execution(self) -> int | None:
+        """The newest registered execution, or None."""
+        return self._newest_execution(self._events())
+
+    def check_fence(self, execution_id: int) -> None:
+        """Raises FencedError if a newer execution than `execution_id` is registered, or
+        if `execution_id` was never registered."""
+        events = self._events()
+        newest = self._newest_execution(events)
+        if newest is None or newest > execution_id:
+            raise FencedError(f"job {self.job_id}: execution {execution_id} is fenced off by "
+                              f"execution {newest}")
+        if not any(e["type"] == "register" and e["execution"] == execution_id for _, e in events):
+            raise FencedError(f"job {self.job_id}: execution {execution_id} was never registered")
+
+    def _valid_commits(self, events) -> list[tuple[int, dict]]:
+        valid = []
+        for seq, e in events:
+            if e["type"] != "commit":
+                continue
+            newest = self._newest_execution(events, before=seq)
+            if newest == e["execution"]:
+                valid.append((seq, e))
+        return valid
+
+    # -- writing -----------------------------------------------------------------------
+
+    def writer(self, snapshot_id: int, execution_id: int, *, writer: int = 0,
+               partition_count: int = DEFAULT_PARTITION_COUNT, chunk_size: int = DEFAULT_CHUNK_SIZE,
+               codec: str = "lz4") -> "SnapshotWriter":
+        """A writer of snapshot `snapshot_id` for execution `execution_id`. Several writers
+        (members, processors) may write one snapshot; give each a distinct `writer` number."""
+        self.check_fence(execution_id)
+        return SnapshotWriter(self, snapshot_id, execution_id, writer, partition_count,
+                              chunk_size, codec)
+
+    def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
+        return f"{snapshot_id:012d}-e{execution_id:012d}"
+
+    def commit(self, snapshot_id: int, execution_id: int, manifests: Iterable[Manifest]) -> SnapshotInfo:
+        """Makes a snapshot complete (Jet's phase-1 commit point): writes its validation
+        record, then the commit event; then removes older snapshots. Refused with
+        FencedError if a newer execution was registered (before or during the commit)."""
+        directory = self._snapshot_dir(snapshot_id, execution_id)
+
+        def check(events):
+            newest = self._newest_execution(events)
+            if newest != execution_id:
+                raise FencedError(f"job {self.job_id}: commit of snapshot {snapshot_id} by "
+                                  f"execution {execution_id} refused: execution {newest} is newer")
+            valid = self._valid_commits(events)
+            if valid and valid[-1][1]["snapshot"] >= snapshot_id:
+                raise InvalidArgumentError(
+                    f"job {self.job_id}: snapshot {snapshot_id} is not newer than the last "
+                    f"complete snapshot {valid[-1][1]['snapshot']}; snapshot ids must grow")
+
+        check(self._events())  # fail before writing anything; checked again at the append
+        vertices: dict[str, dict] = {}
+        seen = set()
+        for m in manifests:
+            if (m.snapshot_id, m.execution_id) != (snapshot_id, execution_id):
+                raise InvalidArgumentError(
+                    f"manifest of snapshot {m.snapshot_id} execution {m.execution_id} given to "
+                    f"the commit of snapshot {snapshot_id} execution {execution_id}")
+            for f in m.files:
+                if f["path"] in seen:
+                    raise InvalidArgumentError(f"chunk file {f['path']} in two manifests")
+                seen.add(f["path"])
+                v = vertices.setdefault(f["vertex"], {"id": vertex_id(f["vertex"]), "files": []})
+                v["files"].append(f)
+        ids = [v["id"] for v in vertices.values()]
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError("two vertex names share a vertex id; rename one")
+        files = [f for v in vertices.values() for f in v["files"]]
+        record = {
+            "format": RECORD_FORMAT, "job_id": self.job_id, "snapshot_id": snapshot_id,
+            "execution_id": execution_id, "created": time.time(),
+            "chunk_count": sum(len(f["chunks"]) for f in files),
+            "bytes": sum(f["bytes"] for f in files),
+            "entries": sum(c[3] for f in files for c in f["chunks"]),
+            "vertices": {name: vertices[name] for name in sorted(vertices)},
+        }
+        data = json.dumps(record, sort_keys=True).encode()
+        digest = xxhash.xxh3_64_hexdigest(data)
+        # Named by its checksum: a refused or repeated commit can never overwrite the
+        # record a valid commit points to.
+        record_name = f"_validation-{digest}.json"
+        self._backend.makedirs(self._path("snapshots", directory))
+        self._backend.write(self._path("snapshots", directory, record_name), [data])
+        self._backend.sync_dir(self._path("snapshots", directory))
+        self.wait_for_cleanup()
+        self._append({"type": "commit", "snapshot": snapshot_id, "execution": execution_id,
+                      "record": directory, "record_file": record_name, "record_xxh3": digest,
+                      "time": record["created"]}, check)
+        # The snapshot is complete now; removing the previous one (and freeing its page
+        # cache) takes longer than writing it, so it runs in the background.
+        self._cleaner = threading.Thread(target=self._cleanup, name="sparkjet-snapshot-cleanup",
+                                         daemon=True)
+        self._cleaner.start()
+        return self._info(record)
+
+    def _cleanup(self) -> None:
+        """Removes snapshot directories other than the last complete one and the newest
+        execution's ongoing ones, and commit events before the last valid commit."""
+        events = self._events()
+        valid = self._valid_commits(events)
+        if not valid:
+            return
+        last_seq, last = valid[-1]
+        newest = self._newest_execution(events)
+        keep = last["record"]
+        for name in self._backend.listdir(self._path("snapshots")):
+            m = re.fullmatch(r"(\d{12})-e(\d{12})", name)
+            if not m or name == keep:
+                continue
+            snap, execution = int(m[1]), int(m[2])
+            ongoing = execution == newest and snap > last["snapshot"]
+            if not ongoing:
+                self._backend.remove_tree(self._path("snapshots", name))
+        for seq, e in events:
+            if e["type"] == "commit" and seq < last_seq:
+                self._backend.remove(self._path("log", f"{seq:012d}.json"))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def latest_complete(self) -> SnapshotInfo | None:
+        """The last complete snapshot, or None."""
+        valid = self._valid_commits(self._events())
+        if not valid:
+            return None
+        return self._info(self._record(valid[-1][1]))
+
+    def _record(self, commit: dict, base: tuple[str, ...] = ()) -> dict:
+        directory = base or ("snapshots", commit["record"])
+        path = self._path(*directory, commit["record_file"])
+        if not self._backend.exists(path):
+            raise SnapshotIncompleteError(f"{path}: validation record missing")
+        data = bytes(self._backend.read(path))
+        if xxhash.xxh3_64_hexdigest(data) != commit["record_xxh3"]:
+            raise SnapshotCorruptError(path, 0, "validation record checksum")
+        try:
+            record = json.loads(data)
+        except ValueError as e:
+            raise SnapshotCorruptError(path, 0, "validation record", str(e)) from None
+        for key, want in (("job_id", self.job_id), ("snapshot_id", commit["snapshot"]),
+                          ("execution_id", commit["execution"]), ("format", RECORD_FORMAT)):
+            if record.get(key) != want:
+                raise SnapshotIncompleteError(
+                    f"{path}: validation record has {key} {record.get(key)!r}, expected {want!r}")
+        record["_dir"] = directory
+        record["_file"] = commit["record_file"]
+        return record
+
+    def _info(self, record: dict, name: str | None = None) -> SnapshotInfo:
+        return SnapshotInfo(record["job_id"], record["snapshot_id"], record["execution_id"],
+                            record["chunk_count"], record["bytes"], record["entries"],
+                            tuple(record["vertices"]), record["created"], name)
+
+    def _resolve(self, snapshot_id: int | None, name: str | None) -> dict:
+        if name is not None:
+            return self._export_record(name)
+        valid = self._valid_commits(self._events())
+        if not valid:
+            raise SnapshotNotFoundError(f"job {self.job_id} has no complete snapshot")
+        commit = valid[-1][1]
+        if snapshot_id is not None and commit["snapshot"] != snapshot_id:
+            raise SnapshotNotFoundError(
+                f"job {self.job_id}: snapshot {snapshot_id} is not the last complete one "
+                f"({commit['snapshot']}); export a snapshot to keep it")
+        return self._record(commit)
+
+    def restore(self, vertex: str, partitions: Sequence[int] | None = None, *,
+                snapshot_id: int | None = None, name: str | None = None) -> VertexState:
+        """The state of `vertex` in `partitions` (all when None) plus its broadcast state,
+        from the last complete snapshot (or the exported snapshot `name`). Reads only the
+        chunk files of those partitions; refuses the whole restore on any mismatch."""
+        record = self._resolve(snapshot_id, name)
+        v = record["vertices"].get(vertex)
+        if v is None:
+            raise SnapshotNotFoundError(
+                f"snapshot {record['snapshot_id']} of job {self.job_id} has no vertex {vertex!r}; "
+                f"it has {sorted(record['vertices'])}")
+        wanted = None if partitions is None else set(int(p) for p in partitions)
+        files = [f for f in v["files"] if f["partition"] == -1 or wanted is None or f["partition"] in wanted]
+        self._check_listing(record, vertex, v, wanted)
+        state = VertexState()
+        keyed_tables, broadcast_tables = [], []
+        keyed_entries, broadcast_entries = [], []
+        for f in files:
+            for header, payload, path, offset in self._read_file(record, vertex, v["id"], f):
+                state.chunks += 1
+                if header.entries:
+                    kv = decode_entries(header, payload, path, offset)
+                    (broadcast_entries if header.broadcast else keyed_entries).append(kv)
+                else:
+                    t = decode_table(header, payload, path, offset)
+                    (broadcast_tables if header.broadcast else keyed_tables).append(t)
+            state.bytes_read += f["bytes"]
+        state.table = _concat_tables(keyed_tables)
+        state.broadcast_table = _concat_tables(broadcast_tables)
+        state.entries = _concat_entries(keyed_entries)
+        state.broadcast_entries = _concat_entries(broadcast_entries)
+        return state
+
+    def _check_listing(self, record, vertex, v, wanted) -> None:
+        directory = self._path(*record["_dir"], vertex)
+        listed = {f["path"].rsplit("/", 1)[-1]: f for f in v["files"]}
+        present = set(self._backend.listdir(directory))
+        for name, f in listed.items():
+            relevant = f["partition"] == -1 or wanted is None or f["partition"] in wanted
+            if relevant and name not in present:
+                raise SnapshotIncompleteError(
+                    f"snapshot {record['snapshot_id']} of job {self.job_id}: chunk file "
+                    f"{directory}/{name} is missing; refusing to restore partial state")
+        for name in present - set(listed):
+            m = re.fullmatch(r"(\d{5,}|broadcast)-\d+-\d+\.chunks", name)
+            p = -1 if m and m[1] == "broadcast" else int(m[1]) if m else None
+            if p is None or p == -1 or wanted is None or p in wanted:
+                raise SnapshotIncompleteError(
+                    f"snapshot {record['snapshot_id']} of job {self.job_id}: extra file "
+                    f"{directory}/{name} not in the validation record; refusing to restore")
+
+    def _read_file(self, record, vertex, vid, f):
+        path = self._path(*record["_dir"], vertex, f["path"].rsplit("/", 1)[-1])
+        buf = self._backend.read(path)
+        if len(buf) != f["bytes"]:
+            raise SnapshotCorruptError(path, min(len(buf), f["bytes"]), "file size",
+                                       f"{len(buf)} bytes, record says {f['bytes']}")
+        chunks = read_chunks(buf, path)
+        if len(chunks) != len(f["chunks"]):
+            raise SnapshotIncompleteError(f"{path}: {len(chunks)} chunks, record says {len(f['chunks'])}")
+        for (offset, header, payload), (r_offset, r_size, r_sum, r_count) in zip(chunks, f["chunks"]):
+            for what, got, want in (
+                ("offset", offset, r_offset), ("stored size", header.stored_size, r_size),
+                ("checksum", header.checksum, r_sum), ("entry count", header.entry_count, r_count),
+                ("job id", header.job_id, self.job_id),
+                ("snapshot id", header.snapshot_id, record["snapshot_id"]),
+                ("vertex", header.vertex, vid), ("partition", header.partition, f["partition"]),
+            ):
+                if got != want:
+                    raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
+            yield header, payload, path, offset
+
+    def verify(self, snapshot_id: int | None = None, *, name: str | None = None, progress=None) -> SnapshotInfo:
+        """Reads and checks every chunk of a snapshot (all vertices and partitions);
+        `progress(done_bytes, total_bytes)` is called as it goes."""
+        record = self._resolve(snapshot_id, name)
+        done = 0
+        for vertex, v in record["vertices"].items():
+            self._check_listing(record, vertex, v, None)
+            for f in v["files"]:
+                for header, payload, path, offset in self._read_file(record, vertex, v["id"], f):
+                    if header.entries:
+                        decode_entries(header, payload, path, offset)
+                    else:
+                        decode_table(header, payload, path, offset)
+                done += f["bytes"]
+                if progress:
+                    progress(done, record["bytes"])
+        return self._info(record, name)
+
+    def describe(self, snapshot_id: int | None = None, *, name: str | None = None) -> dict:
+        """Per vertex and partition: bytes, chunks and entries (from the validation record)."""
+        record = self._resolve(snapshot_id, name)
+        out = {}
+        for vertex, v in record["vertices"].items():
+            parts = defaultdict(lambda: {"bytes": 0, "chunks": 0, "entries": 0})
+            for f in v["files"]:
+                p = parts[f["partition"]]
+                p["bytes"] += f["bytes"]
+                p["chunks"] += len(f["chunks"])
+                p["entries"] += sum(c[3] for c in f["chunks"])
+            out[vertex] = dict(sorted(parts.items()))
+        return out
+
+    # -- exports -----------------------------------------------------------------------
+
+    def export(self, snapshot_id: int | None, name: str) -> SnapshotInfo:
+        """Keeps a complete snapshot under `name` (Jet's exported snapshots, Flink's
+        savepoints): cleanup never removes it, and restore(name=...) reads it."""
+        if not _NAME.fullmatch(name or ""):
+            raise InvalidArgumentError(f"export name must match {_NAME.pattern}, got {name!r}")
+        if self._backend.exists(self._path("exports", name)):
+            raise InvalidArgumentError(f"export {name!r} already exists")
+        record = self._resolve(snapshot_id, None)
+        self.verify(record["snapshot_id"])
+        tmp = self._path("exports", f".tmp-{name}")
+        self._backend.remove_tree(tmp)
+        for vertex, v in record["vertices"].items():
+            self._backend.makedirs(f"{tmp}/{vertex}")
+            for f in v["files"]:
+                base = f["path"].rsplit("/", 1)[-1]
+                self._backend.link_or_copy(self._path(*record["_dir"], vertex, base), f"{tmp}/{vertex}/{base}")
+        src = self._path(*record["_dir"], record["_file"])
+        data = bytes(self._backend.read(src))
+        self._backend.write(f"{tmp}/{record['_file']}", [data])
+        meta = {"name": name, "snapshot": record["snapshot_id"], "execution": record["execution_id"],
+                "record_file": record["_file"], "record_xxh3": xxhash.xxh3_64_hexdigest(data),
+                "exported": time.time()}
+        self._backend.write(f"{tmp}/_export.json", [json.dumps(meta, sort_keys=True).encode()])
+        if self._backend.local:
+            import os
+
+            os.rename(tmp, self._path("exports", name))
+        else:
+            self._backend.fs.move(tmp, self._path("exports", name))
+        return self._info(record, name)
+
+    def _export_record(self, name: str) -> dict:
+        if not _NAME.fullmatch(name or ""):
+            raise InvalidArgumentError(f"export name must match {_NAME.pattern}, got {name!r}")
+        meta_path = self._path("exports", name, "_export.json")
+        if not self._backend.exists(meta_path):
+            raise SnapshotNotFoundError(f"job {self.job_id} has no exported snapshot {name!r}")
+        meta = json.loads(bytes(self._backend.read(meta_path)))
+        commit = {"snapshot": meta["snapshot"], "execution": meta["execution"],
+                  "record_file": meta["record_file"], "record_xxh3": meta["record_xxh3"]}
+        return self._record(commit, ("exports", name))
+
+    def delete_export(self, name: str) -> None:
+        self._export_record(name)
+        self._backend.remove_tree(self._path("exports", name))
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """The last complete snapshot and every export, oldest first."""
+        out = []
+        latest = self.latest_complete()
+        if latest:
+            out.append(latest)
+        for name in self._backend.listdir(self._path("exports")):
+            if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
+                out.append(self._info(self._export_record(name), name))
+        return sorted(out, key=lambda s: (s.created, s.name or ""))
+
+
+class SnapshotWriter:
+    """Writes one writer's share of a snapshot; :meth:`finish` returns its manifest."""
+
+    def __init__(self, store: SnapshotStore, snapshot_id, execution_id, writer, partition_count,
+                 chunk_size, codec):
+        self.store = store
+        self.snapshot_id = snapshot_id
+        self.execution_id = execution_id
+        self.writer = writer
+        self.partition_count = partition_count
+        self.chunk_size = chunk_size
+        self.codec = codec
+        self._dir = store._snapshot_dir(snapshot_id, execution_id)
+        self._calls = 0
+        self._files: list[dict] = []
+        self._finished = False
+
+    def __repr__(self) -> str:
+        return (f"SnapshotWriter(job_id={self.store.job_id}, snapshot_id={self.snapshot_id}, "
+                f"execution_id={self.execution_id}, writer={self.writer})")
+
+    def _encoder(self, vertex: str) -> ChunkEncoder:
+        if not _NAME.fullmatch(vertex or ""):
+            raise InvalidArgumentError(f"vertex name must match {_NAME.pattern}, got {vertex!r}")
+        if self._finished:
+            raise InvalidArgumentError("this snapshot writer has finished")
+        return ChunkEncoder(self.store.job_id, self.snapshot_id, vertex_id(vertex),
+                            partition_count=self.partition_count, chunk_size=self.chunk_size,
+                            codec=self.codec)
+
+    def write_table(self, vertex: str, table, key, *, key_type=None) -> None:
+        """Keyed state as an Arrow table, partitioned by `key`."""
+        self._write(vertex, self._encoder(vertex).table(table, key, key_type=key_type))
+
+    def write_entries(self, vertex: str, keys, values) -> None:
+        """Keyed state as opaque bytes per key."""
+        self._write(vertex, self._encoder(vertex).entries(keys, values))
+
+    def write_broadcast_table(self, vertex: str, table) -> None:
+        self._write(vertex, self._encoder(vertex).broadcast_table(table))
+
+    def write_broadcast_entries(self, vertex: str, keys, values) -> None:
+        self._write(vertex, self._encoder(vertex).broadcast_entries(keys, values))
+
+    def _write(self, vertex: str, chunks: list[Chunk]) -> None:
+        self.store.check_fence(self.execution_id)
+        backend = self.store._backend
+        directory = self.store._path("snapshots", self._dir, vertex)
+        backend.makedirs(directory)
+        by_partition: dict[int, list[Chunk]] = defaultdict(list)
+        for c in chunks:
+            by_partition[c.header.partition].append(c)
+        call = self._calls
+        self._calls += 1
+        writes, files = [], []
+        for p, group in sorted(by_partition.items()):
+            stem = "broadcast" if p == -1 else f"{p:05d}"
+            name = f"{stem}-{self.writer}-{call}.chunks"
+            pieces, entries, offset = [], [], 0
+            for c in group:
+                pieces.append(c.header_bytes)
+                pieces.extend(c.pieces)
+                entries.append([offset, c.header.stored_size, c.header.checksum, c.header.entry_count])
+                offset += c.nbytes
+            writes.append((f"{directory}/{name}", pieces))
+            files.append({"vertex": vertex, "partition": p, "path": f"{vertex}/{name}",
+                          "bytes": offset, "chunks": entries})
+        for _ in self.store._pool().map(lambda w: backend.write(*w), writes):
+            pass
+        self._files.extend(files)
+
+    def finish(self) -> Manifest:
+        """Ends writing (making the files durable) and returns the manifest to commit."""
+        if not self._finished:
+            # A fenced writer's directory may already be gone (the newer execution's
+            # cleanup): say so rather than fail on a missing path.
+            self.store.check_fence(self.execution_id)
+            self._finished = True
+            backend = self.store._backend
+            for vertex in {f["vertex"] for f in self._files}:
+                backend.sync_dir(self.store._path("snapshots", self._dir, vertex))
+        return Manifest(self.snapshot_id, self.execution_id, list(self._files))
+
+    def commit(self) -> SnapshotInfo:
+        """finish() and commit this writer's share alone (a single-writer snapshot)."""
+        return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
+
+
+def _concat_tables(tables: list[pa.Table]) -> pa.Table | None:
+    return pa.concat_tables(tables) if tables else None
+
+
+def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:
+    if not pairs:
+        return None
+    keys = pa.chunked_array([k for k, _ in pairs]).combine_chunks()
+    values = pa.chunked_array([v for _, v in pairs]).combine_chunks()
+    return keys, values

@@ -1,0 +1,349 @@
+"""SnapshotStore on real directories: round trips, partition-aligned restore, refusal of
+incomplete or corrupt snapshots, fencing (with a real zombie process) and exports."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import sparkjet
+from sparkjet.errors import (
+    FencedError,
+    InvalidArgumentError,
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
+    SnapshotNotFoundError,
+)
+from sparkjet.snapshot_store import Manifest, SnapshotStore
+
+
+def state(seed: int, n: int = 3000) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"key": pa.array(rng.permutation(n * 3)[:n], pa.int64()),
+                     "count": rng.integers(0, 100, n), "sum": rng.random(n)})
+
+
+def entries(seed: int, n: int = 500):
+    rng = np.random.default_rng(seed)
+    keys = [f"k{seed}-{i}".encode() for i in range(n)]
+    return keys, [rng.bytes(int(rng.integers(0, 60))) for _ in range(n)]
+
+
+def snapshot(store, sid, execution, seed, *, codec="lz4", commit=True, **kw):
+    w = store.writer(sid, execution, codec=codec, **kw)
+    w.write_table("agg", state(seed), key="key")
+    w.write_entries("py", *entries(seed))
+    w.write_broadcast_table("agg", pa.table({"watermark": [seed]}))
+    if commit:
+        info = w.commit()
+        store.wait_for_cleanup()
+        return info
+    return w
+
+
+def sorted_table(t):
+    return t.sort_by("key")
+
+
+def partition_filter(table, partitions, count=271):
+    pids = sparkjet.partition_ids(table["key"], count)
+    return table.filter(pc.is_in(pids, pa.array(partitions, pa.int32())))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SnapshotStore(tmp_path / "snaps", job_id=42)
+    s.register_execution(1)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("codec", ["lz4", "raw"])
+def test_round_trip_and_partition_aligned_restore(store, codec):
+    assert store.latest_complete() is None
+    info = snapshot(store, 0, 1, seed=1, codec=codec)
+    assert store.latest_complete() == info
+    assert (info.job_id, info.snapshot_id, info.execution_id) == (42, 0, 1)
+    assert info.entries == 3000 + 500 + 1 and info.vertices == ("agg", "py")
+    full = store.restore("agg")
+    assert sorted_table(full.table).equals(sorted_table(state(1)))
+    assert full.broadcast_table.to_pylist() == [{"watermark": 1}]
+    keys, values = store.restore("py").entries
+    assert sorted(zip(keys.to_pylist(), values.to_pylist())) == sorted(zip(*entries(1)))
+    part = store.restore("agg", [5, 100])
+    assert sorted_table(part.table).equals(sorted_table(partition_filter(state(1), [5, 100])))
+    assert part.broadcast_table is not None, "broadcast state comes with any partition"
+    one = store.restore("agg", [17])
+    assert one.bytes_read <= info.bytes / 200
+    empty = store.restore("agg", [])
+    assert empty.table is None and empty.broadcast_table is not None
+
+
+def test_only_last_complete_snapshot_is_kept_and_previous_survives_until_then(store):
+    snapshot(store, 0, 1, seed=1)
+    dirs = lambda: sorted(os.listdir(Path(store._backend.root) / "job-000000000000002a" / "snapshots"))  # noqa: E731
+    w = snapshot(store, 1, 1, seed=2, commit=False)
+    w.finish()
+    assert len(dirs()) == 2, "while snapshot 1 is written, snapshot 0 is still there"
+    assert store.latest_complete().snapshot_id == 0
+    assert sorted_table(store.restore("agg").table).equals(sorted_table(state(1)))
+    w.commit()
+    store.wait_for_cleanup()
+    assert dirs() == ["000000000001-e000000000001"]
+    assert sorted_table(store.restore("agg").table).equals(sorted_table(state(2)))
+
+
+def test_multiple_writers_commit_one_snapshot(store):
+    table = state(7)
+    pids = sparkjet.partition_ids(table["key"])
+    manifests = []
+    for member in range(3):
+        mine = table.filter(pc.equal(pc.bit_wise_and(pids, 3), member % 3))
+        w = store.writer(0, 1, writer=member)
+        w.write_table("agg", mine, key="key")
+        manifests.append(w.finish())
+    store.commit(0, 1, [Manifest.from_json(json.loads(json.dumps(m.to_json()))) for m in manifests])
+    assert sorted_table(store.restore("agg").table).equals(sorted_table(table.filter(
+        pc.less(pc.bit_wise_and(pids, 3), 3))))
+    with pytest.raises(InvalidArgumentError, match="manifest of snapshot 0"):
+        store.commit(1, 1, manifests)
+    with pytest.raises(InvalidArgumentError, match="not newer than the last complete snapshot 0"):
+        store.commit(0, 1, manifests)
+    w = store.writer(1, 1)
+    w.write_table("agg", table, key="key")
+    m = w.finish()
+    with pytest.raises(InvalidArgumentError, match="two manifests"):
+        store.commit(1, 1, [m, m])
+    assert store.latest_complete().snapshot_id == 0
+
+
+def chunk_files(store, vertex="agg"):
+    snap = store.latest_complete()
+    d = Path(store._backend.root) / "job-000000000000002a" / "snapshots" / store._snapshot_dir(
+        snap.snapshot_id, snap.execution_id) / vertex
+    return sorted(d.iterdir())
+
+
+def test_missing_chunk_file_refuses_whole_restore(store):
+    snapshot(store, 0, 1, seed=1)
+    victim = chunk_files(store)[3]
+    partition = int(victim.name[:5])
+    victim.unlink()
+    with pytest.raises(SnapshotIncompleteError, match="missing"):
+        store.restore("agg")
+    with pytest.raises(SnapshotIncompleteError, match="missing"):
+        store.restore("agg", [partition])
+    other = next(int(f.name[:5]) for f in chunk_files(store) if f.name[:5] not in (victim.name[:5], "broa"))
+    assert store.restore("agg", [other]).table.num_rows > 0, "other partitions still restore"
+    with pytest.raises(SnapshotIncompleteError):
+        store.verify()
+
+
+def test_extra_chunk_file_is_refused(store):
+    snapshot(store, 0, 1, seed=1)
+    f = chunk_files(store)[0]
+    shutil.copy(f, f.with_name(f.name.replace("-0-0", "-9-0")))
+    with pytest.raises(SnapshotIncompleteError, match="extra file"):
+        store.restore("agg")
+
+
+@pytest.mark.parametrize("damage", ["truncate_boundary", "truncate_mid", "flip", "append"])
+def test_damaged_file_is_detected(store, damage):
+    snapshot(store, 0, 1, seed=1, chunk_size=4096)
+    victim = max(chunk_files(store), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    if damage == "truncate_boundary":
+        from sparkjet.chunks import read_chunks
+
+        data = data[: read_chunks(bytes(data))[-1][0]]
+    elif damage == "truncate_mid":
+        data = data[: len(data) // 2 + 3]
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0x10
+    else:
+        data += b"\0" * 64
+    victim.write_bytes(bytes(data))
+    with pytest.raises((SnapshotCorruptError, SnapshotIncompleteError)) as e:
+        store.restore("agg")
+    assert victim.name in str(e.value)
+
+
+def test_tampered_validation_record_is_refused(store):
+    info = snapshot(store, 0, 1, seed=1)
+    record, = (Path(store._backend.root) / "job-000000000000002a" / "snapshots" / store._snapshot_dir(0, 1)).glob("_validation-*.json")
+    data = json.loads(record.read_text())
+    data["chunk_count"] += 1
+    record.write_text(json.dumps(data, sort_keys=True))
+    with pytest.raises(SnapshotCorruptError, match="validation record checksum"):
+        store.restore("agg")
+    assert info.chunk_count > 0
+
+
+def test_snapshot_of_another_job_is_refused(tmp_path):
+    a = SnapshotStore(tmp_path, job_id=1)
+    a.register_execution(1)
+    snapshot(a, 0, 1, seed=1)
+    b = SnapshotStore(tmp_path, job_id=2)
+    b.register_execution(1)
+    snapshot(b, 0, 1, seed=2)
+    # Swap job 1's data into job 2's snapshot, with a record that claims job 2.
+    src = tmp_path / "job-0000000000000001" / "snapshots" / a._snapshot_dir(0, 1) / "agg"
+    dst = tmp_path / "job-0000000000000002" / "snapshots" / b._snapshot_dir(0, 1) / "agg"
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    rec_a = json.loads(next(src.parent.glob("_validation-*.json")).read_text())
+    rec_b_path = next(dst.parent.glob("_validation-*.json"))
+    rec_b = json.loads(rec_b_path.read_text())
+    rec_b["vertices"]["agg"] = rec_a["vertices"]["agg"]
+    rec_b_path.write_text(json.dumps(rec_b, sort_keys=True))
+    import xxhash
+
+    log = tmp_path / "job-0000000000000002" / "log"
+    last = sorted(log.iterdir())[-1]
+    event = json.loads(last.read_text())
+    event["record_xxh3"] = xxhash.xxh3_64_hexdigest(rec_b_path.read_bytes())
+    last.write_text(json.dumps(event, sort_keys=True))
+    with pytest.raises(SnapshotCorruptError, match="job id"):
+        b.restore("agg")
+    assert SnapshotStore.jobs(tmp_path) == [1, 2]
+
+
+def test_fencing_in_process(store):
+    snapshot(store, 0, 1, seed=1)
+    w = store.writer(1, 1)
+    w.write_table("agg", state(2), key="key")
+    store.register_execution(2)
+    with pytest.raises(FencedError, match="fenced off by execution 2"):
+        w.write_table("agg", state(3), key="key")
+    with pytest.raises(FencedError):
+        w.commit()
+    with pytest.raises(FencedError, match="not newer"):
+        store.register_execution(2)
+    with pytest.raises(FencedError, match="never registered"):
+        store.writer(5, 3)
+    assert store.latest_complete().snapshot_id == 0
+    assert store.current_execution() == 2
+
+
+ZOMBIE = textwrap.dedent("""
+    import sys, time, json
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[4])
+    from test_snapshot_store import state
+    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.errors import FencedError
+    root, go, done = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    store = SnapshotStore(root, job_id=42)
+    w = store.writer(1, 1)
+    w.write_table("agg", state(100), key="key")
+    Path(done).write_text("wrote")
+    while not go.exists():          # execution 2 starts meanwhile
+        time.sleep(0.01)
+    outcome = {}
+    try:
+        w.write_table("agg", state(101), key="key")
+        outcome["write"] = "accepted"
+    except FencedError:
+        outcome["write"] = "fenced"
+    try:
+        w.commit()
+        outcome["commit"] = "accepted"
+    except FencedError:
+        outcome["commit"] = "fenced"
+    # A zombie that ignores fencing altogether: it appends its commit event directly.
+    import xxhash
+    d = store._snapshot_dir(1, 1)
+    rec = {"format": 1, "job_id": 42, "snapshot_id": 1, "execution_id": 1, "created": 0,
+           "chunk_count": 0, "bytes": 0, "entries": 0, "vertices": {}}
+    data = json.dumps(rec, sort_keys=True).encode()
+    store._backend.makedirs(store._path("snapshots", d))
+    store._backend.write(store._path("snapshots", d, "_validation-zombie.json"), [data])
+    store._append({"type": "commit", "snapshot": 1, "execution": 1, "record": d,
+                   "record_file": "_validation-zombie.json",
+                   "record_xxh3": xxhash.xxh3_64_hexdigest(data), "time": 0})
+    outcome["forced"] = "appended"
+    Path(done).write_text(json.dumps(outcome))
+""")
+
+
+def test_zombie_process_cannot_make_anything_visible(store, tmp_path):
+    snapshot(store, 0, 1, seed=1)
+    go, done = tmp_path / "go", tmp_path / "done"
+    zombie = subprocess.Popen([sys.executable, "-c", ZOMBIE, store._backend.root, str(go), str(done),
+                               str(Path(__file__).parent)])
+    try:
+        for _ in range(3000):
+            if done.exists():
+                break
+            zombie.poll()
+            assert zombie.returncode is None, "zombie died early"
+            import time
+
+            time.sleep(0.01)
+        store.register_execution(2)          # the restart
+        snapshot(store, 1, 2, seed=7)        # execution 2 writes its own snapshot 1
+        go.touch()
+        assert zombie.wait(120) == 0
+    finally:
+        zombie.kill()
+    outcome = json.loads(done.read_text())
+    assert outcome == {"write": "fenced", "commit": "fenced", "forced": "appended"}
+    latest = store.latest_complete()
+    assert (latest.snapshot_id, latest.execution_id) == (1, 2)
+    assert sorted_table(store.restore("agg").table).equals(sorted_table(state(7)))
+    store.verify()
+
+
+def test_exports_survive_cleanup_and_restore_by_name(store):
+    snapshot(store, 0, 1, seed=1)
+    exported = store.export(None, "before-upgrade")
+    assert exported.name == "before-upgrade" and exported.snapshot_id == 0
+    with pytest.raises(InvalidArgumentError, match="already exists"):
+        store.export(None, "before-upgrade")
+    with pytest.raises(InvalidArgumentError, match="export name"):
+        store.export(None, "../escape")
+    for sid in (1, 2):
+        snapshot(store, sid, 1, seed=sid + 1)
+    listing = store.snapshots()
+    assert [(s.name, s.snapshot_id) for s in listing] == [("before-upgrade", 0), (None, 2)]
+    assert all(s.bytes > 0 and s.created > 0 and s.job_id == 42 for s in listing)
+    got = store.restore("agg", name="before-upgrade")
+    assert sorted_table(got.table).equals(sorted_table(state(1)))
+    assert store.verify(name="before-upgrade").name == "before-upgrade"
+    with pytest.raises(SnapshotNotFoundError):
+        store.restore("agg", name="nope")
+    with pytest.raises(SnapshotNotFoundError, match="not the last complete"):
+        store.restore("agg", snapshot_id=0)
+    store.delete_export("before-upgrade")
+    assert [s.name for s in store.snapshots()] == [None]
+
+
+def test_describe_and_verify_progress(store):
+    snapshot(store, 0, 1, seed=1)
+    desc = store.describe()
+    assert sum(p["entries"] for p in desc["agg"].values()) == 3001
+    assert -1 in desc["agg"] and len(desc["agg"]) > 200
+    seen = []
+    info = store.verify(progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (info.bytes, info.bytes)
+
+
+def test_restore_of_unknown_vertex_and_missing_snapshot(tmp_path):
+    s = SnapshotStore(tmp_path, job_id=3)
+    with pytest.raises(SnapshotNotFoundError, match="no complete snapshot"):
+        s.restore("agg")
+    s.register_execution(0)
+    snapshot(s, 0, 0, seed=1)
+    with pytest.raises(SnapshotNotFoundError, match="no vertex 'nope'"):
+        s.restore("nope")
+    with pytest.raises(InvalidArgumentError, match="vertex name"):
+        s.writer(1, 0).write_table("a/b", state(1), key="key")
+    with pytest.raises(InvalidArgumentError, match="job_id"):
+        SnapshotStore(tmp_path, job_id=-1)
