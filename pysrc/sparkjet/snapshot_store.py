@@ -341,6 +341,11 @@ class SnapshotStore:
         for seq, e in events:
             if e["type"] == "commit" and seq < last_seq:
                 self._backend.remove(self._path("log", f"{seq:012d}.json"))
+        # Temporaries of appends that died before their link; a live one is seconds old.
+        for name in self._backend.listdir(self._path("log")):
+            path = self._path("log", name)
+            if name.startswith(".tmp-") and time.time() - self._backend.mtime(path) > 600:
+                self._backend.remove(path)
 
     # -- reading -----------------------------------------------------------------------
 

@@ -1,0 +1,84 @@
+"""A snapshot writer that kills itself (SIGKILL, as kill -9) at one chosen I/O call.
+
+Run by tests/test_snapshot_crash.py: `python snapshot_crash_child.py ROOT SNAPSHOT EXECUTION
+PHASE:INDEX MODE`. Every os.write / os.fsync / os.link / os.rename / os.replace counts as one
+call of the phase it happens in (register event, chunk files, finish, validation record,
+commit event, cleanup); at call INDEX of PHASE the process dies before the call (MODE
+"before") or after writing half of a write's bytes (MODE "mid"). PHASE:INDEX "none" runs to
+the end and prints the number of calls made in each phase, as JSON.
+"""
+import json
+import os
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from test_snapshot_store import entries, state  # noqa: E402
+
+from sparkjet import snapshot_store  # noqa: E402
+
+root, snapshot_id, execution_id, kill_at, mode = sys.argv[1:6]
+snapshot_id, execution_id = int(snapshot_id), int(execution_id)
+kill_phase, _, kill_index = kill_at.partition(":")
+kill_index = int(kill_index or -1)
+
+phase = "start"
+lock = threading.Lock()  # the store writes files from several threads
+counts: dict[str, int] = {}
+real = {name: getattr(os, name) for name in ("write", "fsync", "link", "rename", "replace")}
+
+
+def die():
+    fd = os.open(os.path.join(root, "..", "killed-in"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    real["write"](fd, f"{phase} {mode}".encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def counted(name):
+    def call(*args, **kwargs):
+        with lock:
+            if phase == kill_phase and counts.get(phase, 0) == kill_index:
+                if name == "write" and mode == "mid" and len(args[1]) > 1:
+                    real["write"](args[0], memoryview(args[1])[: len(args[1]) // 2])
+                die()
+            counts[phase] = counts.get(phase, 0) + 1
+        return real[name](*args, **kwargs)
+    return call
+
+
+for name in real:
+    setattr(os, name, counted(name))
+
+
+def in_phase(label, fn):
+    def wrapped(*args, **kwargs):
+        global phase
+        outer, phase = phase, label
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phase = outer
+    return wrapped
+
+
+Store, Writer = snapshot_store.SnapshotStore, snapshot_store.SnapshotWriter
+Writer._write = in_phase("chunk files", Writer._write)
+Writer.finish = in_phase("finish", Writer.finish)
+Store.commit = in_phase("validation record", Store.commit)
+append = Store._append
+Store._append = lambda self, event, check=None: in_phase(f"{event['type']} event", append)(
+    self, event, check)
+Store._cleanup = in_phase("cleanup", Store._cleanup)
+
+store = Store(root, job_id=9)
+store.register_execution(execution_id)
+w = store.writer(snapshot_id, execution_id, chunk_size=8192)
+w.write_table("agg", state(snapshot_id), key="key")
+w.write_entries("py", *entries(snapshot_id))
+w.write_broadcast_table("agg", state(snapshot_id, 5))
+w.commit()
+store.close()
+print(json.dumps(counts))
