@@ -2,6 +2,7 @@
 
 ``sparkjet demo`` partitions a generated DataFrame on local Spark and prints the histogram of
 rows per Hazelcast partition and the speed of the partitioning, on Spark and on the driver.
+``sparkjet snapshots list|show|verify URI`` looks inside a snapshot store.
 """
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rounds", type=_positive_int, default=2,
                       help="times each Spark job is timed; the best counts (default: 2)")
     demo.set_defaults(command="demo", run=_demo)
+    from sparkjet.cli_snapshots import add_parser as add_snapshots
+
+    add_snapshots(commands)
     return parser
 
 

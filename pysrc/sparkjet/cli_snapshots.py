@@ -1,0 +1,132 @@
+"""``sparkjet snapshots list|show|verify URI``: look inside a snapshot store."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
+from sparkjet.snapshot_store import SnapshotStore
+
+
+def add_parser(commands) -> None:
+    snaps = commands.add_parser(
+        "snapshots", help="list, show or verify the snapshots in a snapshot store",
+        description="Look inside a sparkjet snapshot store (a local path, or any pyarrow.fs URI).")
+    sub = snaps.add_subparsers(title="actions", metavar="ACTION", required=True)
+    for name, help_, run in (
+        ("list", "every job's last complete snapshot and its exports", _list),
+        ("show", "per vertex (and partition) bytes, chunks and entries of a snapshot", _show),
+        ("verify", "read every chunk and check every checksum (exit 1 if any fails)", _verify),
+    ):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("uri", help="the store: a directory, or s3://, hdfs://, gs:// ...")
+        p.add_argument("--job", type=_job_id, default=None,
+                       help="job id (decimal or 0x hex); default: every job in the store")
+        if name != "list":
+            p.add_argument("--name", default=None, help="an exported snapshot, by name")
+        if name == "show":
+            p.add_argument("--partitions", action="store_true", help="one line per partition")
+        p.set_defaults(command=f"snapshots {name}", run=run)
+
+
+def _job_id(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
+
+
+def _stores(args) -> list[SnapshotStore]:
+    jobs = [args.job] if args.job is not None else SnapshotStore.jobs(args.uri)
+    if not jobs:
+        print(f"no sparkjet snapshots under {args.uri}", file=sys.stderr)
+    return [SnapshotStore(args.uri, job) for job in jobs]
+
+
+def _list(args) -> int:
+    rows = [("job", "snapshot", "execution", "name", "chunks", "entries", "size", "created")]
+    for store in _stores(args):
+        for s in store.snapshots():
+            rows.append((f"{s.job_id:#x}", str(s.snapshot_id), str(s.execution_id), s.name or "-",
+                         f"{s.chunk_count:,}", f"{s.entries:,}", _size(s.bytes),
+                         time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created))))
+    _print_table(rows)
+    return 0
+
+
+def _show(args) -> int:
+    for store in _stores(args):
+        described = store.describe(name=args.name)
+        latest = store.latest_complete() if args.name is None else None
+        title = f"job {store.job_id:#x}" + (f", export {args.name!r}" if args.name else
+                                           f", snapshot {latest.snapshot_id}" if latest else "")
+        print(title)
+        rows = [("vertex", "partitions", "chunks", "entries", "size")]
+        for vertex, parts in described.items():
+            keyed = {p: v for p, v in parts.items() if p != -1}
+            rows.append((vertex, f"{len(keyed)}" + (" + broadcast" if -1 in parts else ""),
+                         f"{sum(v['chunks'] for v in parts.values()):,}",
+                         f"{sum(v['entries'] for v in parts.values()):,}",
+                         _size(sum(v['bytes'] for v in parts.values()))))
+            if args.partitions:
+                for p, v in parts.items():
+                    rows.append((f"  {'broadcast' if p == -1 else p}", "", f"{v['chunks']:,}",
+                                 f"{v['entries']:,}", _size(v["bytes"])))
+        _print_table(rows)
+    return 0
+
+
+def _verify(args) -> int:
+    failed = 0
+    for store in _stores(args):
+        label = f"job {store.job_id:#x}" + (f" {args.name!r}" if args.name else "")
+        bar = _ProgressBar(label)
+        try:
+            info = store.verify(name=args.name, progress=bar.update)
+        except (SnapshotCorruptError, SnapshotIncompleteError) as e:
+            bar.close()
+            print(f"{label}: FAILED: {e}")
+            failed += 1
+            continue
+        bar.close()
+        print(f"{label}: snapshot {info.snapshot_id} ok: {info.chunk_count:,} chunks, "
+              f"{info.entries:,} entries, {_size(info.bytes)}, every checksum verified")
+    return 1 if failed else 0
+
+
+class _ProgressBar:
+    """A one-line bar on stderr, redrawn in place on a terminal (printed once otherwise)."""
+
+    def __init__(self, label: str, width: int = 30):
+        self.label, self.width = label, width
+        self.tty = sys.stderr.isatty()
+        self.start = time.monotonic()
+
+    def update(self, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        frac = done / total if total else 1.0
+        filled = int(frac * self.width)
+        rate = done / max(time.monotonic() - self.start, 1e-9)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+                         f"{frac:6.1%} {_size(done)}/{_size(total)} {_size(rate)}/s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _print_table(rows) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
