@@ -1,0 +1,130 @@
+"""The contracts between the job runtime and its sources and sinks (Jet's model).
+
+A job's **source** has a fixed number of source partitions (Kafka-like: the unit of
+parallelism and of offsets). Each source processor reads some of them through a
+:class:`SourceReader`, which takes part in snapshots:
+
+- a *replayable* source saves its offsets in :meth:`SourceReader.snapshot_state` and seeks
+  back to them in :meth:`SourceReader.restore_state` (Jet: Kafka, files, the generator);
+- an *acknowledging* source (Jet: JMS, here Redis Streams) saves the ids of messages it has
+  read but not yet acknowledged; :meth:`SourceReader.ack` acknowledges them once the snapshot
+  that covers them is complete, and after a restart redelivered messages whose ids are in the
+  restored state are dropped (their effects are already in the state).
+
+A **sink** writes each processor's output through a :class:`SinkWriter`:
+
+- a *transactional* sink takes part in two-phase commit: :meth:`SinkWriter.prepare` (phase 1,
+  when the processor's snapshot barrier is aligned) ends the open transaction and returns its
+  description, which is saved in the snapshot; :meth:`SinkWriter.commit` (phase 2, after the
+  snapshot is complete) makes it visible. After a restart, :meth:`SinkWriter.recover` commits
+  the transactions prepared in the restored snapshot and aborts every other one it finds;
+- an *idempotent* sink writes with stable keys and flushes in :meth:`SinkWriter.prepare`, so
+  replays overwrite instead of duplicating.
+
+Everything a reader or writer returns for a snapshot is JSON-able plain data. Every context
+carries the execution id, the fencing token: writers must not make data visible for an
+execution older than the newest one they have seen.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+GUARANTEES = ("none", "at-least-once", "exactly-once")
+
+
+@dataclass(frozen=True)
+class ProcessorContext:
+    """Where a reader or writer runs: which job, execution, vertex and processor."""
+
+    job_id: int
+    execution_id: int
+    vertex: str
+    processor: int          # global index of this processor among the vertex's processors
+    processors: int         # the vertex's total parallelism (all members)
+    guarantee: str = "exactly-once"
+
+
+class SourceReader(ABC):
+    """Reads some partitions of a source."""
+
+    @abstractmethod
+    def read(self, max_rows: int) -> pa.RecordBatch | None:
+        """The next rows (at most `max_rows`), or None if none are available right now.
+        Never blocks for long: the runtime polls readers cooperatively."""
+
+    @abstractmethod
+    def at_end(self) -> bool:
+        """True once every partition of this reader is exhausted (bounded sources)."""
+
+    @abstractmethod
+    def snapshot_state(self) -> dict:
+        """What to save in a snapshot taken *now* (between two reads): offsets, or the ids
+        of read but unacknowledged messages. JSON-able."""
+
+    @abstractmethod
+    def restore_state(self, state: dict | None) -> None:
+        """Continues from a snapshot's state (None: from the start, or for sources that
+        cannot rewind, from where they are, as the guarantee allows)."""
+
+    def ack(self, snapshot_id: int) -> None:
+        """Snapshot `snapshot_id` is complete (phase 2): acknowledge what it covers."""
+
+    def close(self) -> None:
+        """Releases connections and files."""
+
+
+class Source(ABC):
+    """A description of a source: picklable, cheap, shipped to the members."""
+
+    name: str = "source"
+    replayable: bool = True
+    acknowledging: bool = False
+
+    @abstractmethod
+    def partition_count(self) -> int:
+        """The number of source partitions."""
+
+    @abstractmethod
+    def open(self, partitions: list[int], context: ProcessorContext) -> SourceReader:
+        """A reader of the given source partitions."""
+
+
+class SinkWriter(ABC):
+    """Writes one processor's output."""
+
+    @abstractmethod
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Buffers or writes rows (not yet visible for a transactional sink)."""
+
+    @abstractmethod
+    def prepare(self, snapshot_id: int) -> dict | None:
+        """Phase 1 at the processor's barrier for `snapshot_id`: flush (idempotent) or end the
+        open transaction (transactional) and return its description to save in the snapshot."""
+
+    @abstractmethod
+    def commit(self, snapshot_id: int) -> None:
+        """Phase 2, after snapshot `snapshot_id` is complete: make its transactions visible.
+        Must be idempotent: it is retried until it succeeds."""
+
+    @abstractmethod
+    def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
+        """After a restart from snapshot `snapshot_id` (None: no snapshot), before any write:
+        commit what `prepared` (this processor's state in that snapshot) describes and abort
+        every other leftover transaction of this processor."""
+
+    def close(self) -> None:
+        """Ends writing. With guarantee "none", makes what was written visible."""
+
+
+class Sink(ABC):
+    """A description of a sink: picklable, cheap, shipped to the members."""
+
+    name: str = "sink"
+    transactional: bool = False
+
+    @abstractmethod
+    def open(self, context: ProcessorContext) -> SinkWriter:
+        """The writer of one processor."""
