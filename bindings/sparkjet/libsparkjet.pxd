@@ -110,3 +110,21 @@ cdef extern from "sparkjet/chunk.h" nogil:
     sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n,
                                const int32_t *partitions, const int64_t *starts,
                                int32_t partition_count, uint8_t *dst)
+
+
+cdef extern from "sparkjet/keyed.h" nogil:
+    ctypedef struct sj_keymap:
+        pass
+
+    sj_keymap *sj_keymap_new(int64_t expected)
+    void sj_keymap_free(sj_keymap *map)
+    int64_t sj_keymap_size(const sj_keymap *map)
+    const int64_t *sj_keymap_keys(const sj_keymap *map)
+    sj_status sj_keymap_upsert(sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots)
+    void sj_keymap_lookup(const sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots)
+    void sj_agg_count(const int64_t *slots, int64_t n, int64_t *counts)
+    void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *sums)
+    void sj_agg_min(const int64_t *slots, const double *values, int64_t n, double *mins)
+    void sj_agg_max(const int64_t *slots, const double *values, int64_t n, double *maxs)
+    void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
+                           int64_t *count)

@@ -1,0 +1,47 @@
+/* Keyed state for rolling aggregations: a hash map from int64 keys to dense
+ * slots (0, 1, 2, ... in insertion order) and aggregate kernels over arrays
+ * indexed by slot. The map owns only keys and slots; the aggregate arrays
+ * belong to the caller, which grows them as slots are added. */
+#ifndef SPARKJET_KEYED_H
+#define SPARKJET_KEYED_H
+
+#include <stdint.h>
+
+#include "sparkjet/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sj_keymap sj_keymap;
+
+/* A map sized for about `expected` keys (it grows as needed); NULL if out of memory. */
+sj_keymap *sj_keymap_new(int64_t expected);
+void sj_keymap_free(sj_keymap *map);
+int64_t sj_keymap_size(const sj_keymap *map);
+
+/* The dense keys, slot order: valid until the next insertion. */
+const int64_t *sj_keymap_keys(const sj_keymap *map);
+
+/* Finds or inserts every key: slots[i] is key i's slot; new keys get the next
+ * slots. SJ_ENOMEM if the map could not grow (keys inserted so far remain). */
+sj_status sj_keymap_upsert(sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots);
+
+/* Finds keys without inserting: slots[i] = -1 for a missing key. */
+void sj_keymap_lookup(const sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots);
+
+/* Aggregates row values into per-slot arrays (the caller sized them to the map). */
+void sj_agg_count(const int64_t *slots, int64_t n, int64_t *counts);
+void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *sums);
+void sj_agg_min(const int64_t *slots, const double *values, int64_t n, double *mins);
+void sj_agg_max(const int64_t *slots, const double *values, int64_t n, double *maxs);
+
+/* The distinct slots of slots[0..n) in first-appearance order into out
+ * (*count of them). marks has one byte per slot, all 0 on entry and on return. */
+void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
+                       int64_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

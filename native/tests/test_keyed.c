@@ -1,0 +1,57 @@
+/* Native tests of the keyed-state map and aggregate kernels. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sparkjet/keyed.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                    \
+    do {                                                    \
+        if (!(cond)) {                                      \
+            failures++;                                     \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                   \
+            fputc('\n', stderr);                            \
+        }                                                   \
+    } while (0)
+
+int main(void) {
+    enum { N = 100000 };
+    static int64_t keys[N], slots[N], again[N];
+    sj_keymap *m = sj_keymap_new(0);
+    CHECK(m != NULL, "new");
+    for (int64_t i = 0; i < N; i++) keys[i] = (i * 7919) % 30011 - 15000; /* repeats, negatives */
+    CHECK(sj_keymap_upsert(m, keys, N, slots) == SJ_OK, "upsert");
+    CHECK(sj_keymap_size(m) == 30011, "size %lld", (long long)sj_keymap_size(m));
+    const int64_t *dense = sj_keymap_keys(m);
+    for (int64_t i = 0; i < N; i++) CHECK(dense[slots[i]] == keys[i], "slot of row %lld", (long long)i);
+    CHECK(slots[0] == 0 && dense[0] == keys[0], "first key gets slot 0");
+    sj_keymap_lookup(m, keys, N, again);
+    CHECK(memcmp(slots, again, sizeof slots) == 0, "lookup agrees");
+    int64_t missing = 1LL << 50, slot;
+    sj_keymap_lookup(m, &missing, 1, &slot);
+    CHECK(slot == -1, "missing key");
+
+    int64_t *counts = calloc(30011, sizeof(int64_t));
+    double *sums = calloc(30011, sizeof(double)), *vals = malloc(N * sizeof(double));
+    for (int64_t i = 0; i < N; i++) vals[i] = 1.5;
+    sj_agg_count(slots, N, counts);
+    sj_agg_sum(slots, vals, N, sums);
+    int64_t total = 0;
+    for (int s = 0; s < 30011; s++) total += counts[s];
+    CHECK(total == N, "counts add up");
+    CHECK(sums[0] == 1.5 * (double)counts[0], "sums");
+
+    uint8_t *marks = calloc(30011, 1);
+    int64_t *distinct = malloc(N * sizeof(int64_t)), nd;
+    sj_distinct_slots(slots, N, marks, distinct, &nd);
+    CHECK(nd == 30011, "distinct %lld", (long long)nd);
+    int clean = 1;
+    for (int s = 0; s < 30011; s++) clean &= marks[s] == 0;
+    CHECK(clean, "marks cleared");
+    sj_keymap_free(m);
+    free(counts); free(sums); free(vals); free(marks); free(distinct);
+    printf("%s: keyed, %d failed\n", failures ? "FAIL" : "ok", failures);
+    return failures != 0;
+}

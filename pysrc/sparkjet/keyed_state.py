@@ -1,0 +1,227 @@
+"""Rolling keyed aggregation: count, sum, min, max and mean per key, batch by batch.
+
+Each batch updates the state of its keys and returns one row per key it touched, with the
+key's aggregates after the batch (an *update*, as Jet's rolling aggregation emits). Integer
+keys go through a native hash map (key -> dense slot) and C kernels; other key types
+(strings, binary) through a Python dict over each batch's distinct keys. Values are
+aggregated as float64 (count as int64). The state snapshots to, and restores from, an Arrow
+table keyed by the key column, so it can be split by partition and restored at any
+parallelism.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkjet import keyed as _native
+from sparkjet.errors import InvalidArgumentError, NullKeyError
+
+OPERATIONS = ("count", "sum", "min", "max", "mean")
+
+
+def parse_aggregations(spec: dict) -> dict[str, tuple[str, str | None]]:
+    """{output name: "count" | (operation, value column)} -> {name: (operation, column)}."""
+    if not spec:
+        raise InvalidArgumentError("aggregate() needs at least one aggregation, e.g. count='count'")
+    out = {}
+    for name, s in spec.items():
+        if isinstance(s, str):
+            op, column = s, None
+        elif isinstance(s, (tuple, list)) and len(s) == 2:
+            op, column = s
+        else:
+            raise InvalidArgumentError(
+                f"aggregation {name!r}: use 'count' or (operation, column), got {s!r}")
+        if op not in OPERATIONS:
+            raise InvalidArgumentError(
+                f"aggregation {name!r}: operation must be one of {OPERATIONS}, got {s!r}")
+        if op == "count" and column is not None or op != "count" and not isinstance(column, str):
+            raise InvalidArgumentError(
+                f"aggregation {name!r}: use 'count' or (operation, column), got {s!r}")
+        out[name] = (op, column)
+    return out
+
+
+class KeyedAggregator:
+    """The state of a rolling aggregation over one key column.
+
+    >>> agg = KeyedAggregator("k", {"n": "count", "total": ("sum", "v")})
+    >>> agg.update(pa.record_batch({"k": [1, 2, 1], "v": [1.0, 2.0, 3.0]})).to_pylist()
+    [{'k': 1, 'n': 2, 'total': 4.0}, {'k': 2, 'n': 1, 'total': 2.0}]
+    """
+
+    def __init__(self, key: str, aggregations: dict, *, expected_keys: int = 0):
+        self.key = key
+        self.aggregations = parse_aggregations(aggregations)
+        self._columns = sorted({c for _, c in self.aggregations.values() if c is not None})
+        self._ops = {c: sorted({op for op, col in self.aggregations.values() if col == c}
+                               | ({"sum"} if any(op == "mean" and col == c for op, col in
+                                                 self.aggregations.values()) else set()))
+                     for c in self._columns}
+        self._key_type: pa.DataType | None = None
+        self._map = None            # native KeyMap for integer keys
+        self._ids: dict | None = None  # Python dict for other key types
+        self._dense: list = []      # keys by slot (Python path)
+        self._size = 0
+        self._capacity = 0
+        self._counts = np.zeros(0, np.int64)
+        self._state: dict[tuple[str, str], np.ndarray] = {}
+        self._marks = np.zeros(0, np.uint8)
+        self._expected = expected_keys
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"KeyedAggregator(key={self.key!r}, aggregations={self.aggregations!r}, keys={self._size})"
+
+    # -- updates -----------------------------------------------------------------------
+
+    def update(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Adds a batch's rows; returns the touched keys' aggregates after it."""
+        if batch.num_rows == 0:
+            return self._empty_output(batch.schema.field(self.key).type)
+        slots = self._slots(batch.column(self.key))
+        n = len(slots)
+        addr = slots.ctypes.data
+        _native.agg_count(addr, n, self._counts.ctypes.data)
+        for c in self._columns:
+            values = _float64(batch.column(c), c)
+            vaddr = values.ctypes.data
+            for op in self._ops[c]:
+                if op in ("sum", "min", "max"):
+                    kernel = getattr(_native, f"agg_{op}")
+                    kernel(addr, vaddr, n, self._state[(op, c)].ctypes.data)
+        touched = np.empty(n, np.int64)
+        count = _native.distinct_slots(addr, n, self._marks.ctypes.data, touched.ctypes.data)
+        return self._output(touched[:count])
+
+    def _slots(self, keys) -> np.ndarray:
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
+        if keys.null_count:
+            first = pc.index(keys.is_null(), True).as_py()
+            raise NullKeyError(f"group_by key {self.key!r} has a null at row {first}", first)
+        if self._key_type is None:
+            self._key_type = keys.type
+            if pa.types.is_integer(keys.type):
+                self._map = _native.KeyMap(self._expected)
+            else:
+                self._ids = {}
+        elif keys.type != self._key_type:
+            raise InvalidArgumentError(
+                f"group_by key {self.key!r} changed type from {self._key_type} to {keys.type}")
+        n = len(keys)
+        slots = np.empty(n, np.int64)
+        if self._map is not None:
+            k = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
+            k = np.ascontiguousarray(k, np.int64)
+            self._map.upsert(k.ctypes.data, n, slots.ctypes.data)
+            size = len(self._map)
+        else:
+            encoded = keys.dictionary_encode()
+            ids = self._ids
+            mapped = np.empty(len(encoded.dictionary), np.int64)
+            for i, value in enumerate(encoded.dictionary.to_pylist()):
+                slot = ids.get(value)
+                if slot is None:
+                    slot = ids[value] = len(self._dense)
+                    self._dense.append(value)
+                mapped[i] = slot
+            slots[:] = mapped[encoded.indices.to_numpy(zero_copy_only=False)]
+            size = len(self._dense)
+        self._grow(size)
+        return slots
+
+    def _grow(self, size: int) -> None:
+        self._size = size
+        if size <= self._capacity:
+            return
+        capacity = max(size, 2 * self._capacity, 1024)
+        self._counts = _resized(self._counts, capacity, 0)
+        self._marks = _resized(self._marks, capacity, 0)
+        for c in self._columns:
+            for op in self._ops[c]:
+                if op in ("sum", "min", "max"):
+                    fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[op]
+                    arr = self._state.get((op, c), np.zeros(0, np.float64))
+                    self._state[(op, c)] = _resized(arr, capacity, fill)
+        self._capacity = capacity
+
+    # -- output and snapshots ----------------------------------------------------------
+
+    def _keys(self, slots: np.ndarray) -> pa.Array:
+        if self._map is not None:
+            slots = np.ascontiguousarray(slots, np.int64)
+            keys = np.empty(len(slots), np.int64)
+            self._map.keys_at(slots.ctypes.data, len(slots), keys.ctypes.data)
+            return pa.array(keys).cast(self._key_type)
+        return pa.array([self._dense[s] for s in slots], self._key_type)
+
+    def _empty_output(self, key_type: pa.DataType) -> pa.RecordBatch:
+        fields = [pa.field(self.key, self._key_type or key_type)]
+        fields += [pa.field(name, pa.int64() if op == "count" else pa.float64())
+                   for name, (op, _) in self.aggregations.items()]
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in fields],
+                                          schema=pa.schema(fields))
+
+    def _output(self, slots: np.ndarray) -> pa.RecordBatch:
+        columns = {self.key: self._keys(slots)}
+        for name, (op, c) in self.aggregations.items():
+            if op == "count":
+                columns[name] = pa.array(self._counts[slots])
+            elif op == "mean":
+                columns[name] = pa.array(self._state[("sum", c)][slots] / self._counts[slots])
+            else:
+                columns[name] = pa.array(self._state[(op, c)][slots])
+        return pa.RecordBatch.from_pydict(columns)
+
+    def snapshot(self) -> pa.Table:
+        """The whole state as a table: the key, ``__count`` and ``__{op}__{column}``."""
+        slots = np.arange(self._size, dtype=np.int64)
+        columns = {self.key: self._keys(slots) if self._key_type is not None else pa.array([], pa.int64()),
+                   "__count": pa.array(self._counts[: self._size])}
+        for (op, c), arr in sorted(self._state.items()):
+            columns[f"__{op}__{c}"] = pa.array(arr[: self._size])
+        return pa.table(columns)
+
+    def restore(self, table: pa.Table | None) -> None:
+        """Adds a snapshot's state (of some partitions) to this (usually empty) state."""
+        if table is None or table.num_rows == 0:
+            return
+        keys = table.column(self.key).combine_chunks()
+        slots = self._slots(keys)
+        n = len(slots)
+        counts = table.column("__count").to_numpy()
+        np.add.at(self._counts, slots, counts)
+        for (op, c), arr in self._state.items():
+            name = f"__{op}__{c}"
+            if name not in table.column_names:
+                raise InvalidArgumentError(f"snapshot state lacks column {name!r}")
+            values = table.column(name).to_numpy()
+            if op == "sum":
+                np.add.at(arr, slots, values)
+            elif op == "min":
+                np.minimum.at(arr, slots, values)
+            else:
+                np.maximum.at(arr, slots, values)
+        assert n == table.num_rows
+
+
+def _float64(column, name: str) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise InvalidArgumentError(f"aggregated column {name!r} has nulls; fill or filter them first")
+    try:
+        values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise InvalidArgumentError(f"aggregated column {name!r} is not numeric: {e}") from None
+    return np.ascontiguousarray(values)
+
+
+def _resized(arr: np.ndarray, capacity: int, fill) -> np.ndarray:
+    out = np.full(capacity, fill, arr.dtype)
+    out[: len(arr)] = arr
+    return out
