@@ -181,7 +181,12 @@ class SnapshotStore:
         for name in self._backend.listdir(self._path("log")):
             if not re.fullmatch(r"\d{12}\.json", name):
                 continue
-            raw = self._backend.read(self._path("log", name))
+            try:
+                raw = self._backend.read(self._path("log", name))
+            except FileNotFoundError:
+                # Cleanup removed it between the listing and the read: it was a commit
+                # event superseded by a newer valid one, which the listing also holds.
+                continue
             try:
                 out.append((int(name[:12]), json.loads(bytes(raw))))
             except ValueError as e:

@@ -1,0 +1,15 @@
+"""Sinks that keep a job's processing guarantee end to end (see :mod:`sparkjet.connectors`).
+
+- :class:`TransactionalFileSink`: Parquet or Arrow IPC files on ``pyarrow.fs``, two-phase
+  commit (staged per execution and transaction, made visible by rename after the snapshot).
+- :class:`SQLiteUpsertSink`: idempotent upserts by stable keys, flushed at every barrier.
+"""
+from sparkjet.sinks.files import TransactionalFileSink, TransactionalFileWriter
+from sparkjet.sinks.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
+
+__all__ = [
+    "SQLiteUpsertSink",
+    "SQLiteUpsertWriter",
+    "TransactionalFileSink",
+    "TransactionalFileWriter",
+]

@@ -1,0 +1,393 @@
+"""A transactional (two-phase commit) Parquet or Arrow IPC file sink on ``pyarrow.fs``.
+
+Layout under the sink's URI (a local path, or any ``pyarrow.fs`` URI), for job ``J``
+(16 hex digits), processor ``P``, execution ``E``, the writer's transaction ordinal ``T``
+in that execution and file ``K`` of the transaction::
+
+    part-J-pP-eE-tT-K.parquet                committed output (the only files readers see)
+    _staging/J/pP/eE-tT-K.parquet            staged: written, not visible
+    _executions/J/eE.json                    execution E registered (created exclusively)
+
+**Transactions.** A processor's open transaction is a set of staged files (one, or one per
+``rows_per_file`` rows). :meth:`prepare` closes them (fsync on local disks) and returns a
+description naming each staged file and its final name; the runtime saves it in the
+snapshot. :meth:`commit` moves the staged files of snapshots up to *n* to their final names
+by rename (atomic on local disks and HDFS). Names are a function of the transaction id, so
+a commit repeated or retried after a crash finds either the staged file (rename it) or the
+final one (done), and two transactions can never target one name. Until committed, a
+prepared transaction stays in every later :meth:`prepare` result, so a restore from any
+later snapshot still commits it.
+
+**Bounded leftovers.** A processor has at most one open transaction plus the prepared ones
+not yet committed, all under ``_staging/J/pP`` with names derived from the execution and
+ordinal (never random): :meth:`recover` commits what the restored snapshot lists and
+deletes everything else it finds there by listing: leftovers of crashed executions and
+prepared transactions of snapshots that never completed.
+
+**Fencing.** Opening a writer registers its execution under ``_executions/J`` by exclusive
+create. :meth:`prepare` and :meth:`commit` list that folder and raise
+:class:`~sparkjet.errors.FencedError` if a newer execution is registered: a zombie of an
+older execution never makes a file visible once a newer one has started.
+
+Readers see only ``part-*`` files; names starting with ``_`` or ``.`` are ignored by
+:meth:`TransactionalFileSink.read`, by ``pyarrow.dataset`` and by Spark alike. A
+transaction of several files becomes visible file by file; a crash in the middle of a
+commit leaves a snapshot's transaction partly visible until :meth:`recover` finishes it
+(never anything uncommitted, never a partial file). Object stores without an atomic rename
+(S3, GCS) copy then delete: a reader may briefly see a file both staged and final, but the
+final file is complete once it appears.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sparkjet._fs import Backend
+from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
+from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
+
+DESCRIPTION_FORMAT = 1
+FORMATS = ("parquet", "arrow")
+_STAGED = re.compile(
+    r"_staging/[0-9a-f]{16}/p\d{5,}/e\d{12,}-t\d{6,}-\d{5,}\.(?:parquet|arrow)")
+_FINAL = re.compile(r"part-[0-9a-f]{16}-p\d{5,}-e\d{12,}-t\d{6,}-\d{5,}\.(?:parquet|arrow)")
+_REGISTERED = re.compile(r"e(\d{12,})\.json")
+
+
+class TransactionalFileSink(Sink):
+    """Writes Parquet or Arrow IPC files, visible only once the snapshot covering them is
+    complete (exactly-once with a replayable source).
+
+    >>> sink = TransactionalFileSink("/data/out", format="parquet", rows_per_file=1_000_000)
+    >>> table = TransactionalFileSink.read("/data/out")      # doctest: +SKIP
+    """
+
+    name = "files"
+    transactional = True
+
+    def __init__(self, uri, format: str = "parquet", rows_per_file: int | None = None, *,
+                 filesystem: pafs.FileSystem | None = None, durable: bool = True):
+        if format not in FORMATS:
+            raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
+        if rows_per_file is not None and (not isinstance(rows_per_file, int) or rows_per_file < 1):
+            raise InvalidArgumentError(
+                f"rows_per_file must be a positive int or None, got {rows_per_file!r}")
+        self.uri = os.fspath(uri)
+        self.format = format
+        self.rows_per_file = rows_per_file
+        self.filesystem = filesystem
+        self.durable = durable
+
+    def __repr__(self) -> str:
+        return (f"TransactionalFileSink({self.uri!r}, format={self.format!r}, "
+                f"rows_per_file={self.rows_per_file!r})")
+
+    def open(self, context: ProcessorContext) -> TransactionalFileWriter:
+        return TransactionalFileWriter(self, context)
+
+    @staticmethod
+    def committed_files(uri, *, filesystem: pafs.FileSystem | None = None) -> list[str]:
+        """The paths of the committed output files, sorted by name."""
+        backend = Backend(uri, filesystem)
+        return [backend.path(n) for n in backend.listdir(backend.root) if _FINAL.fullmatch(n)]
+
+    @staticmethod
+    def read(uri, *, filesystem: pafs.FileSystem | None = None,
+             columns: list[str] | None = None) -> pa.Table:
+        """The committed rows under `uri` as one table (staged files are never read). An
+        empty output gives a table without columns."""
+        backend = Backend(uri, filesystem)
+        tables = []
+        for path in TransactionalFileSink.committed_files(uri, filesystem=filesystem):
+            if path.endswith(".parquet"):
+                tables.append(pq.read_table(path, columns=columns, filesystem=backend.fs))
+            else:
+                with backend.fs.open_input_file(path) as f:
+                    table = pa.ipc.open_file(f).read_all()
+                tables.append(table.select(columns) if columns is not None else table)
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="default")
+
+
+class _StagedFile:
+    """One staged output file being written."""
+
+    def __init__(self, backend: Backend, path: str, fmt: str, schema: pa.Schema):
+        self.schema = schema
+        self.rows = 0
+        if backend.local:
+            # "x": two writers given the same processor and execution fail loudly here
+            # instead of overwriting each other.
+            self._file = open(path, "xb")
+            self._stream = None
+            sink = self._file
+        else:
+            self._file = None
+            self._stream = backend.fs.open_output_stream(path)
+            sink = self._stream
+        try:
+            if fmt == "parquet":
+                self._writer = pq.ParquetWriter(sink, schema)
+            else:
+                self._writer = pa.ipc.new_file(sink, schema)
+        except BaseException:
+            self._release()
+            raise
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+
+    def close(self, durable: bool) -> None:
+        """Writes the footer and makes the bytes durable."""
+        self._writer.close()
+        if self._file is not None:
+            self._file.flush()
+            if durable:
+                os.fsync(self._file.fileno())
+        self._release()
+
+    def _release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._stream is not None:
+            self._stream.close()
+
+    def discard(self) -> None:
+        try:
+            self._writer.close()
+        except Exception:  # noqa: BLE001, S110 - the file is deleted next; only release it
+            pass
+        self._release()
+
+
+class TransactionalFileWriter(SinkWriter):
+    """One processor's writer of a :class:`TransactionalFileSink` (see the module doc)."""
+
+    def __init__(self, sink: TransactionalFileSink, context: ProcessorContext):
+        if context.guarantee not in GUARANTEES:
+            raise InvalidArgumentError(
+                f"guarantee must be one of {GUARANTEES}, got {context.guarantee!r}")
+        self.sink = sink
+        self.context = context
+        self._backend = Backend(sink.uri, sink.filesystem, sink.durable)
+        self._job = f"{context.job_id:016x}"
+        self._ext = "parquet" if sink.format == "parquet" else "arrow"
+        b = self._backend
+        self._registry = b.path("_executions", self._job)
+        self._staging_rel = f"_staging/{self._job}/p{context.processor:05d}"
+        for d in (b.root, self._registry, b.path(self._staging_rel)):
+            b.makedirs(d)
+        self._register()
+        self._ordinal = 0           # the next transaction's T
+        self._files: list[list[str]] = []   # [staged, final] of the open transaction
+        self._rows = 0
+        self._current: _StagedFile | None = None
+        self._pending: list[dict] = []      # prepared, not yet committed
+        self._pending_lock = threading.Lock()   # commit may run beside the next writes
+        self._last_prepared: int | None = None
+
+    def __repr__(self) -> str:
+        c = self.context
+        return (f"TransactionalFileWriter({self.sink.uri!r}, job={c.job_id}, "
+                f"execution={c.execution_id}, processor={c.processor})")
+
+    # -- fencing -----------------------------------------------------------------------
+
+    def _register(self) -> None:
+        b, execution = self._backend, self.context.execution_id
+        path = f"{self._registry}/e{execution:012d}.json"
+        if not b.exists(path):
+            record = {"execution": execution, "time": time.time()}
+            b.create_exclusive(path, json.dumps(record).encode())
+        self._check_fence("start")
+
+    def _check_fence(self, action: str) -> None:
+        newest = max((int(m[1]) for n in self._backend.listdir(self._registry)
+                      if (m := _REGISTERED.fullmatch(n))), default=-1)
+        if newest > self.context.execution_id:
+            raise FencedError(
+                f"{self.sink.uri}: {action} by execution {self.context.execution_id} of job "
+                f"{self.context.job_id} refused: execution {newest} is newer")
+
+    # -- writing -----------------------------------------------------------------------
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if isinstance(batch, pa.Table):
+            for b in batch.to_batches():
+                self.write(b)
+            return
+        limit = self.sink.rows_per_file
+        offset, n = 0, batch.num_rows
+        while offset < n:
+            if self._current is not None and not self._current.schema.equals(batch.schema):
+                self._roll()
+            if self._current is None:
+                self._open_file(batch.schema)
+            take = n - offset if limit is None else min(n - offset, limit - self._current.rows)
+            self._current.write(batch.slice(offset, take) if take < n else batch)
+            offset += take
+            if limit is not None and self._current.rows >= limit:
+                self._roll()
+
+    def _open_file(self, schema: pa.Schema) -> None:
+        c, k = self.context, len(self._files)
+        stem = f"e{c.execution_id:012d}-t{self._ordinal:06d}-{k:05d}.{self._ext}"
+        staged = f"{self._staging_rel}/{stem}"
+        final = f"part-{self._job}-p{c.processor:05d}-{stem}"
+        self._current = _StagedFile(self._backend, self._backend.path(staged), self.sink.format,
+                                    schema)
+        self._files.append([staged, final])
+
+    def _roll(self) -> None:
+        """Closes the open file; with guarantee "none" it becomes visible at once."""
+        self._current.close(self._backend.durable)
+        self._rows += self._current.rows
+        self._current = None
+        if self.context.guarantee == "none":
+            self._check_fence("commit")
+            self._move(*self._files[-1])
+            self._backend.sync_dir(self._backend.root)
+
+    def _end_transaction(self, snapshot_id: int | None) -> dict | None:
+        """Closes the open transaction and returns its description (None if empty)."""
+        if self._current is not None:
+            self._roll()
+        txn = None
+        if self._files:
+            c = self.context
+            txn = {"job": c.job_id, "processor": c.processor, "execution": c.execution_id,
+                   "transaction": self._ordinal, "snapshot": snapshot_id,
+                   "files": self._files, "rows": self._rows}
+            self._backend.sync_dir(self._backend.path(self._staging_rel))
+        self._files, self._rows = [], 0
+        self._ordinal += 1
+        return txn
+
+    def prepare(self, snapshot_id: int) -> dict:
+        """Ends the open transaction. Returns ``{"format": 1, "transactions": [...]}``: every
+        prepared, not yet committed transaction of this writer (each with its snapshot id,
+        ``files`` as [staged, final] names relative to the URI, and ``rows``)."""
+        if self._last_prepared is not None and snapshot_id <= self._last_prepared:
+            raise InvalidArgumentError(
+                f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
+                "snapshot ids must grow")
+        try:
+            self._check_fence("prepare")
+        except FencedError:
+            self._abort_open()
+            raise
+        txn = self._end_transaction(snapshot_id)
+        with self._pending_lock:
+            if txn is not None:
+                self._pending.append(txn)
+            pending = [dict(t) for t in self._pending]
+        self._last_prepared = snapshot_id
+        return {"format": DESCRIPTION_FORMAT, "transactions": pending}
+
+    def commit(self, snapshot_id: int) -> None:
+        """Makes the prepared transactions of snapshots up to `snapshot_id` visible.
+        Idempotent; raises FencedError (final: do not retry) if a newer execution started.
+        May run on another thread than :meth:`write` and :meth:`prepare`."""
+        with self._pending_lock:
+            due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
+        self._check_fence("commit")
+        for txn in due:
+            self._commit_transaction(txn)
+            with self._pending_lock:
+                self._pending = [t for t in self._pending if t is not txn]
+        if due:
+            self._backend.sync_dir(self._backend.root)
+
+    def _commit_transaction(self, txn: dict) -> None:
+        for staged, final in txn["files"]:
+            self._check_fence("commit")
+            self._move(staged, final)
+
+    def _move(self, staged: str, final: str) -> None:
+        """Renames a staged file to its final name; done already if only the final exists."""
+        b = self._backend
+        src, dst = b.path(staged), b.path(final)
+        try:
+            if b.local:
+                os.replace(src, dst)
+            else:
+                # Not atomic on object stores: a crash may leave both names, and the retry
+                # moves again (the same bytes: a name belongs to one transaction).
+                b.fs.move(src, dst)
+            return
+        except OSError:
+            if b.exists(src):
+                raise
+        if not b.exists(dst):
+            raise SnapshotIncompleteError(
+                f"{b.root}: prepared file {staged} is neither staged nor committed as {final}; "
+                "the transaction's data is gone")
+
+    # -- recovery and end ------------------------------------------------------------------
+
+    def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
+        """Commits the transactions listed in `prepared` (this processor's state in the
+        restored snapshot; states of several old processors may be merged by concatenating
+        their ``transactions``), then deletes every other staged file of this processor,
+        and of processors >= the current parallelism that map to it (p % processors)."""
+        self._register()
+        txns = []
+        if prepared is not None:
+            if prepared.get("format") != DESCRIPTION_FORMAT:
+                raise InvalidArgumentError(
+                    f"prepared state has format {prepared.get('format')!r}, "
+                    f"expected {DESCRIPTION_FORMAT}")
+            txns = list(prepared["transactions"])
+        for txn in txns:
+            for staged, final in txn["files"]:
+                if not (_STAGED.fullmatch(staged) and _FINAL.fullmatch(final)):
+                    raise InvalidArgumentError(
+                        f"prepared state names a bad file: {staged!r} -> {final!r}")
+        for txn in sorted(txns, key=lambda t: (t["execution"], t["transaction"])):
+            self._commit_transaction(txn)
+        if txns:
+            self._backend.sync_dir(self._backend.root)
+        self._abort_leftovers()
+        self._pending = []
+        self._last_prepared = snapshot_id
+
+    def _abort_leftovers(self) -> None:
+        b, c = self._backend, self.context
+        base = f"_staging/{self._job}"
+        mine = [f"p{c.processor:05d}"]
+        for name in b.listdir(b.path(base)):
+            m = re.fullmatch(r"p(\d{5,})", name)
+            if m and int(m[1]) >= c.processors and int(m[1]) % c.processors == c.processor:
+                mine.append(name)
+        for directory in mine:
+            for name in b.listdir(b.path(base, directory)):
+                m = re.fullmatch(r"e(\d{12,})-.*", name)
+                # A newer execution's files are not ours to judge (we would be fenced anyway).
+                if m is None or int(m[1]) <= c.execution_id:
+                    b.remove(b.path(base, directory, name))
+
+    def _abort_open(self) -> None:
+        if self._current is not None:
+            self._current.discard()
+            self._current = None
+        for staged, _ in self._files:
+            self._backend.remove(self._backend.path(staged))
+        self._files, self._rows = [], 0
+
+    def close(self) -> None:
+        """With guarantee "none", commits what was written; otherwise discards the open,
+        unprepared transaction (the snapshot's replay rewrites it). Prepared, uncommitted
+        transactions stay staged for :meth:`recover`."""
+        if self.context.guarantee == "none":
+            self._end_transaction(None)
+        else:
+            self._abort_open()

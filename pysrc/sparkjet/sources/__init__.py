@@ -1,0 +1,33 @@
+"""Sources of a job (the :class:`~sparkjet.connectors.Source` contract):
+
+- :class:`GeneratorSource`: deterministic events, replayable by offset, rate-limited or
+  as fast as possible; computes the expected output of a failure-free run.
+- :class:`ArrowLogSource` and :class:`ArrowLogWriter`: a partitioned append-only log of
+  Arrow IPC segment files, replayable and readable while it is being appended.
+- :class:`RedisStreamSource` and :class:`RedisStreamProducer`: an acknowledging source on
+  Redis Streams (needs the ``redis`` package: ``pip install 'sparkjet[redis]'``).
+"""
+from sparkjet.sources.arrow_log import (
+    ArrowLogReader,
+    ArrowLogSource,
+    ArrowLogWriter,
+    LogLockedError,
+)
+from sparkjet.sources.generator import GeneratorReader, GeneratorSource
+from sparkjet.sources.redis_stream import (
+    RedisStreamProducer,
+    RedisStreamReader,
+    RedisStreamSource,
+)
+
+__all__ = [
+    "ArrowLogReader",
+    "ArrowLogSource",
+    "ArrowLogWriter",
+    "GeneratorReader",
+    "GeneratorSource",
+    "LogLockedError",
+    "RedisStreamProducer",
+    "RedisStreamReader",
+    "RedisStreamSource",
+]

@@ -1,0 +1,403 @@
+"""An acknowledging source on Redis Streams (Jet's JMS source, seed 000).
+
+Source partition ``p`` is the stream ``{stream}:{p}``. Each job reads through its own
+consumer group (``sparkjet-job-{job_id}`` unless named), with XREADGROUP, as a consumer
+whose name is stable across executions (``sparkjet``), so that after a restart the new
+reader finds its predecessor's pending entries. The exactly-once protocol:
+
+1. ``read`` returns messages; their ids stay *pending* in Redis (read, not acknowledged).
+2. At the barrier of snapshot n, :meth:`RedisStreamReader.snapshot_state` saves the ids
+   of every message returned and not yet acknowledged.
+3. When snapshot n is complete, :meth:`RedisStreamReader.ack` XACKs the ids returned
+   before its barrier. The runtime calls ``ack(n)`` before the barrier of n+1 (Jet never
+   overlaps snapshots); ``ack`` acknowledges every id saved by a ``snapshot_state`` call
+   so far.
+4. After a crash, :meth:`RedisStreamReader.restore_state` takes the saved ids as "already
+   processed"; the reader first re-reads its pending entries (XREADGROUP from id ``0``),
+   **drops** (and acknowledges) those whose ids are in the restored state, since their
+   effects are in the snapshot, and returns the others again, since theirs were lost.
+   Only then does it read new messages (id ``>``).
+
+State::
+
+    {"unacked": {"<partition>": ["1700000000000-0", ...], ...}, "ended": [<partition>, ...]}
+
+With guarantee ``"none"`` messages are read with NOACK (acknowledged on delivery, lost
+if the job dies) and the state holds no ids.
+
+**Batches.** By default a batch has a string column ``_id`` (the message id) and one
+string column per field name found in the batch's messages, in first-seen order (null
+where a message lacks the field), so the columns can differ between batches. Give a
+``schema`` for fixed columns: ``_id`` if named, each other field by name, cast from its
+UTF-8 text (binary columns keep the raw bytes). Or a ``decoder``: a picklable callable
+taking ``[(id: str, fields: dict[bytes, bytes]), ...]`` and returning a RecordBatch.
+
+**End of stream.** Redis streams do not end; a producer may append an end marker
+(:meth:`RedisStreamProducer.end`, a message with the field ``__sparkjet_end__``) after
+which :meth:`RedisStreamReader.at_end` is true for that partition once it is read.
+Nothing may follow a marker.
+
+Needs the ``redis`` package (``pip install 'sparkjet[redis]'``).
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import pyarrow as pa
+
+from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.errors import CorruptDataError, InvalidArgumentError
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_CONSUMER = "sparkjet"
+END_FIELD = "__sparkjet_end__"
+ID_COLUMN = "_id"
+
+_END = END_FIELD.encode()
+_SOCKET_TIMEOUT = 10.0
+# Ids per XACK command: keeps one command's size bounded whatever the snapshot interval.
+_ACK_CHUNK = 10_000
+
+
+def stream_key(stream: str, partition: int) -> str:
+    """The Redis key of one source partition: ``{stream}:{partition}``."""
+    return f"{stream}:{partition}"
+
+
+def _redis():
+    try:
+        import redis
+    except ImportError:
+        raise ImportError(
+            "Redis Streams sources need the redis client: pip install 'sparkjet[redis]'"
+        ) from None
+    return redis
+
+
+class RedisStreamSource(Source):
+    """Streams ``{stream}:0`` .. ``{stream}:{partitions-1}`` at ``url`` as an
+    acknowledging source. ``start_id`` is where a new consumer group starts (``"0"``:
+    every message in the stream; ``"$"``: only new ones). ``block_ms`` lets an idle read
+    wait that long for messages (None: never wait).
+
+    >>> RedisStreamSource("orders", 4, "redis://127.0.0.1:6379/0")
+    RedisStreamSource('orders', 4, 'redis://127.0.0.1:6379/0')
+    """
+
+    name = "redis-stream"
+    replayable = False
+    acknowledging = True
+
+    def __init__(self, stream: str, partitions: int, url: str = DEFAULT_URL, *,
+                 group: str | None = None, consumer: str = DEFAULT_CONSUMER,
+                 start_id: str = "0", schema: pa.Schema | None = None,
+                 decoder: Callable[[list], pa.RecordBatch] | None = None,
+                 block_ms: int | None = None):
+        if not isinstance(stream, str) or not stream:
+            raise InvalidArgumentError(f"stream must be a non-empty str, got {stream!r}")
+        _check_partition_count(partitions)
+        if schema is not None and decoder is not None:
+            raise InvalidArgumentError("give a schema or a decoder, not both")
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise InvalidArgumentError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        if decoder is not None and not callable(decoder):
+            raise InvalidArgumentError(f"decoder must be callable, got {decoder!r}")
+        if block_ms is not None and (isinstance(block_ms, bool) or not isinstance(block_ms, int)
+                                     or block_ms < 1):
+            raise InvalidArgumentError(f"block_ms must be None or a positive int, got {block_ms!r}")
+        self.stream = stream
+        self.partitions = partitions
+        self.url = url
+        self.group = group
+        self.consumer = consumer
+        self.start_id = start_id
+        self.schema = schema
+        self.decoder = decoder
+        self.block_ms = block_ms
+
+    def partition_count(self) -> int:
+        return self.partitions
+
+    def group_name(self, context: ProcessorContext) -> str:
+        """The consumer group of the job ``context`` belongs to."""
+        return self.group if self.group is not None else f"sparkjet-job-{context.job_id}"
+
+    def open(self, partitions: list[int], context: ProcessorContext) -> RedisStreamReader:
+        return RedisStreamReader(self, partitions, context)
+
+    def __repr__(self) -> str:
+        return f"RedisStreamSource({self.stream!r}, {self.partitions}, {self.url!r})"
+
+
+class RedisStreamReader(SourceReader):
+    """Reads some partitions of a :class:`RedisStreamSource` (see the module's protocol).
+    Opening creates the consumer group on each stream if it does not exist."""
+
+    def __init__(self, source: RedisStreamSource, partitions: list[int],
+                 context: ProcessorContext):
+        parts = list(partitions)  # may be empty: a processor without partitions is at its end
+        if len(set(parts)) != len(parts) or not all(
+                isinstance(p, int) and 0 <= p < source.partitions for p in parts):
+            raise InvalidArgumentError(
+                f"partitions must be distinct ints in 0..{source.partitions - 1}, got {parts}")
+        redis = _redis()
+        self._source = source
+        self._parts = parts
+        self._keys = {p: stream_key(source.stream, p) for p in parts}
+        self._group = source.group_name(context)
+        self._noack = context.guarantee == "none"
+        # A bounded socket timeout: a read must never hang on a dead server (the
+        # execution fails and restarts instead).
+        timeout = _SOCKET_TIMEOUT + (source.block_ms or 0) / 1000
+        self._client = redis.Redis.from_url(source.url, socket_timeout=timeout,
+                                            socket_connect_timeout=_SOCKET_TIMEOUT)
+        for key in self._keys.values():
+            try:
+                self._client.xgroup_create(key, self._group, id=source.start_id, mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+        self._turn = 0
+        self.restore_state(None)
+
+    def read(self, max_rows: int) -> pa.RecordBatch | None:
+        """Up to ``max_rows`` messages of one partition: redelivered ones first after a
+        restart, then new ones; None if there are none right now."""
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise InvalidArgumentError(f"max_rows must be a positive int, got {max_rows!r}")
+        n = len(self._parts)
+        for step in range(n):
+            p = self._parts[(self._turn + step) % n]
+            if p in self._recovering:
+                entries = self._redeliver(p, max_rows)
+                if entries:
+                    self._turn = (self._turn + step + 1) % n
+                    return self._emit(p, entries)
+        if not any(self._buffers.values()):
+            self._fetch(max_rows)
+        for step in range(n):
+            p = self._parts[(self._turn + step) % n]
+            buffer = self._buffers[p]
+            if buffer:
+                entries = [buffer.popleft() for _ in range(min(max_rows, len(buffer)))]
+                self._turn = (self._turn + step + 1) % n
+                return self._emit(p, entries)
+        return None
+
+    def at_end(self) -> bool:
+        """True once every partition's end marker has been read (never, without markers)."""
+        return len(self._ended) == len(self._parts)
+
+    def snapshot_state(self) -> dict:
+        if self._noack:
+            return {"unacked": {}, "ended": sorted(self._ended)}
+        self._generations.append(self._returned)
+        self._returned = {p: [] for p in self._parts}
+        unacked = {}
+        for p in self._parts:
+            ids = [i for g in self._generations for i in g[p]]
+            ids.extend(sorted(self._processed[p]))
+            if ids:
+                unacked[str(p)] = ids
+        return {"unacked": unacked, "ended": sorted(self._ended)}
+
+    def restore_state(self, state: dict | None) -> None:
+        """Takes the ids in ``state`` as processed and re-reads every pending entry first
+        (None: no id is processed, every pending entry is processed again)."""
+        processed = {p: set() for p in self._parts}
+        ended = set()
+        if state is not None:
+            unacked = state.get("unacked") if isinstance(state, dict) else None
+            ends = state.get("ended", []) if isinstance(state, dict) else None
+            if not isinstance(unacked, dict) or not isinstance(ends, list):
+                raise InvalidArgumentError(
+                    "a Redis stream state is {'unacked': {partition: [id, ...]}, 'ended': "
+                    f"[partition, ...]}}, got {state!r}")
+            for p in self._parts:
+                ids = unacked.get(str(p), unacked.get(p, []))
+                if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                    raise InvalidArgumentError(
+                        f"unacked ids of partition {p} must be a list of str, got {ids!r}")
+                processed[p] = set(ids)
+            ended = {p for p in self._parts if p in ends}
+        self._processed = processed
+        self._ended = ended
+        # Recovery: the position in each partition's pending entries list, from the start
+        # (also for ended partitions: their processed entries still need acknowledging).
+        self._recovering = {} if self._noack else dict.fromkeys(self._parts, "0")
+        self._buffers = {p: deque() for p in self._parts}
+        self._returned = {p: [] for p in self._parts}
+        self._generations: list[dict] = []
+
+    def ack(self, snapshot_id: int) -> None:
+        """XACKs the ids saved by every :meth:`snapshot_state` call so far (snapshot
+        ``snapshot_id`` is complete; the runtime never starts the next one before this)."""
+        if not self._generations:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for p in self._parts:
+            ids = [i for g in self._generations for i in g[p]]
+            for lo in range(0, len(ids), _ACK_CHUNK):
+                pipe.xack(self._keys[p], self._group, *ids[lo:lo + _ACK_CHUNK])
+        pipe.execute()
+        # Only after XACK succeeded: a failed ack leaves the ids in the next snapshot.
+        self._generations = []
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _redeliver(self, p: int, max_rows: int) -> list:
+        """The next pending entries of ``p`` not already processed; acknowledges the
+        processed ones (the restored snapshot, which is complete, holds their effects)."""
+        key = self._keys[p]
+        processed = self._processed[p]
+        while True:
+            reply = self._client.xreadgroup(self._group, self._source.consumer,
+                                            {key: self._recovering[p]}, count=max_rows)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                # Every pending entry has been seen; a processed id that was not pending
+                # had been acknowledged before the crash.
+                del self._recovering[p]
+                self._processed[p] = set()
+                return []
+            self._recovering[p] = entries[-1][0]
+            keep, done = [], []
+            for message_id, fields in entries:
+                text = message_id.decode()
+                if text in processed:
+                    processed.discard(text)
+                    done.append(message_id)
+                elif not fields:
+                    # Deleted from the stream (XDEL, trimming) while pending: nothing to
+                    # replay.
+                    done.append(message_id)
+                else:
+                    keep.append((message_id, fields))
+            if done:
+                self._client.xack(key, self._group, *done)
+            if keep:
+                return keep
+
+    def _fetch(self, max_rows: int) -> None:
+        streams = {self._keys[p]: ">" for p in self._parts
+                   if p not in self._recovering and p not in self._ended}
+        if not streams:
+            return
+        reply = self._client.xreadgroup(self._group, self._source.consumer, streams,
+                                        count=max_rows, block=self._source.block_ms,
+                                        noack=self._noack)
+        by_key = {k: p for p, k in self._keys.items()}
+        for key, entries in reply or []:
+            self._buffers[by_key[key.decode()]].extend(entries)
+
+    def _emit(self, p: int, entries: list) -> pa.RecordBatch | None:
+        for i, (message_id, fields) in enumerate(entries):
+            if _END in fields:
+                entries = entries[:i + 1]
+                self._ended.add(p)
+                self._buffers[p].clear()
+                break
+        if not self._noack:
+            self._returned[p].extend(m.decode() for m, _ in entries)
+        data = [(m.decode(), f) for m, f in entries if _END not in f]
+        if not data:
+            return None
+        return _decode(data, self._source, self._keys[p])
+
+
+def _decode(entries: list, source: RedisStreamSource, key: str) -> pa.RecordBatch:
+    if source.decoder is not None:
+        batch = source.decoder(entries)
+        if not isinstance(batch, pa.RecordBatch):
+            raise InvalidArgumentError(
+                f"the decoder of {key} returned {type(batch).__name__}, not a RecordBatch")
+        return batch
+    ids = pa.array([m for m, _ in entries], pa.string())
+    if source.schema is None:
+        names: dict[bytes, None] = {}
+        for _, fields in entries:
+            names.update(dict.fromkeys(fields))
+        arrays = [ids] + [_text(entries, name, key) for name in names]
+        return pa.RecordBatch.from_arrays(
+            arrays, names=[ID_COLUMN] + [n.decode("utf-8", "replace") for n in names])
+    arrays = []
+    for field in source.schema:
+        if field.name == ID_COLUMN:
+            arrays.append(ids.cast(field.type))
+            continue
+        raw = pa.array([f.get(field.name.encode()) for _, f in entries], pa.binary())
+        try:
+            if field.type in (pa.binary(), pa.large_binary()):
+                arrays.append(raw.cast(field.type))
+            else:
+                arrays.append(raw.cast(pa.string()).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise CorruptDataError(
+                f"{key}: field {field.name!r} of messages {entries[0][0]}..{entries[-1][0]} "
+                f"does not convert to {field.type}: {e}") from None
+    return pa.RecordBatch.from_arrays(arrays, schema=source.schema)
+
+
+def _text(entries: list, name: bytes, key: str) -> pa.Array:
+    raw = pa.array([f.get(name) for _, f in entries], pa.binary())
+    try:
+        return raw.cast(pa.string())
+    except pa.ArrowInvalid:
+        raise CorruptDataError(
+            f"{key}: field {name!r} is not UTF-8 text; give a schema with a binary column "
+            "for it") from None
+
+
+class RedisStreamProducer:
+    """Appends messages (XADD) to the streams of a :class:`RedisStreamSource`: for tests,
+    demos and feeding a job. Field values are str, bytes, int or float."""
+
+    def __init__(self, stream: str, partitions: int, url: str = DEFAULT_URL):
+        _check_partition_count(partitions)
+        self.stream = stream
+        self.partitions = partitions
+        self._client = _redis().Redis.from_url(url)
+
+    def add(self, partition: int, fields: dict) -> str:
+        """Appends one message; returns its id."""
+        return self.add_many(partition, [fields])[0]
+
+    def add_many(self, partition: int, rows: Iterable[dict] | pa.RecordBatch | pa.Table,
+                 chunk: int = 10_000) -> list[str]:
+        """Appends messages in order (pipelined, ``chunk`` per round trip); a
+        RecordBatch or Table gives one message per row. Returns their ids."""
+        key = self._key(partition)
+        if isinstance(rows, (pa.RecordBatch, pa.Table)):
+            rows = rows.to_pylist()
+        ids: list[str] = []
+        pipe = self._client.pipeline(transaction=False)
+        for i, fields in enumerate(rows, 1):
+            if not fields:
+                raise InvalidArgumentError("a Redis stream message needs at least one field")
+            pipe.xadd(key, {k: v for k, v in fields.items() if v is not None})
+            if i % chunk == 0:
+                ids.extend(m.decode() for m in pipe.execute())
+        ids.extend(m.decode() for m in pipe.execute())
+        return ids
+
+    def end(self, partitions: Iterable[int] | None = None) -> None:
+        """Appends the end marker to the given partitions (all by default)."""
+        for p in range(self.partitions) if partitions is None else partitions:
+            self._client.xadd(self._key(p), {END_FIELD: "1"})
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _key(self, partition: int) -> str:
+        if isinstance(partition, bool) or not isinstance(partition, int) or not (
+                0 <= partition < self.partitions):
+            raise InvalidArgumentError(
+                f"partition must be an int in 0..{self.partitions - 1}, got {partition!r}")
+        return stream_key(self.stream, partition)
+
+
+def _check_partition_count(partitions) -> None:
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise InvalidArgumentError(f"partitions must be a positive int, got {partitions!r}")

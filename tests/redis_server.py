@@ -1,0 +1,87 @@
+"""A throwaway ``redis-server`` for tests: a free loopback port, no persistence, its own
+directory; :func:`start` waits until it answers PING."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+
+class RedisServerMissing(RuntimeError):
+    """``redis-server`` is not on PATH."""
+
+
+class RedisServer:
+    """A running ``redis-server``; :meth:`stop` ends it."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log_path: str):
+        self.process = process
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.log_path = log_path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _install() -> str | None:
+    """Installs Debian's redis-server when the tests run as root on a Debian-like system
+    (as CI and fresh machines of this project's kind do), so that the README's test command
+    needs nothing installed by hand. Returns its path, or None where that is not possible."""
+    import os
+
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return None
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
+        if subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode != 0:
+            return None
+    return shutil.which("redis-server")
+
+
+def start(directory, timeout: float = 10.0, attempts: int = 3) -> RedisServer:
+    """Starts ``redis-server`` in ``directory``; raises :class:`RedisServerMissing` if it
+    is not installed, RuntimeError (with its log) if it does not come up."""
+    binary = shutil.which("redis-server") or _install()
+    if binary is None:
+        raise RedisServerMissing(
+            "redis-server is not installed: these tests need a real Redis "
+            "(Debian/Ubuntu: apt-get install -y redis-server)")
+    import redis
+
+    last_log = ""
+    for attempt in range(attempts):
+        # The port is free now; another process may take it before redis binds, hence
+        # the retries.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log_path = f"{directory}/redis-{port}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(directory), "--daemonize", "no"],
+                stdout=log, stderr=subprocess.STDOUT)
+        server = RedisServer(process, port, log_path)
+        client = redis.Redis(port=port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    if client.ping():
+                        return server
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        server.stop()
+        with open(log_path, "rb") as f:
+            last_log = f.read().decode(errors="replace")[-2000:]
+    raise RuntimeError(f"redis-server did not answer PING after {attempts} attempts:\n{last_log}")
