@@ -34,7 +34,7 @@ def test_list_and_show(store_uri, capsys):
 def test_verify_passes_then_fails_on_a_flipped_byte(store_uri, capsys):
     assert main(["snapshots", "verify", str(store_uri), "--job", "2748"]) == 0
     assert "every checksum verified" in capsys.readouterr().out
-    victim = sorted(store_uri.glob("job-*/snapshots/*/agg/*.chunks"))[5]
+    victim = sorted(store_uri.glob("job-*/snapshots/*/agg/*.chunks"))[0]
     data = bytearray(victim.read_bytes())
     data[-3] ^= 0xFF
     victim.unlink()  # the export shares the file by hard link; replace, don't edit in place

@@ -133,23 +133,21 @@ def chunk_files(store, vertex="agg"):
 
 def test_missing_chunk_file_refuses_whole_restore(store):
     snapshot(store, 0, 1, seed=1)
-    victim = chunk_files(store)[3]
-    partition = int(victim.name[:5])
+    victim = max(chunk_files(store), key=lambda p: p.stat().st_size)
     victim.unlink()
     with pytest.raises(SnapshotIncompleteError, match="missing"):
         store.restore("agg")
     with pytest.raises(SnapshotIncompleteError, match="missing"):
-        store.restore("agg", [partition])
-    other = next(int(f.name[:5]) for f in chunk_files(store) if f.name[:5] not in (victim.name[:5], "broa"))
-    assert store.restore("agg", [other]).table.num_rows > 0, "other partitions still restore"
+        store.restore("agg", [17])
     with pytest.raises(SnapshotIncompleteError):
         store.verify()
+    assert store.restore("py").entries is not None, "other vertices still restore"
 
 
 def test_extra_chunk_file_is_refused(store):
     snapshot(store, 0, 1, seed=1)
     f = chunk_files(store)[0]
-    shutil.copy(f, f.with_name(f.name.replace("-0-0", "-9-0")))
+    shutil.copy(f, f.with_name("9-9.chunks"))
     with pytest.raises(SnapshotIncompleteError, match="extra file"):
         store.restore("agg")
 

@@ -75,6 +75,15 @@ class Backend:
         with self.fs.open_input_file(path) as f:
             return f.read_buffer()
 
+    def range_reader(self, path: str):
+        """A function (offset, length) -> bytes of the file; on local disks a memory map,
+        so only the pages of the ranges asked for are read."""
+        if self.local:
+            buf = self.read(path)
+            return lambda offset, length: buf.slice(offset, length) if length else b""
+        f = self.fs.open_input_file(path)
+        return lambda offset, length: f.read_at(length, offset)
+
     def exists(self, path: str) -> bool:
         if self.local:
             return os.path.exists(path)
