@@ -1,0 +1,566 @@
+"""Barrier alignment: Hazelcast Jet's snapshot barriers over bounded per-channel queues.
+
+A processor with several input channels (upstream processors) takes its input through a
+:class:`BarrierAligner`: each channel is a bounded queue of items (Arrow batches or any
+object), snapshot barriers and one end-of-stream marker, pushed by one producer thread
+per channel; one consumer thread takes *events* out of it::
+
+    (ITEM, channel, item)              an item, with the channel it came from
+    (SNAPSHOT, snapshot_id, terminal)  every live channel delivered barrier snapshot_id
+    (DONE,)                            every channel ended and everything was taken
+
+>>> from sparkjet.aligner import BarrierAligner, ITEM, SNAPSHOT, DONE
+>>> a = BarrierAligner(channels=2, mode="exactly-once", capacity=8)
+>>> for entry in ("a0", "barrier", "a1"):
+...     _ = a.offer_barrier(0, 0) if entry == "barrier" else a.offer(0, entry)
+>>> a.put(1, "b0")
+>>> a.drain(10)  # channel 0 is held after its barrier 0 until channel 1 delivers one
+[('item', 0, 'a0'), ('item', 1, 'b0')]
+>>> a.put_barrier(1, 0); a.end(0); a.end(1)
+>>> a.drain(10)
+[('snapshot', 0, False), ('item', 0, 'a1'), ('done',)]
+
+Semantics (``shared/HAZELCAST.md`` §3)
+--------------------------------------
+- **exactly-once**: once the consumer has taken barrier *n* from a channel, the channel is
+  held (not drained) until every live channel has delivered barrier *n*; then one
+  ``(SNAPSHOT, n, terminal)`` event comes out and the held channels resume. So the items
+  before that event are exactly the items each channel sent before its barrier *n*.
+- **at-least-once**: channels are never held; ``SNAPSHOT n`` comes out when the last live
+  channel delivers barrier *n* (items a channel sent after its barrier may come out before
+  the event).
+- A **terminal** barrier (the last snapshot before a stop) holds its channel in both modes.
+- A channel whose end was taken no longer counts: if every remaining live channel has
+  delivered barrier *n*, that ends the alignment. When every channel has ended, ``(DONE,)``
+  comes out, and then again from every later ``poll`` / ``take`` (``drain`` returns
+  ``[(DONE,)]``): a consumer loop never blocks after the end.
+- **Barrier ids**: the first may be any id >= 0; after ``SNAPSHOT n`` the next must be
+  ``n + 1``; :meth:`~BarrierAligner.expect` sets the next id explicitly (after a restart
+  from snapshot *k - 1*, ``expect(k)``). The check happens on the **consumer side**, when
+  the barrier is taken: :class:`BarrierError` from ``poll`` / ``take`` / ``drain`` for an id
+  other than the expected (or aligning) one, for a second barrier from a channel during one
+  alignment (possible only in at-least-once mode), or for a terminal flag that differs
+  between channels. ``drain`` first returns the events before the bad barrier; the next
+  call raises. The aligner then **fails for good**: consumer calls raise the same
+  :class:`BarrierError`, producer calls raise :class:`AlignerClosedError` (so that blocked
+  producers wake up), and the job is expected to restart.
+- **Order**: the consumer visits channels round-robin and takes at most
+  :data:`BURST` consecutive entries from one channel before moving on, so a given
+  interleaving of pushes and takes always gives the same events (the reference below
+  reproduces them exactly).
+
+Threads and blocking
+--------------------
+One producer thread per channel (``offer*`` / ``put*`` / ``end`` on that channel) and one
+consumer thread (``poll`` / ``take`` / ``drain`` / ``expect``) may run concurrently;
+``close``, ``len`` and ``queued`` may be called from anywhere. ``put*``, ``end`` and
+``take`` release the GIL while they wait (the native waits wake up every 50 ms to let
+Ctrl-C through); the non-blocking calls never release it. ``close()`` wakes every blocked
+call: producers then raise :class:`AlignerClosedError`, and so do consumers.
+
+Besides the native :class:`BarrierAligner` this module holds :class:`ReferenceAligner`,
+the same API in plain Python (deques and one lock), which the tests hold the native one
+to, event for event.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from sparkjet._aligner import (  # FAULT_*: why a barrier was refused (sj_barrier_fault)
+    BURST,
+    DONE,
+    FAULT_OTHER_ID,
+    FAULT_SECOND,
+    FAULT_TERMINAL,
+    FAULT_UNEXPECTED_ID,
+    ITEM,
+    MAX_CAPACITY,
+    MAX_CHANNELS,
+    MAX_SNAPSHOT_ID,
+    MODES,
+    SNAPSHOT,
+    BarrierAligner,
+)
+from sparkjet.errors import InvalidArgumentError, SparkjetError
+
+__all__ = [
+    "BURST",
+    "DONE",
+    "FAULT_OTHER_ID",
+    "FAULT_SECOND",
+    "FAULT_TERMINAL",
+    "FAULT_UNEXPECTED_ID",
+    "ITEM",
+    "SNAPSHOT",
+    "AlignerClosedError",
+    "BarrierAligner",
+    "BarrierError",
+    "ReferenceAligner",
+]
+
+DEFAULT_CAPACITY = 1024
+DEFAULT_HISTORY = 1000  # completed alignments kept in ``alignments``
+
+
+class BarrierError(SparkjetError, ValueError):
+    """A barrier the alignment cannot accept: ``channel`` sent barrier ``snapshot_id``
+    while ``expected`` was expected or aligning (``None``: any id). ``fault`` says which
+    rule it broke (one of the ``FAULT_*`` constants)."""
+
+    def __init__(self, fault: int, channel: int, snapshot_id: int, terminal: bool,
+                 expected: int | None):
+        super().__init__(_fault_message(fault, channel, snapshot_id, terminal, expected))
+        self.fault = fault
+        self.channel = channel
+        self.snapshot_id = snapshot_id
+        self.terminal = terminal
+        self.expected = expected
+
+    def __reduce__(self):
+        return (type(self), (self.fault, self.channel, self.snapshot_id, self.terminal,
+                             self.expected))
+
+
+class AlignerClosedError(SparkjetError, RuntimeError):
+    """The aligner was closed, or failed on a :class:`BarrierError` (then ``failure``
+    holds it, and it is also the ``__cause__``)."""
+
+    def __init__(self, message: str, failure: BarrierError | None = None):
+        super().__init__(message)
+        self.failure = failure
+
+
+def _fault_message(fault, channel, snapshot_id, terminal, expected) -> str:
+    where = f"unexpected barrier on channel {channel}: snapshot {snapshot_id}"
+    if fault == FAULT_UNEXPECTED_ID:
+        return f"{where}, expected snapshot {expected}"
+    if fault == FAULT_OTHER_ID:
+        return f"{where} while snapshot {expected} is aligning"
+    if fault == FAULT_SECOND:
+        return (f"{where}, but the channel already delivered the barrier of snapshot "
+                f"{expected}, which is still aligning")
+    if fault == FAULT_TERMINAL:
+        kind = "terminal" if terminal else "not terminal"
+        return (f"barrier of snapshot {snapshot_id} on channel {channel} is {kind}, unlike "
+                "the other channels' barriers of that snapshot")
+    return f"{where} (fault {fault})"
+
+
+def _closed_error(failure: BarrierError | None) -> AlignerClosedError:
+    if failure is None:
+        return AlignerClosedError("the aligner is closed")
+    error = AlignerClosedError(f"the aligner failed: {failure}", failure)
+    error.__cause__ = failure
+    return error
+
+
+def _channel_error(channel: int, channels: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"channel {channel} out of range: the aligner has channels 0..{channels - 1}")
+
+
+def _ended_error(channel: int) -> InvalidArgumentError:
+    return InvalidArgumentError(f"channel {channel} has ended: nothing can follow end()")
+
+
+def _snapshot_id_error(snapshot_id: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"snapshot id {snapshot_id} out of range 0..{MAX_SNAPSHOT_ID}")
+
+
+def _timeout_error(channel: int, timeout: float) -> TimeoutError:
+    return TimeoutError(f"channel {channel} stayed full for the {timeout} s timeout")
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout >= 0:  # also refuses NaN
+        raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+
+
+def _check_config(channels: int, mode: str, capacity: int, history: int) -> None:
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise InvalidArgumentError(f"channels must be 1..{MAX_CHANNELS}, not {channels}")
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be one of {', '.join(map(repr, MODES))}, "
+                                   f"not {mode!r}")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise InvalidArgumentError(f"capacity must be 1..{MAX_CAPACITY}, not {capacity}")
+    if history < 0:
+        raise InvalidArgumentError(f"history must be >= 0, not {history}")
+
+
+def _alignment_record(snapshot_id, terminal, blocking, started_ns, done_ns, arrived_ns):
+    """One entry of ``alignments``: the same dict the native aligner builds."""
+    return {
+        "snapshot_id": snapshot_id,
+        "terminal": terminal,
+        "blocking": blocking,
+        "started": started_ns / 1e9,
+        "duration_s": (done_ns - started_ns) / 1e9,
+        "held": {c: (done_ns - t) / 1e9 for c, t in enumerate(arrived_ns) if t is not None},
+    }
+
+
+# ------------------------------------------------------------------ the reference
+
+
+class _Barrier(NamedTuple):
+    snapshot_id: int
+    terminal: bool
+
+
+_END = object()
+_DONE_EVENT = (DONE,)
+
+
+class _Alignment:
+    """The consumer's state machine, on channels it reads through two callables:
+    ``has(c)`` (the channel has an entry) and ``pop(c)`` (take it). The same rules, in
+    the same order, as native/src/aligner.c."""
+
+    def __init__(self, channels: int, mode: str):
+        self.channels = channels
+        self.at_least_once = mode == "at-least-once"
+        self.live = [True] * channels
+        self.held = [False] * channels
+        self.arrived_ns: list[int | None] = [None] * channels
+        self.live_count = channels
+        self.arrived_count = 0
+        self.aligning: int | None = None
+        self.terminal = False
+        self.blocking = False
+        self.started_ns = 0
+        self.expected: int | None = None
+        self.rr = 0  # the channel being drained
+        self.taken = 0  # entries taken from it in a row
+        self.last: dict | None = None
+
+    def finished(self) -> bool:
+        return self.live_count == 0 and self.aligning is None
+
+    def ready(self, has) -> bool:
+        return self.finished() or any(
+            self.live[c] and not self.held[c] and has(c) for c in range(self.channels))
+
+    def next_channel(self, has) -> int | None:
+        for _ in range(self.channels + 1):
+            c = self.rr
+            if self.live[c] and not self.held[c] and self.taken < BURST and has(c):
+                return c
+            self.rr = (c + 1) % self.channels
+            self.taken = 0
+        return None
+
+    def step(self, has, pop):
+        """The next event, or None if nothing can be taken now; raises BarrierError."""
+        if self.finished():
+            return _DONE_EVENT
+        while True:
+            c = self.next_channel(has)
+            if c is None:
+                return None
+            entry = pop(c)
+            self.taken += 1
+            if entry is _END:
+                event = self._on_end(c)
+            elif type(entry) is _Barrier:
+                event = self._on_barrier(c, entry.snapshot_id, entry.terminal)
+            else:
+                return (ITEM, c, entry)
+            if event is not None:
+                return event
+            if self.finished():
+                return _DONE_EVENT
+
+    def expect(self, snapshot_id: int) -> None:
+        if self.aligning is not None:
+            raise InvalidArgumentError(
+                f"cannot expect snapshot {snapshot_id} while snapshot {self.aligning} "
+                "is aligning")
+        if not 0 <= snapshot_id <= MAX_SNAPSHOT_ID:
+            raise _snapshot_id_error(snapshot_id)
+        self.expected = snapshot_id
+
+    def _on_barrier(self, c, snapshot_id, terminal):
+        if self.aligning is not None:
+            fault = (FAULT_SECOND if self.arrived_ns[c] is not None
+                     else FAULT_OTHER_ID if snapshot_id != self.aligning
+                     else FAULT_TERMINAL if terminal != self.terminal else None)
+            if fault:
+                raise BarrierError(fault, c, snapshot_id, terminal, self.aligning)
+        else:
+            if self.expected is not None and snapshot_id != self.expected:
+                raise BarrierError(FAULT_UNEXPECTED_ID, c, snapshot_id, terminal,
+                                   self.expected)
+            self.aligning = snapshot_id
+            self.terminal = terminal
+            self.blocking = not self.at_least_once or terminal
+            self.started_ns = time.monotonic_ns()
+            self.arrived_count = 0
+        self.arrived_ns[c] = time.monotonic_ns()
+        self.held[c] = self.blocking
+        self.arrived_count += 1
+        return self._complete() if self.arrived_count >= self.live_count else None
+
+    def _on_end(self, c):
+        self.live[c] = False
+        self.live_count -= 1
+        if self.aligning is None:
+            return None
+        if self.arrived_ns[c] is not None:
+            self.arrived_count -= 1
+        return self._complete() if self.arrived_count >= self.live_count else None
+
+    def _complete(self):
+        snapshot_id, terminal = self.aligning, self.terminal
+        self.last = _alignment_record(snapshot_id, terminal, self.blocking, self.started_ns,
+                                      time.monotonic_ns(), self.arrived_ns)
+        self.arrived_ns = [None] * self.channels
+        self.held = [False] * self.channels
+        self.aligning = None
+        self.expected = snapshot_id + 1
+        return (SNAPSHOT, snapshot_id, terminal)
+
+
+class ReferenceAligner:
+    """:class:`BarrierAligner` in plain Python: one deque per channel and one lock.
+
+    Same constructor, methods, events, errors and event order; slower (the benchmarks
+    show by how much) and without the native one's lock-free fast path. Kept as the
+    executable specification the native aligner is tested against.
+    """
+
+    def __init__(self, channels: int, mode: str = "exactly-once",
+                 capacity: int = DEFAULT_CAPACITY, history: int = DEFAULT_HISTORY):
+        _check_config(channels, mode, capacity, history)
+        self._channels = channels
+        self._mode = mode
+        self._capacity = capacity
+        self._queues = [deque() for _ in range(channels)]
+        self._ended = [False] * channels
+        self._lock = threading.Lock()
+        self._readable = threading.Condition(self._lock)
+        self._writable = threading.Condition(self._lock)
+        self._closed = False
+        self._failure: BarrierError | None = None
+        self._consumer_waits = False  # notify only when someone waits
+        self._producer_waits = 0
+        self._alignment = _Alignment(channels, mode)
+        self._alignments: deque = deque(maxlen=history)
+
+    # ---- configuration and state
+
+    channels = property(lambda self: self._channels, doc="Number of input channels.")
+    mode = property(lambda self: self._mode, doc='"exactly-once" or "at-least-once".')
+    capacity = property(lambda self: self._capacity, doc="Entries each channel holds.")
+
+    @property
+    def expected(self) -> int | None:
+        """The id the next barrier must carry, or None if any id will do."""
+        return self._alignment.expected
+
+    @property
+    def aligning(self) -> int | None:
+        """The snapshot being aligned, or None."""
+        return self._alignment.aligning
+
+    @property
+    def live(self) -> int:
+        """Channels whose end has not been taken yet."""
+        return self._alignment.live_count
+
+    @property
+    def alignments(self) -> list[dict]:
+        """The last ``history`` completed alignments, oldest first."""
+        return list(self._alignments)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._failure is not None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(map(len, self._queues))
+
+    def queued(self, channel: int) -> int:
+        self._check_channel(channel)
+        return len(self._queues[channel])
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(channels={self._channels}, mode={self._mode!r}, "
+                f"capacity={self._capacity})")
+
+    # ---- producer side
+
+    def offer(self, channel: int, item: Any) -> bool:
+        with self._lock:
+            return self._push(channel, item)
+
+    def put(self, channel: int, item: Any, timeout: float | None = None) -> None:
+        self._put(channel, item, timeout)
+
+    def offer_many(self, channel: int, items: Sequence) -> int:
+        with self._lock:
+            return self._push_many(channel, items, 0)
+
+    def put_many(self, channel: int, items: Sequence, timeout: float | None = None) -> int:
+        _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            done = self._push_many(channel, items, 0)
+            while done < len(items):
+                if not self._wait_writable(channel, deadline):
+                    break
+                done = self._push_many(channel, items, done)
+            return done
+
+    def offer_barrier(self, channel: int, snapshot_id: int, terminal: bool = False) -> bool:
+        barrier = self._barrier(snapshot_id, terminal)
+        with self._lock:
+            return self._push(channel, barrier)
+
+    def put_barrier(self, channel: int, snapshot_id: int, terminal: bool = False,
+                    timeout: float | None = None) -> None:
+        self._put(channel, self._barrier(snapshot_id, terminal), timeout)
+
+    def end(self, channel: int, timeout: float | None = None) -> None:
+        self._put(channel, _END, timeout)
+
+    # ---- consumer side
+
+    def poll(self) -> tuple | None:
+        with self._lock:
+            return self._step()
+
+    def take(self, timeout: float | None = None) -> tuple | None:
+        _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                event = self._step()
+                if event is not None:
+                    return event
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._consumer_waits = True
+                try:
+                    self._readable.wait(remaining)
+                finally:
+                    self._consumer_waits = False
+
+    def drain(self, max_events: int = 1024) -> list[tuple]:
+        if max_events < 0:
+            raise InvalidArgumentError(f"max_events must be >= 0, not {max_events}")
+        events = []
+        with self._lock:
+            while len(events) < max_events:
+                try:
+                    event = self._step()
+                except BarrierError:
+                    if events:
+                        break  # the next call raises it
+                    raise
+                if event is None:
+                    break
+                events.append(event)
+                if event is _DONE_EVENT:
+                    break
+        return events
+
+    def expect(self, snapshot_id: int) -> None:
+        with self._lock:
+            self._alignment.expect(snapshot_id)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._readable.notify_all()
+            self._writable.notify_all()
+
+    # ---- internals (called with the lock held)
+
+    def _check_channel(self, channel: int) -> None:
+        if not 0 <= channel < self._channels:
+            raise _channel_error(channel, self._channels)
+
+    def _check_push(self, channel: int) -> None:
+        self._check_channel(channel)
+        if self._failure is not None or self._closed:
+            raise _closed_error(self._failure)
+        if self._ended[channel]:
+            raise _ended_error(channel)
+
+    @staticmethod
+    def _barrier(snapshot_id: int, terminal: bool) -> _Barrier:
+        if not 0 <= snapshot_id <= MAX_SNAPSHOT_ID:
+            raise _snapshot_id_error(snapshot_id)
+        return _Barrier(snapshot_id, bool(terminal))
+
+    def _push(self, channel: int, entry) -> bool:
+        self._check_push(channel)
+        queue = self._queues[channel]
+        if len(queue) >= self._capacity:
+            return False
+        queue.append(entry)
+        if entry is _END:
+            self._ended[channel] = True
+        if self._consumer_waits:
+            self._readable.notify()
+        return True
+
+    def _push_many(self, channel: int, items: Sequence, start: int) -> int:
+        self._check_push(channel)
+        queue = self._queues[channel]
+        room = self._capacity - len(queue)
+        accepted = items[start:start + room] if room > 0 else ()
+        queue.extend(accepted)
+        if accepted and self._consumer_waits:
+            self._readable.notify()
+        return start + len(accepted)
+
+    def _put(self, channel: int, entry, timeout: float | None) -> None:
+        _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._push(channel, entry):
+                if not self._wait_writable(channel, deadline):
+                    raise _timeout_error(channel, timeout)
+
+    def _wait_writable(self, channel: int, deadline: float | None) -> bool:
+        """Waits for room on the channel; False if the deadline passed first."""
+        while len(self._queues[channel]) >= self._capacity:
+            self._check_push(channel)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._producer_waits += 1
+            try:
+                self._writable.wait(remaining)
+            finally:
+                self._producer_waits -= 1
+        return True
+
+    def _step(self):
+        if self._failure is not None:
+            f = self._failure
+            raise BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal, f.expected)
+        if self._closed:
+            raise _closed_error(None)
+        queues = self._queues
+        try:
+            event = self._alignment.step(lambda c: bool(queues[c]), lambda c: queues[c].popleft())
+        except BarrierError as e:
+            self._failure = e
+            self._readable.notify_all()
+            self._writable.notify_all()
+            raise
+        if self._producer_waits:
+            self._writable.notify_all()
+        if event is not None and event[0] is SNAPSHOT:
+            self._alignments.append(self._alignment.last)
+        return event
