@@ -3,11 +3,14 @@
 - :class:`TransactionalFileSink`: Parquet or Arrow IPC files on ``pyarrow.fs``, two-phase
   commit (staged per execution and transaction, made visible by rename after the snapshot).
 - :class:`SQLiteUpsertSink`: idempotent upserts by stable keys, flushed at every barrier.
+- :class:`DiscardSink`: keeps nothing (benchmarks).
 """
+from sparkjet.sinks.discard import DiscardSink
 from sparkjet.sinks.files import TransactionalFileSink, TransactionalFileWriter
 from sparkjet.sinks.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
 
 __all__ = [
+    "DiscardSink",
     "SQLiteUpsertSink",
     "SQLiteUpsertWriter",
     "TransactionalFileSink",

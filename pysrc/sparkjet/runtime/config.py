@@ -1,0 +1,70 @@
+"""JobConfig: how a job runs, as plain data."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import xxhash
+
+from sparkjet.connectors import GUARANTEES
+from sparkjet.errors import InvalidArgumentError
+from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The configuration of a job.
+
+    - ``processing_guarantee``: "exactly-once" (default), "at-least-once" or "none".
+    - ``snapshot_interval``: seconds between snapshots (Jet's default is 10 s; 1 s here).
+    - ``snapshot_store``: where snapshots go (a directory or a pyarrow.fs URI); required
+      unless the guarantee is "none".
+    - ``max_restarts`` and ``restart_backoff``: the supervisor restarts a dead member at most
+      this many times, waiting ``restart_backoff * 2**k`` seconds (capped at 30 s) before
+      restart k.
+    - ``local_parallelism``: processors per vertex in a member.
+    """
+
+    name: str = "sparkjet-job"
+    processing_guarantee: str = "exactly-once"
+    snapshot_interval: float = 1.0
+    snapshot_store: str | None = None
+    max_restarts: int = 3
+    restart_backoff: float = 0.5
+    local_parallelism: int = 2
+    partition_count: int = DEFAULT_PARTITION_COUNT
+    batch_size: int = 65536
+    queue_capacity: int = 16
+    snapshot_codec: str = "lz4"
+    job_id: int | None = None
+
+    def __post_init__(self):
+        if self.processing_guarantee not in GUARANTEES:
+            raise InvalidArgumentError(
+                f"processing_guarantee must be one of {GUARANTEES}, got {self.processing_guarantee!r}")
+        if self.processing_guarantee != "none" and not self.snapshot_store:
+            raise InvalidArgumentError(
+                f"processing_guarantee {self.processing_guarantee!r} needs snapshot_store "
+                "(a directory or a pyarrow.fs URI)")
+        for name, value, low in (("snapshot_interval", self.snapshot_interval, 0.001),
+                                 ("restart_backoff", self.restart_backoff, 0)):
+            if not isinstance(value, (int, float)) or value < low:
+                raise InvalidArgumentError(f"{name} must be a number >= {low}, got {value!r}")
+        for name, value, low in (("max_restarts", self.max_restarts, 0),
+                                 ("local_parallelism", self.local_parallelism, 1),
+                                 ("batch_size", self.batch_size, 1),
+                                 ("queue_capacity", self.queue_capacity, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.snapshot_store is not None:
+            object.__setattr__(self, "snapshot_store", os.fspath(self.snapshot_store))
+
+    @property
+    def id(self) -> int:
+        """The job id: given, or derived from the name (stable across runs and restarts)."""
+        if self.job_id is not None:
+            return self.job_id
+        return xxhash.xxh64_intdigest(self.name.encode()) & (2**63 - 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

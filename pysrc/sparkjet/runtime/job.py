@@ -1,0 +1,177 @@
+"""Job: runs a pipeline under a supervisor that restarts its member from the last complete
+snapshot when it dies.
+
+``Job(pipeline, config).run()`` starts the member in a child process (so that a crash, a
+``kill -9`` or an out-of-memory kill of the member never takes the supervisor with it),
+follows its progress, and, when it dies, starts a new execution (a new execution id, the
+fencing token) that restores the last complete snapshot, rewinds the sources and resolves the
+sink transactions. ``run(isolated=False)`` runs one execution in this process instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkjet.errors import SparkjetError
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime.config import JobConfig
+
+
+class JobFailedError(SparkjetError, RuntimeError):
+    """The job could not finish: its member kept failing past ``max_restarts``."""
+
+
+@dataclass
+class JobResult:
+    """What a run did, across all its executions."""
+
+    job_id: int
+    executions: list[dict] = field(default_factory=list)   # each member's metrics (or failure)
+    restarts: int = 0
+    seconds: float = 0.0
+
+    @property
+    def events_in(self) -> int:
+        return sum(e.get("events_in", 0) for e in self.executions)
+
+    @property
+    def events_out(self) -> int:
+        return sum(e.get("events_out", 0) for e in self.executions)
+
+    @property
+    def snapshots(self) -> list[dict]:
+        return [s for e in self.executions for s in e.get("snapshots", [])]
+
+    def latency_percentiles(self, *qs: float) -> list[float]:
+        """End-to-end latency (event creation to sink commit) percentiles, in seconds."""
+        import numpy as np
+
+        samples = [x for e in self.executions for x in e.get("latencies_ns", [])]
+        if not samples:
+            return [float("nan")] * len(qs)
+        return [float(np.percentile(samples, q)) / 1e9 for q in qs]
+
+
+class Job:
+    """A pipeline and its configuration, ready to run."""
+
+    def __init__(self, pipeline: Pipeline, config: JobConfig):
+        self.plan = pipeline.plan()
+        self.config = config
+        self.member_pid: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Job({self.config.name!r}, guarantee={self.config.processing_guarantee!r})"
+
+    def run(self, *, isolated: bool = True, on_progress=None) -> JobResult:
+        """Runs the job to the end of its (bounded) source; returns what happened. Raises
+        JobFailedError when the member fails more than ``max_restarts`` times."""
+        progress = on_progress or (lambda event: None)
+        result = JobResult(self.config.id)
+        start = time.monotonic()
+        if not isolated:
+            from sparkjet.runtime.member import Member
+
+            result.executions.append(Member(self.plan, self.config, self._next_execution(0),
+                                            progress=progress).run())
+            result.seconds = time.monotonic() - start
+            return result
+        from pyspark import cloudpickle
+
+        with tempfile.TemporaryDirectory(prefix="sparkjet-job-") as work:
+            work = Path(work)
+            (work / "job.pkl").write_bytes(cloudpickle.dumps((self.plan, self.config)))
+            attempt = 0
+            while True:
+                execution = self._next_execution(attempt)
+                outcome = self._run_member(work, execution, progress)
+                result.executions.append(outcome)
+                if outcome.get("status") == "ok":
+                    break
+                attempt += 1
+                if attempt > self.config.max_restarts:
+                    result.seconds = time.monotonic() - start
+                    raise JobFailedError(
+                        f"job {self.config.name!r} failed {attempt} times (max_restarts="
+                        f"{self.config.max_restarts}); last failure: {outcome.get('error')}")
+                result.restarts += 1
+                delay = min(30.0, self.config.restart_backoff * 2 ** (attempt - 1))
+                progress({"event": "restart", "attempt": attempt, "after_s": delay,
+                          "error": outcome.get("error"), "guarantee": self.config.processing_guarantee,
+                          "note": None if self.config.processing_guarantee != "none" else
+                          "guarantee 'none': no snapshot; the sources restart from their start"})
+                time.sleep(delay)
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _next_execution(self, attempt: int) -> int:
+        if self.config.processing_guarantee == "none":
+            return attempt
+        from sparkjet.snapshot_store import SnapshotStore
+
+        current = SnapshotStore(self.config.snapshot_store, self.config.id).current_execution()
+        return 0 if current is None else current + 1
+
+    def _run_member(self, work: Path, execution: int, progress) -> dict:
+        events = work / f"events-{execution}.jsonl"
+        out = work / f"result-{execution}.json"
+        cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),
+               str(execution), str(out), str(events)]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.member_pid = proc.pid
+        seen = 0
+        stderr_tail = ""
+        try:
+            while proc.poll() is None:
+                seen = _forward(events, seen, progress)
+                time.sleep(0.05)
+            stderr_tail = proc.stderr.read()[-4000:]
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            self.member_pid = None
+        _forward(events, seen, progress)
+        if proc.returncode == 0 and out.exists():
+            return {"status": "ok", **json.loads(out.read_text())}
+        why = (f"killed by signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exit code {proc.returncode}")
+        metrics = {}
+        partial = work / f"result-{execution}.partial.json"
+        if partial.exists():
+            metrics = json.loads(partial.read_text())
+        last = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
+        return {**metrics, "status": "failed", "execution_id": execution,
+                "error": f"member {why}" + (f": {last}" if last else "")}
+
+
+def _forward(path: Path, seen: int, progress) -> int:
+    if not path.exists():
+        return seen
+    with open(path) as f:
+        f.seek(seen)
+        for line in f:
+            if line.endswith("\n"):
+                progress(json.loads(line))
+                seen += len(line.encode())
+            else:
+                break
+    return seen
+
+
+def member_pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,36 @@
+"""Entry point of a member process: ``python -m sparkjet.runtime.member_main JOB EXECUTION
+RESULT EVENTS`` runs one execution and writes its metrics to RESULT (progress events, one
+JSON object per line, to EVENTS). Exit code 0 on success, 1 on failure."""
+import json
+import sys
+import traceback
+
+
+def main(argv: list[str]) -> int:
+    job_file, execution, result_file, events_file = argv
+    from pyspark import cloudpickle
+
+    from sparkjet.runtime.member import Member
+
+    with open(job_file, "rb") as f:
+        plan, config = cloudpickle.load(f)
+    events = open(events_file, "a", buffering=1)
+
+    def progress(event: dict) -> None:
+        events.write(json.dumps(event) + "\n")
+
+    member = Member(plan, config, int(execution), progress=progress)
+    try:
+        metrics = member.run()
+    except BaseException:  # noqa: BLE001 - the supervisor decides; report and exit non-zero
+        traceback.print_exc()
+        with open(result_file.replace(".json", ".partial.json"), "w") as f:
+            json.dump(member.metrics, f)
+        return 1
+    with open(result_file, "w") as f:
+        json.dump(metrics, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

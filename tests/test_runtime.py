@@ -1,0 +1,141 @@
+"""The job runtime end to end: pipelines on the generator into real sinks, snapshots, restarts
+from the last snapshot, and the output checked against a failure-free computation."""
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from sparkjet import verify
+from sparkjet.errors import InvalidArgumentError
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig, JobFailedError
+from sparkjet.sinks import TransactionalFileSink
+from sparkjet.sources import GeneratorSource
+
+
+def final_state(out) -> pa.Table:
+    """The last update per key of a rolling count: counts only grow, so the largest wins."""
+    t = TransactionalFileSink.read(out)
+    t = t.sort_by([("key", "ascending"), ("count", "descending")])
+    keys = t.column("key").to_numpy()
+    first = np.concatenate([[True], keys[1:] != keys[:-1]]) if len(keys) else np.array([], bool)
+    return t.filter(pa.array(first)).select(["key", "count", "sum"])
+
+
+def keyed_pipeline(source, out):
+    return (Pipeline().read_from(source)
+            .group_by("key").aggregate(count="count", sum=("sum", "value"))
+            .write_to(TransactionalFileSink(out)))
+
+
+def test_keyed_aggregation_exactly_once_in_process(tmp_path):
+    source = GeneratorSource(total=120_000, partitions=4, keys=3_000, batch_size=5_000)
+    config = JobConfig(name="keyed", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
+                       local_parallelism=2)
+    result = Job(keyed_pipeline(source, tmp_path / "out"), config).run(isolated=False)
+    assert result.events_in == 120_000
+    assert len(result.snapshots) >= 2 and result.snapshots[-1]["terminal"]
+    report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
+                                     key="key", columns=["count", "sum"])
+    assert report.valid, str(report)
+
+
+def test_stateless_pipeline_exactly_once_in_process(tmp_path):
+    source = GeneratorSource(total=50_000, partitions=3, keys=100, batch_size=4_000)
+    pipeline = (Pipeline().read_from(source)
+                .filter(pc.field("value") < 500)
+                .map_batches(lambda b: b.select(["id", "key"]))
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="stateless", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.05, local_parallelism=3)
+    Job(pipeline, config).run(isolated=False)
+    events = source.events(0, 50_000)
+    wanted = events.filter(pc.less(events["value"], 500))["id"]
+    out = TransactionalFileSink.read(tmp_path / "out")
+    report = verify.check_events(wanted, wanted, out["id"])
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+    assert out.column_names == ["id", "key"]
+
+
+def test_guarantee_none_runs_without_snapshots(tmp_path):
+    source = GeneratorSource(total=30_000, partitions=2, keys=50, batch_size=3_000)
+    config = JobConfig(name="none", processing_guarantee="none", local_parallelism=2)
+    result = Job(keyed_pipeline(source, tmp_path / "out"), config).run(isolated=False)
+    assert result.snapshots == []
+    report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
+                                     key="key", columns=["count", "sum"])
+    assert report.valid, str(report)
+
+
+def kill_member_repeatedly(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list):
+    """Kills the job's member process `kills` times at random moments."""
+    while len(done) < kills and not stop.is_set():
+        time.sleep(rng.uniform(0.3, 1.2))
+        pid = job.member_pid
+        if pid is None:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            done.append(pid)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_supervised_job_survives_kill_9(tmp_path, guarantee):
+    source = GeneratorSource(total=400_000, partitions=4, keys=2_000, rate=150_000, batch_size=5_000)
+    config = JobConfig(name=f"kills-{guarantee}", processing_guarantee=guarantee,
+                       snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.2,
+                       local_parallelism=2, max_restarts=20, restart_backoff=0.05)
+    job = Job(keyed_pipeline(source, tmp_path / "out"), config)
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_member_repeatedly,
+                              args=(job, 3, random.Random(7), stop, killed), daemon=True)
+    killer.start()
+    try:
+        result = job.run()
+    finally:
+        stop.set()
+        killer.join()
+    assert len(killed) >= 1 and result.restarts == len([e for e in result.executions if e["status"] != "ok"])
+    report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
+                                     key="key", columns=["count", "sum"])
+    if guarantee == "exactly-once":
+        assert report.valid, str(report)
+    else:
+        assert report.lost_count == 0 and report.valid_for("at-least-once"), str(report)
+
+
+def test_restart_budget_exhausted_is_a_clear_error(tmp_path):
+    def explode(batch):
+        raise RuntimeError("boom in a user function")
+
+    pipeline = (Pipeline().read_from(GeneratorSource(total=10_000, partitions=1))
+                .map_batches(explode).write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="explode", snapshot_store=str(tmp_path / "snaps"), max_restarts=1,
+                       restart_backoff=0)
+    with pytest.raises(JobFailedError, match="failed 2 times.*boom in a user function"):
+        Job(pipeline, config).run()
+
+
+def test_config_and_pipeline_errors(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="needs snapshot_store"):
+        JobConfig()
+    with pytest.raises(InvalidArgumentError, match="processing_guarantee"):
+        JobConfig(processing_guarantee="twice", snapshot_store="x")
+    with pytest.raises(InvalidArgumentError, match="local_parallelism"):
+        JobConfig(snapshot_store="x", local_parallelism=0)
+    with pytest.raises(InvalidArgumentError, match="read_from"):
+        Pipeline().filter(pc.field("x") > 1)
+    with pytest.raises(InvalidArgumentError, match="write_to"):
+        Pipeline().read_from(GeneratorSource(total=1)).plan()
+    with pytest.raises(InvalidArgumentError, match="expression"):
+        Pipeline().read_from(GeneratorSource(total=1)).filter("x > 1")
+    with pytest.raises(InvalidArgumentError, match="at most one group_by"):
+        Pipeline().read_from(GeneratorSource(total=1)).group_by("key").count().group_by("key")
