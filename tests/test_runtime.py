@@ -139,3 +139,21 @@ def test_config_and_pipeline_errors(tmp_path):
         Pipeline().read_from(GeneratorSource(total=1)).filter("x > 1")
     with pytest.raises(InvalidArgumentError, match="at most one group_by"):
         Pipeline().read_from(GeneratorSource(total=1)).group_by("key").count().group_by("key")
+
+
+def test_metrics_per_snapshot_and_latency(tmp_path):
+    source = GeneratorSource(total=60_000, partitions=2, keys=1_000, batch_size=2_000, rate=200_000)
+    config = JobConfig(name="metrics", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
+                       local_parallelism=2)
+    events = []
+    result = Job(keyed_pipeline(source, tmp_path / "out"), config).run(isolated=False,
+                                                                         on_progress=events.append)
+    snaps = result.snapshots
+    assert len(snaps) >= 2
+    for s in snaps:
+        assert s["duration_s"] > 0 and s["bytes"] > 0
+        assert set(s["alignment_s"]) == {"aggregate-0", "aggregate-1"}
+    assert [e["snapshot"] for e in events if e["event"] == "snapshot"] == [s["snapshot"] for s in snaps]
+    p50, p99 = result.latency_percentiles(50, 99)
+    assert 0 < p50 <= p99 < 60, (p50, p99)
+    assert result.events_in == 60_000 and result.events_out > 0
