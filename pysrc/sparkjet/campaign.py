@@ -42,6 +42,7 @@ class RoundResult:
     restarts: int
     seconds: float
     report: verify.Report
+    failures: list      # errors of member failures that were not our kills
 
     @property
     def valid(self) -> bool:
@@ -116,7 +117,10 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         ids = pa.array(np.arange(events, dtype=np.int64))
         report = verify.check_events(ids, ids, out.column("id") if out.num_columns else pa.array([], pa.int64()),
                                      guarantee=guarantee)
-    return RoundResult(guarantee, sink_kind, pipeline_kind, len(killed), result.restarts, seconds, report)
+    failures = [e.get("error") for e in result.executions
+                if e.get("status") != "ok" and "SIGKILL" not in (e.get("error") or "")]
+    return RoundResult(guarantee, sink_kind, pipeline_kind, len(killed), result.restarts, seconds,
+                       report, failures)
 
 
 PLAN = [(g, s, p) for g in ("exactly-once", "at-least-once", "none") for s in ("file", "sqlite")
@@ -138,7 +142,8 @@ def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print) ->
         progress(f"round {i}: {g:13} {s:6} {p:6} kills {r.kills:3} restarts {r.restarts:3} "
                  f"{r.seconds:5.1f}s  lost {r.report.lost_count} duplicated "
                  f"{r.report.duplicated_count} unexpected {r.report.unexpected_count}  "
-                 f"{'valid' if r.valid else 'INVALID'}")
+                 f"{'valid' if r.valid else 'INVALID'}"
+                 + "".join(f"\n    member failure (not a kill): {f}" for f in r.failures))
         if r.kills == 0:  # a job too short to kill: don't loop forever
             break
     return results

@@ -124,21 +124,24 @@ class Job:
         out = work / f"result-{execution}.json"
         cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),
                str(execution), str(out), str(events)]
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        # stderr goes to a file, not a pipe: a member that writes more than a pipe holds
+        # would block on it while the supervisor waits for the member to end.
+        log_path = work / f"member-{execution}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stderr=log)
         self.member_pid = proc.pid
         seen = 0
-        stderr_tail = ""
         try:
             while proc.poll() is None:
                 seen = _forward(events, seen, progress)
                 time.sleep(0.05)
-            stderr_tail = proc.stderr.read()[-4000:]
         except BaseException:
             proc.kill()
             proc.wait()
             raise
         finally:
             self.member_pid = None
+        stderr_tail = log_path.read_text(errors="replace")[-4000:]
         _forward(events, seen, progress)
         if proc.returncode == 0 and out.exists():
             return {"status": "ok", **json.loads(out.read_text())}
