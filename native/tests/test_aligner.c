@@ -14,16 +14,7 @@
 
 #include "sparkjet/aligner.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                 \
-    do {                                                                 \
-        if (!(cond)) {                                                   \
-            failures++;                                                  \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                \
-            fputc('\n', stderr);                                         \
-        }                                                                \
-    } while (0)
+#include "check.h"
 
 /* Items are small integers disguised as pointers: (channel << 32 | sequence) + 1. */
 static void *item(int32_t ch, int64_t seq) { return (void *)(uintptr_t)(((uint64_t)ch << 32 | (uint64_t)seq) + 1); }

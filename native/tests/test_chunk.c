@@ -6,16 +6,7 @@
 
 #include "sparkjet/chunk.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                    \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            failures++;                                     \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                   \
-            fputc('\n', stderr);                            \
-        }                                                   \
-    } while (0)
+#include "check.h"
 
 static sj_chunk_header sample(void) {
     sj_chunk_header h;

@@ -8,16 +8,7 @@
 
 #include "sparkjet/hash.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                 \
-    do {                                                                 \
-        if (!(cond)) {                                                   \
-            failures++;                                                  \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                \
-            fputc('\n', stderr);                                         \
-        }                                                                \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint64_t next(void) {

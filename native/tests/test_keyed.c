@@ -5,16 +5,7 @@
 
 #include "sparkjet/keyed.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                    \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            failures++;                                     \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                   \
-            fputc('\n', stderr);                            \
-        }                                                   \
-    } while (0)
+#include "check.h"
 
 int main(void) {
     enum { N = 100000 };
