@@ -28,5 +28,5 @@ def bench_summaries(pytestconfig) -> list[str]:
 
 def pytest_terminal_summary(terminalreporter, config):
     for text in config.stash.get(_SUMMARIES, []):
-        terminalreporter.write_sep("=", "ns per key (medians; see bench/README.md)")
+        terminalreporter.write_sep("=", "summary (medians; see bench/README.md)")
         terminalreporter.write_line(text)
