@@ -7,7 +7,16 @@ The API in brief:
 - :class:`PartitionTable`: placement of partition replicas on members
   (:mod:`sparkjet.partition_table`).
 - :mod:`sparkjet.spark`: the same on Spark DataFrames.
+- :class:`Pipeline`, :class:`Job`, :class:`JobConfig`: jobs with processing guarantees
+  (:mod:`sparkjet.pipeline`, :mod:`sparkjet.runtime`), over :mod:`sparkjet.sources` and
+  :mod:`sparkjet.sinks` (contracts in :mod:`sparkjet.connectors`), checked with
+  :mod:`sparkjet.verify`.
+- :class:`SnapshotStore`: partition-aligned, checksummed, fenced snapshot storage
+  (:mod:`sparkjet.snapshot_store`; chunk format in :mod:`sparkjet.chunks`).
 - :func:`get_include`: the C headers, for extensions built against sparkjet.
+
+Submodules load what they need (pyspark only in :mod:`sparkjet.spark`), so ``import sparkjet``
+stays cheap.
 """
 from pathlib import Path
 
@@ -27,6 +36,9 @@ from sparkjet.partitioning import (
     murmur3_32,
     partition_ids,
 )
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.snapshot_store import SnapshotStore
 
 __version__ = "0.1.0"
 
@@ -35,12 +47,16 @@ __all__ = [
     "HAZELCAST_SEED",
     "CorruptDataError",
     "InvalidArgumentError",
+    "Job",
+    "JobConfig",
     "KeyRangeError",
     "Migration",
     "NullKeyError",
     "PartitionTable",
     "PartitionTableError",
     "Partitioner",
+    "Pipeline",
+    "SnapshotStore",
     "SparkjetError",
     "UnsupportedTypeError",
     "get_include",
