@@ -105,7 +105,9 @@ def test_supervised_job_survives_kill_9(tmp_path, guarantee):
     finally:
         stop.set()
         killer.join()
-    assert len(killed) >= 1 and result.restarts == len([e for e in result.executions if e["status"] != "ok"])
+    sigkilled = [e for e in result.executions if "SIGKILL" in (e.get("error") or "")]
+    assert sigkilled, "the killer must have killed at least one member"
+    assert result.restarts == len([e for e in result.executions if e["status"] != "ok"])
     report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
                                      key="key", columns=["count", "sum"])
     if guarantee == "exactly-once":
