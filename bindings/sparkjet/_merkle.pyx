@@ -11,6 +11,7 @@ from libc.stdlib cimport calloc, free
 from sparkjet.libsparkjet cimport sj_column, sj_status, sj_status_message, SJ_OK, SJ_EINVAL, \
     SJ_EBOUNDS, SJ_ERANGE, SJ_ENOMEM, SJ_ECORRUPT
 from sparkjet.libsparkjet_merkle cimport *
+from sparkjet.hash cimport Columns
 
 from sparkjet.errors import CorruptDataError, InvalidArgumentError, KeyRangeError
 
@@ -99,49 +100,6 @@ cdef int check_status(sj_status status, int64_t index, int32_t column, list name
     raise InvalidArgumentError(message)
 
 
-cdef class _Columns:
-    """sj_column structs filled from the column tuples; owns the variadic arrays."""
-    cdef sj_column *cols
-    cdef int32_t n
-
-    def __cinit__(self, list descs):
-        self.n = len(descs)
-        self.cols = <sj_column *>calloc(max(self.n, 1), sizeof(sj_column))
-        if self.cols == NULL:
-            raise MemoryError()
-        cdef sj_column *c
-        cdef Py_ssize_t j, nv
-        for i, d in enumerate(descs):
-            c = &self.cols[i]
-            (kind, width, offset, length, values, values_size, data, data_size,
-             variadic, variadic_sizes) = d
-            c.kind = kind
-            c.width = width
-            c.offset = offset
-            c.length = length
-            c.values = <const void *><uintptr_t>values
-            c.values_size = values_size
-            c.data = <const uint8_t *><uintptr_t>data
-            c.data_size = data_size
-            nv = len(variadic)
-            c.variadic_count = nv
-            if nv:
-                c.variadic = <const uint8_t *const *>calloc(nv, sizeof(uint8_t *))
-                c.variadic_sizes = <const int64_t *>calloc(nv, sizeof(int64_t))
-                if c.variadic == NULL or c.variadic_sizes == NULL:
-                    raise MemoryError()
-                for j in range(nv):
-                    (<const uint8_t **>c.variadic)[j] = <const uint8_t *><uintptr_t>variadic[j]
-                    (<int64_t *>c.variadic_sizes)[j] = variadic_sizes[j]
-
-    def __dealloc__(self):
-        if self.cols != NULL:
-            for i in range(self.n):
-                free(<void *>self.cols[i].variadic)
-                free(<void *>self.cols[i].variadic_sizes)
-            free(self.cols)
-
-
 cdef sj_merkle_forest _forest(tuple handle):
     cdef sj_merkle_forest f
     f.nodes = <int32_t *><uintptr_t>handle[0]
@@ -176,8 +134,8 @@ def update(tuple forest, list key_descs, uintptr_t key_hashes, list value_descs,
            int64_t index_base=0):
     """Adds (sign 1) or removes (sign -1) a batch of entries: columns or int32 hashes."""
     cdef sj_merkle_forest f = _forest(forest)
-    cdef _Columns keys = _Columns(key_descs)
-    cdef _Columns values = _Columns(value_descs)
+    cdef Columns keys = Columns(key_descs)
+    cdef Columns values = Columns(value_descs)
     cdef sj_merkle_batch b
     b.keys = keys.cols
     b.key_count = keys.n
@@ -219,7 +177,7 @@ def diff(tuple a, tuple b, uintptr_t out, int64_t capacity, uintptr_t compared):
 def locate(list key_descs, int32_t depth, int32_t partition_count, uintptr_t partitions,
            uintptr_t leaves, list names=None, int64_t index_base=0):
     """Writes each row's partition and leaf node order (either address may be 0)."""
-    cdef _Columns keys = _Columns(key_descs)
+    cdef Columns keys = Columns(key_descs)
     cdef int64_t err = -1
     cdef int32_t err_col = -1
     cdef sj_status st
@@ -258,7 +216,7 @@ cdef class LeafSet:
 def select(list key_descs, LeafSet leaves, uintptr_t mask, list names=None,
            int64_t index_base=0):
     """Writes the bit-packed mask of the rows under the set's leaves; returns how many."""
-    cdef _Columns keys = _Columns(key_descs)
+    cdef Columns keys = Columns(key_descs)
     cdef int64_t err = -1
     cdef int64_t selected = 0
     cdef int32_t err_col = -1

@@ -6,6 +6,13 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from sparkjet.libsparkjet cimport sj_column, sj_status
 
 
+cdef class Columns:
+    """sj_column structs filled from the column tuples sparkjet.partitioning builds;
+    owns the arrays of variadic buffers (the other bindings cimport it)."""
+    cdef sj_column *cols
+    cdef int32_t n
+
+
 cdef int32_t murmur3_32(const void *data, size_t length, uint32_t seed) noexcept nogil
 cdef int32_t partition_of_hash(int32_t hash, int32_t partition_count) noexcept nogil
 cdef sj_status hash_column(const sj_column *col, uint32_t seed, int32_t *out,

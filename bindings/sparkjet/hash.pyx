@@ -59,10 +59,8 @@ cdef int check_status(sj_status status, int64_t index, str context) except -1:
     raise InvalidArgumentError(message)
 
 
-cdef class _Columns:
-    """sj_column structs filled from Python tuples; owns the variadic arrays."""
-    cdef sj_column *cols
-    cdef int32_t n
+cdef class Columns:
+    # Declared (with its fields) in hash.pxd.
 
     def __cinit__(self, list descs):
         self.n = len(descs)
@@ -104,7 +102,7 @@ cdef class _Columns:
 
 def column_hashes(tuple desc, uint32_t seed, uintptr_t out, int64_t index_base=0, str context=""):
     """Writes the hashes of one column's Hazelcast payloads to `out` (int32 x length)."""
-    cdef _Columns cols = _Columns([desc])
+    cdef Columns cols = Columns([desc])
     cdef int64_t err = -1
     cdef sj_status st
     with nogil:
@@ -115,7 +113,7 @@ def column_hashes(tuple desc, uint32_t seed, uintptr_t out, int64_t index_base=0
 def column_partitions(tuple desc, int32_t partition_count, uintptr_t out, int64_t index_base=0,
                       str context=""):
     """Writes the Hazelcast partition ids of one column to `out` (int32 x length)."""
-    cdef _Columns cols = _Columns([desc])
+    cdef Columns cols = Columns([desc])
     cdef int64_t err = -1
     cdef sj_status st
     with nogil:
@@ -125,7 +123,7 @@ def column_partitions(tuple desc, int32_t partition_count, uintptr_t out, int64_
 
 def row_hashes(list descs, uint32_t seed, uintptr_t out, int64_t index_base=0, list names=None):
     """Writes the hash of each row's concatenated payloads (composite keys) to `out`."""
-    cdef _Columns cols = _Columns(descs)
+    cdef Columns cols = Columns(descs)
     cdef int64_t err = -1
     cdef int32_t err_col = -1
     cdef sj_status st

@@ -13,6 +13,8 @@ The API in brief:
   :mod:`sparkjet.verify`.
 - :class:`SnapshotStore`: partition-aligned, checksummed, fenced snapshot storage
   (:mod:`sparkjet.snapshot_store`; chunk format in :mod:`sparkjet.chunks`).
+- :class:`MerkleTree`, :class:`MerkleForest`, :func:`sync_plan`: Merkle-tree sync of keyed
+  Arrow data (:mod:`sparkjet.merkle`: also ``diff``, ``apply``, ``SyncSession``).
 - :func:`get_include`: the C headers, for extensions built against sparkjet.
 
 Submodules load what they need (pyspark only in :mod:`sparkjet.spark`), so ``import sparkjet``
@@ -27,6 +29,15 @@ from sparkjet.errors import (
     NullKeyError,
     SparkjetError,
     UnsupportedTypeError,
+)
+from sparkjet.merkle import (
+    MerkleDiff,
+    MerkleForest,
+    MerkleTree,
+    SyncPlan,
+    SyncSession,
+    choose_depth,
+    sync_plan,
 )
 from sparkjet.partition_table import Migration, PartitionTable, PartitionTableError
 from sparkjet.partitioning import (
@@ -50,6 +61,9 @@ __all__ = [
     "Job",
     "JobConfig",
     "KeyRangeError",
+    "MerkleDiff",
+    "MerkleForest",
+    "MerkleTree",
     "Migration",
     "NullKeyError",
     "PartitionTable",
@@ -58,10 +72,14 @@ __all__ = [
     "Pipeline",
     "SnapshotStore",
     "SparkjetError",
+    "SyncPlan",
+    "SyncSession",
     "UnsupportedTypeError",
+    "choose_depth",
     "get_include",
     "murmur3_32",
     "partition_ids",
+    "sync_plan",
 ]
 
 

@@ -3,7 +3,9 @@
 :func:`with_partition_id` adds the Hazelcast partition of a key as a column, computed in
 the executors on Arrow batches (``mapInArrow``), and :func:`repartition_by_partition`
 moves all rows of one Hazelcast partition into one Spark partition. :func:`local_session`
-starts a local Spark session with a Java it finds itself.
+starts a local Spark session with a Java it finds itself. :func:`merkle_diff` lists the keys
+added, removed or changed between two DataFrames, building Merkle trees in the executors and
+reading only the rows under differing leaves.
 
 Spark types map to Hazelcast types as the Arrow types Spark hands to Python do
 (see :mod:`sparkjet.partitioning`):
@@ -31,6 +33,7 @@ from sparkjet.errors import (
     SparkjetError,
     UnsupportedTypeError,
 )
+from sparkjet.merkle_spark import merkle_diff, merkle_forest
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, Partitioner
 
 if TYPE_CHECKING:
@@ -41,6 +44,8 @@ __all__ = [
     "JavaNotFoundError",
     "find_java_home",
     "local_session",
+    "merkle_diff",
+    "merkle_forest",
     "repartition_by_partition",
     "with_partition_id",
 ]
