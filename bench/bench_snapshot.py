@@ -259,7 +259,7 @@ class Write(Case):
         check_same_rows(restored.table, self.state.by_key, f"{self.label}, restored")
 
     def note(self) -> str:
-        text = f"{self.info.bytes / 1e6:.0f} MB in {self.info.chunk_count:,} chunks, 271 files"
+        text = f"{self.info.bytes / 1e6:.0f} MB in {self.info.chunk_count:,} chunks, one file"
         if self.overlap:
             return text + "; not waiting for the previous cleanup (commit waits if needed)"
         waits = self.cleanup_seconds
@@ -472,8 +472,9 @@ class ArrowRead(Case):
 
 
 class CreateFiles(Case):
-    """Creating (and closing) as many empty files as a snapshot writes, one per partition,
-    in a fresh directory: the part of a write that does not depend on the bytes."""
+    """Creating (and closing) one empty file per partition in a fresh directory: what the
+    store's first layout (a file per partition) paid before writing a byte. The store now
+    writes one file per writer and write; this row shows what that saves."""
 
     group = "floor"
     label = "create 271 empty files"

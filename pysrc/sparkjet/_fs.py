@@ -63,6 +63,11 @@ class Backend:
                 for piece in pieces:
                     out.write(piece)
 
+    def open_write(self, path: str) -> "StreamWriter":
+        """A file written piece by piece; ``close()`` makes it durable (fsync on local
+        disks when durable), ``abort()`` removes it."""
+        return StreamWriter(self, path)
+
     def read(self, path: str):
         """The whole file, as a buffer (memory-mapped on local disks)."""
         if self.local:
@@ -169,3 +174,51 @@ class Backend:
             except OSError:
                 pass
         self.fs.copy_file(src, dst)
+
+
+class StreamWriter:
+    """One file being written (see :meth:`Backend.open_write`)."""
+
+    # A durable local file is flushed every this many bytes while it is written, so the
+    # fsync at close has little left to do (and the writing thread overlaps the flushing).
+    SYNC_EVERY = 16 << 20
+
+    def __init__(self, backend: Backend, path: str):
+        self.backend, self.path = backend, path
+        self._unsynced = 0
+        if backend.local:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            self._out = backend.fs.open_output_stream(path)
+
+    def write(self, piece) -> None:
+        if self.backend.local:
+            view = memoryview(piece).cast("B")
+            self._unsynced += len(view)
+            while view:
+                view = view[os.write(self._fd, view):]
+            if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
+                os.fdatasync(self._fd)
+                self._unsynced = 0
+        else:
+            self._out.write(piece)
+
+    def close(self) -> None:
+        if self.backend.local:
+            try:
+                if self.backend.durable:
+                    os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+        else:
+            self._out.close()
+
+    def abort(self) -> None:
+        try:
+            if self.backend.local:
+                os.close(self._fd)
+            else:
+                self._out.close()
+        except OSError:
+            pass
+        self.backend.remove(self.path)

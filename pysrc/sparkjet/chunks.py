@@ -122,19 +122,25 @@ class ChunkEncoder:
     def table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None) -> list[Chunk]:
         """Chunks of a table of keyed state, partitioned by ``key`` (a column name or a
         list of them); rows of one partition keep their order."""
+        return list(self.iter_table(table, key, key_type=key_type))
+
+    def iter_table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None) -> Iterator[Chunk]:
+        """:meth:`table` as it goes, in partition order: bad input raises here, at the call;
+        chunks are then encoded one at a time (a writer can store each as it comes)."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
-        n = table.num_rows
-        if n == 0:
-            return []
+        if table.num_rows == 0:
+            return iter(())
         pids = partition_ids(table, self.partition_count, key=key, key_type=key_type)
         ordered, starts = _partition_order(table, pids, self.partition_count)
         schema_message = ordered.schema.serialize()
-        out = []
-        for p in np.flatnonzero(np.diff(starts)):
-            part = ordered.slice(starts[p], starts[p + 1] - starts[p])
-            out.extend(self._table_chunks(part, int(p), 0, schema_message))
-        return out
+
+        def chunks():
+            for p in np.flatnonzero(np.diff(starts)):
+                part = ordered.slice(starts[p], starts[p + 1] - starts[p])
+                yield from self._table_chunks(part, int(p), 0, schema_message)
+
+        return chunks()
 
     def broadcast_table(self, table: pa.Table | pa.RecordBatch) -> list[Chunk]:
         """Chunks of state that every processor of the vertex restores."""
@@ -169,21 +175,29 @@ class ChunkEncoder:
     def entries(self, keys, values) -> list[Chunk]:
         """Chunks of opaque key/value bytes (binary Arrow arrays or lists of bytes),
         partitioned by each key as a Hazelcast byte[]."""
+        return list(self.iter_entries(keys, values))
+
+    def iter_entries(self, keys, values) -> Iterator[Chunk]:
+        """:meth:`entries` as it goes, in partition order (bad input raises at the call)."""
         keys, values = _binary(keys, "keys"), _binary(values, "values")
         if len(keys) != len(values):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} values")
         if len(keys) == 0:
-            return []
+            return iter(())
         pids = partition_ids(keys, self.partition_count)
         starts, perm = _scatter(pids, self.partition_count, with_perm=True)
         sizes = np.empty(len(keys), np.int64)
         kd, vd = _binary_desc(keys), _binary_desc(values)
         _native.entries_sizes(kd, vd, sizes.ctypes.data)
-        out = []
-        for p in np.flatnonzero(np.diff(starts)):
-            rows = perm[starts[p] : starts[p + 1]]
-            out.extend(self._entry_chunks(kd, vd, rows, sizes[rows], int(p), _native.FLAG_ENTRIES))
-        return out
+
+        def chunks():
+            # keys and values stay referenced here while kd/vd point into their buffers.
+            held = (keys, values)  # noqa: F841
+            for p in np.flatnonzero(np.diff(starts)):
+                rows = perm[starts[p] : starts[p + 1]]
+                yield from self._entry_chunks(kd, vd, rows, sizes[rows], int(p), _native.FLAG_ENTRIES)
+
+        return chunks()
 
     def broadcast_entries(self, keys, values) -> list[Chunk]:
         """Entries that every processor of the vertex restores."""

@@ -29,7 +29,9 @@ and nothing is returned: never partial state.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import queue
 import re
 import threading
 import time
@@ -44,7 +46,6 @@ from sparkjet._fs import Backend
 from sparkjet.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
-    Chunk,
     ChunkEncoder,
     decode_entries,
     decode_table,
@@ -603,11 +604,11 @@ class SnapshotWriter:
 
     def write_table(self, vertex: str, table, key, *, key_type=None) -> None:
         """Keyed state as an Arrow table, partitioned by `key`."""
-        self._write(vertex, self._encoder(vertex).table(table, key, key_type=key_type))
+        self._write(vertex, self._encoder(vertex).iter_table(table, key, key_type=key_type))
 
     def write_entries(self, vertex: str, keys, values) -> None:
         """Keyed state as opaque bytes per key."""
-        self._write(vertex, self._encoder(vertex).entries(keys, values))
+        self._write(vertex, self._encoder(vertex).iter_entries(keys, values))
 
     def write_broadcast_table(self, vertex: str, table) -> None:
         self._write(vertex, self._encoder(vertex).broadcast_table(table))
@@ -615,26 +616,58 @@ class SnapshotWriter:
     def write_broadcast_entries(self, vertex: str, keys, values) -> None:
         self._write(vertex, self._encoder(vertex).broadcast_entries(keys, values))
 
-    def _write(self, vertex: str, chunks: list[Chunk]) -> None:
-        # One file per call, partitions back to back: one fsync per snapshot and writer
-        # (a file per partition cost 271 fsyncs, 30x the time), while the record's byte
-        # ranges still let a restore read only its partitions.
+    def _write(self, vertex: str, chunks) -> None:
+        """Writes chunks (in partition order) to one file as they are encoded.
+
+        One file per call, partitions back to back: one fsync per snapshot and writer (a
+        file per partition cost 271 fsyncs, 30x the time), while the record's byte ranges
+        still let a restore read only its partitions. A thread writes while this one
+        encodes the next chunks (compression and file writes both release the GIL)."""
         self.store.check_fence(self.execution_id)
-        if not chunks:
+        chunks = iter(chunks)
+        first = next(chunks, None)
+        if first is None:
             return
         backend = self.store._backend
         directory = self.store._path("snapshots", self._dir, vertex)
         backend.makedirs(directory)
         name = f"{self.writer}-{self._calls}.chunks"
         self._calls += 1
-        pieces, entries, offset = [], [], 0
-        for c in sorted(chunks, key=lambda c: c.header.partition):
-            pieces.append(c.header_bytes)
-            pieces.extend(c.pieces)
-            entries.append([offset, c.header.stored_size, c.header.checksum,
-                            c.header.entry_count, c.header.partition])
-            offset += c.nbytes
-        backend.write(f"{directory}/{name}", pieces)
+        out = backend.open_write(f"{directory}/{name}")
+        pending: queue.Queue = queue.Queue(maxsize=64)
+        failed: list[BaseException] = []
+
+        def drain():
+            while (item := pending.get()) is not None:
+                if not failed:
+                    try:
+                        for piece in item:
+                            out.write(piece)
+                    except BaseException as e:  # noqa: BLE001 - re-raised by the encoder
+                        failed.append(e)
+
+        writer = threading.Thread(target=drain, name="sparkjet-snapshot-write", daemon=True)
+        writer.start()
+        entries, offset = [], 0
+        try:
+            for c in itertools.chain((first,), chunks):
+                if failed:
+                    break
+                pending.put((c.header_bytes, *c.pieces))
+                entries.append([offset, c.header.stored_size, c.header.checksum,
+                                c.header.entry_count, c.header.partition])
+                offset += c.nbytes
+        except BaseException:
+            pending.put(None)
+            writer.join()
+            out.abort()
+            raise
+        pending.put(None)
+        writer.join()
+        if failed:
+            out.abort()
+            raise failed[0]
+        out.close()
         self._files.append({"vertex": vertex, "path": f"{vertex}/{name}", "bytes": offset,
                             "chunks": entries})
 
