@@ -10,24 +10,6 @@
 
 #include "check.h"
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static sj_column int_column(int kind, const void *values, int64_t n, int64_t size) {
-    sj_column c;
-    memset(&c, 0, sizeof c);
-    c.kind = kind;
-    c.length = n;
-    c.values = values;
-    c.values_size = size;
-    return c;
-}
-
 static void test_vectors(void) {
     CHECK(sj_murmur3_32("hello", 5, 0) == 0x248bfa47, "murmur3(hello, 0)");
     int32_t ints[] = {0, 1, -1, 42, 2147483647};
@@ -35,21 +17,21 @@ static void test_vectors(void) {
     int32_t int_parts[] = {11, 31, 164, 175, 129};
     int32_t out[8];
     int64_t err;
-    sj_column c = int_column(SJ_KEY_INT32, ints, 5, sizeof ints);
+    sj_column c = test_column(SJ_KEY_INT32, ints, 5, sizeof ints);
     CHECK(sj_hash_column(&c, SJ_HAZELCAST_SEED, out, &err) == SJ_OK, "hash ints");
     for (int i = 0; i < 5; i++) CHECK((uint32_t)out[i] == int_hashes[i], "Integer %d", ints[i]);
     CHECK(sj_partition_column(&c, 271, out, &err) == SJ_OK, "partition ints");
     for (int i = 0; i < 5; i++) CHECK(out[i] == int_parts[i], "Integer %d partition %d", ints[i], out[i]);
 
     int64_t longs[] = {0, (int64_t)1 << 40};
-    c = int_column(SJ_KEY_INT64, longs, 2, sizeof longs);
+    c = test_column(SJ_KEY_INT64, longs, 2, sizeof longs);
     CHECK(sj_partition_column(&c, 271, out, &err) == SJ_OK, "partition longs");
     CHECK(out[0] == 109 && out[1] == 122, "Long partitions %d %d", out[0], out[1]);
 
     const char data[] = "ahello\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87\xe6\x97\xa5\xe6\x9c\xac";
     int32_t offsets[] = {0, 0, 1, 6, 14, 20};
     int32_t str_parts[] = {11, 73, 270, 265, 220};
-    c = int_column(SJ_KEY_VAR32, offsets, 5, sizeof offsets);
+    c = test_column(SJ_KEY_VAR32, offsets, 5, sizeof offsets);
     c.data = (const uint8_t *)data;
     c.data_size = 20;
     CHECK(sj_partition_column(&c, 271, out, &err) == SJ_OK, "partition strings");
@@ -65,7 +47,7 @@ static void test_vectors(void) {
 static void test_divisor(void) {
     for (int32_t d = 1; d <= 5000; d++) {
         for (int t = 0; t < 200; t++) {
-            int32_t h = (int32_t)(uint32_t)next();
+            int32_t h = (int32_t)(uint32_t)test_random();
             if (t == 0) h = INT32_MAX;
             if (t == 1) h = -INT32_MAX;
             if (t == 2) h = INT32_MIN;
@@ -77,7 +59,7 @@ static void test_divisor(void) {
     int32_t big[] = {INT32_MAX, INT32_MAX - 1, 1 << 30, (1 << 30) + 1, 65537, 999999937};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
         for (int t = 0; t < 20000; t++) {
-            int32_t h = (int32_t)(uint32_t)next(), got;
+            int32_t h = (int32_t)(uint32_t)test_random(), got;
             if (t < 3) h = t == 0 ? INT32_MAX : t == 1 ? big[i] - 1 : big[i];
             sj_partitions_from_hashes(&h, 1, big[i], &got);
             CHECK(got == sj_partition_of_hash(h, big[i]), "d=%d h=%d", big[i], h);
@@ -95,16 +77,16 @@ static void test_kernels_agree(void) {
     int64_t err;
     int32_t pos = 0;
     for (int i = 0; i < N; i++) {
-        longs[i] = (int64_t)next();
-        ints[i] = (int32_t)next();
+        longs[i] = (int64_t)test_random();
+        ints[i] = (int32_t)test_random();
         offsets[i] = pos;
-        int len = (int)(next() % 80);
-        for (int j = 0; j < len; j++) data[pos++] = (uint8_t)next();
+        int len = (int)(test_random() % 80);
+        for (int j = 0; j < len; j++) data[pos++] = (uint8_t)test_random();
     }
     offsets[N] = pos;
-    sj_column cols[3] = {int_column(SJ_KEY_INT32, ints, N, sizeof ints),
-                         int_column(SJ_KEY_INT64, longs, N, sizeof longs),
-                         int_column(SJ_KEY_VAR32, offsets, N, sizeof offsets)};
+    sj_column cols[3] = {test_column(SJ_KEY_INT32, ints, N, sizeof ints),
+                         test_column(SJ_KEY_INT64, longs, N, sizeof longs),
+                         test_column(SJ_KEY_VAR32, offsets, N, sizeof offsets)};
     cols[2].data = data;
     cols[2].data_size = pos;
     const char *name;
@@ -136,7 +118,7 @@ static void test_bounds(void) {
     int32_t offsets[] = {0, 3, 100};
     int32_t out[2];
     int64_t err;
-    sj_column c = int_column(SJ_KEY_VAR32, offsets, 2, sizeof offsets);
+    sj_column c = test_column(SJ_KEY_VAR32, offsets, 2, sizeof offsets);
     c.data = (const uint8_t *)"abcdef";
     c.data_size = 6;
     CHECK(sj_partition_column(&c, 271, out, &err) == SJ_EBOUNDS && err == 1, "offset past data");
@@ -145,7 +127,7 @@ static void test_bounds(void) {
     c.values_size = 8; /* only two offsets for two values */
     CHECK(sj_partition_column(&c, 271, out, &err) == SJ_EBOUNDS, "short offsets buffer");
     int64_t big[] = {1, (int64_t)1 << 31};
-    c = int_column(SJ_KEY_INT64_AS_INT32, big, 2, sizeof big);
+    c = test_column(SJ_KEY_INT64_AS_INT32, big, 2, sizeof big);
     CHECK(sj_partition_column(&c, 271, out, &err) == SJ_ERANGE && err == 1, "int64 as Integer");
     CHECK(sj_partition_column(&c, 0, out, &err) == SJ_EINVAL, "partition_count 0");
 }

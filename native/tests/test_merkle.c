@@ -12,24 +12,6 @@
 
 #include "check.h"
 
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static sj_column fixed_column(int kind, const void *values, int64_t n, int64_t size) {
-    sj_column c;
-    memset(&c, 0, sizeof c);
-    c.kind = kind;
-    c.length = n;
-    c.values = values;
-    c.values_size = size;
-    return c;
-}
-
 static sj_merkle_forest new_forest(int32_t partition_count, int32_t depth) {
     sj_merkle_forest f;
     f.depth = depth;
@@ -55,17 +37,17 @@ static void test_hazelcast_vector(void) {
     int32_t value_offsets[] = {0, 5, 6}, key_offsets[] = {6, 9};
     int32_t key_hashes[3], value_hashes[3];
     int64_t err;
-    sj_column c = fixed_column(SJ_KEY_INT32, int_keys, 2, sizeof int_keys);
+    sj_column c = test_column(SJ_KEY_INT32, int_keys, 2, sizeof int_keys);
     sj_hash_column(&c, SJ_HAZELCAST_SEED, key_hashes, &err);
-    c = fixed_column(SJ_KEY_VAR32, key_offsets, 1, sizeof key_offsets);
+    c = test_column(SJ_KEY_VAR32, key_offsets, 1, sizeof key_offsets);
     c.data = (const uint8_t *)words;
     c.data_size = 9;
     sj_hash_column(&c, SJ_HAZELCAST_SEED, key_hashes + 2, &err);
-    c = fixed_column(SJ_KEY_VAR32, value_offsets, 2, sizeof value_offsets);
+    c = test_column(SJ_KEY_VAR32, value_offsets, 2, sizeof value_offsets);
     c.data = (const uint8_t *)words;
     c.data_size = 9;
     sj_hash_column(&c, SJ_HAZELCAST_SEED, value_hashes, &err);
-    c = fixed_column(SJ_KEY_INT32, seven, 1, sizeof seven);
+    c = test_column(SJ_KEY_INT32, seven, 1, sizeof seven);
     sj_hash_column(&c, SJ_HAZELCAST_SEED, value_hashes + 2, &err);
 
     sj_merkle_forest f = new_forest(1, 10);
@@ -99,7 +81,7 @@ static void test_leaf_rule(void) {
         CHECK(sj_merkle_leaf_of_hash(INT32_MAX, d) == last, "depth %d max", d);
         CHECK(sj_merkle_leaf_of_hash(0, d) == first + (1 << (d - 2)), "depth %d zero", d);
         for (int t = 0; t < 1000; t++) {
-            int32_t h = (int32_t)(uint32_t)next();
+            int32_t h = (int32_t)(uint32_t)test_random();
             int64_t want = first + ((int64_t)h + 2147483648LL) / (4294967296LL >> (d - 1));
             CHECK(sj_merkle_leaf_of_hash(h, d) == want, "depth %d hash %d", d, h);
         }
@@ -116,15 +98,15 @@ static void test_fused_build(void) {
     static int64_t k1[N + 5], v1[N + 5];
     static int32_t k2[N + 5], v2[N + 5], kh[N], vh[N];
     for (int i = 0; i < N + 5; i++) {
-        k1[i] = (int64_t)next();
-        v1[i] = (int64_t)next();
-        k2[i] = (int32_t)next();
-        v2[i] = (int32_t)next();
+        k1[i] = (int64_t)test_random();
+        v1[i] = (int64_t)test_random();
+        k2[i] = (int32_t)test_random();
+        v2[i] = (int32_t)test_random();
     }
-    sj_column keys[2] = {fixed_column(SJ_KEY_INT64, k1, N, sizeof k1),
-                         fixed_column(SJ_KEY_INT32, k2, N, sizeof k2)};
-    sj_column vals[2] = {fixed_column(SJ_KEY_INT64, v1, N, sizeof v1),
-                         fixed_column(SJ_KEY_INT32, v2, N, sizeof v2)};
+    sj_column keys[2] = {test_column(SJ_KEY_INT64, k1, N, sizeof k1),
+                         test_column(SJ_KEY_INT32, k2, N, sizeof k2)};
+    sj_column vals[2] = {test_column(SJ_KEY_INT64, v1, N, sizeof v1),
+                         test_column(SJ_KEY_INT32, v2, N, sizeof v2)};
     for (int c = 0; c < 2; c++) {
         keys[c].offset = 3;
         vals[c].offset = 5;
@@ -176,15 +158,15 @@ static void two_forests(sj_merkle_forest *a, sj_merkle_forest *b, int32_t *kh, i
     int64_t err;
     int32_t ec;
     for (int i = 0; i < n; i++) {
-        kh[i] = (int32_t)next();
-        vh[i] = (int32_t)next();
+        kh[i] = (int32_t)test_random();
+        vh[i] = (int32_t)test_random();
     }
     sj_merkle_batch all = {NULL, 0, kh, NULL, 0, vh, n, SJ_MERKLE_VALUE_HASH};
     sj_merkle_update(a, &all, 1, &err, &ec);
     sj_merkle_update(b, &all, 1, &err, &ec);
     for (int c = 0; c < changes; c++) {
-        int i = (int)(next() % (uint64_t)n);
-        int32_t newv = (int32_t)next();
+        int i = (int)(test_random() % (uint64_t)n);
+        int32_t newv = (int32_t)test_random();
         sj_merkle_batch old = {NULL, 0, &kh[i], NULL, 0, &vh[i], 1, SJ_MERKLE_VALUE_HASH};
         sj_merkle_batch neu = {NULL, 0, &kh[i], NULL, 0, &newv, 1, SJ_MERKLE_VALUE_HASH};
         sj_merkle_update(b, &old, -1, &err, &ec);
@@ -246,8 +228,8 @@ static void test_locate_and_select(void) {
     static int64_t keys[N], ids[30000];
     static int32_t parts[N], leaves[N];
     static uint8_t mask[(N + 7) / 8];
-    for (int i = 0; i < N; i++) keys[i] = (int64_t)next();
-    sj_column c = fixed_column(SJ_KEY_INT64, keys, N, sizeof keys);
+    for (int i = 0; i < N; i++) keys[i] = (int64_t)test_random();
+    sj_column c = test_column(SJ_KEY_INT64, keys, N, sizeof keys);
     int64_t err, selected;
     int32_t ec;
     CHECK(sj_merkle_locate(&c, 1, D, P, parts, leaves, &err, &ec) == SJ_OK, "locate");
@@ -263,9 +245,9 @@ static void test_locate_and_select(void) {
     for (int k = 0; k < 2; k++) {
         int nids = counts[k];
         for (int j = 0; j < nids; j++) {
-            int i = (int)(next() % N);
+            int i = (int)(test_random() % N);
             ids[j] = k == 0 ? parts[i] * nleaves + (leaves[i] - (nleaves - 1))
-                            : (int64_t)(next() % (uint64_t)(P * nleaves));
+                            : (int64_t)(test_random() % (uint64_t)(P * nleaves));
         }
         sj_merkle_leaf_set set;
         CHECK(sj_merkle_leaf_set_init(&set, D, P, ids, nids, &err) == SJ_OK, "leaf set");
@@ -347,8 +329,8 @@ static void test_bad_input(void) {
     int64_t err;
     int32_t ec, k[4] = {1, 2, 3, 4};
     sj_merkle_forest f = new_forest(2, 3);
-    sj_column keys = fixed_column(SJ_KEY_INT32, k, 4, sizeof k);
-    sj_column short_values = fixed_column(SJ_KEY_INT32, k, 3, sizeof k);
+    sj_column keys = test_column(SJ_KEY_INT32, k, 4, sizeof k);
+    sj_column short_values = test_column(SJ_KEY_INT32, k, 3, sizeof k);
     sj_merkle_batch b = {&keys, 1, NULL, &short_values, 1, NULL, 4, SJ_MERKLE_VALUE_HASH};
     CHECK(sj_merkle_update(&f, &b, 1, &err, &ec) == SJ_EINVAL && ec == 1, "value column too short");
     keys.values_size = 8;
@@ -369,7 +351,7 @@ static void test_bad_input(void) {
     CHECK(sj_merkle_forest_check(&f) == SJ_EINVAL, "depth 1");
     f.depth = 3;
     int64_t big[] = {(int64_t)1 << 40};
-    sj_column wide = fixed_column(SJ_KEY_INT64_AS_INT32, big, 1, sizeof big);
+    sj_column wide = test_column(SJ_KEY_INT64_AS_INT32, big, 1, sizeof big);
     b.keys = &wide;
     b.key_count = 1;
     b.rows = 1;
@@ -379,10 +361,10 @@ static void test_bad_input(void) {
     /* All or nothing: a bad key in the third block leaves the forest untouched. */
     enum { N = 3 * 4096 + 10 };
     static int64_t wide_keys[N];
-    for (int i = 0; i < N; i++) wide_keys[i] = (int32_t)next();
+    for (int i = 0; i < N; i++) wide_keys[i] = (int32_t)test_random();
     wide_keys[2 * 4096 + 7] = (int64_t)1 << 33;
     f = new_forest(5, 6);
-    sj_column narrow = fixed_column(SJ_KEY_INT64_AS_INT32, wide_keys, N, sizeof wide_keys);
+    sj_column narrow = test_column(SJ_KEY_INT64_AS_INT32, wide_keys, N, sizeof wide_keys);
     sj_merkle_batch all = {&narrow, 1, NULL, NULL, 0, NULL, N, SJ_MERKLE_ENTRY_HASH};
     CHECK(sj_merkle_update(&f, &all, 1, &err, &ec) == SJ_ERANGE && err == 2 * 4096 + 7,
           "range in block 3: %ld", (long)err);
