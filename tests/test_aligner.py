@@ -727,20 +727,21 @@ def run_threads(Aligner, mode, items, producers=3, every=1000, capacity=64, bulk
     assert all(r["duration_s"] >= 0 and r["started"] > 0 for r in records)
     assert all(0 <= h <= r["duration_s"] + 1e-6 for r in records for h in r["held"].values())
     assert len(a) == 0
+    return sum(seen), len(snapshots)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_threads_native(mode):
-    run_threads(BarrierAligner, mode, 100_000)
+    assert run_threads(BarrierAligner, mode, 100_000) == (300_000, 99)
 
 
 def test_threads_native_bulk():
-    run_threads(BarrierAligner, "exactly-once", 100_000, capacity=256, bulk=True)
+    assert run_threads(BarrierAligner, "exactly-once", 100_000, capacity=256, bulk=True) == (300_000, 99)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_threads_reference(mode):
-    run_threads(ReferenceAligner, mode, 10_000, every=500)
+    assert run_threads(ReferenceAligner, mode, 10_000, every=500) == (30_000, 19)
 
 
 def test_threads_leave_no_references():
