@@ -20,11 +20,9 @@ CODEC_ARROW_LZ4 = SJ_CODEC_ARROW_LZ4
 FLAG_BROADCAST = SJ_CHUNK_BROADCAST
 FLAG_ENTRIES = SJ_CHUNK_ENTRIES
 
-# The fields of a header, in the order of the tuples this module returns.
-HEADER_FIELDS = ("codec", "flags", "job_id", "snapshot_id", "vertex", "partition",
-                 "entry_count", "uncompressed_size", "stored_size", "checksum")
 
 
+# In the order of sparkjet.chunks.ChunkHeader's fields.
 cdef tuple _as_tuple(const sj_chunk_header *h):
     return (h.codec, h.flags, h.job_id, h.snapshot_id, h.vertex, h.partition,
             h.entry_count, h.uncompressed_size, h.stored_size, h.checksum)

@@ -47,21 +47,14 @@ class Backend:
 
     def write(self, path: str, pieces) -> None:
         """Writes a file from byte pieces (fsynced on local disks when durable)."""
-        if self.local:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for piece in pieces:
-                    view = memoryview(piece).cast("B")
-                    while view:
-                        view = view[os.write(fd, view):]
-                if self.durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        else:
-            with self.fs.open_output_stream(path) as out:
-                for piece in pieces:
-                    out.write(piece)
+        out = self.open_write(path)
+        try:
+            for piece in pieces:
+                out.write(piece)
+        except BaseException:
+            out.abort()
+            raise
+        out.close()
 
     def open_write(self, path: str) -> "StreamWriter":
         """A file written piece by piece; ``close()`` makes it durable (fsync on local

@@ -102,18 +102,24 @@ class SinkWriter(ABC):
     @abstractmethod
     def prepare(self, snapshot_id: int) -> dict | None:
         """Phase 1 at the processor's barrier for `snapshot_id`: flush (idempotent) or end the
-        open transaction (transactional) and return its description to save in the snapshot."""
+        open transaction (transactional) and return what to save in the snapshot: the
+        description of *every* prepared transaction not yet committed, not only the new one
+        (a restore from this snapshot must be able to commit them all)."""
 
     @abstractmethod
     def commit(self, snapshot_id: int) -> None:
-        """Phase 2, after snapshot `snapshot_id` is complete: make its transactions visible.
-        Must be idempotent: it is retried until it succeeds."""
+        """Phase 2, after snapshot `snapshot_id` is complete: make the transactions of every
+        snapshot up to it visible. Must be idempotent: it is retried until it succeeds, except
+        after :class:`~sparkjet.errors.FencedError` (a newer execution owns the sink), which is
+        final."""
 
     @abstractmethod
     def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
         """After a restart from snapshot `snapshot_id` (None: no snapshot), before any write:
-        commit what `prepared` (this processor's state in that snapshot) describes and abort
-        every other leftover transaction of this processor."""
+        commit what `prepared` describes and abort every other leftover transaction of this
+        processor. After a rescale, `prepared` merges the states of the old processors
+        mapped to this one (old index % new parallelism): dicts united, lists concatenated
+        (``sparkjet.runtime.member.merge_states``)."""
 
     def close(self) -> None:
         """Ends writing. With guarantee "none", makes what was written visible."""

@@ -15,7 +15,7 @@ vertex with the stages after the aggregation and the sink fused into it. Without
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,7 +73,6 @@ class Pipeline:
     _source: Source | None = None
     _stages: tuple = ()
     _sink: Sink | None = None
-    _pending_key: str | None = field(default=None, repr=False)
 
     def read_from(self, source: Source) -> "Pipeline":
         if not isinstance(source, Source):

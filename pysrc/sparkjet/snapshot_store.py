@@ -132,6 +132,7 @@ class SnapshotStore:
         self._job = f"job-{job_id:016x}"
         self._log_lock = threading.Lock()
         self._cleaner: threading.Thread | None = None
+        self._records: dict[tuple[str, str], tuple[int, dict]] = {}  # parsed, checked records
         for d in ("log", "snapshots", "exports"):
             self._backend.makedirs(self._path(d))
 
@@ -355,6 +356,11 @@ class SnapshotStore:
         path = self._path(*directory, commit["record_file"])
         if not self._backend.exists(path):
             raise SnapshotIncompleteError(f"{path}: validation record missing")
+        # A record is named by its checksum and never rewritten: parse and check it once
+        # (it lists every chunk, and a member restores several vertices from it).
+        cached = self._records.get((path, commit["record_xxh3"]))
+        if cached is not None and self._backend.size(path) == cached[0]:
+            return cached[1]
         data = bytes(self._backend.read(path))
         if xxhash.xxh3_64_hexdigest(data) != commit["record_xxh3"]:
             raise SnapshotCorruptError(path, 0, "validation record checksum")
@@ -369,6 +375,9 @@ class SnapshotStore:
                     f"{path}: validation record has {key} {record.get(key)!r}, expected {want!r}")
         record["_dir"] = directory
         record["_file"] = commit["record_file"]
+        if len(self._records) >= 4:
+            self._records.pop(next(iter(self._records)))
+        self._records[(path, commit["record_xxh3"])] = (len(data), record)
         return record
 
     def _info(self, record: dict, name: str | None = None) -> SnapshotInfo:

@@ -10,7 +10,6 @@ sink transactions. ``run(isolated=False)`` runs one execution in this process in
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -169,12 +168,3 @@ def _forward(path: Path, seen: int, progress) -> int:
                 break
     return seen
 
-
-def member_pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False

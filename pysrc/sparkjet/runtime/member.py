@@ -148,17 +148,12 @@ class Member:
         """Registers this execution and loads the last complete snapshot; returns the id of
         the next snapshot."""
         if not self.snapshots_on:
-            for p in self.sources:
-                p.restored_source_state = None
-            for p in self.keyed:
-                p.prepared = None
             return 0
         self.store.register_execution(self.execution_id)
         latest = self.store.latest_complete()
         if latest is None:
             return 0
         self.metrics["restored_from"] = latest.snapshot_id
-        self.restored_snapshot = latest.snapshot_id
         source_states = _entries_json(self.store.restore("source", []).broadcast_entries)
         merged = merge_states(list(source_states.values()))
         for p in self.sources:
@@ -267,7 +262,7 @@ class _Processor(threading.Thread):
     def open_sink(self, total: int) -> None:
         m = self.member
         self.sink = m.plan.sink.open(m.context(m.plan.sink.name, self.index, total))
-        self.sink.recover(getattr(m, "restored_snapshot", None), self.prepared)
+        self.sink.recover(m.metrics["restored_from"], self.prepared)
 
     def write(self, batch: pa.RecordBatch, ts=None) -> None:
         for stage in self.member.plan.after if self.member.plan.aggregate else ():
