@@ -41,7 +41,10 @@ def _install() -> str | None:
         return None
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
-        if subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode != 0:
+        try:
+            if subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode != 0:
+                return None
+        except subprocess.TimeoutExpired:
             return None
     return shutil.which("redis-server")
 
@@ -77,8 +80,11 @@ def start(directory, timeout: float = 10.0, attempts: int = 3) -> RedisServer:
                 try:
                     if client.ping():
                         return server
-                except redis.ConnectionError:
+                except (redis.ConnectionError, redis.TimeoutError):
                     time.sleep(0.05)
+        except BaseException:
+            server.stop()  # never leave a redis-server behind
+            raise
         finally:
             client.close()
         server.stop()

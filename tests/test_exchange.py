@@ -260,6 +260,23 @@ def test_a_new_schema_opens_a_new_stream_in_order(make_server, make_client):
                      ("seq", [4]), (DONE,)]
 
 
+def test_a_new_schema_after_acks_keeps_the_channel_working(make_server, make_client):
+    # A small window makes the sender ask for acks before the switch; the new stream's
+    # server counts from 0 again.
+    aligner = BarrierAligner(1, capacity=64)
+    server = make_server({("v", 0): aligner})
+    with make_client(server.location).channel("v", 0, 0, 1, window_messages=4) as ch:
+        for i in range(5):
+            ch.put(seq_batch(i))
+        for i in range(5, 12):
+            ch.put(seq_batch(i, name="other"))
+        ch.end()
+        assert ch.streams_opened == 2
+    events = take_events(aligner, 20)
+    assert [e[2].column(0).to_pylist() for e in events if e[0] == ITEM] == [[i] for i in range(12)]
+    assert events[-1] == (DONE,)
+
+
 def test_one_stream_per_channel(make_server, make_client):
     aligner = BarrierAligner(1, capacity=8)
     server = make_server({("v", 0): aligner})

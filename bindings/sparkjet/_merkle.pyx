@@ -6,7 +6,6 @@ numpy arrays that sparkjet.merkle owns; columns as the tuples sparkjet.partition
 builds from Arrow arrays (see sparkjet.hash). Every call keeps its inputs alive.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
-from libc.stdlib cimport calloc, free
 
 from sparkjet.libsparkjet cimport sj_column, sj_status, sj_status_message, SJ_OK, SJ_EINVAL, \
     SJ_EBOUNDS, SJ_ERANGE, SJ_ENOMEM, SJ_ECORRUPT

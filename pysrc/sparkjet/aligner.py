@@ -242,10 +242,6 @@ class _Alignment:
     def finished(self) -> bool:
         return self.live_count == 0 and self.aligning is None
 
-    def ready(self, has) -> bool:
-        return self.finished() or any(
-            self.live[c] and not self.held[c] and has(c) for c in range(self.channels))
-
     def next_channel(self, has) -> int | None:
         for _ in range(self.channels + 1):
             c = self.rr

@@ -306,10 +306,12 @@ def _size(piece) -> int:
     return piece.size if isinstance(piece, pa.Buffer) else len(piece)
 
 
+_LZ4_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+
+
 def _ipc_lz4(batch: pa.RecordBatch) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
-    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_LZ4_OPTIONS) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
 

@@ -105,6 +105,7 @@ def _demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     spark = local_session(args.master, "sparkjet-demo", **{"spark.ui.showConsoleProgress": False})
     session_seconds = time.perf_counter() - started
+    spark_version = spark.version  # read before stop()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         frame = _key_frame(spark, rows, keys, args.key_type)
@@ -123,7 +124,7 @@ def _demo(args: argparse.Namespace) -> int:
                   f"{_key_formula(args.key_type, keys)}")),
         ("partition_count", f"{count:,}"),
         ("members / backups", "none: partitioning only, no partition table"),
-        ("Spark", f"{spark.version} on Java at {os.environ.get('JAVA_HOME', '?')}"),
+        ("Spark", f"{spark_version} on Java at {os.environ.get('JAVA_HOME', '?')}"),
         ("session start", f"{session_seconds:.2f} s"),
     ])
     print()

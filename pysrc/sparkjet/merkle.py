@@ -63,7 +63,9 @@ two keys of one leaf that swap values, or a value that moves to another key of t
 leaf, leave every node unchanged. ``"entry"``, the default of :func:`sync_plan` and
 ``merkle_diff``, sums ``fmix32(value_hash ^ key_hash * 0x9E3779B1)`` (unsigned 32-bit)
 instead, which binds each value to its key, so such changes are found too. Whatever the
-mode, a change can hide only if a leaf's 32-bit sums collide (about 2**-32 per leaf).
+mode, a change can hide only if a 32-bit sum collides: its leaf's, or that of any node
+above it, since the diff descends only into differing nodes (about depth * 2**-32 per
+changed leaf).
 
 Choosing a depth
 ----------------
@@ -142,7 +144,6 @@ MIN_DEPTH = _native.MIN_DEPTH
 MAX_DEPTH = _native.MAX_DEPTH
 DEFAULT_DEPTH = _native.DEFAULT_DEPTH
 VALUE_FACTOR = _native.VALUE_FACTOR
-VALUE_HASHES = ("value", "entry")
 _MODES = {"value": _native.MODE_VALUE, "entry": _native.MODE_ENTRY}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 
@@ -933,18 +934,16 @@ def diff(a: MerkleTree | MerkleForest, b: MerkleTree | MerkleForest) -> MerkleDi
     labels = _check_comparable(a, b)
     depth = min(a.depth, b.depth)
     compared = np.zeros(depth, np.int64)
-    ha, hb = (a._fresh(), a._handle()), (b._fresh(), b._handle())
+    a._fresh()
+    b._fresh()
+    ha, hb = a._handle(), b._handle()
     out = np.empty(1024, np.int64)
-    count = _native.diff(ha[1], hb[1], _address(out), len(out), _address(compared))
+    count = _native.diff(ha, hb, _address(out), len(out), _address(compared))
     if count > len(out):
         out = np.empty(count, np.int64)
-        count = _native.diff(ha[1], hb[1], _address(out), len(out), _address(compared))
-    return MerkleDiff(out[:count].copy(), depth, (a.depth, b.depth), _partition_count(a),
+        count = _native.diff(ha, hb, _address(out), len(out), _address(compared))
+    return MerkleDiff(out[:count].copy(), depth, (a.depth, b.depth), a.partition_count,
                       compared, labels)
-
-
-def _partition_count(t) -> int:
-    return t.partition_count
 
 
 def _check_comparable(a, b) -> np.ndarray | None:
@@ -1000,6 +999,7 @@ class _Party:
 
     def __init__(self, name: str, trees: MerkleTree | MerkleForest):
         self.name = name
+        self.trees = trees
         self.nodes = trees._fresh()
         self.own_depth = trees.depth
         self.mode = trees._mode
@@ -1165,13 +1165,17 @@ class SyncSession:
         if self._diff is not None:
             return self._diff
         stale, fresh = self._stale, self._fresh
+        for party in (stale, fresh):
+            # The trees may have changed since the session was made: walk their nodes now.
+            party.nodes = party.trees._fresh()
         fresh.receive_hello(self._send(stale, stale.hello()))
         stale.receive_hello(self._send(fresh, fresh.hello()))
         depth = stale.depth
         compared = np.zeros(depth, np.int64)
         message, sender, receiver = self._send(stale, stale.roots()), stale, fresh
         while True:
-            compared[_HEADER.unpack_from(message)[1]] += _HEADER.unpack_from(message)[4]
+            _, level, _, _, items = _HEADER.unpack_from(message)
+            compared[level] += items
             reply = receiver.receive_nodes(message)
             sender, receiver = receiver, sender
             message = self._send(sender, reply)

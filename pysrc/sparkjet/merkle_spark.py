@@ -128,7 +128,8 @@ def _config(df_a, df_b, key, depth, partition_count, value, key_type, value_hash
         both = min(set(keys) & set(values))
         raise InvalidArgumentError(f"column {both!r} is both a key and a value")
     for name in keys:
-        _check_type(name, fields[name], "key", key_type)
+        # As in MerkleForest: in a composite key, key_type applies to the integer columns.
+        _check_type(name, fields[name], "key", key_type if len(keys) == 1 else None)
     for name in values:
         _check_type(name, fields[name], "value", None)
     if df_b is not None:
@@ -236,11 +237,14 @@ def _sum_leaves(table):
     hints: applyInArrow reads them to choose its calling convention.)"""
     import pyarrow as pa
 
-    total = None
-    for chunk in table.column(_LEAVES).chunks:
-        for raw in chunk.to_pylist():
-            part = np.frombuffer(raw, "<i4")
-            total = part.copy() if total is None else total + part  # numpy wraps at 32 bits
+    # Every row holds one partial tree's leaves as int32 bytes of the same length: view
+    # them all as one 2-D array (no per-row Python) and add up; numpy wraps at 32 bits.
+    column = table.column(_LEAVES).combine_chunks()
+    width = len(column[0].as_py()) // 4
+    data = column.buffers()[2]
+    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+    rows = np.frombuffer(data, "<i4", (offsets[-1] - offsets[0]) // 4, offsets[0])
+    total = rows.reshape(len(column), width).sum(axis=0, dtype=np.int32)
     return pa.table({_SIDE: table.column(_SIDE).slice(0, 1),
                      _PARTITION: table.column(_PARTITION).slice(0, 1),
                      _LEAVES: pa.array([total.tobytes()], pa.binary())})

@@ -136,7 +136,8 @@ def with_partition_id(
             f"the DataFrame's columns are {', '.join(map(repr, df.columns))}"
         )
     for n in names:
-        _check_key_type(n, fields[n].dataType, key_type)
+        # As in partition_ids: in a composite key, key_type applies to the integer columns.
+        _check_key_type(n, fields[n].dataType, key_type, composite=len(names) > 1)
     if not isinstance(column, str) or not column:
         raise InvalidArgumentError(f"column must be a non-empty string, got {column!r}")
     clash = [c for c in df.columns if _same_name(df, c, column)]
@@ -232,7 +233,7 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_key_type(name: str, data_type, key_type: str | None) -> None:
+def _check_key_type(name: str, data_type, key_type: str | None, *, composite: bool = False) -> None:
     from pyspark.sql import types as T
 
     integral = (T.IntegerType, T.ShortType, T.ByteType, T.LongType)
@@ -243,7 +244,7 @@ def _check_key_type(name: str, data_type, key_type: str | None) -> None:
     if isinstance(data_type, integral):
         return
     if isinstance(data_type, others):
-        if key_type is not None:
+        if key_type is not None and not composite:
             raise InvalidArgumentError(
                 f"key_type={key_type!r} applies to integer keys, but key column {name!r} is "
                 f"{data_type.simpleString()}"

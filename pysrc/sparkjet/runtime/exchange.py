@@ -904,7 +904,11 @@ class OutboundChannel:
 
     def _switch_stream(self) -> None:
         self._finish_stream()
+        # The new stream's server counts from 0 again (its handshake acks 0 messages).
         self._schema = None
+        self._sent = self._acked = self._unacked_bytes = 0
+        self._unacked.clear()
+        self._requested = None
         self._open()
 
     def _finish_stream(self) -> None:

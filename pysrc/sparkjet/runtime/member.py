@@ -107,6 +107,10 @@ class Member:
             if self._failure is None:
                 self._failure = error
         self._failed.set()
+        # Wakes every thread blocked in an aligner (a source in end() on a full channel
+        # whose consumer died would otherwise wait forever).
+        for aligner in self.aligners:
+            aligner.close()
 
     @property
     def failed(self) -> bool:
@@ -447,8 +451,9 @@ class _KeyedProcessor(_Processor):
                     writer = self.new_writer(sid, m.n_sources + self.index)
                     writer.write_table("aggregate", agg.snapshot(), key=agg_stage.key)
                     self.prepare_sink(writer, sid)
-                    if aligner.alignments:
-                        self.last_alignment = aligner.alignments[-1].get("duration_s", 0.0)
+                    records = aligner.alignments  # a copy of the history: read it once
+                    if records:
+                        self.last_alignment = records[-1]["duration_s"]
                     m.ack(self.name, sid, writer.finish())
                     if terminal:
                         terminal_sid = sid

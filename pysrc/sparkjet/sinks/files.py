@@ -26,8 +26,12 @@ prepared transactions of snapshots that never completed.
 
 **Fencing.** Opening a writer registers its execution under ``_executions/J`` by exclusive
 create. :meth:`prepare` and :meth:`commit` list that folder and raise
-:class:`~sparkjet.errors.FencedError` if a newer execution is registered: a zombie of an
-older execution never makes a file visible once a newer one has started.
+:class:`~sparkjet.errors.FencedError` if a newer execution is registered, so a zombie of an
+older execution is refused at its next check. The check and the rename are two steps: a
+zombie that passed the check just before a newer execution registered can still rename
+what it was committing. With exactly-once that is harmless (it only commits transactions of
+complete snapshots, which the new execution's recovery would commit too); with guarantee
+"none" a file rolled in that window can appear.
 
 Readers see only ``part-*`` files; names starting with ``_`` or ``.`` are ignored by
 :meth:`TransactionalFileSink.read`, by ``pyarrow.dataset`` and by Spark alike. A

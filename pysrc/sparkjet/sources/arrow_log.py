@@ -45,10 +45,10 @@ import fcntl
 import json
 import os
 import struct
-import uuid
 
 import pyarrow as pa
 
+from sparkjet._fs import Backend
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     CorruptDataError,
@@ -129,6 +129,7 @@ class ArrowLogWriter:
         self.schema = schema
         self.segment_bytes = segment_bytes
         self.durable = durable
+        self._backend = Backend(root, durable=durable)  # directory syncs, atomic creates
         self._schema_bytes = schema.serialize().to_pybytes()
         self._fds: dict[int, int] = {}
         self._segments: dict[int, int] = {}
@@ -217,6 +218,9 @@ class ArrowLogWriter:
         _write_all(fd, self._schema_bytes)
         if self.durable:
             os.fsync(fd)
+            # The new name must survive a crash before the previous segment's seal does:
+            # a sealed segment with no successor means "closed" to readers.
+            self._backend.sync_dir(partition_dir(self.root, partition))
         self._fds[partition] = fd
         self._segments[partition] = segment
         self._sizes[partition] = len(self._schema_bytes)
@@ -244,6 +248,8 @@ class ArrowLogWriter:
         # Cut a half-written message left by a writer that died: no reader has consumed
         # it (readers never return incomplete messages), so nothing seen is lost.
         os.truncate(path, end)
+        if self.durable:
+            os.fsync(fd)
         if schema is None:
             _write_all(fd, self._schema_bytes)
             end = len(self._schema_bytes)
@@ -261,6 +267,8 @@ class ArrowLogWriter:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
             try:
                 _write_all(fd, (b"" if end else self._schema_bytes) + _EOS)
+                if self.durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
 
@@ -273,11 +281,9 @@ class ArrowLogWriter:
                     f"{self.root} has {info['partitions']} partitions, the writer was given "
                     f"{self.partitions}")
             return
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"format": LOG_FORMAT, "version": LOG_VERSION,
-                       "partitions": self.partitions}, f)
-        os.replace(tmp, path)
+        info = {"format": LOG_FORMAT, "version": LOG_VERSION, "partitions": self.partitions}
+        # Appears whole or not at all (and durably, when durable); the writer lock is held.
+        self._backend.create_exclusive(path, json.dumps(info).encode())
 
     def _release(self) -> None:
         for fd in self._fds.values():

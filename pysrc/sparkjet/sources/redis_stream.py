@@ -231,18 +231,21 @@ class RedisStreamReader(SourceReader):
         self._generations: list[dict] = []
 
     def ack(self, snapshot_id: int) -> None:
-        """XACKs the ids saved by every :meth:`snapshot_state` call so far (snapshot
-        ``snapshot_id`` is complete; the runtime never starts the next one before this)."""
+        """XACKs the ids of the oldest snapshot not yet acknowledged, which is snapshot
+        ``snapshot_id``: each snapshot saves one generation (:meth:`snapshot_state`) and
+        snapshots complete in order, so ids that only a later, unfinished snapshot covers
+        are never acknowledged here."""
         if not self._generations:
             return
+        oldest = self._generations[0]
         pipe = self._client.pipeline(transaction=False)
         for p in self._parts:
-            ids = [i for g in self._generations for i in g[p]]
+            ids = oldest[p]
             for lo in range(0, len(ids), _ACK_CHUNK):
                 pipe.xack(self._keys[p], self._group, *ids[lo:lo + _ACK_CHUNK])
         pipe.execute()
         # Only after XACK succeeded: a failed ack leaves the ids in the next snapshot.
-        self._generations = []
+        self._generations.pop(0)
 
     def close(self) -> None:
         self._client.close()
