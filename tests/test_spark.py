@@ -156,7 +156,9 @@ def collect(frame):
 @pytest.mark.parametrize(
     "key, key_type",
     [("i", None), ("l", None), ("s", None), ("b", None), ("h", None), ("y", None),
-     ("i", "long"), (["s", "l"], None), (["i", "b", "y"], None)],
+     ("i", "long"), (["s", "l"], None), (["i", "b", "y"], None),
+     # In a composite key, key_type applies to its integer columns, as in partition_ids.
+     (["s", "i"], "long"), (["b", "y"], "integer")],
 )
 def test_with_partition_id_equals_partition_ids(df, keys, key, key_type):
     out = collect(sparkjet.spark.with_partition_id(df, key, 271, key_type=key_type))
