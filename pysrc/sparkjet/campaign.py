@@ -49,22 +49,30 @@ class RoundResult:
         return self.report.valid_for(self.guarantee)
 
 
+def _members(job: Job) -> tuple:
+    """The pids of the job's running member processes (Spark: its members' Python workers)."""
+    if job.member_pids:
+        return tuple(sorted(job.member_pids.values()))
+    return (job.member_pid,) if job.member_pid is not None else ()
+
+
 def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list) -> None:
-    last_pid = None
+    last = ()
     while len(done) < kills and not stop.is_set():
-        pid = job.member_pid
-        if pid is None or pid == last_pid:
+        pids = _members(job)
+        if not pids or pids == last:
             time.sleep(0.02)
             continue
-        # A new member: let it live a random while (restore, first batches, a snapshot or
-        # two) and kill it wherever it is.
+        # A new execution: let it live a random while (restore, first batches, a snapshot
+        # or two) and kill one member wherever it is.
         time.sleep(rng.uniform(0.05, 1.5))
-        if job.member_pid != pid:
+        if _members(job) != pids:
             continue
+        pid = rng.choice(pids)
         try:
             os.kill(pid, signal.SIGKILL)
             done.append(pid)
-            last_pid = pid
+            last = pids
         except ProcessLookupError:
             pass
 
@@ -77,8 +85,11 @@ def _last_update_per_key(table: pa.Table) -> pa.Table:
 
 
 def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, kills: int,
-              rng: random.Random, events: int = 600_000, rate: float = 200_000) -> RoundResult:
-    """One job with `kills` kills of its member; returns the checker's verdict."""
+              rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
+              spark=None, members: int = 2) -> RoundResult:
+    """One job with `kills` kills of a member; returns the checker's verdict. With a Spark
+    session the job runs on it with `members` members, and a kill hits one member's Python
+    worker."""
     work.mkdir(parents=True, exist_ok=True)
     source = GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate, batch_size=5_000,
                              seed=rng.randrange(2**32))
@@ -94,15 +105,16 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         pipeline = pipeline.map_batches(lambda b: b.select(["id", "key"]))
     config = JobConfig(name=f"campaign-{work.name}", processing_guarantee=guarantee,
                        snapshot_store=None if guarantee == "none" else str(work / "snapshots"),
-                       snapshot_interval=0.2, local_parallelism=2, max_restarts=kills + 5,
-                       restart_backoff=0.0)
+                       snapshot_interval=0.2, local_parallelism=1 if spark else 2,
+                       max_restarts=kills + 5, restart_backoff=0.0,
+                       members=members if spark else None)
     job = Job(pipeline.write_to(sink), config)
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_killer, args=(job, kills, rng, stop, killed), daemon=True)
     start = time.monotonic()
     killer.start()
     try:
-        result = job.run()
+        result = job.run(spark)
     finally:
         stop.set()
         killer.join()
@@ -117,11 +129,18 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         ids = pa.array(np.arange(events, dtype=np.int64))
         report = verify.check_events(ids, ids, out.column("id") if out.num_columns else pa.array([], pa.int64()),
                                      guarantee=guarantee)
-    # Count the kills that killed: a member that has just exited stays an unreaped zombie
-    # for a moment, and a SIGKILL sent to it "succeeds" without killing anything.
     errors = [e.get("error") or "" for e in result.executions if e.get("status") != "ok"]
-    kills = sum("SIGKILL" in e for e in errors)
-    failures = [e for e in errors if "SIGKILL" not in e]
+    if spark is None:
+        # Count the kills that killed: a member that has just exited stays an unreaped
+        # zombie for a moment, and a SIGKILL sent to it "succeeds" without killing anything.
+        kills = sum("SIGKILL" in e for e in errors)
+        failures = [e for e in errors if "SIGKILL" not in e]
+    else:
+        # On Spark a kill surfaces as a broken stream, a lost task or a silent member,
+        # depending on who notices first; an execution that failed without a kill of its
+        # own is what needs explaining.
+        kills = min(len(killed), len(errors))
+        failures = errors[kills:] if len(errors) > len(killed) else []
     return RoundResult(guarantee, sink_kind, pipeline_kind, kills, result.restarts, seconds,
                        report, failures)
 
@@ -130,15 +149,18 @@ PLAN = [(g, s, p) for g in ("exactly-once", "at-least-once", "none") for s in ("
         for p in ("keyed", "events")]
 
 
-def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print) -> list[RoundResult]:
-    """Spreads `total_kills` over every (guarantee, sink, pipeline) of :data:`PLAN`."""
+def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *, spark=None,
+                 members: int = 2, plan=None) -> list[RoundResult]:
+    """Spreads `total_kills` over every (guarantee, sink, pipeline) of `plan` (default
+    :data:`PLAN`); on `spark` if given."""
+    plan = plan or PLAN
     rng = random.Random(seed)
-    per_round = max(1, -(-total_kills // len(PLAN)))
+    per_round = max(1, -(-total_kills // len(plan)))
     results, done, i = [], 0, 0
     while done < total_kills:
-        g, s, p = PLAN[i % len(PLAN)]
+        g, s, p = plan[i % len(plan)]
         kills = min(per_round, total_kills - done)
-        r = run_round(work / f"round-{i:04d}", g, s, p, kills, rng)
+        r = run_round(work / f"round-{i:04d}", g, s, p, kills, rng, spark=spark, members=members)
         results.append(r)
         done += r.kills
         i += 1

@@ -23,6 +23,16 @@ class JobConfig:
       this many times, waiting ``restart_backoff * 2**k`` seconds (capped at 30 s) before
       restart k.
     - ``local_parallelism``: processors per vertex in a member.
+    - ``members``: on Spark, how many members (barrier tasks) an execution has; None (the
+      default) takes every task slot the cluster has (``local[N]``: N). With fewer slots
+      than asked, an execution runs on the slots there are (see ``quorum``).
+    - ``heartbeat_timeout``: on Spark, a member silent this long (no poll reaches the
+      coordinator) is declared failed, and the execution restarts.
+    - ``start_timeout``: on Spark, how long the members of an execution may take to start
+      (be scheduled, restore their state) before the execution counts as failed.
+    - ``quorum_timeout``: split-brain protection: an execution never starts with fewer
+      members than ``floor(largest member count seen / 2) + 1``; the coordinator waits for
+      slots up to this long (re-checking every ``restart_backoff``), then fails the job.
     """
 
     name: str = "sparkjet-job"
@@ -37,6 +47,10 @@ class JobConfig:
     queue_capacity: int = 16
     snapshot_codec: str = "lz4"
     job_id: int | None = None
+    members: int | None = None
+    heartbeat_timeout: float = 10.0
+    start_timeout: float = 120.0
+    quorum_timeout: float = 300.0
 
     def __post_init__(self):
         if self.processing_guarantee not in GUARANTEES:
@@ -47,7 +61,10 @@ class JobConfig:
                 f"processing_guarantee {self.processing_guarantee!r} needs snapshot_store "
                 "(a directory or a pyarrow.fs URI)")
         for name, value, low in (("snapshot_interval", self.snapshot_interval, 0.001),
-                                 ("restart_backoff", self.restart_backoff, 0)):
+                                 ("restart_backoff", self.restart_backoff, 0),
+                                 ("heartbeat_timeout", self.heartbeat_timeout, 0.5),
+                                 ("start_timeout", self.start_timeout, 1),
+                                 ("quorum_timeout", self.quorum_timeout, 0)):
             if not isinstance(value, (int, float)) or value < low:
                 raise InvalidArgumentError(f"{name} must be a number >= {low}, got {value!r}")
         for name, value, low in (("max_restarts", self.max_restarts, 0),
@@ -56,6 +73,9 @@ class JobConfig:
                                  ("queue_capacity", self.queue_capacity, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.members is not None and (not isinstance(self.members, int)
+                                         or isinstance(self.members, bool) or self.members < 1):
+            raise InvalidArgumentError(f"members must be an int >= 1 or None, got {self.members!r}")
         if self.snapshot_store is not None:
             object.__setattr__(self, "snapshot_store", os.fspath(self.snapshot_store))
 

@@ -64,15 +64,37 @@ class Job:
     def __init__(self, pipeline: Pipeline, config: JobConfig):
         self.plan = pipeline.plan()
         self.config = config
-        self.member_pid: int | None = None
+        self.member_pid: int | None = None    # the member process (without Spark)
+        self.member_pids: dict[int, int] = {}  # member index -> Python worker pid (on Spark)
+        self.requested_members: int | None = None
+        self._runner = None
 
     def __repr__(self) -> str:
         return f"Job({self.config.name!r}, guarantee={self.config.processing_guarantee!r})"
 
-    def run(self, *, isolated: bool = True, on_progress=None) -> JobResult:
+    def run(self, spark=None, *, isolated: bool = True, on_progress=None) -> JobResult:
         """Runs the job to the end of its (bounded) source; returns what happened. Raises
-        JobFailedError when the member fails more than ``max_restarts`` times."""
+        JobFailedError when it fails more than ``max_restarts`` times.
+
+        With a Spark session, every execution is one Spark barrier stage of
+        ``config.members`` members and the coordinator runs here, on the driver
+        (:mod:`sparkjet.runtime.spark_runner`). Without one, the job runs as one member in
+        a child process (``isolated=False``: in this process, with no restarts): a quick
+        way to try a pipeline without Spark.
+
+        ``on_progress(event)`` receives dicts with an ``"event"`` key: ``execution``,
+        ``started`` (with the members' ``pids``), ``restored``, ``snapshot``, ``progress``
+        (counters, twice a second on Spark), ``restart``, ``waiting`` (quorum).
+        """
         progress = on_progress or (lambda event: None)
+        if spark is not None:
+            from sparkjet.runtime.spark_runner import SparkRunner
+
+            self._runner = SparkRunner(self, spark, progress)
+            try:
+                return self._runner.run()
+            finally:
+                self._runner = None
         result = JobResult(self.config.id)
         start = time.monotonic()
         if not isolated:
@@ -109,6 +131,19 @@ class Job:
                 time.sleep(delay)
         result.seconds = time.monotonic() - start
         return result
+
+    def rescale(self, members: int) -> None:
+        """On Spark: restart the running job from its last complete snapshot on ``members``
+        members (from then on; still capped by the task slots there are, and never below
+        the quorum). State is keyed by partition, so it is the same at any member count."""
+        if not isinstance(members, int) or isinstance(members, bool) or members < 1:
+            from sparkjet.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"members must be an int >= 1, got {members!r}")
+        self.requested_members = members
+        runner = self._runner
+        if runner is not None:
+            runner.rescale(members)
 
     def _next_execution(self, attempt: int) -> int:
         if self.config.processing_guarantee == "none":

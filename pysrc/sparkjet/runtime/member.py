@@ -22,6 +22,7 @@ that snapshot. Every execution has an id, the fencing token of store and sinks.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -33,9 +34,11 @@ from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.errors import SparkjetError
 from sparkjet.keyed_state import KeyedAggregator
+from sparkjet.partition_table import PartitionTable
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import Plan
 from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.snapshot_store import SnapshotStore
 
 _POLL = 0.005
@@ -68,10 +71,76 @@ def _merge_into(out: dict, state: dict) -> None:
             out[k] = v
 
 
-class Member:
-    """Runs one execution of a plan in this process; :meth:`run` returns its metrics."""
+class Topology:
+    """Where the processors of one execution run, on ``members`` members.
 
-    def __init__(self, plan: Plan, config: JobConfig, execution_id: int, *, progress=None):
+    Indices are global across members, so snapshot entries, sink staging directories and
+    channel numbers mean the same thing on every member: source processor ``g`` (of
+    ``n_sources``) runs on member ``g % members`` and reads the source partitions ``p``
+    with ``p % n_sources == g``; keyed processor ``k`` (of ``n_keyed``) runs on member
+    ``k // local_parallelism``. The Hazelcast partitions are placed on members by a
+    :class:`~sparkjet.partition_table.PartitionTable` of ``members`` members (no backups:
+    the snapshot store holds the replicas) and, within a member, dealt round-robin to its
+    keyed processors. Keyed state is stored by partition, so a snapshot taken at any
+    member count restores at any other.
+    """
+
+    def __init__(self, members: int, local_parallelism: int, source_partitions: int,
+                 partition_count: int, keyed: bool):
+        self.members = members
+        self.local_parallelism = local_parallelism
+        self.source_partitions = source_partitions
+        self.partition_count = partition_count
+        self.n_sources = min(members * local_parallelism, source_partitions)
+        self.n_keyed = members * local_parallelism if keyed else 0
+        owner = np.zeros(partition_count, dtype=np.int64)
+        if keyed:
+            table = PartitionTable.create([f"member-{i}" for i in range(members)],
+                                          partition_count, backup_count=0)
+            for i in range(members):
+                for rank, p in enumerate(table.partitions_of(f"member-{i}")):
+                    owner[p] = i * local_parallelism + rank % local_parallelism
+        #: Hazelcast partition -> the global index of the keyed processor that owns it.
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return (f"Topology(members={self.members}, sources={self.n_sources}, "
+                f"keyed={self.n_keyed}, partitions={self.partition_count})")
+
+    @property
+    def processors(self) -> int:
+        return self.n_sources + self.n_keyed
+
+    def sources_of(self, member: int) -> list[int]:
+        return [g for g in range(self.n_sources) if g % self.members == member]
+
+    def source_partitions_of(self, g: int) -> list[int]:
+        return [p for p in range(self.source_partitions) if p % self.n_sources == g]
+
+    def keyed_of(self, member: int) -> list[int]:
+        if not self.n_keyed:
+            return []
+        lp = self.local_parallelism
+        return list(range(member * lp, (member + 1) * lp))
+
+    def member_of_keyed(self, k: int) -> int:
+        return k // self.local_parallelism
+
+
+class Member:
+    """Runs one execution of a plan, or one member's share of it; :meth:`run` returns its
+    metrics.
+
+    Alone (the default), the member runs every processor and the snapshot coordinator in
+    this process. As member ``index`` of a distributed execution (:mod:`sparkjet.runtime.spark`),
+    it runs its share of the :class:`Topology`, exchanges batches and barriers with its
+    peers over :mod:`sparkjet.runtime.exchange`, and a :class:`RemoteLink` connects it
+    to the coordinator on the driver, which starts and commits snapshots.
+    """
+
+    def __init__(self, plan: Plan, config: JobConfig, execution_id: int, *, progress=None,
+                 topology: Topology | None = None, index: int = 0,
+                 restore_from: int | None | str = "latest"):
         self.plan = plan
         self.config = config
         self.execution_id = execution_id
@@ -79,38 +148,68 @@ class Member:
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
         self.store = SnapshotStore(config.snapshot_store, config.id) if self.snapshots_on else None
+        self.topology = topology or Topology(1, config.local_parallelism, plan.source.partition_count(),
+                                             config.partition_count, plan.aggregate is not None)
+        self.index = index
+        self.restore_from = restore_from
+        self.link: RemoteLink | None = None
         self._failure: BaseException | None = None
         self._failed = threading.Event()
-        self._acks: queue.Queue = queue.Queue()
-        self.metrics = {"execution_id": execution_id, "events_in": 0, "events_out": 0,
-                        "snapshots": [], "restored_from": None, "latencies_ns": []}
+        self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
+                        "events_out": 0, "snapshots": [], "restored_from": None, "latencies_ns": []}
         self._lock = threading.Lock()
 
-        source_parts = plan.source.partition_count()
-        self.n_sources = min(config.local_parallelism, source_parts)
-        self.n_keyed = config.local_parallelism if plan.aggregate else 0
-        # Hazelcast partition -> keyed processor that owns it.
-        self.owner = np.arange(config.partition_count, dtype=np.int64) % max(self.n_keyed, 1)
+        t = self.topology
+        self.n_sources = t.n_sources
+        self.n_keyed = t.n_keyed
+        self.owner = t.owner
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
-        self.aligners = [BarrierAligner(self.n_sources, mode=mode, capacity=config.queue_capacity)
-                         for _ in range(self.n_keyed)]
-        self.sources = [_SourceProcessor(self, i, [p for p in range(source_parts) if p % self.n_sources == i])
-                        for i in range(self.n_sources)]
-        self.keyed = [_KeyedProcessor(self, j) for j in range(self.n_keyed)]
+        self.sources = [_SourceProcessor(self, g, t.source_partitions_of(g)) for g in t.sources_of(index)]
+        self.keyed = [_KeyedProcessor(self, k) for k in t.keyed_of(index)]
+        #: global keyed index -> the aligner of a keyed processor of this member
+        self.aligners = {p.index: BarrierAligner(t.n_sources, mode=mode, capacity=config.queue_capacity)
+                         for p in self.keyed}
         self._sources_ended: set[int] = set()
         self._ended = threading.Event()
+
+    # -- the distributed side ----------------------------------------------------------
+
+    def inbound(self, vertex: str, processor: int):
+        """The aligner that streams from peers to ``vertex[processor]`` feed (for the
+        member's :class:`~sparkjet.runtime.exchange.ExchangeServer`)."""
+        return self.aligners.get(processor) if vertex == "aggregate" else None
+
+    def connect(self, peers: list[str], coordinator: str) -> None:
+        """Sets the exchange locations of every member (by index) and of the coordinator."""
+        from sparkjet.runtime.exchange import ExchangeClient
+
+        self.peers = {i: ExchangeClient(loc) for i, loc in enumerate(peers) if i != self.index}
+        self.link = RemoteLink(self, ExchangeClient(coordinator, action_timeout=30.0))
+
+    def on_exchange_error(self, error) -> None:
+        """An inbound stream broke: its sender's member died or gave up, so this execution
+        cannot go on. A zombie refused by the fence is no reason to fail."""
+        from sparkjet.runtime.exchange import ExchangeFencedError
+
+        if not isinstance(error, ExchangeFencedError):
+            self.fail(error)
 
     # -- failure -----------------------------------------------------------------------
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
-            if self._failure is None:
+            first = self._failure is None
+            if first:
                 self._failure = error
         self._failed.set()
         # Wakes every thread blocked in an aligner (a source in end() on a full channel
-        # whose consumer died would otherwise wait forever).
-        for aligner in self.aligners:
+        # whose consumer died would otherwise wait forever) or on a peer's window.
+        for aligner in self.aligners.values():
             aligner.close()
+        for client in getattr(self, "peers", {}).values():
+            client.abort()
+        if first and self.link is not None:
+            self.link.report_failure(error)
 
     @property
     def failed(self) -> bool:
@@ -124,22 +223,47 @@ class Member:
 
     def run(self) -> dict:
         start = time.monotonic()
-        next_snapshot = self._restore()
         threads = [*self.sources, *self.keyed]
-        for t in threads:
-            t.start()
-        coordinator = threading.Thread(target=self._coordinate, args=(next_snapshot,),
-                                       name="sparkjet-coordinator", daemon=True)
-        coordinator.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.1)
+        coordinator = None
+        try:
+            next_snapshot = self._restore()
+            for t in threads:
+                t.start()
+            if self.link is not None:
+                self.link.start()
+            else:
+                self.coordinator = SnapshotCoordinator(
+                    config=self.config, store=self.store, execution_id=self.execution_id,
+                    processors=self.topology.processors, send=self.command,
+                    all_sources_ended=self._all_sources_ended,
+                    stopped=lambda: self.failed or self._ended.is_set(), progress=self.progress,
+                    events_in=lambda: self.metrics["events_in"])
+                coordinator = threading.Thread(target=self._coordinate, args=(next_snapshot,),
+                                               name="sparkjet-coordinator", daemon=True)
+                coordinator.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.1)
+                    if self.failed:
+                        break
                 if self.failed:
                     break
-            if self.failed:
-                break
+        except BaseException as e:  # noqa: BLE001 - reported like a processor's failure
+            self.fail(e)
         self._ended.set()
-        coordinator.join(5)
+        if coordinator is not None:
+            coordinator.join(5)
+        if self.failed:
+            # Threads see the failure within a poll; wait a little so that none outlives
+            # the execution (a Spark Python worker is reused by the next task).
+            deadline = time.monotonic() + 2.0
+            for t in threads:
+                if t.ident is not None:
+                    t.join(max(0.0, deadline - time.monotonic()))
+        if self.link is not None:
+            self.link.stop(self.metrics if not self.failed else None)
+        for client in getattr(self, "peers", {}).values():
+            client.close()
         if self.store:
             self.store.close()
         if self._failure is not None:
@@ -149,106 +273,154 @@ class Member:
         return self.metrics
 
     def _restore(self) -> int:
-        """Registers this execution and loads the last complete snapshot; returns the id of
-        the next snapshot."""
+        """Loads this member's share of the snapshot to start from (alone: registers the
+        execution and takes the last complete snapshot); returns the next snapshot id."""
         if not self.snapshots_on:
             return 0
-        self.store.register_execution(self.execution_id)
-        latest = self.store.latest_complete()
-        if latest is None:
+        if self.restore_from == "latest":
+            self.store.register_execution(self.execution_id)
+            latest = self.store.latest_complete()
+            snapshot_id = None if latest is None else latest.snapshot_id
+        else:
+            snapshot_id = self.restore_from
+        if snapshot_id is None:
             return 0
-        self.metrics["restored_from"] = latest.snapshot_id
-        source_states = _entries_json(self.store.restore("source", []).broadcast_entries)
-        merged = merge_states(list(source_states.values()))
-        for p in self.sources:
-            p.restored_source_state = merged
-        sinks = _entries_json(self.store.restore("sink", []).broadcast_entries)
-        sink_owners = self.keyed if self.plan.aggregate else self.sources
-        for j, p in enumerate(sink_owners):
-            p.prepared = merge_states([s for i, s in sinks.items() if int(i) % len(sink_owners) == j])
-        if self.plan.aggregate:
-            for j, p in enumerate(self.keyed):
-                mine = np.flatnonzero(self.owner == j).tolist()
-                p.restored_table = self.store.restore("aggregate", mine).table
-        self.progress({"event": "restored", "snapshot": latest.snapshot_id,
-                       "execution": self.execution_id})
-        return latest.snapshot_id + 1
+        self.metrics["restored_from"] = snapshot_id
+        store, t = self.store, self.topology
+        if self.sources:
+            source_states = _entries_json(store.restore("source", [], snapshot_id=snapshot_id)
+                                          .broadcast_entries)
+            merged = merge_states(list(source_states.values()))
+            for p in self.sources:
+                p.restored_source_state = merged
+        sinks = _entries_json(store.restore("sink", [], snapshot_id=snapshot_id).broadcast_entries)
+        sink_owners, total = (self.keyed, t.n_keyed) if self.plan.aggregate else (self.sources, t.n_sources)
+        # An old processor's prepared transactions go to processor (old index % total),
+        # the same rule by which sinks find the leftovers they own after a rescale.
+        for p in sink_owners:
+            p.prepared = merge_states([s for i, s in sinks.items() if int(i) % total == p.index])
+        for p in self.keyed:
+            mine = np.flatnonzero(self.owner == p.index).tolist()
+            p.restored_table = store.restore("aggregate", mine, snapshot_id=snapshot_id).table
+        self.progress({"event": "restored", "snapshot": snapshot_id,
+                       "execution": self.execution_id, "member": self.index})
+        return snapshot_id + 1
 
-    # -- the coordinator ---------------------------------------------------------------
+    # -- the coordinator (alone) or its link ---------------------------------------------
 
     def source_ended(self, index: int) -> None:
         with self._lock:
             self._sources_ended.add(index)
 
+    def sources_ended(self) -> list[int]:
+        with self._lock:
+            return sorted(self._sources_ended)
+
     def _all_sources_ended(self) -> bool:
         with self._lock:
             return len(self._sources_ended) == self.n_sources
 
-    def ack(self, processor: str, snapshot_id: int, manifest) -> None:
-        self._acks.put((processor, snapshot_id, manifest))
+    def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None = None) -> None:
+        if self.link is not None:
+            self.link.ack(processor, snapshot_id, manifest, alignment_s)
+        else:
+            self.coordinator.ack(processor, snapshot_id, manifest, alignment_s)
+
+    def command(self, cmd: list) -> None:
+        """Runs a coordinator's command: ["barrier", id, terminal], ["commit", id], ["end"]."""
+        if cmd[0] == "barrier":
+            for p in self.sources:
+                p.control.put(("barrier", cmd[1], bool(cmd[2])))
+        elif cmd[0] == "commit":
+            for p in [*self.sources, *self.keyed]:
+                p.control.put(("commit", cmd[1]))
+        elif cmd[0] == "end":
+            for p in self.sources:
+                p.control.put(("end",))
+        else:
+            raise MemberFailedError(f"unknown command from the coordinator: {cmd!r}")
 
     def _coordinate(self, snapshot_id: int) -> None:
         try:
-            self._coordinate_loop(snapshot_id)
+            self.coordinator.run(snapshot_id)
         except BaseException as e:  # noqa: BLE001 - any failure ends the execution
             self.fail(e)
-
-    def _coordinate_loop(self, snapshot_id: int) -> None:
-        processors = len(self.sources) + len(self.keyed)
-        next_at = time.monotonic() + self.config.snapshot_interval
-        while not self.failed and not self._ended.is_set():
-            terminal = self._all_sources_ended()
-            if not self.snapshots_on:
-                if terminal:
-                    for p in self.sources:
-                        p.control.put(("end",))
-                    return
-                time.sleep(_POLL)
-                continue
-            if not terminal and time.monotonic() < next_at:
-                time.sleep(min(_POLL * 4, max(0.0, next_at - time.monotonic())))
-                continue
-            started = time.monotonic()
-            for p in self.sources:
-                p.control.put(("barrier", snapshot_id, terminal))
-            manifests = []
-            deadline = started + max(60.0, 20 * self.config.snapshot_interval)
-            while len(manifests) < processors:
-                if self.failed:
-                    return
-                try:
-                    name, sid, manifest = self._acks.get(timeout=0.05)
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise MemberFailedError(f"snapshot {snapshot_id}: phase 1 timed out "
-                                                f"({len(manifests)} of {processors} processors)")
-                    continue
-                if sid != snapshot_id:
-                    raise MemberFailedError(f"{name} acknowledged snapshot {sid}, expected {snapshot_id}")
-                manifests.append(manifest)
-            info = self.store.commit(snapshot_id, self.execution_id, manifests)
-            committed = time.monotonic()
-            for p in [*self.sources, *self.keyed]:
-                p.control.put(("commit", snapshot_id))
-            record = {"snapshot": snapshot_id, "duration_s": committed - started, "bytes": info.bytes,
-                      "terminal": terminal,
-                      "alignment_s": {f"aggregate-{p.index}": p.last_alignment for p in self.keyed}}
-            with self._lock:
-                self.metrics["snapshots"].append(record)
-            self.progress({"event": "snapshot", **record, "execution": self.execution_id,
-                           "events_in": self.metrics["events_in"]})
-            snapshot_id += 1
-            next_at = started + self.config.snapshot_interval
-            if terminal:
-                return
+        with self._lock:
+            self.metrics["snapshots"] = list(self.coordinator.records)
 
     def context(self, vertex: str, index: int, total: int) -> ProcessorContext:
         return ProcessorContext(self.config.id, self.execution_id, vertex, index, total, self.guarantee)
 
 
+
+
+class RemoteLink:
+    """A member's connection to the coordinator on the driver.
+
+    One thread polls the coordinator's ``poll`` action: the call is the member's heartbeat
+    (it carries the counters and the ended source processors) and its answer carries the
+    coordinator's commands, waiting up to a quarter of a second for one. Phase-1
+    acknowledgements go from the processors' own threads (``ack``). A poll that fails
+    (the coordinator ended this execution, or is gone) fails the member.
+    """
+
+    def __init__(self, member: "Member", client):
+        self.member = member
+        self.client = client
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparkjet-link", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _body(self) -> dict:
+        m = self.member
+        with m._lock:
+            return {"member": m.index, "pid": os.getpid(), "events_in": m.metrics["events_in"],
+                    "events_out": m.metrics["events_out"], "ended": sorted(m._sources_ended)}
+
+    def _call(self, action: str, body: dict, timeout: float | None = None) -> dict:
+        return self.client.action(action, body, execution_id=self.member.execution_id, timeout=timeout)
+
+    def _run(self) -> None:
+        m = self.member
+        try:
+            while not self._stop.is_set() and not m.failed:
+                answer = self._call("poll", self._body(), timeout=15.0)
+                for cmd in answer.get("commands", []):
+                    m.command(cmd)
+        except BaseException as e:  # noqa: BLE001 - without its coordinator a member cannot go on
+            if not self._stop.is_set():
+                m.fail(e)
+
+    def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None) -> None:
+        self._call("ack", {"member": self.member.index, "processor": processor,
+                           "snapshot": snapshot_id, "manifest": manifest.to_json(),
+                           "alignment_s": alignment_s})
+
+    def report_failure(self, error: BaseException) -> None:
+        """Tells the coordinator at once (it would also notice the task fail, later)."""
+        try:
+            self._call("failed", {"member": self.member.index,
+                                  "error": f"{type(error).__name__}: {error}"}, timeout=2.0)
+        except Exception:  # noqa: BLE001 - best effort: the coordinator may be gone already
+            pass
+
+    def stop(self, metrics: dict | None) -> None:
+        self._stop.set()
+        if metrics is not None:
+            try:
+                self._call("done", {**self._body(), "metrics": metrics}, timeout=10.0)
+            except Exception:  # noqa: BLE001 - the task's result row carries them too
+                pass
+        self._thread.join(2.0)
+        self.client.close()
+
+
 class _Processor(threading.Thread):
     def __init__(self, member: Member, index: int, name: str):
         super().__init__(name=f"sparkjet-{name}-{index}", daemon=True)
+        self.label = f"{name}-{index}"
         self.member = member
         self.index = index
         self.control: queue.Queue = queue.Queue()
@@ -309,6 +481,7 @@ class _SourceProcessor(_Processor):
         super().__init__(member, index, "source")
         self.partitions = partitions
         self.restored_source_state = None
+        self._channels: dict = {}   # keyed processor on a peer -> OutboundChannel
 
     def work(self) -> None:
         m = self.member
@@ -350,6 +523,9 @@ class _SourceProcessor(_Processor):
                 else:
                     self._route(batch, key)
         finally:
+            for ch in self._channels.values():
+                if m.failed:
+                    ch.abort()
             reader.close()
             if fused_sink and self.sink is not None and not m.failed:
                 self.sink.close()
@@ -365,9 +541,19 @@ class _SourceProcessor(_Processor):
             if mask.any():
                 self._put(j, batch.filter(pa.array(mask)))
 
-    def _put(self, j: int, item, barrier=None) -> None:
-        aligner = self.member.aligners[j]
-        while not self.member.failed:
+    def _put(self, k: int, item, barrier=None) -> None:
+        """Puts a batch (or barrier ``(id, terminal)``) into keyed processor ``k``'s channel
+        from this source: its aligner if ``k`` runs in this member, else the exchange."""
+        m = self.member
+        aligner = m.aligners.get(k)
+        if aligner is None:
+            ch = self._channel(k)
+            if barrier is None:
+                ch.put(item)
+            else:
+                ch.put_barrier(barrier[0], terminal=barrier[1])
+            return
+        while not m.failed:
             try:
                 if barrier is None:
                     aligner.put(self.index, item, timeout=0.1)
@@ -376,6 +562,28 @@ class _SourceProcessor(_Processor):
                 return
             except TimeoutError:
                 continue
+
+    def _channel(self, k: int):
+        ch = self._channels.get(k)
+        if ch is None:
+            m = self.member
+            peer = m.peers[m.topology.member_of_keyed(k)]
+            ch = self._channels[k] = peer.channel("aggregate", k, channel=self.index,
+                                                  execution_id=m.execution_id)
+        return ch
+
+    def _end_all(self) -> None:
+        """Ends this source's channel into every keyed processor; remote channels are
+        closed, which waits until the peers hold everything sent."""
+        m = self.member
+        for k in range(m.n_keyed):
+            aligner = m.aligners.get(k)
+            if aligner is not None:
+                aligner.end(self.index)
+            else:
+                self._channel(k).end()
+        for ch in self._channels.values():
+            ch.close()
 
     def _control(self, reader, fused_sink: bool) -> bool:
         """Handles the coordinator's requests; True when this processor is done."""
@@ -393,12 +601,11 @@ class _SourceProcessor(_Processor):
                                                [json.dumps(state).encode()])
                 if fused_sink:
                     self.prepare_sink(writer, sid)
-                for j in range(m.n_keyed):
-                    self._put(j, None, barrier=(sid, terminal))
+                for k in range(m.n_keyed):
+                    self._put(k, None, barrier=(sid, terminal))
                 if terminal:
-                    for j in range(m.n_keyed):
-                        m.aligners[j].end(self.index)
-                m.ack(self.name, sid, writer.finish())
+                    self._end_all()
+                m.ack(self.label, sid, writer.finish())
                 self._terminal = sid if terminal else None
             elif msg[0] == "commit":
                 sid = msg[1]
@@ -408,8 +615,7 @@ class _SourceProcessor(_Processor):
                 if getattr(self, "_terminal", None) == sid:
                     return True
             elif msg[0] == "end":
-                for j in range(m.n_keyed):
-                    m.aligners[j].end(self.index)
+                self._end_all()
                 return True
 
 
@@ -417,7 +623,6 @@ class _KeyedProcessor(_Processor):
     def __init__(self, member: Member, index: int):
         super().__init__(member, index, "aggregate")
         self.restored_table = None
-        self.last_alignment = 0.0
 
     def work(self) -> None:
         m = self.member
@@ -452,9 +657,8 @@ class _KeyedProcessor(_Processor):
                     writer.write_table("aggregate", agg.snapshot(), key=agg_stage.key)
                     self.prepare_sink(writer, sid)
                     records = aligner.alignments  # a copy of the history: read it once
-                    if records:
-                        self.last_alignment = records[-1]["duration_s"]
-                    m.ack(self.name, sid, writer.finish())
+                    aligned = records[-1]["duration_s"] if records else None
+                    m.ack(self.label, sid, writer.finish(), aligned)
                     if terminal:
                         terminal_sid = sid
                 elif kind == DONE:

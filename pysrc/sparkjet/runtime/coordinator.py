@@ -1,0 +1,303 @@
+"""The snapshot coordinator (Chandy-Lamport, two-phase commit), and its driver-side home
+for executions that run on Spark.
+
+:class:`SnapshotCoordinator` is the loop itself: every ``snapshot_interval`` it asks every
+source processor for barrier *n* (``send(["barrier", n, terminal])``), collects one phase-1
+acknowledgement (a manifest) from every processor, commits the snapshot in the store (the
+commit point), then tells every processor to run phase 2 (``send(["commit", n])``). When
+every source has ended it takes the terminal snapshot (or, with guarantee "none", sends
+``["end"]``). A lone :class:`~sparkjet.runtime.member.Member` runs it on a thread.
+
+:class:`ExecutionCoordinator` runs it on the driver for one execution on Spark: an
+:class:`~sparkjet.runtime.exchange.ExchangeServer` of its own (fenced by the execution id)
+answers the members' actions -- ``poll`` (the heartbeat; answers with the commands queued
+for that member, waiting up to :data:`POLL_WAIT` for one), ``ack`` (phase 1), ``failed``
+and ``done`` -- and the loop watches for a member that failed or went silent.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from sparkjet.errors import SparkjetError
+from sparkjet.runtime.config import JobConfig
+from sparkjet.snapshot_store import Manifest, SnapshotStore
+
+_POLL = 0.005
+#: How long a member's poll waits on the driver for a command before it returns empty.
+POLL_WAIT = 0.25
+
+
+class ExecutionFailedError(SparkjetError, RuntimeError):
+    """An execution ended with a failure (a member failed, died or went silent, or a
+    snapshot could not complete). The job restarts it if its policy allows."""
+
+
+class SnapshotCoordinator:
+    """Starts, collects and commits the snapshots of one execution.
+
+    :param send: delivers a command to every member's processors.
+    :param processors: how many processors acknowledge each snapshot (all members).
+    :param all_sources_ended: True once every source processor has reached its end.
+    :param stopped: True when the execution is over (failed, or ending); the loop returns.
+    :param check: called between waits; raises to fail the execution.
+    :param events_in: the events read so far (for the progress events).
+    """
+
+    def __init__(self, *, config: JobConfig, store: SnapshotStore | None, execution_id: int,
+                 processors: int, send: Callable[[list], None],
+                 all_sources_ended: Callable[[], bool], stopped: Callable[[], bool],
+                 progress: Callable[[dict], None], events_in: Callable[[], int],
+                 check: Callable[[], None] = lambda: None):
+        self.config = config
+        self.store = store
+        self.execution_id = execution_id
+        self.processors = processors
+        self.send = send
+        self.all_sources_ended = all_sources_ended
+        self.stopped = stopped
+        self.progress = progress
+        self.events_in = events_in
+        self.check = check
+        self.records: list[dict] = []
+        self._acks: queue.Queue = queue.Queue()
+
+    def ack(self, processor: str, snapshot_id: int, manifest: Manifest,
+            alignment_s: float | None = None) -> None:
+        """A processor's phase-1 acknowledgement of snapshot ``snapshot_id``."""
+        self._acks.put((processor, snapshot_id, manifest, alignment_s))
+
+    def run(self, snapshot_id: int) -> None:
+        """Runs until the terminal snapshot is committed (or, without snapshots, the end
+        is sent) or until ``stopped()``."""
+        interval = self.config.snapshot_interval
+        next_at = time.monotonic() + interval
+        while not self.stopped():
+            self.check()
+            terminal = self.all_sources_ended()
+            if self.store is None:
+                if terminal:
+                    self.send(["end"])
+                    return
+                time.sleep(_POLL * 4)
+                continue
+            if not terminal and time.monotonic() < next_at:
+                time.sleep(min(_POLL * 4, max(0.0, next_at - time.monotonic())))
+                continue
+            started = time.monotonic()
+            if not self._snapshot(snapshot_id, terminal, started):
+                return
+            snapshot_id += 1
+            next_at = started + interval
+            if terminal:
+                return
+
+    def _snapshot(self, snapshot_id: int, terminal: bool, started: float) -> bool:
+        self.send(["barrier", snapshot_id, terminal])
+        manifests, alignment = [], {}
+        deadline = started + max(60.0, 20 * self.config.snapshot_interval)
+        while len(manifests) < self.processors:
+            if self.stopped():
+                return False
+            self.check()
+            try:
+                name, sid, manifest, aligned = self._acks.get(timeout=0.05)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise ExecutionFailedError(
+                        f"snapshot {snapshot_id}: phase 1 timed out ({len(manifests)} of "
+                        f"{self.processors} processors acknowledged)") from None
+                continue
+            if sid != snapshot_id:
+                raise ExecutionFailedError(f"{name} acknowledged snapshot {sid}, expected {snapshot_id}")
+            manifests.append(manifest)
+            if aligned is not None:
+                alignment[name] = aligned
+        info = self.store.commit(snapshot_id, self.execution_id, manifests)
+        committed = time.monotonic()
+        self.send(["commit", snapshot_id])
+        record = {"snapshot": snapshot_id, "duration_s": committed - started, "bytes": info.bytes,
+                  "terminal": terminal, "alignment_s": alignment}
+        self.records.append(record)
+        self.progress({"event": "snapshot", **record, "execution": self.execution_id,
+                       "events_in": self.events_in()})
+        return True
+
+
+class ExecutionCoordinator:
+    """The driver's side of one execution on Spark: the members' actions and the
+    snapshot loop.
+
+    :param members: how many members the execution has.
+    :param topology: the execution's :class:`~sparkjet.runtime.member.Topology`.
+    :param host: the interface to listen on (the driver's host, reachable by executors).
+    """
+
+    def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
+                 store: SnapshotStore | None, progress: Callable[[dict], None]):
+        from sparkjet.runtime.exchange import ExchangeServer
+
+        self.config = config
+        self.execution_id = execution_id
+        self.topology = topology
+        self.members = topology.members
+        self.progress = progress
+        self._cv = threading.Condition()
+        self._commands: dict[int, list] = {i: [] for i in range(self.members)}
+        self.seen: dict[int, float] = {}
+        self.pids: dict[int, int] = {}
+        self._counters: dict[int, tuple[int, int]] = {}
+        self._ended: dict[int, set] = {}
+        self.done: dict[int, dict] = {}
+        self.failure: BaseException | None = None
+        self._failed = threading.Event()
+        self._finished = threading.Event()
+        self.stage_error: BaseException | None = None
+        self.stage_ended = threading.Event()
+        self.snapshots = SnapshotCoordinator(
+            config=config, store=store, execution_id=execution_id,
+            processors=topology.processors, send=self.send,
+            all_sources_ended=self._all_sources_ended,
+            stopped=lambda: self._failed.is_set() or self._finished.is_set(),
+            progress=progress, events_in=lambda: self.counters()[0], check=self.check)
+        self.server = ExchangeServer(host, execution_id=execution_id)
+        for name, handler in (("poll", self._poll), ("ack", self._ack),
+                              ("failed", self._member_failed), ("done", self._done)):
+            self.server.on_action(name, handler)
+
+    @property
+    def location(self) -> str:
+        return self.server.location
+
+    # -- the members' actions (on server threads)
+
+    def _member(self, body: dict) -> int:
+        i = body.get("member")
+        if not isinstance(i, int) or not 0 <= i < self.members:
+            raise ValueError(f"no member {i!r} in an execution of {self.members}")
+        return i
+
+    def _poll(self, body: dict) -> dict:
+        i = self._member(body)
+        with self._cv:
+            self.seen[i] = time.monotonic()
+            self.pids[i] = body.get("pid")
+            self._counters[i] = (int(body.get("events_in", 0)), int(body.get("events_out", 0)))
+            self._ended[i] = set(body.get("ended", ()))
+            self._cv.notify_all()
+            if not self._commands[i] and not self._failed.is_set():
+                self._cv.wait(POLL_WAIT)
+            commands, self._commands[i] = self._commands[i], []
+        if self._failed.is_set():
+            raise ExecutionFailedError(f"execution {self.execution_id} has ended: {self.failure}")
+        return {"commands": commands}
+
+    def _ack(self, body: dict) -> dict:
+        self._member(body)
+        self.snapshots.ack(body["processor"], int(body["snapshot"]),
+                           Manifest.from_json(body["manifest"]), body.get("alignment_s"))
+        return {}
+
+    def _member_failed(self, body: dict) -> dict:
+        i = self._member(body)
+        self.fail(ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}"))
+        return {}
+
+    def _done(self, body: dict) -> dict:
+        i = self._member(body)
+        with self._cv:
+            self.done[i] = body.get("metrics") or {}
+            self._counters[i] = (int(body.get("events_in", 0)), int(body.get("events_out", 0)))
+            self._cv.notify_all()
+        return {}
+
+    # -- state
+
+    def send(self, command: list) -> None:
+        with self._cv:
+            for q in self._commands.values():
+                q.append(command)
+            self._cv.notify_all()
+
+    def counters(self) -> tuple[int, int]:
+        with self._cv:
+            return (sum(c[0] for c in self._counters.values()),
+                    sum(c[1] for c in self._counters.values()))
+
+    def _all_sources_ended(self) -> bool:
+        with self._cv:
+            ended = set().union(*self._ended.values()) if self._ended else set()
+        return len(ended) == self.topology.n_sources
+
+    def fail(self, error: BaseException) -> None:
+        with self._cv:
+            if self.failure is None:
+                self.failure = error
+            self._failed.set()
+            self._cv.notify_all()
+
+    @property
+    def failed(self) -> bool:
+        return self._failed.is_set()
+
+    def check(self) -> None:
+        """Raises if the execution cannot go on: a member failed, its Spark stage ended
+        early, or a member has been silent past the heartbeat timeout."""
+        if self.failure is not None:
+            raise self.failure
+        if self.stage_ended.is_set() and len(self.done) < self.members:
+            raise ExecutionFailedError(
+                f"the Spark stage of execution {self.execution_id} ended before its members did: "
+                f"{_short(self.stage_error) if self.stage_error else 'no error reported'}")
+        now = time.monotonic()
+        timeout = self.config.heartbeat_timeout
+        with self._cv:
+            silent = [(i, now - t) for i, t in self.seen.items() if i not in self.done and now - t > timeout]
+        if silent:
+            i, quiet = silent[0]
+            raise ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) silent for {quiet:.1f} s "
+                                       f"(heartbeat_timeout={timeout} s)")
+
+    def wait_started(self, timeout: float) -> None:
+        """Waits until every member has polled once (it restored its state and runs)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while len(self.seen) < self.members:
+                if self.failure is not None:
+                    raise self.failure
+                if self.stage_ended.is_set():
+                    raise ExecutionFailedError(
+                        f"the Spark stage of execution {self.execution_id} ended before its members "
+                        f"started: {_short(self.stage_error) if self.stage_error else 'no error'}")
+                if time.monotonic() > deadline:
+                    raise ExecutionFailedError(
+                        f"only {len(self.seen)} of {self.members} members of execution "
+                        f"{self.execution_id} started within {timeout:.0f} s (start_timeout)")
+                self._cv.wait(0.1)
+
+    def run(self, snapshot_id: int) -> None:
+        """The snapshot loop, then waits for every member to finish."""
+        self.snapshots.run(snapshot_id)
+        self.check()
+        with self._cv:
+            while len(self.done) < self.members:
+                self._cv.release()
+                try:
+                    self.check()
+                finally:
+                    self._cv.acquire()
+                self._cv.wait(0.1)
+        self._finished.set()
+
+    def close(self) -> None:
+        self.fail(ExecutionFailedError(f"execution {self.execution_id} is over"))
+        self.server.close(timeout=2.0)
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip()
+    # Spark errors carry a Java stack trace; its first lines say what happened.
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return f"{type(error).__name__}: " + " | ".join(lines[:3])[:600]

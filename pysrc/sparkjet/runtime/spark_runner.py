@@ -1,0 +1,253 @@
+"""Jobs on Spark: every execution is one Spark barrier stage, restarted by the driver.
+
+``Job(pipeline, config).run(spark)`` runs each execution of the job as one barrier stage of
+``members`` tasks (``DataFrame.mapInArrow(..., barrier=True)``, so it also works where only
+the DataFrame API exists). Task *i* is member *i*: it builds its share of the
+:class:`~sparkjet.runtime.member.Topology` (source processors, and the keyed processors of
+the Hazelcast partitions the partition table gives it), opens an
+:class:`~sparkjet.runtime.exchange.ExchangeServer`, learns its peers' addresses with one
+``BarrierTaskContext.allGather`` (it costs about a second: once per execution, never per
+snapshot), restores its partitions of the last complete snapshot, and runs; batches and
+barriers cross between members over Arrow Flight, with backpressure.
+
+The coordinator runs on the driver (:class:`~sparkjet.runtime.coordinator.ExecutionCoordinator`):
+it starts snapshots at the interval, collects the phase-1 acknowledgements, commits, runs
+phase 2 and reports progress. Spark does not retry a failed barrier result stage, so the
+driver does: when a member fails (an exception, a killed Python worker, a lost executor, a
+member silent past ``heartbeat_timeout``) it cancels the stage, registers a new execution
+id (the fencing token of store and sinks), and starts a new stage that restores the last
+complete snapshot, rewinds the sources and resolves the sink transactions -- on as many
+members as there are task slots (rescaling), never fewer than the quorum
+``floor(largest member count seen / 2) + 1`` (split-brain protection): below it, the
+driver waits for slots and says so.
+
+The snapshot store (and file sinks) must be a path every executor and the driver reach:
+any local path on ``local[N]``; a shared file system, HDFS or an object store on a cluster.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, _short
+from sparkjet.runtime.member import Topology
+
+
+def available_slots(spark) -> int:
+    """How many tasks the cluster can run at once now (the executors' cores over
+    ``spark.task.cpus``; ``local[N]``: N)."""
+    sc = spark.sparkContext
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - a private API: fall back to what the master says
+        m = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", sc.master)
+        return int(m[1]) if m else sc.defaultParallelism
+
+
+class SparkRunner:
+    """Runs a :class:`~sparkjet.runtime.job.Job` on a Spark session; see the module doc."""
+
+    def __init__(self, job, spark, progress):
+        self.job = job
+        self.spark = spark
+        self.config = job.config
+        self.plan = job.plan
+        self.progress = progress
+        self.max_members_seen = 0
+        self.current: ExecutionCoordinator | None = None
+
+    def rescale(self, members: int) -> None:
+        """Restarts the running execution from its last snapshot on ``members`` members."""
+        # A deliberate resize is not a split: the requested size is the new baseline of
+        # the quorum (failures afterwards are judged against it).
+        self.max_members_seen = members
+        coord = self.current
+        if coord is not None:
+            coord.fail(RescaleRequested(f"rescale to {members} member(s) requested"))
+
+    @property
+    def quorum(self) -> int:
+        return self.max_members_seen // 2 + 1 if self.max_members_seen else 1
+
+    def members_for_next_execution(self) -> int:
+        """The member count of the next execution: the slots there are (up to
+        ``config.members``), waiting while that is below the quorum."""
+        from sparkjet.runtime.job import JobFailedError
+
+        config = self.config
+        deadline = time.monotonic() + config.quorum_timeout
+        while True:
+            slots = available_slots(self.spark)
+            wanted = self.job.requested_members or config.members or slots
+            n = min(wanted, slots)
+            if n >= self.quorum and n >= 1:
+                return n
+            if time.monotonic() >= deadline:
+                raise JobFailedError(
+                    f"job {config.name!r}: split-brain protection: {slots} task slot(s) available, "
+                    f"but the quorum is {self.quorum} members (more than half of the largest "
+                    f"member count seen, {self.max_members_seen}); waited {config.quorum_timeout:.0f} s "
+                    "(quorum_timeout)")
+            self.progress({"event": "waiting", "slots": slots, "quorum": self.quorum,
+                           "max_members_seen": self.max_members_seen,
+                           "note": f"only {slots} slot(s) for a quorum of {self.quorum}: waiting "
+                                   "for executors to come back"})
+            time.sleep(max(1.0, config.restart_backoff))
+
+    def run(self):
+        from sparkjet.runtime.job import JobFailedError, JobResult
+
+        config = self.config
+        result = JobResult(config.id)
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            members = self.members_for_next_execution()
+            execution = self.job._next_execution(len(result.executions))
+            outcome = self.execute(execution, members)
+            result.executions.append(outcome)
+            if outcome["status"] == "ok":
+                break
+            if outcome["status"] == "rescaled":
+                continue
+            attempt += 1
+            if attempt > config.max_restarts:
+                result.seconds = time.monotonic() - start
+                raise JobFailedError(
+                    f"job {config.name!r} failed {attempt} times (max_restarts={config.max_restarts}); "
+                    f"last failure: {outcome.get('error')}")
+            result.restarts += 1
+            delay = min(30.0, config.restart_backoff * 2 ** (attempt - 1))
+            self.progress({"event": "restart", "attempt": attempt, "after_s": delay,
+                           "error": outcome.get("error"), "guarantee": config.processing_guarantee,
+                           "note": None if config.processing_guarantee != "none" else
+                           "guarantee 'none': no snapshot; the sources restart from their start"})
+            time.sleep(delay)
+        result.seconds = time.monotonic() - start
+        return result
+
+    def execute(self, execution: int, members: int) -> dict:
+        """Runs one execution as one barrier stage; returns its outcome (never raises for
+        a failure of the execution itself)."""
+        from sparkjet.snapshot_store import SnapshotStore
+
+        config, plan, spark = self.config, self.plan, self.spark
+        sc = spark.sparkContext
+        started = time.monotonic()
+        store = SnapshotStore(config.snapshot_store, config.id) if config.processing_guarantee != "none" else None
+        restore_from = None
+        if store is not None:
+            store.register_execution(execution)
+            latest = store.latest_complete()
+            restore_from = None if latest is None else latest.snapshot_id
+        topology = Topology(members, config.local_parallelism, plan.source.partition_count(),
+                            config.partition_count, plan.aggregate is not None)
+        host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+        coord = ExecutionCoordinator(config, execution, topology, host=host, store=store,
+                                     progress=self.progress)
+        task = member_task(plan, config, execution, topology, restore_from, coord.location)
+        group = f"sparkjet-{config.id}-e{execution}"
+
+        def stage() -> None:
+            try:
+                sc.setJobGroup(group, f"sparkjet job {config.name!r} execution {execution}",
+                               interruptOnCancel=True)
+                df = spark.range(0, members, 1, members)
+                df.mapInArrow(task, "member long, metrics string", barrier=True).collect()
+            except BaseException as e:  # noqa: BLE001 - handed to the coordinator
+                coord.stage_error = e
+            finally:
+                coord.stage_ended.set()
+
+        thread = threading.Thread(target=stage, name=f"sparkjet-stage-e{execution}", daemon=True)
+        ticker_stop = threading.Event()
+        ticker = threading.Thread(target=self._tick, args=(coord, ticker_stop), daemon=True,
+                                  name="sparkjet-progress")
+        self.progress({"event": "execution", "execution": execution, "members": members,
+                       "quorum": self.quorum, "restored_from": restore_from})
+        self.current = coord
+        thread.start()
+        outcome = {"execution_id": execution, "members": members, "restored_from": restore_from}
+        try:
+            coord.wait_started(config.start_timeout)
+            self.max_members_seen = max(self.max_members_seen, members)
+            self.job.member_pids = dict(coord.pids)
+            self.progress({"event": "started", "execution": execution, "members": members,
+                           "pids": dict(coord.pids), "seconds": time.monotonic() - started})
+            if restore_from is not None:
+                self.progress({"event": "restored", "snapshot": restore_from, "execution": execution})
+            ticker.start()
+            coord.run(0 if restore_from is None else restore_from + 1)
+            outcome["status"] = "ok"
+        except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
+            outcome["status"] = "rescaled" if isinstance(e, RescaleRequested) else "failed"
+            outcome["error"] = _short(e) if not isinstance(e, ExecutionFailedError) else str(e)
+        finally:
+            self.current = None
+            ticker_stop.set()
+            coord.close()
+            if outcome["status"] != "ok":
+                sc.cancelJobGroup(group)
+            # The stage ends once Spark has killed (or finished) its tasks, freeing their
+            # slots. Don't wait long: a member that cannot be killed yet (stopped, or its
+            # executor unreachable) must not hold up the restart; the next stage waits in
+            # Spark's scheduler for the slots it needs.
+            thread.join(10.0)
+            if store is not None:
+                store.close()
+            self.job.member_pids = {}
+        events_in, events_out = coord.counters()
+        done = coord.done.values()
+        outcome.update(
+            events_in=sum(d.get("events_in", 0) for d in done) if outcome["status"] == "ok" else events_in,
+            events_out=sum(d.get("events_out", 0) for d in done) if outcome["status"] == "ok" else events_out,
+            latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
+            snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started)
+        return outcome
+
+    def _tick(self, coord: ExecutionCoordinator, stop: threading.Event) -> None:
+        while not stop.wait(0.5):
+            events_in, events_out = coord.counters()
+            self.progress({"event": "progress", "execution": coord.execution_id,
+                           "events_in": events_in, "events_out": events_out})
+
+
+class RescaleRequested(ExecutionFailedError):
+    """Ends an execution on purpose: the next one runs on another member count."""
+
+
+def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str):
+    """The function each barrier task runs (``mapInArrow``): member ``partitionId()``."""
+
+    def task(batches):
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        from sparkjet.runtime.exchange import ExchangeServer
+        from sparkjet.runtime.member import Member
+
+        for _ in batches:  # one row per task; nothing to read
+            pass
+        ctx = BarrierTaskContext.get()
+        index = ctx.partitionId()
+        host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
+        member = Member(plan, config, execution, topology=topology, index=index,
+                        restore_from=restore_from)
+        server = ExchangeServer(host, inbound=member.inbound, execution_id=execution,
+                                on_error=member.on_exchange_error)
+        try:
+            peers = ctx.allGather(server.location)
+            member.connect(peers, coordinator)
+            metrics = member.run()
+        finally:
+            server.close(timeout=5.0)
+        yield pa.RecordBatch.from_pydict({"member": [index], "metrics": [json.dumps(metrics)]})
+
+    return task
+
+
+__all__ = ["SparkRunner", "available_slots", "member_task"]
