@@ -11,7 +11,12 @@ def spark():
     from sparkjet.spark import local_session
 
     try:
-        session = local_session("local[2]", "sparkjet-tests")
+        # A killed task's Python worker gets 60 s (not 2) before Spark kills it, so the
+        # zombie test's stopped member outlives the restart; members that are not stopped
+        # end by themselves as soon as their execution fails.
+        session = local_session("local[2]", "sparkjet-tests",
+                                **{"spark.python.task.killTimeout": "60s",
+                                   "spark.ui.showConsoleProgress": "false"})
     except JavaNotFoundError as e:
         missing = f"JavaNotFoundError: {e}"
     else:

@@ -1,0 +1,179 @@
+"""Jobs on Spark (the shared ``local[2]`` session): members are barrier tasks, the
+coordinator runs here on the driver, and a failed execution restarts from the last complete
+snapshot with a new execution id. Faults are real: SIGKILL and SIGSTOP of the members'
+Python workers."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparkjet import verify
+from sparkjet.campaign import PLAN, _last_update_per_key, run_campaign, summary
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig, JobFailedError
+from sparkjet.sinks import TransactionalFileSink
+from sparkjet.sources import GeneratorSource
+
+
+def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
+    pipeline = (Pipeline().read_from(source)
+                .group_by("key").aggregate(count="count", sum=("sum", "value"))
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    defaults = dict(name=f"spark-{tmp_path.name}", snapshot_store=str(tmp_path / "snapshots"),
+                    snapshot_interval=0.3, local_parallelism=1, members=2, restart_backoff=0.0)
+    return Job(pipeline, JobConfig(**{**defaults, **config}))
+
+
+def exact(tmp_path: Path, source: GeneratorSource) -> verify.Report:
+    out = _last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
+    return verify.check_aggregates(source.expected_counts(), out, key="key",
+                                   columns=["count", "sum"], guarantee="exactly-once")
+
+
+def test_two_members_exactly_once(spark, tmp_path):
+    source = GeneratorSource(total=1_000_000, partitions=4, keys=20_000, batch_size=20_000)
+    events = []
+    result = keyed_job(tmp_path, source).run(spark, on_progress=events.append)
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+    assert result.restarts == 0 and [e["members"] for e in result.executions] == [2]
+    assert result.events_in == 1_000_000
+    started = [e for e in events if e["event"] == "started"]
+    assert len(started) == 1 and len(set(started[0]["pids"].values())) == 2, "two Python workers"
+    assert result.snapshots and result.snapshots[-1]["terminal"]
+    # Both members' keyed processors acknowledged every snapshot.
+    assert set(result.snapshots[-1]["alignment_s"]) == {"aggregate-0", "aggregate-1"}
+
+
+def test_events_pipeline_guarantee_none(spark, tmp_path):
+    source = GeneratorSource(total=300_000, partitions=4, keys=1_000, batch_size=10_000)
+    pipeline = (Pipeline().read_from(source).map_batches(lambda b: b.select(["id", "key"]))
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="none-on-spark", processing_guarantee="none", members=2, local_parallelism=1)
+    result = Job(pipeline, config).run(spark)
+    out = TransactionalFileSink.read(tmp_path / "out")
+    ids = pa.array(np.arange(300_000, dtype=np.int64))
+    report = verify.check_events(ids, ids, out.column("id"), guarantee="none")
+    assert report.lost_count == 0 and report.duplicated_count == 0, str(report)
+    assert result.snapshots == []
+
+
+def test_rescale_on_request_keeps_state(spark, tmp_path):
+    """2 -> 1 -> 2 members while running: each restart restores the partitions the new
+    partition table gives each member; the output is exactly the failure-free one."""
+    source = GeneratorSource(total=1_200_000, partitions=4, keys=10_000, batch_size=10_000, rate=300_000)
+    job = keyed_job(tmp_path, source)
+    seen = []
+
+    def progress(event):
+        if event["event"] != "snapshot":
+            return
+        seen.append(event["execution"])
+        if len(seen) == 3:
+            job.rescale(1)
+        elif len(seen) > 3 and len(set(seen)) == 2 and seen.count(seen[-1]) == 3:
+            job.rescale(2)
+
+    result = job.run(spark, on_progress=progress)
+    assert [e["members"] for e in result.executions][:3] == [2, 1, 2]
+    assert [e["status"] for e in result.executions][:2] == ["rescaled", "rescaled"]
+    assert result.executions[1]["restored_from"] is not None
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
+def test_kill_a_member_mid_run(spark, tmp_path):
+    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000, rate=400_000)
+    job = keyed_job(tmp_path, source, max_restarts=2)
+    killed = []
+
+    def progress(event):
+        if event["event"] == "snapshot" and event["snapshot"] == 2 and not killed:
+            killed.append(job.member_pids[1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    events = []
+    result = job.run(spark, on_progress=lambda e: (events.append(e), progress(e)))
+    assert killed and result.restarts == 1
+    assert result.executions[0]["status"] == "failed"
+    assert result.executions[1]["restored_from"] is not None and result.executions[1]["restored_from"] >= 2
+    assert [e["event"] for e in events if e["event"] in ("restart", "restored")] == ["restart", "restored"]
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
+def test_zombie_member_is_fenced(spark, tmp_path):
+    """SIGSTOP the only member right as a snapshot commits (its sink transaction is prepared,
+    maybe not committed); the coordinator declares it silent, restarts the job on the other
+    slot with a new execution id, and only then is the old member resumed (SIGCONT). It
+    cannot commit, stage a visible file or change the result: the output is exact."""
+    source = GeneratorSource(total=1_600_000, partitions=2, keys=10_000, batch_size=10_000, rate=250_000)
+    job = keyed_job(tmp_path, source, members=1, heartbeat_timeout=2.0, max_restarts=2)
+    zombie = {}
+
+    def progress(event):
+        if event["event"] == "snapshot" and event["execution"] == 0 and event["snapshot"] == 2 and not zombie:
+            zombie["pid"] = job.member_pids[0]
+            os.kill(zombie["pid"], signal.SIGSTOP)
+            zombie["stopped_at"] = time.monotonic()
+        elif event["event"] == "snapshot" and zombie and event["execution"] > 0 and "resumed" not in zombie:
+            assert _state(zombie["pid"]) == "T", "the zombie stayed stopped through the restart"
+            os.kill(zombie["pid"], signal.SIGCONT)
+            zombie["resumed"] = _state(zombie["pid"])
+
+    try:
+        result = job.run(spark, on_progress=progress)
+    finally:
+        if "pid" in zombie:
+            try:
+                os.kill(zombie["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert "resumed" in zombie and zombie["resumed"] not in ("T", None), zombie
+    assert result.restarts == 1 and "silent" in result.executions[0]["error"]
+    time.sleep(1.0)  # the resumed zombie runs on: give it time to try its worst
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_failing_user_code_ends_with_a_clear_error(spark, tmp_path):
+    source = GeneratorSource(total=100_000, partitions=2, keys=100, batch_size=10_000)
+
+    def boom(batch):
+        raise ValueError("bad record in the user's map")
+
+    pipeline = (Pipeline().read_from(source).map_batches(boom)
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="boom", snapshot_store=str(tmp_path / "s"), members=2, local_parallelism=1,
+                       max_restarts=1, restart_backoff=0.0)
+    with pytest.raises(JobFailedError, match="failed 2 times.*ValueError: bad record in the user's map"):
+        Job(pipeline, config).run(spark)
+
+
+def test_campaign_on_spark(spark, tmp_path, capsys):
+    """≥ 30 SIGKILLs of member Python workers at random moments (mid-batch, mid-snapshot,
+    between prepare and commit, during restore) on local Spark with 2 members."""
+    plan = [p for p in PLAN if p[0] != "none"]
+    results = run_campaign(tmp_path, total_kills=32, seed=5, progress=lambda line: None,
+                           spark=spark, plan=plan)
+    with capsys.disabled():
+        print("\n" + summary(results))
+    assert sum(r.kills for r in results) >= 30
+    for r in results:
+        assert r.restarts >= r.kills
+        if r.guarantee == "exactly-once":
+            assert r.report.valid and r.report.lost_count == 0 and r.report.duplicated_count == 0, str(r.report)
+        else:
+            assert r.report.lost_count == 0 and r.report.valid_for("at-least-once"), str(r.report)
