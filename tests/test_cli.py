@@ -21,7 +21,7 @@ def test_help_lists_the_commands():
 
 
 def test_demo_help_lists_every_option():
-    done = sparkjet("demo", "--help")
+    done = sparkjet("partition-demo", "--help")
     assert done.returncode == 0, done.stderr
     for option in ("--rows", "--partitions", "--master", "--key-type", "--keys", "--rounds"):
         assert option in done.stdout
@@ -29,25 +29,25 @@ def test_demo_help_lists_every_option():
 
 
 def test_bad_option_is_a_usage_error():
-    done = sparkjet("demo", "--rows", "0")
+    done = sparkjet("partition-demo", "--rows", "0")
     assert done.returncode == 2
     assert "--rows" in done.stderr and "at least 1" in done.stderr
 
 
 def test_without_java_one_line_and_exit_code_2(tmp_path):
     env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
-    done = sparkjet("demo", "--rows", "10", env=env)
+    done = sparkjet("partition-demo", "--rows", "10", env=env)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkjet demo: error: JAVA_HOME is")
+    assert len(lines) == 1 and lines[0].startswith("sparkjet partition-demo: error: JAVA_HOME is")
     assert "openjdk-17-jre-headless" in lines[0]
 
 
 @pytest.mark.spark
 def test_demo_prints_the_histogram_and_the_speed():
     rows = 20_000
-    done = sparkjet("demo", "--rows", str(rows), "--partitions", "31", "--rounds", "1",
+    done = sparkjet("partition-demo", "--rows", str(rows), "--partitions", "31", "--rounds", "1",
                     timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
@@ -80,3 +80,36 @@ def test_demo_string_keys_and_histogram(spark):
     ids = partition_ids(keys, 31).to_pylist()
     assert loads == [ids.count(p) for p in range(31)]
     assert cli._time_driver(3_000, 1_000, 31, "string") > 0
+
+
+def test_main_demo_help_documents_every_option():
+    done = sparkjet("demo", "--help")
+    assert done.returncode == 0, done.stderr
+    for option in ("--members", "--master", "--guarantee", "--interval", "--rate", "--duration",
+                   "--keys", "--crashes", "--seed", "--dir"):
+        assert option in done.stdout
+    assert "exactly-once" in done.stdout and "SIGKILL" in done.stdout
+
+
+def test_main_demo_bad_options_are_usage_errors(tmp_path):
+    assert sparkjet("demo", "--members", "0").returncode == 2
+    done = sparkjet("demo", "--guarantee", "twice")
+    assert done.returncode == 2 and "--guarantee" in done.stderr
+    (tmp_path / "x").write_text("")
+    done = sparkjet("demo", "--dir", str(tmp_path), "--duration", "1")
+    assert done.returncode == 2 and "not empty" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.spark
+def test_main_demo_crashes_and_checks(tmp_path):
+    """The README's main command, small: two members, one SIGKILL, exactly-once verdict."""
+    done = sparkjet("demo", "--duration", "5", "--rate", "200000", "--keys", "5000",
+                    "--crashes", "1", "--interval", "0.5", "--dir", str(tmp_path / "w"), timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"crashes \(SIGKILL\)\s+1: member \d \(pid \d+\)", out), out
+    assert re.search(r"executions\s+2 \(members 2/2\), 1 restart", out), out
+    assert re.search(r"lost 0, duplicated 0, unexpected 0, mismatched 0 -> VALID", out), out
+    assert re.search(r"events in\s+1,000,000 ", out), out
+    for label in ("throughput", "latency to committed output", "snapshots", "recovery"):
+        assert re.search(rf"^\s+{label}\s", out, re.MULTILINE), f"no {label!r} in\n{out}"

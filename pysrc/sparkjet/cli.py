@@ -1,7 +1,9 @@
 """The ``sparkjet`` command (also ``python -m sparkjet``).
 
-``sparkjet demo`` partitions a generated DataFrame on local Spark and prints the histogram of
-rows per Hazelcast partition and the speed of the partitioning, on Spark and on the driver.
+``sparkjet demo`` runs the main job (:mod:`sparkjet.cli_demo`): a keyed aggregation on local
+Spark with crashes, live progress and the checker's verdict. ``sparkjet partition-demo``
+partitions a generated DataFrame on local Spark and prints the histogram of rows per
+Hazelcast partition and the speed of the partitioning, on Spark and on the driver.
 ``sparkjet snapshots list|show|verify URI`` looks inside a snapshot store.
 """
 from __future__ import annotations
@@ -48,8 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    from sparkjet.cli_demo import add_parser as add_demo
+
+    add_demo(commands)
     demo = commands.add_parser(
-        "demo",
+        "partition-demo",
         help="partition a generated DataFrame on local Spark; print the histogram and speed",
         description=(
             "Generate ROWS rows on Spark (spark.range), add the Hazelcast partition of a key "
@@ -72,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
                            "distinct)")
     demo.add_argument("--rounds", type=_positive_int, default=2,
                       help="times each Spark job is timed; the best counts (default: 2)")
-    demo.set_defaults(command="demo", run=_demo)
+    demo.set_defaults(command="partition-demo", run=_demo)
     from sparkjet.cli_snapshots import add_parser as add_snapshots
 
     add_snapshots(commands)

@@ -48,11 +48,15 @@ class JobResult:
     def snapshots(self) -> list[dict]:
         return [s for e in self.executions for s in e.get("snapshots", [])]
 
-    def latency_percentiles(self, *qs: float) -> list[float]:
-        """End-to-end latency (event creation to sink commit) percentiles, in seconds."""
+    def latency_percentiles(self, *qs: float, until: str = "commit") -> list[float]:
+        """Latency percentiles in seconds, from an event's creation (its ``ts``) to the
+        commit of the output it led to (``until="commit"``: when a transactional sink
+        makes it visible) or to the moment the output is handed to the sink
+        (``until="emit"``: what an idempotent or at-least-once sink sees)."""
         import numpy as np
 
-        samples = [x for e in self.executions for x in e.get("latencies_ns", [])]
+        field = {"commit": "latencies_ns", "emit": "emit_latencies_ns"}[until]
+        samples = [x for e in self.executions for x in e.get(field, [])]
         if not samples:
             return [float("nan")] * len(qs)
         return [float(np.percentile(samples, q)) / 1e9 for q in qs]

@@ -156,7 +156,8 @@ class Member:
         self._failure: BaseException | None = None
         self._failed = threading.Event()
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
-                        "events_out": 0, "snapshots": [], "restored_from": None, "latencies_ns": []}
+                        "events_out": 0, "snapshots": [], "restored_from": None, "latencies_ns": [],
+                        "emit_latencies_ns": []}
         self._lock = threading.Lock()
 
         t = self.topology
@@ -449,11 +450,23 @@ class _Processor(threading.Thread):
             self.sink.write(batch)
             self.member.count("events_out", batch.num_rows)
 
-    def sample_ts(self, batch: pa.RecordBatch) -> None:
+    def sample_ts(self, batch: pa.RecordBatch) -> list:
+        """Samples the event times (``ts``, ns) of a batch that reaches the sink: their
+        latency is measured when the batch's output is committed (``latencies_ns``) and,
+        by :meth:`emitted`, when it is handed to the sink (``emit_latencies_ns``)."""
         if "ts" in batch.schema.names and batch.num_rows:
             ts = batch.column("ts")
             step = max(1, batch.num_rows // 16)
-            self._ts_samples.extend(ts.cast(pa.int64()).to_numpy()[::step].tolist())
+            samples = ts.cast(pa.int64()).to_numpy()[::step].tolist()
+            self._ts_samples.extend(samples)
+            return samples
+        return []
+
+    def emitted(self, samples: list) -> None:
+        if samples:
+            now = time.time_ns()
+            with self.member._lock:
+                self.member.metrics["emit_latencies_ns"].extend(now - t for t in samples)
 
     def prepare_sink(self, writer, snapshot_id: int) -> None:
         prepared = self.sink.prepare(snapshot_id)
@@ -510,8 +523,7 @@ class _SourceProcessor(_Processor):
                     time.sleep(_POLL)
                     continue
                 m.count("events_in", batch.num_rows)
-                if fused_sink:  # else the keyed processors sample what reaches the sink
-                    self.sample_ts(batch)
+                samples = self.sample_ts(batch) if fused_sink else []  # else the keyed ones do
                 for stage in plan.before:
                     batch = stage.apply(batch)
                     if batch is None:
@@ -520,6 +532,7 @@ class _SourceProcessor(_Processor):
                     continue
                 if fused_sink:
                     self.write(batch)
+                    self.emitted(samples)
                 else:
                     self._route(batch, key)
         finally:
@@ -649,8 +662,9 @@ class _KeyedProcessor(_Processor):
                 kind = event[0]
                 if kind == ITEM:
                     batch = event[2]
-                    self.sample_ts(batch)
+                    samples = self.sample_ts(batch)
                     self.write(agg.update(batch))
+                    self.emitted(samples)
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
                     writer = self.new_writer(sid, m.n_sources + self.index)

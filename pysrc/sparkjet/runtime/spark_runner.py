@@ -206,6 +206,7 @@ class SparkRunner:
             events_in=sum(d.get("events_in", 0) for d in done) if outcome["status"] == "ok" else events_in,
             events_out=sum(d.get("events_out", 0) for d in done) if outcome["status"] == "ok" else events_out,
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
+            emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started)
         return outcome
 
