@@ -13,8 +13,10 @@ barrier stages whose tasks run in different executors::
         cluster.restart_worker(0)
 
 Everything it started is killed by :meth:`StandaloneCluster.stop` (also run at exit, and by
-the context manager); the JVMs also get ``SIGKILL`` from the kernel when the Python thread
-that started them ends (``PR_SET_PDEATHSIG``), so a killed test process leaks none.
+the context manager). Master and worker JVMs started from the main thread also get
+``SIGKILL`` from the kernel when the process that started them dies (``PR_SET_PDEATHSIG``,
+set by a small exec trampoline), their executors then exit by themselves (see below), so
+even a test process killed by ``SIGKILL`` leaks no JVM; only its temporary folder stays.
 
 What happens to an executor when its worker is killed
 ------------------------------------------------------
@@ -94,7 +96,7 @@ standalone, YARN or Kubernetes cluster:
 from __future__ import annotations
 
 import atexit
-import ctypes
+import http.client
 import json
 import os
 import shutil
@@ -105,7 +107,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +131,9 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 #: What :meth:`StandaloneCluster.session` sets besides the master, the executor size and
-#: ``spark.cores.max``; its ``conf`` overrides these.
+#: ``spark.cores.max``; its ``conf`` overrides these. ``spark.task.maxFailures=1`` makes a
+#: failed task of an ordinary stage fail its job at once, as a failed barrier task fails its
+#: stage attempt (how often that is retried is ``spark.stage.maxConsecutiveAttempts``).
 SESSION_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
@@ -155,7 +158,8 @@ SESSION_DEFAULTS = {
 #: (``spark.driver.extraJavaOptions`` / ``spark.executor.extraJavaOptions``).
 FAST_START_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
-_PR_SET_PDEATHSIG = 1
+#: Errors of one poll of the master's /json/ while it starts or restarts: try again.
+_TRANSIENT = (OSError, ValueError, http.client.HTTPException)
 
 
 class StandaloneClusterError(SparkjetError, RuntimeError):
@@ -230,6 +234,7 @@ class StandaloneCluster:
         self._generation = 0
         self._lock = threading.RLock()
         self._atexit_registered = False
+        self._owner_pid = os.getpid()
         self._spark_home = _spark_home()
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -245,6 +250,7 @@ class StandaloneCluster:
                 raise StandaloneClusterError("the cluster is already started")
             ensure_java()
             deadline = time.monotonic() + timeout
+            self._owner_pid = os.getpid()
             self._make_dirs()
             if not self._atexit_registered:
                 atexit.register(self.stop)
@@ -262,7 +268,10 @@ class StandaloneCluster:
     def stop(self) -> None:
         """Kill every process of the cluster (workers with their executors, then the
         master) with ``SIGKILL``, wait for them to be gone, and remove the temporary
-        folder. Safe to call twice, and on a cluster that never started."""
+        folder. Safe to call twice, and on a cluster that never started. Does nothing in
+        a forked child of the process that started the cluster."""
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             procs = [w.proc for w in self._workers if w is not None]
             if self._master is not None:
@@ -285,11 +294,13 @@ class StandaloneCluster:
             while time.monotonic() < deadline:
                 pending = [pid for pid in leftovers if _alive(pid)]
                 pending += [pid for pid in self._processes_under_dir() if _alive(pid)]
-                pending += [g for g in pgids if _group_alive(g)]
-                if not pending:
+                groups = [g for g in pgids if _group_alive(g)]
+                if not pending and not groups:
                     break
                 for pid in pending:
                     _kill(pid, signal.SIGKILL)
+                for pgid in groups:
+                    _kill_group(pgid, signal.SIGKILL)
                 time.sleep(0.05)
             self._master = None
             self._workers = [None] * self.workers
@@ -300,7 +311,7 @@ class StandaloneCluster:
                 atexit.unregister(self.stop)
                 self._atexit_registered = False
 
-    def __enter__(self) -> StandaloneCluster:
+    def __enter__(self) -> StandaloneCluster:  # noqa: PYI034 (Self needs Python 3.11)
         if self._master is None:
             self.start()
         return self
@@ -330,6 +341,7 @@ class StandaloneCluster:
         return self._dir
 
     def master_pid(self) -> int:
+        """The pid of the master JVM."""
         self._require_started()
         assert self._master is not None
         return self._master.pid
@@ -347,7 +359,7 @@ class StandaloneCluster:
         ``worker`` only. An executor appears once its worker has launched it, which is
         after an application connects, not when :meth:`session` returns."""
         with self._lock:
-            slots = self._workers if worker is None else [self._workers[worker]]
+            slots = self._workers if worker is None else [self._slot(worker)]
             by_parent = {w.proc.pid: w for w in slots if w is not None and w.proc.poll() is None}
             found = []
             for pid in _pids():
@@ -375,7 +387,9 @@ class StandaloneCluster:
         wait for it to exit, then wait up to ``executor_grace`` seconds for its executor
         JVMs to exit by themselves (they watch their worker, see the module docs) and
         ``SIGKILL`` those still running, so that an executor never outlives its worker.
-        Returns what happened as a :class:`WorkerKill`."""
+        Returns what happened as a :class:`WorkerKill` (``executors_exited_by_themselves``
+        is also true when the worker had no executor). Waits for nothing else: the master
+        and the driver learn of the loss by themselves, at once for a ``SIGKILL``."""
         with self._lock:
             w = self._slot(i)
             if w.proc.poll() is not None:
@@ -516,26 +530,33 @@ class StandaloneCluster:
             "SPARK_LAUNCHER_OPTS": " ".join(
                 filter(None, [self.daemon_java_opts, os.environ.get("SPARK_LAUNCHER_OPTS")])),
             "PYSPARK_PYTHON": sys.executable,
+            # The master's REST submission server would take the fixed port 6066 (a second
+            # cluster on the machine then logs a clash and moves on); nothing here uses it.
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
         })
         # A driver's or test's settings must not leak into the daemons.
-        for key in ("SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS", "SPARK_ENV_LOADED",
-                    "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS"):
+        for key in ("SPARK_WORKER_OPTS", "SPARK_ENV_LOADED", "PYSPARK_SUBMIT_ARGS",
+                    "SPARK_SUBMIT_OPTS"):
             env.pop(key, None)
         return env
 
     def _popen(self, args: list[str], log: Path) -> subprocess.Popen:
         spark_class = os.path.join(self._spark_home, "bin", "spark-class")
-        pdeathsig = threading.current_thread() is threading.main_thread()
+        command = ["bash", spark_class, *args]
+        if threading.current_thread() is threading.main_thread() and sys.platform == "linux":
+            # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only
+            # worth it from the main thread. Set by a trampoline, not preexec_fn (unsafe
+            # with threads, and a driver has py4j's).
+            command = [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), *command]
         with open(log, "ab") as out:
             return subprocess.Popen(
-                ["bash", spark_class, *args],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self._env(),
                 cwd=str(self._dir),
                 start_new_session=True,  # its own process group, with its executors
-                preexec_fn=_die_with_parent if pdeathsig else None,
             )
 
     def _start_master(self, deadline: float) -> None:
@@ -555,7 +576,7 @@ class StandaloneCluster:
                     break
                 try:
                     state = self._json()
-                except (OSError, ValueError):
+                except _TRANSIENT:
                     state = None
                 if state is not None and state.get("url") != self._url():
                     # The port was taken between _free_ports and the bind, and Spark moved
@@ -606,7 +627,7 @@ class StandaloneCluster:
                     )
             try:
                 alive = {w.get("port") for w in self.alive_workers()}
-            except (OSError, ValueError):
+            except _TRANSIENT:
                 alive = set()
             missing = [i for i in slots if self._workers[i].port not in alive]
             if not missing:
@@ -681,14 +702,19 @@ def _port_clash(log: Path | None) -> bool:
     return "Address already in use" in text or "BindException" in text
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the thread that started it ends (Linux),
-    so a killed test process leaves no JVM behind. Survives bash's exec of java."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+#: Run as ``python -c _TRAMPOLINE <parent pid> <command...>``: ask the kernel for SIGKILL
+#: when the parent (thread) ends, then exec the command; the setting survives exec (bash
+#: and then java, as spark-class execs it), so a killed test process leaves no JVM behind.
+_TRAMPOLINE = (
+    "import ctypes, os, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "except Exception:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"  # the parent died before prctl
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def _tail(path: Path | None, lines: int = 40) -> str:
