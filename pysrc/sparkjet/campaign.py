@@ -56,7 +56,11 @@ def _members(job: Job) -> tuple:
     return (job.member_pid,) if job.member_pid is not None else ()
 
 
-def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list) -> None:
+def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list,
+            cluster=None, restarts: list | None = None) -> None:
+    """Kills one member at a random moment of each execution. With a standalone `cluster`,
+    a third of the kills are of a whole worker JVM (its executor dies with it, so the
+    execution really loses a slot), restarted a few seconds later."""
     last = ()
     while len(done) < kills and not stop.is_set():
         pids = _members(job)
@@ -68,6 +72,18 @@ def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, don
         time.sleep(rng.uniform(0.05, 1.5))
         if _members(job) != pids:
             continue
+        if cluster is not None and rng.random() < 1 / 3:
+            alive = [i for i, w in enumerate(cluster.worker_pids()) if w is not None]
+            if alive:
+                i = rng.choice(alive)
+                cluster.kill_worker(i)
+                done.append(("worker", i))
+                last = pids
+                t = threading.Thread(target=_restart_worker, args=(cluster, i, rng.uniform(1, 4)),
+                                     daemon=True)
+                t.start()
+                restarts.append(t)
+                continue
         pid = rng.choice(pids)
         try:
             os.kill(pid, signal.SIGKILL)
@@ -75,6 +91,11 @@ def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, don
             last = pids
         except ProcessLookupError:
             pass
+
+
+def _restart_worker(cluster, i: int, after: float) -> None:
+    time.sleep(after)
+    cluster.restart_worker(i)
 
 
 def _last_update_per_key(table: pa.Table) -> pa.Table:
@@ -86,7 +107,7 @@ def _last_update_per_key(table: pa.Table) -> pa.Table:
 
 def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, kills: int,
               rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
-              spark=None, members: int = 2) -> RoundResult:
+              spark=None, members: int | None = 2, cluster=None) -> RoundResult:
     """One job with `kills` kills of a member; returns the checker's verdict. With a Spark
     session the job runs on it with `members` members, and a kill hits one member's Python
     worker."""
@@ -109,8 +130,9 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
                        max_restarts=kills + 5, restart_backoff=0.0,
                        members=members if spark else None)
     job = Job(pipeline.write_to(sink), config)
-    stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_killer, args=(job, kills, rng, stop, killed), daemon=True)
+    stop, killed, restarters = threading.Event(), [], []
+    killer = threading.Thread(target=_killer, args=(job, kills, rng, stop, killed, cluster, restarters),
+                              daemon=True)
     start = time.monotonic()
     killer.start()
     try:
@@ -118,6 +140,8 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     finally:
         stop.set()
         killer.join()
+        for t in restarters:  # every worker back before the next round
+            t.join()
     seconds = time.monotonic() - start
     out = (TransactionalFileSink.read(work / "out") if sink_kind == "file"
            else SQLiteUpsertSink.read(work / "out.sqlite", "out"))
@@ -150,7 +174,7 @@ PLAN = [(g, s, p) for g in ("exactly-once", "at-least-once", "none") for s in ("
 
 
 def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *, spark=None,
-                 members: int = 2, plan=None) -> list[RoundResult]:
+                 members: int | None = 2, plan=None, cluster=None) -> list[RoundResult]:
     """Spreads `total_kills` over every (guarantee, sink, pipeline) of `plan` (default
     :data:`PLAN`); on `spark` if given."""
     plan = plan or PLAN
@@ -160,7 +184,8 @@ def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *,
     while done < total_kills:
         g, s, p = plan[i % len(plan)]
         kills = min(per_round, total_kills - done)
-        r = run_round(work / f"round-{i:04d}", g, s, p, kills, rng, spark=spark, members=members)
+        r = run_round(work / f"round-{i:04d}", g, s, p, kills, rng, spark=spark, members=members,
+                      cluster=cluster)
         results.append(r)
         done += r.kills
         i += 1
@@ -189,17 +214,132 @@ def summary(results: list[RoundResult]) -> str:
     return "\n".join(lines)
 
 
+def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
+    """On a standalone `cluster` of 3 one-core workers: a job on 3 members loses a worker
+    JVM (restarts on the 2 slots left: rescaling), then a second one (1 slot, below the
+    quorum of 2: the coordinator waits and says so) until a worker comes back (restarts on
+    2). Returns what happened and the checker's report of the exactly-once output."""
+    source = GeneratorSource(total=2_400_000, partitions=6, keys=10_000, rate=200_000,
+                             batch_size=10_000, seed=7)
+    pipeline = (Pipeline().read_from(source).group_by("key")
+                .aggregate(count="count", sum=("sum", "value"))
+                .write_to(TransactionalFileSink(work / "out")))
+    config = JobConfig(name="quorum-scenario", snapshot_store=str(work / "snapshots"),
+                       snapshot_interval=0.3, local_parallelism=1, members=None,
+                       max_restarts=10, restart_backoff=0.5, quorum_timeout=180)
+    job = Job(pipeline, config)
+    steps: list[str] = []
+    snapshots: dict[int, int] = {}
+    members: dict[int, int] = {}
+
+    def act(name, fn, *args):
+        steps.append(name)
+        threading.Thread(target=fn, args=args, daemon=True).start()
+
+    def on_progress(event):
+        kind = event["event"]
+        if kind == "execution":
+            members[event["execution"]] = event["members"]
+        elif kind == "snapshot":
+            e = event["execution"]
+            snapshots[e] = snapshots.get(e, 0) + 1
+            if members[e] == 3 and snapshots[e] == 3 and "kill worker 0" not in steps:
+                act("kill worker 0", cluster.kill_worker, 0)
+            elif members[e] == 2 and snapshots[e] == 3 and "kill worker 1" not in steps:
+                act("kill worker 1", cluster.kill_worker, 1)
+        elif kind == "waiting" and "restart worker 0" not in steps:
+            act("restart worker 0", cluster.restart_worker, 0)
+        if kind in ("execution", "waiting", "restart"):
+            progress(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
+
+    result = job.run(spark, on_progress=on_progress)
+    cluster.restart_worker(1)
+    out = _last_update_per_key(TransactionalFileSink.read(work / "out"))
+    report = verify.check_aggregates(source.expected_counts(), out, key="key",
+                                     columns=["count", "sum"], guarantee="exactly-once")
+    return {"members": [e["members"] for e in result.executions], "steps": steps,
+            "restarts": result.restarts, "report": report}
+
+
+def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0, progress=print,
+                   scenario: bool = True) -> tuple[dict | None, list[RoundResult]]:
+    """Starts a local standalone cluster (:mod:`sparkjet.standalone`) and runs the quorum
+    scenario (if `scenario`) and a campaign of `total_kills` kills (member Python workers and
+    whole worker JVMs) on it, with as many members as there are slots."""
+    from sparkjet.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
+
+    with StandaloneCluster(workers=workers, cores=1, memory="1g") as cluster:  # started
+        spark = cluster.session("sparkjet-campaign", **{
+            "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
+            "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS})
+        spark.sparkContext.setLogLevel("OFF")
+        try:
+            found = None
+            if scenario:
+                progress("quorum scenario (3 workers; kill 2 worker JVMs; restart one):")
+                found = quorum_scenario(work / "scenario", cluster, spark, progress)
+                progress(f"  members per execution {found['members']}, steps {found['steps']}, "
+                         f"lost {found['report'].lost_count} duplicated {found['report'].duplicated_count}")
+            plan = [p for p in PLAN if p[0] != "none"]
+            results = run_campaign(work / "campaign", total_kills, seed, progress, spark=spark,
+                                   members=None, plan=plan, cluster=cluster) if total_kills else []
+        finally:
+            spark.stop()
+    return found, results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparkjet.campaign", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=1000, help="kills in all (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--master", default=None,
+                       help="run the jobs on Spark with this master (e.g. local[2]), 2 members, "
+                            "killing member Python workers (default: one member process, no Spark)")
+    where.add_argument("--standalone", type=int, metavar="WORKERS", default=None,
+                       help="start a local standalone cluster of WORKERS one-core worker JVMs and "
+                            "run there (kills: member Python workers and whole worker JVMs), "
+                            "after the quorum scenario (needs 3 workers)")
+    parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     args = parser.parse_args(argv)
+    scenario = None
     with tempfile.TemporaryDirectory(prefix="sparkjet-campaign-") as tmp:
-        results = run_campaign(Path(args.dir or tmp), args.kills, args.seed)
+        work = Path(args.dir or tmp)
+        if args.standalone:
+            scenario, results = run_standalone(work, args.kills, args.standalone, args.seed,
+                                               scenario=args.standalone == 3)
+        elif args.master:
+            from sparkjet.spark import local_session
+
+            spark = local_session(args.master, "sparkjet-campaign",
+                                  **{"spark.ui.showConsoleProgress": "false"})
+            spark.sparkContext.setLogLevel("OFF")
+            try:
+                results = run_campaign(work, args.kills, args.seed, spark=spark,
+                                       plan=[p for p in PLAN if p[0] != "none"])
+            finally:
+                spark.stop()
+        else:
+            results = run_campaign(work, args.kills, args.seed)
     print(summary(results))
     bad = [r for r in results if not r.valid and r.guarantee != "none"]
+    if scenario is not None and not scenario["report"].valid:
+        bad.append(scenario)
+    if args.json:
+        import json
+
+        print("CAMPAIGN-JSON " + json.dumps({
+            "scenario": None if scenario is None else {
+                "members": scenario["members"], "steps": scenario["steps"],
+                "restarts": scenario["restarts"], "lost": scenario["report"].lost_count,
+                "duplicated": scenario["report"].duplicated_count,
+                "valid": scenario["report"].valid},
+            "rounds": [{"guarantee": r.guarantee, "sink": r.sink, "pipeline": r.pipeline,
+                        "kills": r.kills, "restarts": r.restarts, "lost": r.report.lost_count,
+                        "duplicated": r.report.duplicated_count,
+                        "valid": r.valid, "failures": r.failures} for r in results]}))
     return 1 if bad else 0
 
 

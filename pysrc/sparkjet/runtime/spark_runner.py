@@ -80,6 +80,7 @@ class SparkRunner:
 
         config = self.config
         deadline = time.monotonic() + config.quorum_timeout
+        said = None
         while True:
             slots = available_slots(self.spark)
             wanted = self.job.requested_members or config.members or slots
@@ -92,10 +93,12 @@ class SparkRunner:
                     f"but the quorum is {self.quorum} members (more than half of the largest "
                     f"member count seen, {self.max_members_seen}); waited {config.quorum_timeout:.0f} s "
                     "(quorum_timeout)")
-            self.progress({"event": "waiting", "slots": slots, "quorum": self.quorum,
-                           "max_members_seen": self.max_members_seen,
-                           "note": f"only {slots} slot(s) for a quorum of {self.quorum}: waiting "
-                                   "for executors to come back"})
+            if said != slots:  # once per change, not once per check
+                said = slots
+                self.progress({"event": "waiting", "slots": slots, "quorum": self.quorum,
+                               "max_members_seen": self.max_members_seen,
+                               "note": f"only {slots} slot(s) for a quorum of {self.quorum}: "
+                                       "waiting for executors to come back"})
             time.sleep(max(1.0, config.restart_backoff))
 
     def run(self):

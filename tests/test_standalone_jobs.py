@@ -1,0 +1,38 @@
+"""Jobs on a real Spark standalone cluster (master + 3 one-core worker JVMs started with
+spark-class): whole worker JVMs are killed with SIGKILL, so executors are really lost.
+
+The quorum scenario: 3 members; a worker dies -> the job restarts on the 2 slots left
+(rescaling: state restored by partition); a second worker dies -> 1 slot is below the
+quorum of 2 (floor(3 / 2) + 1), so the coordinator waits and says so until a worker comes
+back, then restarts on 2. Then a short campaign of kills (member Python workers and worker
+JVMs). Everything runs in a subprocess driver (`python -m sparkjet.campaign --standalone 3`)
+because this process already has the shared local SparkContext."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkjet.campaign", "--standalone", "3", "--kills", "5",
+         "--seed", "2", "--json", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("CAMPAIGN-JSON ")]
+    assert done.returncode == 0 and lines, done.stdout[-4000:] + done.stderr[-4000:]
+    found = json.loads(lines[0].split(" ", 1)[1])
+    scenario = found["scenario"]
+    assert scenario["members"][:2] == [3, 2], scenario          # rescaled to the slots left
+    assert scenario["members"][2:] and all(m == 2 for m in scenario["members"][2:]), scenario
+    assert scenario["steps"] == ["kill worker 0", "kill worker 1", "restart worker 0"], scenario
+    assert "waiting: slots=1, quorum=2" in done.stdout, "the coordinator says why it waits"
+    assert scenario["lost"] == 0 and scenario["duplicated"] == 0 and scenario["valid"], scenario
+    rounds = found["rounds"]
+    assert sum(r["kills"] for r in rounds) >= 4, rounds
+    for r in rounds:
+        assert r["lost"] == 0 and r["valid"], r
+        if r["guarantee"] == "exactly-once":
+            assert r["duplicated"] == 0, r
