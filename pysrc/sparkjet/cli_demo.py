@@ -149,13 +149,22 @@ class _Display:
                 self.execution = event["execution"]
                 self.crasher.execution = event["execution"]
                 self.members = event["members"]
-            elif kind == "started" and self.crasher.started_at is None:
-                self.crasher.started_at = now
+                restore = event.get("restored_from")
+                self._line(f"execution {event['execution']}: starting {event['members']} members as a "
+                           f"Spark barrier stage" + (f", restoring snapshot {restore}" if restore is not None
+                                                     else ""))
+            elif kind == "started":
+                if self.crasher.started_at is None:
+                    self.crasher.started_at = now
+                pids = ", ".join(str(p) for _, p in sorted(event["pids"].items()))
+                self._line(f"execution {event['execution']}: running after {event['seconds']:.1f} s "
+                           f"(member Python workers: pids {pids})")
             elif kind == "restart":
                 self.restarts += 1
-                self._line(f"restart {self.restarts}: {event.get('error', '')[:100]}", force=True)
+                self._line(f"restart {self.restarts} after {event['after_s']:.1f} s: "
+                           f"{(event.get('error') or '')[:110]}")
             elif kind == "waiting":
-                self._line(f"waiting: {event['note']}", force=True)
+                self._line(f"waiting: {event['note']}")
             elif kind == "progress":
                 self.in_execution = event["events_in"]
             elif kind == "snapshot":
@@ -163,7 +172,7 @@ class _Display:
                 self.at_snapshot = event["events_in"]
             self._show(now)
 
-    def _line(self, text: str, force: bool = False) -> None:
+    def _line(self, text: str) -> None:
         if self.tty:
             self.out.write("\r\033[K")
         self.out.write(text + "\n")
