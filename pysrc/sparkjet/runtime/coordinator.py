@@ -280,14 +280,11 @@ class ExecutionCoordinator:
     def run(self, snapshot_id: int) -> None:
         """The snapshot loop, then waits for every member to finish."""
         self.snapshots.run(snapshot_id)
-        self.check()
-        with self._cv:
-            while len(self.done) < self.members:
-                self._cv.release()
-                try:
-                    self.check()
-                finally:
-                    self._cv.acquire()
+        while True:
+            self.check()
+            with self._cv:
+                if len(self.done) == self.members:
+                    break
                 self._cv.wait(0.1)
         self._finished.set()
 
