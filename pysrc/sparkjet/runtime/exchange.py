@@ -999,7 +999,10 @@ class OutboundChannel:
     def _call(self, what: str, fn, timeout: float | None, stop_ok: bool = False):
         """``fn()`` with Flight errors mapped to sparkjet's, and cancelled after
         ``timeout`` s if given."""
-        token = None if timeout is None else _WATCHDOG.arm(timeout, lambda: self._expire(timeout))
+        # `live` ends with this call: a deadline that fires after it (the watchdog pops a
+        # timer before running it, so disarm can come too late) must not cancel a later call.
+        live = [True]
+        token = None if timeout is None else _WATCHDOG.arm(timeout, lambda: self._expire(timeout, live))
         try:
             return fn()
         except StopIteration:
@@ -1011,14 +1014,19 @@ class OutboundChannel:
             raise self._fail(e, what) from e
         finally:
             if token is not None:
+                with self._state_lock:
+                    live[0] = False
                 _WATCHDOG.disarm(token)
 
-    def _expire(self, timeout: float) -> None:
-        self._timed_out = timeout
+    def _expire(self, timeout: float, live: list) -> None:
+        # Under the lock, so the call cannot end (and a next one start) between the
+        # check and the cancel.
         with self._state_lock:
-            reader = self._reader
-        if reader is not None:
-            reader.cancel()
+            if not live[0]:
+                return
+            self._timed_out = timeout
+            if self._reader is not None:
+                self._reader.cancel()
 
     def _fail(self, error: BaseException, what: str) -> ExchangeError:
         if self._aborted:
