@@ -38,8 +38,8 @@ def client(server):
     c.close()
 
 
-def context(job_id=1, guarantee="exactly-once"):
-    return ProcessorContext(job_id=job_id, execution_id=1, vertex="source", processor=0,
+def context(job_id=1, guarantee="exactly-once", execution_id=1):
+    return ProcessorContext(job_id=job_id, execution_id=execution_id, vertex="source", processor=0,
                             processors=1, guarantee=guarantee)
 
 
@@ -155,6 +155,32 @@ def test_redelivery_after_a_crash_drops_what_the_snapshot_covers(server, client)
     assert pending(client, source) == len(lost)  # the dropped ones were acknowledged
     again.snapshot_state()
     again.ack(2)
+    assert pending(client, source) == 0
+
+
+def test_what_a_zombie_reads_is_claimed_by_the_live_reader(server, client):
+    """A reader of execution 1 that lives on after execution 2 took over (a zombie) reads
+    new messages: they go pending under its consumer, where the live reader, which reads
+    only new messages, would never see them. The live reader claims them."""
+    source, producer = setup(server, reclaim_interval=0)
+    ids = producer.add_many(0, [{"v": i} for i in range(10)])
+    zombie = source.open([0], context(execution_id=1))
+    covered = zombie.read(4).column("_id").to_pylist()
+    state = zombie.snapshot_state()                      # the snapshot execution 2 restores
+    live = source.open([0], context(execution_id=2))
+    live.restore_state(state)
+    got = read_available(live)
+    assert got == ids[4:]                                 # the covered 4 dropped and acked
+    more = producer.add_many(0, [{"v": i} for i in range(10, 15)])
+    stolen = zombie.read(3).column("_id").to_pylist()     # the zombie reads on
+    assert stolen == more[:3]
+    got += read_available(live)
+    assert sorted(got) == sorted(ids[4:] + more) and len(got) == len(set(got))
+    assert covered == ids[:4]
+    consumers = {c["name"].decode() for c in client.xinfo_consumers(f"{source.stream}:0", "sparkjet-job-1")}
+    assert consumers == {"sparkjet-e2"}
+    live.snapshot_state()
+    live.ack(1)
     assert pending(client, source) == 0
 
 

@@ -1,9 +1,14 @@
 """An acknowledging source on Redis Streams (Jet's JMS source, seed 000).
 
 Source partition ``p`` is the stream ``{stream}:{p}``. Each job reads through its own
-consumer group (``sparkjet-job-{job_id}`` unless named), with XREADGROUP, as a consumer
-whose name is stable across executions (``sparkjet``), so that after a restart the new
-reader finds its predecessor's pending entries. The exactly-once protocol:
+consumer group (``sparkjet-job-{job_id}`` unless named), with XREADGROUP, as the consumer
+``{consumer}-e{execution_id}`` (``sparkjet-e7``): one per execution, so that entries read
+by a reader of an older execution are told apart from this reader's. A reader claims
+(XCLAIM) every entry pending for a consumer of an older execution -- at its start, where they
+are its predecessor's, and every ``reclaim_interval`` seconds, where they were read by a
+zombie (a reader of an older execution that still runs, or whose blocked XREADGROUP Redis
+served while it was stopped) -- and treats them like its own pending entries below; a zombie
+never claims from a newer execution's consumer. The exactly-once protocol:
 
 1. ``read`` returns messages; their ids stay *pending* in Redis (read, not acknowledged).
 2. At the barrier of snapshot n, :meth:`RedisStreamReader.snapshot_state` saves the ids
@@ -41,6 +46,7 @@ Needs the ``redis`` package (``pip install 'sparkjet[redis]'``).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -58,6 +64,11 @@ _END = END_FIELD.encode()
 _SOCKET_TIMEOUT = 10.0
 # Ids per XACK command: keeps one command's size bounded whatever the snapshot interval.
 _ACK_CHUNK = 10_000
+
+
+def _id_order(message_id: bytes) -> tuple[int, int]:
+    ms, _, seq = message_id.partition(b"-")
+    return int(ms), int(seq or 0)
 
 
 def stream_key(stream: str, partition: int) -> str:
@@ -79,7 +90,9 @@ class RedisStreamSource(Source):
     """Streams ``{stream}:0`` .. ``{stream}:{partitions-1}`` at ``url`` as an
     acknowledging source. ``start_id`` is where a new consumer group starts (``"0"``:
     every message in the stream; ``"$"``: only new ones). ``block_ms`` lets an idle read
-    wait that long for messages (None: never wait).
+    wait that long for messages (None: never wait). ``consumer`` is the prefix of the
+    consumer names; ``reclaim_interval`` how often a reader claims entries left pending by
+    readers of older executions (see the module doc).
 
     >>> RedisStreamSource("orders", 4, "redis://127.0.0.1:6379/0")
     RedisStreamSource('orders', 4, 'redis://127.0.0.1:6379/0')
@@ -93,7 +106,7 @@ class RedisStreamSource(Source):
                  group: str | None = None, consumer: str = DEFAULT_CONSUMER,
                  start_id: str = "0", schema: pa.Schema | None = None,
                  decoder: Callable[[list], pa.RecordBatch] | None = None,
-                 block_ms: int | None = None):
+                 block_ms: int | None = None, reclaim_interval: float = 2.0):
         if not isinstance(stream, str) or not stream:
             raise InvalidArgumentError(f"stream must be a non-empty str, got {stream!r}")
         _check_partition_count(partitions)
@@ -114,7 +127,12 @@ class RedisStreamSource(Source):
         self.start_id = start_id
         self.schema = schema
         self.decoder = decoder
+        if isinstance(reclaim_interval, bool) or not isinstance(reclaim_interval, (int, float)) \
+                or not reclaim_interval >= 0:
+            raise InvalidArgumentError(
+                f"reclaim_interval must be a number of seconds >= 0, got {reclaim_interval!r}")
         self.block_ms = block_ms
+        self.reclaim_interval = reclaim_interval
 
     def partition_count(self) -> int:
         return self.partitions
@@ -146,7 +164,10 @@ class RedisStreamReader(SourceReader):
         self._parts = parts
         self._keys = {p: stream_key(source.stream, p) for p in parts}
         self._group = source.group_name(context)
+        self._execution = context.execution_id
+        self._consumer = f"{source.consumer}-e{context.execution_id}"
         self._noack = context.guarantee == "none"
+        self._next_reclaim = 0.0
         # A bounded socket timeout: a read must never hang on a dead server (the
         # execution fails and restarts instead).
         timeout = _SOCKET_TIMEOUT + (source.block_ms or 0) / 1000
@@ -174,6 +195,11 @@ class RedisStreamReader(SourceReader):
                 if entries:
                     self._turn = (self._turn + step + 1) % n
                     return self._emit(p, entries)
+        if not self._noack and time.monotonic() >= self._next_reclaim:
+            self._next_reclaim = time.monotonic() + self._source.reclaim_interval
+            for p in self._parts:
+                if p not in self._recovering and p not in self._ended:
+                    self._buffers[p].extendleft(reversed(self._reclaim(p)))
         if not any(self._buffers.values()):
             self._fetch(max_rows)
         for step in range(n):
@@ -250,13 +276,67 @@ class RedisStreamReader(SourceReader):
     def close(self) -> None:
         self._client.close()
 
+    def _claim_foreign(self, p: int) -> list:
+        """Moves the entries of ``p`` pending for consumers of older executions to this
+        reader's consumer (and deletes those consumers); returns the claimed entries."""
+        key = self._keys[p]
+        summary = self._client.xpending(key, self._group)
+        others = [c["name"] for c in summary.get("consumers") or []
+                  if self._older(c["name"].decode())]
+        claimed = []
+        for name in others:
+            while True:
+                rows = self._client.xpending_range(key, self._group, min="-", max="+",
+                                                   count=_ACK_CHUNK, consumername=name)
+                if not rows:
+                    break
+                ids = [r["message_id"] for r in rows]
+                got = self._client.xclaim(key, self._group, self._consumer, 0, ids)
+                claimed.extend(got)
+                if len(got) < len(ids):  # entries deleted from the stream leave the PEL
+                    present = {m for m, _ in got}
+                    gone = [i for i in ids if i not in present]
+                    self._client.xack(key, self._group, *gone)
+            self._client.xgroup_delconsumer(key, self._group, name)
+        return claimed
+
+    def _older(self, consumer: str) -> bool:
+        """Whether ``consumer`` read for an older execution than this reader's (a zombie
+        of an older execution must never claim from the live one). Names sparkjet did
+        not make count as older."""
+        prefix = f"{self._source.consumer}-e"
+        if consumer.startswith(prefix) and consumer[len(prefix):].isdigit():
+            return int(consumer[len(prefix):]) < self._execution
+        return consumer != self._consumer
+
+    def _reclaim(self, p: int) -> list:
+        """Entries of ``p`` a zombie read since: claimed, less those the restored snapshot
+        covers (acknowledged) and deleted ones, in id order."""
+        entries = self._claim_foreign(p)
+        if not entries:
+            return []
+        processed = self._processed[p]
+        keep, done = [], []
+        for message_id, fields in sorted(entries, key=lambda e: _id_order(e[0])):
+            if message_id.decode() in processed or not fields:
+                processed.discard(message_id.decode())
+                done.append(message_id)
+            else:
+                keep.append((message_id, fields))
+        if done:
+            self._client.xack(self._keys[p], self._group, *done)
+        return keep
+
     def _redeliver(self, p: int, max_rows: int) -> list:
         """The next pending entries of ``p`` not already processed; acknowledges the
-        processed ones (the restored snapshot, which is complete, holds their effects)."""
+        processed ones (the restored snapshot, which is complete, holds their effects).
+        First claims what older executions' readers left pending."""
         key = self._keys[p]
         processed = self._processed[p]
+        if self._recovering[p] == "0":
+            self._claim_foreign(p)
         while True:
-            reply = self._client.xreadgroup(self._group, self._source.consumer,
+            reply = self._client.xreadgroup(self._group, self._consumer,
                                             {key: self._recovering[p]}, count=max_rows)
             entries = reply[0][1] if reply else []
             if not entries:
@@ -288,7 +368,7 @@ class RedisStreamReader(SourceReader):
                    if p not in self._recovering and p not in self._ended}
         if not streams:
             return
-        reply = self._client.xreadgroup(self._group, self._source.consumer, streams,
+        reply = self._client.xreadgroup(self._group, self._consumer, streams,
                                         count=max_rows, block=self._source.block_ms,
                                         noack=self._noack)
         by_key = {k: p for p, k in self._keys.items()}
