@@ -100,6 +100,27 @@ def sparkjet_throughput(spark, log_root: str, events: int, guarantee: str, work:
             "note": "Arrow IPC log of the same events; seconds include the barrier stage's start"}
 
 
+def sparkjet_steady_overhead(spark, work: Path, events: int = 100_000_000) -> dict:
+    """Snapshot overhead in steady state: ``events`` generated events (about 8 s, so the
+    first and the terminal snapshot weigh little), exactly-once every 1 s against none,
+    events/s from the members' start."""
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sources import GeneratorSource
+
+    rates = {}
+    for guarantee in ("none", "exactly-once"):
+        source = GeneratorSource(total=events, partitions=4, keys=KEYS, batch_size=BATCH)
+        config = JobConfig(name=f"vs-steady-{guarantee}-{time.time_ns()}", processing_guarantee=guarantee,
+                           snapshot_store=None if guarantee == "none" else str(work / f"st-{time.time_ns()}"),
+                           snapshot_interval=1.0, members=2, local_parallelism=1)
+        marks = {}
+        Job(_pipeline(source), config).run(
+            spark, on_progress=lambda e: marks.setdefault("t0", time.monotonic()) if e["event"] == "started" else None)
+        rates[guarantee] = events / (time.monotonic() - marks["t0"])
+    return {"events": events, "none_per_s": rates["none"], "exactly_once_per_s": rates["exactly-once"],
+            "overhead": 1 - rates["exactly-once"] / rates["none"]}
+
+
 def sparkjet_latency(spark, work: Path, rate: float = 2_000_000, seconds: float = 10.0) -> dict:
     from sparkjet.runtime import Job, JobConfig
     from sparkjet.sources import GeneratorSource
@@ -210,6 +231,8 @@ def main(argv=None) -> None:
         print("  sparkjet exactly-once:", json.dumps(results["sparkjet-eo"]), flush=True)
         results["sparkjet-none"] = sparkjet_throughput(spark, log_root, events, "none", snap)
         print("  sparkjet no snapshots:", json.dumps(results["sparkjet-none"]), flush=True)
+        results["sparkjet-steady"] = sparkjet_steady_overhead(spark, snap)
+        print("  sparkjet steady state:", json.dumps(results["sparkjet-steady"]), flush=True)
         results["sparkjet-latency"] = sparkjet_latency(spark, snap)
         print("  sparkjet latency:", json.dumps(results["sparkjet-latency"]), flush=True)
         for keys in [KEYS, *[k for k in state_keys if k != KEYS]]:
@@ -254,6 +277,10 @@ def report(results: dict, events: int, out: Path) -> None:
     none = results["sparkjet-none"]["events_per_s"]
     print(f"\nsparkjet snapshot overhead: {1 - eo['events_per_s'] / none:.1%} "
           f"({eo['checkpoints']} snapshots, {eo['snapshot_mb']:.1f} MB, {eo['snapshot_ms']:.0f} ms each)")
+    if "sparkjet-steady" in results:
+        st = results["sparkjet-steady"]
+        print(f"sparkjet snapshot overhead in steady state ({st['events'] / 1e6:.0f}M generated events): "
+              f"{st['overhead']:.1%} ({st['exactly_once_per_s'] / 1e6:.2f} against {st['none_per_s'] / 1e6:.2f} M/s)")
     if "pyflink" in results and "pyflink-nocp" in results and "events_per_s" in results["pyflink"] \
             and "events_per_s" in results["pyflink-nocp"]:
         print(f"PyFlink checkpoint overhead: "

@@ -120,7 +120,7 @@ def _demo(args: argparse.Namespace) -> int:
         spark.stop()
     driver = _time_driver(rows, keys, count, args.key_type)
 
-    print(f"sparkjet demo: Hazelcast partitioning of {rows:,} {args.key_type} keys on Spark "
+    print(f"sparkjet partition-demo: Hazelcast partitioning of {rows:,} {args.key_type} keys on Spark "
           f"{args.master}")
     print()
     _table([
