@@ -180,7 +180,7 @@ def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *,
     plan = plan or PLAN
     rng = random.Random(seed)
     per_round = max(1, -(-total_kills // len(plan)))
-    results, done, i = [], 0, 0
+    results, done, i, idle = [], 0, 0, 0
     while done < total_kills:
         g, s, p = plan[i % len(plan)]
         kills = min(per_round, total_kills - done)
@@ -194,7 +194,8 @@ def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *,
                  f"{r.report.duplicated_count} unexpected {r.report.unexpected_count}  "
                  f"{'valid' if r.valid else 'INVALID'}"
                  + "".join(f"\n    member failure (not a kill): {f}" for f in r.failures))
-        if r.kills == 0:  # a job too short to kill: don't loop forever
+        idle = idle + 1 if r.kills == 0 else 0
+        if idle == 3:  # jobs too short to kill: don't loop forever (one such round is luck)
             break
     return results
 
