@@ -95,6 +95,8 @@ def test_main_demo_bad_options_are_usage_errors(tmp_path):
     assert sparkjet("demo", "--members", "0").returncode == 2
     done = sparkjet("demo", "--guarantee", "twice")
     assert done.returncode == 2 and "--guarantee" in done.stderr
+    done = sparkjet("demo", "--master", "spark://10.0.0.1:7077")
+    assert done.returncode == 2 and "--crashes needs a local master" in done.stderr
     (tmp_path / "x").write_text("")
     done = sparkjet("demo", "--dir", str(tmp_path), "--duration", "1")
     assert done.returncode == 2 and "not empty" in done.stderr and "Traceback" not in done.stderr

@@ -54,7 +54,8 @@ def add_parser(commands) -> None:
     demo.add_argument("--keys", type=_positive_int, default=100_000,
                       help="distinct keys (default: 100,000)")
     demo.add_argument("--crashes", type=_nonnegative_int, default=3,
-                      help="SIGKILLs of member Python workers while it runs (default: 3)")
+                      help="SIGKILLs of member Python workers while it runs (default: 3; "
+                           "local masters only)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the events and of the crash moments")
     demo.add_argument("--dir", default=None,
                       help="work directory for snapshots and output (default: a temporary one, "
@@ -221,6 +222,13 @@ def run(args: argparse.Namespace) -> int:
 
     total = int(args.rate * args.duration)
     master = args.master or f"local[{args.members}]"
+    if args.crashes and not master.startswith("local"):
+        from sparkjet.errors import InvalidArgumentError
+
+        # The crasher kills member Python workers by pid, which only means something on
+        # this machine.
+        raise InvalidArgumentError(f"--crashes needs a local master (members' pids are on this "
+                                   f"machine); give --crashes 0 to run on {master}")
     print(f"sparkjet demo: per-key count and sum over {total:,} events ({args.keys:,} keys, "
           f"{args.rate:,.0f} events/s) on {master}, {args.members} members, {args.guarantee}, "
           f"snapshots every {args.interval:g} s, {args.crashes} crash(es)", flush=True)
