@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -188,7 +189,7 @@ def plot(rows: list[tuple[str, dict]], recoveries: list[tuple[str, float]], path
         a.text(v, y, f" {v:.2f}", va="center")
     a.set_xlabel("M events/s (20M events, 1M keys, count + sum, 2 cores)")
     a.set_title("throughput")
-    rec = [(n, v) for n, v in recoveries if v == v]
+    rec = [(n, v) for n, v in recoveries if not math.isnan(v)]
     b.barh([n for n, _ in rec][::-1], [v for _, v in rec][::-1],
            color=["#d9480f" if n.startswith("sparkjet") else "#868e96" for n, _ in rec][::-1])
     for y, (_, v) in enumerate(rec[::-1]):

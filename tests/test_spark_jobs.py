@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from sparkjet import verify
-from sparkjet.campaign import PLAN, _last_update_per_key, run_campaign, summary
+from sparkjet.campaign import SPARK_PLAN, _last_update_per_key, run_campaign, summary
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import TransactionalFileSink
@@ -165,9 +165,8 @@ def test_failing_user_code_ends_with_a_clear_error(spark, tmp_path):
 def test_campaign_on_spark(spark, tmp_path, capsys):
     """≥ 30 SIGKILLs of member Python workers at random moments (mid-batch, mid-snapshot,
     between prepare and commit, during restore) on local Spark with 2 members."""
-    plan = [p for p in PLAN if p[0] != "none"]
     results = run_campaign(tmp_path, total_kills=32, seed=5, progress=lambda line: None,
-                           spark=spark, plan=plan)
+                           spark=spark, plan=SPARK_PLAN)
     with capsys.disabled():
         print("\n" + summary(results))
     assert sum(r.kills for r in results) >= 30

@@ -5,6 +5,7 @@ verdict (:mod:`sparkjet.verify`) against the output a failure-free run gives."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import shutil
@@ -295,9 +296,9 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
         ("throughput", f"{total / processing / 1e6:.2f} M events/s over {processing:.1f} s of "
                        f"processing ({wall:.1f} s with Spark's start); offered {args.rate / 1e6:.2f} M/s"),
     ]
-    if p50 == p50:
+    if not math.isnan(p50):
         rows.append(("latency to committed output", f"p50 {p50:.3f} s, p99 {p99:.3f} s"))
-    if e50 == e50:
+    if not math.isnan(e50):
         rows.append(("latency to emitted update", f"p50 {e50:.3f} s, p99 {e99:.3f} s"))
     if snaps:
         durations = sorted(s["duration_s"] for s in snaps)

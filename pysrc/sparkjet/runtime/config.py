@@ -19,13 +19,13 @@ class JobConfig:
     - ``snapshot_interval``: seconds between snapshots (Jet's default is 10 s; 1 s here).
     - ``snapshot_store``: where snapshots go (a directory or a pyarrow.fs URI); required
       unless the guarantee is "none".
-    - ``max_restarts`` and ``restart_backoff``: the supervisor restarts a dead member at most
-      this many times, waiting ``restart_backoff * 2**k`` seconds (capped at 30 s) before
-      restart k.
+    - ``max_restarts`` and ``restart_backoff``: a failed execution (on Spark, or of the
+      member process without it) is restarted at most this many times over the job's run,
+      waiting ``restart_backoff * 2**(k-1)`` seconds (capped at 30 s) before restart k.
     - ``local_parallelism``: processors per vertex in a member.
     - ``members``: on Spark, how many members (barrier tasks) an execution has; None (the
       default) takes every task slot the cluster has (``local[N]``: N). With fewer slots
-      than asked, an execution runs on the slots there are (see ``quorum``).
+      than asked, an execution runs on the slots there are (see ``quorum_timeout``).
     - ``heartbeat_timeout``: on Spark, a member silent this long (no poll reaches the
       coordinator) is declared failed, and the execution restarts.
     - ``start_timeout``: on Spark, how long the members of an execution may take to start

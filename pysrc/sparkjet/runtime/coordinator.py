@@ -250,7 +250,7 @@ class ExecutionCoordinator:
         if self.stage_ended.is_set() and len(self.done) < self.members:
             raise ExecutionFailedError(
                 f"the Spark stage of execution {self.execution_id} ended before its members did: "
-                f"{_short(self.stage_error) if self.stage_error else 'no error reported'}")
+                f"{short_error(self.stage_error) if self.stage_error else 'no error reported'}")
         now = time.monotonic()
         timeout = self.config.heartbeat_timeout
         with self._cv:
@@ -270,7 +270,7 @@ class ExecutionCoordinator:
                 if self.stage_ended.is_set():
                     raise ExecutionFailedError(
                         f"the Spark stage of execution {self.execution_id} ended before its members "
-                        f"started: {_short(self.stage_error) if self.stage_error else 'no error'}")
+                        f"started: {short_error(self.stage_error) if self.stage_error else 'no error'}")
                 if time.monotonic() > deadline:
                     raise ExecutionFailedError(
                         f"only {len(self.seen)} of {self.members} members of execution "
@@ -293,7 +293,8 @@ class ExecutionCoordinator:
         self.server.close(timeout=2.0)
 
 
-def _short(error: BaseException) -> str:
+def short_error(error: BaseException) -> str:
+    """The type and first lines of an error (a Spark error carries a Java stack trace)."""
     text = str(error).strip()
     # Spark errors carry a Java stack trace; its first lines say what happened.
     lines = [ln for ln in text.splitlines() if ln.strip()]

@@ -62,6 +62,24 @@ class JobResult:
         return [float(np.percentile(samples, q)) / 1e9 for q in qs]
 
 
+def restart_or_fail(config: JobConfig, result: JobResult, attempt: int, outcome: dict,
+                    progress, start: float) -> None:
+    """The restart policy of both supervisors (a child process, or Spark): after failure
+    number ``attempt``, raises JobFailedError past ``max_restarts``; otherwise reports the
+    restart and waits ``restart_backoff * 2**(attempt - 1)`` s, at most 30."""
+    if attempt > config.max_restarts:
+        result.seconds = time.monotonic() - start
+        raise JobFailedError(f"job {config.name!r} failed {attempt} times (max_restarts="
+                             f"{config.max_restarts}); last failure: {outcome.get('error')}")
+    result.restarts += 1
+    delay = min(30.0, config.restart_backoff * 2 ** (attempt - 1))
+    progress({"event": "restart", "attempt": attempt, "after_s": delay,
+              "error": outcome.get("error"), "guarantee": config.processing_guarantee,
+              "note": None if config.processing_guarantee != "none" else
+              "guarantee 'none': no snapshot; the sources restart from their start"})
+    time.sleep(delay)
+
+
 class Job:
     """A pipeline and its configuration, ready to run."""
 
@@ -121,18 +139,7 @@ class Job:
                 if outcome.get("status") == "ok":
                     break
                 attempt += 1
-                if attempt > self.config.max_restarts:
-                    result.seconds = time.monotonic() - start
-                    raise JobFailedError(
-                        f"job {self.config.name!r} failed {attempt} times (max_restarts="
-                        f"{self.config.max_restarts}); last failure: {outcome.get('error')}")
-                result.restarts += 1
-                delay = min(30.0, self.config.restart_backoff * 2 ** (attempt - 1))
-                progress({"event": "restart", "attempt": attempt, "after_s": delay,
-                          "error": outcome.get("error"), "guarantee": self.config.processing_guarantee,
-                          "note": None if self.config.processing_guarantee != "none" else
-                          "guarantee 'none': no snapshot; the sources restart from their start"})
-                time.sleep(delay)
+                restart_or_fail(self.config, result, attempt, outcome, progress, start)
         result.seconds = time.monotonic() - start
         return result
 

@@ -1,9 +1,11 @@
-"""A member: runs a pipeline's processors and the snapshot coordinator (Chandy-Lamport).
+"""A member: runs a pipeline's processors (alone: also the snapshot coordinator of
+:mod:`sparkjet.runtime.coordinator`, which on Spark runs on the driver).
 
 Threads: one per source processor (it reads, applies the fused stateless stages and routes
 rows by the Hazelcast partition of the key to the keyed processor owning it), one per keyed
 processor (it takes events from its BarrierAligner, updates its keyed state and writes to its
-sink), and the coordinator. Snapshot n:
+sink), and the coordinator (alone) or the link to it (on Spark). Keyed processors of other
+members are fed over :mod:`sparkjet.runtime.exchange`. Snapshot n (Chandy-Lamport):
 
 1. the coordinator asks every source processor for barrier n; each saves its source state,
    (if the sink runs in it) prepares its sink transaction, then puts barrier n into every
@@ -132,7 +134,7 @@ class Member:
     metrics.
 
     Alone (the default), the member runs every processor and the snapshot coordinator in
-    this process. As member ``index`` of a distributed execution (:mod:`sparkjet.runtime.spark`),
+    this process. As member ``index`` of an execution on Spark (:mod:`sparkjet.runtime.spark_runner`),
     it runs its share of the :class:`Topology`, exchanges batches and barriers with its
     peers over :mod:`sparkjet.runtime.exchange`, and a :class:`RemoteLink` connects it
     to the coordinator on the driver, which starts and commits snapshots.
@@ -153,6 +155,7 @@ class Member:
         self.index = index
         self.restore_from = restore_from
         self.link: RemoteLink | None = None
+        self.peers: dict = {}       # member index -> ExchangeClient (distributed only)
         self._failure: BaseException | None = None
         self._failed = threading.Event()
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
@@ -207,7 +210,7 @@ class Member:
         # whose consumer died would otherwise wait forever) or on a peer's window.
         for aligner in self.aligners.values():
             aligner.close()
-        for client in getattr(self, "peers", {}).values():
+        for client in self.peers.values():
             client.abort()
         if first and self.link is not None:
             self.link.report_failure(error)
@@ -263,7 +266,7 @@ class Member:
                     t.join(max(0.0, deadline - time.monotonic()))
         if self.link is not None:
             self.link.stop(self.metrics if not self.failed else None)
-        for client in getattr(self, "peers", {}).values():
+        for client in self.peers.values():
             client.close()
         if self.store:
             self.store.close()
@@ -313,10 +316,6 @@ class Member:
         with self._lock:
             self._sources_ended.add(index)
 
-    def sources_ended(self) -> list[int]:
-        with self._lock:
-            return sorted(self._sources_ended)
-
     def _all_sources_ended(self) -> bool:
         with self._lock:
             return len(self._sources_ended) == self.n_sources
@@ -365,7 +364,7 @@ class RemoteLink:
     (the coordinator ended this execution, or is gone) fails the member.
     """
 
-    def __init__(self, member: "Member", client):
+    def __init__(self, member: Member, client):
         self.member = member
         self.client = client
         self._stop = threading.Event()

@@ -26,12 +26,11 @@ any local path on ``local[N]``; a shared file system, HDFS or an object store on
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 
-from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, _short
+from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.member import Topology
 
 
@@ -102,7 +101,7 @@ class SparkRunner:
             time.sleep(max(1.0, config.restart_backoff))
 
     def run(self):
-        from sparkjet.runtime.job import JobFailedError, JobResult
+        from sparkjet.runtime.job import JobResult, restart_or_fail
 
         config = self.config
         result = JobResult(config.id)
@@ -118,18 +117,7 @@ class SparkRunner:
             if outcome["status"] == "rescaled":
                 continue
             attempt += 1
-            if attempt > config.max_restarts:
-                result.seconds = time.monotonic() - start
-                raise JobFailedError(
-                    f"job {config.name!r} failed {attempt} times (max_restarts={config.max_restarts}); "
-                    f"last failure: {outcome.get('error')}")
-            result.restarts += 1
-            delay = min(30.0, config.restart_backoff * 2 ** (attempt - 1))
-            self.progress({"event": "restart", "attempt": attempt, "after_s": delay,
-                           "error": outcome.get("error"), "guarantee": config.processing_guarantee,
-                           "note": None if config.processing_guarantee != "none" else
-                           "guarantee 'none': no snapshot; the sources restart from their start"})
-            time.sleep(delay)
+            restart_or_fail(config, result, attempt, outcome, self.progress, start)
         result.seconds = time.monotonic() - start
         return result
 
@@ -160,7 +148,7 @@ class SparkRunner:
                 sc.setJobGroup(group, f"sparkjet job {config.name!r} execution {execution}",
                                interruptOnCancel=True)
                 df = spark.range(0, members, 1, members)
-                df.mapInArrow(task, "member long, metrics string", barrier=True).collect()
+                df.mapInArrow(task, "member long", barrier=True).collect()
             except BaseException as e:  # noqa: BLE001 - handed to the coordinator
                 coord.stage_error = e
             finally:
@@ -188,7 +176,7 @@ class SparkRunner:
             outcome["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
             outcome["status"] = "rescaled" if isinstance(e, RescaleRequested) else "failed"
-            outcome["error"] = _short(e) if not isinstance(e, ExecutionFailedError) else str(e)
+            outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
         finally:
             self.current = None
             ticker_stop.set()
@@ -246,10 +234,10 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         try:
             peers = ctx.allGather(server.location)
             member.connect(peers, coordinator)
-            metrics = member.run()
+            member.run()  # its metrics reach the driver with the "done" action
         finally:
             server.close(timeout=5.0)
-        yield pa.RecordBatch.from_pydict({"member": [index], "metrics": [json.dumps(metrics)]})
+        yield pa.RecordBatch.from_pydict({"member": pa.array([index], pa.int64())})
 
     return task
 
