@@ -12,6 +12,11 @@ cdef extern from "sparkjet/status.h" nogil:
         SJ_ERANGE
         SJ_ENOMEM
         SJ_ECORRUPT
+        SJ_EAGAIN
+        SJ_ETIMEOUT
+        SJ_ECLOSED
+        SJ_EBARRIER
+        SJ_EENDED
 
     const char *sj_status_message(sj_status status)
 

@@ -1,7 +1,9 @@
 # Declarations only: native/include/sparkjet/aligner.h for Cython. Downstream code that
-# cimports these needs sparkjet.get_include() on its include path and the C core
-# compiled in (every sparkjet extension carries it; the Python API is sparkjet.aligner).
+# cimports these needs sparkjet.get_include() on its include path; the Python API is
+# sparkjet.aligner. Status codes are sparkjet/status.h's (libsparkjet.pxd).
 from libc.stdint cimport int32_t, int64_t
+
+from sparkjet.libsparkjet cimport sj_status
 
 
 cdef extern from "sparkjet/aligner.h" nogil:
@@ -14,16 +16,6 @@ cdef extern from "sparkjet/aligner.h" nogil:
     ctypedef enum sj_align_mode:
         SJ_EXACTLY_ONCE
         SJ_AT_LEAST_ONCE
-
-    ctypedef enum sj_align_status:
-        SJ_ALIGN_OK
-        SJ_ALIGN_AGAIN
-        SJ_ALIGN_TIMEOUT
-        SJ_ALIGN_CLOSED
-        SJ_ALIGN_EINVAL
-        SJ_ALIGN_ENOMEM
-        SJ_ALIGN_EBARRIER
-        SJ_ALIGN_EENDED
 
     ctypedef enum sj_event_kind:
         SJ_EVENT_ITEM
@@ -61,33 +53,32 @@ cdef extern from "sparkjet/aligner.h" nogil:
     ctypedef struct sj_aligner:
         pass
 
-    const char *sj_align_status_message(sj_align_status status)
     int64_t sj_aligner_now_ns()
-    sj_align_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
+    sj_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
                                    sj_aligner **out)
     void sj_aligner_free(sj_aligner *a, void (*release)(void *item, void *ctx), void *ctx)
     int32_t sj_aligner_channels(const sj_aligner *a)
     int32_t sj_aligner_mode(const sj_aligner *a)
     int64_t sj_aligner_capacity(const sj_aligner *a)
 
-    sj_align_status sj_aligner_offer(sj_aligner *a, int32_t channel, void *item)
-    sj_align_status sj_aligner_offer_many(sj_aligner *a, int32_t channel, void *const *items,
+    sj_status sj_aligner_offer(sj_aligner *a, int32_t channel, void *item)
+    sj_status sj_aligner_offer_many(sj_aligner *a, int32_t channel, void *const *items,
                                           int64_t n, int64_t *accepted)
-    sj_align_status sj_aligner_offer_barrier(sj_aligner *a, int32_t channel, int64_t snapshot_id,
+    sj_status sj_aligner_offer_barrier(sj_aligner *a, int32_t channel, int64_t snapshot_id,
                                              int32_t terminal)
-    sj_align_status sj_aligner_offer_end(sj_aligner *a, int32_t channel)
-    sj_align_status sj_aligner_wait_space(sj_aligner *a, int32_t channel, int64_t want,
+    sj_status sj_aligner_offer_end(sj_aligner *a, int32_t channel)
+    sj_status sj_aligner_wait_space(sj_aligner *a, int32_t channel, int64_t want,
                                           int64_t deadline_ns)
 
-    sj_align_status sj_aligner_poll(sj_aligner *a, sj_event *ev)
-    sj_align_status sj_aligner_drain(sj_aligner *a, sj_event *evs, int64_t max, int64_t *count)
-    sj_align_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns)
-    sj_align_status sj_aligner_expect(sj_aligner *a, int64_t snapshot_id)
+    sj_status sj_aligner_poll(sj_aligner *a, sj_event *ev)
+    sj_status sj_aligner_drain(sj_aligner *a, sj_event *evs, int64_t max, int64_t *count)
+    sj_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns)
+    sj_status sj_aligner_expect(sj_aligner *a, int64_t snapshot_id)
     int64_t sj_aligner_expected(const sj_aligner *a)
     int64_t sj_aligner_aligning(const sj_aligner *a)
     int32_t sj_aligner_live(const sj_aligner *a)
     int64_t sj_aligner_alignments(const sj_aligner *a)
-    sj_align_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out,
+    sj_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out,
                                               int64_t *held_ns)
 
     int64_t sj_aligner_queued(const sj_aligner *a, int32_t channel)

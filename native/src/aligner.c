@@ -93,20 +93,6 @@ struct sj_aligner {
     sj_barrier_failure failure;
 };
 
-const char *sj_align_status_message(sj_align_status status) {
-    switch (status) {
-    case SJ_ALIGN_OK: return "ok";
-    case SJ_ALIGN_AGAIN: return "would block";
-    case SJ_ALIGN_TIMEOUT: return "timed out";
-    case SJ_ALIGN_CLOSED: return "aligner closed";
-    case SJ_ALIGN_EINVAL: return "invalid argument";
-    case SJ_ALIGN_ENOMEM: return "out of memory";
-    case SJ_ALIGN_EBARRIER: return "unexpected barrier";
-    case SJ_ALIGN_EENDED: return "channel already ended";
-    }
-    return "unknown status";
-}
-
 int64_t sj_aligner_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -138,18 +124,18 @@ static int init_cond(pthread_cond_t *cond) {
     return rc ? -1 : 0;
 }
 
-sj_align_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
+sj_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
                                sj_aligner **out) {
-    if (!out) return SJ_ALIGN_EINVAL;
+    if (!out) return SJ_EINVAL;
     *out = NULL;
-    if (channels < 1 || channels > SJ_ALIGNER_MAX_CHANNELS) return SJ_ALIGN_EINVAL;
-    if (mode != SJ_EXACTLY_ONCE && mode != SJ_AT_LEAST_ONCE) return SJ_ALIGN_EINVAL;
-    if (capacity < 1 || capacity > SJ_ALIGNER_MAX_CAPACITY) return SJ_ALIGN_EINVAL;
+    if (channels < 1 || channels > SJ_ALIGNER_MAX_CHANNELS) return SJ_EINVAL;
+    if (mode != SJ_EXACTLY_ONCE && mode != SJ_AT_LEAST_ONCE) return SJ_EINVAL;
+    if (capacity < 1 || capacity > SJ_ALIGNER_MAX_CAPACITY) return SJ_EINVAL;
     int64_t ring = 1;
     while (ring < capacity) ring <<= 1;
 
     sj_aligner *a = NULL;
-    if (posix_memalign((void **)&a, CACHE_LINE, sizeof *a)) return SJ_ALIGN_ENOMEM;
+    if (posix_memalign((void **)&a, CACHE_LINE, sizeof *a)) return SJ_ENOMEM;
     memset(a, 0, sizeof *a);
     a->channels = channels;
     a->mode = mode;
@@ -162,19 +148,19 @@ sj_align_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
     atomic_init(&a->consumer_waiting, 0);
     if (pthread_mutex_init(&a->mu, NULL)) {
         free(a);
-        return SJ_ALIGN_ENOMEM;
+        return SJ_ENOMEM;
     }
     if (init_cond(&a->data)) {
         pthread_mutex_destroy(&a->mu);
         free(a);
-        return SJ_ALIGN_ENOMEM;
+        return SJ_ENOMEM;
     }
     a->last_held = calloc((size_t)channels, sizeof(int64_t));
     if (!a->last_held ||
         posix_memalign((void **)&a->chan, CACHE_LINE, (size_t)channels * sizeof(channel))) {
         a->chan = NULL;
         sj_aligner_free(a, NULL, NULL);
-        return SJ_ALIGN_ENOMEM;
+        return SJ_ENOMEM;
     }
     memset(a->chan, 0, (size_t)channels * sizeof(channel));
     for (int32_t i = 0; i < channels; i++) {
@@ -188,11 +174,11 @@ sj_align_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
             free(c->r.s.slots);
             c->r.s.slots = NULL; /* marks the channels that need no cleanup */
             sj_aligner_free(a, NULL, NULL);
-            return SJ_ALIGN_ENOMEM;
+            return SJ_ENOMEM;
         }
     }
     *out = a;
-    return SJ_ALIGN_OK;
+    return SJ_OK;
 }
 
 void sj_aligner_free(sj_aligner *a, void (*release)(void *item, void *ctx), void *ctx) {
@@ -232,11 +218,11 @@ static void wake_consumer(sj_aligner *a) {
     }
 }
 
-static sj_align_status check_push(const sj_aligner *a, int32_t ch) {
-    if (!a || ch < 0 || ch >= a->channels) return SJ_ALIGN_EINVAL;
-    if (atomic_load_explicit(&a->state, memory_order_acquire)) return SJ_ALIGN_CLOSED;
-    if (a->chan[ch].p.s.ended) return SJ_ALIGN_EENDED;
-    return SJ_ALIGN_OK;
+static sj_status check_push(const sj_aligner *a, int32_t ch) {
+    if (!a || ch < 0 || ch >= a->channels) return SJ_EINVAL;
+    if (atomic_load_explicit(&a->state, memory_order_acquire)) return SJ_ECLOSED;
+    if (a->chan[ch].p.s.ended) return SJ_EENDED;
+    return SJ_OK;
 }
 
 /* Free slots for the producer at `tail`, re-reading head only if fewer than `want`. */
@@ -249,36 +235,36 @@ static int64_t room(const sj_aligner *a, channel *c, int64_t tail, int64_t want)
     return free_slots;
 }
 
-static sj_align_status push(sj_aligner *a, int32_t ch, int64_t tag, void *item) {
-    sj_align_status st = check_push(a, ch);
-    if (st != SJ_ALIGN_OK) return st;
+static sj_status push(sj_aligner *a, int32_t ch, int64_t tag, void *item) {
+    sj_status st = check_push(a, ch);
+    if (st != SJ_OK) return st;
     channel *c = &a->chan[ch];
     int64_t tail = atomic_load_explicit(&c->p.s.tail, memory_order_relaxed);
-    if (room(a, c, tail, 1) < 1) return SJ_ALIGN_AGAIN;
+    if (room(a, c, tail, 1) < 1) return SJ_EAGAIN;
     slot *s = &c->r.s.slots[tail & a->mask];
     s->tag = tag;
     s->item = item;
     atomic_store_explicit(&c->p.s.tail, tail + 1, memory_order_release);
     if (tag == TAG_END) c->p.s.ended = 1;
     wake_consumer(a);
-    return SJ_ALIGN_OK;
+    return SJ_OK;
 }
 
-sj_align_status sj_aligner_offer(sj_aligner *a, int32_t channel, void *item) {
+sj_status sj_aligner_offer(sj_aligner *a, int32_t channel, void *item) {
     return push(a, channel, TAG_ITEM, item);
 }
 
-sj_align_status sj_aligner_offer_many(sj_aligner *a, int32_t ch, void *const *items, int64_t n,
+sj_status sj_aligner_offer_many(sj_aligner *a, int32_t ch, void *const *items, int64_t n,
                                       int64_t *accepted) {
     if (accepted) *accepted = 0;
-    if (!accepted || n < 0 || (n > 0 && !items)) return SJ_ALIGN_EINVAL;
-    sj_align_status st = check_push(a, ch);
-    if (st != SJ_ALIGN_OK || n == 0) return st;
+    if (!accepted || n < 0 || (n > 0 && !items)) return SJ_EINVAL;
+    sj_status st = check_push(a, ch);
+    if (st != SJ_OK || n == 0) return st;
     channel *c = &a->chan[ch];
     int64_t tail = atomic_load_explicit(&c->p.s.tail, memory_order_relaxed);
     int64_t k = room(a, c, tail, n);
     if (k > n) k = n;
-    if (k <= 0) return SJ_ALIGN_OK;
+    if (k <= 0) return SJ_OK;
     for (int64_t i = 0; i < k; i++) {
         slot *s = &c->r.s.slots[(tail + i) & a->mask];
         s->tag = TAG_ITEM;
@@ -287,23 +273,23 @@ sj_align_status sj_aligner_offer_many(sj_aligner *a, int32_t ch, void *const *it
     atomic_store_explicit(&c->p.s.tail, tail + k, memory_order_release);
     *accepted = k;
     wake_consumer(a);
-    return SJ_ALIGN_OK;
+    return SJ_OK;
 }
 
-sj_align_status sj_aligner_offer_barrier(sj_aligner *a, int32_t channel, int64_t snapshot_id,
+sj_status sj_aligner_offer_barrier(sj_aligner *a, int32_t channel, int64_t snapshot_id,
                                          int32_t terminal) {
-    if (snapshot_id < 0 || snapshot_id > SJ_ALIGNER_MAX_SNAPSHOT_ID) return SJ_ALIGN_EINVAL;
+    if (snapshot_id < 0 || snapshot_id > SJ_ALIGNER_MAX_SNAPSHOT_ID) return SJ_EINVAL;
     return push(a, channel, snapshot_id * 2 + (terminal != 0), NULL);
 }
 
-sj_align_status sj_aligner_offer_end(sj_aligner *a, int32_t channel) {
+sj_status sj_aligner_offer_end(sj_aligner *a, int32_t channel) {
     return push(a, channel, TAG_END, NULL);
 }
 
-sj_align_status sj_aligner_wait_space(sj_aligner *a, int32_t ch, int64_t want,
+sj_status sj_aligner_wait_space(sj_aligner *a, int32_t ch, int64_t want,
                                       int64_t deadline_ns) {
-    sj_align_status st = check_push(a, ch);
-    if (st != SJ_ALIGN_OK) return st;
+    sj_status st = check_push(a, ch);
+    if (st != SJ_OK) return st;
     channel *c = &a->chan[ch];
     if (want < 1) want = 1;
     if (want > a->capacity) want = a->capacity;
@@ -313,7 +299,7 @@ sj_align_status sj_aligner_wait_space(sj_aligner *a, int32_t ch, int64_t want,
     pthread_mutex_lock(&a->mu);
     for (;;) {
         if (atomic_load_explicit(&a->state, memory_order_acquire)) {
-            st = SJ_ALIGN_CLOSED;
+            st = SJ_ECLOSED;
             break;
         }
         atomic_store_explicit(&c->w.wake_at, wake_at > 0 ? wake_at : 1, memory_order_relaxed);
@@ -321,12 +307,12 @@ sj_align_status sj_aligner_wait_space(sj_aligner *a, int32_t ch, int64_t want,
          * or the consumer sees wake_at (and signals under the mutex held here). */
         atomic_thread_fence(memory_order_seq_cst);
         if (atomic_load_explicit(&c->c.s.head, memory_order_acquire) >= wake_at) {
-            st = SJ_ALIGN_OK;
+            st = SJ_OK;
             break;
         }
         if (sleep_on(&c->r.s.space, &a->mu, deadline_ns)) {
             int64_t head = atomic_load_explicit(&c->c.s.head, memory_order_acquire);
-            st = head >= wake_at ? SJ_ALIGN_OK : SJ_ALIGN_TIMEOUT;
+            st = head >= wake_at ? SJ_OK : SJ_ETIMEOUT;
             break;
         }
     }
@@ -461,14 +447,14 @@ static void done_event(sj_event *ev) {
 static int finished(const sj_aligner *a) { return a->live_count == 0 && !a->aligning; }
 
 /* Takes entries until one makes an event. Publishes nothing: callers do. */
-static sj_align_status step(sj_aligner *a, sj_event *ev) {
+static sj_status step(sj_aligner *a, sj_event *ev) {
     if (finished(a)) {
         done_event(ev);
-        return SJ_ALIGN_OK;
+        return SJ_OK;
     }
     for (;;) {
         int32_t ch = next_channel(a);
-        if (ch < 0) return SJ_ALIGN_AGAIN;
+        if (ch < 0) return SJ_EAGAIN;
         channel *c = &a->chan[ch];
         slot s = c->r.s.slots[c->c.s.next & a->mask];
         c->c.s.next++;
@@ -479,54 +465,54 @@ static sj_align_status step(sj_aligner *a, sj_event *ev) {
             ev->snapshot_id = -1;
             ev->terminal = 0;
             ev->item = s.item;
-            return SJ_ALIGN_OK;
+            return SJ_OK;
         }
         int r = s.tag == TAG_END ? on_end(a, ch, ev)
                                  : on_barrier(a, ch, s.tag >> 1, (int32_t)(s.tag & 1), ev);
-        if (r < 0) return SJ_ALIGN_EBARRIER;
-        if (r > 0) return SJ_ALIGN_OK;
+        if (r < 0) return SJ_EBARRIER;
+        if (r > 0) return SJ_OK;
         if (finished(a)) {
             done_event(ev);
-            return SJ_ALIGN_OK;
+            return SJ_OK;
         }
     }
 }
 
-static sj_align_status check_consumer(const sj_aligner *a) {
-    if (!a) return SJ_ALIGN_EINVAL;
+static sj_status check_consumer(const sj_aligner *a) {
+    if (!a) return SJ_EINVAL;
     switch (atomic_load_explicit(&a->state, memory_order_acquire)) {
-    case 0: return SJ_ALIGN_OK;
-    case 1: return SJ_ALIGN_CLOSED;
-    default: return SJ_ALIGN_EBARRIER;
+    case 0: return SJ_OK;
+    case 1: return SJ_ECLOSED;
+    default: return SJ_EBARRIER;
     }
 }
 
-sj_align_status sj_aligner_poll(sj_aligner *a, sj_event *ev) {
-    sj_align_status st = check_consumer(a);
-    if (st != SJ_ALIGN_OK) return st;
-    if (!ev) return SJ_ALIGN_EINVAL;
+sj_status sj_aligner_poll(sj_aligner *a, sj_event *ev) {
+    sj_status st = check_consumer(a);
+    if (st != SJ_OK) return st;
+    if (!ev) return SJ_EINVAL;
     st = step(a, ev);
     publish(a, &a->chan[a->rr]);
     return st;
 }
 
-sj_align_status sj_aligner_drain(sj_aligner *a, sj_event *evs, int64_t max, int64_t *count) {
+sj_status sj_aligner_drain(sj_aligner *a, sj_event *evs, int64_t max, int64_t *count) {
     if (count) *count = 0;
-    sj_align_status st = check_consumer(a);
-    if (st != SJ_ALIGN_OK) return st;
-    if (!count || max < 0 || (max > 0 && !evs)) return SJ_ALIGN_EINVAL;
+    sj_status st = check_consumer(a);
+    if (st != SJ_OK) return st;
+    if (!count || max < 0 || (max > 0 && !evs)) return SJ_EINVAL;
     int64_t n = 0;
     while (n < max) {
         st = step(a, &evs[n]);
-        if (st != SJ_ALIGN_OK) break;
+        if (st != SJ_OK) break;
         if (evs[n++].kind != SJ_EVENT_ITEM) break;
     }
     publish(a, &a->chan[a->rr]);
     *count = n;
-    return st == SJ_ALIGN_AGAIN ? SJ_ALIGN_OK : st;
+    return st == SJ_EAGAIN ? SJ_OK : st;
 }
 
-/* poll would return something other than SJ_ALIGN_AGAIN. */
+/* poll would return something other than SJ_EAGAIN. */
 static int ready(sj_aligner *a) {
     if (finished(a)) return 1;
     for (int32_t i = 0; i < a->channels; i++) {
@@ -536,24 +522,24 @@ static int ready(sj_aligner *a) {
     return 0;
 }
 
-sj_align_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns) {
-    if (!a) return SJ_ALIGN_EINVAL;
-    sj_align_status st;
+sj_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns) {
+    if (!a) return SJ_EINVAL;
+    sj_status st;
     pthread_mutex_lock(&a->mu);
     for (;;) {
         int state = atomic_load_explicit(&a->state, memory_order_acquire);
         if (state) {
-            st = state == 1 ? SJ_ALIGN_CLOSED : SJ_ALIGN_OK; /* poll reports the fault */
+            st = state == 1 ? SJ_ECLOSED : SJ_OK; /* poll reports the fault */
             break;
         }
         atomic_store_explicit(&a->consumer_waiting, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst); /* pairs with wake_consumer() */
         if (ready(a)) {
-            st = SJ_ALIGN_OK;
+            st = SJ_OK;
             break;
         }
         if (sleep_on(&a->data, &a->mu, deadline_ns)) {
-            st = ready(a) ? SJ_ALIGN_OK : SJ_ALIGN_TIMEOUT;
+            st = ready(a) ? SJ_OK : SJ_ETIMEOUT;
             break;
         }
     }
@@ -562,11 +548,11 @@ sj_align_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns) {
     return st;
 }
 
-sj_align_status sj_aligner_expect(sj_aligner *a, int64_t snapshot_id) {
+sj_status sj_aligner_expect(sj_aligner *a, int64_t snapshot_id) {
     if (!a || a->aligning || snapshot_id < 0 || snapshot_id > SJ_ALIGNER_MAX_SNAPSHOT_ID)
-        return SJ_ALIGN_EINVAL;
+        return SJ_EINVAL;
     a->expected = snapshot_id;
-    return SJ_ALIGN_OK;
+    return SJ_OK;
 }
 
 int64_t sj_aligner_expected(const sj_aligner *a) { return a->expected; }
@@ -574,13 +560,13 @@ int64_t sj_aligner_aligning(const sj_aligner *a) { return a->aligning ? a->align
 int32_t sj_aligner_live(const sj_aligner *a) { return a->live_count; }
 int64_t sj_aligner_alignments(const sj_aligner *a) { return a->completed; }
 
-sj_align_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out,
+sj_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out,
                                           int64_t *held_ns) {
-    if (!a || !out) return SJ_ALIGN_EINVAL;
-    if (!a->completed) return SJ_ALIGN_AGAIN;
+    if (!a || !out) return SJ_EINVAL;
+    if (!a->completed) return SJ_EAGAIN;
     *out = a->last;
     if (held_ns) memcpy(held_ns, a->last_held, (size_t)a->channels * sizeof(int64_t));
-    return SJ_ALIGN_OK;
+    return SJ_OK;
 }
 
 /* ---- any thread ---------------------------------------------------------------- */

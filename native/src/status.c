@@ -8,6 +8,11 @@ const char *sj_status_message(sj_status status) {
     case SJ_ERANGE: return "value out of range for the key type";
     case SJ_ENOMEM: return "out of memory";
     case SJ_ECORRUPT: return "corrupt input";
+    case SJ_EAGAIN: return "would block";
+    case SJ_ETIMEOUT: return "timed out";
+    case SJ_ECLOSED: return "closed";
+    case SJ_EBARRIER: return "unexpected barrier";
+    case SJ_EENDED: return "channel already ended";
     }
     return "unknown status";
 }

@@ -23,9 +23,9 @@ static int64_t item_seq(void *p) { return (int64_t)(((uintptr_t)p - 1) & 0xfffff
 
 static sj_aligner *make(int32_t channels, int32_t mode, int64_t capacity) {
     sj_aligner *a = NULL;
-    sj_align_status st = sj_aligner_new(channels, mode, capacity, &a);
-    CHECK(st == SJ_ALIGN_OK && a, "sj_aligner_new(%d, %d, %ld): %s", channels, mode,
-          (long)capacity, sj_align_status_message(st));
+    sj_status st = sj_aligner_new(channels, mode, capacity, &a);
+    CHECK(st == SJ_OK && a, "sj_aligner_new(%d, %d, %ld): %s", channels, mode,
+          (long)capacity, sj_status_message(st));
     return a;
 }
 
@@ -36,54 +36,54 @@ static void trace_poll(sj_aligner *a, char *buf, size_t cap, int max_events) {
     buf[0] = 0;
     for (int i = 0; i < max_events; i++) {
         sj_event ev;
-        sj_align_status st = sj_aligner_poll(a, &ev);
+        sj_status st = sj_aligner_poll(a, &ev);
         char part[48];
-        if (st == SJ_ALIGN_AGAIN) snprintf(part, sizeof part, "-");
-        else if (st != SJ_ALIGN_OK) snprintf(part, sizeof part, "!");
+        if (st == SJ_EAGAIN) snprintf(part, sizeof part, "-");
+        else if (st != SJ_OK) snprintf(part, sizeof part, "!");
         else if (ev.kind == SJ_EVENT_ITEM)
             snprintf(part, sizeof part, "%d:%ld", (int)item_channel(ev.item), (long)item_seq(ev.item));
         else if (ev.kind == SJ_EVENT_SNAPSHOT)
             snprintf(part, sizeof part, "%c%ld", ev.terminal ? 'T' : 'S', (long)ev.snapshot_id);
         else snprintf(part, sizeof part, "D");
         len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? " " : "", part);
-        if (st != SJ_ALIGN_OK || ev.kind == SJ_EVENT_DONE) break;
+        if (st != SJ_OK || ev.kind == SJ_EVENT_DONE) break;
     }
 }
 
 static void test_arguments(void) {
     sj_aligner *a = NULL;
-    CHECK(sj_aligner_new(0, SJ_EXACTLY_ONCE, 4, &a) == SJ_ALIGN_EINVAL && !a, "0 channels");
-    CHECK(sj_aligner_new(-3, SJ_EXACTLY_ONCE, 4, &a) == SJ_ALIGN_EINVAL, "negative channels");
-    CHECK(sj_aligner_new(SJ_ALIGNER_MAX_CHANNELS + 1, SJ_EXACTLY_ONCE, 4, &a) == SJ_ALIGN_EINVAL,
+    CHECK(sj_aligner_new(0, SJ_EXACTLY_ONCE, 4, &a) == SJ_EINVAL && !a, "0 channels");
+    CHECK(sj_aligner_new(-3, SJ_EXACTLY_ONCE, 4, &a) == SJ_EINVAL, "negative channels");
+    CHECK(sj_aligner_new(SJ_ALIGNER_MAX_CHANNELS + 1, SJ_EXACTLY_ONCE, 4, &a) == SJ_EINVAL,
           "too many channels");
-    CHECK(sj_aligner_new(2, 7, 4, &a) == SJ_ALIGN_EINVAL, "bad mode");
-    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, 0, &a) == SJ_ALIGN_EINVAL, "capacity 0");
-    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, -1, &a) == SJ_ALIGN_EINVAL, "negative capacity");
-    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, SJ_ALIGNER_MAX_CAPACITY + 1, &a) == SJ_ALIGN_EINVAL,
+    CHECK(sj_aligner_new(2, 7, 4, &a) == SJ_EINVAL, "bad mode");
+    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, 0, &a) == SJ_EINVAL, "capacity 0");
+    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, -1, &a) == SJ_EINVAL, "negative capacity");
+    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, SJ_ALIGNER_MAX_CAPACITY + 1, &a) == SJ_EINVAL,
           "capacity too large");
-    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, 4, NULL) == SJ_ALIGN_EINVAL, "NULL out");
+    CHECK(sj_aligner_new(2, SJ_EXACTLY_ONCE, 4, NULL) == SJ_EINVAL, "NULL out");
 
     a = make(2, SJ_EXACTLY_ONCE, 4);
     CHECK(sj_aligner_channels(a) == 2 && sj_aligner_capacity(a) == 4 &&
           sj_aligner_mode(a) == SJ_EXACTLY_ONCE, "getters");
-    CHECK(sj_aligner_offer(a, -1, item(0, 0)) == SJ_ALIGN_EINVAL, "channel -1");
-    CHECK(sj_aligner_offer(a, 2, item(0, 0)) == SJ_ALIGN_EINVAL, "channel 2 of 2");
-    CHECK(sj_aligner_offer_barrier(a, 0, -1, 0) == SJ_ALIGN_EINVAL, "negative snapshot id");
-    CHECK(sj_aligner_offer_barrier(a, 0, SJ_ALIGNER_MAX_SNAPSHOT_ID + 1, 0) == SJ_ALIGN_EINVAL,
+    CHECK(sj_aligner_offer(a, -1, item(0, 0)) == SJ_EINVAL, "channel -1");
+    CHECK(sj_aligner_offer(a, 2, item(0, 0)) == SJ_EINVAL, "channel 2 of 2");
+    CHECK(sj_aligner_offer_barrier(a, 0, -1, 0) == SJ_EINVAL, "negative snapshot id");
+    CHECK(sj_aligner_offer_barrier(a, 0, SJ_ALIGNER_MAX_SNAPSHOT_ID + 1, 0) == SJ_EINVAL,
           "snapshot id too large");
-    CHECK(sj_aligner_wait_space(a, 5, 1, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_EINVAL, "wait bad channel");
+    CHECK(sj_aligner_wait_space(a, 5, 1, SJ_ALIGNER_NO_DEADLINE) == SJ_EINVAL, "wait bad channel");
     CHECK(sj_aligner_queued(a, 9) == -1, "queued bad channel");
     int64_t accepted = 7;
-    CHECK(sj_aligner_offer_many(a, 0, NULL, -1, &accepted) == SJ_ALIGN_EINVAL && accepted == 0,
+    CHECK(sj_aligner_offer_many(a, 0, NULL, -1, &accepted) == SJ_EINVAL && accepted == 0,
           "offer_many negative n");
-    CHECK(sj_aligner_expect(a, -2) == SJ_ALIGN_EINVAL, "expect -2");
+    CHECK(sj_aligner_expect(a, -2) == SJ_EINVAL, "expect -2");
     sj_event evs[2];
     int64_t count = 9;
-    CHECK(sj_aligner_drain(a, evs, -1, &count) == SJ_ALIGN_EINVAL && count == 0, "drain -1");
-    CHECK(sj_aligner_offer_end(a, 1) == SJ_ALIGN_OK, "end");
-    CHECK(sj_aligner_offer(a, 1, item(1, 0)) == SJ_ALIGN_EENDED, "push after end");
-    CHECK(sj_aligner_offer_end(a, 1) == SJ_ALIGN_EENDED, "second end");
-    CHECK(sj_aligner_wait_space(a, 1, 1, 0) == SJ_ALIGN_EENDED, "wait after end");
+    CHECK(sj_aligner_drain(a, evs, -1, &count) == SJ_EINVAL && count == 0, "drain -1");
+    CHECK(sj_aligner_offer_end(a, 1) == SJ_OK, "end");
+    CHECK(sj_aligner_offer(a, 1, item(1, 0)) == SJ_EENDED, "push after end");
+    CHECK(sj_aligner_offer_end(a, 1) == SJ_EENDED, "second end");
+    CHECK(sj_aligner_wait_space(a, 1, 1, 0) == SJ_EENDED, "wait after end");
     sj_aligner_free(a, NULL, NULL);
     sj_aligner_free(NULL, NULL, NULL);
 }
@@ -97,24 +97,24 @@ static void test_ring_wraparound(void) {
         int want = 1 + round % 4;
         for (int i = 0; i < want; i++) {
             int64_t queued = sj_aligner_queued(a, 0);
-            sj_align_status st = sj_aligner_offer(a, 0, item(0, pushed));
+            sj_status st = sj_aligner_offer(a, 0, item(0, pushed));
             if (queued < 3) {
-                CHECK(st == SJ_ALIGN_OK, "push %ld refused", (long)pushed);
+                CHECK(st == SJ_OK, "push %ld refused", (long)pushed);
                 pushed++;
             } else {
-                CHECK(st == SJ_ALIGN_AGAIN, "full ring: %s", sj_align_status_message(st));
+                CHECK(st == SJ_EAGAIN, "full ring: %s", sj_status_message(st));
             }
         }
         CHECK(sj_aligner_queued(a, 0) == pushed - popped && pushed - popped <= 3, "over capacity");
         int take = 1 + (round * 7) % 3;
         for (int i = 0; i < take; i++) {
             sj_event ev;
-            sj_align_status st = sj_aligner_poll(a, &ev);
+            sj_status st = sj_aligner_poll(a, &ev);
             if (popped == pushed) {
-                CHECK(st == SJ_ALIGN_AGAIN, "empty ring polled %s", sj_align_status_message(st));
+                CHECK(st == SJ_EAGAIN, "empty ring polled %s", sj_status_message(st));
                 break;
             }
-            CHECK(st == SJ_ALIGN_OK && ev.kind == SJ_EVENT_ITEM && ev.channel == 0 &&
+            CHECK(st == SJ_OK && ev.kind == SJ_EVENT_ITEM && ev.channel == 0 &&
                   item_seq(ev.item) == popped, "item %ld out of order", (long)popped);
             popped++;
         }
@@ -126,17 +126,17 @@ static void test_ring_wraparound(void) {
     for (int i = 0; i < 10; i++) batch[i] = item(0, pushed + i);
     sj_event evs[16];
     int64_t count = 0, accepted = 0;
-    CHECK(sj_aligner_drain(a, evs, 16, &count) == SJ_ALIGN_OK, "drain rest");
+    CHECK(sj_aligner_drain(a, evs, 16, &count) == SJ_OK, "drain rest");
     popped += count;
     CHECK(popped == pushed, "drained %ld of %ld", (long)popped, (long)pushed);
-    CHECK(sj_aligner_offer_many(a, 0, batch, 10, &accepted) == SJ_ALIGN_OK && accepted == 3,
+    CHECK(sj_aligner_offer_many(a, 0, batch, 10, &accepted) == SJ_OK && accepted == 3,
           "offer_many accepted %ld", (long)accepted);
-    CHECK(sj_aligner_offer_many(a, 0, batch + 3, 7, &accepted) == SJ_ALIGN_OK && accepted == 0,
+    CHECK(sj_aligner_offer_many(a, 0, batch + 3, 7, &accepted) == SJ_OK && accepted == 0,
           "offer_many on a full ring accepted %ld", (long)accepted);
-    CHECK(sj_aligner_drain(a, evs, 2, &count) == SJ_ALIGN_OK && count == 2, "drain 2");
-    CHECK(sj_aligner_offer_many(a, 0, batch + 3, 7, &accepted) == SJ_ALIGN_OK && accepted == 2,
+    CHECK(sj_aligner_drain(a, evs, 2, &count) == SJ_OK && count == 2, "drain 2");
+    CHECK(sj_aligner_offer_many(a, 0, batch + 3, 7, &accepted) == SJ_OK && accepted == 2,
           "offer_many after drain accepted %ld", (long)accepted);
-    CHECK(sj_aligner_drain(a, evs, 16, &count) == SJ_ALIGN_OK && count == 3, "drain 3");
+    CHECK(sj_aligner_drain(a, evs, 16, &count) == SJ_OK && count == 3, "drain 3");
     for (int i = 0; i < 3; i++) CHECK(evs[i].item == batch[2 + i], "bulk order %d", i);
     sj_aligner_free(a, NULL, NULL);
 }
@@ -158,14 +158,14 @@ static void test_exactly_once(void) {
     trace_poll(a, t, sizeof t, 20);
     CHECK(strcmp(t, "0:0 0:1 1:0 2:0 2:1 2:2 -") == 0, "exactly-once before B7: %s", t);
     CHECK(sj_aligner_aligning(a) == 7 && sj_aligner_expected(a) == -1, "aligning 7");
-    CHECK(sj_aligner_expect(a, 8) == SJ_ALIGN_EINVAL, "expect while aligning");
+    CHECK(sj_aligner_expect(a, 8) == SJ_EINVAL, "expect while aligning");
     sj_aligner_offer_barrier(a, 2, 7, 0);
     sj_aligner_offer(a, 2, item(2, 3));
     trace_poll(a, t, sizeof t, 20);
     CHECK(strcmp(t, "S7 2:3 0:2 1:1 -") == 0, "exactly-once after B7: %s", t);
     sj_alignment rec;
     int64_t held[3];
-    CHECK(sj_aligner_alignments(a) == 1 && sj_aligner_last_alignment(a, &rec, held) == SJ_ALIGN_OK,
+    CHECK(sj_aligner_alignments(a) == 1 && sj_aligner_last_alignment(a, &rec, held) == SJ_OK,
           "one alignment");
     CHECK(rec.snapshot_id == 7 && !rec.terminal && rec.blocking && rec.duration_ns >= 0 &&
           rec.started_ns > 0, "alignment record");
@@ -186,13 +186,13 @@ static void test_exactly_once(void) {
     sj_aligner_offer_end(a, 0);
     trace_poll(a, t, sizeof t, 20);
     CHECK(strcmp(t, "S8 0:3 D") == 0, "end of stream: %s", t);
-    CHECK(sj_aligner_last_alignment(a, &rec, held) == SJ_ALIGN_OK && held[1] == -1 && held[0] >= 0,
+    CHECK(sj_aligner_last_alignment(a, &rec, held) == SJ_OK && held[1] == -1 && held[0] >= 0,
           "channel 1 did not deliver B8");
     trace_poll(a, t, sizeof t, 3);
     CHECK(strcmp(t, "D") == 0, "done again: %s", t);
     sj_event evs[4];
     int64_t count = 0;
-    CHECK(sj_aligner_drain(a, evs, 4, &count) == SJ_ALIGN_OK && count == 1 &&
+    CHECK(sj_aligner_drain(a, evs, 4, &count) == SJ_OK && count == 1 &&
           evs[0].kind == SJ_EVENT_DONE, "drain after done");
     sj_aligner_free(a, NULL, NULL);
 
@@ -263,19 +263,19 @@ static void expect_fault(int32_t mode, const char *what, int32_t fault, int32_t 
     sj_aligner *a = make(2, mode, 16);
     feed(a);
     sj_event ev;
-    sj_align_status st;
+    sj_status st;
     int guard = 0;
-    while ((st = sj_aligner_poll(a, &ev)) == SJ_ALIGN_OK && guard++ < 100) {}
-    CHECK(st == SJ_ALIGN_EBARRIER, "%s: poll gave %s", what, sj_align_status_message(st));
+    while ((st = sj_aligner_poll(a, &ev)) == SJ_OK && guard++ < 100) {}
+    CHECK(st == SJ_EBARRIER, "%s: poll gave %s", what, sj_status_message(st));
     sj_barrier_failure f;
     sj_aligner_failure(a, &f);
     CHECK(f.fault == fault && f.channel == ch && f.snapshot_id == id && f.expected == expected,
           "%s: fault %d channel %d id %ld expected %ld", what, f.fault, f.channel,
           (long)f.snapshot_id, (long)f.expected);
-    CHECK(sj_aligner_poll(a, &ev) == SJ_ALIGN_EBARRIER, "%s: sticky", what);
+    CHECK(sj_aligner_poll(a, &ev) == SJ_EBARRIER, "%s: sticky", what);
     CHECK(sj_aligner_state(a) == 2, "%s: failed state", what);
-    CHECK(sj_aligner_offer(a, 0, item(0, 9)) == SJ_ALIGN_CLOSED, "%s: producer sees failure", what);
-    CHECK(sj_aligner_wait_space(a, 1, 1, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_CLOSED, "%s: wait", what);
+    CHECK(sj_aligner_offer(a, 0, item(0, 9)) == SJ_ECLOSED, "%s: producer sees failure", what);
+    CHECK(sj_aligner_wait_space(a, 1, 1, SJ_ALIGNER_NO_DEADLINE) == SJ_ECLOSED, "%s: wait", what);
     sj_aligner_free(a, NULL, NULL);
 }
 
@@ -316,9 +316,9 @@ static void test_faults(void) {
     sj_aligner_offer_barrier(a, 0, 5, 0);
     sj_event evs[8];
     int64_t count = 0;
-    CHECK(sj_aligner_drain(a, evs, 8, &count) == SJ_ALIGN_OK && count == 2 &&
+    CHECK(sj_aligner_drain(a, evs, 8, &count) == SJ_OK && count == 2 &&
           evs[1].kind == SJ_EVENT_SNAPSHOT, "drain stops after a snapshot");
-    CHECK(sj_aligner_drain(a, evs, 8, &count) == SJ_ALIGN_EBARRIER && count == 1 &&
+    CHECK(sj_aligner_drain(a, evs, 8, &count) == SJ_EBARRIER && count == 1 &&
           evs[0].kind == SJ_EVENT_ITEM, "drain before a fault: %ld", (long)count);
     sj_aligner_free(a, NULL, NULL);
 }
@@ -358,7 +358,7 @@ static void *take_slowly(void *p) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
         sj_event ev;
-        while (sj_aligner_poll(arg->a, &ev) != SJ_ALIGN_OK) nanosleep(&ts, NULL);
+        while (sj_aligner_poll(arg->a, &ev) != SJ_OK) nanosleep(&ts, NULL);
         atomic_fetch_add(&arg->taken, 1);
     }
     return NULL;
@@ -374,14 +374,14 @@ static void *close_later(void *p) {
 static void test_waits(void) {
     sj_aligner *a = make(2, SJ_EXACTLY_ONCE, 2);
     int64_t t0 = sj_aligner_now_ns();
-    CHECK(sj_aligner_wait(a, after_ms(10)) == SJ_ALIGN_TIMEOUT, "wait on nothing times out");
+    CHECK(sj_aligner_wait(a, after_ms(10)) == SJ_ETIMEOUT, "wait on nothing times out");
     CHECK(sj_aligner_now_ns() - t0 >= 9000000, "waited the deadline");
-    CHECK(sj_aligner_wait_space(a, 0, 1, after_ms(10)) == SJ_ALIGN_OK, "room");
+    CHECK(sj_aligner_wait_space(a, 0, 1, after_ms(10)) == SJ_OK, "room");
     sj_aligner_offer(a, 0, item(0, 0));
     sj_aligner_offer(a, 0, item(0, 1));
-    CHECK(sj_aligner_wait_space(a, 0, 1, after_ms(10)) == SJ_ALIGN_TIMEOUT, "full times out");
-    CHECK(sj_aligner_wait_space(a, 0, 1, 0) == SJ_ALIGN_TIMEOUT, "past deadline");
-    CHECK(sj_aligner_wait(a, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_OK, "data ready");
+    CHECK(sj_aligner_wait_space(a, 0, 1, after_ms(10)) == SJ_ETIMEOUT, "full times out");
+    CHECK(sj_aligner_wait_space(a, 0, 1, 0) == SJ_ETIMEOUT, "past deadline");
+    CHECK(sj_aligner_wait(a, SJ_ALIGNER_NO_DEADLINE) == SJ_OK, "data ready");
     /* A held channel's entries do not wake the consumer. */
     sj_aligner_offer_barrier(a, 1, 0, 0);
     sj_aligner_offer(a, 1, item(1, 0));
@@ -389,15 +389,15 @@ static void test_waits(void) {
     int64_t count;
     sj_aligner_drain(a, evs, 4, &count);
     CHECK(count == 2, "drained %ld", (long)count);
-    CHECK(sj_aligner_wait(a, after_ms(5)) == SJ_ALIGN_TIMEOUT, "held channel is not ready");
+    CHECK(sj_aligner_wait(a, after_ms(5)) == SJ_ETIMEOUT, "held channel is not ready");
 
     /* close wakes a consumer without a deadline, and refuses everything after. */
     pthread_t th;
     pthread_create(&th, NULL, close_later, a);
-    CHECK(sj_aligner_wait(a, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_CLOSED, "close wakes the consumer");
+    CHECK(sj_aligner_wait(a, SJ_ALIGNER_NO_DEADLINE) == SJ_ECLOSED, "close wakes the consumer");
     pthread_join(th, NULL);
-    CHECK(sj_aligner_poll(a, &evs[0]) == SJ_ALIGN_CLOSED, "poll after close");
-    CHECK(sj_aligner_offer(a, 0, item(0, 2)) == SJ_ALIGN_CLOSED, "offer after close");
+    CHECK(sj_aligner_poll(a, &evs[0]) == SJ_ECLOSED, "poll after close");
+    CHECK(sj_aligner_offer(a, 0, item(0, 2)) == SJ_ECLOSED, "offer after close");
     sj_aligner_close(a);
     CHECK(sj_aligner_state(a) == 1, "closed");
     int released = 0;
@@ -410,10 +410,10 @@ static void test_waits(void) {
     taker_arg slow = {a, 8, 0};
     atomic_init(&slow.taken, 0);
     pthread_create(&th, NULL, take_slowly, &slow);
-    CHECK(sj_aligner_wait_space(a, 0, 6, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_OK, "room for 6");
+    CHECK(sj_aligner_wait_space(a, 0, 6, SJ_ALIGNER_NO_DEADLINE) == SJ_OK, "room for 6");
     int taken = atomic_load(&slow.taken);
     CHECK(taken >= 6, "woke after %d of 8 were taken", taken);
-    CHECK(sj_aligner_wait_space(a, 0, 100, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_OK,
+    CHECK(sj_aligner_wait_space(a, 0, 100, SJ_ALIGNER_NO_DEADLINE) == SJ_OK,
           "want is clamped to the capacity");
     pthread_join(th, NULL);
     CHECK(sj_aligner_queued(a, 0) == 0, "all taken");
@@ -422,7 +422,7 @@ static void test_waits(void) {
     a = make(1, SJ_EXACTLY_ONCE, 1);
     sj_aligner_offer(a, 0, item(0, 0));
     pthread_create(&th, NULL, close_later, a);
-    CHECK(sj_aligner_wait_space(a, 0, 1, SJ_ALIGNER_NO_DEADLINE) == SJ_ALIGN_CLOSED,
+    CHECK(sj_aligner_wait_space(a, 0, 1, SJ_ALIGNER_NO_DEADLINE) == SJ_ECLOSED,
           "close wakes a producer");
     pthread_join(th, NULL);
     sj_aligner_free(a, NULL, NULL);
@@ -439,21 +439,21 @@ typedef struct producer_arg {
     atomic_llong *completed; /* at-least-once: snapshots seen by the consumer */
 } producer_arg;
 
-static void push_blocking(sj_aligner *a, int32_t ch, sj_align_status (*try_push)(sj_aligner *, int32_t, void *), void *arg) {
-    sj_align_status st;
-    while ((st = try_push(a, ch, arg)) == SJ_ALIGN_AGAIN)
+static void push_blocking(sj_aligner *a, int32_t ch, sj_status (*try_push)(sj_aligner *, int32_t, void *), void *arg) {
+    sj_status st;
+    while ((st = try_push(a, ch, arg)) == SJ_EAGAIN)
         st = sj_aligner_wait_space(a, ch, sj_aligner_capacity(a) / 2, SJ_ALIGNER_NO_DEADLINE);
-    if (st != SJ_ALIGN_OK) {
+    if (st != SJ_OK) {
         failures++;
-        fprintf(stderr, "producer %d: %s\n", ch, sj_align_status_message(st));
+        fprintf(stderr, "producer %d: %s\n", ch, sj_status_message(st));
     }
 }
 
-static sj_align_status push_item(sj_aligner *a, int32_t ch, void *p) { return sj_aligner_offer(a, ch, p); }
-static sj_align_status push_barrier(sj_aligner *a, int32_t ch, void *p) {
+static sj_status push_item(sj_aligner *a, int32_t ch, void *p) { return sj_aligner_offer(a, ch, p); }
+static sj_status push_barrier(sj_aligner *a, int32_t ch, void *p) {
     return sj_aligner_offer_barrier(a, ch, (int64_t)(intptr_t)p, 0);
 }
-static sj_align_status push_end(sj_aligner *a, int32_t ch, void *p) {
+static sj_status push_end(sj_aligner *a, int32_t ch, void *p) {
     (void)p;
     return sj_aligner_offer_end(a, ch);
 }
@@ -507,16 +507,16 @@ static void run_threads(int32_t mode, int bulk) {
     sj_event evs[50];
     while (!done) {
         int64_t count = 0;
-        sj_align_status st = (events & 1) ? sj_aligner_drain(a, evs, 50, &count)
+        sj_status st = (events & 1) ? sj_aligner_drain(a, evs, 50, &count)
                                           : sj_aligner_poll(a, &evs[0]);
-        if (st == SJ_ALIGN_OK && !(events & 1)) count = 1;
-        if (st == SJ_ALIGN_AGAIN || (st == SJ_ALIGN_OK && count == 0)) {
+        if (st == SJ_OK && !(events & 1)) count = 1;
+        if (st == SJ_EAGAIN || (st == SJ_OK && count == 0)) {
             sj_aligner_wait(a, SJ_ALIGNER_NO_DEADLINE);
             continue;
         }
         events++;
-        if (st != SJ_ALIGN_OK) {
-            CHECK(0, "consumer: %s", sj_align_status_message(st));
+        if (st != SJ_OK) {
+            CHECK(0, "consumer: %s", sj_status_message(st));
             break;
         }
         for (int64_t i = 0; i < count; i++) {

@@ -20,9 +20,9 @@
  * SNAPSHOT n the next must be n + 1 (or whatever sj_aligner_expect set). A
  * barrier with another id, a second barrier from a channel during one
  * alignment, or a terminal flag that differs between channels is a fault: the
- * consumer call that takes it returns SJ_ALIGN_EBARRIER, the aligner fails for
- * good (consumer calls keep returning SJ_ALIGN_EBARRIER, producer calls
- * SJ_ALIGN_CLOSED) and sj_aligner_failure describes it.
+ * consumer call that takes it returns SJ_EBARRIER, the aligner fails for
+ * good (consumer calls keep returning SJ_EBARRIER, producer calls
+ * SJ_ECLOSED) and sj_aligner_failure describes it.
  *
  * ORDER. The consumer visits the channels round-robin, taking up to
  * SJ_ALIGNER_BURST consecutive entries from one channel before moving to the
@@ -41,12 +41,15 @@
  * the configuration getters may be called from any thread. Two threads on the
  * same side of one channel are undefined behaviour.
  *
- * Why a status type of its own: the outcomes of a queue (full, empty, timed
- * out, closed) and an alignment fault are not in sparkjet/status.h. */
+ * Functions return sparkjet/status.h's codes, which include a queue's outcomes
+ * (SJ_EAGAIN: full or empty, SJ_ETIMEOUT, SJ_ECLOSED) and an alignment fault
+ * (SJ_EBARRIER, SJ_EENDED), so the bindings map every code in one place. */
 #ifndef SPARKJET_ALIGNER_H
 #define SPARKJET_ALIGNER_H
 
 #include <stdint.h>
+
+#include "sparkjet/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,17 +65,6 @@ typedef enum sj_align_mode {
     SJ_EXACTLY_ONCE = 0,
     SJ_AT_LEAST_ONCE = 1
 } sj_align_mode;
-
-typedef enum sj_align_status {
-    SJ_ALIGN_OK = 0,
-    SJ_ALIGN_AGAIN = 1,    /* push: the channel is full; poll: nothing can be taken now */
-    SJ_ALIGN_TIMEOUT = 2,  /* a wait reached its deadline */
-    SJ_ALIGN_CLOSED = 3,   /* closed by sj_aligner_close, or failed (sj_aligner_failure) */
-    SJ_ALIGN_EINVAL = 4,   /* an argument is outside its domain (channel index, id, ...) */
-    SJ_ALIGN_ENOMEM = 5,   /* an allocation failed */
-    SJ_ALIGN_EBARRIER = 6, /* an unexpected barrier: see sj_aligner_failure */
-    SJ_ALIGN_EENDED = 7    /* a push to a channel whose end was already pushed */
-} sj_align_status;
 
 typedef enum sj_event_kind {
     SJ_EVENT_ITEM = 1,
@@ -115,16 +107,13 @@ typedef struct sj_alignment {
 
 typedef struct sj_aligner sj_aligner;
 
-/* A short, static description of a status. */
-const char *sj_align_status_message(sj_align_status status);
-
 /* CLOCK_MONOTONIC in nanoseconds: the clock of every deadline and alignment time. */
 int64_t sj_aligner_now_ns(void);
 
 /* A new aligner: 1 <= channels <= SJ_ALIGNER_MAX_CHANNELS, mode an sj_align_mode,
  * 1 <= capacity <= SJ_ALIGNER_MAX_CAPACITY entries per channel (items, barriers
- * and the end marker all count). SJ_ALIGN_EINVAL or SJ_ALIGN_ENOMEM otherwise. */
-sj_align_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
+ * and the end marker all count). SJ_EINVAL or SJ_ENOMEM otherwise. */
+sj_status sj_aligner_new(int32_t channels, int32_t mode, int64_t capacity,
                                sj_aligner **out);
 
 /* Frees the aligner, first calling release(item, ctx) for every item still queued
@@ -137,49 +126,49 @@ int64_t sj_aligner_capacity(const sj_aligner *a);
 
 /* ---- producer side: one thread per channel ------------------------------------ */
 
-/* Pushes one item: SJ_ALIGN_OK, or SJ_ALIGN_AGAIN if the channel is full. */
-sj_align_status sj_aligner_offer(sj_aligner *a, int32_t channel, void *item);
+/* Pushes one item: SJ_OK, or SJ_EAGAIN if the channel is full. */
+sj_status sj_aligner_offer(sj_aligner *a, int32_t channel, void *item);
 
 /* Pushes the longest prefix of items[0 .. n) that fits; *accepted says how long. */
-sj_align_status sj_aligner_offer_many(sj_aligner *a, int32_t channel, void *const *items,
+sj_status sj_aligner_offer_many(sj_aligner *a, int32_t channel, void *const *items,
                                       int64_t n, int64_t *accepted);
 
 /* Pushes barrier `snapshot_id` (0 ..= SJ_ALIGNER_MAX_SNAPSHOT_ID). Its id is checked
  * when the consumer takes it. */
-sj_align_status sj_aligner_offer_barrier(sj_aligner *a, int32_t channel, int64_t snapshot_id,
+sj_status sj_aligner_offer_barrier(sj_aligner *a, int32_t channel, int64_t snapshot_id,
                                          int32_t terminal);
 
 /* Pushes the end-of-stream marker; afterwards every push to the channel returns
- * SJ_ALIGN_EENDED. */
-sj_align_status sj_aligner_offer_end(sj_aligner *a, int32_t channel);
+ * SJ_EENDED. */
+sj_status sj_aligner_offer_end(sj_aligner *a, int32_t channel);
 
 /* Blocks until the channel has room for `want` entries (clamped to 1 ..= capacity):
- * SJ_ALIGN_OK; until the deadline passes (SJ_ALIGN_TIMEOUT; deadline_ns from
+ * SJ_OK; until the deadline passes (SJ_ETIMEOUT; deadline_ns from
  * sj_aligner_now_ns, or SJ_ALIGNER_NO_DEADLINE); or until the aligner is closed
- * (SJ_ALIGN_CLOSED). Waiting for more than one entry (say half the capacity) wakes
+ * (SJ_ECLOSED). Waiting for more than one entry (say half the capacity) wakes
  * the producer less often; the consumer always frees that much unless the channel
  * is held by an alignment, which the producer could not get past anyway. */
-sj_align_status sj_aligner_wait_space(sj_aligner *a, int32_t channel, int64_t want,
+sj_status sj_aligner_wait_space(sj_aligner *a, int32_t channel, int64_t want,
                                       int64_t deadline_ns);
 
 /* ---- consumer side: one thread -------------------------------------------------- */
 
-/* The next event, without blocking: SJ_ALIGN_OK with *ev filled, SJ_ALIGN_AGAIN if
- * nothing can be taken now, SJ_ALIGN_EBARRIER, or SJ_ALIGN_CLOSED. */
-sj_align_status sj_aligner_poll(sj_aligner *a, sj_event *ev);
+/* The next event, without blocking: SJ_OK with *ev filled, SJ_EAGAIN if
+ * nothing can be taken now, SJ_EBARRIER, or SJ_ECLOSED. */
+sj_status sj_aligner_poll(sj_aligner *a, sj_event *ev);
 
 /* Up to max events that are available now, in order, into evs; *count says how many.
  * Stops after a SNAPSHOT event (so that sj_aligner_last_alignment describes it) and
- * after DONE. On SJ_ALIGN_EBARRIER the *count events before the fault are valid. */
-sj_align_status sj_aligner_drain(sj_aligner *a, sj_event *evs, int64_t max, int64_t *count);
+ * after DONE. On SJ_EBARRIER the *count events before the fault are valid. */
+sj_status sj_aligner_drain(sj_aligner *a, sj_event *evs, int64_t max, int64_t *count);
 
-/* Blocks until poll has something to return (SJ_ALIGN_OK: an event, DONE or a
- * fault), the deadline passes (SJ_ALIGN_TIMEOUT) or the aligner is closed. */
-sj_align_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns);
+/* Blocks until poll has something to return (SJ_OK: an event, DONE or a
+ * fault), the deadline passes (SJ_ETIMEOUT) or the aligner is closed. */
+sj_status sj_aligner_wait(sj_aligner *a, int64_t deadline_ns);
 
 /* The id the next barrier must carry (after a restart from snapshot k - 1: k).
- * SJ_ALIGN_EINVAL while an alignment is in progress or if the id is out of range. */
-sj_align_status sj_aligner_expect(sj_aligner *a, int64_t snapshot_id);
+ * SJ_EINVAL while an alignment is in progress or if the id is out of range. */
+sj_status sj_aligner_expect(sj_aligner *a, int64_t snapshot_id);
 
 /* The id the next alignment must have, or -1 if any id will do. */
 int64_t sj_aligner_expected(const sj_aligner *a);
@@ -193,9 +182,9 @@ int32_t sj_aligner_live(const sj_aligner *a);
 /* How many alignments completed; the last one's record, and per channel the
  * nanoseconds from its barrier being taken to completion (-1 if the channel did
  * not deliver that barrier) into held_ns[0 .. channels) unless NULL.
- * SJ_ALIGN_AGAIN if none completed yet. */
+ * SJ_EAGAIN if none completed yet. */
 int64_t sj_aligner_alignments(const sj_aligner *a);
-sj_align_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out,
+sj_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out,
                                           int64_t *held_ns);
 
 /* ---- any thread ------------------------------------------------------------------ */
@@ -205,7 +194,7 @@ sj_align_status sj_aligner_last_alignment(const sj_aligner *a, sj_alignment *out
 int64_t sj_aligner_queued(const sj_aligner *a, int32_t channel);
 int64_t sj_aligner_size(const sj_aligner *a);
 
-/* Closes the aligner: later pushes and polls return SJ_ALIGN_CLOSED and every
+/* Closes the aligner: later pushes and polls return SJ_ECLOSED and every
  * blocked wait wakes up. Queued items stay until sj_aligner_free. Idempotent. */
 void sj_aligner_close(sj_aligner *a);
 
@@ -213,7 +202,7 @@ void sj_aligner_close(sj_aligner *a);
 int32_t sj_aligner_state(const sj_aligner *a);
 
 /* The fault that failed the aligner (fault SJ_FAULT_NONE if none). Safe from a
- * producer thread once it has seen SJ_ALIGN_CLOSED. */
+ * producer thread once it has seen SJ_ECLOSED. */
 void sj_aligner_failure(const sj_aligner *a, sj_barrier_failure *out);
 
 #ifdef __cplusplus

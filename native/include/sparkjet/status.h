@@ -16,7 +16,13 @@ typedef enum sj_status {
     SJ_EBOUNDS = 2, /* an offset or length points outside its buffer */
     SJ_ERANGE = 3,  /* a value does not fit the requested key type */
     SJ_ENOMEM = 4,  /* an allocation failed */
-    SJ_ECORRUPT = 5 /* input bytes fail a structural or checksum check */
+    SJ_ECORRUPT = 5, /* input bytes fail a structural or checksum check */
+    /* The barrier aligner's outcomes (sparkjet/aligner.h). */
+    SJ_EAGAIN = 6,   /* push: the channel is full; poll: nothing can be taken now */
+    SJ_ETIMEOUT = 7, /* a wait reached its deadline */
+    SJ_ECLOSED = 8,  /* closed by sj_aligner_close, or failed (sj_aligner_failure) */
+    SJ_EBARRIER = 9, /* an unexpected barrier: see sj_aligner_failure */
+    SJ_EENDED = 10   /* a push to a channel whose end was already pushed */
 } sj_status;
 
 /* A short, static, human-readable name of a status ("out of bounds", ...). */

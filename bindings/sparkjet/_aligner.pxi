@@ -89,10 +89,10 @@ cdef class BarrierAligner:
     def __cinit__(self, int32_t channels, str mode="exactly-once", int64_t capacity=1024,
                   Py_ssize_t history=1000):
         _api()._check_config(channels, mode, capacity, history)
-        cdef sj_align_status st = sj_aligner_new(
+        cdef sj_status st = sj_aligner_new(
             channels, SJ_AT_LEAST_ONCE if mode == "at-least-once" else SJ_EXACTLY_ONCE,
             capacity, &self.a)
-        if st != SJ_ALIGN_OK:
+        if st != SJ_OK:
             self._raise(st, -1, None)
         self.buf = <sj_event *>malloc(_DRAIN_CHUNK * sizeof(sj_event))
         self.held_ns = <int64_t *>malloc(channels * sizeof(int64_t))
@@ -176,11 +176,11 @@ cdef class BarrierAligner:
     def offer(self, int32_t channel, item) -> bool:
         """Pushes an item; False if the channel is full (backpressure)."""
         Py_XINCREF(<PyObject *>item)
-        cdef sj_align_status st = sj_aligner_offer(self.a, channel, <void *>item)
-        if st == SJ_ALIGN_OK:
+        cdef sj_status st = sj_aligner_offer(self.a, channel, <void *>item)
+        if st == SJ_OK:
             return True
         Py_XDECREF(<PyObject *>item)
-        if st == SJ_ALIGN_AGAIN:
+        if st == SJ_EAGAIN:
             return False
         self._raise(st, channel, None)
 
@@ -206,27 +206,27 @@ cdef class BarrierAligner:
         cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
         cdef int64_t deadline = _deadline(timeout)
         cdef Py_ssize_t last, done = self._offer_many(channel, seq, 0)
-        cdef sj_align_status st
+        cdef sj_status st
         while done < n:
             # It blocks until all are pushed, so waiting for room for more than one item
             # (at most half the channel) never delays it, and wakes it less often.
             st = self._wait_space(channel, min(n - done, self._half), deadline)
-            if st != SJ_ALIGN_OK and st != SJ_ALIGN_TIMEOUT:
+            if st != SJ_OK and st != SJ_ETIMEOUT:
                 self._raise(st, channel, timeout)
             last = done
             done = self._offer_many(channel, seq, done)  # after a timeout: what fits now
-            if st == SJ_ALIGN_TIMEOUT and done == last:
+            if st == SJ_ETIMEOUT and done == last:
                 break
         return done
 
     def offer_barrier(self, int32_t channel, int64_t snapshot_id, bint terminal=False) -> bool:
         """Pushes barrier ``snapshot_id``; False if the channel is full. Its id is checked
         when the consumer takes it."""
-        cdef sj_align_status st = sj_aligner_offer_barrier(self.a, channel, snapshot_id,
+        cdef sj_status st = sj_aligner_offer_barrier(self.a, channel, snapshot_id,
                                                             terminal)
-        if st == SJ_ALIGN_OK:
+        if st == SJ_OK:
             return True
-        if st == SJ_ALIGN_AGAIN:
+        if st == SJ_EAGAIN:
             return False
         self._raise(st, channel, None, snapshot_id)
 
@@ -245,10 +245,10 @@ cdef class BarrierAligner:
     def poll(self):
         """The next event, or None if nothing can be taken now (never blocks)."""
         cdef sj_event ev
-        cdef sj_align_status st = sj_aligner_poll(self.a, &ev)
-        if st == SJ_ALIGN_OK:
+        cdef sj_status st = sj_aligner_poll(self.a, &ev)
+        if st == SJ_OK:
             return self._event(&ev)
-        if st == SJ_ALIGN_AGAIN:
+        if st == SJ_EAGAIN:
             return None
         self._raise(st, -1, None)
 
@@ -257,18 +257,18 @@ cdef class BarrierAligner:
         timeout."""
         cdef sj_event ev
         cdef int64_t until, deadline = _deadline(timeout)
-        cdef sj_align_status st = sj_aligner_poll(self.a, &ev)
-        while st == SJ_ALIGN_AGAIN:
+        cdef sj_status st = sj_aligner_poll(self.a, &ev)
+        while st == SJ_EAGAIN:
             until = _slice(deadline)
             with nogil:
                 st = sj_aligner_wait(self.a, until)
-            if st == SJ_ALIGN_TIMEOUT:
+            if st == SJ_ETIMEOUT:
                 if until == deadline:
                     return None
                 PyErr_CheckSignals()
-            if st != SJ_ALIGN_CLOSED:
+            if st != SJ_ECLOSED:
                 st = sj_aligner_poll(self.a, &ev)
-        if st == SJ_ALIGN_OK:
+        if st == SJ_OK:
             return self._event(&ev)
         self._raise(st, -1, None)
 
@@ -279,13 +279,13 @@ cdef class BarrierAligner:
             raise _api().InvalidArgumentError(f"max_events must be >= 0, not {max_events}")
         cdef list out = []
         cdef int64_t count, i, chunk
-        cdef sj_align_status st
+        cdef sj_status st
         while max_events > 0:
             chunk = min(max_events, _DRAIN_CHUNK)
             st = sj_aligner_drain(self.a, self.buf, chunk, &count)
             for i in range(count):
                 out.append(self._event(&self.buf[i]))
-            if st != SJ_ALIGN_OK:
+            if st != SJ_OK:
                 if out:
                     break
                 self._raise(st, -1, None)
@@ -300,7 +300,7 @@ cdef class BarrierAligner:
     def expect(self, int64_t snapshot_id) -> None:
         """Makes ``snapshot_id`` the id the next barrier must carry (after a restart from
         snapshot k - 1: ``expect(k)``). Not while an alignment is in progress."""
-        if sj_aligner_expect(self.a, snapshot_id) != SJ_ALIGN_OK:
+        if sj_aligner_expect(self.a, snapshot_id) != SJ_OK:
             api = _api()
             if self.aligning is not None:
                 raise api.InvalidArgumentError(
@@ -331,7 +331,7 @@ cdef class BarrierAligner:
     cdef _record_alignment(self):
         cdef sj_alignment rec
         cdef int32_t c
-        if sj_aligner_last_alignment(self.a, &rec, self.held_ns) != SJ_ALIGN_OK:
+        if sj_aligner_last_alignment(self.a, &rec, self.held_ns) != SJ_OK:
             return
         self._alignments.append({
             "snapshot_id": rec.snapshot_id,
@@ -350,15 +350,15 @@ cdef class BarrierAligner:
         cdef int64_t accepted = 0
         for i in range(held):  # at most `capacity` can be accepted
             Py_XINCREF(items[i])
-        cdef sj_align_status st = sj_aligner_offer_many(self.a, channel, <void **>items, held,
+        cdef sj_status st = sj_aligner_offer_many(self.a, channel, <void **>items, held,
                                                         &accepted)
         for i in range(accepted, held):
             Py_XDECREF(items[i])
-        if st != SJ_ALIGN_OK:
+        if st != SJ_OK:
             self._raise(st, channel, None)
         return start + accepted
 
-    cdef sj_align_status _push(self, int32_t channel, int kind, void *item, int64_t snapshot_id,
+    cdef sj_status _push(self, int32_t channel, int kind, void *item, int64_t snapshot_id,
                                bint terminal) noexcept:
         if kind == 0:
             return sj_aligner_offer(self.a, channel, item)
@@ -370,51 +370,51 @@ cdef class BarrierAligner:
                   bint terminal, object timeout) except -1:
         """Pushes an item (kind 0), a barrier (1) or the end (2), waiting for room."""
         cdef int64_t deadline = _deadline(timeout)  # checks it even if no wait is needed
-        cdef sj_align_status st = self._push(channel, kind, item, snapshot_id, terminal)
-        while st == SJ_ALIGN_AGAIN:
+        cdef sj_status st = self._push(channel, kind, item, snapshot_id, terminal)
+        while st == SJ_EAGAIN:
             # Room for one entry, not more: a put blocks only while the channel is full.
             st = self._wait_space(channel, 1, deadline)
-            if st == SJ_ALIGN_OK:
+            if st == SJ_OK:
                 st = self._push(channel, kind, item, snapshot_id, terminal)
-        if st != SJ_ALIGN_OK:
+        if st != SJ_OK:
             self._raise(st, channel, timeout, snapshot_id)
         return 0
 
-    cdef sj_align_status _wait_space(self, int32_t channel, int64_t want,
+    cdef sj_status _wait_space(self, int32_t channel, int64_t want,
                                      int64_t deadline) except *:
         """Waits for room for `want` entries with the GIL released, a slice at a time."""
-        cdef sj_align_status st
+        cdef sj_status st
         cdef int64_t until
         while True:
             until = _slice(deadline)
             with nogil:
                 st = sj_aligner_wait_space(self.a, channel, want, until)
-            if st != SJ_ALIGN_TIMEOUT or until == deadline:
+            if st != SJ_ETIMEOUT or until == deadline:
                 return st
             PyErr_CheckSignals()
 
-    cdef int _raise(self, sj_align_status st, int32_t channel, object timeout,
+    cdef int _raise(self, sj_status st, int32_t channel, object timeout,
                     int64_t snapshot_id=-1) except -1:
         """The one place a native status becomes an exception."""
         api = _api()
         cdef sj_barrier_failure f
         cdef int32_t channels = sj_aligner_channels(self.a) if self.a != NULL else 0
-        if st == SJ_ALIGN_ENOMEM:
+        if st == SJ_ENOMEM:
             raise MemoryError("cannot allocate the aligner's queues")
-        if st == SJ_ALIGN_EINVAL:
+        if st == SJ_EINVAL:
             if not 0 <= channel < channels:
                 raise api._channel_error(channel, channels)
             raise api._snapshot_id_error(snapshot_id)
-        if st == SJ_ALIGN_EENDED:
+        if st == SJ_EENDED:
             raise api._ended_error(channel)
-        if st == SJ_ALIGN_TIMEOUT:
+        if st == SJ_ETIMEOUT:
             raise api._timeout_error(channel, timeout)
         sj_aligner_failure(self.a, &f)
         failure = None
         if f.fault != SJ_FAULT_NONE:
             failure = api.BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal != 0,
                                        None if f.expected < 0 else f.expected)
-        if st == SJ_ALIGN_EBARRIER and failure is not None:
+        if st == SJ_EBARRIER and failure is not None:
             raise failure
         raise api._closed_error(failure)
 
