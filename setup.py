@@ -55,17 +55,17 @@ class build_ext_always(build_ext):
 
 
 cflags, ldflags = compiler_flags()
-# One extension per Cython module in bindings/sparkjet/ (sparkjet.hash, ...), each with
-# the whole C core: it is small, and no shared library has to be found at run time.
+# One extension holds the whole C core: _native.pyx includes a .pxi per area of native/,
+# so the core is compiled once and every binding shares its state (the hash kernel chosen
+# by select_kernel reaches Merkle hashing too).
 extensions = [
     Extension(
-        f"sparkjet.{pyx.stem}",
-        [str(pyx.relative_to(ROOT)), *NATIVE_SOURCES],
+        "sparkjet._native",
+        ["bindings/sparkjet/_native.pyx", *NATIVE_SOURCES],
         include_dirs=["native/include", "native/src", "bindings"],
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
-    for pyx in sorted((ROOT / "bindings" / "sparkjet").glob("*.pyx"))
 ]
 
 setup(

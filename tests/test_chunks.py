@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sparkjet
-from sparkjet import chunk as native
+from sparkjet import _native as native
 from sparkjet.chunks import ChunkEncoder, decode_entries, decode_table, read_chunks
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 
@@ -216,7 +216,7 @@ def test_scatter_rejects_out_of_range_ids():
     starts = np.empty(4, np.int64)
     perm = np.empty(3, np.int64)
     with pytest.raises(InvalidArgumentError, match="index 2"):
-        native.scatter(ids.ctypes.data, 3, 3, starts.ctypes.data, perm.ctypes.data)
+        native.scatter(ids, 3, starts, perm)
 
 
 def test_partition_order_is_stable_and_matches_take():

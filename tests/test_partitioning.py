@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import reference as ref
 import sparkjet
-from sparkjet import hash as native
+from sparkjet import _native as native
 from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -202,7 +202,7 @@ def test_reduction_matches_java_rule(partition_count):
     hashes = rng.integers(-(2**31), 2**31, size=20000, dtype=np.int64).astype(np.int32)
     hashes[:4] = [-(2**31), 2**31 - 1, -(2**31) + 1, 0]
     out = np.empty_like(hashes)
-    native.partitions_from_hashes(hashes.ctypes.data, len(hashes), partition_count, out.ctypes.data)
+    native.partitions_from_hashes(hashes, partition_count, out)
     assert out.tolist() == [ref.partition_of_hash(int(h), partition_count) for h in hashes]
 
 
@@ -389,9 +389,8 @@ def _native_partitions(kind, values: np.ndarray, data: bytes = b"", length=None,
     data_buf = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(1, np.uint8)
     n = len(values) - 1 if length is None else length
     out = np.zeros(max(n, 1), np.int32)
-    desc = (kind, 0, 0, n, values.ctypes.data, values.nbytes, data_buf.ctypes.data, len(data),
-            tuple(v.ctypes.data for v in variadic), tuple(v.nbytes for v in variadic))
-    native.column_partitions(desc, 271, out.ctypes.data)
+    desc = (kind, 0, 0, n, values, data_buf[: len(data)], tuple(variadic))
+    native.column_partitions(desc, 271, out)
     return out[:n].tolist()
 
 

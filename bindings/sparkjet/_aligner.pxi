@@ -1,12 +1,12 @@
-"""The native barrier aligner, bound to Python: conversion and GIL handling only.
+# The barrier aligner (native/include/sparkjet/aligner.h).
+#
+# Items are Python objects stored in the C rings as plain pointers that own a reference:
+# a push takes one (Py_INCREF, with the GIL held) and the event that returns the item hands
+# it to the caller; whatever is still queued is released when the aligner is deallocated.
+# Non-blocking calls keep the GIL (they are a few dozen nanoseconds of C); blocking ones
+# release it only to sleep, in slices of _WAIT_SLICE_NS so that signals are handled.
+# The semantics are described in sparkjet.aligner and native/include/sparkjet/aligner.h.
 
-Items are Python objects stored in the C rings as plain pointers that own a reference:
-a push takes one (Py_INCREF, with the GIL held) and the event that returns the item hands
-it to the caller; whatever is still queued is released when the aligner is deallocated.
-Non-blocking calls keep the GIL (they are a few dozen nanoseconds of C); blocking ones
-release it only to sleep, in slices of _WAIT_SLICE_NS so that signals are handled.
-The semantics are described in sparkjet.aligner and native/include/sparkjet/aligner.h.
-"""
 from collections import deque
 
 from cpython.exc cimport PyErr_CheckSignals
@@ -16,6 +16,16 @@ from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
 
 from sparkjet.libsparkjet_aligner cimport *
+
+from sparkjet.errors import (
+    BarrierFault,
+    aligner_channel_error,
+    aligner_closed_error,
+    aligner_ended_error,
+    aligner_snapshot_id_error,
+    aligner_timeout_error,
+    check_aligner_timeout,
+)
 
 MAX_CHANNELS = SJ_ALIGNER_MAX_CHANNELS
 MAX_CAPACITY = SJ_ALIGNER_MAX_CAPACITY
@@ -35,6 +45,26 @@ ITEM = _ITEM
 SNAPSHOT = _SNAPSHOT
 DONE = _DONE
 
+if tuple(BarrierFault) != (SJ_FAULT_UNEXPECTED_ID, SJ_FAULT_OTHER_ID, SJ_FAULT_SECOND,
+                          SJ_FAULT_TERMINAL):
+    raise ImportError("sparkjet.errors.BarrierFault disagrees with sj_barrier_fault")
+
+
+def check_aligner_config(channels, mode, capacity, history):
+    """Refuses an aligner configuration outside its limits (the reference aligner's too)."""
+    if not 1 <= channels <= SJ_ALIGNER_MAX_CHANNELS:
+        raise InvalidArgumentError(
+            f"channels must be 1..{SJ_ALIGNER_MAX_CHANNELS}, not {channels}")
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be one of {', '.join(map(repr, MODES))}, "
+                                   f"not {mode!r}")
+    if not 1 <= capacity <= SJ_ALIGNER_MAX_CAPACITY:
+        raise InvalidArgumentError(
+            f"capacity must be 1..{SJ_ALIGNER_MAX_CAPACITY}, not {capacity}")
+    if history < 0:
+        raise InvalidArgumentError(f"history must be >= 0, not {history}")
+
+
 cdef enum:
     _DRAIN_CHUNK = 256  # events converted per native drain call
 cdef int64_t _WAIT_SLICE_NS = 50_000_000
@@ -52,22 +82,10 @@ cdef int64_t _deadline(object timeout) except -2:
         return SJ_ALIGNER_NO_DEADLINE
     cdef double seconds = timeout
     if not seconds >= 0:  # also NaN
-        _api()._check_timeout(timeout)
+        check_aligner_timeout(timeout)
     if seconds * 1e9 >= _MAX_TIMEOUT_NS:
         return SJ_ALIGNER_NO_DEADLINE
     return sj_aligner_now_ns() + <int64_t>(seconds * 1e9)
-
-
-cdef object _api_module = None
-
-cdef object _api():
-    """sparkjet.aligner, where the error types and messages live (imported when first
-    needed: that module imports this one)."""
-    global _api_module
-    if _api_module is None:
-        import sparkjet.aligner
-        _api_module = sparkjet.aligner
-    return _api_module
 
 
 cdef class BarrierAligner:
@@ -88,7 +106,7 @@ cdef class BarrierAligner:
 
     def __cinit__(self, int32_t channels, str mode="exactly-once", int64_t capacity=1024,
                   Py_ssize_t history=1000):
-        _api()._check_config(channels, mode, capacity, history)
+        check_aligner_config(channels, mode, capacity, history)
         cdef sj_status st = sj_aligner_new(
             channels, SJ_AT_LEAST_ONCE if mode == "at-least-once" else SJ_EXACTLY_ONCE,
             capacity, &self.a)
@@ -164,7 +182,7 @@ cdef class BarrierAligner:
         """Entries queued on one channel and not taken yet."""
         cdef int64_t n = sj_aligner_queued(self.a, channel)
         if n < 0:
-            raise _api()._channel_error(channel, sj_aligner_channels(self.a))
+            raise aligner_channel_error(channel, sj_aligner_channels(self.a))
         return n
 
     def __repr__(self):
@@ -276,7 +294,7 @@ cdef class BarrierAligner:
         """Up to ``max_events`` events that are available now, in order (never blocks).
         If a bad barrier follows them, they are returned and the next call raises."""
         if max_events < 0:
-            raise _api().InvalidArgumentError(f"max_events must be >= 0, not {max_events}")
+            raise InvalidArgumentError(f"max_events must be >= 0, not {max_events}")
         cdef list out = []
         cdef int64_t count, i, chunk
         cdef sj_status st
@@ -301,12 +319,11 @@ cdef class BarrierAligner:
         """Makes ``snapshot_id`` the id the next barrier must carry (after a restart from
         snapshot k - 1: ``expect(k)``). Not while an alignment is in progress."""
         if sj_aligner_expect(self.a, snapshot_id) != SJ_OK:
-            api = _api()
             if self.aligning is not None:
-                raise api.InvalidArgumentError(
+                raise InvalidArgumentError(
                     f"cannot expect snapshot {snapshot_id} while snapshot {self.aligning} "
                     "is aligning")
-            raise api._snapshot_id_error(snapshot_id)
+            raise aligner_snapshot_id_error(snapshot_id, SJ_ALIGNER_MAX_SNAPSHOT_ID)
 
     # ---- any thread
 
@@ -395,28 +412,28 @@ cdef class BarrierAligner:
 
     cdef int _raise(self, sj_status st, int32_t channel, object timeout,
                     int64_t snapshot_id=-1) except -1:
-        """The one place a native status becomes an exception."""
-        api = _api()
+        """The aligner's statuses as exceptions: the messages need the channel, the
+        timeout and the failure record, which check_status cannot know."""
         cdef sj_barrier_failure f
         cdef int32_t channels = sj_aligner_channels(self.a) if self.a != NULL else 0
         if st == SJ_ENOMEM:
             raise MemoryError("cannot allocate the aligner's queues")
         if st == SJ_EINVAL:
             if not 0 <= channel < channels:
-                raise api._channel_error(channel, channels)
-            raise api._snapshot_id_error(snapshot_id)
+                raise aligner_channel_error(channel, channels)
+            raise aligner_snapshot_id_error(snapshot_id, SJ_ALIGNER_MAX_SNAPSHOT_ID)
         if st == SJ_EENDED:
-            raise api._ended_error(channel)
+            raise aligner_ended_error(channel)
         if st == SJ_ETIMEOUT:
-            raise api._timeout_error(channel, timeout)
+            raise aligner_timeout_error(channel, timeout)
         sj_aligner_failure(self.a, &f)
         failure = None
         if f.fault != SJ_FAULT_NONE:
-            failure = api.BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal != 0,
+            failure = BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal != 0,
                                        None if f.expected < 0 else f.expected)
         if st == SJ_EBARRIER and failure is not None:
             raise failure
-        raise api._closed_error(failure)
+        raise aligner_closed_error(failure)
 
 
 cdef inline int64_t _slice(int64_t deadline) noexcept:

@@ -1,17 +1,12 @@
-# cython: freethreading_compatible = True
-"""Hazelcast hashing kernels, bound to Python: conversion and GIL handling only.
-
-Columns arrive as plain tuples of buffer addresses and sizes, built by
-sparkjet.partitioning from Arrow arrays, which keeps them alive for the call:
-(kind, width, offset, length, values_address, values_size, data_address,
-data_size, variadic_addresses, variadic_sizes).
-"""
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uintptr_t
+# Hazelcast hashing kernels (native/include/sparkjet/hash.h).
+#
+# A key column arrives as a tuple built by sparkjet._keys from an Arrow array:
+# (kind, width, offset, length, values, data, variadic) where values and data are the
+# array's buffers (or None) and variadic a tuple of buffers (string views). Columns takes
+# each through the buffer protocol, so sizes come from the buffers themselves and
+# sj_column_check refuses any offset or length that reaches past them.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
-
-from sparkjet.libsparkjet cimport *
-
-from sparkjet.errors import CorruptDataError, InvalidArgumentError, KeyRangeError
 
 HAZELCAST_SEED = SJ_HAZELCAST_SEED
 KEY_INT32 = SJ_KEY_INT32
@@ -23,7 +18,7 @@ KEY_FIXED = SJ_KEY_FIXED
 KEY_VIEW = SJ_KEY_VIEW
 
 
-# The cimportable API (declared in hash.pxd).
+# The cimportable API (declared in _native.pxd, re-exported by hash.pxd).
 cdef int32_t murmur3_32(const void *data, size_t length, uint32_t seed) noexcept nogil:
     return sj_murmur3_32(data, length, seed)
 
@@ -43,44 +38,42 @@ cdef sj_status hash_rows(const sj_column *cols, int32_t ncols, uint32_t seed, in
     return sj_hash_rows(cols, ncols, seed, out, err_index, err_column)
 
 
-cdef int check_status(sj_status status, int64_t index, str context) except -1:
-    """The one place a native status becomes an exception."""
-    if status == SJ_OK:
-        return 0
-    where = f"{context}: " if context else ""
-    at = f" at index {index}" if index >= 0 else ""
-    message = f"{where}{sj_status_message(status).decode()}{at}"
-    if status == SJ_ERANGE:
-        raise KeyRangeError(message, index)
-    if status == SJ_EBOUNDS or status == SJ_ECORRUPT:
-        raise CorruptDataError(message + " (malformed Arrow buffers)", index)
-    if status == SJ_ENOMEM:
-        raise MemoryError(message)
-    raise InvalidArgumentError(message)
-
-
 cdef class Columns:
-    # Declared (with its fields) in hash.pxd.
+    """sj_column structs over the buffers of key column tuples (see above), which it
+    keeps alive; every column is checked against its buffers when built."""
 
-    def __cinit__(self, list descs):
+    def __cinit__(self, list descs, list names=None):
         self.n = len(descs)
+        self.rows = -1
+        self.held = []
         self.cols = <sj_column *>calloc(max(self.n, 1), sizeof(sj_column))
         if self.cols == NULL:
             raise MemoryError()
         cdef sj_column *c
-        cdef Py_ssize_t j, nv
+        cdef Buf b
+        cdef Py_ssize_t i, j, nv
+        cdef sj_status st
         for i, d in enumerate(descs):
+            what = f"key column {names[i]!r}" if names and i < len(names) else f"key column {i}"
+            if not isinstance(d, tuple) or len(d) != 7:
+                raise TypeError(f"{what}: expected (kind, width, offset, length, values, "
+                                f"data, variadic), not {d!r:.80}")
+            kind, width, offset, length, values, data, variadic = d
             c = &self.cols[i]
-            (kind, width, offset, length, values, values_size, data, data_size,
-             variadic, variadic_sizes) = d
             c.kind = kind
             c.width = width
             c.offset = offset
             c.length = length
-            c.values = <const void *><uintptr_t>values
-            c.values_size = values_size
-            c.data = <const uint8_t *><uintptr_t>data
-            c.data_size = data_size
+            b = buf_of(values, what + " values")
+            if b is not None:
+                self.held.append(b)
+                c.values = b.ptr
+                c.values_size = b.size
+            b = buf_of(data, what + " data")
+            if b is not None:
+                self.held.append(b)
+                c.data = b.ptr
+                c.data_size = b.size
             nv = len(variadic)
             c.variadic_count = nv
             if nv:
@@ -89,8 +82,17 @@ cdef class Columns:
                 if c.variadic == NULL or c.variadic_sizes == NULL:
                     raise MemoryError()
                 for j in range(nv):
-                    (<const uint8_t **>c.variadic)[j] = <const uint8_t *><uintptr_t>variadic[j]
-                    (<int64_t *>c.variadic_sizes)[j] = variadic_sizes[j]
+                    b = Buf(variadic[j], False, what + " variadic buffer")
+                    self.held.append(b)
+                    (<const uint8_t **>c.variadic)[j] = b.ptr
+                    (<int64_t *>c.variadic_sizes)[j] = b.size
+            st = sj_column_check(c)
+            if st != SJ_OK:
+                check_status(st, what)
+            if self.rows >= 0 and c.length != self.rows:
+                raise InvalidArgumentError(
+                    f"{what} has {c.length} rows, the first column {self.rows}")
+            self.rows = c.length
 
     def __dealloc__(self):
         if self.cols != NULL:
@@ -100,56 +102,79 @@ cdef class Columns:
             free(self.cols)
 
 
-def column_hashes(tuple desc, uint32_t seed, uintptr_t out, int64_t index_base=0, str context=""):
-    """Writes the hashes of one column's Hazelcast payloads to `out` (int32 x length)."""
+def column_hashes(tuple desc, uint32_t seed, int32_t[::1] out, int64_t index_base=0,
+                  str context="key"):
+    """Writes the hashes of one column's Hazelcast payloads to out[:length]."""
     cdef Columns cols = Columns([desc])
+    _check_out(out.shape[0], cols.rows)
     cdef int64_t err = -1
     cdef sj_status st
     with nogil:
-        st = sj_hash_column(cols.cols, seed, <int32_t *>out, &err)
-    check_status(st, err + index_base if err >= 0 else -1, context)
+        st = sj_hash_column(cols.cols, seed, &out[0] if cols.rows else NULL, &err)
+    check_status(st, context, err + index_base if err >= 0 else -1)
 
 
-def column_partitions(tuple desc, int32_t partition_count, uintptr_t out, int64_t index_base=0,
-                      str context=""):
-    """Writes the Hazelcast partition ids of one column to `out` (int32 x length)."""
+def column_partitions(tuple desc, int32_t partition_count, int32_t[::1] out,
+                      int64_t index_base=0, str context="key"):
+    """Writes the Hazelcast partition ids of one column to out[:length]."""
     cdef Columns cols = Columns([desc])
+    _check_out(out.shape[0], cols.rows)
+    _check_partition_count(partition_count)
     cdef int64_t err = -1
     cdef sj_status st
     with nogil:
-        st = sj_partition_column(cols.cols, partition_count, <int32_t *>out, &err)
-    check_status(st, err + index_base if err >= 0 else -1, context)
+        st = sj_partition_column(cols.cols, partition_count, &out[0] if cols.rows else NULL,
+                                 &err)
+    check_status(st, context, err + index_base if err >= 0 else -1)
 
 
-def row_hashes(list descs, uint32_t seed, uintptr_t out, int64_t index_base=0, list names=None):
-    """Writes the hash of each row's concatenated payloads (composite keys) to `out`."""
-    cdef Columns cols = Columns(descs)
+def row_hashes(list descs, uint32_t seed, int32_t[::1] out, int64_t index_base=0,
+               list names=None):
+    """Writes the hash of each row's concatenated payloads (composite keys) to out."""
+    if not descs:
+        raise InvalidArgumentError("a composite key needs at least one column")
+    cdef Columns cols = Columns(descs, names)
+    _check_out(out.shape[0], cols.rows)
     cdef int64_t err = -1
     cdef int32_t err_col = -1
     cdef sj_status st
     with nogil:
-        st = sj_hash_rows(cols.cols, cols.n, seed, <int32_t *>out, &err, &err_col)
-    context = ""
-    if err_col >= 0:
-        context = f"key column {names[err_col]!r}" if names else f"key column {err_col}"
-    check_status(st, err + index_base if err >= 0 else -1, context)
+        st = sj_hash_rows(cols.cols, cols.n, seed, &out[0] if cols.rows else NULL, &err,
+                          &err_col)
+    check_status(st, "composite key", err + index_base if err >= 0 else -1, err_col, names)
 
 
-def partitions_from_hashes(uintptr_t hashes, int64_t n, int32_t partition_count, uintptr_t out):
-    """out[i] = partition of hashes[i] by Java's rule; in place is fine."""
+def partitions_from_hashes(const int32_t[::1] hashes, int32_t partition_count,
+                           int32_t[::1] out):
+    """out[i] = partition of hashes[i] by Java's rule; out may be hashes itself."""
+    cdef int64_t n = hashes.shape[0]
+    _check_out(out.shape[0], n)
+    _check_partition_count(partition_count)
     cdef sj_status st
     with nogil:
-        st = sj_partitions_from_hashes(<const int32_t *>hashes, n, partition_count,
-                                       <int32_t *>out)
-    check_status(st, -1, "partitions_from_hashes")
+        st = sj_partitions_from_hashes(&hashes[0] if n else NULL, n, partition_count,
+                                       &out[0] if n else NULL)
+    check_status(st, "partitions_from_hashes")
 
 
-def murmur3_bytes(const uint8_t[::1] data, uint32_t seed):
+cdef int _check_out(Py_ssize_t have, int64_t need) except -1:
+    if have < need:
+        raise InvalidArgumentError(f"output holds {have} values, {need} are needed")
+    return 0
+
+
+cdef int _check_partition_count(int32_t partition_count) except -1:
+    if partition_count < 1:
+        raise InvalidArgumentError(f"partition_count must be >= 1, not {partition_count}")
+    return 0
+
+
+def murmur3_bytes(object data, uint32_t seed):
     """MurmurHash3 x86_32 of a bytes-like object, as a signed int."""
+    cdef Buf b = Buf(data, False, "data")
     cdef int32_t h
-    cdef const uint8_t *p = &data[0] if data.shape[0] else NULL
     with nogil:
-        h = sj_murmur3_32(p, data.shape[0], seed)
+        h = sj_murmur3_32(b.ptr, b.size, seed)
     return h
 
 
@@ -169,12 +194,13 @@ def available_kernels():
 
 
 def select_kernel(name):
-    """Uses the named kernel set, or the fastest again with None (parity tests and
-    benchmarks; not to be called while another thread hashes)."""
+    """Uses the named kernel set for every hash in the process (partitioning and Merkle
+    trees alike), or the fastest again with None. For parity tests and benchmarks; not to
+    be called while another thread hashes."""
     if name is None:
         sj_hash_select_kernel(NULL)
         return
-    encoded = name.encode()
+    encoded = str(name).encode()
     if sj_hash_select_kernel(encoded) != SJ_OK:
         raise InvalidArgumentError(
             f"kernel {name!r} is not available on this CPU; available: {available_kernels()}"

@@ -1,9 +1,7 @@
-# cython: freethreading_compatible = True
-"""Keyed-state kernels bound to Python: an int64 key -> dense slot map and aggregate
-kernels over caller-owned arrays (numpy buffers passed by address and length)."""
-from libc.stdint cimport int64_t, uint8_t, uintptr_t
-
-from sparkjet.libsparkjet cimport *
+# Keyed-state kernels (native/include/sparkjet/keyed.h): an int64 key -> dense slot map,
+# and aggregate kernels over caller-owned numpy arrays indexed by slot. Every slot is
+# checked against the arrays it indexes before anything is written.
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 
 cdef class KeyMap:
@@ -11,6 +9,8 @@ cdef class KeyMap:
     cdef sj_keymap *map
 
     def __cinit__(self, int64_t expected=0):
+        if expected < 0:
+            raise InvalidArgumentError(f"expected must be >= 0, not {expected}")
         self.map = sj_keymap_new(expected)
         if self.map == NULL:
             raise MemoryError()
@@ -21,57 +21,113 @@ cdef class KeyMap:
     def __len__(self):
         return sj_keymap_size(self.map)
 
-    def upsert(self, uintptr_t keys, int64_t n, uintptr_t slots):
-        """Finds or inserts n keys; writes their slots."""
+    def upsert(self, const int64_t[::1] keys, int64_t[::1] slots):
+        """Finds or inserts every key; writes their slots."""
+        cdef int64_t n = keys.shape[0]
+        _check_len(slots.shape[0], n, "slots")
+        if n == 0:
+            return
         cdef sj_status st
         with nogil:
-            st = sj_keymap_upsert(self.map, <const int64_t *>keys, n, <int64_t *>slots)
+            st = sj_keymap_upsert(self.map, &keys[0], n, &slots[0])
         if st != SJ_OK:
             raise MemoryError("keyed state: the key map could not grow")
 
-    def lookup(self, uintptr_t keys, int64_t n, uintptr_t slots):
-        """Finds n keys (slot -1 when missing)."""
+    def lookup(self, const int64_t[::1] keys, int64_t[::1] slots):
+        """Finds every key (slot -1 when missing)."""
+        cdef int64_t n = keys.shape[0]
+        _check_len(slots.shape[0], n, "slots")
+        if n == 0:
+            return
         with nogil:
-            sj_keymap_lookup(self.map, <const int64_t *>keys, n, <int64_t *>slots)
+            sj_keymap_lookup(self.map, &keys[0], n, &slots[0])
 
-    def keys_at(self, uintptr_t slots, int64_t n, uintptr_t out):
-        """Writes the keys of n slots (each in 0..len(self)-1) to out."""
+    def keys_at(self, const int64_t[::1] slots, int64_t[::1] out):
+        """Writes the keys of the slots (each in 0..len(self)-1) to out."""
+        cdef int64_t n = slots.shape[0]
+        _check_len(out.shape[0], n, "out")
         cdef int64_t size = sj_keymap_size(self.map)
+        _check_slots(slots, size, "slot")
         cdef const int64_t *k = sj_keymap_keys(self.map)
-        cdef const int64_t *s = <const int64_t *>slots
-        cdef int64_t *o = <int64_t *>out
         cdef int64_t i
-        for i in range(n):
-            if s[i] < 0 or s[i] >= size:
-                raise IndexError(f"slot {s[i]} outside 0..{size - 1}")
         with nogil:
             for i in range(n):
-                o[i] = k[s[i]]
+                out[i] = k[slots[i]]
 
 
-def agg_count(uintptr_t slots, int64_t n, uintptr_t counts):
+cdef int _check_len(Py_ssize_t have, int64_t need, str what) except -1:
+    if have < need:
+        raise InvalidArgumentError(f"{what} holds {have} values, {need} are needed")
+    return 0
+
+
+cdef int _check_slots(const int64_t[::1] slots, int64_t size, str what) except -1:
+    """Every slot in 0..size-1, or InvalidArgumentError naming the first that is not."""
+    cdef int64_t i, bad = -1, n = slots.shape[0]
     with nogil:
-        sj_agg_count(<const int64_t *>slots, n, <int64_t *>counts)
+        for i in range(n):
+            if <uint64_t>slots[i] >= <uint64_t>size:
+                bad = i
+                break
+    if bad >= 0:
+        raise InvalidArgumentError(
+            f"{what} {slots[bad]} at index {bad} is outside 0..{size - 1}")
+    return 0
 
 
-def agg_sum(uintptr_t slots, uintptr_t values, int64_t n, uintptr_t sums):
-    with nogil:
-        sj_agg_sum(<const int64_t *>slots, <const double *>values, n, <double *>sums)
+def agg_count(const int64_t[::1] slots, int64_t[::1] counts):
+    """counts[slot] += 1 for every slot."""
+    _check_slots(slots, counts.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_count(&slots[0], n, &counts[0])
 
 
-def agg_min(uintptr_t slots, uintptr_t values, int64_t n, uintptr_t mins):
-    with nogil:
-        sj_agg_min(<const int64_t *>slots, <const double *>values, n, <double *>mins)
+cdef int _check_values(Py_ssize_t values, Py_ssize_t slots) except -1:
+    if values != slots:
+        raise InvalidArgumentError(f"{values} values for {slots} slots")
+    return 0
 
 
-def agg_max(uintptr_t slots, uintptr_t values, int64_t n, uintptr_t maxs):
-    with nogil:
-        sj_agg_max(<const int64_t *>slots, <const double *>values, n, <double *>maxs)
+def agg_sum(const int64_t[::1] slots, const double[::1] values, double[::1] sums):
+    """sums[slots[i]] += values[i]."""
+    _check_values(values.shape[0], slots.shape[0])
+    _check_slots(slots, sums.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_sum(&slots[0], &values[0], n, &sums[0])
 
 
-def distinct_slots(uintptr_t slots, int64_t n, uintptr_t marks, uintptr_t out):
-    """Writes the distinct slots in first-appearance order to out; returns how many."""
+def agg_min(const int64_t[::1] slots, const double[::1] values, double[::1] mins):
+    """mins[slots[i]] = min(mins[slots[i]], values[i])."""
+    _check_values(values.shape[0], slots.shape[0])
+    _check_slots(slots, mins.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_min(&slots[0], &values[0], n, &mins[0])
+
+
+def agg_max(const int64_t[::1] slots, const double[::1] values, double[::1] maxs):
+    """maxs[slots[i]] = max(maxs[slots[i]], values[i])."""
+    _check_values(values.shape[0], slots.shape[0])
+    _check_slots(slots, maxs.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_max(&slots[0], &values[0], n, &maxs[0])
+
+
+def distinct_slots(const int64_t[::1] slots, uint8_t[::1] marks, int64_t[::1] out):
+    """Writes the distinct slots in first-appearance order to out; returns how many.
+    marks has a zero byte per slot (zero again on return)."""
+    cdef int64_t n = slots.shape[0]
+    _check_len(out.shape[0], n, "out")
+    _check_slots(slots, marks.shape[0], "slot")
     cdef int64_t count = 0
-    with nogil:
-        sj_distinct_slots(<const int64_t *>slots, n, <uint8_t *>marks, <int64_t *>out, &count)
+    if n:
+        with nogil:
+            sj_distinct_slots(&slots[0], n, &marks[0], &out[0], &count)
     return count

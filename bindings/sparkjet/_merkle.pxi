@@ -1,30 +1,19 @@
-# cython: freethreading_compatible = True
-"""Merkle forest kernels, bound to Python: conversion and GIL handling only.
-
-Forests arrive as tuples (nodes_address, dirty_address, depth, partition_count) over
-numpy arrays that sparkjet.merkle owns; columns as the tuples sparkjet.partitioning
-builds from Arrow arrays (see sparkjet.hash). Every call keeps its inputs alive.
-"""
+# Merkle forest kernels (native/include/sparkjet/merkle.h).
 from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 
-from sparkjet.libsparkjet cimport sj_column, sj_status, sj_status_message, SJ_OK, SJ_EINVAL, \
-    SJ_EBOUNDS, SJ_ERANGE, SJ_ENOMEM, SJ_ECORRUPT
 from sparkjet.libsparkjet_merkle cimport *
-from sparkjet.hash cimport Columns
-
-from sparkjet.errors import CorruptDataError, InvalidArgumentError, KeyRangeError
 
 MIN_DEPTH = SJ_MERKLE_MIN_DEPTH
 MAX_DEPTH = SJ_MERKLE_MAX_DEPTH
 DEFAULT_DEPTH = SJ_MERKLE_DEFAULT_DEPTH
 VALUE_FACTOR = SJ_MERKLE_VALUE_FACTOR
-FORMAT_VERSION = SJ_MERKLE_FORMAT_VERSION
-HEADER_SIZE = SJ_MERKLE_HEADER_SIZE
+MERKLE_FORMAT_VERSION = SJ_MERKLE_FORMAT_VERSION
+MERKLE_HEADER_SIZE = SJ_MERKLE_HEADER_SIZE
 MODE_VALUE = SJ_MERKLE_VALUE_HASH
 MODE_ENTRY = SJ_MERKLE_ENTRY_HASH
 
 
-# The cimportable API (declared in _merkle.pxd).
+# The cimportable API (declared in _native.pxd, re-exported by _merkle.pxd).
 cdef int64_t merkle_node_count(int32_t depth) noexcept nogil:
     return sj_merkle_node_count(depth)
 
@@ -78,27 +67,6 @@ cdef sj_status merkle_read_tree(const uint8_t *buf, int64_t len, const sj_merkle
     return sj_merkle_read_tree(buf, len, h, tree)
 
 
-cdef int check_status(sj_status status, int64_t index, int32_t column, list names,
-                      str context) except -1:
-    """The one place a native status becomes an exception; `names` names the columns
-    (keys, then values) so the message can say which one was bad."""
-    if status == SJ_OK:
-        return 0
-    where = context
-    if column >= 0:
-        name = repr(names[column]) if names and column < len(names) else str(column)
-        where += f", column {name}"
-    at = f" at row {index}" if index >= 0 else ""
-    message = f"{where}: {sj_status_message(status).decode()}{at}"
-    if status == SJ_ERANGE:
-        raise KeyRangeError(message, index)
-    if status == SJ_EBOUNDS or status == SJ_ECORRUPT:
-        raise CorruptDataError(message + " (malformed Arrow buffers)", index)
-    if status == SJ_ENOMEM:
-        raise MemoryError(message)
-    raise InvalidArgumentError(message)
-
-
 cdef sj_merkle_forest _forest(tuple handle):
     cdef sj_merkle_forest f
     f.nodes = <int32_t *><uintptr_t>handle[0]
@@ -149,7 +117,7 @@ def update(tuple forest, list key_descs, uintptr_t key_hashes, list value_descs,
     cdef sj_status st
     with nogil:
         st = sj_merkle_update(&f, &b, sign, &err, &err_col)
-    check_status(st, err + index_base if err >= 0 else -1, err_col, names, "Merkle update")
+    check_status(st, "Merkle update", err + index_base if err >= 0 else -1, err_col, names, "row")
 
 
 def refresh(tuple forest):
@@ -158,7 +126,7 @@ def refresh(tuple forest):
     cdef sj_status st
     with nogil:
         st = sj_merkle_refresh(&f)
-    check_status(st, -1, -1, None, "Merkle refresh")
+    check_status(st, "Merkle refresh", -1, -1, None)
 
 
 def diff(tuple a, tuple b, uintptr_t out, int64_t capacity, uintptr_t compared):
@@ -169,7 +137,7 @@ def diff(tuple a, tuple b, uintptr_t out, int64_t capacity, uintptr_t compared):
     cdef sj_status st
     with nogil:
         st = sj_merkle_diff(&fa, &fb, <int64_t *>out, capacity, &count, <int64_t *>compared)
-    check_status(st, -1, -1, None, "Merkle diff")
+    check_status(st, "Merkle diff", -1, -1, None)
     return count
 
 
@@ -183,7 +151,7 @@ def locate(list key_descs, int32_t depth, int32_t partition_count, uintptr_t par
     with nogil:
         st = sj_merkle_locate(keys.cols, keys.n, depth, partition_count, <int32_t *>partitions,
                               <int32_t *>leaves, &err, &err_col)
-    check_status(st, err + index_base if err >= 0 else -1, err_col, names, "Merkle locate")
+    check_status(st, "Merkle locate", err + index_base if err >= 0 else -1, err_col, names, "row")
 
 
 cdef class LeafSet:
@@ -202,7 +170,7 @@ cdef class LeafSet:
             raise InvalidArgumentError(
                 f"leaf id at position {err} is outside a forest of {partition_count} trees "
                 f"of depth {depth}")
-        check_status(st, -1, -1, None, "Merkle leaf set")
+        check_status(st, "Merkle leaf set", -1, -1, None)
 
     def __dealloc__(self):
         sj_merkle_leaf_set_free(&self.s)
@@ -223,7 +191,7 @@ def select(list key_descs, LeafSet leaves, uintptr_t mask, list names=None,
     with nogil:
         st = sj_merkle_select(keys.cols, keys.n, &leaves.s, <uint8_t *>mask, &selected, &err,
                               &err_col)
-    check_status(st, err + index_base if err >= 0 else -1, err_col, names, "Merkle select")
+    check_status(st, "Merkle select", err + index_base if err >= 0 else -1, err_col, names, "row")
     return selected
 
 
@@ -234,7 +202,7 @@ def write(uintptr_t tree, int32_t depth, int32_t partition, int32_t partition_co
     with nogil:
         st = sj_merkle_write(<const int32_t *>tree, depth, partition, partition_count, mode,
                              <uint8_t *>out, out_size)
-    check_status(st, -1, -1, None, "Merkle tree write")
+    check_status(st, "Merkle tree write", -1, -1, None)
 
 
 def read_header(const uint8_t[::1] buf, int64_t offset, str context="Merkle tree"):
@@ -259,7 +227,7 @@ def read_header(const uint8_t[::1] buf, int64_t offset, str context="Merkle tree
             f"({n - offset} bytes where the record needs more)", offset + err)
     if st == SJ_ECORRUPT:
         raise CorruptDataError(f"{context}: bad {name} at byte {offset + err}", offset + err)
-    check_status(st, -1, -1, None, context)
+    check_status(st, context, -1, -1, None)
 
 
 def read_tree(const uint8_t[::1] buf, int64_t offset, tuple header, uintptr_t tree):
@@ -274,4 +242,4 @@ def read_tree(const uint8_t[::1] buf, int64_t offset, tuple header, uintptr_t tr
     cdef sj_status st
     with nogil:
         st = sj_merkle_read_tree(p, n - offset, &h, <int32_t *>tree)
-    check_status(st, -1, -1, None, "Merkle tree read")
+    check_status(st, "Merkle tree read", -1, -1, None)

@@ -132,16 +132,31 @@ sj_status sj_scatter_by_partition(const int32_t *partitions, int64_t n, int32_t 
     return SJ_OK;
 }
 
-#define SCATTER_AS(T)                                                        \
-    do {                                                                     \
-        const T *s_ = (const T *)src;                                        \
-        T *d_ = (T *)dst;                                                    \
-        for (int64_t i = 0; i < n; i++) d_[cursor[partitions[i]]++] = s_[i]; \
+/* The next slot of value i's partition run, or -1 if the id or the run is bad. */
+static inline int64_t scatter_slot(const int32_t *partitions, int64_t i, const int64_t *starts,
+                                   int64_t *cursor, int32_t partition_count) {
+    uint32_t p = (uint32_t)partitions[i];
+    if (p >= (uint32_t)partition_count || cursor[p] >= starts[p + 1]) return -1;
+    return cursor[p]++;
+}
+
+#define SCATTER_AS(T)                                                               \
+    do {                                                                            \
+        const T *s_ = (const T *)src;                                               \
+        T *d_ = (T *)dst;                                                           \
+        for (int64_t i = 0; i < n; i++) {                                           \
+            int64_t slot_ = scatter_slot(partitions, i, starts, cursor, partition_count); \
+            if (slot_ < 0) goto bad;                                                \
+            d_[slot_] = s_[i];                                                      \
+        }                                                                           \
     } while (0)
 
 sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const int32_t *partitions,
                            const int64_t *starts, int32_t partition_count, uint8_t *dst) {
     if (width < 1 || n < 0 || partition_count < 1) return SJ_EINVAL;
+    if (starts[0] < 0 || starts[partition_count] > n) return SJ_EINVAL;
+    for (int32_t p = 0; p < partition_count; p++)
+        if (starts[p] > starts[p + 1]) return SJ_EINVAL;
     int64_t *cursor = (int64_t *)malloc(sizeof(int64_t) * (size_t)partition_count);
     if (!cursor) return SJ_ENOMEM;
     memcpy(cursor, starts, sizeof(int64_t) * (size_t)partition_count);
@@ -151,11 +166,17 @@ sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const i
     case 4: SCATTER_AS(uint32_t); break;
     case 8: SCATTER_AS(uint64_t); break;
     default:
-        for (int64_t i = 0; i < n; i++)
-            memcpy(dst + width * cursor[partitions[i]]++, src + width * i, (size_t)width);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t slot = scatter_slot(partitions, i, starts, cursor, partition_count);
+            if (slot < 0) goto bad;
+            memcpy(dst + width * slot, src + width * i, (size_t)width);
+        }
     }
     free(cursor);
     return SJ_OK;
+bad:
+    free(cursor);
+    return SJ_EINVAL;
 }
 
 static sj_status binary_span(const sj_binary *b, int64_t i, const uint8_t **p, uint32_t *len) {

@@ -99,6 +99,19 @@ static void test_scatter(void) {
     char wide[6][3] = {"a0", "b1", "c2", "d3", "e4", "f5"}, wide_out[6][3];
     sj_scatter_fixed((const uint8_t *)wide, 3, 6, parts, starts, 3, (uint8_t *)wide_out);
     CHECK(strcmp(wide_out[0], "b1") == 0 && strcmp(wide_out[5], "f5") == 0, "scatter odd width");
+    /* Ids or run starts that do not match are refused, never written past dst. */
+    int64_t good_starts[4];
+    memcpy(good_starts, starts, sizeof starts);
+    parts[1] = 2; /* partition 2 now has four values for a run of three */
+    CHECK(sj_scatter_fixed((const uint8_t *)vals, 8, 6, parts, starts, 3, (uint8_t *)moved) == SJ_EINVAL, "overfull run");
+    parts[1] = 7;
+    CHECK(sj_scatter_fixed((const uint8_t *)vals, 8, 6, parts, starts, 3, (uint8_t *)moved) == SJ_EINVAL, "bad id, fixed");
+    parts[1] = 0;
+    starts[3] = 7;
+    CHECK(sj_scatter_fixed((const uint8_t *)vals, 8, 6, parts, starts, 3, (uint8_t *)moved) == SJ_EINVAL, "starts past n");
+    memcpy(starts, good_starts, sizeof starts);
+    starts[1] = 4;
+    CHECK(sj_scatter_fixed((const uint8_t *)wide, 3, 6, parts, starts, 3, (uint8_t *)wide_out) == SJ_EINVAL, "decreasing starts");
     parts[4] = 3;
     CHECK(sj_scatter_by_partition(parts, 6, 3, starts, perm, &err) == SJ_EINVAL && err == 4, "bad id");
     parts[4] = -1;

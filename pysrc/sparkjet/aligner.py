@@ -70,7 +70,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sparkjet._aligner import (  # FAULT_*: why a barrier was refused (sj_barrier_fault)
+from sparkjet._native import (  # FAULT_*: why a barrier was refused (sj_barrier_fault)
     BURST,
     DONE,
     FAULT_OTHER_ID,
@@ -84,8 +84,19 @@ from sparkjet._aligner import (  # FAULT_*: why a barrier was refused (sj_barrie
     MODES,
     SNAPSHOT,
     BarrierAligner,
+    check_aligner_config,
 )
-from sparkjet.errors import InvalidArgumentError, SparkjetError
+from sparkjet.errors import (
+    InvalidArgumentError,
+    AlignerClosedError,
+    BarrierError,
+    aligner_channel_error,
+    aligner_closed_error,
+    aligner_ended_error,
+    aligner_snapshot_id_error,
+    aligner_timeout_error,
+    check_aligner_timeout,
+)
 
 __all__ = [
     "BURST",
@@ -104,93 +115,6 @@ __all__ = [
 
 DEFAULT_CAPACITY = 1024
 DEFAULT_HISTORY = 1000  # completed alignments kept in ``alignments``
-
-
-class BarrierError(SparkjetError, ValueError):
-    """A barrier the alignment cannot accept: ``channel`` sent barrier ``snapshot_id``
-    while ``expected`` was expected or aligning (``None``: any id). ``fault`` says which
-    rule it broke (one of the ``FAULT_*`` constants)."""
-
-    def __init__(self, fault: int, channel: int, snapshot_id: int, terminal: bool,
-                 expected: int | None):
-        super().__init__(_fault_message(fault, channel, snapshot_id, terminal, expected))
-        self.fault = fault
-        self.channel = channel
-        self.snapshot_id = snapshot_id
-        self.terminal = terminal
-        self.expected = expected
-
-    def __reduce__(self):
-        return (type(self), (self.fault, self.channel, self.snapshot_id, self.terminal,
-                             self.expected))
-
-
-class AlignerClosedError(SparkjetError, RuntimeError):
-    """The aligner was closed, or failed on a :class:`BarrierError` (then ``failure``
-    holds it, and it is also the ``__cause__``)."""
-
-    def __init__(self, message: str, failure: BarrierError | None = None):
-        super().__init__(message)
-        self.failure = failure
-
-
-def _fault_message(fault, channel, snapshot_id, terminal, expected) -> str:
-    where = f"unexpected barrier on channel {channel}: snapshot {snapshot_id}"
-    if fault == FAULT_UNEXPECTED_ID:
-        return f"{where}, expected snapshot {expected}"
-    if fault == FAULT_OTHER_ID:
-        return f"{where} while snapshot {expected} is aligning"
-    if fault == FAULT_SECOND:
-        return (f"{where}, but the channel already delivered the barrier of snapshot "
-                f"{expected}, which is still aligning")
-    if fault == FAULT_TERMINAL:
-        kind = "terminal" if terminal else "not terminal"
-        return (f"barrier of snapshot {snapshot_id} on channel {channel} is {kind}, unlike "
-                "the other channels' barriers of that snapshot")
-    return f"{where} (fault {fault})"
-
-
-def _closed_error(failure: BarrierError | None) -> AlignerClosedError:
-    if failure is None:
-        return AlignerClosedError("the aligner is closed")
-    error = AlignerClosedError(f"the aligner failed: {failure}", failure)
-    error.__cause__ = failure
-    return error
-
-
-def _channel_error(channel: int, channels: int) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"channel {channel} out of range: the aligner has channels 0..{channels - 1}")
-
-
-def _ended_error(channel: int) -> InvalidArgumentError:
-    return InvalidArgumentError(f"channel {channel} has ended: nothing can follow end()")
-
-
-def _snapshot_id_error(snapshot_id: int) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"snapshot id {snapshot_id} out of range 0..{MAX_SNAPSHOT_ID}")
-
-
-def _timeout_error(channel: int, timeout: float) -> TimeoutError:
-    return TimeoutError(f"channel {channel} stayed full for the {timeout} s timeout")
-
-
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and not timeout >= 0:  # also refuses NaN
-        raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout!r}")
-
-
-def _check_config(channels: int, mode: str, capacity: int, history: int) -> None:
-    if not 1 <= channels <= MAX_CHANNELS:
-        raise InvalidArgumentError(f"channels must be 1..{MAX_CHANNELS}, not {channels}")
-    if mode not in MODES:
-        raise InvalidArgumentError(f"mode must be one of {', '.join(map(repr, MODES))}, "
-                                   f"not {mode!r}")
-    if not 1 <= capacity <= MAX_CAPACITY:
-        raise InvalidArgumentError(f"capacity must be 1..{MAX_CAPACITY}, not {capacity}")
-    if history < 0:
-        raise InvalidArgumentError(f"history must be >= 0, not {history}")
 
 
 def _alignment_record(snapshot_id, terminal, blocking, started_ns, done_ns, arrived_ns):
@@ -278,7 +202,7 @@ class _Alignment:
                 f"cannot expect snapshot {snapshot_id} while snapshot {self.aligning} "
                 "is aligning")
         if not 0 <= snapshot_id <= MAX_SNAPSHOT_ID:
-            raise _snapshot_id_error(snapshot_id)
+            raise aligner_snapshot_id_error(snapshot_id, MAX_SNAPSHOT_ID)
         self.expected = snapshot_id
 
     def _on_barrier(self, c, snapshot_id, terminal):
@@ -332,7 +256,7 @@ class ReferenceAligner:
 
     def __init__(self, channels: int, mode: str = "exactly-once",
                  capacity: int = DEFAULT_CAPACITY, history: int = DEFAULT_HISTORY):
-        _check_config(channels, mode, capacity, history)
+        check_aligner_config(channels, mode, capacity, history)
         self._channels = channels
         self._mode = mode
         self._capacity = capacity
@@ -404,7 +328,7 @@ class ReferenceAligner:
             return self._push_many(channel, items, 0)
 
     def put_many(self, channel: int, items: Sequence, timeout: float | None = None) -> int:
-        _check_timeout(timeout)
+        check_aligner_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             done = self._push_many(channel, items, 0)
@@ -433,7 +357,7 @@ class ReferenceAligner:
             return self._step()
 
     def take(self, timeout: float | None = None) -> tuple | None:
-        _check_timeout(timeout)
+        check_aligner_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
@@ -482,19 +406,19 @@ class ReferenceAligner:
 
     def _check_channel(self, channel: int) -> None:
         if not 0 <= channel < self._channels:
-            raise _channel_error(channel, self._channels)
+            raise aligner_channel_error(channel, self._channels)
 
     def _check_push(self, channel: int) -> None:
         self._check_channel(channel)
         if self._failure is not None or self._closed:
-            raise _closed_error(self._failure)
+            raise aligner_closed_error(self._failure)
         if self._ended[channel]:
-            raise _ended_error(channel)
+            raise aligner_ended_error(channel)
 
     @staticmethod
     def _barrier(snapshot_id: int, terminal: bool) -> _Barrier:
         if not 0 <= snapshot_id <= MAX_SNAPSHOT_ID:
-            raise _snapshot_id_error(snapshot_id)
+            raise aligner_snapshot_id_error(snapshot_id, MAX_SNAPSHOT_ID)
         return _Barrier(snapshot_id, bool(terminal))
 
     def _push(self, channel: int, entry) -> bool:
@@ -520,12 +444,12 @@ class ReferenceAligner:
         return start + len(accepted)
 
     def _put(self, channel: int, entry, timeout: float | None) -> None:
-        _check_timeout(timeout)
+        check_aligner_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while not self._push(channel, entry):
                 if not self._wait_writable(channel, deadline):
-                    raise _timeout_error(channel, timeout)
+                    raise aligner_timeout_error(channel, timeout)
 
     def _wait_writable(self, channel: int, deadline: float | None) -> bool:
         """Waits for room on the channel; False if the deadline passed first."""
@@ -546,7 +470,7 @@ class ReferenceAligner:
             f = self._failure
             raise BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal, f.expected)
         if self._closed:
-            raise _closed_error(None)
+            raise aligner_closed_error(None)
         queues = self._queues
         try:
             event = self._alignment.step(lambda c: bool(queues[c]), lambda c: queues[c].popleft())

@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from sparkjet import chunk as _native
+from sparkjet import _native
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, partition_ids
 
 DEFAULT_CHUNK_SIZE = 128 * 1024
-HEADER_SIZE = _native.HEADER_SIZE
+HEADER_SIZE = _native.CHUNK_HEADER_SIZE
 CODECS = ("lz4", "raw")
 _MAX_PAYLOAD = 2**32 - 1
 
@@ -188,11 +188,9 @@ class ChunkEncoder:
         starts, perm = _scatter(pids, self.partition_count, with_perm=True)
         sizes = np.empty(len(keys), np.int64)
         kd, vd = _binary_desc(keys), _binary_desc(values)
-        _native.entries_sizes(kd, vd, sizes.ctypes.data)
+        _native.entries_sizes(kd, vd, sizes)
 
         def chunks():
-            # keys and values stay referenced here while kd/vd point into their buffers.
-            held = (keys, values)  # noqa: F841
             for p in np.flatnonzero(np.diff(starts)):
                 rows = perm[starts[p] : starts[p + 1]]
                 yield from self._entry_chunks(kd, vd, rows, sizes[rows], int(p), _native.FLAG_ENTRIES)
@@ -208,7 +206,7 @@ class ChunkEncoder:
             return []
         sizes = np.empty(len(keys), np.int64)
         kd, vd = _binary_desc(keys), _binary_desc(values)
-        _native.entries_sizes(kd, vd, sizes.ctypes.data)
+        _native.entries_sizes(kd, vd, sizes)
         rows = np.arange(len(keys), dtype=np.int64)
         flags = _native.FLAG_ENTRIES | _native.FLAG_BROADCAST
         return list(self._entry_chunks(kd, vd, rows, sizes, -1, flags))
@@ -226,7 +224,7 @@ class ChunkEncoder:
                 raise InvalidArgumentError(f"an entry of {size} bytes exceeds the 4 GiB chunk limit")
             buf = bytearray(size)
             part_rows = np.ascontiguousarray(rows[start:stop])
-            written = _native.entries_encode(kd, vd, part_rows.ctypes.data, len(part_rows), buf)
+            written = _native.entries_encode(kd, vd, part_rows, buf)
             assert written == size
             if self.codec == "raw":
                 yield self._frame(_native.CODEC_RAW, flags, partition, stop - start, size, (buf,))
@@ -245,7 +243,7 @@ class ChunkEncoder:
             digest.update(p)
         header = ChunkHeader(codec, flags, self.job_id, self.snapshot_id, self.vertex,
                              partition, count, uncompressed, stored, digest.intdigest())
-        raw = _native.encode_header(codec, flags, self.job_id, self.snapshot_id, self.vertex,
+        raw = _native.encode_chunk_header(codec, flags, self.job_id, self.snapshot_id, self.vertex,
                                     partition, count, uncompressed, stored, header.checksum)
         return Chunk(header, raw, tuple(pieces))
 
@@ -255,7 +253,7 @@ def read_chunks(buf, source: str = "") -> list[tuple[int, ChunkHeader, memoryvie
     header checked and each payload's checksum verified."""
     view = memoryview(buf).cast("B")
     out = []
-    for offset, fields in _native.scan(view, source):
+    for offset, fields in _native.scan_chunks(view, source):
         header = ChunkHeader(*fields)
         start = offset + HEADER_SIZE
         payload = view[start : start + header.stored_size]
@@ -321,8 +319,7 @@ def _scatter(pids: pa.Int32Array, partition_count: int, *, with_perm: bool):
     ids = np.frombuffer(pids.buffers()[1], np.int32, n, pids.offset * 4)
     starts = np.empty(partition_count + 1, np.int64)
     perm = np.empty(n if with_perm else 0, np.int64)
-    _native.scatter(ids.ctypes.data, n, partition_count, starts.ctypes.data,
-                    perm.ctypes.data if with_perm else 0)
+    _native.scatter(ids, partition_count, starts, perm if with_perm else None)
     return starts, perm
 
 
@@ -342,8 +339,8 @@ def _partition_order(table: pa.Table, pids: pa.Int32Array, partition_count: int)
             src = column.combine_chunks()
             data = src.buffers()[1]
             out = pa.allocate_buffer(n * width)
-            _native.scatter_fixed(data.address + src.offset * width, width, n, ids.ctypes.data,
-                                  starts.ctypes.data, partition_count, out.address)
+            _native.scatter_fixed(data.slice(src.offset * width, n * width), width, ids, starts,
+                                  out)
             columns.append(pa.Array.from_buffers(t, n, [None, out]))
         else:
             if perm is None:
@@ -371,7 +368,6 @@ def _binary(values, what: str) -> pa.Array:
 
 
 def _binary_desc(arr: pa.Array) -> tuple:
+    """The binary column tuple sparkjet._native reads: (offsets, data, offset, length)."""
     bufs = arr.buffers()
-    data = bufs[2]
-    return (bufs[1].address, bufs[1].size, data.address if data is not None else 0,
-            data.size if data is not None else 0, arr.offset, len(arr))
+    return (bufs[1], bufs[2], arr.offset, len(arr))

@@ -1,4 +1,5 @@
 """sparkjet's exceptions: one base class, each also a builtin kind users already catch."""
+import enum
 
 
 class SparkjetError(Exception):
@@ -69,3 +70,93 @@ class SnapshotIncompleteError(SparkjetError, ValueError):
 class FencedError(SparkjetError, RuntimeError):
     """A writer of an older execution tried to write or commit after a newer execution
     was registered (a zombie): refused, and nothing it wrote becomes visible."""
+
+
+# ------------------------------------------------------------------ the barrier aligner
+
+
+class BarrierFault(enum.IntEnum):
+    """Why a barrier was refused: native/include/sparkjet/aligner.h's sj_barrier_fault
+    (sparkjet._native checks at import that the values agree)."""
+
+    UNEXPECTED_ID = 1  # no alignment in progress; the id is not the expected one
+    OTHER_ID = 2  # snapshot `expected` is aligning; this barrier has another id
+    SECOND = 3  # the channel already delivered barrier `expected` (at-least-once)
+    TERMINAL = 4  # the terminal flag differs from the other channels' barriers
+
+
+class BarrierError(SparkjetError, ValueError):
+    """A barrier the alignment cannot accept: ``channel`` sent barrier ``snapshot_id``
+    while ``expected`` was expected or aligning (``None``: any id). ``fault`` says which
+    rule it broke (a :class:`BarrierFault`)."""
+
+    def __init__(self, fault: int, channel: int, snapshot_id: int, terminal: bool,
+                 expected: int | None):
+        super().__init__(_fault_message(fault, channel, snapshot_id, terminal, expected))
+        self.fault = fault
+        self.channel = channel
+        self.snapshot_id = snapshot_id
+        self.terminal = terminal
+        self.expected = expected
+
+    def __reduce__(self):
+        return (type(self), (self.fault, self.channel, self.snapshot_id, self.terminal,
+                             self.expected))
+
+
+class AlignerClosedError(SparkjetError, RuntimeError):
+    """The aligner was closed, or failed on a :class:`BarrierError` (then ``failure``
+    holds it, and it is also the ``__cause__``)."""
+
+    def __init__(self, message: str, failure: BarrierError | None = None):
+        super().__init__(message)
+        self.failure = failure
+
+
+def _fault_message(fault: int, channel: int, snapshot_id: int, terminal: bool,
+                   expected: int | None) -> str:
+    where = f"unexpected barrier on channel {channel}: snapshot {snapshot_id}"
+    if fault == BarrierFault.UNEXPECTED_ID:
+        return f"{where}, expected snapshot {expected}"
+    if fault == BarrierFault.OTHER_ID:
+        return f"{where} while snapshot {expected} is aligning"
+    if fault == BarrierFault.SECOND:
+        return (f"{where}, but the channel already delivered the barrier of snapshot "
+                f"{expected}, which is still aligning")
+    if fault == BarrierFault.TERMINAL:
+        kind = "terminal" if terminal else "not terminal"
+        return (f"barrier of snapshot {snapshot_id} on channel {channel} is {kind}, unlike "
+                "the other channels' barriers of that snapshot")
+    return f"{where} (fault {fault})"
+
+
+# The aligner's errors, built the same way by the native aligner and its Python reference.
+
+def aligner_closed_error(failure: BarrierError | None) -> AlignerClosedError:
+    if failure is None:
+        return AlignerClosedError("the aligner is closed")
+    error = AlignerClosedError(f"the aligner failed: {failure}", failure)
+    error.__cause__ = failure
+    return error
+
+
+def aligner_channel_error(channel: int, channels: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"channel {channel} out of range: the aligner has channels 0..{channels - 1}")
+
+
+def aligner_ended_error(channel: int) -> InvalidArgumentError:
+    return InvalidArgumentError(f"channel {channel} has ended: nothing can follow end()")
+
+
+def aligner_snapshot_id_error(snapshot_id: int, max_id: int) -> InvalidArgumentError:
+    return InvalidArgumentError(f"snapshot id {snapshot_id} out of range 0..{max_id}")
+
+
+def aligner_timeout_error(channel: int, timeout: float) -> TimeoutError:
+    return TimeoutError(f"channel {channel} stayed full for the {timeout} s timeout")
+
+
+def check_aligner_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout >= 0:  # also refuses NaN
+        raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout!r}")

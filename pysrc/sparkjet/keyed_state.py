@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkjet import keyed as _native
+from sparkjet import _native
 from sparkjet.errors import InvalidArgumentError, NullKeyError
 
 OPERATIONS = ("count", "sum", "min", "max", "mean")
@@ -83,18 +83,15 @@ class KeyedAggregator:
         if batch.num_rows == 0:
             return self._empty_output(batch.schema.field(self.key).type)
         slots = self._slots(batch.column(self.key))
-        n = len(slots)
-        addr = slots.ctypes.data
-        _native.agg_count(addr, n, self._counts.ctypes.data)
+        _native.agg_count(slots, self._counts)
         for c in self._columns:
             values = _float64(batch.column(c), c)
-            vaddr = values.ctypes.data
             for op in self._ops[c]:
                 if op in ("sum", "min", "max"):
                     kernel = getattr(_native, f"agg_{op}")
-                    kernel(addr, vaddr, n, self._state[(op, c)].ctypes.data)
-        touched = np.empty(n, np.int64)
-        count = _native.distinct_slots(addr, n, self._marks.ctypes.data, touched.ctypes.data)
+                    kernel(slots, values, self._state[(op, c)])
+        touched = np.empty(len(slots), np.int64)
+        count = _native.distinct_slots(slots, self._marks, touched)
         return self._output(touched[:count])
 
     def _slots(self, keys) -> np.ndarray:
@@ -117,7 +114,7 @@ class KeyedAggregator:
         if self._map is not None:
             k = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
             k = np.ascontiguousarray(k, np.int64)
-            self._map.upsert(k.ctypes.data, n, slots.ctypes.data)
+            self._map.upsert(k, slots)
             size = len(self._map)
         else:
             encoded = keys.dictionary_encode()
@@ -155,7 +152,7 @@ class KeyedAggregator:
         if self._map is not None:
             slots = np.ascontiguousarray(slots, np.int64)
             keys = np.empty(len(slots), np.int64)
-            self._map.keys_at(slots.ctypes.data, len(slots), keys.ctypes.data)
+            self._map.keys_at(slots, keys)
             return pa.array(keys).cast(self._key_type)
         return pa.array([self._dense[s] for s in slots], self._key_type)
 

@@ -103,22 +103,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkjet import _merkle as _native
+from sparkjet import _native
 from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
     UnsupportedTypeError,
 )
-from sparkjet.partitioning import (
-    DEFAULT_PARTITION_COUNT,
-    _check_key_type,
-    _check_partition_count,
-    _chunks,
-    _describe,
-    _is_integer,
-    _key_names,
-    murmur3_32,
+from sparkjet._keys import (
+    check_key_type as _check_key_type,
+    check_partition_count as _check_partition_count,
+    chunks as _chunks,
+    describe as _describe,
+    is_integer as _is_integer,
+    key_names as _key_names,
 )
+from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, murmur3_32
 
 __all__ = [
     "DEFAULT_DEPTH",

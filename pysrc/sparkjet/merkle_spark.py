@@ -36,12 +36,12 @@ from sparkjet.merkle import (
     _rows_under_leaves,
     diff,
 )
-from sparkjet.partitioning import (
-    DEFAULT_PARTITION_COUNT,
-    _check_key_type,
-    _check_partition_count,
-    _key_names,
+from sparkjet._keys import (
+    check_key_type as _check_key_type,
+    check_partition_count as _check_partition_count,
+    key_names as _key_names,
 )
+from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 
 if TYPE_CHECKING:
     import pyarrow as pa

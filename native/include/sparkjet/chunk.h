@@ -96,8 +96,11 @@ sj_status sj_scatter_by_partition(const int32_t *partitions, int64_t n, int32_t 
 /* Moves fixed-width values (width bytes each) into partition order: value i
  * goes to the next free slot of its partition's run, runs laid out as
  * sj_scatter_by_partition computed them. One sequential read and one write
- * cursor per partition, instead of a random gather by perm. partitions must
- * have been checked by sj_scatter_by_partition. */
+ * cursor per partition, instead of a random gather by perm. starts holds
+ * partition_count + 1 run starts; a partition id outside 0..partition_count-1,
+ * starts that are not a nondecreasing run table within 0..n, or more values
+ * of a partition than its run holds give SJ_EINVAL (dst may then be partly
+ * written), so no write ever leaves dst's n * width bytes. */
 sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const int32_t *partitions,
                            const int64_t *starts, int32_t partition_count, uint8_t *dst);
 

@@ -1,0 +1,64 @@
+# Status codes to exceptions: the one place (every include file raises through here).
+from sparkjet.libsparkjet cimport *
+
+from sparkjet.errors import (
+    AlignerClosedError,
+    BarrierError,
+    CorruptDataError,
+    InvalidArgumentError,
+    KeyRangeError,
+    SnapshotCorruptError,
+)
+
+# The exception class of each status; SJ_EBOUNDS and SJ_ECORRUPT mean input bytes whose
+# offsets or lengths do not hold together. The aligner's outcomes that are not errors
+# (SJ_EAGAIN) never reach here.
+cdef dict _STATUS_ERRORS = {
+    SJ_EINVAL: InvalidArgumentError,
+    SJ_EBOUNDS: CorruptDataError,
+    SJ_ECORRUPT: CorruptDataError,
+    SJ_ERANGE: KeyRangeError,
+    SJ_ENOMEM: MemoryError,
+    SJ_ETIMEOUT: TimeoutError,
+    SJ_ECLOSED: AlignerClosedError,
+    SJ_EBARRIER: BarrierError,
+    SJ_EENDED: InvalidArgumentError,
+}
+
+
+def status_message(int status):
+    """The C core's short description of a status code."""
+    return sj_status_message(<sj_status>status).decode()
+
+
+cdef object status_error(sj_status status, str message, int64_t index=-1):
+    """The exception for a status, with `message` (which should say what was wrong)."""
+    kind = _STATUS_ERRORS.get(status, InvalidArgumentError)
+    if kind is KeyRangeError or kind is CorruptDataError:
+        return kind(message, index)
+    return kind(message)
+
+
+cdef int check_status(sj_status status, str context, int64_t index=-1, int32_t column=-1,
+                      list names=None, str unit="index") except -1:
+    """Raises the exception for a failed status: "context, column 'name': what at index i"
+    (`unit` names what the index counts)."""
+    if status == SJ_OK:
+        return 0
+    where = context
+    if column >= 0:
+        where += f", column {names[column]!r}" if names and column < len(names) else f", column {column}"
+    at = f" at {unit} {index}" if index >= 0 else ""
+    message = f"{where}: {sj_status_message(status).decode()}{at}"
+    if status == SJ_EBOUNDS or status == SJ_ECORRUPT:
+        message += " (malformed Arrow buffers)"
+    raise status_error(status, message, index)
+
+
+cdef int check_corrupt(sj_status status, str source, int64_t offset, str field) except -1:
+    """Raises SnapshotCorruptError for a failed status while decoding stored bytes."""
+    if status == SJ_OK:
+        return 0
+    if status == SJ_ENOMEM:
+        raise MemoryError(f"{source}: out of memory decoding {field}")
+    raise SnapshotCorruptError(source, offset, field)
