@@ -50,8 +50,8 @@ from sparkjet.partitioning import (
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.snapshot_store import SnapshotStore
+from sparkjet._version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_PARTITION_COUNT",

@@ -1,0 +1,283 @@
+"""Every binding of sparkjet._native refuses bad input with an exception, never a crash.
+
+Wrong lengths, wrong types, out-of-range indices and random column descriptors go to
+each function; the only acceptable outcomes are a result or a TypeError / ValueError /
+MemoryError (sparkjet's errors are subclasses). CI runs this file again against an
+AddressSanitizer build (SPARKJET_SANITIZE=address), where a read past a buffer aborts
+the process instead of passing silently. The Merkle bindings have their own section in
+test_merkle.py.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkjet import _native
+from sparkjet.errors import CorruptDataError, InvalidArgumentError, SnapshotCorruptError
+
+REFUSED = (TypeError, ValueError, MemoryError, OverflowError)
+KINDS = [_native.KEY_INT32, _native.KEY_INT64, _native.KEY_INT64_AS_INT32, _native.KEY_VAR32,
+         _native.KEY_VAR64, _native.KEY_FIXED, _native.KEY_VIEW]
+
+
+def i32(*values):
+    return np.array(values, np.int32)
+
+
+def i64(*values):
+    return np.array(values, np.int64)
+
+
+# ------------------------------------------------------------------ hashing
+
+
+def test_addresses_are_not_buffers():
+    values = i64(1, 2, 3)
+    desc = (_native.KEY_INT64, 0, 0, 3, values.ctypes.data, None, ())
+    with pytest.raises(TypeError, match="values must be a contiguous buffer"):
+        _native.column_partitions(desc, 271, np.zeros(3, np.int32))
+
+
+def test_hash_output_too_short_or_wrong_type():
+    desc = (_native.KEY_INT64, 0, 0, 3, i64(1, 2, 3), None, ())
+    with pytest.raises(InvalidArgumentError, match="output holds 2 values, 3 are needed"):
+        _native.column_partitions(desc, 271, np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        _native.column_partitions(desc, 271, np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="read-only"):
+        _native.column_hashes(desc, 0, _readonly(np.zeros(3, np.int32)))
+    with pytest.raises(TypeError):
+        _native.column_hashes(desc, 0, [0, 0, 0])
+    with pytest.raises(InvalidArgumentError, match="partition_count must be >= 1"):
+        _native.column_partitions(desc, 0, np.zeros(3, np.int32))
+
+
+def _readonly(a):
+    a.setflags(write=False)
+    return a
+
+
+def test_column_lengths_past_the_buffers_are_refused():
+    with pytest.raises(CorruptDataError):  # 4 int64 values in 24 bytes
+        _native.column_partitions((_native.KEY_INT64, 0, 0, 4, i64(1, 2, 3), None, ()), 271,
+                                  np.zeros(4, np.int32))
+    with pytest.raises(CorruptDataError):  # offset 2 + 2 values past 3
+        _native.column_partitions((_native.KEY_INT32, 0, 2, 2, i32(1, 2, 3), None, ()), 271,
+                                  np.zeros(2, np.int32))
+    with pytest.raises(InvalidArgumentError):  # negative offset
+        _native.column_partitions((_native.KEY_INT32, 0, -1, 2, i32(1, 2, 3), None, ()), 271,
+                                  np.zeros(2, np.int32))
+    with pytest.raises(InvalidArgumentError):  # unknown kind
+        _native.column_partitions((99, 0, 0, 1, i32(1), None, ()), 271, np.zeros(1, np.int32))
+    with pytest.raises(CorruptDataError):  # fixed width 8 x 2 in 12 bytes
+        _native.column_partitions((_native.KEY_FIXED, 8, 0, 2, None, b"x" * 12, ()), 271,
+                                  np.zeros(2, np.int32))
+    with pytest.raises(TypeError, match="expected"):
+        _native.column_partitions((_native.KEY_INT32, 0, 0), 271, np.zeros(1, np.int32))
+
+
+def test_composite_columns_must_agree_on_rows():
+    a = (_native.KEY_INT64, 0, 0, 3, i64(1, 2, 3), None, ())
+    b = (_native.KEY_INT64, 0, 0, 2, i64(1, 2), None, ())
+    with pytest.raises(InvalidArgumentError, match="'b' has 2 rows, the first column 3"):
+        _native.row_hashes([a, b], 0, np.zeros(3, np.int32), 0, ["a", "b"])
+    with pytest.raises(InvalidArgumentError, match="at least one column"):
+        _native.row_hashes([], 0, np.zeros(3, np.int32))
+
+
+def test_partitions_from_hashes_checks_lengths():
+    with pytest.raises(InvalidArgumentError, match="output holds 1 values, 2 are needed"):
+        _native.partitions_from_hashes(i32(1, 2), 271, np.zeros(1, np.int32))
+    with pytest.raises(InvalidArgumentError):
+        _native.partitions_from_hashes(i32(1, 2), -5, np.zeros(2, np.int32))
+    with pytest.raises(ValueError):
+        _native.partitions_from_hashes(i64(1, 2), 271, np.zeros(2, np.int32))
+
+
+def test_murmur3_bytes_takes_any_buffer_only():
+    assert _native.murmur3_bytes(np.frombuffer(b"hello", np.uint8), 0) == 0x248BFA47
+    with pytest.raises(TypeError):
+        _native.murmur3_bytes("hello", 0)
+
+
+def _buffers(draw, size):
+    return draw(st.binary(min_size=0, max_size=size))
+
+
+@st.composite
+def descriptors(draw):
+    kind = draw(st.sampled_from(KINDS + [0, 42]))
+    length = draw(st.integers(-2, 40))
+    offset = draw(st.integers(-2, 40))
+    width = draw(st.integers(-1, 20))
+    values = draw(st.one_of(st.none(), st.binary(max_size=400)))
+    data = draw(st.one_of(st.none(), st.binary(max_size=200)))
+    variadic = tuple(draw(st.lists(st.binary(max_size=64), max_size=3)))
+    return (kind, width, offset, length, values, data, variadic)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(desc=descriptors(), out_len=st.integers(0, 45))
+def test_random_descriptors_never_crash(desc, out_len):
+    out = np.zeros(out_len, np.int32)
+    for call in (lambda: _native.column_partitions(desc, 271, out),
+                 lambda: _native.column_hashes(desc, 0, out),
+                 lambda: _native.row_hashes([desc, desc], 0, out)):
+        try:
+            call()
+        except REFUSED:
+            pass
+
+
+# ------------------------------------------------------------------ chunks
+
+
+def test_scatter_checks_its_arrays():
+    with pytest.raises(InvalidArgumentError, match="starts holds 3 values, 4 are needed"):
+        _native.scatter(i32(0, 1), 3, np.zeros(3, np.int64))
+    with pytest.raises(InvalidArgumentError, match="perm holds 1 values, 2 are needed"):
+        _native.scatter(i32(0, 1), 3, np.zeros(4, np.int64), np.zeros(1, np.int64))
+    with pytest.raises(InvalidArgumentError, match="partition_count"):
+        _native.scatter(i32(0, 1), 0, np.zeros(4, np.int64))
+
+
+def test_scatter_fixed_refuses_ids_that_do_not_match_the_runs():
+    ids = i32(2, 0, 2, 1, 0, 2)
+    starts = np.zeros(4, np.int64)
+    _native.scatter(ids, 3, starts)
+    src = np.arange(6, dtype=np.int64)
+    dst = np.zeros(6, np.int64)
+    _native.scatter_fixed(src, 8, ids, starts, dst)
+    assert dst.tolist() == [1, 4, 3, 0, 2, 5]
+    with pytest.raises(InvalidArgumentError):  # partition 2 gets a fourth value
+        _native.scatter_fixed(src, 8, i32(2, 2, 2, 1, 0, 2), starts, dst)
+    with pytest.raises(InvalidArgumentError):
+        _native.scatter_fixed(src, 8, i32(2, 0, 9, 1, 0, 2), starts, dst)
+    with pytest.raises(InvalidArgumentError, match="destination holds 40 bytes, 48"):
+        _native.scatter_fixed(src, 8, ids, starts, np.zeros(5, np.int64))
+    with pytest.raises(InvalidArgumentError, match="source holds"):
+        _native.scatter_fixed(src[:5], 8, ids, starts, dst)
+    with pytest.raises(InvalidArgumentError):  # runs that run past n
+        _native.scatter_fixed(src, 8, ids, i64(0, 2, 3, 9), dst)
+    with pytest.raises(InvalidArgumentError, match="width"):
+        _native.scatter_fixed(src, 0, ids, starts, dst)
+    with pytest.raises(TypeError):
+        _native.scatter_fixed(src, 8, ids, starts, bytes(48))  # read-only destination
+
+
+def _binary(values):
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
+    return (offsets, b"".join(values), 0, len(values))
+
+
+def test_entry_lists_check_offsets_rows_and_room():
+    keys, values = _binary([b"k1", b"key2"]), _binary([b"v", b"vv"])
+    sizes = np.zeros(2, np.int64)
+    _native.entries_sizes(keys, values, sizes)
+    assert sizes.tolist() == [11, 14]
+    with pytest.raises(InvalidArgumentError, match="sizes holds 1 values"):
+        _native.entries_sizes(keys, values, np.zeros(1, np.int64))
+    bad = (np.array([0, 2, 99], np.int32), b"k1key2", 0, 2)
+    with pytest.raises(CorruptDataError):
+        _native.entries_sizes(bad, values, sizes)
+    with pytest.raises(CorruptDataError):  # 3 rows need 4 offsets
+        _native.entries_sizes((np.array([0, 2, 6], np.int32), b"k1key2", 0, 3),
+                              _binary([b"v", b"vv", b""]), np.zeros(3, np.int64))
+    with pytest.raises(InvalidArgumentError, match="bad offset"):
+        _native.entries_sizes((keys[0], keys[1], -1, 2), values, sizes)
+    out = bytearray(25)
+    assert _native.entries_encode(keys, values, i64(0, 1), out) == 25
+    with pytest.raises(InvalidArgumentError, match="too small"):
+        _native.entries_encode(keys, values, i64(0, 1), bytearray(24))
+    with pytest.raises(InvalidArgumentError, match="row index"):
+        _native.entries_encode(keys, values, i64(0, 2), out)
+    with pytest.raises(InvalidArgumentError, match="row index"):
+        _native.entries_encode(keys, values, i64(-1), out)
+    with pytest.raises(TypeError):
+        _native.entries_encode(keys, values, i64(0, 1), bytes(25))
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=200), count=st.integers(0, 20))
+def test_random_entry_lists_decode_or_refuse(payload, count):
+    try:
+        _native.entries_decode(payload, count, "fuzz", 0)
+    except SnapshotCorruptError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_random_chunk_files_scan_or_refuse(data):
+    try:
+        _native.scan_chunks(data, "fuzz")
+    except SnapshotCorruptError:
+        pass
+
+
+# ------------------------------------------------------------------ keyed state
+
+
+def test_keymap_checks_lengths_and_slots():
+    m = _native.KeyMap(4)
+    slots = np.zeros(3, np.int64)
+    m.upsert(i64(10, 20, 10), slots)
+    assert slots.tolist() == [0, 1, 0] and len(m) == 2
+    with pytest.raises(InvalidArgumentError, match="slots holds 2 values, 3 are needed"):
+        m.upsert(i64(1, 2, 3), np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgumentError):
+        m.lookup(i64(1, 2, 3), np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgumentError, match="slot 2 at index 1 is outside 0..1"):
+        m.keys_at(i64(0, 2), np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgumentError, match="slot -1"):
+        m.keys_at(i64(-1), np.zeros(1, np.int64))
+    with pytest.raises(InvalidArgumentError):
+        _native.KeyMap(-1)
+    with pytest.raises(ValueError):
+        m.upsert(i32(1, 2), np.zeros(2, np.int64))
+
+
+def test_aggregates_refuse_slots_outside_their_arrays():
+    counts = np.zeros(2, np.int64)
+    sums = np.zeros(2, np.float64)
+    _native.agg_count(i64(0, 1, 1), counts)
+    _native.agg_sum(i64(0, 1, 1), np.array([1.0, 2.0, 3.0]), sums)
+    assert counts.tolist() == [1, 2] and sums.tolist() == [1.0, 5.0]
+    with pytest.raises(InvalidArgumentError, match="slot 2 at index 1 is outside 0..1"):
+        _native.agg_count(i64(0, 2), counts)
+    for kernel in (_native.agg_sum, _native.agg_min, _native.agg_max):
+        with pytest.raises(InvalidArgumentError, match="slot 5"):
+            kernel(i64(5), np.array([1.0]), sums)
+        with pytest.raises(InvalidArgumentError, match="2 values for 1 slots"):
+            kernel(i64(0), np.array([1.0, 2.0]), sums)
+        with pytest.raises(ValueError):
+            kernel(i64(0), np.array([1], np.float32), sums)
+    assert counts.tolist() == [1, 2] and sums.tolist() == [1.0, 5.0]  # nothing written
+    marks = np.zeros(2, np.uint8)
+    out = np.zeros(3, np.int64)
+    assert _native.distinct_slots(i64(1, 0, 1), marks, out) == 2 and out[:2].tolist() == [1, 0]
+    with pytest.raises(InvalidArgumentError):
+        _native.distinct_slots(i64(1, 3), marks, out)
+    with pytest.raises(InvalidArgumentError, match="out holds 1 values"):
+        _native.distinct_slots(i64(1, 0), marks, np.zeros(1, np.int64))
+
+
+# ------------------------------------------------------------------ the aligner
+
+
+def test_aligner_refuses_bad_channels_and_config():
+    a = _native.BarrierAligner(2)
+    for bad in (-1, 2, 2**20):
+        with pytest.raises(InvalidArgumentError, match="out of range"):
+            a.offer(bad, "x")
+    with pytest.raises(OverflowError):
+        a.offer(2**40, "x")
+    with pytest.raises(InvalidArgumentError):
+        _native.BarrierAligner(0)
+    with pytest.raises(InvalidArgumentError):
+        _native.BarrierAligner(2, mode="sometimes")
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        a.put(0, "x", timeout=float("nan"))
+    with pytest.raises(InvalidArgumentError, match="snapshot id"):
+        a.offer_barrier(0, -5)
+    a.close()
