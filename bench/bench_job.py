@@ -11,7 +11,6 @@ import argparse
 import os
 import signal
 import tempfile
-import threading
 import time
 
 from sparkjet.pipeline import Pipeline

@@ -11,7 +11,8 @@ with an int64 count and a float64 sum: 240 MB as Arrow. sparkjet encodes it into
 page cache only), and restores all 271 partitions or one. Competitors: ``pickle`` of the same
 state as a dict {key: (count, sum)}, and one Arrow IPC file of the unpartitioned table
 (uncompressed and lz4). Each configuration's first run is checked against the input (a
-restore, a decode or a read back) before its other runs are timed. Every figure is the median of several runs in one process, steady
+restore, a decode or a read back) before its other runs are timed. Every figure is the median
+of several runs in one process, steady
 state: the previous run's results are dropped and ``gc.collect()`` runs before each run. The
 first run of each configuration is reported too. No time is ever asserted.
 """

@@ -114,9 +114,13 @@ def sparkjet_steady_overhead(spark, work: Path, events: int = 100_000_000) -> di
         config = JobConfig(name=f"vs-steady-{guarantee}-{time.time_ns()}", processing_guarantee=guarantee,
                            snapshot_store=None if guarantee == "none" else str(work / f"st-{time.time_ns()}"),
                            snapshot_interval=1.0, members=2, local_parallelism=1)
-        marks = {}
-        Job(_pipeline(source), config).run(
-            spark, on_progress=lambda e: marks.setdefault("t0", time.monotonic()) if e["event"] == "started" else None)
+        marks: dict[str, float] = {}
+
+        def on_progress(event, marks=marks):
+            if event["event"] == "started":
+                marks.setdefault("t0", time.monotonic())
+
+        Job(_pipeline(source), config).run(spark, on_progress=on_progress)
         rates[guarantee] = events / (time.monotonic() - marks["t0"])
     return {"events": events, "none_per_s": rates["none"], "exactly_once_per_s": rates["exactly-once"],
             "overhead": 1 - rates["exactly-once"] / rates["none"]}

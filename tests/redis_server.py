@@ -60,7 +60,7 @@ def start(directory, timeout: float = 10.0, attempts: int = 3) -> RedisServer:
     import redis
 
     last_log = ""
-    for attempt in range(attempts):
+    for _ in range(attempts):
         # The port is free now; another process may take it before redis binds, hence
         # the retries.
         with socket.socket() as s:

@@ -449,7 +449,8 @@ def random_action(rng, channels):
 @st.composite
 def scenarios(draw, valid=True):
     """Per channel a script of items, barriers and maybe an end; and a schedule of pushes
-    and takes, continued to the end from a random seed (the last action). Valid scenarios follow the coordinator's rule (barrier n + 1 is pushed
+    and takes, continued to the end from a random seed (the last action). Valid scenarios
+    follow the coordinator's rule (barrier n + 1 is pushed
     only after SNAPSHOT n came out), so they never fault; invalid ones push barriers
     with random ids and flags whenever they like."""
     channels = draw(st.integers(1, 4))

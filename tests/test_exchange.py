@@ -160,13 +160,21 @@ def test_exactly_once_alignment_across_two_senders(make_server, make_client):
     client = make_client(server.location)
     a = client.channel("agg", 1, 0, 1)
     b = client.channel("agg", 1, 1, 1)
-    a.put(seq_batch(100)); a.put(seq_batch(101)); a.put_barrier(0)
-    a.put(seq_batch(102)); a.end(); a.close()  # close: all of it is in the aligner now
+    a.put(seq_batch(100))
+    a.put(seq_batch(101))
+    a.put_barrier(0)
+    a.put(seq_batch(102))
+    a.end()
+    a.close()  # close: all of it is in the aligner now
     b.put(seq_batch(200))
     wait_for(lambda: aligner.queued(1) == 1, "channel 1's first batch")
     first = simplify(aligner.drain(100))
     assert first == [(ITEM, 0, (100,)), (ITEM, 0, (101,)), (ITEM, 1, (200,))]
-    b.put(seq_batch(201)); b.put_barrier(0); b.put(seq_batch(202)); b.end(); b.close()
+    b.put(seq_batch(201))
+    b.put_barrier(0)
+    b.put(seq_batch(202))
+    b.end()
+    b.close()
     rest = simplify(take_events(aligner, 10))
     assert rest[:2] == [(ITEM, 1, (201,)), (SNAPSHOT, 0, False)]
     # After the snapshot, the channels interleave as the batches happen to arrive.

@@ -83,7 +83,7 @@ def simulate(old, new, steps):
         assert roles == expected, p
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grown(backup_count):
     """Tables with 1, 2, ..., 33 members (m0, m1, ...), each from the previous by one join."""
     tables = [PartitionTable.create(["m0"], P, backup_count)]

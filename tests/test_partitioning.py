@@ -5,10 +5,10 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
+import reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference as ref
 import sparkjet
 from sparkjet import _native as native
 from sparkjet.errors import (

@@ -6,10 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from test_snapshot_store import entries, state
 
 from sparkjet.snapshot_store import SnapshotStore
-from test_snapshot_store import entries, state
 
 CHILD = Path(__file__).parent / "snapshot_crash_child.py"
 

@@ -175,7 +175,8 @@ def test_damaged_file_is_detected(store, damage):
 
 def test_tampered_validation_record_is_refused(store):
     info = snapshot(store, 0, 1, seed=1)
-    record, = (Path(store._backend.root) / "job-000000000000002a" / "snapshots" / store._snapshot_dir(0, 1)).glob("_validation-*.json")
+    snapshots = Path(store._backend.root) / "job-000000000000002a" / "snapshots"
+    record, = (snapshots / store._snapshot_dir(0, 1)).glob("_validation-*.json")
     data = json.loads(record.read_text())
     data["chunk_count"] += 1
     record.write_text(json.dumps(data, sort_keys=True))

@@ -6,6 +6,7 @@ import textwrap
 
 import pyarrow as pa
 import pytest
+
 import sparkjet
 from sparkjet._java import (
     JavaNotFoundError,

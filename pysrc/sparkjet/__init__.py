@@ -22,6 +22,7 @@ stays cheap.
 """
 from pathlib import Path
 
+from sparkjet._version import __version__
 from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -50,8 +51,6 @@ from sparkjet.partitioning import (
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.snapshot_store import SnapshotStore
-from sparkjet._version import __version__
-
 
 __all__ = [
     "DEFAULT_PARTITION_COUNT",
@@ -75,6 +74,7 @@ __all__ = [
     "SyncPlan",
     "SyncSession",
     "UnsupportedTypeError",
+    "__version__",
     "choose_depth",
     "get_include",
     "murmur3_32",

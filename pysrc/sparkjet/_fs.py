@@ -56,7 +56,7 @@ class Backend:
             raise
         out.close()
 
-    def open_write(self, path: str) -> "StreamWriter":
+    def open_write(self, path: str) -> StreamWriter:
         """A file written piece by piece; ``close()`` makes it durable (fsync on local
         disks when durable), ``abort()`` removes it."""
         return StreamWriter(self, path)

@@ -69,10 +69,10 @@ class SourceReader(ABC):
         """Continues from a snapshot's state (None: from the start, or for sources that
         cannot rewind, from where they are, as the guarantee allows)."""
 
-    def ack(self, snapshot_id: int) -> None:
+    def ack(self, snapshot_id: int) -> None:  # noqa: B027 - optional: replayable sources need none
         """Snapshot `snapshot_id` is complete (phase 2): acknowledge what it covers."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a reader may hold nothing to release
         """Releases connections and files."""
 
 
@@ -121,7 +121,7 @@ class SinkWriter(ABC):
         mapped to this one (old index % new parallelism): dicts united, lists concatenated
         (``sparkjet.runtime.member.merge_states``)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a writer may hold nothing to end
         """Ends writing. With guarantee "none", makes what was written visible."""
 
 

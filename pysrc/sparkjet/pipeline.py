@@ -74,34 +74,34 @@ class Pipeline:
     _stages: tuple = ()
     _sink: Sink | None = None
 
-    def read_from(self, source: Source) -> "Pipeline":
+    def read_from(self, source: Source) -> Pipeline:
         if not isinstance(source, Source):
             raise InvalidArgumentError(f"read_from() takes a sparkjet Source, got {type(source).__name__}")
         if self._source is not None:
             raise InvalidArgumentError("this pipeline already has a source")
         return Pipeline(source, self._stages, self._sink)
 
-    def _add(self, stage) -> "Pipeline":
+    def _add(self, stage) -> Pipeline:
         if self._source is None:
             raise InvalidArgumentError("call read_from(source) first")
         if self._sink is not None:
             raise InvalidArgumentError("this pipeline already ends in a sink")
         return Pipeline(self._source, (*self._stages, stage), None)
 
-    def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> "Pipeline":
+    def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Pipeline:
         """Applies `fn` to every batch (it must return a RecordBatch or Table). It must be
         deterministic for exactly-once output: a replay calls it again."""
         if not callable(fn):
             raise InvalidArgumentError("map_batches() takes a function of a RecordBatch")
         return self._add(MapStage(fn))
 
-    def filter(self, expression: pc.Expression) -> "Pipeline":
+    def filter(self, expression: pc.Expression) -> Pipeline:
         """Keeps the rows where a pyarrow compute expression is true."""
         if not isinstance(expression, pc.Expression):
             raise InvalidArgumentError("filter() takes a pyarrow.compute expression, e.g. pc.field('v') > 0")
         return self._add(FilterStage(expression))
 
-    def group_by(self, key: str) -> "GroupBy":
+    def group_by(self, key: str) -> GroupBy:
         """Starts a rolling keyed aggregation over one key column."""
         if not isinstance(key, str):
             raise InvalidArgumentError(f"group_by() takes a column name, got {key!r}")
@@ -109,7 +109,7 @@ class Pipeline:
             raise InvalidArgumentError("a pipeline has at most one group_by")
         return GroupBy(self, key)
 
-    def write_to(self, sink: Sink) -> "Pipeline":
+    def write_to(self, sink: Sink) -> Pipeline:
         if not isinstance(sink, Sink):
             raise InvalidArgumentError(f"write_to() takes a sparkjet Sink, got {type(sink).__name__}")
         if self._source is None:

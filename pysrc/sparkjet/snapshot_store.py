@@ -109,7 +109,7 @@ class Manifest:
                 "files": self.files}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Manifest":
+    def from_json(cls, data: dict) -> Manifest:
         return cls(data["snapshot_id"], data["execution_id"], list(data["files"]))
 
 
@@ -143,7 +143,7 @@ class SnapshotStore:
         """Waits for the background cleanup."""
         self.wait_for_cleanup()
 
-    def __enter__(self) -> "SnapshotStore":
+    def __enter__(self) -> SnapshotStore:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -243,7 +243,7 @@ class SnapshotStore:
 
     def writer(self, snapshot_id: int, execution_id: int, *, writer: int = 0,
                partition_count: int = DEFAULT_PARTITION_COUNT, chunk_size: int = DEFAULT_CHUNK_SIZE,
-               codec: str = "lz4") -> "SnapshotWriter":
+               codec: str = "lz4") -> SnapshotWriter:
         """A writer of snapshot `snapshot_id` for execution `execution_id`. Several writers
         (members, processors) may write one snapshot; give each a distinct `writer` number."""
         self.check_fence(execution_id)

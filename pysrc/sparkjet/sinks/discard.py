@@ -12,7 +12,7 @@ class DiscardSink(Sink):
     name = "discard"
     transactional = False
 
-    def open(self, context: ProcessorContext) -> "DiscardWriter":
+    def open(self, context: ProcessorContext) -> DiscardWriter:
         return DiscardWriter()
 
     def __repr__(self) -> str:

@@ -376,7 +376,7 @@ class RedisStreamReader(SourceReader):
             self._buffers[by_key[key.decode()]].extend(entries)
 
     def _emit(self, p: int, entries: list) -> pa.RecordBatch | None:
-        for i, (message_id, fields) in enumerate(entries):
+        for i, (_message_id, fields) in enumerate(entries):
             if _END in fields:
                 entries = entries[:i + 1]
                 self._ended.add(p)
