@@ -289,7 +289,7 @@ def test_leaf_rule_edges():
 def test_entry_hash_matches_reference():
     rng = np.random.default_rng(5)
     for k, v in rng.integers(-(2**31), 2**31, (200, 2)):
-        assert merkle._native.entry_hash(int(k), int(v)) == ref_entry_hash(int(k), int(v))
+        assert sparkjet._native.tree_entry_hash(int(k), int(v)) == ref_entry_hash(int(k), int(v))
 
 
 def test_value_types_hash_as_documented():

@@ -359,10 +359,6 @@ def _int32_hashes(hashes, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
-def _address(arr: np.ndarray) -> int:
-    return arr.__array_interface__["data"][0]
-
-
 def _readonly(arr: np.ndarray) -> np.ndarray:
     view = arr.view()
     view.flags.writeable = False
@@ -421,12 +417,14 @@ class _Trees:
     def nbytes(self) -> int:
         return self._nodes.nbytes
 
-    def _handle(self) -> tuple:
-        return (_address(self._nodes), _address(self._dirty), self._depth, len(self._dirty))
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The forest as the native kernels take it: every node in one flat int32 array
+        (a view of the nodes), the dirty flags, the depth."""
+        return self._nodes.reshape(-1), self._dirty, self._depth
 
     def _fresh(self) -> np.ndarray:
         if self._dirty.any():
-            _native.refresh(self._handle())
+            _native.forest_refresh(*self._arrays())
         return self._nodes
 
     def add(self, data, values=None, *, key=None, value=None, key_type=None) -> None:
@@ -485,19 +483,19 @@ class _Trees:
             if batch.num_rows:
                 key_descs, key_keep = _key_descs(batch, keys, key_type, base)
                 value_descs, value_hashes, value_keep = _value_input(batch, len(keys), vals, base)
-                prepared.append((key_descs, value_descs, value_hashes, batch.num_rows, base,
+                prepared.append((key_descs, value_descs, value_hashes, base,
                                  (key_keep, value_keep)))
             base += batch.num_rows
-        handle, done = self._handle(), []
+        forest, done = self._arrays(), []
         try:
-            for key_descs, value_descs, value_hashes, rows, base, _ in prepared:
-                hashes = _address(value_hashes) if value_hashes is not None else 0
-                _native.update(handle, key_descs, 0, value_descs, hashes, rows, self._mode, sign,
-                               names, base)
-                done.append((key_descs, value_descs, hashes, rows))
+            for key_descs, value_descs, value_hashes, base, _ in prepared:
+                _native.forest_update(*forest, self._mode, sign, key_descs, None, value_descs,
+                                      value_hashes, names, base)
+                done.append((key_descs, value_descs, value_hashes))
         except BaseException:
-            for key_descs, value_descs, hashes, rows in done:  # all or nothing
-                _native.update(handle, key_descs, 0, value_descs, hashes, rows, self._mode, -sign)
+            for key_descs, value_descs, value_hashes in done:  # all or nothing
+                _native.forest_update(*forest, self._mode, -sign, key_descs, None, value_descs,
+                                      value_hashes)
             raise
 
     def _update_hashes(self, key_hashes, value_hashes, sign) -> None:
@@ -506,8 +504,7 @@ class _Trees:
         if vals is not None and len(vals) != len(keys):
             raise InvalidArgumentError(f"{len(keys)} key hashes but {len(vals)} value hashes")
         if len(keys):
-            _native.update(self._handle(), [], _address(keys), [],
-                           _address(vals) if vals is not None else 0, len(keys), self._mode, sign)
+            _native.forest_update(*self._arrays(), self._mode, sign, [], keys, [], vals)
 
     def _same_shape(self, other, what: str) -> None:
         if self._depth != other._depth or self._mode != other._mode:
@@ -582,7 +579,7 @@ class MerkleTree(_Trees):
 
     def leaf_of(self, key_hash: int) -> int:
         """The node order of the leaf a key hash lands in."""
-        return _native.leaf_of_hash(key_hash, self._depth)
+        return _native.tree_leaf_of_hash(key_hash, self._depth)
 
     def copy(self) -> MerkleTree:
         twin = MerkleTree(**self.config)
@@ -602,14 +599,14 @@ class MerkleTree(_Trees):
         """A tree from :meth:`to_bytes`; raises :class:`~sparkjet.errors.CorruptDataError`
         naming the bad field and its byte offset."""
         view = memoryview(data).cast("B")
-        header = _native.read_header(view, 0, "Merkle tree")
+        header = _native.read_tree_header(view, 0, "Merkle tree")
         _, depth, mode, partition, count, size = header
         if size != len(view):
             raise CorruptDataError(
                 f"Merkle tree: {len(view) - size} bytes after the tree's {size}", size
             )
         tree = cls(depth, value_hash=_MODE_NAMES[mode], partition=partition, partition_count=count)
-        _native.read_tree(view, 0, header, _address(tree._nodes))
+        _native.read_tree(view, 0, header, tree._nodes[0])
         return tree
 
     def __reduce__(self):
@@ -709,12 +706,12 @@ class MerkleForest(_Trees):
 
     def to_bytes(self) -> bytes:
         """Every tree's record, in partition order."""
-        size = _native.serialized_size(self._depth)
+        size = _native.tree_serialized_size(self._depth)
         out = bytearray(size * self.partition_count)
-        base = _address(np.frombuffer(out, np.uint8)) if out else 0
-        for p in range(self.partition_count):
-            _native.write(_address(self._nodes[p]), self._depth, p, self.partition_count,
-                          self._mode, base + p * size, size)
+        with memoryview(out) as view:
+            for p in range(self.partition_count):
+                _native.write_tree(self._nodes[p], self._depth, p, self.partition_count,
+                                   self._mode, view[p * size:(p + 1) * size])
         return bytes(out)
 
     @classmethod
@@ -725,13 +722,13 @@ class MerkleForest(_Trees):
         view = memoryview(data).cast("B")
         if not len(view):
             raise CorruptDataError("Merkle forest: no bytes (expected one record per tree)", 0)
-        first = _native.read_header(view, 0, "Merkle forest record 0")
+        first = _native.read_tree_header(view, 0, "Merkle forest record 0")
         _, depth, mode, _, count, size = first
         forest = cls(count, depth, value_hash=_MODE_NAMES[mode])
         seen = np.zeros(count, bool)
         offset, record = 0, 0
         while offset < len(view):
-            header = _native.read_header(view, offset, f"Merkle forest record {record}")
+            header = _native.read_tree_header(view, offset, f"Merkle forest record {record}")
             _, d, m, p, c, _ = header
             if (d, m, c) != (depth, mode, count):
                 field = "depth" if d != depth else "flags" if m != mode else "partition count"
@@ -744,7 +741,7 @@ class MerkleForest(_Trees):
                     f"Merkle forest record {record} at byte {offset}: partition {p} appears twice",
                     offset)
             seen[p] = True
-            _native.read_tree(view, offset, header, _address(forest._nodes[p]))
+            _native.read_tree(view, offset, header, forest._nodes[p])
             offset += size
             record += 1
         if not seen.all():
@@ -796,10 +793,8 @@ class MerkleForest(_Trees):
 
 
 def _write(tree: np.ndarray, depth: int, partition: int, count: int, mode: int) -> bytes:
-    size = _native.serialized_size(depth)
-    out = bytearray(size)
-    _native.write(_address(tree), depth, partition, count, mode,
-                  _address(np.frombuffer(out, np.uint8)), size)
+    out = bytearray(_native.tree_serialized_size(depth))
+    _native.write_tree(tree, depth, partition, count, mode, out)
     return bytes(out)
 
 
@@ -824,16 +819,16 @@ def locate(data, depth: int = DEFAULT_DEPTH, partition_count: int = DEFAULT_PART
     _check_key_type(key_type)
     table, keys, _ = _entries(data, None, key, [] if key is not None else None)
     rows = table.num_rows
-    parts, leaves = pa.allocate_buffer(4 * rows), pa.allocate_buffer(4 * rows)
+    parts, leaves = np.empty(rows, np.int32), np.empty(rows, np.int32)
     base = 0
     for batch in table.select(list(keys)).to_batches():
-        if batch.num_rows:
+        n = batch.num_rows
+        if n:
             descs, _keep = _key_descs(batch, keys, key_type, base)
-            _native.locate(descs, depth, partition_count, parts.address + 4 * base,
-                           leaves.address + 4 * base, list(keys), base)
-        base += batch.num_rows
-    return (pa.Array.from_buffers(pa.int32(), rows, [None, parts]),
-            pa.Array.from_buffers(pa.int32(), rows, [None, leaves]))
+            _native.locate_keys(descs, depth, partition_count, parts[base:base + n],
+                                leaves[base:base + n], list(keys), base)
+        base += n
+    return pa.array(parts, pa.int32()), pa.array(leaves, pa.int32())
 
 
 # ----------------------------------------------------------------------------------- diff
@@ -935,12 +930,12 @@ def diff(a: MerkleTree | MerkleForest, b: MerkleTree | MerkleForest) -> MerkleDi
     compared = np.zeros(depth, np.int64)
     a._fresh()
     b._fresh()
-    ha, hb = a._handle(), b._handle()
+    fa, fb = a._arrays(), b._arrays()
     out = np.empty(1024, np.int64)
-    count = _native.diff(ha, hb, _address(out), len(out), _address(compared))
+    count = _native.forest_diff(*fa, *fb, out, compared)
     if count > len(out):
         out = np.empty(count, np.int64)
-        count = _native.diff(ha, hb, _address(out), len(out), _address(compared))
+        count = _native.forest_diff(*fa, *fb, out, compared)
     return MerkleDiff(out[:count].copy(), depth, (a.depth, b.depth), a.partition_count,
                       compared, labels)
 
@@ -1242,8 +1237,7 @@ def _leaf_set(found: MerkleDiff) -> _native.LeafSet:
 
 
 def _leaf_set_of(leaf_ids, depth: int, partition_count: int) -> _native.LeafSet:
-    ids = np.ascontiguousarray(leaf_ids, np.int64)
-    return _native.LeafSet(depth, partition_count, _address(ids), len(ids))
+    return _native.LeafSet(depth, partition_count, np.ascontiguousarray(leaf_ids, np.int64))
 
 
 def _rows_under_leaves(table: pa.Table, keys, key_type,
@@ -1256,7 +1250,7 @@ def _rows_under_leaves(table: pa.Table, keys, key_type,
         if n:
             descs, _keep = _key_descs(batch, keys, key_type, base)
             buf = pa.allocate_buffer((n + 7) // 8)
-            _native.select(descs, leaves, buf.address, list(keys), base)
+            _native.select_keys(descs, leaves, buf, list(keys), base)
             masks.append(pa.Array.from_buffers(pa.bool_(), n, [None, buf]))
         base += n
     return pa.chunked_array(masks, pa.bool_())
