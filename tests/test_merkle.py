@@ -39,6 +39,7 @@ from sparkjet.merkle import (
     diff,
     estimate_sync,
     locate,
+    protocol,
     sync_plan,
 )
 
@@ -674,13 +675,13 @@ def test_session_stops_early_when_nothing_differs():
 
 def test_party_checks_what_the_peer_sends():
     forest = MerkleForest(5, 4)
-    party = merkle._Party("fresh", forest)
-    party.receive_hello(merkle._Party("stale", forest).hello())
-    good = merkle._Party("stale", forest).roots()
+    party = protocol.Party("fresh", forest)
+    party.receive_hello(protocol.Party("stale", forest).hello())
+    good = protocol.Party("stale", forest).roots()
     with pytest.raises(CorruptDataError, match="bytes where the counts need"):
         party.receive_nodes(good[:-1])
     bad = bytearray(good)
-    bad[0] = merkle._LEAVES
+    bad[0] = protocol.LEAVES
     with pytest.raises(CorruptDataError, match="kind 2 where nodes was due"):
         party.receive_nodes(bytes(bad))
     wrong_level = bytearray(good)
@@ -688,7 +689,7 @@ def test_party_checks_what_the_peer_sends():
     with pytest.raises(CorruptDataError, match="a node outside level 2"):
         party.receive_nodes(bytes(wrong_level))
     with pytest.raises(InvalidArgumentError, match="mismatched partition counts"):
-        party.receive_hello(merkle._Party("stale", MerkleForest(6, 4)).hello())
+        party.receive_hello(protocol.Party("stale", MerkleForest(6, 4)).hello())
 
 
 # ------------------------------------------------------------------- sync plan and apply
