@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sparkjet
+from sparkjet import hash as sj_hash
 from sparkjet import merkle
 from sparkjet.errors import (
     CorruptDataError,
@@ -875,6 +876,58 @@ def test_choose_depth_follows_the_change_rate():
     for rows, changes in ((10_000_000, 1_200), (1_000_000, 1_000)):
         best = estimate_sync(rows, changes, choose_depth(rows, changes)).total_bytes
         assert best <= min(estimate_sync(rows, changes, d).total_bytes for d in range(2, 15))
+
+
+# ------------------------------------------------------------------------ kernel parity
+
+
+@pytest.fixture(scope="module")
+def kernel_tables():
+    """Tables over every key layout the kernels vectorize (int64, strings long and short,
+    composite), several 4096-row blocks each, in chunks that start at odd offsets, with
+    null values in places (hashed outside the fused kernel)."""
+    rng = np.random.default_rng(21)
+    n = 10_000
+    ids = rng.choice(2**62, n, replace=False).astype(np.int64) - 2**61
+    words = ["".join(chr(c) for c in rng.integers(32, 0x3000, size=k))
+             for k in rng.integers(0, 70, n)]
+    amount = rng.integers(-(10**9), 10**9, n)
+    price = rng.normal(100, 10, n)
+    note = pa.array([None if i % 97 == 0 else f"note {x}" for i, x in
+                     enumerate(rng.integers(0, 500, n))])
+    flag = pa.array(rng.integers(0, 2, n).astype(bool))
+    tables = {
+        "int64": (pa.table({"id": ids, "amount": amount, "note": note}), ["id"]),
+        "string": (pa.table({"word": words, "price": price, "flag": flag}), ["word"]),
+        "composite": (pa.table({"region": pa.array((ids % 1000).astype(np.int32)),
+                                "word": words, "amount": amount, "note": note}),
+                      ["region", "word"]),
+    }
+    # Chunks starting at odd offsets: block and buffer boundaries must not matter.
+    return {kind: (pa.concat_tables([table.slice(7, 4099), table.slice(4106)]), keys)
+            for kind, (table, keys) in tables.items()}
+
+
+@pytest.mark.parametrize("kind", ["int64", "string", "composite"])
+@pytest.mark.parametrize("value_hash", ["value", "entry"])
+def test_every_kernel_builds_the_same_forest(kernel_tables, kind, value_hash):
+    table, keys = kernel_tables[kind]
+    nodes, located = {}, {}
+    try:
+        for kernel in sj_hash.available_kernels():
+            sj_hash.select_kernel(kernel)
+            assert sj_hash.kernel_name() == kernel
+            forest = MerkleForest(271, 12, value_hash=value_hash)
+            forest.add(table, key=keys)
+            nodes[kernel] = forest.nodes.copy()
+            located[kernel] = [a.to_numpy() for a in locate(table, 12, 271, key=keys)]
+    finally:
+        sj_hash.select_kernel(None)
+    assert "generic" in nodes and np.count_nonzero(nodes["generic"][:, 0]) > 200
+    for kernel, forest_nodes in nodes.items():
+        assert np.array_equal(forest_nodes, nodes["generic"]), kernel
+        for got, want in zip(located[kernel], located["generic"]):
+            assert np.array_equal(got, want), kernel
 
 
 # ------------------------------------------------------------------ the public C API
