@@ -118,7 +118,7 @@ cdef int _merkle_forest(sj_merkle_forest *f, const int32_t[::1] nodes, const uin
 
 cdef int _merkle_check_exact(Py_ssize_t have, int64_t need, str what) except -1:
     if have != need:
-        raise InvalidArgumentError(f"{what} holds {have} values, {need} are needed")
+        raise InvalidArgumentError(f"{what} holds {have} values where {need} are expected")
     return 0
 
 
