@@ -19,7 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sparkjet
+from sparkjet import _native as native
+from sparkjet import hash as sj_hash
 from sparkjet import merkle
+from sparkjet._keys import describe
 from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -39,6 +42,7 @@ from sparkjet.merkle import (
     diff,
     estimate_sync,
     locate,
+    protocol,
     sync_plan,
 )
 
@@ -289,7 +293,7 @@ def test_leaf_rule_edges():
 def test_entry_hash_matches_reference():
     rng = np.random.default_rng(5)
     for k, v in rng.integers(-(2**31), 2**31, (200, 2)):
-        assert merkle._native.entry_hash(int(k), int(v)) == ref_entry_hash(int(k), int(v))
+        assert sparkjet._native.tree_entry_hash(int(k), int(v)) == ref_entry_hash(int(k), int(v))
 
 
 def test_value_types_hash_as_documented():
@@ -674,13 +678,13 @@ def test_session_stops_early_when_nothing_differs():
 
 def test_party_checks_what_the_peer_sends():
     forest = MerkleForest(5, 4)
-    party = merkle._Party("fresh", forest)
-    party.receive_hello(merkle._Party("stale", forest).hello())
-    good = merkle._Party("stale", forest).roots()
+    party = protocol.Party("fresh", forest)
+    party.receive_hello(protocol.Party("stale", forest).hello())
+    good = protocol.Party("stale", forest).roots()
     with pytest.raises(CorruptDataError, match="bytes where the counts need"):
         party.receive_nodes(good[:-1])
     bad = bytearray(good)
-    bad[0] = merkle._LEAVES
+    bad[0] = protocol.LEAVES
     with pytest.raises(CorruptDataError, match="kind 2 where nodes was due"):
         party.receive_nodes(bytes(bad))
     wrong_level = bytearray(good)
@@ -688,7 +692,7 @@ def test_party_checks_what_the_peer_sends():
     with pytest.raises(CorruptDataError, match="a node outside level 2"):
         party.receive_nodes(bytes(wrong_level))
     with pytest.raises(InvalidArgumentError, match="mismatched partition counts"):
-        party.receive_hello(merkle._Party("stale", MerkleForest(6, 4)).hello())
+        party.receive_hello(protocol.Party("stale", MerkleForest(6, 4)).hello())
 
 
 # ------------------------------------------------------------------- sync plan and apply
@@ -874,6 +878,280 @@ def test_choose_depth_follows_the_change_rate():
     for rows, changes in ((10_000_000, 1_200), (1_000_000, 1_000)):
         best = estimate_sync(rows, changes, choose_depth(rows, changes)).total_bytes
         assert best <= min(estimate_sync(rows, changes, d).total_bytes for d in range(2, 15))
+
+
+# ------------------------------------------------------------------------ kernel parity
+
+
+@pytest.fixture(scope="module")
+def kernel_tables():
+    """Tables over every key layout the kernels vectorize (int64, strings long and short,
+    composite), several 4096-row blocks each, in chunks that start at odd offsets, with
+    null values in places (hashed outside the fused kernel)."""
+    rng = np.random.default_rng(21)
+    n = 10_000
+    ids = rng.choice(2**62, n, replace=False).astype(np.int64) - 2**61
+    words = ["".join(chr(c) for c in rng.integers(32, 0x3000, size=k))
+             for k in rng.integers(0, 70, n)]
+    amount = rng.integers(-(10**9), 10**9, n)
+    price = rng.normal(100, 10, n)
+    note = pa.array([None if i % 97 == 0 else f"note {x}" for i, x in
+                     enumerate(rng.integers(0, 500, n))])
+    flag = pa.array(rng.integers(0, 2, n).astype(bool))
+    tables = {
+        "int64": (pa.table({"id": ids, "amount": amount, "note": note}), ["id"]),
+        "string": (pa.table({"word": words, "price": price, "flag": flag}), ["word"]),
+        "composite": (pa.table({"region": pa.array((ids % 1000).astype(np.int32)),
+                                "word": words, "amount": amount, "note": note}),
+                      ["region", "word"]),
+    }
+    # Chunks starting at odd offsets: block and buffer boundaries must not matter.
+    return {kind: (pa.concat_tables([table.slice(7, 4099), table.slice(4106)]), keys)
+            for kind, (table, keys) in tables.items()}
+
+
+@pytest.mark.parametrize("kind", ["int64", "string", "composite"])
+@pytest.mark.parametrize("value_hash", ["value", "entry"])
+def test_every_kernel_builds_the_same_forest(kernel_tables, kind, value_hash):
+    table, keys = kernel_tables[kind]
+    nodes, located = {}, {}
+    try:
+        for kernel in sj_hash.available_kernels():
+            sj_hash.select_kernel(kernel)
+            assert sj_hash.kernel_name() == kernel
+            forest = MerkleForest(271, 12, value_hash=value_hash)
+            forest.add(table, key=keys)
+            nodes[kernel] = forest.nodes.copy()
+            located[kernel] = [a.to_numpy() for a in locate(table, 12, 271, key=keys)]
+    finally:
+        sj_hash.select_kernel(None)
+    assert "generic" in nodes and np.count_nonzero(nodes["generic"][:, 0]) > 200
+    for kernel, forest_nodes in nodes.items():
+        assert np.array_equal(forest_nodes, nodes["generic"]), kernel
+        for got, want in zip(located[kernel], located["generic"]):
+            assert np.array_equal(got, want), kernel
+
+
+# ----------------------------------------------------------- bindings refuse bad input
+
+# What a binding may raise for input it refuses: never a crash, never a write.
+REFUSED = (SparkjetError, TypeError, ValueError)
+
+
+def native_forest(partition_count=3, depth=4):
+    return (np.zeros(partition_count * native.tree_node_count(depth), np.int32),
+            np.zeros(partition_count, np.uint8))
+
+
+def readonly(arr):
+    arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+def key_desc(values):
+    desc, _keep = describe(pa.array(values), None, 0, "key")
+    return desc
+
+
+def test_tree_functions_refuse_bad_depths_and_types():
+    assert native.tree_node_count(1) == native.tree_node_count(28) == -1
+    assert native.tree_serialized_size(1) == native.tree_serialized_size(28) == -1
+    for depth in (1, 28, -5):
+        with pytest.raises(InvalidArgumentError, match="depth"):
+            native.tree_leaf_of_hash(0, depth)
+    for bad in ("1", None, [1]):
+        with pytest.raises(TypeError):
+            native.tree_node_count(bad)
+        with pytest.raises(TypeError):
+            native.tree_entry_hash(bad, 0)
+    # Beyond the C int32 range: Python's own OverflowError, before any C runs.
+    with pytest.raises(OverflowError):
+        native.tree_leaf_of_hash(2**40, 10)
+
+
+def test_forest_update_refuses_bad_forests_and_batches():
+    depth, mode = 4, native.MODE_VALUE
+    nodes, dirty = native_forest(3, depth)
+    hashes = np.arange(10, dtype=np.int32)
+    desc = key_desc(range(10))
+    past_its_buffer = (*desc[:3], 11, *desc[4:])  # 11 rows in a buffer of 10
+
+    def update(n=nodes, d=dirty, dp=depth, m=mode, sign=1, key_descs=(), key_hashes=hashes,
+               value_descs=(), value_hashes=None):
+        native.forest_update(n, d, dp, m, sign, list(key_descs), key_hashes, list(value_descs),
+                             value_hashes)
+
+    bad_calls = [
+        {"n": nodes[:-1]}, {"n": np.zeros(len(nodes) + 1, np.int32)},  # not 3 trees
+        {"d": dirty[:0]}, {"d": np.zeros(4, np.uint8)},  # no tree, or a 4th flag
+        {"dp": 1}, {"dp": 28}, {"dp": 5},  # bad depth, or not the arrays' depth
+        {"n": nodes.astype(np.float32)}, {"n": nodes.astype(np.int64)},
+        {"n": nodes.tolist()}, {"n": readonly(nodes)}, {"n": None},
+        {"d": dirty.astype(np.int32)}, {"d": readonly(dirty)}, {"d": None},
+        {"n": np.zeros((3, 15), np.int32)},  # 2-d: the flat array is wanted
+        {"m": 7}, {"sign": 0}, {"sign": 2},
+        {"key_hashes": None},  # neither key columns nor key hashes
+        {"key_descs": [key_desc(range(10))]},  # both
+        {"key_hashes": hashes.astype(np.int64)}, {"key_hashes": hashes.tolist()},
+        {"value_hashes": hashes[:9]}, {"value_hashes": np.arange(11, dtype=np.int32)},
+        {"value_hashes": hashes.astype(np.float32)},
+        {"value_descs": [key_desc(range(9))]},  # 9 values for 10 keys
+        {"value_descs": [key_desc(range(10))], "value_hashes": hashes},  # both
+        {"key_hashes": None, "key_descs": [("int64", 8)]},  # not a column tuple
+        {"key_hashes": None, "key_descs": [past_its_buffer]},
+    ]
+    for kwargs in bad_calls:
+        with pytest.raises(REFUSED):
+            update(**kwargs)
+        assert not nodes.any() and not dirty.any(), kwargs
+    update()  # the same call with good arguments works
+    assert dirty.any() and nodes.any()
+
+
+def test_forest_refresh_and_diff_refuse_bad_input():
+    depth = 4
+    a, b = native_forest(3, depth), native_forest(3, depth)
+    native.forest_update(*a, depth, native.MODE_VALUE, 1, [], np.arange(50, dtype=np.int32),
+                         [], None)
+    for nodes, dirty, d in [(a[0][:-1], a[1], depth), (a[0], a[1][:2], depth),
+                            (a[0], a[1], 5), (a[0].astype(np.int64), a[1], depth),
+                            (readonly(a[0]), a[1], depth), (a[0], readonly(a[1]), depth),
+                            ([0] * len(a[0]), a[1], depth), (None, a[1], depth)]:
+        with pytest.raises(REFUSED):
+            native.forest_refresh(nodes, dirty, d)
+    out, compared = np.zeros(64, np.int64), np.zeros(depth, np.int64)
+    with pytest.raises(InvalidArgumentError, match="refresh"):  # stale inner nodes
+        native.forest_diff(*a, depth, *b, depth, out, compared)
+    native.forest_refresh(*a, depth)
+    assert native.forest_diff(*a, depth, *b, depth, out, compared) > 0
+    other = native_forest(4, depth)
+    out.fill(-7)
+    compared.fill(-7)
+    bad_calls = [
+        (*a, depth, *other, depth, out, compared),  # 3 trees against 4
+        (*a, depth, *b, depth, out, compared[:-1]),  # a level short
+        (*a, depth, *b, depth, readonly(out), compared),
+        (*a, depth, *b, depth, out.astype(np.int32), compared),
+        (*a, depth, *b, depth, out.tolist(), compared),
+        (*a, depth, *b, depth, None, compared),
+        (*a, depth, *b, depth, out, compared.astype(np.float64)),
+        (a[0][:-1], a[1], depth, *b, depth, out, compared),
+        (*a, 27, *b, depth, out, compared),
+    ]
+    for args in bad_calls:
+        with pytest.raises(REFUSED):
+            native.forest_diff(*args)
+    assert (out == -7).all() and (compared == -7).all()
+    # A diff with no room still counts (the caller asks again with more).
+    count = native.forest_diff(*a, depth, *b, depth, out, compared)
+    assert native.forest_diff(*a, depth, *b, depth, out[:0]) == count
+
+
+def test_locate_and_select_refuse_bad_outputs():
+    keys = [key_desc(range(100))]
+    parts, leaves = np.zeros(100, np.int32), np.zeros(100, np.int32)
+    native.locate_keys(keys, 10, 271, parts, leaves)
+    native.locate_keys(keys, 10, 271, None, leaves)
+    parts.fill(-7)
+    leaves.fill(-7)
+    bad_calls = [
+        ([], 10, 271, parts, leaves),  # no key column
+        (keys, 1, 271, parts, leaves), (keys, 28, 271, parts, leaves),
+        (keys, 10, 0, parts, leaves), (keys, 10, -1, parts, leaves),
+        (keys, 10, 271, parts[:99], leaves), (keys, 10, 271, parts, leaves[:99]),
+        (keys, 10, 271, np.zeros(101, np.int32), leaves),
+        (keys, 10, 271, parts.astype(np.float32), leaves),
+        (keys, 10, 271, parts, readonly(leaves)),
+        (keys, 10, 271, parts.tolist(), leaves),
+        ([("int64", 8)], 10, 271, parts, leaves),
+        (None, 10, 271, parts, leaves),
+    ]
+    for args in bad_calls:
+        with pytest.raises(REFUSED):
+            native.locate_keys(*args)
+    assert (parts == -7).all() and (leaves == -7).all()
+
+    leaf_set = native.LeafSet(10, 271, np.array([0, 5, 271 * 512 - 1], np.int64))
+    assert leaf_set.count == 3
+    for args in [(10, 271, np.array([271 * 512], np.int64)),  # past the last leaf
+                 (10, 271, np.array([3, -1], np.int64)),
+                 (1, 271, np.zeros(1, np.int64)), (28, 271, np.zeros(1, np.int64)),
+                 (10, 0, np.zeros(1, np.int64)),
+                 (10, 271, np.zeros(1, np.int32)), (10, 271, np.zeros(1, np.float64)),
+                 (10, 271, [0, 1]), (10, 271, None)]:
+        with pytest.raises(REFUSED):
+            native.LeafSet(*args)
+
+    mask = bytearray(b"\xaa" * 13)  # ceil(100 / 8)
+    native.select_keys(keys, leaf_set, mask)
+    mask = bytearray(b"\xee" * 13)
+    for args in [(keys, leaf_set, bytearray(12)),  # a byte short
+                 (keys, leaf_set, bytes(13)),  # read-only
+                 (keys, leaf_set, readonly(np.zeros(13, np.uint8))),
+                 (keys, leaf_set, [0] * 13), (keys, leaf_set, None),
+                 (keys, None, mask), (keys, object(), mask), ([], leaf_set, mask)]:
+        with pytest.raises(REFUSED):
+            native.select_keys(*args)
+    assert mask == b"\xee" * 13
+
+
+def test_tree_records_refuse_bad_buffers_and_headers():
+    depth = 3
+    tree = np.zeros(native.tree_node_count(depth), np.int32)
+    tree[3:] = [1, 2, 3, 4]
+    size = native.tree_serialized_size(depth)
+    out = bytearray(size)
+    native.write_tree(tree, depth, 1, 5, native.MODE_VALUE, out)
+    record = bytes(out)
+    out = bytearray(b"\xee" * size)
+    bad_writes = [
+        (tree, depth, 1, 5, native.MODE_VALUE, bytearray(size - 1)),  # too small
+        (tree, depth, 1, 5, native.MODE_VALUE, bytes(size)),  # read-only
+        (tree, depth, 1, 5, native.MODE_VALUE, None),
+        (tree[:-1], depth, 1, 5, native.MODE_VALUE, out),
+        (np.zeros(len(tree) + 1, np.int32), depth, 1, 5, native.MODE_VALUE, out),
+        (tree.astype(np.float32), depth, 1, 5, native.MODE_VALUE, out),
+        (tree.tolist(), depth, 1, 5, native.MODE_VALUE, out),
+        (tree, 1, 1, 5, native.MODE_VALUE, out),
+        (tree, depth, 5, 5, native.MODE_VALUE, out),  # partition >= count
+        (tree, depth, -1, 5, native.MODE_VALUE, out),
+        (tree, depth, 0, 0, native.MODE_VALUE, out),
+        (tree, depth, 1, 5, 9, out),
+    ]
+    for args in bad_writes:
+        with pytest.raises(REFUSED):
+            native.write_tree(*args)
+    assert out == b"\xee" * size
+
+    header = native.read_tree_header(record, 0)
+    assert header[1:5] == (depth, native.MODE_VALUE, 1, 5)
+    for args in [(record, -1), (record, len(record) + 1), (list(record), 0), (None, 0)]:
+        with pytest.raises(REFUSED):
+            native.read_tree_header(*args)
+    with pytest.raises(CorruptDataError, match="truncated"):
+        native.read_tree_header(record, len(record))
+
+    back = np.full(len(tree), 7, np.int32)
+    native.read_tree(record, 0, header, back)
+    assert back.tolist() == [10, 3, 7, 1, 2, 3, 4]
+    bigger = native.tree_node_count(depth + 1)
+    bad_reads = [
+        (record[:-1], 0, header, back),  # truncated leaves
+        (record, 1, header, back),  # the record does not fit from there
+        (record, -1, header, back),
+        (record, 0, header[:5], back),
+        (record, 0, (1, 28, 0, 1, 5, size), back),  # no such depth
+        (record, 0, (1, depth + 1, 0, 1, 5, size), np.zeros(bigger, np.int32)),  # size
+        (record, 0, (1, depth, 0, 1, 5, size + 4), back),
+        (record, 0, header, back[:-1]), (record, 0, header, np.zeros(bigger, np.int32)),
+        (record, 0, header, back.astype(np.int64)), (record, 0, header, readonly(back)),
+        (record, 0, header, None), (record, 0, list(header), back),
+    ]
+    for args in bad_reads:
+        with pytest.raises(REFUSED):
+            native.read_tree(*args)
+    assert back.tolist() == [10, 3, 7, 1, 2, 3, 4]
 
 
 # ------------------------------------------------------------------ the public C API

@@ -25,22 +25,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sparkjet.errors import InvalidArgumentError, SparkjetError, UnsupportedTypeError
-from sparkjet.merkle import (
-    DEFAULT_DEPTH,
-    MerkleForest,
-    _check_depth,
-    _column_names,
-    _leaf_set_of,
-    _mode,
-    _rows_under_leaves,
-    diff,
-)
 from sparkjet._keys import (
     check_key_type as _check_key_type,
     check_partition_count as _check_partition_count,
     key_names as _key_names,
 )
+from sparkjet.errors import InvalidArgumentError, SparkjetError, UnsupportedTypeError
+from sparkjet.merkle._hashing import column_names
+from sparkjet.merkle.compare import diff, leaf_set, rows_under_leaves
+from sparkjet.merkle.forest import DEFAULT_DEPTH, MerkleForest, check_depth, check_value_hash
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 
 if TYPE_CHECKING:
@@ -111,14 +104,14 @@ def merkle_diff(
 def _config(df_a, df_b, key, depth, partition_count, value, key_type, value_hash) -> dict:
     """Checks the arguments against the schemas before any job runs; plain data for the
     executors."""
-    _check_depth(depth)
+    check_depth(depth)
     _check_partition_count(partition_count)
     _check_key_type(key_type)
-    _mode(value_hash)
+    check_value_hash(value_hash)
     keys = list(_key_names(key))
     fields = {f.name: f.dataType for f in df_a.schema.fields}
     values = ([n for n in df_a.columns if n not in keys] if value is None
-              else list(_column_names(value, "value")))
+              else list(column_names(value, "value")))
     for name in (*keys, *values):
         if name not in fields:
             raise InvalidArgumentError(
@@ -259,9 +252,9 @@ def _under_leaves(df: DataFrame, config: dict, leaf_ids) -> DataFrame:
     def keep(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        leaves = _leaf_set_of(leaf_ids.value, depth, partition_count)  # once per task
+        leaves = leaf_set(leaf_ids.value, depth, partition_count)  # once per task
         for batch in batches:
-            mask = _rows_under_leaves(pa.Table.from_batches([batch]), keys, key_type, leaves)
+            mask = rows_under_leaves(pa.Table.from_batches([batch]), keys, key_type, leaves)
             yield batch.filter(mask.combine_chunks() if mask.num_chunks != 1 else mask.chunk(0))
 
     return df.mapInArrow(keep, df.schema)
