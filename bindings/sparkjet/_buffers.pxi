@@ -22,8 +22,9 @@ cdef class Buf:
         try:
             PyObject_GetBuffer(obj, &self.view, flags)
         except (TypeError, BufferError) as e:
-            need = "a writable contiguous buffer" if writable else "a contiguous buffer"
-            raise TypeError(f"{what} must be {need} (pyarrow Buffer, numpy array, bytes), "
+            need = ("a writable contiguous buffer (numpy array, bytearray)" if writable else
+                    "a contiguous buffer (pyarrow Buffer, numpy array, bytes)")
+            raise TypeError(f"{what} must be {need}, "
                             f"not {type(obj).__name__}: {e}") from None
         self.held = True
         self.ptr = <const uint8_t *>self.view.buf
@@ -60,7 +61,10 @@ cdef Buf in_buf(object obj, int64_t need, str what):
     return b
 
 
-cdef int64_t checked_count(int64_t n, str what) except -1:
-    if n < 0:
-        raise InvalidArgumentError(f"{what} must be >= 0, not {n}")
-    return n
+cdef int check_len(Py_ssize_t have, int64_t need, str what) except -1:
+    """Refuses an array of `have` items where `need` are written or read. Every include
+    file checks through here (they share one module namespace, so helpers of their own
+    would need unique names)."""
+    if have < need:
+        raise InvalidArgumentError(f"{what} holds {have} values, {need} are needed")
+    return 0

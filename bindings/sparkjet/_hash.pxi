@@ -88,7 +88,7 @@ cdef class Columns:
                     (<int64_t *>c.variadic_sizes)[j] = b.size
             st = sj_column_check(c)
             if st != SJ_OK:
-                check_status(st, what)
+                check_status(st, what, -1, -1, None, "index", True)
             if self.rows >= 0 and c.length != self.rows:
                 raise InvalidArgumentError(
                     f"{what} has {c.length} rows, the first column {self.rows}")
@@ -106,26 +106,26 @@ def column_hashes(tuple desc, uint32_t seed, int32_t[::1] out, int64_t index_bas
                   str context="key"):
     """Writes the hashes of one column's Hazelcast payloads to out[:length]."""
     cdef Columns cols = Columns([desc])
-    _check_out(out.shape[0], cols.rows)
+    check_len(out.shape[0], cols.rows, "output")
     cdef int64_t err = -1
     cdef sj_status st
     with nogil:
         st = sj_hash_column(cols.cols, seed, &out[0] if cols.rows else NULL, &err)
-    check_status(st, context, err + index_base if err >= 0 else -1)
+    check_status(st, context, err + index_base if err >= 0 else -1, -1, None, "index", True)
 
 
 def column_partitions(tuple desc, int32_t partition_count, int32_t[::1] out,
                       int64_t index_base=0, str context="key"):
     """Writes the Hazelcast partition ids of one column to out[:length]."""
     cdef Columns cols = Columns([desc])
-    _check_out(out.shape[0], cols.rows)
-    _check_partition_count(partition_count)
+    check_len(out.shape[0], cols.rows, "output")
+    _hash_check_partition_count(partition_count)
     cdef int64_t err = -1
     cdef sj_status st
     with nogil:
         st = sj_partition_column(cols.cols, partition_count, &out[0] if cols.rows else NULL,
                                  &err)
-    check_status(st, context, err + index_base if err >= 0 else -1)
+    check_status(st, context, err + index_base if err >= 0 else -1, -1, None, "index", True)
 
 
 def row_hashes(list descs, uint32_t seed, int32_t[::1] out, int64_t index_base=0,
@@ -134,22 +134,23 @@ def row_hashes(list descs, uint32_t seed, int32_t[::1] out, int64_t index_base=0
     if not descs:
         raise InvalidArgumentError("a composite key needs at least one column")
     cdef Columns cols = Columns(descs, names)
-    _check_out(out.shape[0], cols.rows)
+    check_len(out.shape[0], cols.rows, "output")
     cdef int64_t err = -1
     cdef int32_t err_col = -1
     cdef sj_status st
     with nogil:
         st = sj_hash_rows(cols.cols, cols.n, seed, &out[0] if cols.rows else NULL, &err,
                           &err_col)
-    check_status(st, "composite key", err + index_base if err >= 0 else -1, err_col, names)
+    check_status(st, "composite key", err + index_base if err >= 0 else -1, err_col, names,
+                 "index", True)
 
 
 def partitions_from_hashes(const int32_t[::1] hashes, int32_t partition_count,
                            int32_t[::1] out):
     """out[i] = partition of hashes[i] by Java's rule; out may be hashes itself."""
     cdef int64_t n = hashes.shape[0]
-    _check_out(out.shape[0], n)
-    _check_partition_count(partition_count)
+    check_len(out.shape[0], n, "output")
+    _hash_check_partition_count(partition_count)
     cdef sj_status st
     with nogil:
         st = sj_partitions_from_hashes(&hashes[0] if n else NULL, n, partition_count,
@@ -157,13 +158,7 @@ def partitions_from_hashes(const int32_t[::1] hashes, int32_t partition_count,
     check_status(st, "partitions_from_hashes")
 
 
-cdef int _check_out(Py_ssize_t have, int64_t need) except -1:
-    if have < need:
-        raise InvalidArgumentError(f"output holds {have} values, {need} are needed")
-    return 0
-
-
-cdef int _check_partition_count(int32_t partition_count) except -1:
+cdef int _hash_check_partition_count(int32_t partition_count) except -1:
     if partition_count < 1:
         raise InvalidArgumentError(f"partition_count must be >= 1, not {partition_count}")
     return 0

@@ -24,7 +24,7 @@ cdef class KeyMap:
     def upsert(self, const int64_t[::1] keys, int64_t[::1] slots):
         """Finds or inserts every key; writes their slots."""
         cdef int64_t n = keys.shape[0]
-        _check_len(slots.shape[0], n, "slots")
+        check_len(slots.shape[0], n, "slots")
         if n == 0:
             return
         cdef sj_status st
@@ -36,7 +36,7 @@ cdef class KeyMap:
     def lookup(self, const int64_t[::1] keys, int64_t[::1] slots):
         """Finds every key (slot -1 when missing)."""
         cdef int64_t n = keys.shape[0]
-        _check_len(slots.shape[0], n, "slots")
+        check_len(slots.shape[0], n, "slots")
         if n == 0:
             return
         with nogil:
@@ -45,9 +45,9 @@ cdef class KeyMap:
     def keys_at(self, const int64_t[::1] slots, int64_t[::1] out):
         """Writes the keys of the slots (each in 0..len(self)-1) to out."""
         cdef int64_t n = slots.shape[0]
-        _check_len(out.shape[0], n, "out")
+        check_len(out.shape[0], n, "out")
         cdef int64_t size = sj_keymap_size(self.map)
-        _check_slots(slots, size, "slot")
+        _keyed_check_slots(slots, size, "slot")
         cdef const int64_t *k = sj_keymap_keys(self.map)
         cdef int64_t i
         with nogil:
@@ -55,13 +55,7 @@ cdef class KeyMap:
                 out[i] = k[slots[i]]
 
 
-cdef int _check_len(Py_ssize_t have, int64_t need, str what) except -1:
-    if have < need:
-        raise InvalidArgumentError(f"{what} holds {have} values, {need} are needed")
-    return 0
-
-
-cdef int _check_slots(const int64_t[::1] slots, int64_t size, str what) except -1:
+cdef int _keyed_check_slots(const int64_t[::1] slots, int64_t size, str what) except -1:
     """Every slot in 0..size-1, or InvalidArgumentError naming the first that is not."""
     cdef int64_t i, bad = -1, n = slots.shape[0]
     with nogil:
@@ -77,14 +71,14 @@ cdef int _check_slots(const int64_t[::1] slots, int64_t size, str what) except -
 
 def agg_count(const int64_t[::1] slots, int64_t[::1] counts):
     """counts[slot] += 1 for every slot."""
-    _check_slots(slots, counts.shape[0], "slot")
+    _keyed_check_slots(slots, counts.shape[0], "slot")
     cdef int64_t n = slots.shape[0]
     if n:
         with nogil:
             sj_agg_count(&slots[0], n, &counts[0])
 
 
-cdef int _check_values(Py_ssize_t values, Py_ssize_t slots) except -1:
+cdef int _keyed_check_values(Py_ssize_t values, Py_ssize_t slots) except -1:
     if values != slots:
         raise InvalidArgumentError(f"{values} values for {slots} slots")
     return 0
@@ -92,8 +86,8 @@ cdef int _check_values(Py_ssize_t values, Py_ssize_t slots) except -1:
 
 def agg_sum(const int64_t[::1] slots, const double[::1] values, double[::1] sums):
     """sums[slots[i]] += values[i]."""
-    _check_values(values.shape[0], slots.shape[0])
-    _check_slots(slots, sums.shape[0], "slot")
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, sums.shape[0], "slot")
     cdef int64_t n = slots.shape[0]
     if n:
         with nogil:
@@ -102,8 +96,8 @@ def agg_sum(const int64_t[::1] slots, const double[::1] values, double[::1] sums
 
 def agg_min(const int64_t[::1] slots, const double[::1] values, double[::1] mins):
     """mins[slots[i]] = min(mins[slots[i]], values[i])."""
-    _check_values(values.shape[0], slots.shape[0])
-    _check_slots(slots, mins.shape[0], "slot")
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, mins.shape[0], "slot")
     cdef int64_t n = slots.shape[0]
     if n:
         with nogil:
@@ -112,8 +106,8 @@ def agg_min(const int64_t[::1] slots, const double[::1] values, double[::1] mins
 
 def agg_max(const int64_t[::1] slots, const double[::1] values, double[::1] maxs):
     """maxs[slots[i]] = max(maxs[slots[i]], values[i])."""
-    _check_values(values.shape[0], slots.shape[0])
-    _check_slots(slots, maxs.shape[0], "slot")
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, maxs.shape[0], "slot")
     cdef int64_t n = slots.shape[0]
     if n:
         with nogil:
@@ -124,8 +118,8 @@ def distinct_slots(const int64_t[::1] slots, uint8_t[::1] marks, int64_t[::1] ou
     """Writes the distinct slots in first-appearance order to out; returns how many.
     marks has a zero byte per slot (zero again on return)."""
     cdef int64_t n = slots.shape[0]
-    _check_len(out.shape[0], n, "out")
-    _check_slots(slots, marks.shape[0], "slot")
+    check_len(out.shape[0], n, "out")
+    _keyed_check_slots(slots, marks.shape[0], "slot")
     cdef int64_t count = 0
     if n:
         with nogil:

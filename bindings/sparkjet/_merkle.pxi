@@ -199,7 +199,7 @@ def forest_update(int32_t[::1] nodes not None, uint8_t[::1] dirty not None, int3
     cdef sj_status st
     with nogil:
         st = sj_merkle_update(&f, &b, sign, &err, &err_col)
-    check_status(st, "Merkle update", err + index_base if err >= 0 else -1, err_col, names, "row")
+    check_status(st, "Merkle update", err + index_base if err >= 0 else -1, err_col, names, "row", True)
 
 
 def forest_refresh(int32_t[::1] nodes not None, uint8_t[::1] dirty not None, int32_t depth):
@@ -274,7 +274,7 @@ def locate_keys(list key_descs not None, int32_t depth, int32_t partition_count,
     with nogil:
         st = sj_merkle_locate(keys.cols, keys.n, depth, partition_count, parts_ptr, leaves_ptr,
                               &err, &err_col)
-    check_status(st, "Merkle locate", err + index_base if err >= 0 else -1, err_col, names, "row")
+    check_status(st, "Merkle locate", err + index_base if err >= 0 else -1, err_col, names, "row", True)
 
 
 cdef class LeafSet:
@@ -332,7 +332,7 @@ def select_keys(list key_descs not None, LeafSet leaves not None, object mask,
     with nogil:
         st = sj_merkle_select(keys.cols, keys.n, &leaves.s, <uint8_t *>m.ptr, &selected, &err,
                               &err_col)
-    check_status(st, "Merkle select", err + index_base if err >= 0 else -1, err_col, names, "row")
+    check_status(st, "Merkle select", err + index_base if err >= 0 else -1, err_col, names, "row", True)
     return selected
 
 

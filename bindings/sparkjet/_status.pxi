@@ -40,9 +40,10 @@ cdef object status_error(sj_status status, str message, int64_t index=-1):
 
 
 cdef int check_status(sj_status status, str context, int64_t index=-1, int32_t column=-1,
-                      list names=None, str unit="index") except -1:
+                      list names=None, str unit="index", bint arrow=False) except -1:
     """Raises the exception for a failed status: "context, column 'name': what at index i"
-    (`unit` names what the index counts)."""
+    (`unit` names what the index counts; `arrow`: the input was Arrow columns, so a bounds
+    or corrupt status means malformed Arrow buffers)."""
     if status == SJ_OK:
         return 0
     where = context
@@ -50,7 +51,7 @@ cdef int check_status(sj_status status, str context, int64_t index=-1, int32_t c
         where += f", column {names[column]!r}" if names and column < len(names) else f", column {column}"
     at = f" at {unit} {index}" if index >= 0 else ""
     message = f"{where}: {sj_status_message(status).decode()}{at}"
-    if status == SJ_EBOUNDS or status == SJ_ECORRUPT:
+    if arrow and (status == SJ_EBOUNDS or status == SJ_ECORRUPT):
         message += " (malformed Arrow buffers)"
     raise status_error(status, message, index)
 

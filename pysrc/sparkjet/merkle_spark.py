@@ -27,7 +27,11 @@ import numpy as np
 
 from sparkjet._keys import (
     check_key_type as _check_key_type,
+)
+from sparkjet._keys import (
     check_partition_count as _check_partition_count,
+)
+from sparkjet._keys import (
     key_names as _key_names,
 )
 from sparkjet.errors import InvalidArgumentError, SparkjetError, UnsupportedTypeError
