@@ -137,6 +137,7 @@ class ExecutionCoordinator:
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
                  store: SnapshotStore | None, progress: Callable[[dict], None]):
+        # Lazy: the exchange loads pyarrow.flight, needed only by distributed executions.
         from sparkjet.runtime.exchange import ExchangeServer
 
         self.config = config

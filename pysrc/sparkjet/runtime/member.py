@@ -185,6 +185,7 @@ class Member:
 
     def connect(self, peers: list[str], coordinator: str) -> None:
         """Sets the exchange locations of every member (by index) and of the coordinator."""
+        # Lazy: the exchange loads pyarrow.flight, which a member alone never needs.
         from sparkjet.runtime.exchange import ExchangeClient
 
         self.peers = {i: ExchangeClient(loc) for i, loc in enumerate(peers) if i != self.index}
@@ -193,7 +194,7 @@ class Member:
     def on_exchange_error(self, error) -> None:
         """An inbound stream broke: its sender's member died or gave up, so this execution
         cannot go on. A zombie refused by the fence is no reason to fail."""
-        from sparkjet.runtime.exchange import ExchangeFencedError
+        from sparkjet.runtime.exchange import ExchangeFencedError  # lazy: see connect()
 
         if not isinstance(error, ExchangeFencedError):
             self.fail(error)

@@ -29,9 +29,19 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 
+from sparkjet.pipeline import Plan
+from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.member import Topology
+from sparkjet.runtime.supervision import (
+    JobFailedError,
+    JobResult,
+    next_execution,
+    restart_or_fail,
+)
+from sparkjet.snapshot_store import SnapshotStore
 
 
 def available_slots(spark) -> int:
@@ -48,19 +58,27 @@ def available_slots(spark) -> int:
 
 
 class SparkRunner:
-    """Runs a :class:`~sparkjet.runtime.job.Job` on a Spark session; see the module doc."""
+    """Runs ``plan`` under ``config`` on the Spark session ``spark``, reporting to
+    ``progress``; see the module doc.
 
-    def __init__(self, job, spark, progress):
-        self.job = job
+    ``requested_members`` is the member count asked for by a rescale (None: ``config.members``
+    or every slot). ``member_pids`` maps each member of the running execution to the pid
+    of its Python worker (empty between executions)."""
+
+    def __init__(self, plan: Plan, config: JobConfig, spark, progress: Callable[[dict], None],
+                 *, requested_members: int | None = None):
+        self.plan = plan
+        self.config = config
         self.spark = spark
-        self.config = job.config
-        self.plan = job.plan
         self.progress = progress
+        self.requested_members = requested_members
+        self.member_pids: dict[int, int] = {}
         self.max_members_seen = 0
         self.current: ExecutionCoordinator | None = None
 
     def rescale(self, members: int) -> None:
         """Restarts the running execution from its last snapshot on ``members`` members."""
+        self.requested_members = members
         # A deliberate resize is not a split: the requested size is the new baseline of
         # the quorum (failures afterwards are judged against it).
         self.max_members_seen = members
@@ -75,14 +93,12 @@ class SparkRunner:
     def members_for_next_execution(self) -> int:
         """The member count of the next execution: the slots there are (up to
         ``config.members``), waiting while that is below the quorum."""
-        from sparkjet.runtime.job import JobFailedError
-
         config = self.config
         deadline = time.monotonic() + config.quorum_timeout
         said = None
         while True:
             slots = available_slots(self.spark)
-            wanted = self.job.requested_members or config.members or slots
+            wanted = self.requested_members or config.members or slots
             n = min(wanted, slots)
             if n >= self.quorum and n >= 1:
                 return n
@@ -100,16 +116,16 @@ class SparkRunner:
                                        "waiting for executors to come back"})
             time.sleep(max(1.0, config.restart_backoff))
 
-    def run(self):
-        from sparkjet.runtime.job import JobResult, restart_or_fail
-
+    def run(self) -> JobResult:
+        """Runs executions until one ends well; raises JobFailedError once the restart
+        policy gives up (a rescale is a restart that does not count as a failure)."""
         config = self.config
         result = JobResult(config.id)
         start = time.monotonic()
         attempt = 0
         while True:
             members = self.members_for_next_execution()
-            execution = self.job._next_execution(len(result.executions))
+            execution = next_execution(config, len(result.executions))
             outcome = self.execute(execution, members)
             result.executions.append(outcome)
             if outcome["status"] == "ok":
@@ -124,8 +140,6 @@ class SparkRunner:
     def execute(self, execution: int, members: int) -> dict:
         """Runs one execution as one barrier stage; returns its outcome (never raises for
         a failure of the execution itself)."""
-        from sparkjet.snapshot_store import SnapshotStore
-
         config, plan, spark = self.config, self.plan, self.spark
         sc = spark.sparkContext
         started = time.monotonic()
@@ -166,7 +180,7 @@ class SparkRunner:
         try:
             coord.wait_started(config.start_timeout)
             self.max_members_seen = max(self.max_members_seen, members)
-            self.job.member_pids = dict(coord.pids)
+            self.member_pids = dict(coord.pids)
             self.progress({"event": "started", "execution": execution, "members": members,
                            "pids": dict(coord.pids), "seconds": time.monotonic() - started})
             if restore_from is not None:
@@ -190,7 +204,7 @@ class SparkRunner:
             thread.join(10.0)
             if store is not None:
                 store.close()
-            self.job.member_pids = {}
+            self.member_pids = {}
         events_in, events_out = coord.counters()
         done = coord.done.values()
         outcome.update(
@@ -216,6 +230,9 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``."""
 
     def task(batches):
+        # Imported where the task runs, in a Spark Python worker: BarrierTaskContext exists
+        # only there, and the exchange loads pyarrow.flight, which importing the runtime
+        # does not need.
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
