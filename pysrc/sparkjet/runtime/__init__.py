@@ -8,6 +8,8 @@ process under a local supervisor (:mod:`~sparkjet.runtime.local_runner`).
 The modules, each depending only on those listed before it:
 
 - :mod:`~sparkjet.runtime.config`: :class:`JobConfig`, how a job runs, as plain data.
+- :mod:`~sparkjet.runtime.topology`: which member runs which processor and owns which
+  Hazelcast partition.
 - :mod:`~sparkjet.runtime.coordinator`: takes and commits snapshots for one execution.
 - :mod:`~sparkjet.runtime.member`: runs one member's processors (sources, keyed processors).
 - :mod:`~sparkjet.runtime.member_main`: the entry point of a member child process.

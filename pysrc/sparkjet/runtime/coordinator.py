@@ -131,7 +131,7 @@ class ExecutionCoordinator:
     snapshot loop.
 
     :param members: how many members the execution has.
-    :param topology: the execution's :class:`~sparkjet.runtime.member.Topology`.
+    :param topology: the execution's :class:`~sparkjet.runtime.topology.Topology`.
     :param host: the interface to listen on (the driver's host, reachable by executors).
     """
 

@@ -36,11 +36,11 @@ from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.errors import SparkjetError
 from sparkjet.keyed_state import KeyedAggregator
-from sparkjet.partition_table import PartitionTable
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import Plan
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
+from sparkjet.runtime.topology import Topology
 from sparkjet.snapshot_store import SnapshotStore
 
 _POLL = 0.005
@@ -73,69 +73,14 @@ def _merge_into(out: dict, state: dict) -> None:
             out[k] = v
 
 
-class Topology:
-    """Where the processors of one execution run, on ``members`` members.
-
-    Indices are global across members, so snapshot entries, sink staging directories and
-    channel numbers mean the same thing on every member: source processor ``g`` (of
-    ``n_sources``) runs on member ``g % members`` and reads the source partitions ``p``
-    with ``p % n_sources == g``; keyed processor ``k`` (of ``n_keyed``) runs on member
-    ``k // local_parallelism``. The Hazelcast partitions are placed on members by a
-    :class:`~sparkjet.partition_table.PartitionTable` of ``members`` members (no backups:
-    the snapshot store holds the replicas) and, within a member, dealt round-robin to its
-    keyed processors. Keyed state is stored by partition, so a snapshot taken at any
-    member count restores at any other.
-    """
-
-    def __init__(self, members: int, local_parallelism: int, source_partitions: int,
-                 partition_count: int, keyed: bool):
-        self.members = members
-        self.local_parallelism = local_parallelism
-        self.source_partitions = source_partitions
-        self.partition_count = partition_count
-        self.n_sources = min(members * local_parallelism, source_partitions)
-        self.n_keyed = members * local_parallelism if keyed else 0
-        owner = np.zeros(partition_count, dtype=np.int64)
-        if keyed:
-            table = PartitionTable.create([f"member-{i}" for i in range(members)],
-                                          partition_count, backup_count=0)
-            for i in range(members):
-                for rank, p in enumerate(table.partitions_of(f"member-{i}")):
-                    owner[p] = i * local_parallelism + rank % local_parallelism
-        #: Hazelcast partition -> the global index of the keyed processor that owns it.
-        self.owner = owner
-
-    def __repr__(self) -> str:
-        return (f"Topology(members={self.members}, sources={self.n_sources}, "
-                f"keyed={self.n_keyed}, partitions={self.partition_count})")
-
-    @property
-    def processors(self) -> int:
-        return self.n_sources + self.n_keyed
-
-    def sources_of(self, member: int) -> list[int]:
-        return [g for g in range(self.n_sources) if g % self.members == member]
-
-    def source_partitions_of(self, g: int) -> list[int]:
-        return [p for p in range(self.source_partitions) if p % self.n_sources == g]
-
-    def keyed_of(self, member: int) -> list[int]:
-        if not self.n_keyed:
-            return []
-        lp = self.local_parallelism
-        return list(range(member * lp, (member + 1) * lp))
-
-    def member_of_keyed(self, k: int) -> int:
-        return k // self.local_parallelism
-
-
 class Member:
     """Runs one execution of a plan, or one member's share of it; :meth:`run` returns its
     metrics.
 
     Alone (the default), the member runs every processor and the snapshot coordinator in
-    this process. As member ``index`` of an execution on Spark (:mod:`sparkjet.runtime.spark_runner`),
-    it runs its share of the :class:`Topology`, exchanges batches and barriers with its
+    this process. As member ``index`` of an execution on Spark
+    (:mod:`sparkjet.runtime.spark_runner`), it runs its share of the
+    :class:`~sparkjet.runtime.topology.Topology`, exchanges batches and barriers with its
     peers over :mod:`sparkjet.runtime.exchange`, and a :class:`RemoteLink` connects it
     to the coordinator on the driver, which starts and commits snapshots.
     """

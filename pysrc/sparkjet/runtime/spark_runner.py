@@ -3,7 +3,7 @@
 ``Job(pipeline, config).run(spark)`` runs each execution of the job as one barrier stage of
 ``members`` tasks (``DataFrame.mapInArrow(..., barrier=True)``, so it also works where only
 the DataFrame API exists). Task *i* is member *i*: it builds its share of the
-:class:`~sparkjet.runtime.member.Topology` (source processors, and the keyed processors of
+:class:`~sparkjet.runtime.topology.Topology` (source processors, and the keyed processors of
 the Hazelcast partitions the partition table gives it), opens an
 :class:`~sparkjet.runtime.exchange.ExchangeServer`, learns its peers' addresses with one
 ``BarrierTaskContext.allGather`` (it costs about a second: once per execution, never per
@@ -34,13 +34,13 @@ from collections.abc import Callable
 from sparkjet.pipeline import Plan
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
-from sparkjet.runtime.member import Topology
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,
     next_execution,
     restart_or_fail,
 )
+from sparkjet.runtime.topology import Topology
 from sparkjet.snapshot_store import SnapshotStore
 
 
