@@ -12,11 +12,12 @@ import pyarrow as pa
 import pytest
 
 from sparkjet import verify
-from sparkjet.campaign import SPARK_PLAN, _last_update_per_key, run_campaign, summary
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
+from sparkjet.testing.campaign import SPARK_PLAN, run_campaign, summary
+from sparkjet.verify import last_update_per_key
 
 
 def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
@@ -29,7 +30,7 @@ def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
 
 
 def exact(tmp_path: Path, source: GeneratorSource) -> verify.Report:
-    out = _last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
+    out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
     return verify.check_aggregates(source.expected_counts(), out, key="key",
                                    columns=["count", "sum"], guarantee="exactly-once")
 

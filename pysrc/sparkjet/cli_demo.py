@@ -214,7 +214,6 @@ class _Display:
 
 def run(args: argparse.Namespace) -> int:
     from sparkjet import verify
-    from sparkjet.campaign import _last_update_per_key
     from sparkjet.pipeline import Pipeline
     from sparkjet.runtime import Job, JobConfig
     from sparkjet.sinks import TransactionalFileSink
@@ -267,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             crasher.stop.set()
             display.finish()
         out = TransactionalFileSink.read(work / "out")
-        actual = _last_update_per_key(out)
+        actual = verify.last_update_per_key(out)
         report = verify.check_aggregates(source.expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=args.guarantee)
         _report(args, total, result, out.num_rows, display, crasher, report, time.monotonic() - started)

@@ -1,7 +1,7 @@
 """Fault campaigns: run jobs while really killing their member process (SIGKILL, as
 ``kill -9``) at random moments, then check the output against a failure-free run.
 
-``python -m sparkjet.campaign --kills 1000`` runs a long campaign; the test suite runs a short
+``python -m sparkjet.testing.campaign --kills 1000`` runs a long campaign; the test suite runs a short
 one. Each round runs one job (a keyed count and sum over the deterministic generator, or a
 stateless copy of every event) with one guarantee and one sink, kills its member several
 times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit, during restore: the
@@ -97,13 +97,6 @@ def _restart_worker(cluster, i: int, after: float) -> None:
     cluster.restart_worker(i)
 
 
-def _last_update_per_key(table: pa.Table) -> pa.Table:
-    t = table.sort_by([("key", "ascending"), ("count", "descending")])
-    keys = t.column("key").to_numpy()
-    first = np.concatenate([[True], keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, bool)
-    return t.filter(pa.array(first)).select(["key", "count", "sum"])
-
-
 def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, kills: int,
               rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
               spark=None, members: int | None = 2, cluster=None) -> RoundResult:
@@ -145,7 +138,7 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     out = (TransactionalFileSink.read(work / "out") if sink_kind == "file"
            else SQLiteUpsertSink.read(work / "out.sqlite", "out"))
     if pipeline_kind == "keyed":
-        actual = _last_update_per_key(out) if sink_kind == "file" else out.select(["key", "count", "sum"])
+        actual = verify.last_update_per_key(out) if sink_kind == "file" else out.select(["key", "count", "sum"])
         report = verify.check_aggregates(source.expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
     else:
@@ -256,7 +249,7 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
 
     result = job.run(spark, on_progress=on_progress)
     cluster.restart_worker(1)
-    out = _last_update_per_key(TransactionalFileSink.read(work / "out"))
+    out = verify.last_update_per_key(TransactionalFileSink.read(work / "out"))
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
     return {"members": [e["members"] for e in result.executions], "steps": steps,
@@ -265,10 +258,10 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
 
 def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0, progress=print,
                    scenario: bool = True) -> tuple[dict | None, list[RoundResult]]:
-    """Starts a local standalone cluster (:mod:`sparkjet.standalone`) and runs the quorum
+    """Starts a local standalone cluster (:mod:`sparkjet.testing.standalone`) and runs the quorum
     scenario (if `scenario`) and a campaign of `total_kills` kills (member Python workers and
     whole worker JVMs) on it, with as many members as there are slots."""
-    from sparkjet.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
+    from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 
     with StandaloneCluster(workers=workers, cores=1, memory="1g") as cluster:  # started
         spark = cluster.session("sparkjet-campaign", **{
@@ -290,7 +283,7 @@ def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkjet.campaign", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.campaign", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=1000, help="kills in all (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
