@@ -10,16 +10,14 @@ import os
 import random
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
 
+from sparkjet._progress import ProgressLine, bar
 from sparkjet.connectors import GUARANTEES
-
-_BAR = 28
 
 
 def add_parser(commands) -> None:
@@ -122,11 +120,10 @@ class _Crasher(threading.Thread):
 class _Display:
     """Live progress: a bar when stdout is a terminal, else a line every few seconds."""
 
-    def __init__(self, total: int, crasher: _Crasher, out=sys.stdout):
+    def __init__(self, total: int, crasher: _Crasher, out=None):
         self.total = total
         self.crasher = crasher
-        self.out = out
-        self.tty = out.isatty()
+        self.line = ProgressLine(out, redraw=0.2, every=3.0)
         self.base = 0            # events before the snapshot the execution restored
         self.in_execution = 0
         self.at_snapshot = 0     # events of this execution at its last committed snapshot
@@ -136,7 +133,6 @@ class _Display:
         self.execution = None
         self.rate_window: list[tuple[float, int]] = []
         self.events: list[tuple[float, dict]] = []
-        self.last_print = 0.0
         self.lock = threading.Lock()
 
     def __call__(self, event: dict) -> None:
@@ -175,10 +171,7 @@ class _Display:
             self._show(now)
 
     def _line(self, text: str) -> None:
-        if self.tty:
-            self.out.write("\r\033[K")
-        self.out.write(text + "\n")
-        self.out.flush()
+        self.line.print(text)
 
     def _show(self, now: float) -> None:
         done = min(self.total, self.base + self.in_execution)
@@ -188,28 +181,17 @@ class _Display:
         (t0, e0), (t1, e1) = self.rate_window[0], self.rate_window[-1]
         rate = (e1 - e0) / (t1 - t0) if t1 > t0 else 0.0
         frac = done / self.total if self.total else 1.0
-        bar = "#" * int(frac * _BAR) + "." * (_BAR - int(frac * _BAR))
         snap = ""
         if self.snapshot:
             s = self.snapshot
             snap = f"  snapshot {s['snapshot']} ({s['duration_s'] * 1e3:.0f} ms, {s['bytes'] / 1e6:.1f} MB)"
-        text = (f"[{bar}] {frac:4.0%}  {done / 1e6:5.1f}M/{self.total / 1e6:.1f}M events  "
+        text = (f"{bar(frac, 28)} {frac:4.0%}  {done / 1e6:5.1f}M/{self.total / 1e6:.1f}M events  "
                 f"{rate / 1e6:5.2f} M/s{snap}  members {self.members}  restarts {self.restarts}  "
                 f"crashes {len(self.crasher.kills)}")
-        if self.tty:
-            if now - self.last_print > 0.2:
-                self.out.write("\r\033[K" + text)
-                self.out.flush()
-                self.last_print = now
-        elif now - self.last_print > 3.0:
-            self.out.write(text + "\n")
-            self.out.flush()
-            self.last_print = now
+        self.line.update(text)
 
     def finish(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
+        self.line.close()
 
 
 def run(args: argparse.Namespace) -> int:
