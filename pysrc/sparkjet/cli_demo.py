@@ -16,6 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
+from sparkjet._cli_args import nonnegative_int, positive_float, positive_int
 from sparkjet._progress import ProgressLine, bar
 from sparkjet.connectors import GUARANTEES
 
@@ -38,21 +39,21 @@ def add_parser(commands) -> None:
             "output is valid for the guarantee, 1 when it is not, 2 on an error (such as no "
             "Java 17+)."),
     )
-    demo.add_argument("--members", type=_positive_int, default=2,
+    demo.add_argument("--members", type=positive_int, default=2,
                       help="members (Spark barrier tasks) of each execution (default: 2)")
     demo.add_argument("--master", default=None,
                       help="Spark master URL (default: local[MEMBERS])")
     demo.add_argument("--guarantee", choices=GUARANTEES, default="exactly-once",
                       help="processing guarantee (default: exactly-once)")
-    demo.add_argument("--interval", type=_positive_float, default=1.0,
+    demo.add_argument("--interval", type=positive_float, default=1.0,
                       help="seconds between snapshots (default: 1.0)")
-    demo.add_argument("--rate", type=_positive_float, default=500_000,
+    demo.add_argument("--rate", type=positive_float, default=500_000,
                       help="events per second the generator offers (default: 500,000)")
-    demo.add_argument("--duration", type=_positive_float, default=30.0,
+    demo.add_argument("--duration", type=positive_float, default=30.0,
                       help="seconds of events: the job reads RATE x DURATION events (default: 30)")
-    demo.add_argument("--keys", type=_positive_int, default=100_000,
+    demo.add_argument("--keys", type=positive_int, default=100_000,
                       help="distinct keys (default: 100,000)")
-    demo.add_argument("--crashes", type=_nonnegative_int, default=3,
+    demo.add_argument("--crashes", type=nonnegative_int, default=3,
                       help="SIGKILLs of member Python workers while it runs (default: 3; "
                            "local masters only)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the events and of the crash moments")
@@ -60,27 +61,6 @@ def add_parser(commands) -> None:
                       help="work directory for snapshots and output (default: a temporary one, "
                            "deleted at the end)")
     demo.set_defaults(command="demo", run=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text.replace(",", "").replace("_", ""))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text.replace(",", "").replace("_", ""))
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
 
 
 class _Crasher(threading.Thread):

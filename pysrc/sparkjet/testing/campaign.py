@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import verify
+from sparkjet._cli_args import nonnegative_int, positive_int
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import SQLiteUpsertSink, TransactionalFileSink
@@ -285,14 +286,14 @@ def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.campaign", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=1000, help="kills in all (default 1000)")
+    parser.add_argument("--kills", type=nonnegative_int, default=1000, help="kills in all (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--master", default=None,
                        help="run the jobs on Spark with this master (e.g. local[2]), 2 members, "
                             "killing member Python workers (default: one member process, no Spark)")
-    where.add_argument("--standalone", type=int, metavar="WORKERS", default=None,
+    where.add_argument("--standalone", type=positive_int, metavar="WORKERS", default=None,
                        help="start a local standalone cluster of WORKERS one-core worker JVMs and "
                             "run there (kills: member Python workers and whole worker JVMs), "
                             "after the quorum scenario (needs 3 workers)")
