@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkjet.errors import InvalidArgumentError
+from sparkjet._checks import check_int
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.local_runner import LocalRunner
@@ -80,12 +80,10 @@ class Job:
         """On Spark: restart the running job from its last complete snapshot on ``members``
         members (from then on; still capped by the task slots there are, and never below
         the quorum). State is keyed by partition, so it is the same at any member count."""
-        if not isinstance(members, int) or isinstance(members, bool) or members < 1:
-            raise InvalidArgumentError(f"members must be an int >= 1, got {members!r}")
-        self.requested_members = members
+        self.requested_members = check_int("members", members, min=1)
         runner = self._runner
         if isinstance(runner, SparkRunner):
-            runner.rescale(members)
+            runner.rescale(self.requested_members)
 
 
 # JobFailedError, JobResult and restart_or_fail live in supervision (both runners use them);
