@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import xxhash
 
+from sparkjet._checks import check_int
 from sparkjet._fs import Backend
 from sparkjet.chunks import (
     DEFAULT_CHUNK_SIZE,
@@ -125,8 +126,7 @@ class SnapshotStore:
     """
 
     def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True):
-        if not isinstance(job_id, int) or not 0 <= job_id < 2**64:
-            raise InvalidArgumentError(f"job_id must be an int in 0..2**64-1, got {job_id!r}")
+        job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self._backend = Backend(uri, filesystem, durable)
         self.job_id = job_id
         self._job = f"job-{job_id:016x}"
@@ -203,8 +203,7 @@ class SnapshotStore:
     def register_execution(self, execution_id: int) -> None:
         """Starts execution `execution_id` (the fencing token): from now on, writes and
         commits of every older execution are refused and never become visible."""
-        if not isinstance(execution_id, int) or execution_id < 0:
-            raise InvalidArgumentError(f"execution_id must be a non-negative int, got {execution_id!r}")
+        execution_id = check_int("execution_id", execution_id, min=0)
 
         def check(events):
             newest = self._newest_execution(events)

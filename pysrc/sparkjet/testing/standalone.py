@@ -114,6 +114,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from sparkjet._checks import check_int
 from sparkjet._java import ensure_java
 from sparkjet.errors import InvalidArgumentError, SparkjetError
 
@@ -216,9 +217,8 @@ class StandaloneCluster:
         daemon_memory: str = "512m",
         daemon_java_opts: str = FAST_START_JAVA_OPTS,
     ):
-        for name, value in (("workers", workers), ("cores", cores)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+        workers = check_int("workers", workers, min=1)
+        cores = check_int("cores", cores, min=1)
         if not isinstance(memory, str) or not memory.strip():
             raise InvalidArgumentError(f"memory must be a Spark size like '1g', got {memory!r}")
         self.workers = workers
@@ -500,8 +500,7 @@ class StandaloneCluster:
             raise StandaloneClusterError("the cluster is not started; call start() first")
 
     def _slot(self, i: int) -> _Worker:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.workers:
-            raise InvalidArgumentError(f"worker index must be in 0..{self.workers - 1}, got {i!r}")
+        i = check_int("worker index", i, min=0, max=self.workers - 1)
         self._require_started()
         w = self._workers[i]
         assert w is not None
