@@ -14,7 +14,8 @@ def test_campaign_of_100_kills(tmp_path, capsys):
     for r in results:
         assert r.restarts >= r.kills, "every kill is followed by a restart"
         if r.guarantee == "exactly-once":
-            assert r.report.valid and r.report.lost_count == 0 and r.report.duplicated_count == 0, str(r.report)
+            assert (r.report.valid and r.report.lost_count == 0
+                    and r.report.duplicated_count == 0), str(r.report)
         elif r.guarantee == "at-least-once":
             assert r.report.lost_count == 0 and r.report.valid_for("at-least-once"), str(r.report)
         else:

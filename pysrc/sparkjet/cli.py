@@ -111,8 +111,8 @@ def _demo(args: argparse.Namespace) -> int:
         spark.stop()
     driver = _time_driver(rows, keys, count, args.key_type)
 
-    print(f"sparkjet partition-demo: Hazelcast partitioning of {rows:,} {args.key_type} keys on Spark "
-          f"{args.master}")
+    print(f"sparkjet partition-demo: Hazelcast partitioning of {rows:,} {args.key_type} keys "
+          f"on Spark {args.master}")
     print()
     _table([
         ("rows", f"{rows:,}"),

@@ -56,7 +56,8 @@ def add_parser(commands) -> None:
     demo.add_argument("--crashes", type=nonnegative_int, default=3,
                       help="SIGKILLs of member Python workers while it runs (default: 3; "
                            "local masters only)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the events and of the crash moments")
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seed of the events and of the crash moments")
     demo.add_argument("--dir", default=None,
                       help="work directory for snapshots and output (default: a temporary one, "
                            "deleted at the end)")
@@ -128,15 +129,15 @@ class _Display:
                 self.crasher.execution = event["execution"]
                 self.members = event["members"]
                 restore = event.get("restored_from")
-                self._line(f"execution {event['execution']}: starting {event['members']} members as a "
-                           f"Spark barrier stage" + (f", restoring snapshot {restore}" if restore is not None
-                                                     else ""))
+                restoring = "" if restore is None else f", restoring snapshot {restore}"
+                self._line(f"execution {event['execution']}: starting {event['members']} members "
+                           f"as a Spark barrier stage{restoring}")
             elif kind == "started":
                 if self.crasher.started_at is None:
                     self.crasher.started_at = now
                 pids = ", ".join(str(p) for _, p in sorted(event["pids"].items()))
-                self._line(f"execution {event['execution']}: running after {event['seconds']:.1f} s "
-                           f"(member Python workers: pids {pids})")
+                self._line(f"execution {event['execution']}: running after "
+                           f"{event['seconds']:.1f} s (member Python workers: pids {pids})")
             elif kind == "restart":
                 self.restarts += 1
                 self._line(f"restart {self.restarts} after {event['after_s']:.1f} s: "
@@ -164,7 +165,8 @@ class _Display:
         snap = ""
         if self.snapshot:
             s = self.snapshot
-            snap = f"  snapshot {s['snapshot']} ({s['duration_s'] * 1e3:.0f} ms, {s['bytes'] / 1e6:.1f} MB)"
+            snap = (f"  snapshot {s['snapshot']} ({s['duration_s'] * 1e3:.0f} ms, "
+                    f"{s['bytes'] / 1e6:.1f} MB)")
         text = (f"{bar(frac, 28)} {frac:4.0%}  {done / 1e6:5.1f}M/{self.total / 1e6:.1f}M events  "
                 f"{rate / 1e6:5.2f} M/s{snap}  members {self.members}  restarts {self.restarts}  "
                 f"crashes {len(self.crasher.kills)}")
@@ -211,10 +213,11 @@ def run(args: argparse.Namespace) -> int:
         pipeline = (Pipeline().read_from(source)
                     .group_by("key").aggregate(count="count", sum=("sum", "value"))
                     .write_to(TransactionalFileSink(work / "out")))
+        store = None if args.guarantee == "none" else str(work / "snapshots")
         config = JobConfig(name="sparkjet-demo", processing_guarantee=args.guarantee,
-                           snapshot_store=None if args.guarantee == "none" else str(work / "snapshots"),
-                           snapshot_interval=args.interval, members=args.members,
-                           local_parallelism=1, max_restarts=args.crashes + 3, restart_backoff=0.2)
+                           snapshot_store=store, snapshot_interval=args.interval,
+                           members=args.members, local_parallelism=1,
+                           max_restarts=args.crashes + 3, restart_backoff=0.2)
         job = Job(pipeline, config)
         rng = random.Random(args.seed)
         moments = [args.duration * (i + 1) / (args.crashes + 1) * rng.uniform(0.85, 1.15)
@@ -231,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
         actual = verify.last_update_per_key(out)
         report = verify.check_aggregates(source.expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=args.guarantee)
-        _report(args, total, result, out.num_rows, display, crasher, report, time.monotonic() - started)
+        _report(args, total, result, out.num_rows, display, crasher, report,
+                time.monotonic() - started)
         return 0 if report.valid_for(args.guarantee) else 1
     finally:
         spark.stop()
@@ -255,7 +259,8 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
         ("events in", f"{total:,} (+{max(0, result.events_in - total):,} replayed after restarts)"),
         ("updates out (committed)", f"{committed_rows:,} rows"),
         ("throughput", f"{total / processing / 1e6:.2f} M events/s over {processing:.1f} s of "
-                       f"processing ({wall:.1f} s with Spark's start); offered {args.rate / 1e6:.2f} M/s"),
+                       f"processing ({wall:.1f} s with Spark's start); "
+                       f"offered {args.rate / 1e6:.2f} M/s"),
     ]
     if not math.isnan(p50):
         rows.append(("latency to committed output", f"p50 {p50:.3f} s, p99 {p99:.3f} s"))
@@ -263,15 +268,17 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
         rows.append(("latency to emitted update", f"p50 {e50:.3f} s, p99 {e99:.3f} s"))
     if snaps:
         durations = sorted(s["duration_s"] for s in snaps)
-        rows.append(("snapshots", f"{len(snaps)} taken, {sum(durations) / len(durations) * 1e3:.0f} ms "
-                                  f"mean, {durations[-1] * 1e3:.0f} ms max, "
-                                  f"{sum(s['bytes'] for s in snaps) / len(snaps) / 1e6:.1f} MB each"))
+        mean_ms = sum(durations) / len(durations) * 1e3
+        mean_mb = sum(s["bytes"] for s in snaps) / len(snaps) / 1e6
+        rows.append(("snapshots", f"{len(snaps)} taken, {mean_ms:.0f} ms mean, "
+                                  f"{durations[-1] * 1e3:.0f} ms max, {mean_mb:.1f} MB each"))
     else:
         rows.append(("snapshots", "none (guarantee 'none')"))
     kills = ", ".join(f"member {k['member']} (pid {k['pid']})" for k in crasher.kills) or "none"
     rows.append(("crashes (SIGKILL)", f"{len(crasher.kills)}: {kills}"))
     members = "/".join(str(e["members"]) for e in result.executions)
-    rows.append(("executions", f"{len(result.executions)} (members {members}), {result.restarts} restart(s)"))
+    rows.append(("executions", f"{len(result.executions)} (members {members}), "
+                               f"{result.restarts} restart(s)"))
     if recoveries:
         rows.append(("recovery", "kill to first new snapshot: "
                                  + ", ".join(f"{r:.2f} s" for r in recoveries)))

@@ -56,7 +56,8 @@ class JobConfig:
     def __post_init__(self):
         if self.processing_guarantee not in GUARANTEES:
             raise InvalidArgumentError(
-                f"processing_guarantee must be one of {GUARANTEES}, got {self.processing_guarantee!r}")
+                f"processing_guarantee must be one of {GUARANTEES}, "
+                f"got {self.processing_guarantee!r}")
         if self.processing_guarantee != "none" and not self.snapshot_store:
             raise InvalidArgumentError(
                 f"processing_guarantee {self.processing_guarantee!r} needs snapshot_store "

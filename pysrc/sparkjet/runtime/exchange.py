@@ -65,9 +65,9 @@ reads nothing meanwhile. The sender keeps at most ``window_messages`` messages a
 ``window_bytes`` bytes (a single larger batch is allowed alone) that the server has not
 yet put into the aligner; past that, :meth:`OutboundChannel.put` waits for an ack. So
 what sits between two processors is bounded by what the aligner holds (its capacity, in
-entries) plus one window, whatever gRPC buffers (its HTTP/2 windows grow to tens of MB on a fast link). The sender
-asks for an ack when half the window is used, so a server that keeps up never makes it
-wait for a round trip.
+entries) plus one window, whatever gRPC buffers (its HTTP/2 windows grow to tens of MB on a
+fast link). The sender asks for an ack when half the window is used, so a server that keeps
+up never makes it wait for a round trip.
 
 Fencing
 -------
@@ -983,7 +983,8 @@ class OutboundChannel:
         # `live` ends with this call: a deadline that fires after it (the watchdog pops a
         # timer before running it, so disarm can come too late) must not cancel a later call.
         live = [True]
-        token = None if timeout is None else _WATCHDOG.arm(timeout, lambda: self._expire(timeout, live))
+        token = (None if timeout is None
+                 else _WATCHDOG.arm(timeout, lambda: self._expire(timeout, live)))
         try:
             return fn()
         except StopIteration:

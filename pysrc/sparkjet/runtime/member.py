@@ -95,7 +95,8 @@ class Member:
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
         self.store = SnapshotStore(config.snapshot_store, config.id) if self.snapshots_on else None
-        self.topology = topology or Topology(1, config.local_parallelism, plan.source.partition_count(),
+        self.topology = topology or Topology(1, config.local_parallelism,
+                                             plan.source.partition_count(),
                                              config.partition_count, plan.aggregate is not None)
         self.index = index
         self.restore_from = restore_from
@@ -113,10 +114,12 @@ class Member:
         self.n_keyed = t.n_keyed
         self.owner = t.owner
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
-        self.sources = [_SourceProcessor(self, g, t.source_partitions_of(g)) for g in t.sources_of(index)]
+        self.sources = [_SourceProcessor(self, g, t.source_partitions_of(g))
+                        for g in t.sources_of(index)]
         self.keyed = [_KeyedProcessor(self, k) for k in t.keyed_of(index)]
         #: global keyed index -> the aligner of a keyed processor of this member
-        self.aligners = {p.index: BarrierAligner(t.n_sources, mode=mode, capacity=config.queue_capacity)
+        self.aligners = {p.index: BarrierAligner(t.n_sources, mode=mode,
+                                                 capacity=config.queue_capacity)
                          for p in self.keyed}
         self._sources_ended: set[int] = set()
         self._ended = threading.Event()
@@ -217,8 +220,9 @@ class Member:
         if self.store:
             self.store.close()
         if self._failure is not None:
+            failure = self._failure
             raise MemberFailedError(f"execution {self.execution_id} failed: "
-                                    f"{type(self._failure).__name__}: {self._failure}") from self._failure
+                                    f"{type(failure).__name__}: {failure}") from failure
         self.metrics["seconds"] = time.monotonic() - start
         return self.metrics
 
@@ -244,7 +248,8 @@ class Member:
             for p in self.sources:
                 p.restored_source_state = merged
         sinks = _entries_json(store.restore("sink", [], snapshot_id=snapshot_id).broadcast_entries)
-        sink_owners, total = (self.keyed, t.n_keyed) if self.plan.aggregate else (self.sources, t.n_sources)
+        sink_owners, total = ((self.keyed, t.n_keyed) if self.plan.aggregate
+                              else (self.sources, t.n_sources))
         # An old processor's prepared transactions go to processor (old index % total),
         # the same rule by which sinks find the leftovers they own after a rescale.
         for p in sink_owners:
@@ -266,7 +271,8 @@ class Member:
         with self._lock:
             return len(self._sources_ended) == self.n_sources
 
-    def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None = None) -> None:
+    def ack(self, processor: str, snapshot_id: int, manifest,
+            alignment_s: float | None = None) -> None:
         if self.link is not None:
             self.link.ack(processor, snapshot_id, manifest, alignment_s)
         else:
@@ -295,7 +301,8 @@ class Member:
             self.metrics["snapshots"] = list(self.coordinator.records)
 
     def context(self, vertex: str, index: int, total: int) -> ProcessorContext:
-        return ProcessorContext(self.config.id, self.execution_id, vertex, index, total, self.guarantee)
+        return ProcessorContext(self.config.id, self.execution_id, vertex, index, total,
+                                self.guarantee)
 
 
 
@@ -326,7 +333,8 @@ class RemoteLink:
                     "events_out": m.metrics["events_out"], "ended": sorted(m._sources_ended)}
 
     def _call(self, action: str, body: dict, timeout: float | None = None) -> dict:
-        return self.client.action(action, body, execution_id=self.member.execution_id, timeout=timeout)
+        return self.client.action(action, body, execution_id=self.member.execution_id,
+                                  timeout=timeout)
 
     def _run(self) -> None:
         m = self.member
@@ -431,7 +439,8 @@ class _Processor(threading.Thread):
     def new_writer(self, snapshot_id: int, writer: int):
         m = self.member
         return m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                              partition_count=m.config.partition_count, codec=m.config.snapshot_codec)
+                              partition_count=m.config.partition_count,
+                              codec=m.config.snapshot_codec)
 
 
 class _SourceProcessor(_Processor):
@@ -444,7 +453,8 @@ class _SourceProcessor(_Processor):
     def work(self) -> None:
         m = self.member
         plan = m.plan
-        reader = plan.source.open(self.partitions, m.context(plan.source.name, self.index, m.n_sources))
+        reader = plan.source.open(self.partitions,
+                                  m.context(plan.source.name, self.index, m.n_sources))
         reader.restore_state(self.restored_source_state)
         fused_sink = plan.aggregate is None
         if fused_sink:

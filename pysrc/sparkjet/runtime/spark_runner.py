@@ -104,10 +104,10 @@ class SparkRunner:
                 return n
             if time.monotonic() >= deadline:
                 raise JobFailedError(
-                    f"job {config.name!r}: split-brain protection: {slots} task slot(s) available, "
-                    f"but the quorum is {self.quorum} members (more than half of the largest "
-                    f"member count seen, {self.max_members_seen}); waited {config.quorum_timeout:.0f} s "
-                    "(quorum_timeout)")
+                    f"job {config.name!r}: split-brain protection: {slots} task slot(s) "
+                    f"available, but the quorum is {self.quorum} members (more than half of the "
+                    f"largest member count seen, {self.max_members_seen}); waited "
+                    f"{config.quorum_timeout:.0f} s (quorum_timeout)")
             if said != slots:  # once per change, not once per check
                 said = slots
                 self.progress({"event": "waiting", "slots": slots, "quorum": self.quorum,
@@ -143,7 +143,8 @@ class SparkRunner:
         config, plan, spark = self.config, self.plan, self.spark
         sc = spark.sparkContext
         started = time.monotonic()
-        store = SnapshotStore(config.snapshot_store, config.id) if config.processing_guarantee != "none" else None
+        store = (SnapshotStore(config.snapshot_store, config.id)
+                 if config.processing_guarantee != "none" else None)
         restore_from = None
         if store is not None:
             store.register_execution(execution)
@@ -184,7 +185,8 @@ class SparkRunner:
             self.progress({"event": "started", "execution": execution, "members": members,
                            "pids": dict(coord.pids), "seconds": time.monotonic() - started})
             if restore_from is not None:
-                self.progress({"event": "restored", "snapshot": restore_from, "execution": execution})
+                self.progress({"event": "restored", "snapshot": restore_from,
+                               "execution": execution})
             ticker.start()
             coord.run(0 if restore_from is None else restore_from + 1)
             outcome["status"] = "ok"
@@ -207,9 +209,10 @@ class SparkRunner:
             self.member_pids = {}
         events_in, events_out = coord.counters()
         done = coord.done.values()
+        ok = outcome["status"] == "ok"
         outcome.update(
-            events_in=sum(d.get("events_in", 0) for d in done) if outcome["status"] == "ok" else events_in,
-            events_out=sum(d.get("events_out", 0) for d in done) if outcome["status"] == "ok" else events_out,
+            events_in=sum(d.get("events_in", 0) for d in done) if ok else events_in,
+            events_out=sum(d.get("events_out", 0) for d in done) if ok else events_out,
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started)

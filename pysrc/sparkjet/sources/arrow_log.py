@@ -119,7 +119,8 @@ class ArrowLogWriter:
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, durable: bool = False):
         partitions = check_int("partitions", partitions, min=1, max=99999)
         if not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+            raise InvalidArgumentError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         segment_bytes = check_int("segment_bytes", segment_bytes, min=1)
         _check_no_dictionary(schema)
         self.root = os.path.abspath(os.fspath(root))

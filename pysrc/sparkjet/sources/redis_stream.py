@@ -114,7 +114,8 @@ class RedisStreamSource(Source):
         if schema is not None and decoder is not None:
             raise InvalidArgumentError("give a schema or a decoder, not both")
         if schema is not None and not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+            raise InvalidArgumentError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         if decoder is not None and not callable(decoder):
             raise InvalidArgumentError(f"decoder must be callable, got {decoder!r}")
         block_ms = check_int("block_ms", block_ms, min=1, none_ok=True)

@@ -1,14 +1,14 @@
 """Fault campaigns: run jobs while really killing their member process (SIGKILL, as
 ``kill -9``) at random moments, then check the output against a failure-free run.
 
-``python -m sparkjet.testing.campaign --kills 1000`` runs a long campaign; the test suite runs a short
-one. Each round runs one job (a keyed count and sum over the deterministic generator, or a
-stateless copy of every event) with one guarantee and one sink, kills its member several
-times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit, during restore: the
-moments are random, the member is killed wherever it is), lets the supervisor restart it from
-the last complete snapshot, and checks the committed output with :mod:`sparkjet.verify`:
-exactly-once must lose and duplicate nothing, at-least-once must lose nothing, and "none"
-is reported as it is.
+``python -m sparkjet.testing.campaign --kills 1000`` runs a long campaign; the test suite
+runs a short one. Each round runs one job (a keyed count and sum over the deterministic
+generator, or a stateless copy of every event) with one guarantee and one sink, kills its
+member several times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit,
+during restore: the moments are random, the member is killed wherever it is), lets the
+supervisor restart it from the last complete snapshot, and checks the committed output with
+:mod:`sparkjet.verify`: exactly-once must lose and duplicate nothing, at-least-once must lose
+nothing, and "none" is reported as it is.
 """
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
                        members=members if spark else None)
     job = Job(pipeline.write_to(sink), config)
     stop, killed, restarters = threading.Event(), [], []
-    killer = threading.Thread(target=_killer, args=(job, kills, rng, stop, killed, cluster, restarters),
-                              daemon=True)
+    killer = threading.Thread(target=_killer, daemon=True,
+                              args=(job, kills, rng, stop, killed, cluster, restarters))
     start = time.monotonic()
     killer.start()
     try:
@@ -139,13 +139,14 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     out = (TransactionalFileSink.read(work / "out") if sink_kind == "file"
            else SQLiteUpsertSink.read(work / "out.sqlite", "out"))
     if pipeline_kind == "keyed":
-        actual = verify.last_update_per_key(out) if sink_kind == "file" else out.select(["key", "count", "sum"])
+        actual = (verify.last_update_per_key(out) if sink_kind == "file"
+                  else out.select(["key", "count", "sum"]))
         report = verify.check_aggregates(source.expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
     else:
         ids = pa.array(np.arange(events, dtype=np.int64))
-        report = verify.check_events(ids, ids, out.column("id") if out.num_columns else pa.array([], pa.int64()),
-                                     guarantee=guarantee)
+        got = out.column("id") if out.num_columns else pa.array([], pa.int64())
+        report = verify.check_events(ids, ids, got, guarantee=guarantee)
     errors = [e.get("error") or "" for e in result.executions if e.get("status") != "ok"]
     if spark is None:
         # Count the kills that killed: a member that has just exited stays an unreaped
@@ -246,7 +247,8 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
         elif kind == "waiting" and "restart worker 0" not in steps:
             act("restart worker 0", cluster.restart_worker, 0)
         if kind in ("execution", "waiting", "restart"):
-            progress(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
+            progress(f"  {kind}: "
+                     + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
 
     result = job.run(spark, on_progress=on_progress)
     cluster.restart_worker(1)
@@ -274,19 +276,24 @@ def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0
             if scenario:
                 progress("quorum scenario (3 workers; kill 2 worker JVMs; restart one):")
                 found = quorum_scenario(work / "scenario", cluster, spark, progress)
+                report = found["report"]
                 progress(f"  members per execution {found['members']}, steps {found['steps']}, "
-                         f"lost {found['report'].lost_count} duplicated {found['report'].duplicated_count}")
-            results = run_campaign(work / "campaign", total_kills, seed, progress, spark=spark,
-                                   members=None, plan=SPARK_PLAN, cluster=cluster) if total_kills else []
+                         f"lost {report.lost_count} duplicated {report.duplicated_count}")
+            results = []
+            if total_kills:
+                results = run_campaign(work / "campaign", total_kills, seed, progress, spark=spark,
+                                       members=None, plan=SPARK_PLAN, cluster=cluster)
         finally:
             spark.stop()
     return found, results
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.campaign", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.campaign",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=nonnegative_int, default=1000, help="kills in all (default 1000)")
+    parser.add_argument("--kills", type=nonnegative_int, default=1000,
+                        help="kills in all (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     where = parser.add_mutually_exclusive_group()
@@ -297,7 +304,8 @@ def main(argv=None) -> int:
                        help="start a local standalone cluster of WORKERS one-core worker JVMs and "
                             "run there (kills: member Python workers and whole worker JVMs), "
                             "after the quorum scenario (needs 3 workers)")
-    parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the results as one JSON line")
     args = parser.parse_args(argv)
     scenario = None
     with tempfile.TemporaryDirectory(prefix="sparkjet-campaign-") as tmp:
