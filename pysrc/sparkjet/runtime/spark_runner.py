@@ -233,9 +233,9 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``."""
 
     def task(batches):
-        # Imported where the task runs, in a Spark Python worker: BarrierTaskContext exists
-        # only there, and the exchange loads pyarrow.flight, which importing the runtime
-        # does not need.
+        # Imported where the task runs, in a Spark Python worker (this function is pickled
+        # by value): BarrierTaskContext exists only there, and the exchange loads
+        # pyarrow.flight, which importing the runtime on the driver does not need.
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
