@@ -1,8 +1,8 @@
 """The fault campaign, CI-sized: ≥ 100 real SIGKILLs of job members across all three
-guarantees, both sinks and both pipeline shapes (`python -m sparkjet.campaign --kills 1000`
+guarantees, both sinks and both pipeline shapes (`python -m sparkjet.testing.campaign --kills 1000`
 runs the long one). Exactly-once: nothing lost, nothing duplicated, final state equal to a
 failure-free run. At-least-once: nothing lost. None: reported as it is."""
-from sparkjet.campaign import PLAN, run_campaign, summary
+from sparkjet.testing.campaign import PLAN, run_campaign, summary
 
 
 def test_campaign_of_100_kills(tmp_path, capsys):
@@ -14,7 +14,8 @@ def test_campaign_of_100_kills(tmp_path, capsys):
     for r in results:
         assert r.restarts >= r.kills, "every kill is followed by a restart"
         if r.guarantee == "exactly-once":
-            assert r.report.valid and r.report.lost_count == 0 and r.report.duplicated_count == 0, str(r.report)
+            assert (r.report.valid and r.report.lost_count == 0
+                    and r.report.duplicated_count == 0), str(r.report)
         elif r.guarantee == "at-least-once":
             assert r.report.lost_count == 0 and r.report.valid_for("at-least-once"), str(r.report)
         else:

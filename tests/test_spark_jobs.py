@@ -12,11 +12,12 @@ import pyarrow as pa
 import pytest
 
 from sparkjet import verify
-from sparkjet.campaign import SPARK_PLAN, _last_update_per_key, run_campaign, summary
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
+from sparkjet.testing.campaign import SPARK_PLAN, run_campaign, summary
+from sparkjet.verify import last_update_per_key
 
 
 def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
@@ -29,7 +30,7 @@ def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
 
 
 def exact(tmp_path: Path, source: GeneratorSource) -> verify.Report:
-    out = _last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
+    out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
     return verify.check_aggregates(source.expected_counts(), out, key="key",
                                    columns=["count", "sum"], guarantee="exactly-once")
 
@@ -53,7 +54,8 @@ def test_events_pipeline_guarantee_none(spark, tmp_path):
     source = GeneratorSource(total=300_000, partitions=4, keys=1_000, batch_size=10_000)
     pipeline = (Pipeline().read_from(source).map_batches(lambda b: b.select(["id", "key"]))
                 .write_to(TransactionalFileSink(tmp_path / "out")))
-    config = JobConfig(name="none-on-spark", processing_guarantee="none", members=2, local_parallelism=1)
+    config = JobConfig(name="none-on-spark", processing_guarantee="none", members=2,
+                       local_parallelism=1)
     result = Job(pipeline, config).run(spark)
     out = TransactionalFileSink.read(tmp_path / "out")
     ids = pa.array(np.arange(300_000, dtype=np.int64))
@@ -65,7 +67,8 @@ def test_events_pipeline_guarantee_none(spark, tmp_path):
 def test_rescale_on_request_keeps_state(spark, tmp_path):
     """2 -> 1 -> 2 members while running: each restart restores the partitions the new
     partition table gives each member; the output is exactly the failure-free one."""
-    source = GeneratorSource(total=1_200_000, partitions=4, keys=10_000, batch_size=10_000, rate=300_000)
+    source = GeneratorSource(total=1_200_000, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=300_000)
     job = keyed_job(tmp_path, source)
     seen = []
 
@@ -87,7 +90,8 @@ def test_rescale_on_request_keeps_state(spark, tmp_path):
 
 
 def test_kill_a_member_mid_run(spark, tmp_path):
-    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000, rate=400_000)
+    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2)
     killed = []
 
@@ -100,8 +104,10 @@ def test_kill_a_member_mid_run(spark, tmp_path):
     result = job.run(spark, on_progress=lambda e: (events.append(e), progress(e)))
     assert killed and result.restarts == 1
     assert result.executions[0]["status"] == "failed"
-    assert result.executions[1]["restored_from"] is not None and result.executions[1]["restored_from"] >= 2
-    assert [e["event"] for e in events if e["event"] in ("restart", "restored")] == ["restart", "restored"]
+    assert (result.executions[1]["restored_from"] is not None
+            and result.executions[1]["restored_from"] >= 2)
+    assert ([e["event"] for e in events if e["event"] in ("restart", "restored")]
+            == ["restart", "restored"])
     report = exact(tmp_path, source)
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
@@ -111,16 +117,19 @@ def test_zombie_member_is_fenced(spark, tmp_path):
     maybe not committed); the coordinator declares it silent, restarts the job on the other
     slot with a new execution id, and only then is the old member resumed (SIGCONT). It
     cannot commit, stage a visible file or change the result: the output is exact."""
-    source = GeneratorSource(total=1_600_000, partitions=2, keys=10_000, batch_size=10_000, rate=250_000)
+    source = GeneratorSource(total=1_600_000, partitions=2, keys=10_000, batch_size=10_000,
+                             rate=250_000)
     job = keyed_job(tmp_path, source, members=1, heartbeat_timeout=2.0, max_restarts=2)
     zombie = {}
 
     def progress(event):
-        if event["event"] == "snapshot" and event["execution"] == 0 and event["snapshot"] == 2 and not zombie:
+        if (event["event"] == "snapshot" and event["execution"] == 0 and event["snapshot"] == 2
+                and not zombie):
             zombie["pid"] = job.member_pids[0]
             os.kill(zombie["pid"], signal.SIGSTOP)
             zombie["stopped_at"] = time.monotonic()
-        elif event["event"] == "snapshot" and zombie and event["execution"] > 0 and "resumed" not in zombie:
+        elif (event["event"] == "snapshot" and zombie and event["execution"] > 0
+              and "resumed" not in zombie):
             assert _state(zombie["pid"]) == "T", "the zombie stayed stopped through the restart"
             os.kill(zombie["pid"], signal.SIGCONT)
             zombie["resumed"] = _state(zombie["pid"])
@@ -156,9 +165,10 @@ def test_failing_user_code_ends_with_a_clear_error(spark, tmp_path):
 
     pipeline = (Pipeline().read_from(source).map_batches(boom)
                 .write_to(TransactionalFileSink(tmp_path / "out")))
-    config = JobConfig(name="boom", snapshot_store=str(tmp_path / "s"), members=2, local_parallelism=1,
-                       max_restarts=1, restart_backoff=0.0)
-    with pytest.raises(JobFailedError, match="failed 2 times.*ValueError: bad record in the user's map"):
+    config = JobConfig(name="boom", snapshot_store=str(tmp_path / "s"), members=2,
+                       local_parallelism=1, max_restarts=1, restart_backoff=0.0)
+    with pytest.raises(JobFailedError,
+                       match="failed 2 times.*ValueError: bad record in the user's map"):
         Job(pipeline, config).run(spark)
 
 
@@ -173,6 +183,7 @@ def test_campaign_on_spark(spark, tmp_path, capsys):
     for r in results:
         assert r.restarts >= r.kills
         if r.guarantee == "exactly-once":
-            assert r.report.valid and r.report.lost_count == 0 and r.report.duplicated_count == 0, str(r.report)
+            assert (r.report.valid and r.report.lost_count == 0
+                    and r.report.duplicated_count == 0), str(r.report)
         else:
             assert r.report.lost_count == 0 and r.report.valid_for("at-least-once"), str(r.report)

@@ -1,5 +1,5 @@
-"""A real Spark standalone cluster (sparkjet.standalone): barrier stages across two executor
-JVMs, a worker killed by SIGKILL during a barrier stage, the worker restarted.
+"""A real Spark standalone cluster (sparkjet.testing.standalone): barrier stages across two
+executor JVMs, a worker killed by SIGKILL during a barrier stage, the worker restarted.
 
 The pytest process already holds the shared local SparkContext (conftest's ``spark``), and a
 process can have only one, so the cluster and its driver run in a subprocess: this file run
@@ -86,7 +86,7 @@ def _barrier_stage(spark, tasks, **kwargs):
 def driver(hold_dir):
     import threading
 
-    from sparkjet.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
+    from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 
     def emit(step, **data):
         print(PREFIX + json.dumps({"step": step, **data}), flush=True)

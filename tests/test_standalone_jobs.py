@@ -5,7 +5,7 @@ The quorum scenario: 3 members; a worker dies -> the job restarts on the 2 slots
 (rescaling: state restored by partition); a second worker dies -> 1 slot is below the
 quorum of 2 (floor(3 / 2) + 1), so the coordinator waits and says so until a worker comes
 back, then restarts on 2. Then a short campaign of kills (member Python workers and worker
-JVMs). Everything runs in a subprocess driver (`python -m sparkjet.campaign --standalone 3`)
+JVMs). Everything runs in a subprocess driver (`python -m sparkjet.testing.campaign --standalone 3`)
 because this process already has the shared local SparkContext."""
 import json
 import subprocess
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.spark
 
 def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "sparkjet.campaign", "--standalone", "3", "--kills", "5",
+        [sys.executable, "-m", "sparkjet.testing.campaign", "--standalone", "3", "--kills", "5",
          "--seed", "2", "--json", "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("CAMPAIGN-JSON ")]

@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 
+from sparkjet._cli_args import positive_int
 from sparkjet.errors import InvalidArgumentError, SparkjetError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 
@@ -64,34 +65,24 @@ def _parser() -> argparse.ArgumentParser:
             "Needs Java 17+ (JAVA_HOME, `java` on PATH, or a JDK in the usual folders)."
         ),
     )
-    demo.add_argument("--rows", type=_positive_int, default=10_000_000,
+    demo.add_argument("--rows", type=positive_int, default=10_000_000,
                       help="number of rows to generate, one key each (default: 10,000,000)")
-    demo.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITION_COUNT,
+    demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITION_COUNT,
                       help=f"Hazelcast partition count (default: {DEFAULT_PARTITION_COUNT})")
     demo.add_argument("--master", default="local[2]", help="Spark master URL (default: local[2])")
     demo.add_argument("--key-type", choices=("long", "string"), default="long",
                       help="long: (id * 2654435761) %% KEYS as a Hazelcast Long; "
                            "string: 'key-<that number>' as a Hazelcast String (default: long)")
-    demo.add_argument("--keys", type=_positive_int, default=None,
+    demo.add_argument("--keys", type=positive_int, default=None,
                       help="key space: keys are taken modulo KEYS (default: ROWS, every key "
                            "distinct)")
-    demo.add_argument("--rounds", type=_positive_int, default=2,
+    demo.add_argument("--rounds", type=positive_int, default=2,
                       help="times each Spark job is timed; the best counts (default: 2)")
     demo.set_defaults(command="partition-demo", run=_demo)
     from sparkjet.cli_snapshots import add_parser as add_snapshots
 
     add_snapshots(commands)
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -120,8 +111,8 @@ def _demo(args: argparse.Namespace) -> int:
         spark.stop()
     driver = _time_driver(rows, keys, count, args.key_type)
 
-    print(f"sparkjet partition-demo: Hazelcast partitioning of {rows:,} {args.key_type} keys on Spark "
-          f"{args.master}")
+    print(f"sparkjet partition-demo: Hazelcast partitioning of {rows:,} {args.key_type} keys "
+          f"on Spark {args.master}")
     print()
     _table([
         ("rows", f"{rows:,}"),

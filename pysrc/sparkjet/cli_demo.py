@@ -10,16 +10,15 @@ import os
 import random
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
 
+from sparkjet._cli_args import nonnegative_int, positive_float, positive_int
+from sparkjet._progress import ProgressLine, bar
 from sparkjet.connectors import GUARANTEES
-
-_BAR = 28
 
 
 def add_parser(commands) -> None:
@@ -40,49 +39,29 @@ def add_parser(commands) -> None:
             "output is valid for the guarantee, 1 when it is not, 2 on an error (such as no "
             "Java 17+)."),
     )
-    demo.add_argument("--members", type=_positive_int, default=2,
+    demo.add_argument("--members", type=positive_int, default=2,
                       help="members (Spark barrier tasks) of each execution (default: 2)")
     demo.add_argument("--master", default=None,
                       help="Spark master URL (default: local[MEMBERS])")
     demo.add_argument("--guarantee", choices=GUARANTEES, default="exactly-once",
                       help="processing guarantee (default: exactly-once)")
-    demo.add_argument("--interval", type=_positive_float, default=1.0,
+    demo.add_argument("--interval", type=positive_float, default=1.0,
                       help="seconds between snapshots (default: 1.0)")
-    demo.add_argument("--rate", type=_positive_float, default=500_000,
+    demo.add_argument("--rate", type=positive_float, default=500_000,
                       help="events per second the generator offers (default: 500,000)")
-    demo.add_argument("--duration", type=_positive_float, default=30.0,
+    demo.add_argument("--duration", type=positive_float, default=30.0,
                       help="seconds of events: the job reads RATE x DURATION events (default: 30)")
-    demo.add_argument("--keys", type=_positive_int, default=100_000,
+    demo.add_argument("--keys", type=positive_int, default=100_000,
                       help="distinct keys (default: 100,000)")
-    demo.add_argument("--crashes", type=_nonnegative_int, default=3,
+    demo.add_argument("--crashes", type=nonnegative_int, default=3,
                       help="SIGKILLs of member Python workers while it runs (default: 3; "
                            "local masters only)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the events and of the crash moments")
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seed of the events and of the crash moments")
     demo.add_argument("--dir", default=None,
                       help="work directory for snapshots and output (default: a temporary one, "
                            "deleted at the end)")
     demo.set_defaults(command="demo", run=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text.replace(",", "").replace("_", ""))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text.replace(",", "").replace("_", ""))
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
 
 
 class _Crasher(threading.Thread):
@@ -122,11 +101,10 @@ class _Crasher(threading.Thread):
 class _Display:
     """Live progress: a bar when stdout is a terminal, else a line every few seconds."""
 
-    def __init__(self, total: int, crasher: _Crasher, out=sys.stdout):
+    def __init__(self, total: int, crasher: _Crasher, out=None):
         self.total = total
         self.crasher = crasher
-        self.out = out
-        self.tty = out.isatty()
+        self.line = ProgressLine(out, redraw=0.2, every=3.0)
         self.base = 0            # events before the snapshot the execution restored
         self.in_execution = 0
         self.at_snapshot = 0     # events of this execution at its last committed snapshot
@@ -136,7 +114,6 @@ class _Display:
         self.execution = None
         self.rate_window: list[tuple[float, int]] = []
         self.events: list[tuple[float, dict]] = []
-        self.last_print = 0.0
         self.lock = threading.Lock()
 
     def __call__(self, event: dict) -> None:
@@ -152,15 +129,15 @@ class _Display:
                 self.crasher.execution = event["execution"]
                 self.members = event["members"]
                 restore = event.get("restored_from")
-                self._line(f"execution {event['execution']}: starting {event['members']} members as a "
-                           f"Spark barrier stage" + (f", restoring snapshot {restore}" if restore is not None
-                                                     else ""))
+                restoring = "" if restore is None else f", restoring snapshot {restore}"
+                self._line(f"execution {event['execution']}: starting {event['members']} members "
+                           f"as a Spark barrier stage{restoring}")
             elif kind == "started":
                 if self.crasher.started_at is None:
                     self.crasher.started_at = now
                 pids = ", ".join(str(p) for _, p in sorted(event["pids"].items()))
-                self._line(f"execution {event['execution']}: running after {event['seconds']:.1f} s "
-                           f"(member Python workers: pids {pids})")
+                self._line(f"execution {event['execution']}: running after "
+                           f"{event['seconds']:.1f} s (member Python workers: pids {pids})")
             elif kind == "restart":
                 self.restarts += 1
                 self._line(f"restart {self.restarts} after {event['after_s']:.1f} s: "
@@ -175,10 +152,7 @@ class _Display:
             self._show(now)
 
     def _line(self, text: str) -> None:
-        if self.tty:
-            self.out.write("\r\033[K")
-        self.out.write(text + "\n")
-        self.out.flush()
+        self.line.print(text)
 
     def _show(self, now: float) -> None:
         done = min(self.total, self.base + self.in_execution)
@@ -188,33 +162,22 @@ class _Display:
         (t0, e0), (t1, e1) = self.rate_window[0], self.rate_window[-1]
         rate = (e1 - e0) / (t1 - t0) if t1 > t0 else 0.0
         frac = done / self.total if self.total else 1.0
-        bar = "#" * int(frac * _BAR) + "." * (_BAR - int(frac * _BAR))
         snap = ""
         if self.snapshot:
             s = self.snapshot
-            snap = f"  snapshot {s['snapshot']} ({s['duration_s'] * 1e3:.0f} ms, {s['bytes'] / 1e6:.1f} MB)"
-        text = (f"[{bar}] {frac:4.0%}  {done / 1e6:5.1f}M/{self.total / 1e6:.1f}M events  "
+            snap = (f"  snapshot {s['snapshot']} ({s['duration_s'] * 1e3:.0f} ms, "
+                    f"{s['bytes'] / 1e6:.1f} MB)")
+        text = (f"{bar(frac, 28)} {frac:4.0%}  {done / 1e6:5.1f}M/{self.total / 1e6:.1f}M events  "
                 f"{rate / 1e6:5.2f} M/s{snap}  members {self.members}  restarts {self.restarts}  "
                 f"crashes {len(self.crasher.kills)}")
-        if self.tty:
-            if now - self.last_print > 0.2:
-                self.out.write("\r\033[K" + text)
-                self.out.flush()
-                self.last_print = now
-        elif now - self.last_print > 3.0:
-            self.out.write(text + "\n")
-            self.out.flush()
-            self.last_print = now
+        self.line.update(text)
 
     def finish(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
+        self.line.close()
 
 
 def run(args: argparse.Namespace) -> int:
     from sparkjet import verify
-    from sparkjet.campaign import _last_update_per_key
     from sparkjet.pipeline import Pipeline
     from sparkjet.runtime import Job, JobConfig
     from sparkjet.sinks import TransactionalFileSink
@@ -250,10 +213,11 @@ def run(args: argparse.Namespace) -> int:
         pipeline = (Pipeline().read_from(source)
                     .group_by("key").aggregate(count="count", sum=("sum", "value"))
                     .write_to(TransactionalFileSink(work / "out")))
+        store = None if args.guarantee == "none" else str(work / "snapshots")
         config = JobConfig(name="sparkjet-demo", processing_guarantee=args.guarantee,
-                           snapshot_store=None if args.guarantee == "none" else str(work / "snapshots"),
-                           snapshot_interval=args.interval, members=args.members,
-                           local_parallelism=1, max_restarts=args.crashes + 3, restart_backoff=0.2)
+                           snapshot_store=store, snapshot_interval=args.interval,
+                           members=args.members, local_parallelism=1,
+                           max_restarts=args.crashes + 3, restart_backoff=0.2)
         job = Job(pipeline, config)
         rng = random.Random(args.seed)
         moments = [args.duration * (i + 1) / (args.crashes + 1) * rng.uniform(0.85, 1.15)
@@ -267,10 +231,11 @@ def run(args: argparse.Namespace) -> int:
             crasher.stop.set()
             display.finish()
         out = TransactionalFileSink.read(work / "out")
-        actual = _last_update_per_key(out)
+        actual = verify.last_update_per_key(out)
         report = verify.check_aggregates(source.expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=args.guarantee)
-        _report(args, total, result, out.num_rows, display, crasher, report, time.monotonic() - started)
+        _report(args, total, result, out.num_rows, display, crasher, report,
+                time.monotonic() - started)
         return 0 if report.valid_for(args.guarantee) else 1
     finally:
         spark.stop()
@@ -294,7 +259,8 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
         ("events in", f"{total:,} (+{max(0, result.events_in - total):,} replayed after restarts)"),
         ("updates out (committed)", f"{committed_rows:,} rows"),
         ("throughput", f"{total / processing / 1e6:.2f} M events/s over {processing:.1f} s of "
-                       f"processing ({wall:.1f} s with Spark's start); offered {args.rate / 1e6:.2f} M/s"),
+                       f"processing ({wall:.1f} s with Spark's start); "
+                       f"offered {args.rate / 1e6:.2f} M/s"),
     ]
     if not math.isnan(p50):
         rows.append(("latency to committed output", f"p50 {p50:.3f} s, p99 {p99:.3f} s"))
@@ -302,15 +268,17 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
         rows.append(("latency to emitted update", f"p50 {e50:.3f} s, p99 {e99:.3f} s"))
     if snaps:
         durations = sorted(s["duration_s"] for s in snaps)
-        rows.append(("snapshots", f"{len(snaps)} taken, {sum(durations) / len(durations) * 1e3:.0f} ms "
-                                  f"mean, {durations[-1] * 1e3:.0f} ms max, "
-                                  f"{sum(s['bytes'] for s in snaps) / len(snaps) / 1e6:.1f} MB each"))
+        mean_ms = sum(durations) / len(durations) * 1e3
+        mean_mb = sum(s["bytes"] for s in snaps) / len(snaps) / 1e6
+        rows.append(("snapshots", f"{len(snaps)} taken, {mean_ms:.0f} ms mean, "
+                                  f"{durations[-1] * 1e3:.0f} ms max, {mean_mb:.1f} MB each"))
     else:
         rows.append(("snapshots", "none (guarantee 'none')"))
     kills = ", ".join(f"member {k['member']} (pid {k['pid']})" for k in crasher.kills) or "none"
     rows.append(("crashes (SIGKILL)", f"{len(crasher.kills)}: {kills}"))
     members = "/".join(str(e["members"]) for e in result.executions)
-    rows.append(("executions", f"{len(result.executions)} (members {members}), {result.restarts} restart(s)"))
+    rows.append(("executions", f"{len(result.executions)} (members {members}), "
+                               f"{result.restarts} restart(s)"))
     if recoveries:
         rows.append(("recovery", "kill to first new snapshot: "
                                  + ", ".join(f"{r:.2f} s" for r in recoveries)))

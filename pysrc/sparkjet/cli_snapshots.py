@@ -5,6 +5,7 @@ import argparse
 import sys
 import time
 
+from sparkjet._progress import ProgressLine, bar
 from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
 from sparkjet.snapshot_store import SnapshotStore
 
@@ -81,41 +82,26 @@ def _verify(args) -> int:
     failed = 0
     for store in _stores(args):
         label = f"job {store.job_id:#x}" + (f" {args.name!r}" if args.name else "")
-        bar = _ProgressBar(label)
+        line = ProgressLine(sys.stderr)
+        start = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            frac = done / total if total else 1.0
+            rate = done / max(time.monotonic() - start, 1e-9)
+            line.update(f"{label} {bar(frac)} {frac:6.1%} {_size(done)}/{_size(total)} "
+                        f"{_size(rate)}/s", force=done == total)
+
         try:
-            info = store.verify(name=args.name, progress=bar.update)
+            info = store.verify(name=args.name, progress=progress)
         except (SnapshotCorruptError, SnapshotIncompleteError) as e:
-            bar.close()
+            line.close()
             print(f"{label}: FAILED: {e}")
             failed += 1
             continue
-        bar.close()
+        line.close()
         print(f"{label}: snapshot {info.snapshot_id} ok: {info.chunk_count:,} chunks, "
               f"{info.entries:,} entries, {_size(info.bytes)}, every checksum verified")
     return 1 if failed else 0
-
-
-class _ProgressBar:
-    """A one-line bar on stderr, redrawn in place on a terminal (printed once otherwise)."""
-
-    def __init__(self, label: str, width: int = 30):
-        self.label, self.width = label, width
-        self.tty = sys.stderr.isatty()
-        self.start = time.monotonic()
-
-    def update(self, done: int, total: int) -> None:
-        if not self.tty:
-            return
-        frac = done / total if total else 1.0
-        filled = int(frac * self.width)
-        rate = done / max(time.monotonic() - self.start, 1e-9)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{frac:6.1%} {_size(done)}/{_size(total)} {_size(rate)}/s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
 
 
 def _size(n: float) -> str:
@@ -129,4 +115,5 @@ def _size(n: float) -> str:
 def _print_table(rows) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths))))

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import xxhash
 
+from sparkjet._checks import check_int
 from sparkjet._fs import Backend
 from sparkjet.chunks import (
     DEFAULT_CHUNK_SIZE,
@@ -125,8 +126,7 @@ class SnapshotStore:
     """
 
     def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True):
-        if not isinstance(job_id, int) or not 0 <= job_id < 2**64:
-            raise InvalidArgumentError(f"job_id must be an int in 0..2**64-1, got {job_id!r}")
+        job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self._backend = Backend(uri, filesystem, durable)
         self.job_id = job_id
         self._job = f"job-{job_id:016x}"
@@ -159,7 +159,8 @@ class SnapshotStore:
     def jobs(uri, *, filesystem=None) -> list[int]:
         """The job ids that have snapshots under a URI."""
         backend = Backend(uri, filesystem)
-        return [int(n[4:], 16) for n in backend.listdir(backend.root) if re.fullmatch(r"job-[0-9a-f]{16}", n)]
+        return [int(n[4:], 16) for n in backend.listdir(backend.root)
+                if re.fullmatch(r"job-[0-9a-f]{16}", n)]
 
     def _path(self, *parts: str) -> str:
         return self._backend.path(self._job, *parts)
@@ -180,7 +181,8 @@ class SnapshotStore:
             try:
                 out.append((int(name[:12]), json.loads(bytes(raw))))
             except ValueError as e:
-                raise SnapshotCorruptError(self._path("log", name), 0, "log event", str(e)) from None
+                raise SnapshotCorruptError(self._path("log", name), 0, "log event",
+                                           str(e)) from None
         return out
 
     def _append(self, event: dict, check=None) -> int:
@@ -197,14 +199,14 @@ class SnapshotStore:
 
     @staticmethod
     def _newest_execution(events, before: int | None = None) -> int | None:
-        ids = [e["execution"] for s, e in events if e["type"] == "register" and (before is None or s < before)]
+        ids = [e["execution"] for s, e in events
+               if e["type"] == "register" and (before is None or s < before)]
         return max(ids) if ids else None
 
     def register_execution(self, execution_id: int) -> None:
         """Starts execution `execution_id` (the fencing token): from now on, writes and
         commits of every older execution are refused and never become visible."""
-        if not isinstance(execution_id, int) or execution_id < 0:
-            raise InvalidArgumentError(f"execution_id must be a non-negative int, got {execution_id!r}")
+        execution_id = check_int("execution_id", execution_id, min=0)
 
         def check(events):
             newest = self._newest_execution(events)
@@ -253,7 +255,8 @@ class SnapshotStore:
     def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
         return f"{snapshot_id:012d}-e{execution_id:012d}"
 
-    def commit(self, snapshot_id: int, execution_id: int, manifests: Iterable[Manifest]) -> SnapshotInfo:
+    def commit(self, snapshot_id: int, execution_id: int,
+               manifests: Iterable[Manifest]) -> SnapshotInfo:
         """Makes a snapshot complete (Jet's phase-1 commit point): writes its validation
         record, then the commit event; then removes older snapshots. Refused with
         FencedError if a newer execution was registered (before or during the commit)."""
@@ -415,7 +418,8 @@ class SnapshotStore:
         keyed_tables, broadcast_tables = [], []
         keyed_entries, broadcast_entries = [], []
         for f in v["files"]:
-            for header, payload, path, offset in self._read_file(record, vertex, v["id"], f, wanted):
+            for header, payload, path, offset in self._read_file(record, vertex, v["id"], f,
+                                                                 wanted):
                 state.chunks += 1
                 state.bytes_read += HEADER_SIZE + header.stored_size
                 if header.entries:
@@ -474,11 +478,13 @@ class SnapshotStore:
             if len(chunks) != len(run):
                 raise SnapshotIncompleteError(
                     f"{path}: {len(chunks)} chunks at bytes {start}..{end}, record says {len(run)}")
-            for (rel, header, payload), (r_offset, r_size, r_sum, r_count, r_part) in zip(chunks, run):
+            for (rel, header, payload), expected in zip(chunks, run):
+                r_offset, r_size, r_sum, r_count, r_part = expected
                 offset = start + rel
                 for what, got, want in (
                     ("offset", offset, r_offset), ("stored size", header.stored_size, r_size),
-                    ("checksum", header.checksum, r_sum), ("entry count", header.entry_count, r_count),
+                    ("checksum", header.checksum, r_sum),
+                    ("entry count", header.entry_count, r_count),
                     ("job id", header.job_id, self.job_id),
                     ("snapshot id", header.snapshot_id, record["snapshot_id"]),
                     ("vertex", header.vertex, vid), ("partition", header.partition, r_part),
@@ -487,7 +493,8 @@ class SnapshotStore:
                         raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
                 yield header, payload, path, offset
 
-    def verify(self, snapshot_id: int | None = None, *, name: str | None = None, progress=None) -> SnapshotInfo:
+    def verify(self, snapshot_id: int | None = None, *, name: str | None = None,
+               progress=None) -> SnapshotInfo:
         """Reads and checks every chunk of a snapshot (all vertices and partitions);
         `progress(done_bytes, total_bytes)` is called as it goes."""
         record = self._resolve(snapshot_id, name)
@@ -538,13 +545,14 @@ class SnapshotStore:
             self._backend.makedirs(f"{tmp}/{vertex}")
             for f in v["files"]:
                 base = f["path"].rsplit("/", 1)[-1]
-                self._backend.link_or_copy(self._path(*record["_dir"], vertex, base), f"{tmp}/{vertex}/{base}")
+                self._backend.link_or_copy(self._path(*record["_dir"], vertex, base),
+                                           f"{tmp}/{vertex}/{base}")
         src = self._path(*record["_dir"], record["_file"])
         data = bytes(self._backend.read(src))
         self._backend.write(f"{tmp}/{record['_file']}", [data])
-        meta = {"name": name, "snapshot": record["snapshot_id"], "execution": record["execution_id"],
-                "record_file": record["_file"], "record_xxh3": xxhash.xxh3_64_hexdigest(data),
-                "exported": time.time()}
+        meta = {"name": name, "snapshot": record["snapshot_id"],
+                "execution": record["execution_id"], "record_file": record["_file"],
+                "record_xxh3": xxhash.xxh3_64_hexdigest(data), "exported": time.time()}
         self._backend.write(f"{tmp}/_export.json", [json.dumps(meta, sort_keys=True).encode()])
         if self._backend.local:
             import os

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from sparkjet._checks import check_int
 from sparkjet._java import JavaNotFoundError, ensure_java, find_java_home
 from sparkjet.errors import (
     InvalidArgumentError,
@@ -178,14 +179,8 @@ def repartition_by_partition(
     if num_spark_partitions is None:
         Partitioner(partition_count)  # validates partition_count before it is used here
         num_spark_partitions = min(partition_count, _default_parallelism(df))
-    elif (
-        isinstance(num_spark_partitions, bool)
-        or not isinstance(num_spark_partitions, int)
-        or num_spark_partitions < 1
-    ):
-        raise InvalidArgumentError(
-            f"num_spark_partitions must be a positive int, got {num_spark_partitions!r}"
-        )
+    else:
+        num_spark_partitions = check_int("num_spark_partitions", num_spark_partitions, min=1)
     column = "partition_id" if keep_partition_id else _fresh_name(df, "__sparkjet_partition_id")
     with_id = with_partition_id(df, key, partition_count, column, key_type=key_type)
     if hasattr(with_id, "repartitionById"):

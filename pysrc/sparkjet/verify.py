@@ -16,7 +16,8 @@ Jepsen's analysis of Hazelcast prints, for a set of elements added during a test
 (*attempted*), which were confirmed (*acknowledged*: covered by a completed snapshot or a
 committed output), and which the sink's committed output holds, with multiplicity. It adds
 what a pipeline can do and a set cannot: *duplicated* ids. :func:`check_aggregates` compares
-a keyed aggregation's final rows with a failure-free run and gives the same report by key.
+a keyed aggregation's final rows with a failure-free run and gives the same report by key
+(:func:`last_update_per_key` finds those rows in a sink that received every update).
 Fractions are of the attempted events, as in Jepsen's output, and print as exact ratios.
 
 What each guarantee promises (``Report.valid``):
@@ -407,3 +408,18 @@ def check_aggregates(expected, actual, key: str | list[str], columns: list[str] 
         missing_count=int(want[absent].sum()), duplicated_count=int(delta[over].sum()),
         unexpected_count=int(got[extra].sum()))
     return _report(fields)
+
+
+def last_update_per_key(updates, key: str = "key", count: str = "count",
+                        columns: Sequence[str] = ("count", "sum")) -> pa.Table:
+    """The final row of each key in the output of a keyed aggregation that emits every
+    update (such as a ``TransactionalFileSink`` after ``group_by(key).aggregate(count=...)``):
+    per key, the row with the largest `count` (a count only grows), reduced to `key` and
+    `columns`. That is the `actual` :func:`check_aggregates` compares with a failure-free run.
+
+    >>> check_aggregates(expected, last_update_per_key(out), key="key")  # doctest: +SKIP
+    """
+    t = _table(updates, "updates").sort_by([(key, "ascending"), (count, "descending")])
+    keys = t.column(key).to_numpy()
+    first = np.concatenate([[True], keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, bool)
+    return t.filter(pa.array(first)).select([key, *columns])

@@ -3,7 +3,25 @@ execution is a barrier stage whose tasks are members (:mod:`~sparkjet.runtime.me
 exchange batches and barriers over Arrow Flight (:mod:`~sparkjet.runtime.exchange`), and the
 snapshot coordinator (:mod:`~sparkjet.runtime.coordinator`) runs on the driver, which restarts
 failed executions from the last complete snapshot. Without Spark, one member runs in a child
-process under a local supervisor."""
+process under a local supervisor (:mod:`~sparkjet.runtime.local_runner`).
+
+The modules, each depending only on those listed before it:
+
+- :mod:`~sparkjet.runtime.config`: :class:`JobConfig`, how a job runs, as plain data.
+- :mod:`~sparkjet.runtime.topology`: which member runs which processor and owns which
+  Hazelcast partition.
+- :mod:`~sparkjet.runtime.coordinator`: takes and commits snapshots for one execution.
+- :mod:`~sparkjet.runtime.member`: runs one member's processors (sources, keyed processors).
+- :mod:`~sparkjet.runtime.member_main`: the entry point of a member child process.
+- :mod:`~sparkjet.runtime.supervision`: what both supervisors share: :class:`JobResult`,
+  :class:`JobFailedError` and the restart policy.
+- :mod:`~sparkjet.runtime.local_runner`: supervises one member in a child process.
+- :mod:`~sparkjet.runtime.spark_runner`: supervises the members of a Spark barrier stage.
+- :mod:`~sparkjet.runtime.job`: :class:`Job`, which picks a runner and runs the pipeline.
+
+:mod:`~sparkjet.runtime.exchange` (Arrow Flight streams between members and to the
+coordinator) is loaded only where members talk to each other.
+"""
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.job import Job, JobFailedError, JobResult
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 import xxhash
 
+from sparkjet._checks import check_int, check_number
 from sparkjet.connectors import GUARANTEES
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
@@ -55,27 +56,24 @@ class JobConfig:
     def __post_init__(self):
         if self.processing_guarantee not in GUARANTEES:
             raise InvalidArgumentError(
-                f"processing_guarantee must be one of {GUARANTEES}, got {self.processing_guarantee!r}")
+                f"processing_guarantee must be one of {GUARANTEES}, "
+                f"got {self.processing_guarantee!r}")
         if self.processing_guarantee != "none" and not self.snapshot_store:
             raise InvalidArgumentError(
                 f"processing_guarantee {self.processing_guarantee!r} needs snapshot_store "
                 "(a directory or a pyarrow.fs URI)")
-        for name, value, low in (("snapshot_interval", self.snapshot_interval, 0.001),
-                                 ("restart_backoff", self.restart_backoff, 0),
-                                 ("heartbeat_timeout", self.heartbeat_timeout, 0.5),
-                                 ("start_timeout", self.start_timeout, 1),
-                                 ("quorum_timeout", self.quorum_timeout, 0)):
-            if not isinstance(value, (int, float)) or value < low:
-                raise InvalidArgumentError(f"{name} must be a number >= {low}, got {value!r}")
-        for name, value, low in (("max_restarts", self.max_restarts, 0),
-                                 ("local_parallelism", self.local_parallelism, 1),
-                                 ("batch_size", self.batch_size, 1),
-                                 ("queue_capacity", self.queue_capacity, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
-        if self.members is not None and (not isinstance(self.members, int)
-                                         or isinstance(self.members, bool) or self.members < 1):
-            raise InvalidArgumentError(f"members must be an int >= 1 or None, got {self.members!r}")
+        # Frozen: the checked values (plain Python numbers) are stored with object.__setattr__.
+        # A timeout may be infinite (never time out); an interval or a backoff may not.
+        for name, low, finite in (("snapshot_interval", 0.001, True), ("restart_backoff", 0, True),
+                                  ("heartbeat_timeout", 0.5, False), ("start_timeout", 1, False),
+                                  ("quorum_timeout", 0, False)):
+            object.__setattr__(self, name, check_number(name, getattr(self, name), min=low,
+                                                        finite=finite))
+        for name, low in (("max_restarts", 0), ("local_parallelism", 1), ("batch_size", 1),
+                          ("queue_capacity", 1)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), min=low))
+        object.__setattr__(self, "members", check_int("members", self.members, min=1,
+                                                      none_ok=True))
         if self.snapshot_store is not None:
             object.__setattr__(self, "snapshot_store", os.fspath(self.snapshot_store))
 

@@ -111,7 +111,8 @@ class SnapshotCoordinator:
                         f"{self.processors} processors acknowledged)") from None
                 continue
             if sid != snapshot_id:
-                raise ExecutionFailedError(f"{name} acknowledged snapshot {sid}, expected {snapshot_id}")
+                raise ExecutionFailedError(
+                    f"{name} acknowledged snapshot {sid}, expected {snapshot_id}")
             manifests.append(manifest)
             if aligned is not None:
                 alignment[name] = aligned
@@ -131,12 +132,13 @@ class ExecutionCoordinator:
     snapshot loop.
 
     :param members: how many members the execution has.
-    :param topology: the execution's :class:`~sparkjet.runtime.member.Topology`.
+    :param topology: the execution's :class:`~sparkjet.runtime.topology.Topology`.
     :param host: the interface to listen on (the driver's host, reachable by executors).
     """
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
                  store: SnapshotStore | None, progress: Callable[[dict], None]):
+        # Lazy: the exchange loads pyarrow.flight, needed only by distributed executions.
         from sparkjet.runtime.exchange import ExchangeServer
 
         self.config = config
@@ -202,7 +204,8 @@ class ExecutionCoordinator:
 
     def _member_failed(self, body: dict) -> dict:
         i = self._member(body)
-        self.fail(ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}"))
+        self.fail(ExecutionFailedError(
+            f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}"))
         return {}
 
     def _done(self, body: dict) -> dict:
@@ -254,11 +257,12 @@ class ExecutionCoordinator:
         now = time.monotonic()
         timeout = self.config.heartbeat_timeout
         with self._cv:
-            silent = [(i, now - t) for i, t in self.seen.items() if i not in self.done and now - t > timeout]
+            silent = [(i, now - t) for i, t in self.seen.items()
+                      if i not in self.done and now - t > timeout]
         if silent:
             i, quiet = silent[0]
-            raise ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) silent for {quiet:.1f} s "
-                                       f"(heartbeat_timeout={timeout} s)")
+            raise ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) silent for "
+                                       f"{quiet:.1f} s (heartbeat_timeout={timeout} s)")
 
     def wait_started(self, timeout: float) -> None:
         """Waits until every member has polled once (it restored its state and runs)."""
@@ -268,9 +272,10 @@ class ExecutionCoordinator:
                 if self.failure is not None:
                     raise self.failure
                 if self.stage_ended.is_set():
+                    why = short_error(self.stage_error) if self.stage_error else "no error"
                     raise ExecutionFailedError(
-                        f"the Spark stage of execution {self.execution_id} ended before its members "
-                        f"started: {short_error(self.stage_error) if self.stage_error else 'no error'}")
+                        f"the Spark stage of execution {self.execution_id} ended before its "
+                        f"members started: {why}")
                 if time.monotonic() > deadline:
                     raise ExecutionFailedError(
                         f"only {len(self.seen)} of {self.members} members of execution "

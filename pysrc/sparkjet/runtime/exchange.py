@@ -65,9 +65,9 @@ reads nothing meanwhile. The sender keeps at most ``window_messages`` messages a
 ``window_bytes`` bytes (a single larger batch is allowed alone) that the server has not
 yet put into the aligner; past that, :meth:`OutboundChannel.put` waits for an ack. So
 what sits between two processors is bounded by what the aligner holds (its capacity, in
-entries) plus one window, whatever gRPC buffers (its HTTP/2 windows grow to tens of MB on a fast link). The sender
-asks for an ack when half the window is used, so a server that keeps up never makes it
-wait for a round trip.
+entries) plus one window, whatever gRPC buffers (its HTTP/2 windows grow to tens of MB on a
+fast link). The sender asks for an ack when half the window is used, so a server that keeps
+up never makes it wait for a round trip.
 
 Fencing
 -------
@@ -102,6 +102,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from sparkjet._checks import check_int, check_number
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,
@@ -246,20 +247,6 @@ def _parse_descriptor(descriptor) -> tuple[int, str, int, int]:
             command["channel"])
 
 
-def _check_execution_id(execution_id) -> int:
-    if type(execution_id) is not int or execution_id < 0:
-        raise InvalidArgumentError(f"execution_id must be an int >= 0, not {execution_id!r}")
-    return execution_id
-
-
-def _check_timeout(name: str, value: float | None, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, float)) or not value > 0:  # also refuses NaN
-        none = "None or " if allow_none else ""
-        raise InvalidArgumentError(f"{name} must be {none}> 0 seconds, not {value!r}")
-
-
 # ---- timeouts for calls that take none ---------------------------------------------------
 
 
@@ -342,8 +329,8 @@ class ExchangeServer(flight.FlightServerBase):
                  inbound: Mapping | Callable | None = None, execution_id: int,
                  on_error: Callable[[ExchangeError], Any] | None = None,
                  advertise_host: str | None = None, poll: float = 0.1):
-        _check_timeout("poll", poll, allow_none=False)
-        self._execution_id = _check_execution_id(execution_id)
+        poll = check_number("poll", poll, above=0)
+        self._execution_id = check_int("execution_id", execution_id, min=0)
         if inbound is None:
             inbound = {}
         if not (isinstance(inbound, Mapping) or callable(inbound)):
@@ -623,11 +610,9 @@ class ExchangeClient:
 
     def __init__(self, location: str, *, connect_timeout: float = 10.0,
                  action_timeout: float = 30.0):
-        _check_timeout("connect_timeout", connect_timeout, allow_none=False)
-        _check_timeout("action_timeout", action_timeout, allow_none=False)
         self.location = str(location)
-        self.connect_timeout = connect_timeout
-        self.action_timeout = action_timeout
+        self.connect_timeout = check_number("connect_timeout", connect_timeout, above=0)
+        self.action_timeout = check_number("action_timeout", action_timeout, above=0)
         try:
             self._client = flight.FlightClient(self.location)
         except (pa.ArrowException, OSError) as e:
@@ -657,14 +642,12 @@ class ExchangeClient:
         """
         if not isinstance(vertex, str) or not vertex:
             raise InvalidArgumentError(f"vertex must be a non-empty str, not {vertex!r}")
-        for name, value in (("processor", processor), ("channel", channel)):
-            if type(value) is not int or value < 0:
-                raise InvalidArgumentError(f"{name} must be an int >= 0, not {value!r}")
-        _check_execution_id(execution_id)
-        for name, value in (("window_bytes", window_bytes), ("window_messages", window_messages)):
-            if type(value) is not int or value < 1:
-                raise InvalidArgumentError(f"{name} must be an int >= 1, not {value!r}")
-        _check_timeout("stall_timeout", stall_timeout)
+        processor = check_int("processor", processor, min=0)
+        channel = check_int("channel", channel, min=0)
+        execution_id = check_int("execution_id", execution_id, min=0)
+        window_bytes = check_int("window_bytes", window_bytes, min=1)
+        window_messages = check_int("window_messages", window_messages, min=1)
+        stall_timeout = check_number("stall_timeout", stall_timeout, above=0, none_ok=True)
         out = OutboundChannel(self, vertex, processor, channel, execution_id,
                               window_bytes, window_messages, stall_timeout)
         with self._lock:
@@ -683,9 +666,8 @@ class ExchangeClient:
             body = {}
         if not isinstance(body, dict):
             raise InvalidArgumentError(f"an action body must be a dict, not {type(body).__name__}")
-        if execution_id is not None:
-            _check_execution_id(execution_id)
-        _check_timeout("timeout", timeout)
+        execution_id = check_int("execution_id", execution_id, min=0, none_ok=True)
+        timeout = check_number("timeout", timeout, above=0, none_ok=True)
         try:
             request = json.dumps({"execution_id": execution_id, "body": body}).encode()
         except (TypeError, ValueError) as e:
@@ -820,8 +802,7 @@ class OutboundChannel:
 
     def put_barrier(self, snapshot_id: int, terminal: bool = False) -> None:
         """Sends the barrier of snapshot ``snapshot_id``, after everything put before."""
-        if type(snapshot_id) is not int or snapshot_id < 0:
-            raise InvalidArgumentError(f"snapshot_id must be an int >= 0, not {snapshot_id!r}")
+        snapshot_id = check_int("snapshot_id", snapshot_id, min=0)
         self._check_usable()
         self._send_control(_BARRIER, _TERMINAL if terminal else 0, snapshot_id, "send a barrier")
 
@@ -1002,7 +983,8 @@ class OutboundChannel:
         # `live` ends with this call: a deadline that fires after it (the watchdog pops a
         # timer before running it, so disarm can come too late) must not cancel a later call.
         live = [True]
-        token = None if timeout is None else _WATCHDOG.arm(timeout, lambda: self._expire(timeout, live))
+        token = (None if timeout is None
+                 else _WATCHDOG.arm(timeout, lambda: self._expire(timeout, live)))
         try:
             return fn()
         except StopIteration:

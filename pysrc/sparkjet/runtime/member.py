@@ -36,11 +36,11 @@ from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.errors import SparkjetError
 from sparkjet.keyed_state import KeyedAggregator
-from sparkjet.partition_table import PartitionTable
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import Plan
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
+from sparkjet.runtime.topology import Topology
 from sparkjet.snapshot_store import SnapshotStore
 
 _POLL = 0.005
@@ -73,69 +73,14 @@ def _merge_into(out: dict, state: dict) -> None:
             out[k] = v
 
 
-class Topology:
-    """Where the processors of one execution run, on ``members`` members.
-
-    Indices are global across members, so snapshot entries, sink staging directories and
-    channel numbers mean the same thing on every member: source processor ``g`` (of
-    ``n_sources``) runs on member ``g % members`` and reads the source partitions ``p``
-    with ``p % n_sources == g``; keyed processor ``k`` (of ``n_keyed``) runs on member
-    ``k // local_parallelism``. The Hazelcast partitions are placed on members by a
-    :class:`~sparkjet.partition_table.PartitionTable` of ``members`` members (no backups:
-    the snapshot store holds the replicas) and, within a member, dealt round-robin to its
-    keyed processors. Keyed state is stored by partition, so a snapshot taken at any
-    member count restores at any other.
-    """
-
-    def __init__(self, members: int, local_parallelism: int, source_partitions: int,
-                 partition_count: int, keyed: bool):
-        self.members = members
-        self.local_parallelism = local_parallelism
-        self.source_partitions = source_partitions
-        self.partition_count = partition_count
-        self.n_sources = min(members * local_parallelism, source_partitions)
-        self.n_keyed = members * local_parallelism if keyed else 0
-        owner = np.zeros(partition_count, dtype=np.int64)
-        if keyed:
-            table = PartitionTable.create([f"member-{i}" for i in range(members)],
-                                          partition_count, backup_count=0)
-            for i in range(members):
-                for rank, p in enumerate(table.partitions_of(f"member-{i}")):
-                    owner[p] = i * local_parallelism + rank % local_parallelism
-        #: Hazelcast partition -> the global index of the keyed processor that owns it.
-        self.owner = owner
-
-    def __repr__(self) -> str:
-        return (f"Topology(members={self.members}, sources={self.n_sources}, "
-                f"keyed={self.n_keyed}, partitions={self.partition_count})")
-
-    @property
-    def processors(self) -> int:
-        return self.n_sources + self.n_keyed
-
-    def sources_of(self, member: int) -> list[int]:
-        return [g for g in range(self.n_sources) if g % self.members == member]
-
-    def source_partitions_of(self, g: int) -> list[int]:
-        return [p for p in range(self.source_partitions) if p % self.n_sources == g]
-
-    def keyed_of(self, member: int) -> list[int]:
-        if not self.n_keyed:
-            return []
-        lp = self.local_parallelism
-        return list(range(member * lp, (member + 1) * lp))
-
-    def member_of_keyed(self, k: int) -> int:
-        return k // self.local_parallelism
-
-
 class Member:
     """Runs one execution of a plan, or one member's share of it; :meth:`run` returns its
     metrics.
 
     Alone (the default), the member runs every processor and the snapshot coordinator in
-    this process. As member ``index`` of an execution on Spark (:mod:`sparkjet.runtime.spark_runner`),
-    it runs its share of the :class:`Topology`, exchanges batches and barriers with its
+    this process. As member ``index`` of an execution on Spark
+    (:mod:`sparkjet.runtime.spark_runner`), it runs its share of the
+    :class:`~sparkjet.runtime.topology.Topology`, exchanges batches and barriers with its
     peers over :mod:`sparkjet.runtime.exchange`, and a :class:`RemoteLink` connects it
     to the coordinator on the driver, which starts and commits snapshots.
     """
@@ -150,7 +95,8 @@ class Member:
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
         self.store = SnapshotStore(config.snapshot_store, config.id) if self.snapshots_on else None
-        self.topology = topology or Topology(1, config.local_parallelism, plan.source.partition_count(),
+        self.topology = topology or Topology(1, config.local_parallelism,
+                                             plan.source.partition_count(),
                                              config.partition_count, plan.aggregate is not None)
         self.index = index
         self.restore_from = restore_from
@@ -168,10 +114,12 @@ class Member:
         self.n_keyed = t.n_keyed
         self.owner = t.owner
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
-        self.sources = [_SourceProcessor(self, g, t.source_partitions_of(g)) for g in t.sources_of(index)]
+        self.sources = [_SourceProcessor(self, g, t.source_partitions_of(g))
+                        for g in t.sources_of(index)]
         self.keyed = [_KeyedProcessor(self, k) for k in t.keyed_of(index)]
         #: global keyed index -> the aligner of a keyed processor of this member
-        self.aligners = {p.index: BarrierAligner(t.n_sources, mode=mode, capacity=config.queue_capacity)
+        self.aligners = {p.index: BarrierAligner(t.n_sources, mode=mode,
+                                                 capacity=config.queue_capacity)
                          for p in self.keyed}
         self._sources_ended: set[int] = set()
         self._ended = threading.Event()
@@ -185,6 +133,7 @@ class Member:
 
     def connect(self, peers: list[str], coordinator: str) -> None:
         """Sets the exchange locations of every member (by index) and of the coordinator."""
+        # Lazy: the exchange loads pyarrow.flight, which a member alone never needs.
         from sparkjet.runtime.exchange import ExchangeClient
 
         self.peers = {i: ExchangeClient(loc) for i, loc in enumerate(peers) if i != self.index}
@@ -193,7 +142,7 @@ class Member:
     def on_exchange_error(self, error) -> None:
         """An inbound stream broke: its sender's member died or gave up, so this execution
         cannot go on. A zombie refused by the fence is no reason to fail."""
-        from sparkjet.runtime.exchange import ExchangeFencedError
+        from sparkjet.runtime.exchange import ExchangeFencedError  # lazy: see connect()
 
         if not isinstance(error, ExchangeFencedError):
             self.fail(error)
@@ -271,8 +220,9 @@ class Member:
         if self.store:
             self.store.close()
         if self._failure is not None:
+            failure = self._failure
             raise MemberFailedError(f"execution {self.execution_id} failed: "
-                                    f"{type(self._failure).__name__}: {self._failure}") from self._failure
+                                    f"{type(failure).__name__}: {failure}") from failure
         self.metrics["seconds"] = time.monotonic() - start
         return self.metrics
 
@@ -298,7 +248,8 @@ class Member:
             for p in self.sources:
                 p.restored_source_state = merged
         sinks = _entries_json(store.restore("sink", [], snapshot_id=snapshot_id).broadcast_entries)
-        sink_owners, total = (self.keyed, t.n_keyed) if self.plan.aggregate else (self.sources, t.n_sources)
+        sink_owners, total = ((self.keyed, t.n_keyed) if self.plan.aggregate
+                              else (self.sources, t.n_sources))
         # An old processor's prepared transactions go to processor (old index % total),
         # the same rule by which sinks find the leftovers they own after a rescale.
         for p in sink_owners:
@@ -320,7 +271,8 @@ class Member:
         with self._lock:
             return len(self._sources_ended) == self.n_sources
 
-    def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None = None) -> None:
+    def ack(self, processor: str, snapshot_id: int, manifest,
+            alignment_s: float | None = None) -> None:
         if self.link is not None:
             self.link.ack(processor, snapshot_id, manifest, alignment_s)
         else:
@@ -349,7 +301,8 @@ class Member:
             self.metrics["snapshots"] = list(self.coordinator.records)
 
     def context(self, vertex: str, index: int, total: int) -> ProcessorContext:
-        return ProcessorContext(self.config.id, self.execution_id, vertex, index, total, self.guarantee)
+        return ProcessorContext(self.config.id, self.execution_id, vertex, index, total,
+                                self.guarantee)
 
 
 
@@ -380,7 +333,8 @@ class RemoteLink:
                     "events_out": m.metrics["events_out"], "ended": sorted(m._sources_ended)}
 
     def _call(self, action: str, body: dict, timeout: float | None = None) -> dict:
-        return self.client.action(action, body, execution_id=self.member.execution_id, timeout=timeout)
+        return self.client.action(action, body, execution_id=self.member.execution_id,
+                                  timeout=timeout)
 
     def _run(self) -> None:
         m = self.member
@@ -485,7 +439,8 @@ class _Processor(threading.Thread):
     def new_writer(self, snapshot_id: int, writer: int):
         m = self.member
         return m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                              partition_count=m.config.partition_count, codec=m.config.snapshot_codec)
+                              partition_count=m.config.partition_count,
+                              codec=m.config.snapshot_codec)
 
 
 class _SourceProcessor(_Processor):
@@ -498,7 +453,8 @@ class _SourceProcessor(_Processor):
     def work(self) -> None:
         m = self.member
         plan = m.plan
-        reader = plan.source.open(self.partitions, m.context(plan.source.name, self.index, m.n_sources))
+        reader = plan.source.open(self.partitions,
+                                  m.context(plan.source.name, self.index, m.n_sources))
         reader.restore_state(self.restored_source_state)
         fused_sink = plan.aggregate is None
         if fused_sink:

@@ -3,7 +3,7 @@
 ``Job(pipeline, config).run(spark)`` runs each execution of the job as one barrier stage of
 ``members`` tasks (``DataFrame.mapInArrow(..., barrier=True)``, so it also works where only
 the DataFrame API exists). Task *i* is member *i*: it builds its share of the
-:class:`~sparkjet.runtime.member.Topology` (source processors, and the keyed processors of
+:class:`~sparkjet.runtime.topology.Topology` (source processors, and the keyed processors of
 the Hazelcast partitions the partition table gives it), opens an
 :class:`~sparkjet.runtime.exchange.ExchangeServer`, learns its peers' addresses with one
 ``BarrierTaskContext.allGather`` (it costs about a second: once per execution, never per
@@ -29,9 +29,19 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 
+from sparkjet.pipeline import Plan
+from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
-from sparkjet.runtime.member import Topology
+from sparkjet.runtime.supervision import (
+    JobFailedError,
+    JobResult,
+    next_execution,
+    restart_or_fail,
+)
+from sparkjet.runtime.topology import Topology
+from sparkjet.snapshot_store import SnapshotStore
 
 
 def available_slots(spark) -> int:
@@ -48,19 +58,27 @@ def available_slots(spark) -> int:
 
 
 class SparkRunner:
-    """Runs a :class:`~sparkjet.runtime.job.Job` on a Spark session; see the module doc."""
+    """Runs ``plan`` under ``config`` on the Spark session ``spark``, reporting to
+    ``progress``; see the module doc.
 
-    def __init__(self, job, spark, progress):
-        self.job = job
+    ``requested_members`` is the member count asked for by a rescale (None: ``config.members``
+    or every slot). ``member_pids`` maps each member of the running execution to the pid
+    of its Python worker (empty between executions)."""
+
+    def __init__(self, plan: Plan, config: JobConfig, spark, progress: Callable[[dict], None],
+                 *, requested_members: int | None = None):
+        self.plan = plan
+        self.config = config
         self.spark = spark
-        self.config = job.config
-        self.plan = job.plan
         self.progress = progress
+        self.requested_members = requested_members
+        self.member_pids: dict[int, int] = {}
         self.max_members_seen = 0
         self.current: ExecutionCoordinator | None = None
 
     def rescale(self, members: int) -> None:
         """Restarts the running execution from its last snapshot on ``members`` members."""
+        self.requested_members = members
         # A deliberate resize is not a split: the requested size is the new baseline of
         # the quorum (failures afterwards are judged against it).
         self.max_members_seen = members
@@ -75,23 +93,21 @@ class SparkRunner:
     def members_for_next_execution(self) -> int:
         """The member count of the next execution: the slots there are (up to
         ``config.members``), waiting while that is below the quorum."""
-        from sparkjet.runtime.job import JobFailedError
-
         config = self.config
         deadline = time.monotonic() + config.quorum_timeout
         said = None
         while True:
             slots = available_slots(self.spark)
-            wanted = self.job.requested_members or config.members or slots
+            wanted = self.requested_members or config.members or slots
             n = min(wanted, slots)
             if n >= self.quorum and n >= 1:
                 return n
             if time.monotonic() >= deadline:
                 raise JobFailedError(
-                    f"job {config.name!r}: split-brain protection: {slots} task slot(s) available, "
-                    f"but the quorum is {self.quorum} members (more than half of the largest "
-                    f"member count seen, {self.max_members_seen}); waited {config.quorum_timeout:.0f} s "
-                    "(quorum_timeout)")
+                    f"job {config.name!r}: split-brain protection: {slots} task slot(s) "
+                    f"available, but the quorum is {self.quorum} members (more than half of the "
+                    f"largest member count seen, {self.max_members_seen}); waited "
+                    f"{config.quorum_timeout:.0f} s (quorum_timeout)")
             if said != slots:  # once per change, not once per check
                 said = slots
                 self.progress({"event": "waiting", "slots": slots, "quorum": self.quorum,
@@ -100,16 +116,16 @@ class SparkRunner:
                                        "waiting for executors to come back"})
             time.sleep(max(1.0, config.restart_backoff))
 
-    def run(self):
-        from sparkjet.runtime.job import JobResult, restart_or_fail
-
+    def run(self) -> JobResult:
+        """Runs executions until one ends well; raises JobFailedError once the restart
+        policy gives up (a rescale is a restart that does not count as a failure)."""
         config = self.config
         result = JobResult(config.id)
         start = time.monotonic()
         attempt = 0
         while True:
             members = self.members_for_next_execution()
-            execution = self.job._next_execution(len(result.executions))
+            execution = next_execution(config, len(result.executions))
             outcome = self.execute(execution, members)
             result.executions.append(outcome)
             if outcome["status"] == "ok":
@@ -124,12 +140,11 @@ class SparkRunner:
     def execute(self, execution: int, members: int) -> dict:
         """Runs one execution as one barrier stage; returns its outcome (never raises for
         a failure of the execution itself)."""
-        from sparkjet.snapshot_store import SnapshotStore
-
         config, plan, spark = self.config, self.plan, self.spark
         sc = spark.sparkContext
         started = time.monotonic()
-        store = SnapshotStore(config.snapshot_store, config.id) if config.processing_guarantee != "none" else None
+        store = (SnapshotStore(config.snapshot_store, config.id)
+                 if config.processing_guarantee != "none" else None)
         restore_from = None
         if store is not None:
             store.register_execution(execution)
@@ -166,11 +181,12 @@ class SparkRunner:
         try:
             coord.wait_started(config.start_timeout)
             self.max_members_seen = max(self.max_members_seen, members)
-            self.job.member_pids = dict(coord.pids)
+            self.member_pids = dict(coord.pids)
             self.progress({"event": "started", "execution": execution, "members": members,
                            "pids": dict(coord.pids), "seconds": time.monotonic() - started})
             if restore_from is not None:
-                self.progress({"event": "restored", "snapshot": restore_from, "execution": execution})
+                self.progress({"event": "restored", "snapshot": restore_from,
+                               "execution": execution})
             ticker.start()
             coord.run(0 if restore_from is None else restore_from + 1)
             outcome["status"] = "ok"
@@ -190,12 +206,13 @@ class SparkRunner:
             thread.join(10.0)
             if store is not None:
                 store.close()
-            self.job.member_pids = {}
+            self.member_pids = {}
         events_in, events_out = coord.counters()
         done = coord.done.values()
+        ok = outcome["status"] == "ok"
         outcome.update(
-            events_in=sum(d.get("events_in", 0) for d in done) if outcome["status"] == "ok" else events_in,
-            events_out=sum(d.get("events_out", 0) for d in done) if outcome["status"] == "ok" else events_out,
+            events_in=sum(d.get("events_in", 0) for d in done) if ok else events_in,
+            events_out=sum(d.get("events_out", 0) for d in done) if ok else events_out,
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started)
@@ -216,6 +233,9 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``."""
 
     def task(batches):
+        # Imported where the task runs, in a Spark Python worker (this function is pickled
+        # by value): BarrierTaskContext exists only there, and the exchange loads
+        # pyarrow.flight, which importing the runtime on the driver does not need.
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 

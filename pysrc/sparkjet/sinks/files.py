@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkjet._checks import check_int
 from sparkjet._fs import Backend
 from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
@@ -80,9 +81,7 @@ class TransactionalFileSink(Sink):
                  filesystem: pafs.FileSystem | None = None, durable: bool = True):
         if format not in FORMATS:
             raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
-        if rows_per_file is not None and (not isinstance(rows_per_file, int) or rows_per_file < 1):
-            raise InvalidArgumentError(
-                f"rows_per_file must be a positive int or None, got {rows_per_file!r}")
+        rows_per_file = check_int("rows_per_file", rows_per_file, min=1, none_ok=True)
         self.uri = os.fspath(uri)
         self.format = format
         self.rows_per_file = rows_per_file

@@ -48,6 +48,7 @@ import struct
 
 import pyarrow as pa
 
+from sparkjet._checks import check_distinct_ints, check_int
 from sparkjet._fs import Backend
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
@@ -116,13 +117,11 @@ class ArrowLogWriter:
 
     def __init__(self, root, partitions: int, schema: pa.Schema,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, durable: bool = False):
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
-                1 <= partitions <= 99999):
-            raise InvalidArgumentError(f"partitions must be an int in 1..99999, got {partitions!r}")
+        partitions = check_int("partitions", partitions, min=1, max=99999)
         if not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-        if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
-            raise InvalidArgumentError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
+            raise InvalidArgumentError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        segment_bytes = check_int("segment_bytes", segment_bytes, min=1)
         _check_no_dictionary(schema)
         self.root = os.path.abspath(os.fspath(root))
         self.partitions = partitions
@@ -150,10 +149,7 @@ class ArrowLogWriter:
         are not written."""
         if self._lock_fd is None:
             raise InvalidArgumentError(f"the writer of {self.root} is closed")
-        if isinstance(partition, bool) or not isinstance(partition, int) or not (
-                0 <= partition < self.partitions):
-            raise InvalidArgumentError(
-                f"partition must be an int in 0..{self.partitions - 1}, got {partition!r}")
+        partition = check_int("partition", partition, min=0, max=self.partitions - 1)
         if isinstance(batch, pa.Table):
             batches = batch.to_batches()
         elif isinstance(batch, pa.RecordBatch):
@@ -322,11 +318,8 @@ class ArrowLogReader(SourceReader):
     """Reads some partitions of an Arrow log, taking turns between them."""
 
     def __init__(self, root: str, partitions: list[int], partition_count: int):
-        parts = list(partitions)  # may be empty: a processor without partitions is at its end
-        if len(set(parts)) != len(parts) or not all(
-                isinstance(p, int) and 0 <= p < partition_count for p in parts):
-            raise InvalidArgumentError(
-                f"partitions must be distinct ints in 0..{partition_count - 1}, got {parts}")
+        # May be empty: a processor without partitions is at its end.
+        parts = check_distinct_ints("partitions", partitions, min=0, max=partition_count - 1)
         self._root = root
         self._cursors = [_Cursor(root, p) for p in parts]
         self._turn = 0
@@ -334,8 +327,7 @@ class ArrowLogReader(SourceReader):
     def read(self, max_rows: int) -> pa.RecordBatch | None:
         """The next rows (at most ``max_rows``) of one partition, the next in turn that
         has complete data; None if none has any right now."""
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise InvalidArgumentError(f"max_rows must be a positive int, got {max_rows!r}")
+        check_int("max_rows", max_rows, min=1)
         n = len(self._cursors)
         for step in range(n):
             batch = self._cursors[(self._turn + step) % n].read(max_rows)
@@ -589,13 +581,12 @@ def _list_segments(directory: str) -> list[int]:
 
 def _check_offset(partition: int, offset) -> dict:
     fields = ("segment", "byte", "batch", "row")
-    if not isinstance(offset, dict) or not all(
-            isinstance(offset.get(k), int) and not isinstance(offset.get(k), bool)
-            and offset[k] >= 0 for k in fields):
+    if not isinstance(offset, dict) or not all(k in offset for k in fields):
         raise InvalidArgumentError(
             f"offset of log partition {partition} must be {{'segment', 'byte', 'batch', 'row'}}"
             f" with ints >= 0, got {offset!r}")
-    return offset
+    return {**offset, **{k: check_int(f"{k!r} of the offset of log partition {partition}",
+                                      offset[k], min=0) for k in fields}}
 
 
 def _check_no_dictionary(schema: pa.Schema) -> None:

@@ -36,6 +36,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from sparkjet._checks import check_distinct_ints, check_int, check_number
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError
 
@@ -71,22 +72,12 @@ class GeneratorSource(Source):
 
     def __init__(self, total: int | None = None, partitions: int = 4, keys: int = 1_000_000,
                  rate: float | None = None, batch_size: int = 65536, seed: int = 0):
-        if total is not None:
-            _check_int("total", total, 0, 2**62)
-        _check_int("partitions", partitions, 1, 2**31 - 1)
-        _check_int("keys", keys, 1, 2**32)
-        _check_int("batch_size", batch_size, 1, 2**31 - 1)
-        _check_int("seed", seed, 0, 2**64 - 1)
-        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
-                                 or not 0 < rate < float("inf")):
-            raise InvalidArgumentError(
-                f"rate must be None or a positive number of events per second, got {rate!r}")
-        self.total = int(total) if total is not None else None
-        self.partitions = int(partitions)
-        self.keys = int(keys)
-        self.rate = rate
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
+        self.total = check_int("total", total, min=0, max=2**62, none_ok=True)
+        self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
+        self.keys = check_int("keys", keys, min=1, max=2**32)
+        self.rate = check_number("rate", rate, above=0, none_ok=True)  # events per second
+        self.batch_size = check_int("batch_size", batch_size, min=1, max=2**31 - 1)
+        self.seed = check_int("seed", seed, min=0, max=2**64 - 1)
 
     @property
     def config(self) -> dict:
@@ -109,7 +100,7 @@ class GeneratorSource(Source):
 
     def partition_size(self, partition: int) -> int | None:
         """How many events partition ``partition`` holds (None: unbounded)."""
-        _check_int("partition", partition, 0, self.partitions - 1)
+        check_int("partition", partition, min=0, max=self.partitions - 1)
         if self.total is None:
             return None
         return max(0, -(-(self.total - partition) // self.partitions))
@@ -124,8 +115,8 @@ class GeneratorSource(Source):
         >>> GeneratorSource(keys=10).events(5, 7).to_pylist()
         [{'id': 5, 'key': 3, 'value': 858.0}, {'id': 6, 'key': 7, 'value': 0.0}]
         """
-        _check_int("start", start, 0, 2**62)
-        _check_int("stop", stop, start, 2**62)
+        start = check_int("start", start, min=0, max=2**62)
+        stop = check_int("stop", stop, min=start, max=2**62)
         ids = np.arange(start, stop, dtype=np.int64)
         key, value = self._key_value(ids)
         return pa.table({"id": ids, "key": key, "value": value})
@@ -144,8 +135,8 @@ class GeneratorSource(Source):
             if self.total is None:
                 raise InvalidArgumentError("expected_counts of an unbounded generator needs stop")
             stop = self.total
-        _check_int("start", start, 0, 2**62)
-        _check_int("stop", stop, start, 2**62)
+        start = check_int("start", start, min=0, max=2**62)
+        stop = check_int("stop", stop, min=start, max=2**62)
         if stop == start:
             return pa.table({"key": pa.array([], pa.int64()), "count": pa.array([], pa.int64()),
                              "sum": pa.array([], pa.float64())})
@@ -201,7 +192,8 @@ class GeneratorReader(SourceReader):
 
     def __init__(self, source: GeneratorSource, partitions: list[int]):
         self._source = source
-        self._partitions = _check_partitions(partitions, source.partitions)
+        self._partitions = check_distinct_ints("partitions", partitions, min=0,
+                                               max=source.partitions - 1)
         self._offsets = dict.fromkeys(self._partitions, 0)
         self._sizes = {p: source.partition_size(p) for p in self._partitions}
         self._turn = 0
@@ -217,7 +209,7 @@ class GeneratorReader(SourceReader):
         """The next events of one partition (the next one in turn that has any), at most
         ``min(max_rows, batch_size)``; None when every partition is exhausted or the rate
         limit allows nothing yet."""
-        _check_int("max_rows", max_rows, 1, 2**62)
+        check_int("max_rows", max_rows, min=1, max=2**62)
         rows = min(max_rows, self._source.batch_size)
         if self._rate is not None:
             now = time.monotonic()
@@ -272,13 +264,8 @@ class GeneratorReader(SourceReader):
             offsets = dict.fromkeys(self._partitions, 0)
         else:
             offsets = _offsets_of(state, self._partitions)
-        for p, n in offsets.items():
-            size = self._sizes[p]
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0 or (
-                    size is not None and n > size):
-                raise InvalidArgumentError(
-                    f"offset of generator partition {p} must be an int in 0..{size}, got {n!r}")
-        self._offsets = offsets
+        self._offsets = {p: check_int(f"offset of generator partition {p}", n, min=0,
+                                      max=self._sizes[p]) for p, n in offsets.items()}
         self._turn = _turn_of(state, self._partitions)
         self._start_mono = None
         self._emitted = 0
@@ -305,19 +292,3 @@ def _offsets_of(state: dict, partitions: list[int]) -> dict:
                 f"(it holds partitions {sorted(saved, key=int)})")
         out[p] = n
     return out
-
-
-def _check_partitions(partitions, count: int) -> list[int]:
-    parts = list(partitions)  # may be empty: a processor without partitions is at its end
-    for p in parts:
-        _check_int("partition", p, 0, count - 1)
-    parts = [int(p) for p in parts]
-    if len(set(parts)) != len(parts):
-        raise InvalidArgumentError(f"partitions must be distinct, got {parts}")
-    return parts
-
-
-def _check_int(name: str, value, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
-            low <= value <= high):
-        raise InvalidArgumentError(f"{name} must be an int in {low}..{high}, got {value!r}")

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
+from sparkjet._checks import check_distinct_ints, check_int, check_number
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
 from sparkjet.errors import CorruptDataError, InvalidArgumentError
 
@@ -109,16 +110,15 @@ class RedisStreamSource(Source):
                  block_ms: int | None = None, reclaim_interval: float = 2.0):
         if not isinstance(stream, str) or not stream:
             raise InvalidArgumentError(f"stream must be a non-empty str, got {stream!r}")
-        _check_partition_count(partitions)
+        partitions = check_int("partitions", partitions, min=1)
         if schema is not None and decoder is not None:
             raise InvalidArgumentError("give a schema or a decoder, not both")
         if schema is not None and not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+            raise InvalidArgumentError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         if decoder is not None and not callable(decoder):
             raise InvalidArgumentError(f"decoder must be callable, got {decoder!r}")
-        if block_ms is not None and (isinstance(block_ms, bool) or not isinstance(block_ms, int)
-                                     or block_ms < 1):
-            raise InvalidArgumentError(f"block_ms must be None or a positive int, got {block_ms!r}")
+        block_ms = check_int("block_ms", block_ms, min=1, none_ok=True)
         self.stream = stream
         self.partitions = partitions
         self.url = url
@@ -127,12 +127,10 @@ class RedisStreamSource(Source):
         self.start_id = start_id
         self.schema = schema
         self.decoder = decoder
-        if isinstance(reclaim_interval, bool) or not isinstance(reclaim_interval, (int, float)) \
-                or not reclaim_interval >= 0:
-            raise InvalidArgumentError(
-                f"reclaim_interval must be a number of seconds >= 0, got {reclaim_interval!r}")
         self.block_ms = block_ms
-        self.reclaim_interval = reclaim_interval
+        # Seconds; infinite: never reclaim another consumer's pending messages.
+        self.reclaim_interval = check_number("reclaim_interval", reclaim_interval, min=0,
+                                             finite=False)
 
     def partition_count(self) -> int:
         return self.partitions
@@ -154,11 +152,8 @@ class RedisStreamReader(SourceReader):
 
     def __init__(self, source: RedisStreamSource, partitions: list[int],
                  context: ProcessorContext):
-        parts = list(partitions)  # may be empty: a processor without partitions is at its end
-        if len(set(parts)) != len(parts) or not all(
-                isinstance(p, int) and 0 <= p < source.partitions for p in parts):
-            raise InvalidArgumentError(
-                f"partitions must be distinct ints in 0..{source.partitions - 1}, got {parts}")
+        # May be empty: a processor without partitions is at its end.
+        parts = check_distinct_ints("partitions", partitions, min=0, max=source.partitions - 1)
         redis = _redis()
         self._source = source
         self._parts = parts
@@ -185,8 +180,7 @@ class RedisStreamReader(SourceReader):
     def read(self, max_rows: int) -> pa.RecordBatch | None:
         """Up to ``max_rows`` messages of one partition: redelivered ones first after a
         restart, then new ones; None if there are none right now."""
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise InvalidArgumentError(f"max_rows must be a positive int, got {max_rows!r}")
+        check_int("max_rows", max_rows, min=1)
         n = len(self._parts)
         for step in range(n):
             p = self._parts[(self._turn + step) % n]
@@ -438,9 +432,8 @@ class RedisStreamProducer:
     demos and feeding a job. Field values are str, bytes, int or float."""
 
     def __init__(self, stream: str, partitions: int, url: str = DEFAULT_URL):
-        _check_partition_count(partitions)
         self.stream = stream
-        self.partitions = partitions
+        self.partitions = check_int("partitions", partitions, min=1)
         self._client = _redis().Redis.from_url(url)
 
     def add(self, partition: int, fields: dict) -> str:
@@ -474,13 +467,5 @@ class RedisStreamProducer:
         self._client.close()
 
     def _key(self, partition: int) -> str:
-        if isinstance(partition, bool) or not isinstance(partition, int) or not (
-                0 <= partition < self.partitions):
-            raise InvalidArgumentError(
-                f"partition must be an int in 0..{self.partitions - 1}, got {partition!r}")
+        partition = check_int("partition", partition, min=0, max=self.partitions - 1)
         return stream_key(self.stream, partition)
-
-
-def _check_partition_count(partitions) -> None:
-    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-        raise InvalidArgumentError(f"partitions must be a positive int, got {partitions!r}")

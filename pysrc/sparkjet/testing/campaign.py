@@ -1,14 +1,14 @@
 """Fault campaigns: run jobs while really killing their member process (SIGKILL, as
 ``kill -9``) at random moments, then check the output against a failure-free run.
 
-``python -m sparkjet.campaign --kills 1000`` runs a long campaign; the test suite runs a short
-one. Each round runs one job (a keyed count and sum over the deterministic generator, or a
-stateless copy of every event) with one guarantee and one sink, kills its member several
-times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit, during restore: the
-moments are random, the member is killed wherever it is), lets the supervisor restart it from
-the last complete snapshot, and checks the committed output with :mod:`sparkjet.verify`:
-exactly-once must lose and duplicate nothing, at-least-once must lose nothing, and "none"
-is reported as it is.
+``python -m sparkjet.testing.campaign --kills 1000`` runs a long campaign; the test suite
+runs a short one. Each round runs one job (a keyed count and sum over the deterministic
+generator, or a stateless copy of every event) with one guarantee and one sink, kills its
+member several times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit,
+during restore: the moments are random, the member is killed wherever it is), lets the
+supervisor restart it from the last complete snapshot, and checks the committed output with
+:mod:`sparkjet.verify`: exactly-once must lose and duplicate nothing, at-least-once must lose
+nothing, and "none" is reported as it is.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import verify
+from sparkjet._cli_args import nonnegative_int, positive_int
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import SQLiteUpsertSink, TransactionalFileSink
@@ -97,13 +98,6 @@ def _restart_worker(cluster, i: int, after: float) -> None:
     cluster.restart_worker(i)
 
 
-def _last_update_per_key(table: pa.Table) -> pa.Table:
-    t = table.sort_by([("key", "ascending"), ("count", "descending")])
-    keys = t.column("key").to_numpy()
-    first = np.concatenate([[True], keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, bool)
-    return t.filter(pa.array(first)).select(["key", "count", "sum"])
-
-
 def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, kills: int,
               rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
               spark=None, members: int | None = 2, cluster=None) -> RoundResult:
@@ -130,8 +124,8 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
                        members=members if spark else None)
     job = Job(pipeline.write_to(sink), config)
     stop, killed, restarters = threading.Event(), [], []
-    killer = threading.Thread(target=_killer, args=(job, kills, rng, stop, killed, cluster, restarters),
-                              daemon=True)
+    killer = threading.Thread(target=_killer, daemon=True,
+                              args=(job, kills, rng, stop, killed, cluster, restarters))
     start = time.monotonic()
     killer.start()
     try:
@@ -145,13 +139,14 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     out = (TransactionalFileSink.read(work / "out") if sink_kind == "file"
            else SQLiteUpsertSink.read(work / "out.sqlite", "out"))
     if pipeline_kind == "keyed":
-        actual = _last_update_per_key(out) if sink_kind == "file" else out.select(["key", "count", "sum"])
+        actual = (verify.last_update_per_key(out) if sink_kind == "file"
+                  else out.select(["key", "count", "sum"]))
         report = verify.check_aggregates(source.expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
     else:
         ids = pa.array(np.arange(events, dtype=np.int64))
-        report = verify.check_events(ids, ids, out.column("id") if out.num_columns else pa.array([], pa.int64()),
-                                     guarantee=guarantee)
+        got = out.column("id") if out.num_columns else pa.array([], pa.int64())
+        report = verify.check_events(ids, ids, got, guarantee=guarantee)
     errors = [e.get("error") or "" for e in result.executions if e.get("status") != "ok"]
     if spark is None:
         # Count the kills that killed: a member that has just exited stays an unreaped
@@ -252,11 +247,12 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
         elif kind == "waiting" and "restart worker 0" not in steps:
             act("restart worker 0", cluster.restart_worker, 0)
         if kind in ("execution", "waiting", "restart"):
-            progress(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
+            progress(f"  {kind}: "
+                     + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
 
     result = job.run(spark, on_progress=on_progress)
     cluster.restart_worker(1)
-    out = _last_update_per_key(TransactionalFileSink.read(work / "out"))
+    out = verify.last_update_per_key(TransactionalFileSink.read(work / "out"))
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
     return {"members": [e["members"] for e in result.executions], "steps": steps,
@@ -265,10 +261,10 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
 
 def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0, progress=print,
                    scenario: bool = True) -> tuple[dict | None, list[RoundResult]]:
-    """Starts a local standalone cluster (:mod:`sparkjet.standalone`) and runs the quorum
+    """Starts a local standalone cluster (:mod:`sparkjet.testing.standalone`) and runs the quorum
     scenario (if `scenario`) and a campaign of `total_kills` kills (member Python workers and
     whole worker JVMs) on it, with as many members as there are slots."""
-    from sparkjet.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
+    from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 
     with StandaloneCluster(workers=workers, cores=1, memory="1g") as cluster:  # started
         spark = cluster.session("sparkjet-campaign", **{
@@ -280,30 +276,36 @@ def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0
             if scenario:
                 progress("quorum scenario (3 workers; kill 2 worker JVMs; restart one):")
                 found = quorum_scenario(work / "scenario", cluster, spark, progress)
+                report = found["report"]
                 progress(f"  members per execution {found['members']}, steps {found['steps']}, "
-                         f"lost {found['report'].lost_count} duplicated {found['report'].duplicated_count}")
-            results = run_campaign(work / "campaign", total_kills, seed, progress, spark=spark,
-                                   members=None, plan=SPARK_PLAN, cluster=cluster) if total_kills else []
+                         f"lost {report.lost_count} duplicated {report.duplicated_count}")
+            results = []
+            if total_kills:
+                results = run_campaign(work / "campaign", total_kills, seed, progress, spark=spark,
+                                       members=None, plan=SPARK_PLAN, cluster=cluster)
         finally:
             spark.stop()
     return found, results
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkjet.campaign", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.campaign",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=1000, help="kills in all (default 1000)")
+    parser.add_argument("--kills", type=nonnegative_int, default=1000,
+                        help="kills in all (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--master", default=None,
                        help="run the jobs on Spark with this master (e.g. local[2]), 2 members, "
                             "killing member Python workers (default: one member process, no Spark)")
-    where.add_argument("--standalone", type=int, metavar="WORKERS", default=None,
+    where.add_argument("--standalone", type=positive_int, metavar="WORKERS", default=None,
                        help="start a local standalone cluster of WORKERS one-core worker JVMs and "
                             "run there (kills: member Python workers and whole worker JVMs), "
                             "after the quorum scenario (needs 3 workers)")
-    parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the results as one JSON line")
     args = parser.parse_args(argv)
     scenario = None
     with tempfile.TemporaryDirectory(prefix="sparkjet-campaign-") as tmp:

@@ -112,6 +112,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
+from sparkjet._checks import check_int
 from sparkjet._java import ensure_java
 from sparkjet.errors import InvalidArgumentError, SparkjetError
 
@@ -214,9 +217,8 @@ class StandaloneCluster:
         daemon_memory: str = "512m",
         daemon_java_opts: str = FAST_START_JAVA_OPTS,
     ):
-        for name, value in (("workers", workers), ("cores", cores)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+        workers = check_int("workers", workers, min=1)
+        cores = check_int("cores", cores, min=1)
         if not isinstance(memory, str) or not memory.strip():
             raise InvalidArgumentError(f"memory must be a Spark size like '1g', got {memory!r}")
         self.workers = workers
@@ -355,17 +357,18 @@ class StandaloneCluster:
 
     def executor_pids(self, worker: int | None = None) -> list[int]:
         """The pids of the executor JVMs (``CoarseGrainedExecutorBackend`` processes whose
-        parent is a worker JVM, found in ``/proc``) of every live worker, or of slot
+        parent is a worker JVM, found with psutil) of every live worker, or of slot
         ``worker`` only. An executor appears once its worker has launched it, which is
         after an application connects, not when :meth:`session` returns."""
         with self._lock:
             slots = self._workers if worker is None else [self._slot(worker)]
             by_parent = {w.proc.pid: w for w in slots if w is not None and w.proc.poll() is None}
             found = []
-            for pid in _pids():
-                if _ppid(pid) in by_parent and EXECUTOR_CLASS in _cmdline(pid):
-                    by_parent[_ppid(pid)].executors_seen.add(pid)
-                    found.append(pid)
+            for proc in psutil.process_iter(["ppid", "cmdline"]):
+                parent = proc.info.get("ppid")
+                if parent in by_parent and EXECUTOR_CLASS in _cmdline(proc):
+                    by_parent[parent].executors_seen.add(proc.pid)
+                    found.append(proc.pid)
             return sorted(found)
 
     def status(self) -> dict:
@@ -497,8 +500,7 @@ class StandaloneCluster:
             raise StandaloneClusterError("the cluster is not started; call start() first")
 
     def _slot(self, i: int) -> _Worker:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.workers:
-            raise InvalidArgumentError(f"worker index must be in 0..{self.workers - 1}, got {i!r}")
+        i = check_int("worker index", i, min=0, max=self.workers - 1)
         self._require_started()
         w = self._workers[i]
         assert w is not None
@@ -648,7 +650,8 @@ class StandaloneCluster:
             return json.loads(r.read().decode())
 
     def _group_executors(self, pgid: int) -> list[int]:
-        return [p for p in _pids() if _pgid(p) == pgid and EXECUTOR_CLASS in _cmdline(p)]
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if _pgid(p.pid) == pgid and EXECUTOR_CLASS in _cmdline(p)]
 
     def _processes_under_dir(self) -> list[int]:
         """Processes whose working folder is in the cluster's folder: executors run in
@@ -657,13 +660,10 @@ class StandaloneCluster:
             return []
         root = os.path.realpath(self._dir)
         found = []
-        for pid in _pids():
-            try:
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if pid != os.getpid() and (cwd == root or cwd.startswith(root + os.sep)):
-                found.append(pid)
+        for proc in psutil.process_iter(["cwd"]):
+            cwd = proc.info.get("cwd")  # None when gone or not ours to read
+            if cwd and proc.pid != os.getpid() and (cwd == root or cwd.startswith(root + os.sep)):
+                found.append(proc.pid)
         return found
 
 
@@ -731,46 +731,29 @@ def _tail(path: Path | None, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
 
 
-def _pids() -> list[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, ..."""
+def _pgid(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
+        return os.getpgid(pid)
     except OSError:
         return None
-    return data[data.rfind(")") + 2:].split()
-
-
-def _ppid(pid: int) -> int | None:
-    s = _stat(pid)
-    return int(s[1]) if s else None
-
-
-def _pgid(pid: int) -> int | None:
-    s = _stat(pid)
-    return int(s[2]) if s else None
 
 
 def _alive(pid: int) -> bool:
     """Running (not gone, not a zombie waiting to be reaped)."""
-    s = _stat(pid)
-    return s is not None and s[0] not in ("Z", "X")
-
-
-def _cmdline(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    """The command line of a process from ``psutil.process_iter(["cmdline"])``, as one
+    string ("" when it is gone or not ours to read)."""
+    return " ".join(proc.info.get("cmdline") or ())
 
 
 def _group_alive(pgid: int) -> bool:
-    return any(_pgid(p) == pgid and _alive(p) for p in _pids())
+    return any(_pgid(p.pid) == pgid and _alive(p.pid) for p in psutil.process_iter())
 
 
 def _kill(pid: int, sig: int) -> None:

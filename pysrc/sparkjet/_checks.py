@@ -1,0 +1,91 @@
+"""Checks of numeric arguments, shared by the runtime, sources, sinks and configuration.
+
+Each raises :class:`~sparkjet.errors.InvalidArgumentError` with a message that names the
+parameter and the value refused (``"batch_size must be an int >= 1, got 0"``), and returns
+the value as a plain Python number (numpy scalars are accepted and converted, so that what
+is stored pickles and serialises as JSON). ``bool`` is never a number here: ``True`` as a
+count is always a caller's mistake.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from sparkjet.errors import InvalidArgumentError
+
+__all__ = ["check_distinct_ints", "check_int", "check_number"]
+
+
+def _bounds(low, high, above=None) -> str:
+    if above is not None:
+        return f" > {above}" + (f" and <= {high}" if high is not None else "")
+    if low is not None and high is not None:
+        return f" in {low}..{high}"
+    if low is not None:
+        return f" >= {low}"
+    if high is not None:
+        return f" <= {high}"
+    return ""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, *, min: int | None = None, max: int | None = None,
+              none_ok: bool = False) -> int | None:
+    """``value`` as an int, if it is one (not a bool) within ``min``..``max`` (each bound
+    inclusive, None for none); None passes when ``none_ok``.
+
+    >>> check_int("members", 0, min=1)
+    Traceback (most recent call last):
+    ...
+    sparkjet.errors.InvalidArgumentError: members must be an int >= 1, got 0
+    """
+    if value is None and none_ok:
+        return None
+    if not _is_int(value) or (min is not None and value < min) or (
+            max is not None and value > max):
+        raise InvalidArgumentError(f"{name} must be {'None or ' if none_ok else ''}an int"
+                                   f"{_bounds(min, max)}, got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value, *, min: float | None = None, above: float | None = None,
+                 max: float | None = None, none_ok: bool = False,
+                 finite: bool = True) -> float | int | None:
+    """``value``, if it is an int or float (not a bool, never NaN; not infinite unless
+    ``finite`` is false, as for a timeout where infinity means "never") that is at least
+    ``min`` or more than ``above``, and at most ``max``; None passes when ``none_ok``. Ints
+    stay ints.
+
+    >>> check_number("stall_timeout", float("nan"), above=0, none_ok=True)
+    Traceback (most recent call last):
+    ...
+    sparkjet.errors.InvalidArgumentError: stall_timeout must be None or a finite number > 0, got nan
+    """
+    if value is None and none_ok:
+        return None
+    ok = _is_int(value) or (isinstance(value, (float, np.floating)) and not math.isnan(value)
+                            and (math.isfinite(value) or not finite))
+    if not ok or (min is not None and value < min) or (above is not None and value <= above) or (
+            max is not None and value > max):
+        kind = "a finite number" if finite else "a number"
+        raise InvalidArgumentError(f"{name} must be {'None or ' if none_ok else ''}{kind}"
+                                   f"{_bounds(min, max, above)}, got {value!r}")
+    return int(value) if _is_int(value) else float(value)
+
+
+def check_distinct_ints(name: str, values: Iterable, *, min: int | None = None,
+                        max: int | None = None) -> list[int]:
+    """``values`` as a list of distinct ints, each within ``min``..``max`` (such as the
+    partitions a reader is given; the list may be empty)."""
+    items = list(values)
+    in_range = all(_is_int(v) and (min is None or v >= min) and (max is None or v <= max)
+                   for v in items)
+    if not in_range or len(set(items)) != len(items):
+        raise InvalidArgumentError(f"{name} must be distinct ints{_bounds(min, max)}, "
+                                   f"got {items!r}")
+    return [int(v) for v in items]

@@ -1,0 +1,127 @@
+"""Jobs without Spark: one member in a child process, restarted by a local supervisor.
+
+:class:`LocalRunner` starts the member as ``python -m sparkjet.runtime.member_main`` (so
+that a crash, a ``kill -9`` or an out-of-memory kill of the member never takes the
+supervisor with it), forwards its progress events, and, when it dies, starts a new
+execution (a new execution id, the fencing token) that restores the last complete snapshot,
+rewinds the sources and resolves the sink transactions, as the restart policy of
+:mod:`~sparkjet.runtime.supervision` allows. :meth:`LocalRunner.run_in_process` runs one
+execution in this process instead, with no restarts.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkjet.pipeline import Plan
+from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.member import Member
+from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_fail
+
+
+class LocalRunner:
+    """Runs ``plan`` under ``config`` as one member, reporting to ``progress``.
+
+    ``member_pid`` is the pid of the running member process (None between executions and
+    when the member runs in this process)."""
+
+    def __init__(self, plan: Plan, config: JobConfig, progress: Callable[[dict], None]):
+        self.plan = plan
+        self.config = config
+        self.progress = progress
+        self.member_pid: int | None = None
+
+    def run(self) -> JobResult:
+        """Runs executions in child processes until one ends well; raises JobFailedError
+        once the restart policy gives up."""
+        # pyspark's cloudpickle pickles the plan's functions (lambdas included); imported
+        # here so that importing the runtime does not import pyspark.
+        from pyspark import cloudpickle
+
+        result = JobResult(self.config.id)
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="sparkjet-job-") as work:
+            work = Path(work)
+            (work / "job.pkl").write_bytes(cloudpickle.dumps((self.plan, self.config)))
+            attempt = 0
+            while True:
+                execution = next_execution(self.config, attempt)
+                outcome = self._run_member(work, execution)
+                result.executions.append(outcome)
+                if outcome.get("status") == "ok":
+                    break
+                attempt += 1
+                restart_or_fail(self.config, result, attempt, outcome, self.progress, start)
+        result.seconds = time.monotonic() - start
+        return result
+
+    def run_in_process(self) -> JobResult:
+        """Runs one execution in this process (no child, no restart): its failure raises."""
+        result = JobResult(self.config.id)
+        start = time.monotonic()
+        member = Member(self.plan, self.config, next_execution(self.config, 0),
+                        progress=self.progress)
+        result.executions.append(member.run())
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _run_member(self, work: Path, execution: int) -> dict:
+        events = work / f"events-{execution}.jsonl"
+        out = work / f"result-{execution}.json"
+        cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),
+               str(execution), str(out), str(events)]
+        # stderr goes to a file, not a pipe: a member that writes more than a pipe holds
+        # would block on it while the supervisor waits for the member to end.
+        log_path = work / f"member-{execution}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stderr=log)
+        self.member_pid = proc.pid
+        seen = 0
+        try:
+            while proc.poll() is None:
+                seen = _forward(events, seen, self.progress)
+                time.sleep(0.05)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            self.member_pid = None
+        stderr_tail = log_path.read_text(errors="replace")[-4000:]
+        _forward(events, seen, self.progress)
+        if proc.returncode == 0 and out.exists():
+            return {"status": "ok", **json.loads(out.read_text())}
+        why = (f"killed by signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exit code {proc.returncode}")
+        metrics = {}
+        partial = work / f"result-{execution}.partial.json"
+        if partial.exists():
+            metrics = json.loads(partial.read_text())
+        last = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
+        return {**metrics, "status": "failed", "execution_id": execution,
+                "error": f"member {why}" + (f": {last}" if last else "")}
+
+
+def _forward(path: Path, seen: int, progress: Callable[[dict], None]) -> int:
+    """Hands ``progress`` the complete lines of the member's event file past byte
+    ``seen``; returns the new position."""
+    if not path.exists():
+        return seen
+    with open(path) as f:
+        f.seek(seen)
+        for line in f:
+            if line.endswith("\n"):
+                progress(json.loads(line))
+                seen += len(line.encode())
+            else:
+                break
+    return seen
+
+
+__all__ = ["LocalRunner"]

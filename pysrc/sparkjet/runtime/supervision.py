@@ -1,0 +1,99 @@
+"""What both supervisors of a job share: the result of a run, the error that ends it, and
+the restart policy.
+
+A supervisor (:mod:`~sparkjet.runtime.local_runner`: a member in a child process;
+:mod:`~sparkjet.runtime.spark_runner`: members as a Spark barrier stage) runs executions
+until one succeeds. After each failure it asks :func:`restart_or_fail`, which ends the job
+with :class:`JobFailedError` past ``config.max_restarts`` or waits :func:`backoff` seconds
+and lets it start the next execution, whose id :func:`next_execution` gives.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sparkjet.errors import SparkjetError
+from sparkjet.runtime.config import JobConfig
+from sparkjet.snapshot_store import SnapshotStore
+
+#: The longest wait between two executions, in seconds.
+MAX_BACKOFF = 30.0
+
+
+class JobFailedError(SparkjetError, RuntimeError):
+    """The job could not finish: its member kept failing past ``max_restarts``."""
+
+
+@dataclass
+class JobResult:
+    """What a run did, across all its executions."""
+
+    job_id: int
+    executions: list[dict] = field(default_factory=list)   # each member's metrics (or failure)
+    restarts: int = 0
+    seconds: float = 0.0
+
+    @property
+    def events_in(self) -> int:
+        return sum(e.get("events_in", 0) for e in self.executions)
+
+    @property
+    def events_out(self) -> int:
+        return sum(e.get("events_out", 0) for e in self.executions)
+
+    @property
+    def snapshots(self) -> list[dict]:
+        return [s for e in self.executions for s in e.get("snapshots", [])]
+
+    def latency_percentiles(self, *qs: float, until: str = "commit") -> list[float]:
+        """Latency percentiles in seconds, from an event's creation (its ``ts``) to the
+        commit of the output it led to (``until="commit"``: when a transactional sink
+        makes it visible) or to the moment the output is handed to the sink
+        (``until="emit"``: what an idempotent or at-least-once sink sees)."""
+        field = {"commit": "latencies_ns", "emit": "emit_latencies_ns"}[until]
+        samples = [x for e in self.executions for x in e.get(field, [])]
+        if not samples:
+            return [float("nan")] * len(qs)
+        return [float(np.percentile(samples, q)) / 1e9 for q in qs]
+
+
+def backoff(config: JobConfig, attempt: int) -> float:
+    """Seconds to wait before restart number ``attempt`` (1, 2, ...):
+    ``restart_backoff * 2**(attempt - 1)``, at most :data:`MAX_BACKOFF`."""
+    return min(MAX_BACKOFF, config.restart_backoff * 2 ** (attempt - 1))
+
+
+def restart_or_fail(config: JobConfig, result: JobResult, attempt: int, outcome: dict,
+                    progress: Callable[[dict], None], start: float) -> None:
+    """The restart policy of both supervisors: after failure number ``attempt`` (whose
+    ``outcome`` holds the ``error``), raises JobFailedError past ``config.max_restarts``;
+    otherwise counts the restart in ``result``, reports it to ``progress`` and waits
+    :func:`backoff` seconds. ``start`` is when the run began (``time.monotonic()``)."""
+    if attempt > config.max_restarts:
+        result.seconds = time.monotonic() - start
+        raise JobFailedError(f"job {config.name!r} failed {attempt} times (max_restarts="
+                             f"{config.max_restarts}); last failure: {outcome.get('error')}")
+    result.restarts += 1
+    delay = backoff(config, attempt)
+    progress({"event": "restart", "attempt": attempt, "after_s": delay,
+              "error": outcome.get("error"), "guarantee": config.processing_guarantee,
+              "note": None if config.processing_guarantee != "none" else
+              "guarantee 'none': no snapshot; the sources restart from their start"})
+    time.sleep(delay)
+
+
+def next_execution(config: JobConfig, attempt: int) -> int:
+    """The id of the next execution (the fencing token of store and sinks): one more than
+    the newest execution registered in the snapshot store; with guarantee "none" (no
+    store), ``attempt``, the number of executions this run has started so far."""
+    if config.processing_guarantee == "none":
+        return attempt
+    current = SnapshotStore(config.snapshot_store, config.id).current_execution()
+    return 0 if current is None else current + 1
+
+
+__all__ = ["MAX_BACKOFF", "JobFailedError", "JobResult", "backoff", "next_execution",
+           "restart_or_fail"]
