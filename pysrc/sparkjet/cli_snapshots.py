@@ -85,7 +85,7 @@ def _verify(args) -> int:
         line = ProgressLine(sys.stderr)
         start = time.monotonic()
 
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int, line=line, label=label, start=start) -> None:
             frac = done / total if total else 1.0
             rate = done / max(time.monotonic() - start, 1e-9)
             line.update(f"{label} {bar(frac)} {frac:6.1%} {_size(done)}/{_size(total)} "
