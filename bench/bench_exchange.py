@@ -21,7 +21,9 @@ has arrived where the method delivers it:
 - ``sparkjet exchange``: one ``OutboundChannel`` (default windows: 64 messages, 8 MiB), a
   barrier after every 16 batches (about 1M rows) and the end, into an ``ExchangeServer``
   whose aligner (1 channel, capacity 16, the job's default queue) is drained by this
-  process's main thread until ``DONE``;
+  process's main thread until ``DONE``; every call authenticated (a signed token);
+- ``sparkjet exchange, TLS``: the same over TLS with the per-job self-signed certificate
+  (``JobConfig.tls``, on by default on a cluster), to state what encryption costs;
 - ``flight do_put``: ``FlightClient.do_put`` of the same batches into a
   ``FlightServerBase`` that reads every chunk and drops it (no aligner, no barriers);
 - ``pickle + Pipe``: ``Connection.send(batch)`` (pickle) and ``Connection.recv()``.
@@ -46,6 +48,7 @@ from pyarrow import flight
 import sparkjet
 from sparkjet.aligner import DONE, ITEM, BarrierAligner
 from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
+from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 
 ROWS = 10_000_000
 BATCH_ROWS = 65_536
@@ -81,12 +84,12 @@ def _sender_main(control, data, rows: int) -> None:
         command = control.recv()
         if command is None:
             return
-        method, workload, location = command
+        method, workload, location, security = command
         if workload not in cache:
             cache[workload] = make_batches(workload, rows)
         batches = cache[workload]
-        if method == "exchange":
-            client = ExchangeClient(location)
+        if method in ("exchange", "exchange_tls"):
+            client = ExchangeClient(location, security=security)
             ch = client.channel("sink", 0, 0, EXECUTION)
             control.send("ready")
             control.recv()
@@ -144,7 +147,13 @@ class Rig:
                                    daemon=True)
         self.process.start()
         self.inbound: dict = {}
-        self.exchange = ExchangeServer(inbound=self.inbound, execution_id=EXECUTION)
+        self.security = {"exchange": LinkSecurity.generate(EXECUTION),
+                         "exchange_tls": LinkSecurity.generate(EXECUTION,
+                                                               TLSIdentity.self_signed())}
+        self.exchange = ExchangeServer(inbound=self.inbound, execution_id=EXECUTION,
+                                       security=self.security["exchange"])
+        self.exchange_tls = ExchangeServer(inbound=self.inbound, execution_id=EXECUTION,
+                                           security=self.security["exchange_tls"])
         self.plain = _PlainServer()
         self.payload = {w: sum(b.nbytes for b in make_batches(w, rows)) for w in WORKLOADS}
 
@@ -152,20 +161,23 @@ class Rig:
         self.control.send(None)
         self.process.join(10)
         self.exchange.close()
+        self.exchange_tls.close()
         self.plain.shutdown()
 
     def prepare(self, method: str, workload: str):
         """Everything before the clock starts: returns the function to time."""
         location = {"exchange": self.exchange.location,
+                    "exchange_tls": self.exchange_tls.location,
                     "flight": f"grpc+tcp://127.0.0.1:{self.plain.port}", "pipe": None}[method]
-        if method == "exchange":
+        if method in ("exchange", "exchange_tls"):
             aligner = BarrierAligner(1, capacity=CAPACITY)
             self.inbound[("sink", 0)] = aligner
         else:
             self.plain.done.clear()
-        self.control.send((method, workload, location))
+        self.control.send((method, workload, location, self.security.get(method)))
         assert self.control.recv() == "ready"
         return {"exchange": lambda: self._drain_aligner(aligner),
+                "exchange_tls": lambda: self._drain_aligner(aligner),
                 "flight": self._wait_plain, "pipe": self._drain_pipe}[method]
 
     def run(self, timed) -> None:
@@ -215,6 +227,8 @@ class Method:
 METHODS = [
     Method("exchange", "sparkjet exchange",
            "ExchangeClient -> ExchangeServer -> BarrierAligner, barrier every 16 batches"),
+    Method("exchange_tls", "sparkjet exchange, TLS",
+           "the same over TLS (per-job self-signed certificate, pinned)"),
     Method("flight", "flight do_put", "plain pyarrow.flight do_put, chunks dropped"),
     Method("pipe", "pickle + Pipe", "multiprocessing Connection.send / recv"),
 ]

@@ -32,6 +32,7 @@ from sparkjet.runtime.exchange import (
     ExchangeServer,
     ExchangeTimeoutError,
 )
+from sparkjet.runtime.security import LinkSecurity
 from sparkjet.snapshot_store import Manifest
 
 DEADLINE = 15.0  # seconds any single wait may take before the test fails
@@ -85,12 +86,29 @@ class Errors:
         self.event.set()
 
 
+# The credentials of each execution id the tests use, and of each server's location (a
+# client finds its server's there, as a member gets its execution's from the driver).
+CREDENTIALS: dict = {}
+
+
+def credentials(execution_id: int) -> LinkSecurity:
+    # A fixed secret per id, so the child processes below can hold the same credentials.
+    return CREDENTIALS.setdefault(execution_id, LinkSecurity(execution_id, _secret(execution_id)))
+
+
+def _secret(execution_id: int) -> bytes:
+    return execution_id.to_bytes(8, "little") * 4
+
+
 @pytest.fixture
 def make_server():
     servers = []
 
     def make(inbound=None, execution_id=1, **kw):
-        server = ExchangeServer(inbound=inbound or {}, execution_id=execution_id, **kw)
+        security = credentials(execution_id)
+        server = ExchangeServer(inbound=inbound or {}, execution_id=execution_id,
+                                security=security, **kw)
+        CREDENTIALS[server.location] = security
         servers.append(server)
         return server
 
@@ -104,6 +122,7 @@ def make_client():
     clients = []
 
     def make(location, **kw):
+        kw.setdefault("security", CREDENTIALS.get(location, credentials(1)))
         client = ExchangeClient(location, **kw)
         clients.append(client)
         return client
@@ -581,7 +600,7 @@ def test_actions_round_trip_json(make_server, make_client):
     assert acks == [("aggregate-1", manifest)]
     assert client.ping() == {"execution_id": 9}
     assert client.action("ack", {"processor": "p", "manifest": manifest.to_json()}) == \
-        {"ok": True, "count": 2}  # no execution id: not fenced
+        {"ok": True, "count": 2}  # no execution id given: the credentials' (9)
     with pytest.raises(ExchangeFencedError, match="execution 8"):
         client.action("ack", {}, execution_id=8)
     with pytest.raises(ExchangeRefusedError, match="no action 'nope'.*ack, fail, ping"):
@@ -632,7 +651,10 @@ def test_the_documented_wire_format(make_server):
     server = make_server({("v", 2): aligner}, execution_id=4)
     assert exchange._control(exchange._BARRIER, 1, 7) == \
         b"SJX1\x01\x01\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00"
-    client = flight.FlightClient(server.location)
+    # Without the sparkjet-auth header (the module's "Authentication"), nothing is heard.
+    with pytest.raises(flight.FlightUnauthenticatedError, match="missing credentials"):
+        flight.FlightClient(server.location).list_actions()
+    client = flight.FlightClient(server.location, middleware=credentials(4).client_middleware())
     command = ('{"protocol": "' + PROTOCOL + '", "execution_id": 4, "vertex": "v", '
                '"processor": 2, "channel": 0}')
     writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(command.encode()))
@@ -660,7 +682,7 @@ def test_the_documented_wire_format(make_server):
 def test_a_busy_port_is_a_clear_error(make_server):
     server = make_server()
     with pytest.raises(ExchangeError, match=f"cannot listen on 127.0.0.1:{server.port}"):
-        ExchangeServer(port=server.port, execution_id=1)
+        ExchangeServer(port=server.port, execution_id=1, security=credentials(1))
 
 
 def test_errors_pickle_with_their_peer():
@@ -676,8 +698,10 @@ _RECEIVER = """
 import sys, time
 from sparkjet.aligner import BarrierAligner
 from sparkjet.runtime.exchange import ExchangeServer
+from sparkjet.runtime.security import LinkSecurity
 aligner = BarrierAligner(1, capacity=2)  # nobody takes: the sender fills it and blocks
-server = ExchangeServer(inbound={("agg", 0): aligner}, execution_id=1)
+security = LinkSecurity(1, (1).to_bytes(8, "little") * 4)  # the tests' credentials(1)
+server = ExchangeServer(inbound={("agg", 0): aligner}, execution_id=1, security=security)
 print(server.location, flush=True)
 time.sleep(120)
 """
@@ -686,7 +710,9 @@ _SENDER = """
 import sys, time
 import pyarrow as pa
 from sparkjet.runtime.exchange import ExchangeClient
-ch = ExchangeClient(sys.argv[1]).channel("agg", 0, 0, 1)
+from sparkjet.runtime.security import LinkSecurity
+security = LinkSecurity(1, (1).to_bytes(8, "little") * 4)  # the tests' credentials(1)
+ch = ExchangeClient(sys.argv[1], security=security).channel("agg", 0, 0, 1)
 for i in range(5):
     ch.put(pa.record_batch({"seq": pa.array([i], pa.int64())}))
 ch.put_barrier(0)

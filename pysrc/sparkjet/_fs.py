@@ -40,8 +40,11 @@ class Backend:
         return "/".join([self.root, *parts])
 
     def makedirs(self, path: str) -> None:
+        """Creates ``path`` and its missing parents; on a local disk each new directory is
+        its owner's only (mode 0700: a job's state and output are nobody else's to read).
+        On shared or object storage, access is the storage's permissions to set."""
         if self.local:
-            os.makedirs(path, exist_ok=True)
+            private_dirs(path)
         else:
             self.fs.create_dir(path, recursive=True)
 
@@ -215,3 +218,22 @@ class StreamWriter:
         except OSError:
             pass
         self.backend.remove(self.path)
+
+
+def private_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, every directory it creates with mode 0700
+    (``os.makedirs`` gives the mode to the last one only)."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise

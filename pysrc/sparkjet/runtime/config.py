@@ -34,6 +34,13 @@ class JobConfig:
     - ``quorum_timeout``: split-brain protection: an execution never starts with fewer
       members than ``floor(largest member count seen / 2) + 1``; the coordinator waits for
       slots up to this long (re-checking every ``restart_backoff``), then fails the job.
+    - ``tls``: encrypt the links between members and the coordinator on Spark: True,
+      False, or None (the default) for on with a cluster master and off on ``local[N]``,
+      where every link stays on one machine. Every call is authenticated either way
+      (:mod:`sparkjet.runtime.security`).
+    - ``tls_certificate`` and ``tls_private_key``: PEM files of the certificate to use
+      instead of the one the driver makes per job; ``tls_server_name``: a name that
+      certificate holds (clients check it, not the host name).
     """
 
     name: str = "sparkjet-job"
@@ -52,6 +59,10 @@ class JobConfig:
     heartbeat_timeout: float = 10.0
     start_timeout: float = 120.0
     quorum_timeout: float = 300.0
+    tls: bool | None = None
+    tls_certificate: str | None = None
+    tls_private_key: str | None = None
+    tls_server_name: str = "sparkjet"
 
     def __post_init__(self):
         if self.processing_guarantee not in GUARANTEES:
@@ -76,6 +87,13 @@ class JobConfig:
                                                       none_ok=True))
         if self.snapshot_store is not None:
             object.__setattr__(self, "snapshot_store", os.fspath(self.snapshot_store))
+        if self.tls not in (None, True, False):
+            raise InvalidArgumentError(f"tls must be True, False or None (auto), got {self.tls!r}")
+        if (self.tls_certificate is None) != (self.tls_private_key is None):
+            raise InvalidArgumentError(
+                "tls_certificate and tls_private_key go together: give both or neither")
+        if self.tls_certificate is not None and self.tls is False:
+            raise InvalidArgumentError("tls_certificate was given, but tls=False")
 
     @property
     def id(self) -> int:

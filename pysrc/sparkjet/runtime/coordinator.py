@@ -134,10 +134,13 @@ class ExecutionCoordinator:
     :param members: how many members the execution has.
     :param topology: the execution's :class:`~sparkjet.runtime.topology.Topology`.
     :param host: the interface to listen on (the driver's host, reachable by executors).
+    :param security: the execution's credentials
+        (:class:`~sparkjet.runtime.security.LinkSecurity`), which every member's call
+        must carry.
     """
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
-                 store: SnapshotStore | None, progress: Callable[[dict], None]):
+                 security, store: SnapshotStore | None, progress: Callable[[dict], None]):
         # Lazy: the exchange loads pyarrow.flight, needed only by distributed executions.
         from sparkjet.runtime.exchange import ExchangeServer
 
@@ -164,7 +167,8 @@ class ExecutionCoordinator:
             all_sources_ended=self._all_sources_ended,
             stopped=lambda: self._failed.is_set() or self._finished.is_set(),
             progress=progress, events_in=lambda: self.counters()[0], check=self.check)
-        self.server = ExchangeServer(host, execution_id=execution_id)
+        self.security = security
+        self.server = ExchangeServer(host, execution_id=execution_id, security=security)
         for name, handler in (("poll", self._poll), ("ack", self._ack),
                               ("failed", self._member_failed), ("done", self._done)):
             self.server.on_action(name, handler)

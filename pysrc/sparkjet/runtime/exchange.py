@@ -13,9 +13,12 @@ coordinator):
   object in, a JSON object out.
 
 >>> from sparkjet.aligner import BarrierAligner
+>>> from sparkjet.runtime.security import LinkSecurity
+>>> security = LinkSecurity.generate(execution_id=7)
 >>> aligner = BarrierAligner(channels=1, capacity=16)
->>> server = ExchangeServer(inbound={("aggregate", 0): aligner}, execution_id=7)
->>> client = ExchangeClient(server.location)
+>>> server = ExchangeServer(inbound={("aggregate", 0): aligner}, execution_id=7,
+...                         security=security)
+>>> client = ExchangeClient(server.location, security=security)
 >>> ch = client.channel("aggregate", 0, channel=0, execution_id=7)
 >>> ch.put(pa.record_batch({"k": [1, 2]})); ch.put_barrier(0); ch.end(); ch.close()
 >>> [e[0] for e in aligner.drain(10)]
@@ -47,6 +50,10 @@ credit    3     0 (asks for an ack, carries         ``ACK_REQUEST``
 ack       16    messages accepted so far            (server to client)
 ========  ====  ==================================  ===========================
 
+Every call carries the header ``sparkjet-auth`` (a token signed with the execution's
+secret; :mod:`sparkjet.runtime.security` gives its format); an action's body is the JSON
+``{"execution_id": E, "body": {...}}`` and names its execution, never null.
+
 The server answers a stream it accepts with ``ack 0`` (the handshake) and every message
 flagged ``ACK_REQUEST`` with an ack once the message is in the aligner. Data, barrier and
 end messages count; credit requests do not.
@@ -68,6 +75,13 @@ what sits between two processors is bounded by what the aligner holds (its capac
 entries) plus one window, whatever gRPC buffers (its HTTP/2 windows grow to tens of MB on a
 fast link). The sender asks for an ack when half the window is used, so a server that keeps
 up never makes it wait for a round trip.
+
+Authentication and encryption
+-----------------------------
+Every call (streams, actions, ``list_actions``) carries a token signed with the
+execution's secret, which the server checks in middleware before any handler runs; with
+a TLS identity every link is TLS with the job's pinned certificate. See
+:mod:`sparkjet.runtime.security`.
 
 Fencing
 -------
@@ -109,9 +123,12 @@ from sparkjet.errors import (
     SparkjetError,
     UnsupportedTypeError,
 )
+from sparkjet.runtime.security import HEADER as AUTH_HEADER
+from sparkjet.runtime.security import LinkSecurity, ServerAuth
 
 __all__ = [
     "PROTOCOL",
+    "ExchangeAuthError",
     "ExchangeClient",
     "ExchangeError",
     "ExchangeFencedError",
@@ -165,6 +182,11 @@ class ExchangeFencedError(ExchangeError, FencedError):
     server refused a zombie's)."""
 
 
+class ExchangeAuthError(ExchangeError, PermissionError):
+    """The peer refused the call's credentials (no token, another execution's, a replayed
+    or forged one): see :mod:`sparkjet.runtime.security`."""
+
+
 class ExchangeRefusedError(ExchangeError):
     """The peer is alive and refused the request: no such processor, channel or action,
     an action handler that raised, a closed aligner, a server shutting down, or a broken
@@ -192,6 +214,8 @@ def _map_error(error: BaseException, peer: str, what: str) -> ExchangeError:
         return ExchangeFencedError(f"{what}: fenced: {reason}", peer)
     if tag == _TAG_REFUSED:
         return ExchangeRefusedError(f"{what}: refused: {reason}", peer)
+    if isinstance(error, flight.FlightUnauthenticatedError):
+        return ExchangeAuthError(f"{what}: not authenticated: {reason}", peer)
     if isinstance(error, flight.FlightTimedOutError):
         return ExchangeTimeoutError(f"{what}: the peer did not answer in time ({reason})", peer)
     if isinstance(error, flight.FlightUnavailableError):
@@ -318,6 +342,9 @@ class ExchangeServer(flight.FlightServerBase):
         per channel.
     :param execution_id: the execution this server belongs to; streams and actions of any
         other execution are refused.
+    :param security: the execution's :class:`~sparkjet.runtime.security.LinkSecurity`:
+        every call must carry a token signed with its secret (checked before any handler
+        runs), and with a TLS identity the server speaks TLS only.
     :param on_error: called with an :class:`ExchangeError` (naming the peer) when an
         inbound stream breaks (its sender died or aborted) or a zombie is refused; by
         default it is logged. A member passes its ``fail``.
@@ -327,10 +354,19 @@ class ExchangeServer(flight.FlightServerBase):
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  inbound: Mapping | Callable | None = None, execution_id: int,
+                 security: LinkSecurity,
                  on_error: Callable[[ExchangeError], Any] | None = None,
                  advertise_host: str | None = None, poll: float = 0.1):
         poll = check_number("poll", poll, above=0)
         self._execution_id = check_int("execution_id", execution_id, min=0)
+        if not isinstance(security, LinkSecurity):
+            raise InvalidArgumentError(
+                f"security must be a LinkSecurity, not {type(security).__name__}")
+        if security.execution_id != self._execution_id:
+            raise InvalidArgumentError(
+                f"the credentials are execution {security.execution_id}'s, but this server "
+                f"runs execution {self._execution_id}")
+        self._security = security
         if inbound is None:
             inbound = {}
         if not (isinstance(inbound, Mapping) or callable(inbound)):
@@ -345,11 +381,15 @@ class ExchangeServer(flight.FlightServerBase):
         self._closing = threading.Event()
         self._closed: bool | None = None
         try:
-            super().__init__(flight.Location.for_grpc_tcp(host, port))
+            location = (flight.Location.for_grpc_tls(host, port) if security.tls is not None
+                        else flight.Location.for_grpc_tcp(host, port))
+            options = security.server_options()
+            self._auth: ServerAuth = options["middleware"][AUTH_HEADER]
+            super().__init__(location, **options)
         except (pa.ArrowException, OSError) as e:
             raise ExchangeError(f"cannot listen on {host}:{port}: {_short(e)} (gRPC logs "
                                 "the cause, such as an address in use, to stderr)") from e
-        self._location = f"grpc+tcp://{advertise_host or host}:{self.port}"
+        self._location = f"{security.scheme}://{advertise_host or host}:{self.port}"
 
     def __repr__(self) -> str:
         return f"ExchangeServer({self._location!r}, execution_id={self._execution_id})"
@@ -362,6 +402,11 @@ class ExchangeServer(flight.FlightServerBase):
     @property
     def execution_id(self) -> int:
         return self._execution_id
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Calls refused for their credentials so far, by reason."""
+        return dict(self._auth.refused)
 
     @property
     def streams(self) -> dict[tuple[str, int, int], str]:
@@ -441,15 +486,20 @@ class ExchangeServer(flight.FlightServerBase):
         name = action.type
         try:
             envelope = json.loads(action.body.to_pybytes() if action.body is not None else b"")
-            execution_id, body = envelope["execution_id"], envelope["body"]
+            if not isinstance(envelope, dict):
+                raise TypeError("the request is not a JSON object")
+            execution_id, body = envelope.get("execution_id"), envelope["body"]
             if not isinstance(body, dict):
                 raise TypeError("the body is not a JSON object")
         except (ValueError, KeyError, TypeError) as e:
             raise _flight_error(flight.FlightServerError,
                                 f"action {name!r}: not a sparkjet action request ({e})",
                                 _TAG_REFUSED) from None
-        if execution_id is not None:
-            self._fence(execution_id, f"action {name!r}", context.peer())
+        # Every action names its execution: a null or missing id is no wildcard.
+        if type(execution_id) is not int:
+            raise _flight_error(flight.FlightServerError,
+                                f"action {name!r}: no execution id", _TAG_REFUSED)
+        self._fence(execution_id, f"action {name!r}", context.peer())
         if self._closing.is_set():
             raise _flight_error(flight.FlightServerError,
                                 f"action {name!r}: the server is shutting down", _TAG_REFUSED)
@@ -601,6 +651,9 @@ class ExchangeClient:
     """Talks to one peer's :class:`ExchangeServer`: opens data channels and sends actions.
 
     :param location: the peer's ``ExchangeServer.location``.
+    :param security: the execution's credentials: every call carries a token signed with
+        its secret, and with a TLS identity the client trusts only that certificate (a
+        plain ``grpc+tcp`` location is then refused, so a link cannot be downgraded).
     :param connect_timeout: how long opening a channel waits for the server's handshake.
     :param action_timeout: the default deadline of :meth:`action`.
 
@@ -608,13 +661,23 @@ class ExchangeClient:
     (gRPC fails fast on a refused connection, so that takes milliseconds).
     """
 
-    def __init__(self, location: str, *, connect_timeout: float = 10.0,
+    def __init__(self, location: str, *, security: LinkSecurity, connect_timeout: float = 10.0,
                  action_timeout: float = 30.0):
         self.location = str(location)
         self.connect_timeout = check_number("connect_timeout", connect_timeout, above=0)
         self.action_timeout = check_number("action_timeout", action_timeout, above=0)
+        if not isinstance(security, LinkSecurity):
+            raise InvalidArgumentError(
+                f"security must be a LinkSecurity, not {type(security).__name__}")
+        if not self.location.startswith(security.scheme + "://"):
+            raise InvalidArgumentError(
+                f"exchange location {self.location!r} does not use {security.scheme}, as this "
+                f"execution's links must")
+        self._security = security
         try:
-            self._client = flight.FlightClient(self.location)
+            self._client = flight.FlightClient(self.location,
+                                               middleware=security.client_middleware(),
+                                               **security.client_options())
         except (pa.ArrowException, OSError) as e:
             raise InvalidArgumentError(f"bad exchange location {self.location!r}: {e}") from e
         self._lock = threading.Lock()
@@ -658,8 +721,9 @@ class ExchangeClient:
                timeout: float | None = None) -> dict:
         """Runs the peer's handler of action ``name`` on ``body`` and returns its answer.
 
-        :param execution_id: if given, the peer refuses the action
-            (:class:`ExchangeFencedError`) unless it runs that execution.
+        :param execution_id: the execution the action belongs to (default: the
+            credentials'); the peer refuses it (:class:`ExchangeFencedError`) unless it
+            runs that execution.
         :param timeout: the call's deadline (default ``action_timeout``).
         """
         if body is None:
@@ -667,6 +731,8 @@ class ExchangeClient:
         if not isinstance(body, dict):
             raise InvalidArgumentError(f"an action body must be a dict, not {type(body).__name__}")
         execution_id = check_int("execution_id", execution_id, min=0, none_ok=True)
+        if execution_id is None:
+            execution_id = self._security.execution_id
         timeout = check_number("timeout", timeout, above=0, none_ok=True)
         try:
             request = json.dumps({"execution_id": execution_id, "body": body}).encode()

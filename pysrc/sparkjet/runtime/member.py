@@ -131,13 +131,17 @@ class Member:
         member's :class:`~sparkjet.runtime.exchange.ExchangeServer`)."""
         return self.aligners.get(processor) if vertex == "aggregate" else None
 
-    def connect(self, peers: list[str], coordinator: str) -> None:
-        """Sets the exchange locations of every member (by index) and of the coordinator."""
+    def connect(self, peers: list[str], coordinator: str, security) -> None:
+        """Sets the exchange locations of every member (by index) and of the coordinator,
+        reached with the execution's credentials
+        (:class:`~sparkjet.runtime.security.LinkSecurity`)."""
         # Lazy: the exchange loads pyarrow.flight, which a member alone never needs.
         from sparkjet.runtime.exchange import ExchangeClient
 
-        self.peers = {i: ExchangeClient(loc) for i, loc in enumerate(peers) if i != self.index}
-        self.link = RemoteLink(self, ExchangeClient(coordinator, action_timeout=30.0))
+        self.peers = {i: ExchangeClient(loc, security=security)
+                      for i, loc in enumerate(peers) if i != self.index}
+        self.link = RemoteLink(self, ExchangeClient(coordinator, security=security,
+                                                    action_timeout=30.0))
 
     def on_exchange_error(self, error) -> None:
         """An inbound stream broke: its sender's member died or gave up, so this execution

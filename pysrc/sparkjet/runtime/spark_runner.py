@@ -34,6 +34,7 @@ from collections.abc import Callable
 from sparkjet.pipeline import Plan
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
+from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,
@@ -75,6 +76,10 @@ class SparkRunner:
         self.member_pids: dict[int, int] = {}
         self.max_members_seen = 0
         self.current: ExecutionCoordinator | None = None
+        #: the job's TLS identity (one per job, made here on the driver), or None
+        self.tls = tls_identity(config, spark.sparkContext.master)
+        #: calls refused for their credentials, by the coordinator and the members, in all
+        self.refused_calls = 0
 
     def rescale(self, members: int) -> None:
         """Restarts the running execution from its last snapshot on ``members`` members."""
@@ -153,9 +158,13 @@ class SparkRunner:
         topology = Topology(members, config.local_parallelism, plan.source.partition_count(),
                             config.partition_count, plan.aggregate is not None)
         host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-        coord = ExecutionCoordinator(config, execution, topology, host=host, store=store,
-                                     progress=self.progress)
-        task = member_task(plan, config, execution, topology, restore_from, coord.location)
+        # A fresh secret per execution: a zombie of an older one cannot even be heard.
+        security = LinkSecurity.generate(execution, self.tls)
+        coord = ExecutionCoordinator(config, execution, topology, host=host, security=security,
+                                     store=store, progress=self.progress)
+        task = member_task(plan, config, execution, topology, restore_from, coord.location,
+                           security)
+        member_refusals: list[int] = []
         group = f"sparkjet-{config.id}-e{execution}"
 
         def stage() -> None:
@@ -163,7 +172,8 @@ class SparkRunner:
                 sc.setJobGroup(group, f"sparkjet job {config.name!r} execution {execution}",
                                interruptOnCancel=True)
                 df = spark.range(0, members, 1, members)
-                df.mapInArrow(task, "member long", barrier=True).collect()
+                rows = df.mapInArrow(task, "member long, refused long", barrier=True).collect()
+                member_refusals.extend(r["refused"] for r in rows)
             except BaseException as e:  # noqa: BLE001 - handed to the coordinator
                 coord.stage_error = e
             finally:
@@ -174,7 +184,8 @@ class SparkRunner:
         ticker = threading.Thread(target=self._tick, args=(coord, ticker_stop), daemon=True,
                                   name="sparkjet-progress")
         self.progress({"event": "execution", "execution": execution, "members": members,
-                       "quorum": self.quorum, "restored_from": restore_from})
+                       "quorum": self.quorum, "restored_from": restore_from,
+                       "tls": self.tls is not None})
         self.current = coord
         thread.start()
         outcome = {"execution_id": execution, "members": members, "restored_from": restore_from}
@@ -215,7 +226,9 @@ class SparkRunner:
             events_out=sum(d.get("events_out", 0) for d in done) if ok else events_out,
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
-            snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started)
+            snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started,
+            refused_calls=sum(coord.server.refused.values()) + sum(member_refusals))
+        self.refused_calls += outcome["refused_calls"]
         return outcome
 
     def _tick(self, coord: ExecutionCoordinator, stop: threading.Event) -> None:
@@ -229,8 +242,21 @@ class RescaleRequested(ExecutionFailedError):
     """Ends an execution on purpose: the next one runs on another member count."""
 
 
-def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str):
-    """The function each barrier task runs (``mapInArrow``): member ``partitionId()``."""
+def tls_identity(config: JobConfig, master: str) -> TLSIdentity | None:
+    """The job's TLS identity: the user's certificate, a self-signed one made here, or None
+    when TLS is off (``config.tls`` False, or None on a ``local`` master)."""
+    if config.tls_certificate is not None:
+        return TLSIdentity.from_files(config.tls_certificate, config.tls_private_key,
+                                      config.tls_server_name)
+    enabled = config.tls if config.tls is not None else not master.startswith("local")
+    return TLSIdentity.self_signed() if enabled else None
+
+
+def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
+                security: LinkSecurity):
+    """The function each barrier task runs (``mapInArrow``): member ``partitionId()``. The
+    execution's credentials travel inside it (the pickled closure), never through Spark's
+    configuration, job descriptions or UI."""
 
     def task(batches):
         # Imported where the task runs, in a Spark Python worker (this function is pickled
@@ -250,14 +276,16 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         member = Member(plan, config, execution, topology=topology, index=index,
                         restore_from=restore_from)
         server = ExchangeServer(host, inbound=member.inbound, execution_id=execution,
-                                on_error=member.on_exchange_error)
+                                security=security, on_error=member.on_exchange_error)
         try:
             peers = ctx.allGather(server.location)
-            member.connect(peers, coordinator)
+            member.connect(peers, coordinator, security)
             member.run()  # its metrics reach the driver with the "done" action
         finally:
             server.close(timeout=5.0)
-        yield pa.RecordBatch.from_pydict({"member": pa.array([index], pa.int64())})
+        refused = sum(server.refused.values())
+        yield pa.RecordBatch.from_pydict({"member": pa.array([index], pa.int64()),
+                                          "refused": pa.array([refused], pa.int64())})
 
     return task
 

@@ -45,6 +45,12 @@ class JobResult:
         return sum(e.get("events_out", 0) for e in self.executions)
 
     @property
+    def refused_calls(self) -> int:
+        """Calls to the job's members or coordinator refused for their credentials (an
+        outsider, or a zombie of an older execution): nonzero deserves a look."""
+        return sum(e.get("refused_calls", 0) for e in self.executions)
+
+    @property
     def snapshots(self) -> list[dict]:
         return [s for e in self.executions for s in e.get("snapshots", [])]
 
