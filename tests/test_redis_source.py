@@ -14,7 +14,7 @@ import redis
 import redis_server
 
 from sparkjet.connectors import ProcessorContext
-from sparkjet.errors import CorruptDataError, InvalidArgumentError
+from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 from sparkjet.sources import RedisStreamProducer, RedisStreamSource
 
 
@@ -334,3 +334,32 @@ def test_nothing_is_lost_or_duplicated_across_crashes_at_every_point(server, cli
     assert len(set(job.processed)) == len(job.processed)
     for p in range(3):
         assert pending(client, source, p) == 0
+
+
+def test_credentials_are_used_and_never_shown(tmp_path, monkeypatch):
+    """A Redis that requires a password: given in the URL, as an argument or in the
+    environment, it authenticates the reader; a wrong one is a ConnectorError; neither
+    shows in a repr or a message."""
+    secured = redis_server.start(tmp_path)
+    try:
+        redis.Redis(port=secured.port).config_set("requirepass", "s3cret-pw")
+        base = f"redis://127.0.0.1:{secured.port}/0"
+        in_url = RedisStreamSource("creds", 1, f"redis://:s3cret-pw@127.0.0.1:{secured.port}/0")
+        assert "s3cret" not in repr(in_url) and "***" in repr(in_url)
+        as_argument = RedisStreamSource("creds", 1, base, password="s3cret-pw")
+        monkeypatch.setenv("SPARKJET_REDIS_PASSWORD", "s3cret-pw")
+        from_env = RedisStreamSource("creds", 1, base)
+        monkeypatch.delenv("SPARKJET_REDIS_PASSWORD")
+        for source in (in_url, as_argument, from_env):
+            assert "s3cret" not in repr(source)
+            reader = source.open([0], context())
+            assert reader.read(10) is None  # authenticated: an empty stream, no error
+            reader.close()
+        wrong = RedisStreamSource("creds", 1, f"redis://:wrong-pw@127.0.0.1:{secured.port}/0")
+        with pytest.raises(ConnectorError, match="redis-stream source") as info:
+            wrong.open([0], context())
+        assert "wrong-pw" not in str(info.value) and "s3cret" not in str(info.value)
+        with pytest.raises(ConnectorError):
+            RedisStreamSource("creds", 1, base).open([0], context())  # no password at all
+    finally:
+        secured.stop()

@@ -58,6 +58,11 @@ class SnapshotCorruptError(CorruptDataError):
         return (type(self), (self.path, self.offset, self.field))
 
 
+class ConnectorError(SparkjetError, ConnectionError):
+    """A source or sink could not reach or use its external system (unreachable, refused
+    credentials); the message names the connector and never holds a credential."""
+
+
 class SnapshotNotFoundError(SparkjetError, LookupError):
     """No complete snapshot matches what was asked for."""
 

@@ -46,6 +46,7 @@ Needs the ``redis`` package (``pip install 'sparkjet[redis]'``).
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -53,8 +54,9 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 
 from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._redact import redact, redact_url
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
-from sparkjet.errors import CorruptDataError, InvalidArgumentError
+from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_CONSUMER = "sparkjet"
@@ -93,7 +95,9 @@ class RedisStreamSource(Source):
     every message in the stream; ``"$"``: only new ones). ``block_ms`` lets an idle read
     wait that long for messages (None: never wait). ``consumer`` is the prefix of the
     consumer names; ``reclaim_interval`` how often a reader claims entries left pending by
-    readers of older executions (see the module doc).
+    readers of older executions (see the module doc). ``password`` (else the environment
+    variable ``SPARKJET_REDIS_PASSWORD``, read here, or a password in ``url``) is never
+    shown: ``repr`` and errors mask it.
 
     >>> RedisStreamSource("orders", 4, "redis://127.0.0.1:6379/0")
     RedisStreamSource('orders', 4, 'redis://127.0.0.1:6379/0')
@@ -107,7 +111,8 @@ class RedisStreamSource(Source):
                  group: str | None = None, consumer: str = DEFAULT_CONSUMER,
                  start_id: str = "0", schema: pa.Schema | None = None,
                  decoder: Callable[[list], pa.RecordBatch] | None = None,
-                 block_ms: int | None = None, reclaim_interval: float = 2.0):
+                 block_ms: int | None = None, reclaim_interval: float = 2.0,
+                 password: str | None = None):
         if not isinstance(stream, str) or not stream:
             raise InvalidArgumentError(f"stream must be a non-empty str, got {stream!r}")
         partitions = check_int("partitions", partitions, min=1)
@@ -122,6 +127,8 @@ class RedisStreamSource(Source):
         self.stream = stream
         self.partitions = partitions
         self.url = url
+        self._password = password if password is not None else os.environ.get(
+            "SPARKJET_REDIS_PASSWORD")
         self.group = group
         self.consumer = consumer
         self.start_id = start_id
@@ -143,7 +150,17 @@ class RedisStreamSource(Source):
         return RedisStreamReader(self, partitions, context)
 
     def __repr__(self) -> str:
-        return f"RedisStreamSource({self.stream!r}, {self.partitions}, {self.url!r})"
+        return f"RedisStreamSource({self.stream!r}, {self.partitions}, {redact_url(self.url)!r})"
+
+    def client(self, **options):
+        """A redis-py client of the source's server, with its credentials."""
+        if self._password is not None:
+            options["password"] = self._password
+        return _redis().Redis.from_url(self.url, **options)
+
+    def redact(self, text: str) -> str:
+        """``text`` without the source's credentials (for errors and logs)."""
+        return redact(text.replace(self.url, redact_url(self.url)), self._password)
 
 
 class RedisStreamReader(SourceReader):
@@ -166,14 +183,17 @@ class RedisStreamReader(SourceReader):
         # A bounded socket timeout: a read must never hang on a dead server (the
         # execution fails and restarts instead).
         timeout = _SOCKET_TIMEOUT + (source.block_ms or 0) / 1000
-        self._client = redis.Redis.from_url(source.url, socket_timeout=timeout,
-                                            socket_connect_timeout=_SOCKET_TIMEOUT)
+        self._client = source.client(socket_timeout=timeout,
+                                     socket_connect_timeout=_SOCKET_TIMEOUT)
         for key in self._keys.values():
             try:
                 self._client.xgroup_create(key, self._group, id=source.start_id, mkstream=True)
             except redis.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
-                    raise
+                    raise ConnectorError(source.redact(f"redis-stream source: {e}")) from None
+            except redis.RedisError as e:  # unreachable, refused credentials, ...
+                raise ConnectorError(source.redact(
+                    f"redis-stream source at {source.url}: {type(e).__name__}: {e}")) from None
         self._turn = 0
         self.restore_state(None)
 
