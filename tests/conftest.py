@@ -24,3 +24,11 @@ def spark():
         session.stop()
         return
     pytest.fail(missing, pytrace=False)
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that asks for the Spark session is marked ``spark``, so that
+    ``-m "not spark"`` selects the tests that need no JVM."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)

@@ -2,9 +2,12 @@
 guarantees, both sinks and both pipeline shapes (`python -m sparkjet.testing.campaign --kills 1000`
 runs the long one). Exactly-once: nothing lost, nothing duplicated, final state equal to a
 failure-free run. At-least-once: nothing lost. None: reported as it is."""
+import pytest
+
 from sparkjet.testing.campaign import PLAN, run_campaign, summary
 
 
+@pytest.mark.slow
 def test_campaign_of_100_kills(tmp_path, capsys):
     results = run_campaign(tmp_path, total_kills=108, seed=11, progress=lambda line: None)
     with capsys.disabled():

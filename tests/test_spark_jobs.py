@@ -172,6 +172,7 @@ def test_failing_user_code_ends_with_a_clear_error(spark, tmp_path):
         Job(pipeline, config).run(spark)
 
 
+@pytest.mark.slow
 def test_campaign_on_spark(spark, tmp_path, capsys):
     """≥ 30 SIGKILLs of member Python workers at random moments (mid-batch, mid-snapshot,
     between prepare and commit, during restore) on local Spark with 2 members."""

@@ -17,7 +17,7 @@ import pytest
 
 from sparkjet._java import JavaNotFoundError, ensure_java
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 PREFIX = "SPARKJET-STANDALONE "
 
