@@ -652,12 +652,14 @@ def test_the_documented_wire_format(make_server):
     assert exchange._control(exchange._BARRIER, 1, 7) == \
         b"SJX1\x01\x01\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00"
     # Without the sparkjet-auth header (the module's "Authentication"), nothing is heard.
-    with pytest.raises(flight.FlightUnauthenticatedError, match="missing credentials"):
+    with pytest.raises(flight.FlightUnauthenticatedError, match="call refused"):
         flight.FlightClient(server.location).list_actions()
-    client = flight.FlightClient(server.location, middleware=credentials(4).client_middleware())
+    client = flight.FlightClient(server.location)
     command = ('{"protocol": "' + PROTOCOL + '", "execution_id": 4, "vertex": "v", '
                '"processor": 2, "channel": 0}')
-    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(command.encode()))
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(command.encode()),
+                                        credentials(4).call_options("DO_EXCHANGE",
+                                                                    server.location))
     hello = reader.read_chunk()
     assert hello.data is None and hello.app_metadata.to_pybytes() == b"SJX1\x10" + bytes(11)
     batch = seq_batch(5)
@@ -673,7 +675,9 @@ def test_the_documented_wire_format(make_server):
     writer.close()
     assert simplify(take_events(aligner, 3)) == [(ITEM, 0, (5,)), (SNAPSHOT, 0, True), (DONE,)]
     # Not the protocol: refused with the reason.
-    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("v", "2"))
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("v", "2"),
+                                        credentials(4).call_options("DO_EXCHANGE",
+                                                                    server.location))
     with pytest.raises(flight.FlightServerError, match="not a sparkjet exchange stream"):
         reader.read_chunk()
     client.close()

@@ -47,25 +47,42 @@ def tls():
 # ------------------------------------------------------------------ tokens
 
 
-def test_a_token_is_accepted_once_for_its_method_and_execution():
+HERE_SERVER = "grpc+tcp://127.0.0.1:1"
+
+
+def test_a_token_is_accepted_once_for_its_method_server_and_execution():
     s = LinkSecurity.generate(5)
-    auth = ServerAuth(s)
-    token = s.token("DO_ACTION")
-    assert auth.check(token, "DO_ACTION") is None
-    assert auth.check(token, "DO_ACTION") == "replayed"
-    assert auth.check(s.token("DO_ACTION"), "LIST_ACTIONS") == "bad signature"
-    assert auth.check(None, "DO_ACTION") == "missing"
-    assert auth.check("", "DO_ACTION") == "missing"
-    for bad in ("v1:5", "v2:5:" + "a" * 24 + ":1:" + "b" * 64, "v1:x:y:z:w", "garbage" * 20):
-        assert auth.check(bad, "DO_ACTION") == "malformed", bad
-    other = LinkSecurity.generate(6)
-    assert auth.check(other.token("DO_ACTION"), "DO_ACTION") == "other execution"
-    forged = LinkSecurity(5, b"x" * 32)  # the right id, another secret
-    assert auth.check(forged.token("DO_ACTION"), "DO_ACTION") == "bad signature"
-    old = int((time.time() - 2 * sec.TOKEN_WINDOW) * 1000)
-    nonce = "ab" * 12
-    stale = f"v1:5:{nonce}:{old}:{s._mac(5, nonce, old, 'DO_ACTION')}"
-    assert auth.check(stale, "DO_ACTION") == "expired"
+    auth = ServerAuth(s, HERE_SERVER)
+
+    def check(token, method="DO_ACTION"):
+        return auth.check(token, method)[0]
+
+    token = s.token("DO_ACTION", HERE_SERVER)
+    assert check(token) is None
+    assert check(token) == "replayed"
+    assert check(s.token("DO_ACTION", HERE_SERVER), "LIST_ACTIONS") == "bad signature"
+    assert check(s.token("DO_ACTION", "grpc+tcp://127.0.0.1:2")) == "bad signature"
+    assert check(None) == "missing" and check("") == "missing"
+    for bad in ("v1:5", "v2:5:" + "a" * 24 + ":1:-:" + "b" * 64, "v1:x:y:z:-:w", "garbage" * 20,
+                "v1:" + "9" * 5000 + ":" + "a" * 24 + ":1:-:" + "b" * 64,  # int() would raise
+                "v1:5:" + "a" * 24 + ":" + "9" * 400 + ":-:" + "b" * 64,  # overflow
+                "v1:٥:" + "a" * 24 + ":1:-:" + "b" * 64):  # a non-ASCII digit
+        assert check(bad) == "malformed", bad
+    # Another execution's token, and a forgery with the right id, fail alike: a refusal
+    # tells nothing about which execution runs.
+    assert check(LinkSecurity.generate(6).token("DO_ACTION", HERE_SERVER)) == "bad signature"
+    assert check(LinkSecurity(5, b"x" * 32).token("DO_ACTION", HERE_SERVER)) == "bad signature"
+    for skew in (-2, 2):  # too old, or from too far in the future
+        millis = str(int((time.time() + skew * sec.TOKEN_WINDOW) * 1000))
+        nonce = "ab" * 12
+        token = f"v1:5:{nonce}:{millis}:-:{s._mac('5', nonce, millis, '-', 'DO_ACTION', HERE_SERVER)}"
+        assert check(token) == "expired"
+    # A body digest is part of what is signed.
+    digest = sec.action_digest("poll", b"{}")
+    signed = s.token("DO_ACTION", HERE_SERVER, digest)
+    assert auth.check(signed, "DO_ACTION") == (None, digest)
+    tampered = signed.replace(digest, sec.action_digest("failed", b"{}"))
+    assert check(tampered) == "bad signature"
 
 
 def test_credentials_never_show_their_secret_and_travel_pickled(tls):
@@ -75,7 +92,7 @@ def test_credentials_never_show_their_secret_and_travel_pickled(tls):
     assert b"PRIVATE" not in text.encode() and "redacted" in text
     back = pickle.loads(pickle.dumps(s))
     assert back.secret == s.secret and back.tls.certificate == tls.certificate
-    assert ServerAuth(back).check(s.token("DO_GET"), "DO_GET") is None
+    assert ServerAuth(back, HERE_SERVER).check(s.token("DO_GET", HERE_SERVER), "DO_GET")[0] is None
     with pytest.raises(InvalidArgumentError, match="16 random bytes"):
         LinkSecurity(1, b"short")
     with pytest.raises(InvalidArgumentError, match="execution_id"):
@@ -107,20 +124,27 @@ def _servers(security):
     return server, aligner
 
 
-def _every_call(client: flight.FlightClient):
-    """Every Flight method an outsider could try, each with a deadline."""
-    o = flight.FlightCallOptions(timeout=5)
+def _every_call(client: flight.FlightClient, credentials: LinkSecurity | None, location: str):
+    """Every Flight method an outsider could try, each with a deadline and, if given,
+    tokens signed with ``credentials``."""
+
+    def o(method="DO_ACTION", **kw):
+        if credentials is None:
+            return flight.FlightCallOptions(timeout=5)
+        return credentials.call_options(method, location, timeout=5, **kw)
+
     body = json.dumps({"execution_id": 9, "body": {"member": 0}}).encode()
     command = json.dumps({"protocol": "sparkjet.exchange/1", "execution_id": 9,
                           "vertex": "aggregate", "processor": 0, "channel": 0}).encode()
     descriptor = flight.FlightDescriptor.for_command(command)
     return {
-        "list_actions": lambda: list(client.list_actions(o)),
-        "do_action": lambda: list(client.do_action(flight.Action("poll", body), o)),
-        "list_flights": lambda: list(client.list_flights(options=o)),
-        "get_flight_info": lambda: client.get_flight_info(descriptor, o),
-        "do_get": lambda: client.do_get(flight.Ticket(b"x"), o).read_all(),
-        "do_exchange": lambda: client.do_exchange(descriptor, o)[1].read_chunk(),
+        "list_actions": lambda: list(client.list_actions(o("LIST_ACTIONS"))),
+        "do_action": lambda: list(client.do_action(flight.Action("poll", body),
+                                                   o("DO_ACTION", action="poll", body=body))),
+        "list_flights": lambda: list(client.list_flights(options=o("LIST_FLIGHTS"))),
+        "get_flight_info": lambda: client.get_flight_info(descriptor, o("GET_FLIGHT_INFO")),
+        "do_get": lambda: client.do_get(flight.Ticket(b"x"), o("DO_GET")).read_all(),
+        "do_exchange": lambda: client.do_exchange(descriptor, o("DO_EXCHANGE"))[1].read_chunk(),
     }
 
 
@@ -131,24 +155,30 @@ def test_calls_without_valid_credentials_are_refused_before_any_handler(with_tls
     try:
         tls_options = {"tls_root_certs": tls.certificate, "override_hostname": "sparkjet"} \
             if with_tls else {}
-        outsiders = {
-            "no credentials": flight.FlightClient(server.location, **tls_options),
-            "another execution's": flight.FlightClient(
-                server.location, middleware=LinkSecurity.generate(8).client_middleware(),
-                **tls_options),
-            "a forged secret": flight.FlightClient(
-                server.location, middleware=LinkSecurity(9, b"f" * 32).client_middleware(),
-                **tls_options),
-        }
+        client = flight.FlightClient(server.location, **tls_options)
+        outsiders = {"no credentials": None, "another execution's": LinkSecurity.generate(8),
+                     "a forged secret": LinkSecurity(9, b"f" * 32)}
         tried = 0
-        for who, client in outsiders.items():
-            for method, call in _every_call(client).items():
-                with pytest.raises(flight.FlightUnauthenticatedError, match="call refused"):
+        for who, credentials in outsiders.items():
+            for method, call in _every_call(client, credentials, server.location).items():
+                with pytest.raises(flight.FlightUnauthenticatedError) as info:
                     call()
                     pytest.fail(f"{method} with {who} credentials was heard")
+                # The same words whatever the reason: nothing to learn from a refusal.
+                assert "call refused (unauthenticated)" in str(info.value), info.value
                 tried += 1
-        assert sum(server.refused.values()) == tried
-        assert server.refused == {"missing": 6, "other execution": 6, "bad signature": 6}
+        assert server.refused == {"missing": 6, "bad signature": 12}
+        # A genuine token for another server of the same execution is refused here too.
+        elsewhere = security.call_options("LIST_ACTIONS", "grpc+tcp://127.0.0.1:1", timeout=5)
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.list_actions(elsewhere))
+        # A genuine token for one action does not carry another body.
+        body = json.dumps({"execution_id": 9, "body": {"member": 0}}).encode()
+        options = security.call_options("DO_ACTION", server.location, timeout=5,
+                                        action="poll", body=b"{}")
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.do_action(flight.Action("poll", body), options))
+        assert server.refused == {"missing": 6, "bad signature": 13, "body mismatch": 1}
         assert len(aligner) == 0  # nothing reached the keyed processor
         # The members' own client is heard.
         member = ExchangeClient(server.location, security=security)
@@ -162,12 +192,14 @@ def test_an_action_must_name_its_execution(tmp_path):
     security = LinkSecurity.generate(4)
     server, _ = _servers(security)
     try:
-        client = flight.FlightClient(server.location, middleware=security.client_middleware())
-        o = flight.FlightCallOptions(timeout=5)
+        client = flight.FlightClient(server.location)
         for envelope in ({"execution_id": None, "body": {}}, {"body": {}},
                          {"execution_id": "4", "body": {}}):
+            body = json.dumps(envelope).encode()
+            options = security.call_options("DO_ACTION", server.location, timeout=5,
+                                            action="poll", body=body)
             with pytest.raises(flight.FlightServerError, match="no execution id"):
-                list(client.do_action(flight.Action("poll", json.dumps(envelope).encode()), o))
+                list(client.do_action(flight.Action("poll", body), options))
     finally:
         server.close(timeout=2)
 
@@ -177,14 +209,13 @@ def test_tls_links_refuse_plain_and_unpinned_clients(tls):
     server, _ = _servers(security)
     try:
         assert server.location.startswith("grpc+tls://")
-        o = flight.FlightCallOptions(timeout=5)
+        o = security.call_options("LIST_ACTIONS", server.location, timeout=5)
         plain = "grpc+tcp://" + server.location.split("://")[1]
         with pytest.raises(flight.FlightUnavailableError):
-            flight.FlightClient(plain, middleware=security.client_middleware()).list_actions(o)
+            flight.FlightClient(plain).list_actions(o)
         other = TLSIdentity.self_signed()  # trusts another certificate than the server's
         with pytest.raises(flight.FlightUnavailableError):
-            flight.FlightClient(server.location, middleware=security.client_middleware(),
-                                tls_root_certs=other.certificate,
+            flight.FlightClient(server.location, tls_root_certs=other.certificate,
                                 override_hostname="sparkjet").list_actions(o)
         with pytest.raises(InvalidArgumentError, match="does not use grpc\\+tls"):
             ExchangeClient(plain, security=security)  # no downgrade
@@ -230,20 +261,6 @@ def test_snapshot_and_sink_directories_are_owner_only(tmp_path):
 # ------------------------------------------------------------------ a hostile peer
 
 
-class _Recorder(flight.ClientMiddlewareFactory):
-    """Records the headers a legitimate call sent: the "captured request" to replay."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-        self.headers = None
-
-    def start_call(self, info):
-        middleware = self.inner.start_call(info)
-        self.headers = middleware.sending_headers()
-        return middleware
-
-
 def _run_hostile(spark, tmp_path, with_tls: bool):
     source = GeneratorSource(total=2_500_000, partitions=4, keys=20_000, batch_size=20_000,
                              rate=150_000)
@@ -270,15 +287,17 @@ def _run_hostile(spark, tmp_path, with_tls: bool):
     pids = [os.getpid(), *next(e for e in events if e["event"] == "started")["pids"].values()]
     # A request the coordinator really received, captured with its headers, for replay.
     coordinator = job._runner.current
-    recorder = _Recorder(coordinator.security.client_middleware()[0])
-    legit = flight.FlightClient(coordinator.location, middleware=[recorder],
-                                **coordinator.security.client_options())
-    body = json.dumps({"execution_id": coordinator.execution_id,
-                       "body": {"member": 0, "error": "replayed by an outsider"}})
-    list(legit.do_action(flight.Action("ping", body.encode())))
+    body = json.dumps({"execution_id": coordinator.execution_id, "body": {}})
+    options = coordinator.security.call_options("DO_ACTION", coordinator.location, timeout=10,
+                                                action="ping", body=body.encode())
+    legit = flight.FlightClient(coordinator.location, **coordinator.security.client_options())
+    assert list(legit.do_action(flight.Action("ping", body.encode()), options))
+    legit.close()
+    (header, token), = options.headers
     captured = tmp_path / "captured.json"
-    captured.write_text(json.dumps({"headers": recorder.headers, "action": "failed",
-                                    "body": body}))
+    captured.write_text(json.dumps({"headers": {header.decode(): token.decode()},
+                                    "action": "ping", "body": body}))
+    secret = coordinator.security.secret.hex()
     report = tmp_path / "report.json"
     attacker = subprocess.run(
         [sys.executable, str(HERE / "hostile_peer.py"), "--pids", ",".join(map(str, pids)),
@@ -287,6 +306,7 @@ def _run_hostile(spark, tmp_path, with_tls: bool):
     assert attacker.returncode == 0, attacker.stderr[-3000:]
     runner.join(300)
     assert "result" in outcome, f"the job did not finish: {events[-3:]}"
+    assert secret not in json.dumps(events), "a progress event holds the secret"
     return outcome["result"], json.loads(report.read_text()), events, source
 
 
@@ -298,16 +318,114 @@ def test_a_hostile_peer_is_refused_everywhere(spark, tmp_path, with_tls):
     assert [e["tls"] for e in events if e["event"] == "execution"] == [with_tls]
     accepted = [a for a in attempts if a["accepted"]]
     assert not accepted, accepted
-    refused = [a for a in attempts if "call refused" in (a["error"] or "")]
-    # The coordinator's and both members' servers answered with an authentication error.
-    assert len({a["port"] for a in refused}) >= 3, attempts[:5]
-    attacks = {a["attack"] for a in refused}
+    flight_ports = {(a["port"], a["scheme"]) for a in attempts if a["attack"] != "probe"}
+    # The coordinator's and both members' servers, each in the job's one scheme.
+    assert len(flight_ports) == 3, flight_ports
+    assert {scheme for _, scheme in flight_ports} == {"grpc+tls" if with_tls else "grpc+tcp"}
+    attacks = [a for a in attempts if a["attack"] != "probe"]
+    # Every attempt on every Flight port was stopped by the authentication, before any
+    # handler: not one got as far as an application error.
+    stopped_elsewhere = [a for a in attacks if "call refused (unauthenticated)" not in a["error"]]
+    assert not stopped_elsewhere, stopped_elsewhere[:3]
+    names = {a["attack"] for a in attacks}
     for must in ("list_actions", "failed: null id", "ack: no id", "poll", "forged ack, id 1",
                  "replayed captured request", "data stream into a keyed processor"):
-        assert must in attacks, (must, sorted(attacks))
+        assert must in names, (must, sorted(names))
+    refused = attacks
     assert result.restarts == 0 and len(result.executions) == 1
     assert result.refused_calls >= len(refused)
     out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
+def _issued(ca_key, ca_name, name: str, days: int = 30):
+    """A leaf certificate for DNS ``name`` signed by the CA, and its key (PEM)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+def test_a_user_certificate_chain_pins_its_leaf_only(tmp_path):
+    """With a fullchain file, only the leaf is trusted: another certificate from the same
+    CA, for the same name, is refused; a key of another certificate, a certificate for
+    another name or an expired one are refused when the job is configured."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    leaf, leaf_key = _issued(ca_key, ca_name, "jobs.example")
+    (tmp_path / "fullchain.pem").write_bytes(leaf + ca)
+    (tmp_path / "key.pem").write_bytes(leaf_key)
+    mine = TLSIdentity.from_files(str(tmp_path / "fullchain.pem"), str(tmp_path / "key.pem"),
+                                  "jobs.example")
+    assert mine.certificate == leaf  # the CA is not kept, so not trusted
+    impostor_cert, impostor_key = _issued(ca_key, ca_name, "jobs.example")
+    impostor = LinkSecurity.generate(3, TLSIdentity(impostor_cert, impostor_key,
+                                                    "jobs.example"))
+    genuine = LinkSecurity.generate(3, mine)
+    for server_security, heard in ((genuine, True), (impostor, False)):
+        server, _ = _servers(server_security)
+        try:
+            client = ExchangeClient(server.location, security=genuine)
+            if heard:
+                assert client.ping(timeout=5) == {"execution_id": 3}
+            else:
+                with pytest.raises(Exception, match="unreachable|connection failed"):
+                    client.ping(timeout=5)
+            client.close()
+        finally:
+            server.close(timeout=2)
+    (tmp_path / "other.key").write_bytes(impostor_key)
+    with pytest.raises(InvalidArgumentError, match="not the certificate's"):
+        TLSIdentity.from_files(str(tmp_path / "fullchain.pem"), str(tmp_path / "other.key"),
+                               "jobs.example")
+    with pytest.raises(InvalidArgumentError, match="not the server name 'sparkjet'"):
+        TLSIdentity.from_files(str(tmp_path / "fullchain.pem"), str(tmp_path / "key.pem"))
+    old, old_key = _issued(ca_key, ca_name, "jobs.example", days=-1)
+    (tmp_path / "old.pem").write_bytes(old)
+    (tmp_path / "old.key").write_bytes(old_key)
+    with pytest.raises(InvalidArgumentError, match="not now"):
+        TLSIdentity.from_files(str(tmp_path / "old.pem"), str(tmp_path / "old.key"),
+                               "jobs.example")
+
+
+def test_a_directory_of_another_user_is_refused(tmp_path):
+    from sparkjet.snapshot_store import SnapshotStore
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 4321, 4321)  # made first by someone else, in a shared place
+    with pytest.raises(InvalidArgumentError, match="belongs to user 4321"):
+        store = SnapshotStore(str(theirs), 42)
+        store.register_execution(1)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from sparkjet.errors import InvalidArgumentError
+
 
 class Backend:
     """Local (os) or pyarrow.fs file operations under one root."""
@@ -35,6 +37,7 @@ class Backend:
         self.root = root.rstrip("/") or "/"
         self.durable = durable
         self.atomic_exclusive = self.local or filesystem.type_name == "hdfs"
+        self._root_checked = False
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -44,6 +47,9 @@ class Backend:
         its owner's only (mode 0700: a job's state and output are nobody else's to read).
         On shared or object storage, access is the storage's permissions to set."""
         if self.local:
+            if not self._root_checked:
+                check_owned(self.root)
+                self._root_checked = True
             private_dirs(path)
         else:
             self.fs.create_dir(path, recursive=True)
@@ -237,3 +243,17 @@ def private_dirs(path: str) -> None:
         except FileExistsError:
             if not os.path.isdir(directory):
                 raise
+
+
+def check_owned(path: str) -> None:
+    """Refuses an existing directory of another user as the root of a store or sink
+    (made first in a shared place such as /tmp, or a link to one): a job's state and
+    output must not land where someone else controls the permissions."""
+    try:
+        owner = os.stat(path).st_uid
+    except FileNotFoundError:
+        return
+    if owner != os.geteuid():
+        raise InvalidArgumentError(
+            f"{path} belongs to user {owner}, not to this process's user {os.geteuid()}: "
+            "a snapshot store or sink directory must be its owner's")

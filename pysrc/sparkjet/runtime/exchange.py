@@ -124,7 +124,7 @@ from sparkjet.errors import (
     UnsupportedTypeError,
 )
 from sparkjet.runtime.security import HEADER as AUTH_HEADER
-from sparkjet.runtime.security import LinkSecurity, ServerAuth
+from sparkjet.runtime.security import REFUSAL, LinkSecurity, ServerAuth, action_digest
 
 __all__ = [
     "PROTOCOL",
@@ -390,6 +390,8 @@ class ExchangeServer(flight.FlightServerBase):
             raise ExchangeError(f"cannot listen on {host}:{port}: {_short(e)} (gRPC logs "
                                 "the cause, such as an address in use, to stderr)") from e
         self._location = f"{security.scheme}://{advertise_host or host}:{self.port}"
+        # Tokens name the server they are for: one captured here is worthless elsewhere.
+        self._auth.audience = self._location
 
     def __repr__(self) -> str:
         return f"ExchangeServer({self._location!r}, execution_id={self._execution_id})"
@@ -406,7 +408,7 @@ class ExchangeServer(flight.FlightServerBase):
     @property
     def refused(self) -> dict[str, int]:
         """Calls refused for their credentials so far, by reason."""
-        return dict(self._auth.refused)
+        return self._auth.refused
 
     @property
     def streams(self) -> dict[tuple[str, int, int], str]:
@@ -484,8 +486,14 @@ class ExchangeServer(flight.FlightServerBase):
 
     def do_action(self, context, action):
         name = action.type
+        raw = action.body.to_pybytes() if action.body is not None else b""
+        # The token was checked before this handler; it also promised this very action.
+        call = context.get_middleware(AUTH_HEADER)
+        if call is None or call.digest != action_digest(name, raw):
+            self._auth.count("body mismatch")
+            raise flight.FlightUnauthenticatedError(REFUSAL)
         try:
-            envelope = json.loads(action.body.to_pybytes() if action.body is not None else b"")
+            envelope = json.loads(raw)
             if not isinstance(envelope, dict):
                 raise TypeError("the request is not a JSON object")
             execution_id, body = envelope.get("execution_id"), envelope["body"]
@@ -675,9 +683,7 @@ class ExchangeClient:
                 f"execution's links must")
         self._security = security
         try:
-            self._client = flight.FlightClient(self.location,
-                                               middleware=security.client_middleware(),
-                                               **security.client_options())
+            self._client = flight.FlightClient(self.location, **security.client_options())
         except (pa.ArrowException, OSError) as e:
             raise InvalidArgumentError(f"bad exchange location {self.location!r}: {e}") from e
         self._lock = threading.Lock()
@@ -738,7 +744,9 @@ class ExchangeClient:
             request = json.dumps({"execution_id": execution_id, "body": body}).encode()
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError(f"action {name!r}: the body is not JSON: {e}") from None
-        options = flight.FlightCallOptions(timeout=timeout or self.action_timeout)
+        options = self._security.call_options("DO_ACTION", self.location,
+                                              timeout=timeout or self.action_timeout,
+                                              action=name, body=request)
         what = f"action {name!r} to {self.location}"
         try:
             results = list(self._client.do_action(flight.Action(name, request), options))
@@ -934,7 +942,8 @@ class OutboundChannel:
     def _open(self) -> None:
         descriptor = _descriptor(self.execution_id, self.vertex, self.processor, self.channel)
         try:
-            writer, reader = self._client._client.do_exchange(descriptor)
+            options = self._client._security.call_options("DO_EXCHANGE", self._client.location)
+            writer, reader = self._client._client.do_exchange(descriptor, options)
         except (pa.ArrowException, OSError) as e:
             raise self._fail(e, "open the stream") from e
         with self._state_lock:

@@ -26,6 +26,7 @@ any local path on ``local[N]``; a shared file system, HDFS or an object store on
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -43,6 +44,8 @@ from sparkjet.runtime.supervision import (
 )
 from sparkjet.runtime.topology import Topology
 from sparkjet.snapshot_store import SnapshotStore
+
+_log = logging.getLogger("sparkjet.runtime")
 
 
 def available_slots(spark) -> int:
@@ -76,10 +79,12 @@ class SparkRunner:
         self.member_pids: dict[int, int] = {}
         self.max_members_seen = 0
         self.current: ExecutionCoordinator | None = None
-        #: the job's TLS identity (one per job, made here on the driver), or None
-        self.tls = tls_identity(config, spark.sparkContext.master)
+        #: whether the links are TLS, and the user's own certificate if given (else one is
+        #: made here on the driver for every execution)
+        self.tls, self.user_tls = tls_settings(config, spark.sparkContext.master)
         #: calls refused for their credentials, by the coordinator and the members, in all
         self.refused_calls = 0
+        self._warned = False
 
     def rescale(self, members: int) -> None:
         """Restarts the running execution from its last snapshot on ``members`` members."""
@@ -158,8 +163,10 @@ class SparkRunner:
         topology = Topology(members, config.local_parallelism, plan.source.partition_count(),
                             config.partition_count, plan.aggregate is not None)
         host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-        # A fresh secret per execution: a zombie of an older one cannot even be heard.
-        security = LinkSecurity.generate(execution, self.tls)
+        # A fresh secret (and certificate) per execution: a zombie of an older one cannot
+        # even be heard.
+        tls = self.user_tls or (TLSIdentity.self_signed() if self.tls else None)
+        security = LinkSecurity.generate(execution, tls)
         coord = ExecutionCoordinator(config, execution, topology, host=host, security=security,
                                      store=store, progress=self.progress)
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
@@ -183,9 +190,15 @@ class SparkRunner:
         ticker_stop = threading.Event()
         ticker = threading.Thread(target=self._tick, args=(coord, ticker_stop), daemon=True,
                                   name="sparkjet-progress")
+        if not sc.master.startswith("local") and not self._warned:
+            self._warned = True
+            warning = spark_security_warning(sc.getConf())
+            if warning is not None:
+                _log.warning("%s", warning)
+                self.progress({"event": "warning", "message": warning})
         self.progress({"event": "execution", "execution": execution, "members": members,
                        "quorum": self.quorum, "restored_from": restore_from,
-                       "tls": self.tls is not None})
+                       "tls": self.tls})
         self.current = coord
         thread.start()
         outcome = {"execution_id": execution, "members": members, "restored_from": restore_from}
@@ -242,14 +255,25 @@ class RescaleRequested(ExecutionFailedError):
     """Ends an execution on purpose: the next one runs on another member count."""
 
 
-def tls_identity(config: JobConfig, master: str) -> TLSIdentity | None:
-    """The job's TLS identity: the user's certificate, a self-signed one made here, or None
-    when TLS is off (``config.tls`` False, or None on a ``local`` master)."""
+def tls_settings(config: JobConfig, master: str) -> tuple[bool, TLSIdentity | None]:
+    """Whether the job's links are TLS (``config.tls``; None: on unless the master is
+    ``local``), and the user's certificate if one was given."""
     if config.tls_certificate is not None:
-        return TLSIdentity.from_files(config.tls_certificate, config.tls_private_key,
-                                      config.tls_server_name)
-    enabled = config.tls if config.tls is not None else not master.startswith("local")
-    return TLSIdentity.self_signed() if enabled else None
+        return True, TLSIdentity.from_files(config.tls_certificate, config.tls_private_key,
+                                            config.tls_server_name)
+    return (config.tls if config.tls is not None else not master.startswith("local")), None
+
+
+def spark_security_warning(conf) -> str | None:
+    """Why the execution's credentials would cross the network readable, or None: they
+    travel in Spark's task closures, which Spark encrypts only when asked to."""
+    missing = [key for key in ("spark.authenticate", "spark.network.crypto.enabled")
+               if conf.get(key, "false").lower() != "true"]
+    if not missing:
+        return None
+    return (f"{' and '.join(missing)} off on a cluster: Spark sends the job's task closures, "
+            "which carry the links' secret and key, in the clear; turn them on (see the "
+            "README's Security section)")
 
 
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,

@@ -451,10 +451,13 @@ class RedisStreamProducer:
     """Appends messages (XADD) to the streams of a :class:`RedisStreamSource`: for tests,
     demos and feeding a job. Field values are str, bytes, int or float."""
 
-    def __init__(self, stream: str, partitions: int, url: str = DEFAULT_URL):
+    def __init__(self, stream: str, partitions: int, url: str = DEFAULT_URL, *,
+                 password: str | None = None):
         self.stream = stream
         self.partitions = check_int("partitions", partitions, min=1)
-        self._client = _redis().Redis.from_url(url)
+        # The same credentials as the source's: the argument, else the environment.
+        self._client = RedisStreamSource(stream, self.partitions, url,
+                                         password=password).client()
 
     def add(self, partition: int, fields: dict) -> str:
         """Appends one message; returns its id."""
