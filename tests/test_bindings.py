@@ -119,9 +119,18 @@ def descriptors(draw):
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(desc=descriptors(), out_len=st.integers(0, 45))
 def test_random_descriptors_never_crash(desc, out_len):
-    out = np.zeros(out_len, np.int32)
-    for call in (lambda: _native.column_partitions(desc, 271, out),
-                 lambda: _native.column_hashes(desc, 0, out),
+    out = np.full(out_len, -1, np.int32)
+    try:
+        _native.column_partitions(desc, 271, out)
+    except REFUSED:
+        pass
+    else:
+        # Accepted: the descriptor was consistent, and each of its rows got a partition.
+        rows = desc[3]
+        assert 0 <= rows <= out_len
+        assert ((out[:rows] >= 0) & (out[:rows] < 271)).all()
+        assert (out[rows:] == -1).all(), "wrote past the column's rows"
+    for call in (lambda: _native.column_hashes(desc, 0, out),
                  lambda: _native.row_hashes([desc, desc], 0, out)):
         try:
             call()
@@ -201,18 +210,27 @@ def test_entry_lists_check_offsets_rows_and_room():
 @given(payload=st.binary(max_size=200), count=st.integers(0, 20))
 def test_random_entry_lists_decode_or_refuse(payload, count):
     try:
-        _native.entries_decode(payload, count, "fuzz", 0)
+        ko, kd, vo, vd = _native.entries_decode(payload, count, "fuzz", 0)
     except SnapshotCorruptError:
-        pass
+        return
+    # Decoded: Arrow offsets that stay inside their data, as the payload said.
+    for offsets, data in ((ko, kd), (vo, vd)):
+        o = np.frombuffer(offsets, np.int32)
+        assert len(o) == count + 1 and o[0] == 0 and (np.diff(o) >= 0).all()
+        assert o[-1] <= len(data)
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=300))
 def test_random_chunk_files_scan_or_refuse(data):
     try:
-        _native.scan_chunks(data, "fuzz")
+        chunks = _native.scan_chunks(data, "fuzz")
     except SnapshotCorruptError:
-        pass
+        return
+    # Scanned: every chunk's header and stored payload lie inside the file.
+    for offset, header in chunks:
+        stored = header[8]
+        assert 0 <= offset and offset + _native.CHUNK_HEADER_SIZE + stored <= len(data)
 
 
 # ------------------------------------------------------------------ keyed state
