@@ -17,15 +17,7 @@ from libc.stdlib cimport free, malloc
 
 from sparkjet.libsparkjet_aligner cimport *
 
-from sparkjet.errors import (
-    BarrierFault,
-    aligner_channel_error,
-    aligner_closed_error,
-    aligner_ended_error,
-    aligner_snapshot_id_error,
-    aligner_timeout_error,
-    check_aligner_timeout,
-)
+from sparkjet.errors import BarrierFault, check_aligner_timeout
 
 MAX_CHANNELS = SJ_ALIGNER_MAX_CHANNELS
 MAX_CAPACITY = SJ_ALIGNER_MAX_CAPACITY
@@ -412,28 +404,16 @@ cdef class BarrierAligner:
 
     cdef int _raise(self, sj_status st, int32_t channel, object timeout,
                     int64_t snapshot_id=-1) except -1:
-        """The aligner's statuses as exceptions: the messages need the channel, the
-        timeout and the failure record, which check_status cannot know."""
+        """Raises what _status.pxi maps a failed status to, with this aligner's context."""
         cdef sj_barrier_failure f
         cdef int32_t channels = sj_aligner_channels(self.a) if self.a != NULL else 0
-        if st == SJ_ENOMEM:
-            raise MemoryError("cannot allocate the aligner's queues")
-        if st == SJ_EINVAL:
-            if not 0 <= channel < channels:
-                raise aligner_channel_error(channel, channels)
-            raise aligner_snapshot_id_error(snapshot_id, SJ_ALIGNER_MAX_SNAPSHOT_ID)
-        if st == SJ_EENDED:
-            raise aligner_ended_error(channel)
-        if st == SJ_ETIMEOUT:
-            raise aligner_timeout_error(channel, timeout)
-        sj_aligner_failure(self.a, &f)
         failure = None
-        if f.fault != SJ_FAULT_NONE:
-            failure = BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal != 0,
+        if self.a != NULL and (st == SJ_EBARRIER or st == SJ_ECLOSED):
+            sj_aligner_failure(self.a, &f)
+            if f.fault != SJ_FAULT_NONE:
+                failure = BarrierError(f.fault, f.channel, f.snapshot_id, f.terminal != 0,
                                        None if f.expected < 0 else f.expected)
-        if st == SJ_EBARRIER and failure is not None:
-            raise failure
-        raise aligner_closed_error(failure)
+        raise aligner_status_error(st, channel, channels, timeout, snapshot_id, failure)
 
 
 cdef inline int64_t _slice(int64_t deadline) noexcept:

@@ -1,5 +1,6 @@
 # Status codes to exceptions: the one place (every include file raises through here).
 from sparkjet.libsparkjet cimport *
+from sparkjet.libsparkjet_aligner cimport SJ_ALIGNER_MAX_SNAPSHOT_ID
 
 from sparkjet.errors import (
     AlignerClosedError,
@@ -8,6 +9,11 @@ from sparkjet.errors import (
     InvalidArgumentError,
     KeyRangeError,
     SnapshotCorruptError,
+    aligner_channel_error,
+    aligner_closed_error,
+    aligner_ended_error,
+    aligner_snapshot_id_error,
+    aligner_timeout_error,
 )
 
 # The exception class of each status; SJ_EBOUNDS and SJ_ECORRUPT mean input bytes whose
@@ -63,3 +69,23 @@ cdef int check_corrupt(sj_status status, str source, int64_t offset, str field) 
     if status == SJ_ENOMEM:
         raise MemoryError(f"{source}: out of memory decoding {field}")
     raise SnapshotCorruptError(source, offset, field)
+
+
+cdef object aligner_status_error(sj_status status, int32_t channel, int32_t channels,
+                                 object timeout, int64_t snapshot_id, object failure):
+    """The exception for a failed status of the barrier aligner, whose messages need the
+    queue's context: the channel, the timeout, the snapshot id, and the failure record
+    (a BarrierError, or None) that made the aligner fail."""
+    if status == SJ_ENOMEM:
+        return MemoryError("cannot allocate the aligner's queues")
+    if status == SJ_EINVAL:
+        if not 0 <= channel < channels:
+            return aligner_channel_error(channel, channels)
+        return aligner_snapshot_id_error(snapshot_id, SJ_ALIGNER_MAX_SNAPSHOT_ID)
+    if status == SJ_EENDED:
+        return aligner_ended_error(channel)
+    if status == SJ_ETIMEOUT:
+        return aligner_timeout_error(channel, timeout)
+    if status == SJ_EBARRIER and failure is not None:
+        return failure
+    return aligner_closed_error(failure)  # SJ_ECLOSED, and a barrier fault without a record
