@@ -22,7 +22,7 @@ has arrived where the method delivers it:
   barrier after every 16 batches (about 1M rows) and the end, into an ``ExchangeServer``
   whose aligner (1 channel, capacity 16, the job's default queue) is drained by this
   process's main thread until ``DONE``; every call authenticated (a signed token);
-- ``sparkjet exchange, TLS``: the same over TLS with the per-job self-signed certificate
+- ``sparkjet exchange, TLS``: the same over TLS with a self-signed certificate (one per execution in a job)
   (``JobConfig.tls``, on by default on a cluster), to state what encryption costs;
 - ``flight do_put``: ``FlightClient.do_put`` of the same batches into a
   ``FlightServerBase`` that reads every chunk and drops it (no aligner, no barriers);
@@ -228,7 +228,7 @@ METHODS = [
     Method("exchange", "sparkjet exchange",
            "ExchangeClient -> ExchangeServer -> BarrierAligner, barrier every 16 batches"),
     Method("exchange_tls", "sparkjet exchange, TLS",
-           "the same over TLS (per-job self-signed certificate, pinned)"),
+           "the same over TLS (self-signed certificate, pinned)"),
     Method("flight", "flight do_put", "plain pyarrow.flight do_put, chunks dropped"),
     Method("pipe", "pickle + Pipe", "multiprocessing Connection.send / recv"),
 ]

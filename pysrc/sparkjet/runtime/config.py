@@ -39,7 +39,7 @@ class JobConfig:
       where every link stays on one machine. Every call is authenticated either way
       (:mod:`sparkjet.runtime.security`).
     - ``tls_certificate`` and ``tls_private_key``: PEM files of the certificate to use
-      instead of the one the driver makes per job; ``tls_server_name``: a name that
+      instead of the one the driver makes per execution; ``tls_server_name``: a name that
       certificate holds (clients check it, not the host name).
     """
 
