@@ -950,8 +950,7 @@ def readonly(arr):
 
 
 def key_desc(values):
-    desc, _keep = describe(pa.array(values), None, 0, "key")
-    return desc
+    return describe(pa.array(values), None, 0, "key")
 
 
 def test_tree_functions_refuse_bad_depths_and_types():

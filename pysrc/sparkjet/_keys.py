@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet import _native
+from sparkjet._checks import check_int
 from sparkjet.errors import (
     InvalidArgumentError,
     KeyRangeError,
@@ -25,13 +26,8 @@ SUPPORTED = (
 )
 
 
-def check_partition_count(partition_count: int) -> None:
-    if isinstance(partition_count, bool) or not isinstance(partition_count, int) or not (
-        1 <= partition_count <= 2**31 - 1
-    ):
-        raise InvalidArgumentError(
-            f"partition_count must be an int in 1..2**31-1, got {partition_count!r}"
-        )
+def check_partition_count(partition_count: int) -> int:
+    return check_int("partition_count", partition_count, min=1, max=2**31 - 1)
 
 
 def check_key_type(key_type: str | None) -> None:
@@ -69,10 +65,10 @@ def chunks(values) -> list[pa.Array]:
         ) from e
 
 
-def describe(arr: pa.Array, key_type, base: int, context: str):
-    """The native column tuple for one chunk of keys, and the array it reads (a dictionary
-    is decoded, small integers widened). Raises for nulls and unsupported types; ``base``
-    is the chunk's first row, for the row numbers in messages."""
+def describe(arr: pa.Array, key_type, base: int, context: str) -> tuple:
+    """The native column tuple for one chunk of keys (a dictionary is decoded, small
+    integers widened; the tuple holds the buffers, which keep their memory alive). Raises
+    for nulls and unsupported types; ``base`` is the chunk's first row, for messages."""
     t = arr.type
     if pa.types.is_dictionary(t):
         # The partition of an entry is the partition of its dictionary value.
@@ -91,20 +87,20 @@ def describe(arr: pa.Array, key_type, base: int, context: str):
         )
     bufs = arr.buffers()
     if t in (pa.string(), pa.binary()):
-        return column_tuple(_native.KEY_VAR32, arr, bufs[1], bufs[2]), arr
+        return column_tuple(_native.KEY_VAR32, arr, bufs[1], bufs[2])
     if t in (pa.large_string(), pa.large_binary()):
-        return column_tuple(_native.KEY_VAR64, arr, bufs[1], bufs[2]), arr
+        return column_tuple(_native.KEY_VAR64, arr, bufs[1], bufs[2])
     if pa.types.is_fixed_size_binary(t):
-        return column_tuple(_native.KEY_FIXED, arr, None, bufs[1], width=t.byte_width), arr
+        return column_tuple(_native.KEY_FIXED, arr, None, bufs[1], width=t.byte_width)
     if t in (pa.string_view(), pa.binary_view()):
         data = [b for b in bufs[2:] if b is not None]
-        return column_tuple(_native.KEY_VIEW, arr, bufs[1], None, variadic=data), arr
+        return column_tuple(_native.KEY_VIEW, arr, bufs[1], None, variadic=data)
     raise UnsupportedTypeError(
         f"unsupported {context} type {t}: Hazelcast partitioning supports {SUPPORTED}"
     )
 
 
-def describe_integer(arr: pa.Array, key_type, base: int, context: str):
+def describe_integer(arr: pa.Array, key_type, base: int, context: str) -> tuple:
     t = arr.type
     if t == pa.uint64():
         top = pc.max(arr).as_py()
@@ -119,9 +115,9 @@ def describe_integer(arr: pa.Array, key_type, base: int, context: str):
     elif t in (pa.int8(), pa.int16(), pa.uint8(), pa.uint16()):
         arr = arr.cast(pa.int32())
     if arr.type == pa.int32():
-        return column_tuple(_native.KEY_INT32, arr, arr.buffers()[1], None), arr
+        return column_tuple(_native.KEY_INT32, arr, arr.buffers()[1], None)
     kind = _native.KEY_INT64_AS_INT32 if key_type == "integer" else _native.KEY_INT64
-    return column_tuple(kind, arr, arr.buffers()[1], None), arr
+    return column_tuple(kind, arr, arr.buffers()[1], None)
 
 
 def column_tuple(kind, arr, values, data, *, width=0, variadic=()):

@@ -164,7 +164,7 @@ def _compute(values, key_type, key, *, partition_count=None, seed=HAZELCAST_SEED
     base = 0
     for chunk in parts:
         if len(chunk):
-            desc, _ = describe(chunk, key_type, base, "key")
+            desc = describe(chunk, key_type, base, "key")
             into = ids[base : base + len(chunk)]
             context = f"key {chunk.type}"
             try:
@@ -211,7 +211,7 @@ def _compute_rows(values, names, key_type, partition_count, seed) -> pa.Int32Arr
                 column = batch.column(n)
                 # key_type speaks of integers; a composite may mix in strings.
                 kt = key_type if is_integer(column.type) else None
-                descs.append(describe(column, kt, base, f"key column {n!r}")[0])
+                descs.append(describe(column, kt, base, f"key column {n!r}"))
             into = ids[base : base + batch.num_rows]
             _native.row_hashes(descs, seed, into, base, list(names))
             if partition_count is not None:

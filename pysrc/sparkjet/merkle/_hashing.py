@@ -100,17 +100,15 @@ def _chunked(values, what: str) -> pa.ChunkedArray:
 
 
 def describe_keys(batch: pa.RecordBatch, keys, key_type, base: int):
-    """(native column tuples, arrays to keep) of the key columns, the first len(keys) of
-    the batch; ``base`` is the batch's first row, for messages."""
-    descs, keep = [], []
+    """The native column tuples of the key columns, the first len(keys) of the batch;
+    ``base`` is the batch's first row, for messages."""
+    descs = []
     for i, name in enumerate(keys):
         column = batch.column(i)
         # key_type speaks of integers; a composite may mix in strings (as partition_ids).
         kt = key_type if len(keys) == 1 or is_integer(column.type) else None
-        desc, k = describe(column, kt, base, f"key column {name!r}")
-        descs.append(desc)
-        keep.append(k)
-    return descs, keep
+        descs.append(describe(column, kt, base, f"key column {name!r}"))
+    return descs
 
 
 _VALUE_TYPES = (
@@ -178,17 +176,12 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 
 def describe_values(batch: pa.RecordBatch, first: int, values, base: int):
     """The value columns (``values``, from column ``first`` of the batch) as (native
-    column tuples, None, arrays to keep) when no value is null, hashed then in the fused
-    kernel; else as ([], the row value hashes computed here as the package doc says,
-    arrays to keep)."""
+    column tuples, None) when no value is null, hashed then in the fused kernel; else as
+    ([], the row value hashes computed here as the package doc says)."""
     arrays = [_hashable(batch.column(first + i), n) for i, n in enumerate(values)]
     if not any(a.null_count for a in arrays):
-        descs, keep = [], []
-        for a, n in zip(arrays, values):
-            desc, k = describe(a, None, base, f"value column {n!r}")
-            descs.append(desc)
-            keep.append(k)
-        return descs, None, keep
+        return [describe(a, None, base, f"value column {n!r}")
+                for a, n in zip(arrays, values)], None
     filled = [_zero_filled(a) for a in arrays]
     if len(filled) == 1:
         hashes = murmur3_32(filled[0])
@@ -201,7 +194,7 @@ def describe_values(batch: pa.RecordBatch, first: int, values, base: int):
             nulls = a.is_null().to_numpy(zero_copy_only=False)
             mask |= nulls.astype(np.uint32) << np.uint32(i % 32)
     hashes = np.asarray(hashes).view(np.uint32) ^ _fmix32(mask)
-    return [], np.ascontiguousarray(hashes.view(np.int32)), [hashes]
+    return [], np.ascontiguousarray(hashes.view(np.int32))
 
 
 def int32_hashes(hashes, what: str) -> np.ndarray:

@@ -177,7 +177,7 @@ def rows_under_leaves(table: pa.Table, keys, key_type,
     for batch in table.select(list(keys)).to_batches():
         n = batch.num_rows
         if n:
-            descs, _keep = describe_keys(batch, keys, key_type, base)
+            descs = describe_keys(batch, keys, key_type, base)
             buf = pa.allocate_buffer((n + 7) // 8)
             _native.select_keys(descs, leaves, buf, list(keys), base)
             masks.append(pa.Array.from_buffers(pa.bool_(), n, [None, buf]))

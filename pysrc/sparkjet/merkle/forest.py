@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
+from sparkjet._checks import check_int
 from sparkjet._keys import check_key_type, check_partition_count
 from sparkjet.errors import CorruptDataError, InvalidArgumentError
 from sparkjet.merkle._hashing import describe_keys, describe_values, entries, int32_hashes
@@ -175,14 +176,13 @@ class _Trees:
         base = 0
         for batch in table.select(names).to_batches():
             if batch.num_rows:
-                key_descs, key_keep = describe_keys(batch, keys, key_type, base)
-                value_descs, value_hashes, value_keep = describe_values(batch, len(keys), vals, base)
-                prepared.append((key_descs, value_descs, value_hashes, base,
-                                 (key_keep, value_keep)))
+                key_descs = describe_keys(batch, keys, key_type, base)
+                value_descs, value_hashes = describe_values(batch, len(keys), vals, base)
+                prepared.append((key_descs, value_descs, value_hashes, base))
             base += batch.num_rows
         forest, done = self._arrays(), []
         try:
-            for key_descs, value_descs, value_hashes, base, _ in prepared:
+            for key_descs, value_descs, value_hashes, base in prepared:
                 _native.forest_update(*forest, self._mode, sign, key_descs, None, value_descs,
                                       value_hashes, names, base)
                 done.append((key_descs, value_descs, value_hashes))
@@ -227,12 +227,7 @@ class MerkleTree(_Trees):
     def __init__(self, depth: int = DEFAULT_DEPTH, *, value_hash: str = "value",
                  partition: int = 0, partition_count: int = 1):
         check_partition_count(partition_count)
-        if isinstance(partition, bool) or not isinstance(partition, int) or not (
-            0 <= partition < partition_count
-        ):
-            raise InvalidArgumentError(
-                f"partition must be an int in 0..{partition_count - 1}, got {partition!r}"
-            )
+        partition = check_int("partition", partition, min=0, max=partition_count - 1)
         super().__init__(1, depth, value_hash)
         self._partition = partition
         self._partition_count = partition_count
@@ -386,7 +381,7 @@ class MerkleForest(_Trees):
 
     def tree(self, partition: int) -> MerkleTree:
         """A copy of one partition's tree."""
-        self._check_partition(partition)
+        partition = self._check_partition(partition)
         tree = MerkleTree(self._depth, value_hash=self.value_hash, partition=partition,
                           partition_count=self.partition_count)
         tree._nodes[0] = self._fresh()[partition]
@@ -394,7 +389,7 @@ class MerkleForest(_Trees):
 
     def tree_bytes(self, partition: int) -> bytes:
         """One partition's tree record (see :meth:`MerkleTree.to_bytes`)."""
-        self._check_partition(partition)
+        partition = self._check_partition(partition)
         return _write(self._nodes[partition], self._depth, partition, self.partition_count,
                       self._mode)
 
@@ -464,13 +459,8 @@ class MerkleForest(_Trees):
         twin._nodes[:] = self._fresh()
         return twin
 
-    def _check_partition(self, partition: int) -> None:
-        if isinstance(partition, bool) or not isinstance(partition, (int, np.integer)) or not (
-            0 <= partition < self.partition_count
-        ):
-            raise InvalidArgumentError(
-                f"partition must be in 0..{self.partition_count - 1}, got {partition!r}"
-            )
+    def _check_partition(self, partition: int) -> int:
+        return check_int("partition", partition, min=0, max=self.partition_count - 1)
 
     def __reduce__(self):
         return (MerkleForest.from_bytes, (self.to_bytes(),))
@@ -518,7 +508,7 @@ def locate(data, depth: int = DEFAULT_DEPTH, partition_count: int = DEFAULT_PART
     for batch in table.select(list(keys)).to_batches():
         n = batch.num_rows
         if n:
-            descs, _keep = describe_keys(batch, keys, key_type, base)
+            descs = describe_keys(batch, keys, key_type, base)
             _native.locate_keys(descs, depth, partition_count, parts[base:base + n],
                                 leaves[base:base + n], list(keys), base)
         base += n
