@@ -45,17 +45,9 @@ cdef inline Buf buf_of(object obj, str what):
     return Buf(obj, False, what)
 
 
-cdef Buf out_buf(object obj, int64_t need, str what):
-    """A writable view of obj holding at least `need` bytes."""
-    cdef Buf b = Buf(obj, True, what)
-    if b.size < need:
-        raise InvalidArgumentError(f"{what} holds {b.size} bytes, {need} are needed")
-    return b
-
-
-cdef Buf in_buf(object obj, int64_t need, str what):
-    """A read-only view of obj holding at least `need` bytes."""
-    cdef Buf b = Buf(obj, False, what)
+cdef Buf sized_buf(object obj, int64_t need, str what, bint writable=False):
+    """A view of obj (writable if asked) holding at least `need` bytes."""
+    cdef Buf b = Buf(obj, writable, what)
     if b.size < need:
         raise InvalidArgumentError(f"{what} holds {b.size} bytes, {need} are needed")
     return b

@@ -101,8 +101,8 @@ def scatter_fixed(object src, int64_t width, const int32_t[::1] partitions,
         raise InvalidArgumentError(f"starts needs 2..2**31 values, not {starts.shape[0]}")
     if n > INT64_MAX // width:
         raise InvalidArgumentError(f"{n} values of {width} bytes overflow")
-    cdef Buf s = in_buf(src, n * width, "scatter source")
-    cdef Buf d = out_buf(dst, n * width, "scatter destination")
+    cdef Buf s = sized_buf(src, n * width, "scatter source")
+    cdef Buf d = sized_buf(dst, n * width, "scatter destination", True)
     cdef sj_status st
     with nogil:
         st = sj_scatter_fixed(s.ptr, width, n, &partitions[0] if n else NULL, &starts[0],

@@ -322,7 +322,7 @@ def select_keys(list key_descs not None, LeafSet leaves not None, object mask,
     set to `mask` (a writable buffer of at least ceil(rows / 8) bytes); returns how many
     rows are set."""
     cdef Columns keys = _merkle_keys(key_descs, names, "Merkle select")
-    cdef Buf m = out_buf(mask, (keys.rows + 7) // 8, "Merkle select mask")
+    cdef Buf m = sized_buf(mask, (keys.rows + 7) // 8, "Merkle select mask", True)
     if keys.rows == 0:
         return 0
     cdef int64_t err = -1
@@ -348,7 +348,7 @@ def write_tree(const int32_t[::1] tree not None, int32_t depth, int32_t partitio
             f"Merkle tree write: partition {partition} is outside 0..{partition_count - 1}")
     _merkle_check_mode(mode, "Merkle tree write")
     cdef int64_t size = sj_merkle_serialized_size(depth)
-    cdef Buf o = out_buf(out, size, "Merkle tree write output")
+    cdef Buf o = sized_buf(out, size, "Merkle tree write output", True)
     cdef sj_status st
     with nogil:
         st = sj_merkle_write(&tree[0], depth, partition, partition_count, mode,

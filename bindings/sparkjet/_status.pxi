@@ -32,11 +32,6 @@ cdef dict _STATUS_ERRORS = {
 }
 
 
-def status_message(int status):
-    """The C core's short description of a status code."""
-    return sj_status_message(<sj_status>status).decode()
-
-
 cdef object status_error(sj_status status, str message, int64_t index=-1):
     """The exception for a status, with `message` (which should say what was wrong)."""
     kind = _STATUS_ERRORS.get(status, InvalidArgumentError)

@@ -398,7 +398,8 @@ class ExchangeServer(flight.FlightServerBase):
 
     @property
     def location(self) -> str:
-        """Where peers reach this server: ``grpc+tcp://host:port``."""
+        """Where peers reach this server: ``grpc+tcp://host:port``, or ``grpc+tls://``
+        when its credentials carry a TLS identity (tokens name this location)."""
         return self._location
 
     @property

@@ -52,15 +52,15 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyarrow import flight
 
 from sparkjet.errors import InvalidArgumentError
 
-__all__ = ["HEADER", "SERVER_NAME", "TOKEN_WINDOW", "LinkSecurity", "ServerAuth",
-           "TLSIdentity"]
+__all__ = ["HEADER", "REFUSAL", "SERVER_NAME", "TOKEN_WINDOW", "CallAuth", "LinkSecurity",
+           "ServerAuth", "TLSIdentity", "action_digest"]
 
 #: The header that carries a call's token.
 HEADER = "sparkjet-auth"
@@ -163,8 +163,8 @@ class TLSIdentity:
 
 @dataclass(frozen=True, repr=False)
 class LinkSecurity:
-    """The credentials of one execution's links: its id, its secret, and the TLS identity
-    of the job (None: the links are not encrypted). Picklable, to travel to the members
+    """The credentials of one execution's links: its id, its secret, and its TLS identity
+    (None: the links are not encrypted). Picklable, to travel to the members
     in the task closure; its ``repr`` never shows the secret or the key."""
 
     execution_id: int
@@ -235,11 +235,11 @@ class LinkSecurity:
         return options
 
 
-@dataclass(repr=False)
 class _Seen:
     """Nonces accepted within the token window, oldest first."""
 
-    expiry: OrderedDict = field(default_factory=OrderedDict)
+    def __init__(self):
+        self.expiry: OrderedDict[str, float] = OrderedDict()
 
     def add(self, nonce: str, now: float) -> bool:
         while self.expiry:

@@ -82,8 +82,6 @@ class SparkRunner:
         #: whether the links are TLS, and the user's own certificate if given (else one is
         #: made here on the driver for every execution)
         self.tls, self.user_tls = tls_settings(config, spark.sparkContext.master)
-        #: calls refused for their credentials, by the coordinator and the members, in all
-        self.refused_calls = 0
         self._warned = False
 
     def rescale(self, members: int) -> None:
@@ -241,7 +239,6 @@ class SparkRunner:
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started,
             refused_calls=sum(coord.server.refused.values()) + sum(member_refusals))
-        self.refused_calls += outcome["refused_calls"]
         return outcome
 
     def _tick(self, coord: ExecutionCoordinator, stop: threading.Event) -> None:
