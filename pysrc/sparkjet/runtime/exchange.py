@@ -80,7 +80,7 @@ Authentication and encryption
 -----------------------------
 Every call (streams, actions, ``list_actions``) carries a token signed with the
 execution's secret, which the server checks in middleware before any handler runs; with
-a TLS identity every link is TLS with the job's pinned certificate. See
+a TLS identity every link is TLS with the execution's pinned certificate. See
 :mod:`sparkjet.runtime.security`.
 
 Fencing
@@ -203,6 +203,12 @@ def _short(error: BaseException) -> str:
     for marker in (". Detail:", ". gRPC client debug context:", " gRPC client debug context:"):
         text = text.split(marker, 1)[0]
     return text.strip() or type(error).__name__
+
+
+def _check_security(security) -> None:
+    if not isinstance(security, LinkSecurity):
+        raise InvalidArgumentError(
+            f"security must be a LinkSecurity, not {type(security).__name__}")
 
 
 def _map_error(error: BaseException, peer: str, what: str) -> ExchangeError:
@@ -359,9 +365,7 @@ class ExchangeServer(flight.FlightServerBase):
                  advertise_host: str | None = None, poll: float = 0.1):
         poll = check_number("poll", poll, above=0)
         self._execution_id = check_int("execution_id", execution_id, min=0)
-        if not isinstance(security, LinkSecurity):
-            raise InvalidArgumentError(
-                f"security must be a LinkSecurity, not {type(security).__name__}")
+        _check_security(security)
         if security.execution_id != self._execution_id:
             raise InvalidArgumentError(
                 f"the credentials are execution {security.execution_id}'s, but this server "
@@ -675,9 +679,7 @@ class ExchangeClient:
         self.location = str(location)
         self.connect_timeout = check_number("connect_timeout", connect_timeout, above=0)
         self.action_timeout = check_number("action_timeout", action_timeout, above=0)
-        if not isinstance(security, LinkSecurity):
-            raise InvalidArgumentError(
-                f"security must be a LinkSecurity, not {type(security).__name__}")
+        _check_security(security)
         if not self.location.startswith(security.scheme + "://"):
             raise InvalidArgumentError(
                 f"exchange location {self.location!r} does not use {security.scheme}, as this "
