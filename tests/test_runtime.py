@@ -15,7 +15,7 @@ from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
-from sparkjet.sinks import TransactionalFileSink
+from sparkjet.sinks import DiscardSink, TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 
 
@@ -141,8 +141,13 @@ def test_config_and_pipeline_errors(tmp_path):
         Pipeline().read_from(GeneratorSource(total=1)).plan()
     with pytest.raises(InvalidArgumentError, match="expression"):
         Pipeline().read_from(GeneratorSource(total=1)).filter("x > 1")
-    with pytest.raises(InvalidArgumentError, match="at most one group_by"):
-        Pipeline().read_from(GeneratorSource(total=1)).group_by("key").count().group_by("key")
+    with pytest.raises(InvalidArgumentError, match="names a column twice"):
+        Pipeline().read_from(GeneratorSource(total=1)).group_by("key", "key")
+    with pytest.raises(InvalidArgumentError, match="already ends in a sink"):
+        Pipeline().read_from(GeneratorSource(total=1)).write_to(DiscardSink()).filter(pc.field("x") > 1)
+    with pytest.raises(InvalidArgumentError, match="with itself"):
+        stream = Pipeline().read_from(GeneratorSource(total=1))
+        stream.union(stream)
 
 
 def test_metrics_per_snapshot_and_latency(tmp_path):

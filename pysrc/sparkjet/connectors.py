@@ -69,6 +69,12 @@ class SourceReader(ABC):
         """Continues from a snapshot's state (None: from the start, or for sources that
         cannot rewind, from where they are, as the guarantee allows)."""
 
+    def last_partition(self) -> int | None:
+        """The source partition the rows of the last :meth:`read` came from, if they all
+        came from one (event time then has a watermark per partition); None if unknown
+        (the reader's partitions then share one watermark)."""
+        return None
+
     def ack(self, snapshot_id: int) -> None:  # noqa: B027 - optional: replayable sources need none
         """Snapshot `snapshot_id` is complete (phase 2): acknowledge what it covers."""
 

@@ -72,6 +72,10 @@ class SnapshotIncompleteError(SparkjetError, ValueError):
     chunk, a wrong count, job or checksum): it is refused whole, never restored in part."""
 
 
+class SnapshotMismatchError(SparkjetError, ValueError):
+    """A snapshot was taken by a pipeline of another shape than the one restoring it."""
+
+
 class FencedError(SparkjetError, RuntimeError):
     """A writer of an older execution tried to write or commit after a newer execution
     was registered (a zombie): refused, and nothing it wrote becomes visible."""

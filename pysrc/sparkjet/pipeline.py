@@ -1,4 +1,4 @@
-"""Pipelines: a source, stateless stages, an optional keyed aggregation, and a sink.
+"""Pipelines: sources, stateless stages, keyed and windowed aggregations, and sinks, as a DAG.
 
 >>> from sparkjet.sources import GeneratorSource                     # doctest: +SKIP
 >>> p = (Pipeline().read_from(GeneratorSource(total=10_000_000))
@@ -6,16 +6,26 @@
 ...      .group_by("key").aggregate(count="count", total=("sum", "value"))
 ...      .write_to(sink))
 
-A pipeline compiles into a DAG of processors (:meth:`Pipeline.plan`): the source vertex, with
-the stateless stages before ``group_by`` fused into it; a partitioned edge by the Hazelcast
-partition of the key (every key reaches the processor that owns its partition); the keyed
-vertex with the stages after the aggregation and the sink fused into it. Without
-``group_by`` the sink runs in the source processors.
+Every step returns a new pipeline and leaves the one it was called on as it was, so a
+stream may feed several steps (a branch):
+
+>>> events = Pipeline().read_from(source).with_timestamps("ts", max_lag=1_000)  # doctest: +SKIP
+>>> per_minute = (events.group_by("user").window(tumbling(60_000))
+...               .aggregate(n="count").write_to(counts_sink))
+>>> big = events.filter(pc.field("amount") > 1000).write_to(alerts_sink)
+>>> job = Job(Pipeline.all(per_minute, big))
+
+and several streams of one schema may be merged (:meth:`Pipeline.union`). A pipeline
+compiles (:meth:`Pipeline.plan`) into a :class:`~sparkjet.dag.Dag`: one vertex per source
+and per keyed or windowed aggregation; stateless stages and sinks fused into the vertex
+before them (Jet's local edges); partitioned edges (by the Hazelcast partition of the key)
+into keyed stages, and all-to-one edges into aggregations without a key.
 """
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +39,7 @@ from sparkjet.keyed_state import parse_aggregations
 class MapStage:
     fn: Callable[[pa.RecordBatch], pa.RecordBatch]
 
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         out = self.fn(batch)
         if isinstance(out, pa.Table):
             out = out.combine_chunks().to_batches()
@@ -50,43 +60,124 @@ class FilterStage:
 
 
 @dataclass(frozen=True)
-class AggregateStage:
-    key: str
-    aggregations: dict
+class SourceStage:
+    source: Source
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The compiled DAG of a pipeline."""
-
-    source: Source
-    before: tuple            # stateless stages fused into the source processors
-    aggregate: AggregateStage | None
-    after: tuple             # stateless stages fused into the keyed processors
+class SinkStage:
     sink: Sink
 
 
-@dataclass
-class Pipeline:
-    """A linear pipeline, built step by step; each step returns a new pipeline."""
+@dataclass(frozen=True)
+class UnionStage:
+    """Where streams merge: batches pass through unchanged."""
 
-    _source: Source | None = None
-    _stages: tuple = ()
-    _sink: Sink | None = None
+
+@dataclass(frozen=True)
+class TimestampsStage:
+    """Event time: ``column`` holds each row's time; a source partition's watermark is the
+    greatest time it has emitted less ``max_lag``; a partition with no events for
+    ``idle_timeout`` seconds stops holding the watermark back."""
+
+    column: str
+    max_lag: object                  # int (the column's unit) or timedelta
+    idle_timeout: float
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch
+
+
+@dataclass(frozen=True)
+class AggregateStage:
+    """A rolling aggregation by key: each batch emits the touched keys' aggregates."""
+
+    keys: tuple[str, ...]
+    aggregations: dict
+
+    @property
+    def key(self):
+        """The key as the snapshot and partitioning functions take it."""
+        return self.keys[0] if len(self.keys) == 1 else list(self.keys)
+
+
+@dataclass(frozen=True)
+class WindowStage:
+    """A windowed aggregation by key (no key: one group, on one processor)."""
+
+    keys: tuple[str, ...]
+    window: object                   # a sparkjet.windows window definition
+    aggregations: dict
+    early_results: float | None      # seconds between early (speculative) results, or None
+    allowed_lateness: object         # int (the event time's unit) or timedelta
+    late: Sink | None                # the side output of too-late events, or None
+
+    @property
+    def key(self):
+        return self.keys[0] if len(self.keys) == 1 else list(self.keys)
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One step of a pipeline and the steps it reads from (identity is the object's)."""
+
+    stage: object
+    inputs: tuple[Node, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A stream under construction, or pipelines that end in sinks, ready for a job."""
+
+    _head: Node | None = None
+    _ends: tuple[Node, ...] = field(default=())
+
+    # -- sources and sinks -------------------------------------------------------------
 
     def read_from(self, source: Source) -> Pipeline:
+        """Starts a stream from ``source``."""
         if not isinstance(source, Source):
             raise InvalidArgumentError(f"read_from() takes a sparkjet Source, got {type(source).__name__}")
-        if self._source is not None:
-            raise InvalidArgumentError("this pipeline already has a source")
-        return Pipeline(source, self._stages, self._sink)
+        if self._head is not None or self._ends:
+            raise InvalidArgumentError("this pipeline already has a source; start another with "
+                                       "Pipeline().read_from(...) and merge them with union()")
+        return Pipeline(Node(SourceStage(source)))
 
-    def _add(self, stage) -> Pipeline:
-        if self._source is None:
-            raise InvalidArgumentError("call read_from(source) first")
-        if self._sink is not None:
-            raise InvalidArgumentError("this pipeline already ends in a sink")
-        return Pipeline(self._source, (*self._stages, stage), None)
+    def write_to(self, sink: Sink) -> Pipeline:
+        """Ends the stream in ``sink``; the result can be run by a Job or combined with
+        other ended pipelines by :meth:`Pipeline.all`."""
+        if not isinstance(sink, Sink):
+            raise InvalidArgumentError(f"write_to() takes a sparkjet Sink, got {type(sink).__name__}")
+        head = self._stream("write_to")
+        return Pipeline(None, (Node(SinkStage(sink), (head,)),))
+
+    @staticmethod
+    def all(*pipelines: Pipeline) -> Pipeline:
+        """One pipeline that runs every given pipeline (each ending in a sink); the stages
+        they share run once."""
+        ends: list[Node] = []
+        for p in pipelines:
+            if not isinstance(p, Pipeline) or not p._ends or p._head is not None:
+                raise InvalidArgumentError("Pipeline.all() takes pipelines that end in write_to(...)")
+            ends.extend(e for e in p._ends if e not in ends)
+        if not ends:
+            raise InvalidArgumentError("Pipeline.all() needs at least one pipeline")
+        return Pipeline(None, tuple(ends))
+
+    def union(self, *others: Pipeline) -> Pipeline:
+        """Merges this stream with ``others``, which must have the same schema."""
+        heads = [self._stream("union")]
+        for o in others:
+            if not isinstance(o, Pipeline):
+                raise InvalidArgumentError(f"union() takes pipelines, got {type(o).__name__}")
+            heads.append(o._stream("union"))
+        if len(heads) < 2:
+            raise InvalidArgumentError("union() needs at least one other stream")
+        if len(set(map(id, heads))) != len(heads):
+            raise InvalidArgumentError("union() of a stream with itself would duplicate every row")
+        return Pipeline(Node(UnionStage(), tuple(heads)))
+
+    # -- stateless stages --------------------------------------------------------------
 
     def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Pipeline:
         """Applies `fn` to every batch (it must return a RecordBatch or Table). It must be
@@ -101,44 +192,152 @@ class Pipeline:
             raise InvalidArgumentError("filter() takes a pyarrow.compute expression, e.g. pc.field('v') > 0")
         return self._add(FilterStage(expression))
 
-    def group_by(self, key: str) -> GroupBy:
-        """Starts a rolling keyed aggregation over one key column."""
-        if not isinstance(key, str):
-            raise InvalidArgumentError(f"group_by() takes a column name, got {key!r}")
-        if any(isinstance(s, AggregateStage) for s in self._stages):
-            raise InvalidArgumentError("a pipeline has at most one group_by")
-        return GroupBy(self, key)
+    def with_timestamps(self, column: str, *, max_lag=0,
+                        idle_timeout: float | datetime.timedelta = 60.0) -> Pipeline:
+        """Gives the stream event time: ``column`` (an integer or timestamp column) holds
+        each row's time. Watermarks trail the greatest time seen in each source partition
+        by ``max_lag`` (in the column's unit, or a ``timedelta`` for timestamp columns);
+        a source partition silent for ``idle_timeout`` seconds stops holding them back.
+        It must follow ``read_from`` (stateless stages may come between)."""
+        if not isinstance(column, str):
+            raise InvalidArgumentError(f"with_timestamps() takes a column name, got {column!r}")
+        lag = _duration("max_lag", max_lag, allow_zero=True)
+        if isinstance(idle_timeout, datetime.timedelta):
+            idle_timeout = idle_timeout.total_seconds()
+        if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) \
+                or not idle_timeout > 0:
+            raise InvalidArgumentError(f"idle_timeout must be a positive number of seconds, "
+                                       f"got {idle_timeout!r}")
+        return self._add(TimestampsStage(column, lag, float(idle_timeout)))
 
-    def write_to(self, sink: Sink) -> Pipeline:
-        if not isinstance(sink, Sink):
-            raise InvalidArgumentError(f"write_to() takes a sparkjet Sink, got {type(sink).__name__}")
-        if self._source is None:
-            raise InvalidArgumentError("call read_from(source) first")
-        if self._sink is not None:
-            raise InvalidArgumentError("this pipeline already ends in a sink")
-        return Pipeline(self._source, self._stages, sink)
+    # -- keyed stages ------------------------------------------------------------------
 
-    def plan(self) -> Plan:
-        """The DAG this pipeline runs as (see the module docs)."""
-        if self._source is None or self._sink is None:
+    def group_by(self, *keys: str) -> GroupBy:
+        """Groups by one or several key columns (integer, string or binary): then
+        ``.aggregate(...)`` (rolling) or ``.window(...).aggregate(...)``."""
+        if len(keys) == 1 and isinstance(keys[0], (list, tuple)):
+            keys = tuple(keys[0])
+        if not keys or not all(isinstance(k, str) for k in keys):
+            raise InvalidArgumentError(f"group_by() takes one or more column names, got {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError(f"group_by() names a column twice: {keys!r}")
+        self._stream("group_by")
+        return GroupBy(self, tuple(keys))
+
+    def window(self, window) -> Windowed:
+        """A windowed aggregation over the whole stream (no key: it runs on one processor)."""
+        self._stream("window")
+        return Windowed(self, (), _check_window(window))
+
+    # -- compiling ---------------------------------------------------------------------
+
+    def plan(self):
+        """The DAG this pipeline runs as (:class:`sparkjet.dag.Dag`)."""
+        from sparkjet.dag import compile_dag
+
+        if not self._ends:
             raise InvalidArgumentError("a pipeline needs read_from(source) and write_to(sink)")
-        stages = list(self._stages)
-        agg = next((i for i, s in enumerate(stages) if isinstance(s, AggregateStage)), None)
-        if agg is None:
-            return Plan(self._source, tuple(stages), None, (), self._sink)
-        return Plan(self._source, tuple(stages[:agg]), stages[agg], tuple(stages[agg + 1:]), self._sink)
+        return compile_dag(self._ends)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _stream(self, what: str) -> Node:
+        if self._head is None:
+            if self._ends:
+                raise InvalidArgumentError("this pipeline already ends in a sink")
+            raise InvalidArgumentError(f"call read_from(source) before {what}()")
+        return self._head
+
+    def _add(self, stage) -> Pipeline:
+        head = self._stream(type(stage).__name__)
+        return Pipeline(Node(stage, (head,)))
 
 
 @dataclass(frozen=True)
 class GroupBy:
     pipeline: Pipeline
-    key: str
+    keys: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return self.keys[0]
 
     def aggregate(self, **aggregations) -> Pipeline:
         """Rolling aggregation emitting, per batch, the updated aggregates of the keys it
         touched: ``aggregate(n="count", total=("sum", "v"), avg=("mean", "v"))``."""
         parse_aggregations(aggregations)
-        return self.pipeline._add(AggregateStage(self.key, dict(aggregations)))
+        return self.pipeline._add(AggregateStage(self.keys, dict(aggregations)))
 
     def count(self) -> Pipeline:
         return self.aggregate(count="count")
+
+    def window(self, window) -> Windowed:
+        """A windowed aggregation per key: ``.window(tumbling(60_000)).aggregate(...)``."""
+        return Windowed(self.pipeline, self.keys, _check_window(window))
+
+
+@dataclass(frozen=True)
+class Windowed:
+    pipeline: Pipeline
+    keys: tuple[str, ...]
+    window: object
+
+    def aggregate(self, *, early_results=None, allowed_lateness=0, late_events: Sink | None = None,
+                  **aggregations) -> Pipeline:
+        """Aggregates each window and key; a row per window and key when the watermark
+        passes the window's end, with ``window_start`` and ``window_end``.
+
+        :param early_results: seconds (or a timedelta) between speculative results of
+            windows still open; None for final results only.
+        :param allowed_lateness: how long after its end (event time) a window still takes
+            late events; each one updates it and emits a correction.
+        :param late_events: a sink for events later than that (counted in the job's
+            metrics either way; never dropped silently).
+        """
+        from sparkjet.windows import parse_window_aggregations
+
+        parse_window_aggregations(aggregations)
+        taken = {"window_start", "window_end", "early"} & (set(self.keys) | set(aggregations))
+        if taken:
+            raise InvalidArgumentError(f"{sorted(taken)}: these names are taken by the "
+                                       f"window's own columns; rename the column first")
+        lateness = _duration("allowed_lateness", allowed_lateness, allow_zero=True)
+        early = None
+        if early_results is not None:
+            if isinstance(early_results, datetime.timedelta):
+                early_results = early_results.total_seconds()
+            if not isinstance(early_results, (int, float)) or isinstance(early_results, bool) \
+                    or not early_results > 0:
+                raise InvalidArgumentError(f"early_results must be a positive number of seconds "
+                                           f"or None, got {early_results!r}")
+            early = float(early_results)
+        if late_events is not None and not isinstance(late_events, Sink):
+            raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
+                                       f"{type(late_events).__name__}")
+        head = self.pipeline._stream("aggregate")
+        stage = WindowStage(self.keys, self.window, dict(aggregations), early, lateness, late_events)
+        return Pipeline(Node(stage, (head,)))
+
+    def count(self) -> Pipeline:
+        return self.aggregate(count="count")
+
+
+def _check_window(window):
+    from sparkjet.windows import WindowDefinition
+
+    if not isinstance(window, WindowDefinition):
+        raise InvalidArgumentError(
+            f"window() takes sparkjet.windows.tumbling(...), sliding(...) or session(...), "
+            f"got {window!r}")
+    return window
+
+
+def _duration(name: str, value, *, allow_zero: bool):
+    """A length of event time: an int in the time column's unit, or a timedelta (converted
+    to the column's unit once the column's type is known)."""
+    from sparkjet.windows import duration
+
+    return duration(name, value, allow_zero=allow_zero)
+
+
+__all__ = ["GroupBy", "Pipeline", "Windowed"]

@@ -4,10 +4,11 @@ Two planes share one :class:`ExchangeServer` per member (and one on the driver f
 coordinator):
 
 - **Data**: one Flight stream per edge channel carries Arrow batches and, in band, the
-  snapshot barriers and the end of the stream, into the receiving processor's
+  snapshot barriers, the watermarks and the end of the stream, into the receiving processor's
   :class:`~sparkjet.aligner.BarrierAligner` (``put`` / ``put_barrier`` / ``end`` on the
-  channel named by the stream). Order within a stream is kept, so a barrier never
-  overtakes a batch.
+  channel named by the stream; a watermark is put as a
+  :class:`~sparkjet.runtime.watermarks.Watermark` item). Order within a stream is kept, so
+  a barrier or a watermark never overtakes a batch.
 - **Control**: Flight actions carry small JSON messages (the coordinator's "barrier" and
   "commit" requests, the members' phase-1 "ack" with their manifests): a name and a JSON
   object in, a JSON object out.
@@ -125,6 +126,7 @@ from sparkjet.errors import (
 )
 from sparkjet.runtime.security import HEADER as AUTH_HEADER
 from sparkjet.runtime.security import REFUSAL, LinkSecurity, ServerAuth, action_digest
+from sparkjet.runtime.watermarks import Watermark
 
 __all__ = [
     "PROTOCOL",
@@ -142,10 +144,11 @@ PROTOCOL = "sparkjet.exchange/1"
 
 _CONTROL = struct.Struct("<4sBBHQ")
 _MAGIC = b"SJX1"
-_DATA, _BARRIER, _END, _CREDIT, _ACK = 0, 1, 2, 3, 16
-_TERMINAL, _ACK_REQUEST = 1, 2
+_DATA, _BARRIER, _END, _CREDIT, _WATERMARK, _ACK = 0, 1, 2, 3, 4, 16
+_TERMINAL, _ACK_REQUEST, _IDLE = 1, 2, 4
 _ASK_CREDIT = _CONTROL.pack(_MAGIC, _CREDIT, _ACK_REQUEST, 0, 0)
-_KIND_NAMES = {_DATA: "data", _BARRIER: "barrier", _END: "end", _CREDIT: "credit", _ACK: "ack"}
+_KIND_NAMES = {_DATA: "data", _BARRIER: "barrier", _END: "end", _CREDIT: "credit",
+               _WATERMARK: "watermark", _ACK: "ack"}
 
 # Tags in a Flight error's extra_info: how the client tells a refusal from a broken link.
 _TAG_FENCED = b"sparkjet:fenced"
@@ -618,6 +621,10 @@ class ExchangeServer(flight.FlightServerBase):
                                           bool(flags & _TERMINAL))
             elif kind == _END:
                 delivered = self._deliver(context, where, aligner.end, channel)
+            elif kind == _WATERMARK:
+                # The value travels as the unsigned 64 bits of the signed time.
+                mark = Watermark(value - 2**64 if value >= 2**63 else value, bool(flags & _IDLE))
+                delivered = self._deliver(context, where, aligner.put, channel, mark)
             else:
                 delivered = True
             if not delivered:
@@ -882,6 +889,14 @@ class OutboundChannel:
         snapshot_id = check_int("snapshot_id", snapshot_id, min=0)
         self._check_usable()
         self._send_control(_BARRIER, _TERMINAL if terminal else 0, snapshot_id, "send a barrier")
+
+    def put_watermark(self, mark: Watermark) -> None:
+        """Sends a watermark, after everything put before."""
+        if not isinstance(mark, Watermark):
+            raise UnsupportedTypeError(f"put_watermark takes a Watermark, not {type(mark).__name__}")
+        self._check_usable()
+        self._send_control(_WATERMARK, _IDLE if mark.idle else 0, mark.time & (2**64 - 1),
+                           "send a watermark")
 
     def end(self) -> None:
         """Sends the end of the channel: the peer's aligner takes no more from it. Call

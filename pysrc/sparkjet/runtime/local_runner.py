@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkjet.pipeline import Plan
+from sparkjet.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.member import Member
 from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_fail
@@ -31,7 +31,7 @@ class LocalRunner:
     ``member_pid`` is the pid of the running member process (None between executions and
     when the member runs in this process)."""
 
-    def __init__(self, plan: Plan, config: JobConfig, progress: Callable[[dict], None]):
+    def __init__(self, plan: Dag, config: JobConfig, progress: Callable[[dict], None]):
         self.plan = plan
         self.config = config
         self.progress = progress

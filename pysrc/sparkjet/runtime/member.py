@@ -1,25 +1,28 @@
-"""A member: runs a pipeline's processors (alone: also the snapshot coordinator of
-:mod:`sparkjet.runtime.coordinator`, which on Spark runs on the driver).
+"""A member: runs its share of a DAG's processors (alone: all of them, and also the
+snapshot coordinator of :mod:`sparkjet.runtime.coordinator`, which on Spark runs on the
+driver).
 
-Threads: one per source processor (it reads, applies the fused stateless stages and routes
-rows by the Hazelcast partition of the key to the keyed processor owning it), one per keyed
-processor (it takes events from its BarrierAligner, updates its keyed state and writes to its
-sink), and the coordinator (alone) or the link to it (on Spark). Keyed processors of other
-members are fed over :mod:`sparkjet.runtime.exchange`. Snapshot n (Chandy-Lamport):
+Threads: one per processor. A source processor reads its source partitions, sends each
+batch along its vertex's paths (:mod:`sparkjet.runtime.outbox`: fused stateless stages,
+then sinks or edges into other vertices) and generates watermarks. An aggregation
+processor takes the events of its :class:`~sparkjet.aligner.BarrierAligner` (batches and
+watermarks from every processor feeding it, and barriers), runs its operator
+(:mod:`sparkjet.runtime.operators`) and sends the output along its own paths. Processors of
+other members are fed over :mod:`sparkjet.runtime.exchange`. Snapshot n (Chandy-Lamport):
 
-1. the coordinator asks every source processor for barrier n; each saves its source state,
-   (if the sink runs in it) prepares its sink transaction, then puts barrier n into every
-   channel it feeds;
-2. each keyed processor's aligner emits "snapshot n" once aligned (exactly-once: held
-   channels; at-least-once: the last barrier); the processor saves its keyed state (by
-   partition) and prepares its sink transaction;
+1. the coordinator asks every source processor for barrier n; each saves its source state
+   and watermarks, prepares the transactions of the sinks it writes, then puts barrier n
+   into every channel it feeds;
+2. each aggregation processor's aligner emits "snapshot n" once aligned (exactly-once: held
+   channels; at-least-once: the last barrier); the processor saves its state (by
+   partition) and watermark, prepares its sinks' transactions and forwards barrier n;
 3. every processor hands its manifest to the coordinator (phase-1 acknowledgement); the
    coordinator commits the snapshot in the store (the commit point), then tells every
    processor to run phase 2 (sinks commit, acknowledging sources ack) on its own thread.
 
 A member that starts from a snapshot restores the source state of every source partition,
-the keyed state of the partitions it owns, and recovers the sink transactions prepared in
-that snapshot. Every execution has an id, the fencing token of store and sinks.
+the state of the partitions its processors own, and recovers the sink transactions
+prepared in that snapshot. Every execution has an id, the fencing token of store and sinks.
 """
 from __future__ import annotations
 
@@ -29,19 +32,29 @@ import queue
 import threading
 import time
 
-import numpy as np
 import pyarrow as pa
 
 from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
-from sparkjet.errors import SparkjetError
-from sparkjet.keyed_state import KeyedAggregator
-from sparkjet.partitioning import partition_ids
-from sparkjet.pipeline import Plan
+from sparkjet.dag import SOURCE, Dag
+from sparkjet.errors import SnapshotMismatchError, SparkjetError
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
+from sparkjet.runtime.operators import make_operator
+from sparkjet.runtime.outbox import Outbox
 from sparkjet.runtime.topology import Topology
+from sparkjet.runtime.watermarks import (
+    MAX_TIME,
+    MIN_TIME,
+    SourceWatermarks,
+    Watermark,
+    WatermarkTracker,
+)
 from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.windows import in_units, time_values
+
+#: The snapshot vertex holding the DAG's fingerprint.
+PLAN_VERTEX = "plan"
 
 _POLL = 0.005
 
@@ -74,30 +87,30 @@ def _merge_into(out: dict, state: dict) -> None:
 
 
 class Member:
-    """Runs one execution of a plan, or one member's share of it; :meth:`run` returns its
+    """Runs one execution of a DAG, or one member's share of it; :meth:`run` returns its
     metrics.
 
     Alone (the default), the member runs every processor and the snapshot coordinator in
     this process. As member ``index`` of an execution on Spark
     (:mod:`sparkjet.runtime.spark_runner`), it runs its share of the
-    :class:`~sparkjet.runtime.topology.Topology`, exchanges batches and barriers with its
-    peers over :mod:`sparkjet.runtime.exchange`, and a :class:`RemoteLink` connects it
-    to the coordinator on the driver, which starts and commits snapshots.
+    :class:`~sparkjet.runtime.topology.Topology`, exchanges batches, watermarks and
+    barriers with its peers over :mod:`sparkjet.runtime.exchange`, and a
+    :class:`RemoteLink` connects it to the coordinator on the driver, which starts and
+    commits snapshots.
     """
 
-    def __init__(self, plan: Plan, config: JobConfig, execution_id: int, *, progress=None,
+    def __init__(self, dag: Dag, config: JobConfig, execution_id: int, *, progress=None,
                  topology: Topology | None = None, index: int = 0,
                  restore_from: int | None | str = "latest"):
-        self.plan = plan
+        self.dag = dag
         self.config = config
         self.execution_id = execution_id
         self.progress = progress or (lambda event: None)
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
         self.store = SnapshotStore(config.snapshot_store, config.id) if self.snapshots_on else None
-        self.topology = topology or Topology(1, config.local_parallelism,
-                                             plan.source.partition_count(),
-                                             config.partition_count, plan.aggregate is not None)
+        self.topology = t = topology or Topology(1, config.local_parallelism, dag,
+                                                 config.partition_count)
         self.index = index
         self.restore_from = restore_from
         self.link: RemoteLink | None = None
@@ -105,23 +118,24 @@ class Member:
         self._failure: BaseException | None = None
         self._failed = threading.Event()
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
-                        "events_out": 0, "snapshots": [], "restored_from": None, "latencies_ns": [],
-                        "emit_latencies_ns": []}
+                        "events_out": 0, "late_events": 0, "snapshots": [], "restored_from": None,
+                        "latencies_ns": [], "emit_latencies_ns": []}
         self._lock = threading.Lock()
-
-        t = self.topology
         self.n_sources = t.n_sources
-        self.n_keyed = t.n_keyed
-        self.owner = t.owner
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
-        self.sources = [_SourceProcessor(self, g, t.source_partitions_of(g))
-                        for g in t.sources_of(index)]
-        self.keyed = [_KeyedProcessor(self, k) for k in t.keyed_of(index)]
-        #: global keyed index -> the aligner of a keyed processor of this member
-        self.aligners = {p.index: BarrierAligner(t.n_sources, mode=mode,
-                                                 capacity=config.queue_capacity)
-                         for p in self.keyed}
-        self._sources_ended: set[int] = set()
+        self.processors: list[_Processor] = []
+        #: (vertex, processor index) -> the aligner of a processor of this member
+        self.aligners: dict[tuple[str, int], BarrierAligner] = {}
+        for v in dag.vertices.values():
+            for k in t.processors_of(v.name, index):
+                if v.kind == SOURCE:
+                    parts = t.source_partitions_of(v.name, k, v.source.partition_count())
+                    self.processors.append(_SourceProcessor(self, v, k, parts))
+                else:
+                    self.aligners[(v.name, k)] = BarrierAligner(
+                        t.channels[v.name], mode=mode, capacity=config.queue_capacity)
+                    self.processors.append(_KeyedProcessor(self, v, k))
+        self._sources_ended: set[str] = set()
         self._ended = threading.Event()
 
     # -- the distributed side ----------------------------------------------------------
@@ -129,7 +143,7 @@ class Member:
     def inbound(self, vertex: str, processor: int):
         """The aligner that streams from peers to ``vertex[processor]`` feed (for the
         member's :class:`~sparkjet.runtime.exchange.ExchangeServer`)."""
-        return self.aligners.get(processor) if vertex == "aggregate" else None
+        return self.aligners.get((vertex, processor))
 
     def connect(self, peers: list[str], coordinator: str, security) -> None:
         """Sets the exchange locations of every member (by index) and of the coordinator,
@@ -159,7 +173,7 @@ class Member:
             if first:
                 self._failure = error
         self._failed.set()
-        # Wakes every thread blocked in an aligner (a source in end() on a full channel
+        # Wakes every thread blocked in an aligner (a processor in end() on a full channel
         # whose consumer died would otherwise wait forever) or on a peer's window.
         for aligner in self.aligners.values():
             aligner.close()
@@ -180,7 +194,7 @@ class Member:
 
     def run(self) -> dict:
         start = time.monotonic()
-        threads = [*self.sources, *self.keyed]
+        threads = self.processors
         coordinator = None
         try:
             next_snapshot = self._restore()
@@ -245,31 +259,67 @@ class Member:
             return 0
         self.metrics["restored_from"] = snapshot_id
         store, t = self.store, self.topology
-        if self.sources:
-            source_states = _entries_json(store.restore("source", [], snapshot_id=snapshot_id)
-                                          .broadcast_entries)
-            merged = merge_states(list(source_states.values()))
-            for p in self.sources:
-                p.restored_source_state = merged
-        sinks = _entries_json(store.restore("sink", [], snapshot_id=snapshot_id).broadcast_entries)
-        sink_owners, total = ((self.keyed, t.n_keyed) if self.plan.aggregate
-                              else (self.sources, t.n_sources))
-        # An old processor's prepared transactions go to processor (old index % total),
-        # the same rule by which sinks find the leftovers they own after a rescale.
-        for p in sink_owners:
-            p.prepared = merge_states([s for i, s in sinks.items() if int(i) % total == p.index])
-        for p in self.keyed:
-            mine = np.flatnonzero(self.owner == p.index).tolist()
-            p.restored_table = store.restore("aggregate", mine, snapshot_id=snapshot_id).table
+        self._check_fingerprint(snapshot_id)
+        sinks_prepared: dict[str, dict] = {}
+        for name in self.dag.sinks:
+            sinks_prepared[name] = _entries_json(
+                store.restore(name, [], snapshot_id=snapshot_id).broadcast_entries)
+        for p in self.processors:
+            v = p.vertex
+            if v.kind == SOURCE:
+                entries = _entries_json(store.restore(v.name, [], snapshot_id=snapshot_id)
+                                        .broadcast_entries)
+                p.restored_source_state = merge_states(
+                    [s for k, s in entries.items() if not k.startswith("wm:")])
+                p.restored_times = _max_times([s for k, s in entries.items() if k.startswith("wm:")])
+            else:
+                state = store.restore(v.name, t.partitions_of(v.name, p.index),
+                                      snapshot_id=snapshot_id)
+                p.restored_table = state.table if not v.single else state.broadcast_table
+                marks = [s for k, s in _entries_json(state.broadcast_entries).items()
+                         if k.startswith("wm:")]
+                p.restored_watermark = min(marks) if marks else MIN_TIME
+            # An old sink instance's prepared transactions go to instance (old index %
+            # total), the rule by which sinks find the leftovers they own after a rescale.
+            for sink in p.sink_names:
+                total = t.sink_instances[sink]
+                mine = t.sink_offset[sink][v.name] + p.index
+                p.prepared[sink] = merge_states([s for i, s in sinks_prepared[sink].items()
+                                                 if int(i) % total == mine])
         self.progress({"event": "restored", "snapshot": snapshot_id,
                        "execution": self.execution_id, "member": self.index})
         return snapshot_id + 1
 
+    def _check_fingerprint(self, snapshot_id: int) -> None:
+        from sparkjet.errors import SnapshotNotFoundError
+
+        mine = self.dag.fingerprint()
+        try:
+            entries = _entries_json(self.store.restore(PLAN_VERTEX, [], snapshot_id=snapshot_id)
+                                    .broadcast_entries)
+        except SnapshotNotFoundError:
+            entries = {}
+        saved = entries.get("dag")
+        if saved is None:
+            if self.dag.legacy_shape():
+                return
+            raise SnapshotMismatchError(
+                f"snapshot {snapshot_id} of job {self.config.id} was taken by a sparkjet "
+                f"before DAG pipelines, of a one-source pipeline with at most one group_by; "
+                f"this pipeline has vertices {list(self.dag.vertices)} and sinks "
+                f"{list(self.dag.sinks)}. Run it under a new job id, or restore with the "
+                f"pipeline that took the snapshot")
+        if saved != mine:
+            raise SnapshotMismatchError(
+                f"snapshot {snapshot_id} of job {self.config.id} was taken by a pipeline of "
+                f"another shape: {_first_difference(saved, mine)}. Run this pipeline under a "
+                f"new job id, or restore with the pipeline that took the snapshot")
+
     # -- the coordinator (alone) or its link ---------------------------------------------
 
-    def source_ended(self, index: int) -> None:
+    def source_ended(self, label: str) -> None:
         with self._lock:
-            self._sources_ended.add(index)
+            self._sources_ended.add(label)
 
     def _all_sources_ended(self) -> bool:
         with self._lock:
@@ -285,14 +335,16 @@ class Member:
     def command(self, cmd: list) -> None:
         """Runs a coordinator's command: ["barrier", id, terminal], ["commit", id], ["end"]."""
         if cmd[0] == "barrier":
-            for p in self.sources:
-                p.control.put(("barrier", cmd[1], bool(cmd[2])))
+            for p in self.processors:
+                if p.vertex.kind == SOURCE:
+                    p.control.put(("barrier", cmd[1], bool(cmd[2])))
         elif cmd[0] == "commit":
-            for p in [*self.sources, *self.keyed]:
+            for p in self.processors:
                 p.control.put(("commit", cmd[1]))
         elif cmd[0] == "end":
-            for p in self.sources:
-                p.control.put(("end",))
+            for p in self.processors:
+                if p.vertex.kind == SOURCE:
+                    p.control.put(("end",))
         else:
             raise MemberFailedError(f"unknown command from the coordinator: {cmd!r}")
 
@@ -307,8 +359,6 @@ class Member:
     def context(self, vertex: str, index: int, total: int) -> ProcessorContext:
         return ProcessorContext(self.config.id, self.execution_id, vertex, index, total,
                                 self.guarantee)
-
-
 
 
 class RemoteLink:
@@ -376,14 +426,22 @@ class RemoteLink:
 
 
 class _Processor(threading.Thread):
-    def __init__(self, member: Member, index: int, name: str):
-        super().__init__(name=f"sparkjet-{name}-{index}", daemon=True)
-        self.label = f"{name}-{index}"
+    def __init__(self, member: Member, vertex, index: int):
+        super().__init__(name=f"sparkjet-{vertex.name}-{index}", daemon=True)
+        self.label = f"{vertex.name}-{index}"
         self.member = member
+        self.vertex = vertex
         self.index = index
         self.control: queue.Queue = queue.Queue()
-        self.prepared = None
-        self.sink = None
+        self.sink_names = [p.sink for p in vertex.paths if p.sink is not None]
+        self.sink_names = list(dict.fromkeys(self.sink_names))
+        late = [s.name for s in member.dag.sinks.values() if s.late and vertex.name in s.feeders]
+        self.late_sink = late[0] if late else None
+        if self.late_sink is not None:
+            self.sink_names.append(self.late_sink)
+        self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
+        self.sinks: dict = {}           # sink name -> SinkWriter
+        self.outbox: Outbox | None = None
         self._ts_samples: list = []
         self._pending_latency: dict[int, list] = {}
 
@@ -393,25 +451,39 @@ class _Processor(threading.Thread):
         except BaseException as e:  # noqa: BLE001 - reported to the member, which ends the execution
             self.member.fail(e)
 
-    def open_sink(self, total: int) -> None:
-        m = self.member
-        self.sink = m.plan.sink.open(m.context(m.plan.sink.name, self.index, total))
-        self.sink.recover(m.metrics["restored_from"], self.prepared)
+    def open_outputs(self, on_timestamps=None) -> None:
+        m, t = self.member, self.member.topology
+        for name in self.sink_names:
+            spec = m.dag.sinks[name]
+            writer = spec.sink.open(m.context(spec.sink.name,
+                                              t.sink_offset[name][self.vertex.name] + self.index,
+                                              t.sink_instances[name]))
+            writer.recover(m.metrics["restored_from"], self.prepared.get(name))
+            self.sinks[name] = writer
+        self.outbox = Outbox(self, self.vertex, self.sinks, on_timestamps)
 
-    def write(self, batch: pa.RecordBatch, ts=None) -> None:
-        for stage in self.member.plan.after if self.member.plan.aggregate else ():
-            batch = stage.apply(batch)
-            if batch is None:
-                return
-        if batch.num_rows:
-            self.sink.write(batch)
-            self.member.count("events_out", batch.num_rows)
+    def close_sinks(self) -> None:
+        if not self.member.failed:
+            for writer in self.sinks.values():
+                writer.close()
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        written = self.outbox.emit(batch)
+        if written:
+            self.member.count("events_out", written)
+
+    def write_late(self, batch: pa.RecordBatch | None) -> None:
+        if batch is None or batch.num_rows == 0:
+            return
+        self.member.count("late_events", batch.num_rows)
+        if self.late_sink is not None:
+            self.sinks[self.late_sink].write(batch)
 
     def sample_ts(self, batch: pa.RecordBatch) -> list:
-        """Samples the event times (``ts``, ns) of a batch that reaches the sink: their
-        latency is measured when the batch's output is committed (``latencies_ns``) and,
-        by :meth:`emitted`, when it is handed to the sink (``emit_latencies_ns``)."""
-        if "ts" in batch.schema.names and batch.num_rows:
+        """Samples the event times (``ts``, ns) of a batch on its way to the output: their
+        latency is measured when the output is committed (``latencies_ns``) and, by
+        :meth:`emitted`, when it is handed to the sinks (``emit_latencies_ns``)."""
+        if "ts" in batch.schema.names and batch.num_rows and self.sinks:
             ts = batch.column("ts")
             step = max(1, batch.num_rows // 16)
             samples = ts.cast(pa.int64()).to_numpy()[::step].tolist()
@@ -425,49 +497,79 @@ class _Processor(threading.Thread):
             with self.member._lock:
                 self.member.metrics["emit_latencies_ns"].extend(now - t for t in samples)
 
-    def prepare_sink(self, writer, snapshot_id: int) -> None:
-        prepared = self.sink.prepare(snapshot_id)
-        writer.write_broadcast_entries("sink", [str(self.index).encode()],
-                                       [json.dumps(prepared).encode()])
+    def prepare_sinks(self, writer, snapshot_id: int) -> None:
+        t = self.member.topology
+        for name, sink in self.sinks.items():
+            prepared = sink.prepare(snapshot_id)
+            instance = t.sink_offset[name][self.vertex.name] + self.index
+            writer.write_broadcast_entries(name, [str(instance).encode()],
+                                           [json.dumps(prepared).encode()])
         self._pending_latency[snapshot_id] = self._ts_samples
         self._ts_samples = []
 
-    def commit_sink(self, snapshot_id: int) -> None:
-        self.sink.commit(snapshot_id)
+    def commit_sinks(self, snapshot_id: int) -> None:
+        for sink in self.sinks.values():
+            sink.commit(snapshot_id)
         now = time.time_ns()
         for sid in [s for s in self._pending_latency if s <= snapshot_id]:
             samples = self._pending_latency.pop(sid)
             with self.member._lock:
                 self.member.metrics["latencies_ns"].extend(now - t for t in samples)
 
-    def new_writer(self, snapshot_id: int, writer: int):
+    def new_writer(self, snapshot_id: int):
         m = self.member
-        return m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                              partition_count=m.config.partition_count,
-                              codec=m.config.snapshot_codec)
+        writer = m.topology.offset[self.vertex.name] + self.index
+        w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
+                           partition_count=m.config.partition_count,
+                           codec=m.config.snapshot_codec)
+        if writer == 0:
+            w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
+                                      [json.dumps(m.dag.fingerprint()).encode()])
+        return w
 
 
 class _SourceProcessor(_Processor):
-    def __init__(self, member: Member, index: int, partitions: list[int]):
-        super().__init__(member, index, "source")
+    def __init__(self, member: Member, vertex, index: int, partitions: list[int]):
+        super().__init__(member, vertex, index)
         self.partitions = partitions
         self.restored_source_state = None
-        self._channels: dict = {}   # keyed processor on a peer -> OutboundChannel
+        self.restored_times: dict = {}
+        self._reader = None
+        self._partition = None
+        self._terminal = None
+        ts = vertex.timestamps
+        self.watermarks = None
+        if ts is not None:
+            self.watermarks = SourceWatermarks(list(partitions) or [None], 0, ts.idle_timeout)
+            self._lag = ts.max_lag
+            self._time_type = None
+
+    def _observe(self, batch: pa.RecordBatch) -> None:
+        """At the path's with_timestamps stage: the batch's greatest event time."""
+        ts = self.vertex.timestamps
+        if ts.column not in batch.schema.names:
+            raise SparkjetError(f"with_timestamps({ts.column!r}): the stream has no column "
+                                f"{ts.column!r}; it has {batch.schema.names}")
+        column = batch.column(ts.column)
+        if self._time_type is None:
+            self._time_type = column.type
+            self.watermarks.max_lag = in_units("max_lag", self._lag, column.type)
+        self.watermarks.observe(self._partition, time_values(column, ts.column))
 
     def work(self) -> None:
         m = self.member
-        plan = m.plan
-        reader = plan.source.open(self.partitions,
-                                  m.context(plan.source.name, self.index, m.n_sources))
+        v = self.vertex
+        reader = self._reader = v.source.open(self.partitions,
+                                              m.context(v.source.name, self.index,
+                                                        m.topology.parallelism[v.name]))
         reader.restore_state(self.restored_source_state)
-        fused_sink = plan.aggregate is None
-        if fused_sink:
-            self.open_sink(m.n_sources)
-        key = plan.aggregate.key if plan.aggregate else None
+        if self.watermarks is not None:
+            self.watermarks.restore(self.restored_times)
+        self.open_outputs(self._observe if self.watermarks is not None else None)
         ended = finished = False
         try:
             while not m.failed and not finished:
-                finished = self._control(reader, fused_sink)
+                finished = self._control(reader)
                 if finished or m.failed:
                     break
                 if ended:
@@ -475,89 +577,35 @@ class _SourceProcessor(_Processor):
                     continue
                 if reader.at_end():
                     ended = True
-                    m.source_ended(self.index)
+                    if self.watermarks is not None:
+                        self.watermarks.ended = True
+                        self._send_watermark()
+                    m.source_ended(self.label)
                     continue
                 batch = reader.read(m.config.batch_size)
                 if batch is None:
+                    self._send_watermark()
                     time.sleep(_POLL)
                     continue
+                self._partition = reader.last_partition()
                 m.count("events_in", batch.num_rows)
-                samples = self.sample_ts(batch) if fused_sink else []  # else the keyed ones do
-                for stage in plan.before:
-                    batch = stage.apply(batch)
-                    if batch is None:
-                        break
-                if batch is None or batch.num_rows == 0:
-                    continue
-                if fused_sink:
-                    self.write(batch)
-                    self.emitted(samples)
-                else:
-                    self._route(batch, key)
+                samples = self.sample_ts(batch)
+                self.emit(batch)
+                self.emitted(samples)
+                self._send_watermark()
         finally:
-            for ch in self._channels.values():
-                if m.failed:
-                    ch.abort()
+            if m.failed and self.outbox is not None:
+                self.outbox.abort()
             reader.close()
-            if fused_sink and self.sink is not None and not m.failed:
-                self.sink.close()
+            self.close_sinks()
 
-    def _route(self, batch: pa.RecordBatch, key: str) -> None:
-        m = self.member
-        if m.n_keyed == 1:
-            self._put(0, batch)
-            return
-        dest = m.owner[partition_ids(batch, m.config.partition_count, key=key).to_numpy()]
-        for j in range(m.n_keyed):
-            mask = dest == j
-            if mask.any():
-                self._put(j, batch.filter(pa.array(mask)))
+    def _send_watermark(self) -> None:
+        if self.watermarks is not None:
+            mark = self.watermarks.due()
+            if mark is not None:
+                self.outbox.watermark(mark)
 
-    def _put(self, k: int, item, barrier=None) -> None:
-        """Puts a batch (or barrier ``(id, terminal)``) into keyed processor ``k``'s channel
-        from this source: its aligner if ``k`` runs in this member, else the exchange."""
-        m = self.member
-        aligner = m.aligners.get(k)
-        if aligner is None:
-            ch = self._channel(k)
-            if barrier is None:
-                ch.put(item)
-            else:
-                ch.put_barrier(barrier[0], terminal=barrier[1])
-            return
-        while not m.failed:
-            try:
-                if barrier is None:
-                    aligner.put(self.index, item, timeout=0.1)
-                else:
-                    aligner.put_barrier(self.index, barrier[0], terminal=barrier[1], timeout=0.1)
-                return
-            except TimeoutError:
-                continue
-
-    def _channel(self, k: int):
-        ch = self._channels.get(k)
-        if ch is None:
-            m = self.member
-            peer = m.peers[m.topology.member_of_keyed(k)]
-            ch = self._channels[k] = peer.channel("aggregate", k, channel=self.index,
-                                                  execution_id=m.execution_id)
-        return ch
-
-    def _end_all(self) -> None:
-        """Ends this source's channel into every keyed processor; remote channels are
-        closed, which waits until the peers hold everything sent."""
-        m = self.member
-        for k in range(m.n_keyed):
-            aligner = m.aligners.get(k)
-            if aligner is not None:
-                aligner.end(self.index)
-            else:
-                self._channel(k).end()
-        for ch in self._channels.values():
-            ch.close()
-
-    def _control(self, reader, fused_sink: bool) -> bool:
+    def _control(self, reader) -> bool:
         """Handles the coordinator's requests; True when this processor is done."""
         m = self.member
         while True:
@@ -567,43 +615,44 @@ class _SourceProcessor(_Processor):
                 return False
             if msg[0] == "barrier":
                 _, sid, terminal = msg
-                writer = self.new_writer(sid, self.index)
-                state = reader.snapshot_state()
-                writer.write_broadcast_entries("source", [str(self.index).encode()],
-                                               [json.dumps(state).encode()])
-                if fused_sink:
-                    self.prepare_sink(writer, sid)
-                for k in range(m.n_keyed):
-                    self._put(k, None, barrier=(sid, terminal))
+                writer = self.new_writer(sid)
+                keys, values = [str(self.index).encode()], [json.dumps(reader.snapshot_state()).encode()]
+                if self.watermarks is not None:
+                    keys.append(f"wm:{self.index}".encode())
+                    values.append(json.dumps(self.watermarks.state()).encode())
+                writer.write_broadcast_entries(self.vertex.name, keys, values)
+                self.prepare_sinks(writer, sid)
+                self.outbox.barrier(sid, terminal)
                 if terminal:
-                    self._end_all()
+                    self.outbox.end()
                 m.ack(self.label, sid, writer.finish())
                 self._terminal = sid if terminal else None
             elif msg[0] == "commit":
                 sid = msg[1]
-                if fused_sink:
-                    self.commit_sink(sid)
+                self.commit_sinks(sid)
                 reader.ack(sid)
-                if getattr(self, "_terminal", None) == sid:
+                if self._terminal == sid:
                     return True
             elif msg[0] == "end":
-                self._end_all()
+                self.outbox.end()
                 return True
 
 
 class _KeyedProcessor(_Processor):
-    def __init__(self, member: Member, index: int):
-        super().__init__(member, index, "aggregate")
+    def __init__(self, member: Member, vertex, index: int):
+        super().__init__(member, vertex, index)
         self.restored_table = None
+        self.restored_watermark = MIN_TIME
 
     def work(self) -> None:
         m = self.member
-        agg_stage = m.plan.aggregate
-        agg = KeyedAggregator(agg_stage.key, agg_stage.aggregations)
-        agg.restore(self.restored_table)
+        v = self.vertex
+        op = make_operator(v, m)
+        op.restore(self.restored_table, self.restored_watermark)
         self.restored_table = None
-        self.open_sink(m.n_keyed)
-        aligner = m.aligners[self.index]
+        self.open_outputs()
+        aligner = m.aligners[(v.name, self.index)]
+        tracker = WatermarkTracker(m.topology.channels[v.name], self.restored_watermark)
         terminal_sid = None
         done = False
         try:
@@ -616,19 +665,39 @@ class _KeyedProcessor(_Processor):
                     time.sleep(_POLL)
                     continue
                 event = aligner.take(timeout=0.02)
+                for out in op.tick():
+                    self.emit(out)
                 if event is None:
                     continue
                 kind = event[0]
                 if kind == ITEM:
-                    batch = event[2]
-                    samples = self.sample_ts(batch)
-                    self.write(agg.update(batch))
+                    item = event[2]
+                    if isinstance(item, Watermark):
+                        mark = tracker.update(event[1], item)
+                        if mark is not None:
+                            self._advance(op, mark)
+                        continue
+                    samples = self.sample_ts(item)
+                    outputs, late = op.process(item)
+                    for out in outputs:
+                        self.emit(out)
+                    self.write_late(late)
                     self.emitted(samples)
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
-                    writer = self.new_writer(sid, m.n_sources + self.index)
-                    writer.write_table("aggregate", agg.snapshot(), key=agg_stage.key)
-                    self.prepare_sink(writer, sid)
+                    writer = self.new_writer(sid)
+                    table = op.snapshot()
+                    if table is not None:
+                        if v.single:
+                            writer.write_broadcast_table(v.name, table)
+                        else:
+                            writer.write_table(v.name, table, key=op.state_key)
+                    writer.write_broadcast_entries(v.name, [f"wm:{self.index}".encode()],
+                                                   [json.dumps(tracker.current).encode()])
+                    self.prepare_sinks(writer, sid)
+                    self.outbox.barrier(sid, terminal)
+                    if terminal:
+                        self.outbox.end()
                     records = aligner.alignments  # a copy of the history: read it once
                     aligned = records[-1]["duration_s"] if records else None
                     m.ack(self.label, sid, writer.finish(), aligned)
@@ -636,9 +705,19 @@ class _KeyedProcessor(_Processor):
                         terminal_sid = sid
                 elif kind == DONE:
                     done = True
+                    if tracker.current < MAX_TIME:
+                        self._advance(op, Watermark(MAX_TIME))
+                    self.outbox.end()
         finally:
-            if self.sink is not None and not m.failed:
-                self.sink.close()
+            if m.failed and self.outbox is not None:
+                self.outbox.abort()
+            self.close_sinks()
+
+    def _advance(self, op, mark: Watermark) -> None:
+        if not mark.idle:
+            for out in op.advance(mark.time):
+                self.emit(out)
+        self.outbox.watermark(mark)
 
     def _control(self, terminal_sid) -> bool:
         while True:
@@ -647,9 +726,30 @@ class _KeyedProcessor(_Processor):
             except queue.Empty:
                 return False
             if msg[0] == "commit":
-                self.commit_sink(msg[1])
+                self.commit_sinks(msg[1])
                 if msg[1] == terminal_sid:
                     return True
+
+
+def _max_times(states: list) -> dict:
+    out: dict = {}
+    for s in states:
+        for p, t in (s or {}).items():
+            out[p] = t if p not in out else max(out[p], t)
+    return out
+
+
+def _first_difference(saved: dict, mine: dict) -> str:
+    sv = {v["name"]: v for v in saved.get("vertices", [])}
+    mv = {v["name"]: v for v in mine.get("vertices", [])}
+    for name in sorted(set(sv) | set(mv)):
+        if name not in sv:
+            return f"the snapshot has no vertex {name!r} ({mv[name]['kind']})"
+        if name not in mv:
+            return f"the snapshot has a vertex {name!r} ({sv[name]['kind']}) this pipeline lacks"
+        if sv[name] != mv[name]:
+            return f"vertex {name!r} was {sv[name]}, is now {mv[name]}"
+    return f"the sinks were {saved.get('sinks')}, are now {mine.get('sinks')}"
 
 
 def _entries_json(entries) -> dict:

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sparkjet.pipeline import Plan
+from sparkjet.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.security import LinkSecurity, TLSIdentity
@@ -69,7 +69,7 @@ class SparkRunner:
     or every slot). ``member_pids`` maps each member of the running execution to the pid
     of its Python worker (empty between executions)."""
 
-    def __init__(self, plan: Plan, config: JobConfig, spark, progress: Callable[[dict], None],
+    def __init__(self, plan: Dag, config: JobConfig, spark, progress: Callable[[dict], None],
                  *, requested_members: int | None = None):
         self.plan = plan
         self.config = config
@@ -158,8 +158,7 @@ class SparkRunner:
             store.register_execution(execution)
             latest = store.latest_complete()
             restore_from = None if latest is None else latest.snapshot_id
-        topology = Topology(members, config.local_parallelism, plan.source.partition_count(),
-                            config.partition_count, plan.aggregate is not None)
+        topology = Topology(members, config.local_parallelism, plan, config.partition_count)
         host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         # A fresh secret (and certificate) per execution: a zombie of an older one cannot
         # even be heard.

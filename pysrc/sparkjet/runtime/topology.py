@@ -1,71 +1,120 @@
 """Topology: which member of an execution runs which processor and owns which partition.
 
-It is derived from four numbers only (members, local parallelism, source partitions,
-Hazelcast partitions), so it is plain data: on Spark the driver builds it once per
-execution and hands it to every member and to the coordinator; a member alone builds its
-own of one member.
+It is derived from the DAG and three numbers (members, local parallelism, Hazelcast
+partitions), so it is plain data: on Spark the driver builds it once per execution and
+hands it to every member and to the coordinator; a member alone builds its own of one
+member.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from sparkjet.dag import SOURCE, Dag
 from sparkjet.partition_table import PartitionTable
 
 
 class Topology:
     """Where the processors of one execution run, on ``members`` members.
 
-    Indices are global across members, so snapshot entries, sink staging directories and
-    channel numbers mean the same thing on every member: source processor ``g`` (of
-    ``n_sources``) runs on member ``g % members`` and reads the source partitions ``p``
-    with ``p % n_sources == g``; keyed processor ``k`` (of ``n_keyed``) runs on member
-    ``k // local_parallelism``. The Hazelcast partitions are placed on members by a
+    Indices are per vertex and global across members, so snapshot entries, sink staging
+    directories and channel numbers mean the same thing on every member. Source processor
+    ``g`` of a source vertex (``min(members * local_parallelism, partitions)`` of them) runs
+    on member ``g % members`` and reads the source partitions ``p`` with ``p % n == g``.
+    Processor ``k`` of an aggregation vertex (``members * local_parallelism`` of them, or
+    one for an aggregation without a key) runs on member ``k // local_parallelism``. The
+    Hazelcast partitions are placed on members by a
     :class:`~sparkjet.partition_table.PartitionTable` of ``members`` members (no backups:
     the snapshot store holds the replicas) and, within a member, dealt round-robin to its
-    keyed processors. Keyed state is stored by partition, so a snapshot taken at any
-    member count restores at any other.
+    processors; every keyed vertex uses the same placement, so consecutive stages keyed
+    alike exchange nothing between members. State is stored by partition, so a snapshot
+    taken at any member count restores at any other.
     """
 
-    def __init__(self, members: int, local_parallelism: int, source_partitions: int,
-                 partition_count: int, keyed: bool):
+    def __init__(self, members: int, local_parallelism: int, dag: Dag, partition_count: int):
         self.members = members
         self.local_parallelism = local_parallelism
-        self.source_partitions = source_partitions
         self.partition_count = partition_count
-        self.n_sources = min(members * local_parallelism, source_partitions)
-        self.n_keyed = members * local_parallelism if keyed else 0
+        self.parallelism: dict[str, int] = {}
+        for v in dag.vertices.values():
+            if v.kind == SOURCE:
+                n = min(members * local_parallelism, v.source.partition_count())
+            else:
+                n = 1 if v.single else members * local_parallelism
+            self.parallelism[v.name] = n
+        self.kinds = {v.name: v.kind for v in dag.vertices.values()}
+        self.single = {v.name for v in dag.vertices.values() if v.single}
+        #: vertex -> the first writer index of its processors (unique per snapshot).
+        self.offset: dict[str, int] = {}
+        total = 0
+        for name, n in self.parallelism.items():
+            self.offset[name] = total
+            total += n
+        self.processors = total
+        #: (target vertex, upstream vertex) -> the first channel of the upstream's processors
+        self.channel_offset: dict[tuple[str, str], int] = {}
+        #: vertex -> how many channels feed it
+        self.channels: dict[str, int] = {}
+        for v in dag.vertices.values():
+            c = 0
+            for u in v.inputs:
+                self.channel_offset[(v.name, u)] = c
+                c += self.parallelism[u]
+            self.channels[v.name] = c
+        #: sink -> vertex -> the first sink-instance index of the vertex's processors
+        self.sink_offset: dict[str, dict[str, int]] = {}
+        self.sink_instances: dict[str, int] = {}
+        for s in dag.sinks.values():
+            c = 0
+            self.sink_offset[s.name] = {}
+            for u in s.feeders:
+                self.sink_offset[s.name][u] = c
+                c += self.parallelism[u]
+            self.sink_instances[s.name] = c
         owner = np.zeros(partition_count, dtype=np.int64)
-        if keyed:
+        if dag.keyed:
             table = PartitionTable.create([f"member-{i}" for i in range(members)],
                                           partition_count, backup_count=0)
             for i in range(members):
                 for rank, p in enumerate(table.partitions_of(f"member-{i}")):
                     owner[p] = i * local_parallelism + rank % local_parallelism
-        #: Hazelcast partition -> the global index of the keyed processor that owns it.
+        #: Hazelcast partition -> the index of the keyed processor that owns it.
         self.owner = owner
+        self.source_vertices = [v.name for v in dag.sources]
 
     def __repr__(self) -> str:
-        return (f"Topology(members={self.members}, sources={self.n_sources}, "
-                f"keyed={self.n_keyed}, partitions={self.partition_count})")
+        return (f"Topology(members={self.members}, processors={self.parallelism}, "
+                f"partitions={self.partition_count})")
 
     @property
-    def processors(self) -> int:
-        return self.n_sources + self.n_keyed
+    def n_sources(self) -> int:
+        """Every source processor of every source vertex."""
+        return sum(self.parallelism[v] for v in self.source_vertices)
 
-    def sources_of(self, member: int) -> list[int]:
-        return [g for g in range(self.n_sources) if g % self.members == member]
-
-    def source_partitions_of(self, g: int) -> list[int]:
-        return [p for p in range(self.source_partitions) if p % self.n_sources == g]
-
-    def keyed_of(self, member: int) -> list[int]:
-        if not self.n_keyed:
-            return []
+    def processors_of(self, vertex: str, member: int) -> list[int]:
+        n = self.parallelism[vertex]
+        if self.kinds[vertex] == SOURCE:
+            return [g for g in range(n) if g % self.members == member]
+        if vertex in self.single:
+            return [0] if member == 0 else []
         lp = self.local_parallelism
         return list(range(member * lp, (member + 1) * lp))
 
-    def member_of_keyed(self, k: int) -> int:
+    def member_of(self, vertex: str, k: int) -> int:
+        if self.kinds[vertex] == SOURCE:
+            return k % self.members
+        if vertex in self.single:
+            return 0
         return k // self.local_parallelism
+
+    def source_partitions_of(self, vertex: str, g: int, partitions: int) -> list[int]:
+        n = self.parallelism[vertex]
+        return [p for p in range(partitions) if p % n == g]
+
+    def partitions_of(self, vertex: str, k: int) -> list[int]:
+        """The Hazelcast partitions whose state processor ``k`` of ``vertex`` holds."""
+        if vertex in self.single:
+            return list(range(self.partition_count))
+        return np.flatnonzero(self.owner == k).tolist()
 
 
 __all__ = ["Topology"]

@@ -197,6 +197,7 @@ class GeneratorReader(SourceReader):
         self._offsets = dict.fromkeys(self._partitions, 0)
         self._sizes = {p: source.partition_size(p) for p in self._partitions}
         self._turn = 0
+        self._last: int | None = None
         # This reader's share of the overall rate, and its schedule: the events it may
         # have emitted by now, counted from the first read after opening or restoring.
         self._rate = (source.rate * len(self._partitions) / source.partitions
@@ -227,8 +228,12 @@ class GeneratorReader(SourceReader):
                 continue
             count = rows if size is None else min(rows, size - offset)
             self._turn = (self._turn + step + 1) % n
+            self._last = p
             return self._emit(p, offset, count)
         return None
+
+    def last_partition(self) -> int | None:
+        return self._last
 
     def _emit(self, partition: int, offset: int, count: int) -> pa.RecordBatch:
         source = self._source

@@ -1,0 +1,266 @@
+"""The DAG a pipeline runs as (Jet's DAG of vertices and edges).
+
+A **vertex** is a source or an aggregation (rolling or windowed): each runs as
+``parallelism`` processors spread over the members. Stateless stages never get a vertex of
+their own: they are fused into the vertex before them (Jet's local edge), and so are sinks.
+A vertex's output therefore is a set of **paths**: the stateless stages a batch goes
+through, and where it ends: a sink, or an **edge** into another vertex. An edge into a
+keyed aggregation is *partitioned* (each row goes to the processor owning the Hazelcast
+partition of its key); into an aggregation without a key it is *all-to-one* (that vertex
+has one processor). Barriers and watermarks flow in band on every edge.
+
+Names are derived from the DAG's shape ("source", "source.2", "aggregate", "window",
+"sink", "sink.2", ...), so the same pipeline gets the same names in every run: they name
+the state in snapshots. :meth:`Dag.fingerprint` describes the shape; a snapshot records it
+and a job refuses to restore a snapshot of another shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkjet.connectors import Sink, Source
+from sparkjet.errors import InvalidArgumentError
+from sparkjet.pipeline import (
+    AggregateStage,
+    FilterStage,
+    MapStage,
+    Node,
+    SinkStage,
+    SourceStage,
+    TimestampsStage,
+    UnionStage,
+    WindowStage,
+)
+
+SOURCE, AGGREGATE, WINDOW = "source", "aggregate", "window"
+
+#: Event-time column of a windowed aggregation's output.
+WINDOW_TIME = "window_end"
+
+
+@dataclass(frozen=True)
+class Path:
+    """From a vertex's output: ``stages`` (stateless, applied in order), then either a sink
+    (``sink``: its name) or an edge into vertex ``target``."""
+
+    stages: tuple
+    sink: str | None = None
+    target: str | None = None
+    timed: bool = False                  # the path went through with_timestamps()
+
+
+@dataclass
+class Vertex:
+    name: str
+    kind: str                            # SOURCE, AGGREGATE or WINDOW
+    stage: object                        # SourceStage, AggregateStage or WindowStage
+    inputs: list[str] = field(default_factory=list)   # upstream vertices, channel order
+    paths: list[Path] = field(default_factory=list)
+    timestamps: TimestampsStage | None = None          # sources: their event-time policy
+    time_column: str | None = None       # windows: the event-time column of their input
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return getattr(self.stage, "keys", ())
+
+    @property
+    def single(self) -> bool:
+        """True for an aggregation without a key: one processor, all-to-one edges."""
+        return self.kind != SOURCE and not self.keys
+
+    @property
+    def source(self) -> Source:
+        return self.stage.source
+
+    @property
+    def targets(self) -> list[str]:
+        """The vertices this one feeds, each once, in path order."""
+        out: list[str] = []
+        for p in self.paths:
+            if p.target is not None and p.target not in out:
+                out.append(p.target)
+        return out
+
+
+@dataclass
+class SinkSpec:
+    name: str
+    sink: Sink
+    feeders: list[str]                   # the vertices whose processors write to it
+    late: bool = False                   # the late-event side output of a window
+
+
+@dataclass
+class Dag:
+    vertices: dict[str, Vertex]          # topological order
+    sinks: dict[str, SinkSpec]
+
+    @property
+    def sources(self) -> list[Vertex]:
+        return [v for v in self.vertices.values() if v.kind == SOURCE]
+
+    @property
+    def keyed(self) -> list[Vertex]:
+        return [v for v in self.vertices.values() if v.kind != SOURCE]
+
+    def fingerprint(self) -> dict:
+        """The shape that names the state in a snapshot: vertices, keys, aggregations,
+        windows, and sinks with what feeds them."""
+        vertices = []
+        for v in self.vertices.values():
+            d = {"name": v.name, "kind": v.kind, "inputs": v.inputs}
+            if v.kind == SOURCE:
+                d["source"] = type(v.source).__name__
+                d["partitions"] = v.source.partition_count()
+            else:
+                d["keys"] = list(v.keys)
+                d["aggregations"] = _describe_aggregations(v.stage.aggregations)
+            if v.kind == WINDOW:
+                d["window"] = v.stage.window.describe()
+            vertices.append(d)
+        sinks = [{"name": s.name, "sink": type(s.sink).__name__, "feeders": s.feeders}
+                 for s in self.sinks.values()]
+        return {"format": 1, "vertices": vertices, "sinks": sinks}
+
+    def legacy_shape(self) -> bool:
+        """True for the shape every snapshot before DAG fingerprints had: one source,
+        at most one rolling aggregation over one key, one sink."""
+        keyed = self.keyed
+        return (len(self.sources) == 1 and len(self.sinks) == 1 and len(keyed) <= 1
+                and all(v.kind == AGGREGATE and len(v.keys) == 1 for v in keyed))
+
+
+def _describe_aggregations(aggregations: dict) -> dict:
+    out = {}
+    for name, spec in aggregations.items():
+        if isinstance(spec, (tuple, list)) or isinstance(spec, str):
+            out[name] = spec if isinstance(spec, str) else list(spec)
+        else:
+            out[name] = ["user", list(spec.columns)]
+    return out
+
+
+_STATELESS = (MapStage, FilterStage, TimestampsStage, UnionStage)
+
+
+def compile_dag(ends: tuple[Node, ...]) -> Dag:
+    """The DAG of the pipelines ending in the sink nodes ``ends``."""
+    order: list[Node] = []
+    seen: set[int] = set()
+
+    def visit(node: Node, path: tuple = ()) -> None:
+        if id(node) in path:
+            raise InvalidArgumentError("the pipeline has a cycle")
+        if id(node) in seen:
+            return
+        for i in node.inputs:
+            visit(i, (*path, id(node)))
+        seen.add(id(node))
+        order.append(node)
+
+    for end in ends:
+        visit(end)
+    consumers: dict[int, list[Node]] = {id(n): [] for n in order}
+    for n in order:
+        for i in n.inputs:
+            consumers[id(i)].append(n)
+
+    counters: dict[str, int] = {}
+
+    def name_for(kind: str) -> str:
+        counters[kind] = counters.get(kind, 0) + 1
+        return kind if counters[kind] == 1 else f"{kind}.{counters[kind]}"
+
+    vertex_of: dict[int, Vertex] = {}
+    sink_of: dict[int, SinkSpec] = {}
+    vertices: dict[str, Vertex] = {}
+    sinks: dict[str, SinkSpec] = {}
+    for n in order:
+        s = n.stage
+        if isinstance(s, SourceStage):
+            kind = SOURCE
+        elif isinstance(s, AggregateStage):
+            kind = AGGREGATE
+        elif isinstance(s, WindowStage):
+            kind = WINDOW
+        elif isinstance(s, SinkStage):
+            spec = SinkSpec(name_for("sink"), s.sink, [])
+            sink_of[id(n)] = sinks[spec.name] = spec
+            continue
+        else:
+            continue
+        v = Vertex(name_for(kind), kind, s)
+        vertex_of[id(n)] = vertices[v.name] = v
+        if kind == WINDOW and s.late is not None:
+            spec = SinkSpec(name_for("sink"), s.late, [v.name], late=True)
+            sinks[spec.name] = spec
+
+    # Paths: from each vertex through stateless nodes to sinks and other vertices.
+    for n in order:
+        v = vertex_of.get(id(n))
+        if v is None:
+            continue
+        stack = [(c, (), v.kind == WINDOW) for c in reversed(consumers[id(n)])]
+        while stack:
+            node, stages, timed = stack.pop()
+            s = node.stage
+            if id(node) in sink_of:
+                spec = sink_of[id(node)]
+                v.paths.append(Path(stages, sink=spec.name, timed=timed))
+                if v.name not in spec.feeders:
+                    spec.feeders.append(v.name)
+            elif id(node) in vertex_of:
+                w = vertex_of[id(node)]
+                v.paths.append(Path(stages, target=w.name, timed=timed))
+                if v.name not in w.inputs:
+                    w.inputs.append(v.name)
+            elif isinstance(s, _STATELESS):
+                if isinstance(s, TimestampsStage):
+                    if v.kind != SOURCE:
+                        raise InvalidArgumentError(
+                            "with_timestamps() must follow read_from(...) (stateless stages may "
+                            "come between): event time starts at the source")
+                    if v.timestamps is not None and v.timestamps != s:
+                        raise InvalidArgumentError(
+                            f"source vertex {v.name!r} has two different with_timestamps(); "
+                            f"give each source one")
+                    v.timestamps = s
+                    timed = True
+                nxt = stages if isinstance(s, (UnionStage, TimestampsStage)) else (*stages, s)
+                for c in reversed(consumers[id(node)]):
+                    stack.append((c, nxt, timed))
+            else:
+                raise InvalidArgumentError(f"unknown pipeline stage {s!r}")
+
+    # Event time: every path into a window must carry it.
+    for w in vertices.values():
+        if w.kind != WINDOW:
+            continue
+        columns = set()
+        for u_name in w.inputs:
+            u = vertices[u_name]
+            for p in u.paths:
+                if p.target != w.name:
+                    continue
+                if u.kind == SOURCE:
+                    if not p.timed:
+                        raise InvalidArgumentError(
+                            f"{w.name}: window() needs event time on every input: call "
+                            f".with_timestamps(column, max_lag=...) after read_from("
+                            f"{u.source!r})")
+                    columns.add(u.timestamps.column)
+                elif u.kind == WINDOW:
+                    columns.add(WINDOW_TIME)
+                else:
+                    raise InvalidArgumentError(
+                        f"{w.name}: a window cannot follow a rolling aggregate ({u.name}): its "
+                        f"updates have no event time")
+        if len(columns) != 1:
+            raise InvalidArgumentError(f"{w.name}: the merged streams' event times are in "
+                                       f"different columns {sorted(columns)}; rename them to one")
+        w.time_column = columns.pop()
+    return Dag(vertices, sinks)
+
+
+__all__ = ["AGGREGATE", "SOURCE", "WINDOW", "WINDOW_TIME", "Dag", "Path", "SinkSpec", "Vertex",
+           "compile_dag"]

@@ -1,0 +1,150 @@
+"""A processor's output: the fused stateless stages of each path, its sinks, and the
+channels of its edges into other vertices (local aligners or exchange streams)."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from sparkjet.dag import Vertex
+from sparkjet.partitioning import partition_ids
+from sparkjet.pipeline import TimestampsStage
+
+
+class Outbox:
+    """Sends one processor's output along its vertex's paths.
+
+    ``on_timestamps(batch)`` is called where a path passes the vertex's ``with_timestamps``
+    stage (sources only). Items for another vertex go into the channel of this processor
+    there: the aligner of that processor if it runs in this member, else an exchange
+    stream to the member running it.
+    """
+
+    def __init__(self, processor, vertex: Vertex, sinks: dict, on_timestamps=None):
+        self.processor = processor
+        self.member = processor.member
+        self.vertex = vertex
+        self.sinks = sinks                 # sink name -> SinkWriter
+        self.on_timestamps = on_timestamps
+        t = self.member.topology
+        self.targets = vertex.targets
+        self._keys = {w: self.member.dag.vertices[w].stage.key for w in self.targets}
+        self._width = {w: t.parallelism[w] for w in self.targets}
+        self._channel_of = {w: t.channel_offset[(w, vertex.name)] + processor.index
+                            for w in self.targets}
+        self._remote: dict = {}           # (vertex, k) -> OutboundChannel
+        self.ended = False
+
+    # -- data ----------------------------------------------------------------------------
+
+    def emit(self, batch: pa.RecordBatch) -> int:
+        """Sends ``batch`` along every path; returns the rows written to sinks."""
+        written = 0
+        for path in self.vertex.paths:
+            out = batch
+            for stage in path.stages:
+                if isinstance(stage, TimestampsStage):
+                    if self.on_timestamps is not None:
+                        self.on_timestamps(out)
+                    continue
+                out = stage.apply(out)
+                if out is None:
+                    break
+            if out is None or out.num_rows == 0:
+                continue
+            if path.sink is not None:
+                self.sinks[path.sink].write(out)
+                written += out.num_rows
+            else:
+                self._route(path.target, out)
+        return written
+
+    def _route(self, target: str, batch: pa.RecordBatch) -> None:
+        width = self._width[target]
+        if width == 1:
+            self._put(target, 0, batch)
+            return
+        m = self.member
+        pids = partition_ids(batch, m.config.partition_count, key=self._keys[target]).to_numpy()
+        dest = m.topology.owner[pids]
+        if (dest == dest[0]).all():
+            self._put(target, int(dest[0]), batch)
+            return
+        order = np.argsort(dest, kind="stable")
+        sorted_dest = dest[order]
+        bounds = np.flatnonzero(np.diff(sorted_dest)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(order)]))
+        taken = batch.take(pa.array(order))
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            self._put(target, int(sorted_dest[s]), taken.slice(s, e - s))
+
+    # -- in-band control -----------------------------------------------------------------
+
+    def barrier(self, snapshot_id: int, terminal: bool) -> None:
+        for w in self.targets:
+            for k in range(self._width[w]):
+                self._put(w, k, None, barrier=(snapshot_id, terminal))
+
+    def watermark(self, mark) -> None:
+        for w in self.targets:
+            for k in range(self._width[w]):
+                self._put(w, k, mark)
+
+    def end(self) -> None:
+        """Ends this processor's channel into every processor it feeds; remote channels
+        are closed, which waits until the peers hold everything sent."""
+        if self.ended:
+            return
+        self.ended = True
+        m = self.member
+        for w in self.targets:
+            c = self._channel_of[w]
+            for k in range(self._width[w]):
+                aligner = m.aligners.get((w, k))
+                if aligner is not None:
+                    aligner.end(c)
+                else:
+                    self._remote_channel(w, k).end()
+        for ch in self._remote.values():
+            ch.close()
+
+    def abort(self) -> None:
+        for ch in self._remote.values():
+            ch.abort()
+
+    # -- channels ------------------------------------------------------------------------
+
+    def _put(self, target: str, k: int, item, barrier=None) -> None:
+        m = self.member
+        c = self._channel_of[target]
+        aligner = m.aligners.get((target, k))
+        if aligner is None:
+            ch = self._remote_channel(target, k)
+            if barrier is not None:
+                ch.put_barrier(barrier[0], terminal=barrier[1])
+            elif isinstance(item, pa.RecordBatch):
+                ch.put(item)
+            else:
+                ch.put_watermark(item)
+            return
+        while not m.failed:
+            try:
+                if barrier is None:
+                    aligner.put(c, item, timeout=0.1)
+                else:
+                    aligner.put_barrier(c, barrier[0], terminal=barrier[1], timeout=0.1)
+                return
+            except TimeoutError:
+                continue
+
+    def _remote_channel(self, target: str, k: int):
+        ch = self._remote.get((target, k))
+        if ch is None:
+            m = self.member
+            peer = m.peers[m.topology.member_of(target, k)]
+            ch = self._remote[(target, k)] = peer.channel(
+                target, k, channel=self._channel_of[target], execution_id=m.execution_id)
+        return ch
+
+
+__all__ = ["Outbox"]

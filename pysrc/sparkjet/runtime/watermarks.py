@@ -1,0 +1,124 @@
+"""Watermarks: how far event time has progressed, generated at the sources and carried in
+band on every edge (Jet's watermarks).
+
+A source processor tracks, per source partition, the greatest event time it has emitted;
+its watermark is the least of those less the allowed lag, over the partitions that are not
+idle (no event for ``idle_timeout`` seconds). When every partition is idle it sends
+:data:`IDLE`, which tells the receiver to leave the channel out of its minimum until a
+watermark comes again; when its reader is exhausted it sends :data:`MAX_TIME`, which closes
+every window. A processor with several input channels is at the least watermark of its
+channels that are not idle (:class:`WatermarkTracker`). Watermarks only grow.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+MIN_TIME = -(2**63)
+MAX_TIME = 2**63 - 1
+
+
+class Watermark(NamedTuple):
+    """An in-band watermark: no event older than ``time`` follows on this channel (or, with
+    ``idle``, the channel is idle and holds nobody back)."""
+
+    time: int
+    idle: bool = False
+
+
+IDLE = Watermark(MIN_TIME, True)
+
+
+class WatermarkTracker:
+    """The watermark of a processor with ``channels`` inputs: the least of its inputs that
+    are not idle. :meth:`update` returns the new watermark when it changed (or ``IDLE``
+    when every input became idle), else None."""
+
+    def __init__(self, channels: int, start: int = MIN_TIME):
+        self._times = np.full(max(channels, 1), start, np.int64)
+        self._idle = np.zeros(max(channels, 1), bool)
+        self.current = start
+        self.idle = False
+
+    def update(self, channel: int, mark: Watermark) -> Watermark | None:
+        if mark.idle:
+            self._idle[channel] = True
+        else:
+            self._idle[channel] = False
+            if mark.time > self._times[channel]:
+                self._times[channel] = mark.time
+        if self._idle.all():
+            if self.idle:
+                return None
+            self.idle = True
+            return IDLE
+        low = int(self._times[~self._idle].min())
+        was_idle, self.idle = self.idle, False
+        if low > self.current:
+            self.current = low
+            return Watermark(low)
+        if was_idle:
+            return Watermark(self.current)
+        return None
+
+
+class SourceWatermarks:
+    """The watermark of a source processor reading ``partitions`` (None in the list: a
+    reader that does not say which partition a batch came from, tracked as one)."""
+
+    def __init__(self, partitions: list, max_lag: int, idle_timeout: float, *, clock=time.monotonic):
+        self.max_lag = max_lag
+        self.idle_timeout = idle_timeout
+        self._clock = clock
+        now = clock()
+        self._max: dict = dict.fromkeys(partitions)
+        self._seen = dict.fromkeys(partitions, now)
+        self.sent: Watermark | None = None
+        self.ended = False
+
+    def restore(self, saved: dict | None) -> None:
+        """Continues from the greatest times a snapshot saved (by partition)."""
+        for p, t in (saved or {}).items():
+            key = int(p) if p != "None" else None
+            if key in self._max and t is not None:
+                old = self._max[key]
+                self._max[key] = t if old is None else max(old, t)
+
+    def state(self) -> dict:
+        return {str(p): t for p, t in self._max.items() if t is not None}
+
+    def observe(self, partition, times: np.ndarray) -> None:
+        if partition not in self._max:
+            partition = next(iter(self._max))
+        if len(times):
+            top = int(times.max())
+            old = self._max[partition]
+            self._max[partition] = top if old is None else max(old, top)
+        self._seen[partition] = self._clock()
+
+    def current(self) -> Watermark:
+        if self.ended:
+            return Watermark(MAX_TIME)
+        now = self._clock()
+        active = [p for p in self._max if now - self._seen[p] < self.idle_timeout]
+        if not active:
+            return IDLE
+        if any(self._max[p] is None for p in active):
+            return Watermark(MIN_TIME)
+        low = min(self._max[p] for p in active)
+        return Watermark(max(MIN_TIME, low - self.max_lag))
+
+    def due(self) -> Watermark | None:
+        """The watermark to send now, if it differs from the last one sent."""
+        w = self.current()
+        if self.sent is not None and not w.idle and not self.sent.idle and w.time <= self.sent.time:
+            return None
+        if w == self.sent or (w.time == MIN_TIME and not w.idle and self.sent is None):
+            return None
+        self.sent = w
+        return w
+
+
+__all__ = ["IDLE", "MAX_TIME", "MIN_TIME", "SourceWatermarks", "Watermark", "WatermarkTracker"]
