@@ -13,7 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkjet import _native
-from sparkjet.errors import CorruptDataError, InvalidArgumentError, SnapshotCorruptError
+from sparkjet.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    KeyRangeError,
+    SnapshotCorruptError,
+)
 
 REFUSED = (TypeError, ValueError, MemoryError, OverflowError)
 KINDS = [_native.KEY_INT32, _native.KEY_INT64, _native.KEY_INT64_AS_INT32, _native.KEY_VAR32,
@@ -278,6 +283,160 @@ def test_aggregates_refuse_slots_outside_their_arrays():
         _native.distinct_slots(i64(1, 3), marks, out)
     with pytest.raises(InvalidArgumentError, match="out holds 1 values"):
         _native.distinct_slots(i64(1, 0), marks, np.zeros(1, np.int64))
+
+
+def test_int64_combines_refuse_bad_slots_and_overflow():
+    sums = i64(0, 2**63 - 2)
+    _native.agg_sum_i64(i64(0, 1), i64(5, 1), sums)
+    assert sums.tolist() == [5, 2**63 - 1]
+    with pytest.raises(InvalidArgumentError, match="overflows the int64 sum of slot 1; no sum"):
+        _native.agg_sum_i64(i64(0, 1, 0), i64(1, 1, 1), sums)
+    assert sums.tolist() == [5, 2**63 - 1]  # the first add was undone
+    for kernel in (_native.agg_sum_i64, _native.agg_min_i64, _native.agg_max_i64):
+        with pytest.raises(InvalidArgumentError, match="slot 2 at index 0 is outside 0..1"):
+            kernel(i64(2), i64(1), sums)
+        with pytest.raises(InvalidArgumentError, match="2 values for 1 slots"):
+            kernel(i64(0), i64(1, 2), sums)
+        with pytest.raises(ValueError):
+            kernel(i64(0), np.array([1.0]), sums)
+        with pytest.raises(ValueError, match="read-only"):
+            kernel(i64(0), i64(1), _readonly(i64(0, 0)))
+        with pytest.raises(TypeError):
+            kernel(None, i64(1), sums)
+    assert sums.tolist() == [5, 2**63 - 1]
+
+
+# ------------------------------------------------------------------ windows
+
+
+def _key(values, kind=_native.KEY_INT64):
+    return (kind, 0, 0, len(values), values, None, ())
+
+
+def test_group_map_refuses_bad_outputs_and_columns():
+    m = _native.GroupMap()
+    keys = [_key(i64(5, 6, 5))]
+    slots, first = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    assert m.upsert(keys, slots, first) == 2 and slots.tolist() == [0, 1, 0]
+    with pytest.raises(InvalidArgumentError, match="slots holds 2 values, 3 are needed"):
+        m.upsert(keys, np.zeros(2, np.int64), first)
+    with pytest.raises(InvalidArgumentError, match="first_rows holds 2 values, 3 are needed"):
+        m.upsert(keys, slots, np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgumentError, match="slots holds 1 values"):
+        m.lookup(keys, np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        m.upsert(keys, np.zeros(3, np.int32), first)
+    with pytest.raises(ValueError, match="read-only"):
+        m.upsert(keys, _readonly(np.zeros(3, np.int64)), first)
+    with pytest.raises(ValueError, match="read-only"):
+        m.lookup(keys, _readonly(np.zeros(3, np.int64)))
+    with pytest.raises(InvalidArgumentError, match="at least one column"):
+        m.upsert([], slots, first)
+    with pytest.raises(TypeError):
+        m.upsert(None, slots, first)
+    with pytest.raises(InvalidArgumentError, match="has 2 columns, this map's keys have 1"):
+        m.upsert(keys + keys, slots, first)
+    with pytest.raises(InvalidArgumentError, match="'k' holds Integer values, this map's keys"):
+        m.upsert([_key(i32(1, 2, 3), _native.KEY_INT32)], slots, first, ["k"])
+    with pytest.raises(InvalidArgumentError, match="has 2 rows, the first column 3"):
+        _native.GroupMap().upsert(keys + [_key(i64(1, 2))], slots, first)
+    with pytest.raises(InvalidArgumentError):
+        _native.GroupMap(-1)
+    with pytest.raises(InvalidArgumentError, match="slot 2 is outside 0..1"):
+        m.key_payload(2)
+    assert len(m) == 2 and m.key_payload(1) == b"\0" * 7 + b"\x06"
+
+
+def test_group_map_refuses_malformed_columns_before_adding_any_key():
+    m = _native.GroupMap()
+    slots, first = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    # The third string's offset runs past the data: the first two are not added either.
+    bad = (_native.KEY_VAR32, 0, 0, 3, i32(0, 1, 2, 99), b"xy", ())
+    with pytest.raises(CorruptDataError, match="column 's': offset .* at index 12") as e:
+        m.upsert([bad], slots, first, ["s"], 10)
+    assert e.value.index == 12 and len(m) == 0
+    with pytest.raises(CorruptDataError):  # 4 values in 24 bytes
+        m.upsert([(_native.KEY_INT64, 0, 0, 4, i64(1, 2, 3), None, ())], np.zeros(4, np.int64),
+                 np.zeros(4, np.int64))
+    with pytest.raises(KeyRangeError, match="'k': value at index 1 does not fit"):
+        m.upsert([_key(i64(1, 2**31, 3), _native.KEY_INT64_AS_INT32)], slots, first, ["k"])
+    assert len(m) == 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(desc=descriptors(), other=descriptors(), out_len=st.integers(0, 45))
+def test_random_descriptors_never_crash_the_group_map(desc, other, out_len):
+    m = _native.GroupMap()
+    slots, first = np.full(out_len, -7, np.int64), np.full(out_len, -7, np.int64)
+    for descs in ([desc], [desc, other], [other]):
+        try:
+            added = m.upsert(descs, slots, first)
+        except REFUSED:
+            continue
+        # Accepted: every row got a slot of the map, and each new slot a row.
+        rows = descs[0][3]
+        assert 0 <= rows <= out_len
+        assert ((slots[:rows] >= 0) & (slots[:rows] < len(m))).all()
+        assert ((first[:added] >= 0) & (first[:added] < rows)).all()
+        assert (slots[rows:] == -7).all(), "wrote past the column's rows"
+        try:
+            m.lookup(descs, slots)
+        except REFUSED:
+            pass
+
+
+def test_panes_refuse_bad_sizes_lengths_and_outputs():
+    ts = i64(-5, 0, 5)
+    panes = np.zeros(3, np.int64)
+    _native.assign_panes(ts, 5, 0, panes)
+    assert panes.tolist() == [-1, 0, 1]
+    for size in (0, -5):
+        with pytest.raises(InvalidArgumentError, match=f"pane_size must be > 0, not {size}"):
+            _native.assign_panes(ts, size, 0, panes)
+    with pytest.raises(InvalidArgumentError, match="panes holds 2 values, 3 are needed"):
+        _native.assign_panes(ts, 5, 0, np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgumentError, match="late holds 2 values"):
+        _native.assign_panes_late(ts, 5, 0, 0, panes, np.zeros(2, np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        _native.assign_panes(ts, 5, 0, _readonly(np.zeros(3, np.int64)))
+    with pytest.raises(ValueError, match="read-only"):
+        _native.assign_panes_late(ts, 5, 0, 0, panes, _readonly(np.zeros(3, np.uint8)))
+    with pytest.raises(ValueError):
+        _native.assign_panes(np.array([1.0, 2.0, 3.0]), 5, 0, panes)
+    late = np.zeros(3, bool)  # numpy's bool is a byte: taken as it is
+    assert _native.assign_panes_late(ts, 5, 0, 0, panes, late) == 1
+    assert late.tolist() == [True, False, False]
+    with pytest.raises(TypeError):
+        _native.assign_panes(ts, 5, 0, None)
+    with pytest.raises(OverflowError):
+        _native.assign_panes(ts, 2**63, 0, panes)
+    with pytest.raises(InvalidArgumentError, match="pane of timestamp -9223372036854775808 at index 1"):
+        _native.assign_panes(i64(0, -(2**63)), 1, 1, np.zeros(2, np.int64))
+
+
+def test_sessions_refuse_unsorted_rows_and_bad_arrays():
+    group, start, end = i64(1, 1, 2), i64(0, 4, 1), i64(5, 6, 2)
+    session = np.zeros(3, np.int64)
+    assert _native.session_ids(group, start, end, session) == 2
+    with pytest.raises(InvalidArgumentError, match=r"index 1 has \(1, 3\) after \(1, 4\)"):
+        _native.check_sorted(i64(1, 1), i64(4, 3))
+    with pytest.raises(InvalidArgumentError, match=r"not sorted by \(group, start\): index 2"):
+        _native.session_ids(i64(1, 1, 0), start, end, session)
+    with pytest.raises(InvalidArgumentError, match=r"index 1 ends before it starts \(4, 3\)"):
+        _native.session_ids(group, start, i64(5, 3, 2), session)
+    with pytest.raises(InvalidArgumentError, match="start holds 2 values, group 3"):
+        _native.session_ids(group, i64(0, 4), end, session)
+    with pytest.raises(InvalidArgumentError, match="end holds 4 values, group 3"):
+        _native.session_ids(group, start, i64(5, 6, 2, 9), session)
+    with pytest.raises(InvalidArgumentError, match="session holds 2 values, 3 are needed"):
+        _native.session_ids(group, start, end, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="read-only"):
+        _native.session_ids(group, start, end, _readonly(np.zeros(3, np.int64)))
+    with pytest.raises(ValueError):
+        _native.session_ids(i32(1, 1, 2), start, end, session)
+    with pytest.raises(InvalidArgumentError, match="start holds 1 values, group 2"):
+        _native.check_sorted(i64(1, 2), i64(0))
+    assert _native.session_ids(i64(), i64(), i64(), np.zeros(0, np.int64)) == 0
 
 
 # ------------------------------------------------------------------ the aligner

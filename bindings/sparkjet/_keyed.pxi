@@ -114,6 +114,47 @@ def agg_max(const int64_t[::1] slots, const double[::1] values, double[::1] maxs
             sj_agg_max(&slots[0], &values[0], n, &maxs[0])
 
 
+# int64 combines: counts and event times, which float64 cannot hold exactly (the partial
+# aggregates of panes and sessions).
+def agg_sum_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
+                int64_t[::1] sums not None):
+    """sums[slots[i]] += values[i], all or nothing: InvalidArgumentError if a sum would
+    overflow int64, with every sum left as it was."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, sums.shape[0], "slot")
+    cdef int64_t n = slots.shape[0], err = -1
+    cdef sj_status st = SJ_OK
+    if n:
+        with nogil:
+            st = sj_agg_sum_i64(&slots[0], &values[0], n, &sums[0], &err)
+    if st != SJ_OK:
+        raise InvalidArgumentError(
+            f"agg_sum_i64: adding {values[err]} at index {err} overflows the int64 sum of "
+            f"slot {slots[err]}; no sum was changed")
+
+
+def agg_min_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
+                int64_t[::1] mins not None):
+    """mins[slots[i]] = min(mins[slots[i]], values[i])."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, mins.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_min_i64(&slots[0], &values[0], n, &mins[0])
+
+
+def agg_max_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
+                int64_t[::1] maxs not None):
+    """maxs[slots[i]] = max(maxs[slots[i]], values[i])."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, maxs.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_max_i64(&slots[0], &values[0], n, &maxs[0])
+
+
 def distinct_slots(const int64_t[::1] slots, uint8_t[::1] marks, int64_t[::1] out):
     """Writes the distinct slots in first-appearance order to out; returns how many.
     marks has a zero byte per slot (zero again on return)."""

@@ -7,8 +7,8 @@ exception (``check_status``, in _status.pxi). Each area of the core has its own 
 file; each takes buffers through the buffer protocol (pyarrow Buffers, numpy arrays,
 bytes) and checks their sizes before the GIL is released, so no Python caller handles a
 raw address. The public Python API over this module is in sparkjet.hash, .partitioning,
-.chunks, .keyed_state, .merkle and .aligner; downstream Cython cimports the nogil C API
-declared in _native.pxd (re-exported by hash.pxd and _merkle.pxd).
+.chunks, .keyed_state, .merkle, .aligner and ._groups; downstream Cython cimports the
+nogil C API declared in _native.pxd (re-exported by hash.pxd and _merkle.pxd).
 """
 include "_status.pxi"
 include "_buffers.pxi"
@@ -17,3 +17,4 @@ include "_chunk.pxi"
 include "_keyed.pxi"
 include "_merkle.pxi"
 include "_aligner.pxi"
+include "_window.pxi"

@@ -131,5 +131,9 @@ cdef extern from "sparkjet/keyed.h" nogil:
     void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *sums)
     void sj_agg_min(const int64_t *slots, const double *values, int64_t n, double *mins)
     void sj_agg_max(const int64_t *slots, const double *values, int64_t n, double *maxs)
+    sj_status sj_agg_sum_i64(const int64_t *slots, const int64_t *values, int64_t n,
+                             int64_t *sums, int64_t *err_index)
+    void sj_agg_min_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *mins)
+    void sj_agg_max_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *maxs)
     void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
                            int64_t *count)

@@ -5,6 +5,7 @@
 
 #include "hash_internal.h"
 #include "murmur.h"
+#include "payload.h"
 
 #define SJ_K(name) name##_generic
 #define SJ_KTARGET
@@ -146,52 +147,6 @@ sj_status sj_column_check(const sj_column *col) {
     return SJ_OK;
 }
 
-/* The bytes of value i of a String/byte[] column, checked against its buffers. */
-static inline sj_status var_span(const sj_column *col, int64_t i, const uint8_t **ptr,
-                                 uint32_t *len) {
-    static const uint8_t empty[1];
-    int64_t s, e;
-    int64_t k = col->offset + i;
-    switch (col->kind) {
-    case SJ_KEY_VAR32:
-        s = ((const int32_t *)col->values)[k];
-        e = ((const int32_t *)col->values)[k + 1];
-        break;
-    case SJ_KEY_VAR64:
-        s = ((const int64_t *)col->values)[k];
-        e = ((const int64_t *)col->values)[k + 1];
-        break;
-    case SJ_KEY_FIXED:
-        *ptr = col->width ? col->data + k * col->width : empty;
-        *len = (uint32_t)col->width;
-        return SJ_OK;
-    default: { /* SJ_KEY_VIEW: length, then 12 inline bytes or prefix, buffer, offset */
-        const uint8_t *view = (const uint8_t *)col->values + 16 * k;
-        int32_t n, buf, off;
-        memcpy(&n, view, 4);
-        if (n < 0) return SJ_EBOUNDS;
-        *len = (uint32_t)n;
-        if (n <= 12) {
-            *ptr = view + 4;
-            return SJ_OK;
-        }
-        memcpy(&buf, view + 8, 4);
-        memcpy(&off, view + 12, 4);
-        if (buf < 0 || buf >= col->variadic_count || off < 0 ||
-            (int64_t)off + n > col->variadic_sizes[buf] || !col->variadic[buf])
-            return SJ_EBOUNDS;
-        *ptr = col->variadic[buf] + off;
-        return SJ_OK;
-    }
-    }
-    /* Unsigned compares also reject negative offsets. */
-    if ((uint64_t)e > (uint64_t)col->data_size || (uint64_t)s > (uint64_t)e) return SJ_EBOUNDS;
-    if (e - s > INT32_MAX - 4) return SJ_ERANGE; /* Java's int32 length prefix */
-    *ptr = e > s ? col->data + s : empty;
-    *len = (uint32_t)(e - s);
-    return SJ_OK;
-}
-
 static sj_status hash_var(const sj_hash_kernels *kern, const sj_column *col, uint32_t seed,
                           const sj_divisor *div, int32_t *out, int64_t *err_index) {
     static const uint8_t empty[1];
@@ -204,7 +159,7 @@ static sj_status hash_var(const sj_hash_kernels *kern, const sj_column *col, uin
     for (int64_t base = done; base < col->length; base += 8) {
         int m = col->length - base < 8 ? (int)(col->length - base) : 8;
         for (int j = 0; j < m; j++) {
-            sj_status st = var_span(col, base + j, &ptr[j], &len[j]);
+            sj_status st = sj_var_span(col, base + j, &ptr[j], &len[j]);
             if (st != SJ_OK) {
                 *err_index = base + j;
                 return st;
@@ -289,62 +244,24 @@ static uint32_t mm_final(mm_state *s) {
     return sj_fmix(h ^ s->total);
 }
 
-static void put_be32(uint8_t *p, uint32_t v) {
-    v = sj_bswap32(v);
-    memcpy(p, &v, 4);
-}
-
 sj_status sj_hash_rows(const sj_column *cols, int32_t ncols, uint32_t seed, int32_t *out,
                        int64_t *err_index, int32_t *err_column) {
+    int64_t rows = 0;
     *err_index = -1;
-    *err_column = -1;
-    if (ncols < 1 || !cols) return SJ_EINVAL;
-    int64_t rows = cols[0].length;
-    for (int32_t c = 0; c < ncols; c++) {
-        sj_status st = sj_column_check(&cols[c]);
-        if (st == SJ_OK && cols[c].length != rows) st = SJ_EINVAL;
-        if (st != SJ_OK) {
-            *err_column = c;
-            return st;
-        }
-    }
+    sj_status checked = sj_key_columns_check(cols, ncols, &rows, err_column);
+    if (checked != SJ_OK) return checked;
     for (int64_t i = 0; i < rows; i++) {
         mm_state s = {seed, 0, 0, 0};
         for (int32_t c = 0; c < ncols; c++) {
-            const sj_column *col = &cols[c];
-            uint8_t buf[8];
-            int64_t k = col->offset + i;
-            if (col->kind == SJ_KEY_INT32) {
-                put_be32(buf, (uint32_t)((const int32_t *)col->values)[k]);
-                mm_feed(&s, buf, 4);
-            } else if (col->kind == SJ_KEY_INT64 || col->kind == SJ_KEY_INT64_AS_INT32) {
-                int64_t v = ((const int64_t *)col->values)[k];
-                if (col->kind == SJ_KEY_INT64_AS_INT32) {
-                    if (v != (int64_t)(int32_t)v) {
-                        *err_index = i;
-                        *err_column = c;
-                        return SJ_ERANGE;
-                    }
-                    put_be32(buf, (uint32_t)v);
-                    mm_feed(&s, buf, 4);
-                } else {
-                    put_be32(buf, (uint32_t)((uint64_t)v >> 32));
-                    put_be32(buf + 4, (uint32_t)v);
-                    mm_feed(&s, buf, 8);
-                }
-            } else {
-                const uint8_t *p;
-                uint32_t n;
-                sj_status st = var_span(col, i, &p, &n);
-                if (st != SJ_OK) {
-                    *err_index = i;
-                    *err_column = c;
-                    return st;
-                }
-                put_be32(buf, n);
-                mm_feed(&s, buf, 4);
-                mm_feed(&s, p, n);
+            sj_payload p;
+            sj_status st = sj_payload_of(&cols[c], i, &p);
+            if (st != SJ_OK) {
+                *err_index = i;
+                *err_column = c;
+                return st;
             }
+            mm_feed(&s, p.head, p.head_len);
+            if (p.tail_len) mm_feed(&s, p.tail, p.tail_len);
         }
         out[i] = (int32_t)mm_final(&s);
     }

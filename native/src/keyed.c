@@ -121,6 +121,34 @@ void sj_agg_max(const int64_t *slots, const double *values, int64_t n, double *m
         if (values[i] > maxs[slots[i]]) maxs[slots[i]] = values[i];
 }
 
+sj_status sj_agg_sum_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *sums,
+                         int64_t *err_index) {
+    *err_index = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t sum;
+        if (!__builtin_add_overflow(sums[slots[i]], values[i], &sum)) {
+            sums[slots[i]] = sum;
+        } else {
+            /* Undo the rows before, last first: every sum passes back through the
+             * values it held, so no subtraction overflows. */
+            for (int64_t j = i - 1; j >= 0; j--) sums[slots[j]] -= values[j];
+            *err_index = i;
+            return SJ_ERANGE;
+        }
+    }
+    return SJ_OK;
+}
+
+void sj_agg_min_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *mins) {
+    for (int64_t i = 0; i < n; i++)
+        if (values[i] < mins[slots[i]]) mins[slots[i]] = values[i];
+}
+
+void sj_agg_max_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *maxs) {
+    for (int64_t i = 0; i < n; i++)
+        if (values[i] > maxs[slots[i]]) maxs[slots[i]] = values[i];
+}
+
 void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
                        int64_t *count) {
     int64_t k = 0;

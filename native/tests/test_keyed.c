@@ -42,6 +42,25 @@ int main(void) {
     for (int s = 0; s < 30011; s++) clean &= marks[s] == 0;
     CHECK(clean, "marks cleared");
     sj_keymap_free(m);
+
+    /* int64 combine kernels; an overflowing sum leaves every sum as it was. */
+    int64_t islots[] = {0, 1, 0, 1}, ivals[] = {5, -7, INT64_MAX - 5, 3};
+    int64_t isums[2] = {0, 0}, imins[2] = {INT64_MAX, INT64_MAX}, imaxs[2] = {INT64_MIN, INT64_MIN};
+    int64_t err;
+    CHECK(sj_agg_sum_i64(islots, ivals, 4, isums, &err) == SJ_OK, "sum i64");
+    CHECK(isums[0] == INT64_MAX && isums[1] == -4, "sums %lld %lld", (long long)isums[0],
+          (long long)isums[1]);
+    int64_t more[] = {0, 1, 1, 0};
+    CHECK(sj_agg_sum_i64(islots, more, 4, isums, &err) == SJ_ERANGE && err == 2, "overflow");
+    CHECK(isums[0] == INT64_MAX && isums[1] == -4, "sums restored");
+    int64_t down[] = {INT64_MIN, 0, 0, 0};
+    isums[0] = -1;
+    CHECK(sj_agg_sum_i64(islots, down, 4, isums, &err) == SJ_ERANGE && err == 0 && isums[0] == -1,
+          "negative overflow");
+    sj_agg_min_i64(islots, ivals, 4, imins);
+    sj_agg_max_i64(islots, ivals, 4, imaxs);
+    CHECK(imins[0] == 5 && imins[1] == -7 && imaxs[0] == INT64_MAX - 5 && imaxs[1] == 3,
+          "min/max i64");
     free(counts); free(sums); free(vals); free(marks); free(distinct);
     printf("%s: keyed, %d failed\n", failures ? "FAIL" : "ok", failures);
     return failures != 0;

@@ -36,6 +36,15 @@ void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *s
 void sj_agg_min(const int64_t *slots, const double *values, int64_t n, double *mins);
 void sj_agg_max(const int64_t *slots, const double *values, int64_t n, double *maxs);
 
+/* The same over int64 values: counts and event times, which float64 cannot hold
+ * exactly (merging partial aggregates of panes and sessions). sj_agg_sum_i64
+ * returns SJ_ERANGE (*err_index = the row) if a sum would overflow int64, with
+ * sums as they were before the call. */
+sj_status sj_agg_sum_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *sums,
+                         int64_t *err_index);
+void sj_agg_min_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *mins);
+void sj_agg_max_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *maxs);
+
 /* The distinct slots of slots[0..n) in first-appearance order into out
  * (*count of them). marks has one byte per slot, all 0 on entry and on return. */
 void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
