@@ -33,6 +33,7 @@ from sparkjet.runtime.exchange import (
     ExchangeTimeoutError,
 )
 from sparkjet.runtime.security import LinkSecurity
+from sparkjet.runtime.watermarks import IDLE, Watermark
 from sparkjet.snapshot_store import Manifest
 
 DEADLINE = 15.0  # seconds any single wait may take before the test fails
@@ -151,6 +152,25 @@ def test_batches_and_barriers_arrive_in_order(make_server, make_client):
         (ITEM, 0, (0, 1)), (ITEM, 0, (2,)), (SNAPSHOT, 0, False), (ITEM, 0, (3,)),
         (SNAPSHOT, 1, True), (DONE,)]
     assert server.streams == {}
+
+
+def test_watermarks_arrive_in_band_with_their_sign_and_idleness(make_server, make_client):
+    aligner = BarrierAligner(1, capacity=16)
+    server = make_server({("window", 0): aligner}, execution_id=3)
+    ch = make_client(server.location).channel("window", 0, 0, execution_id=3)
+    ch.put(seq_batch(0))
+    ch.put_watermark(Watermark(-5))
+    ch.put_watermark(Watermark(2**63 - 1))
+    ch.put_barrier(0)
+    ch.put_watermark(IDLE)
+    with pytest.raises(SparkjetError, match="takes a Watermark"):
+        ch.put_watermark(7)
+    ch.end()
+    ch.close()
+    events = take_events(aligner, 10)
+    assert [e[2] for e in events if e[0] == ITEM][1:] == [Watermark(-5), Watermark(2**63 - 1),
+                                                           Watermark(-(2**63), True)]
+    assert [e[0] for e in events] == [ITEM, ITEM, ITEM, SNAPSHOT, ITEM, DONE]
 
 
 def test_batches_keep_their_columns_and_types(make_server, make_client):
@@ -703,6 +723,7 @@ import sys, time
 from sparkjet.aligner import BarrierAligner
 from sparkjet.runtime.exchange import ExchangeServer
 from sparkjet.runtime.security import LinkSecurity
+from sparkjet.runtime.watermarks import IDLE, Watermark
 aligner = BarrierAligner(1, capacity=2)  # nobody takes: the sender fills it and blocks
 security = LinkSecurity(1, (1).to_bytes(8, "little") * 4)  # the tests' credentials(1)
 server = ExchangeServer(inbound={("agg", 0): aligner}, execution_id=1, security=security)
@@ -715,6 +736,7 @@ import sys, time
 import pyarrow as pa
 from sparkjet.runtime.exchange import ExchangeClient
 from sparkjet.runtime.security import LinkSecurity
+from sparkjet.runtime.watermarks import IDLE, Watermark
 security = LinkSecurity(1, (1).to_bytes(8, "little") * 4)  # the tests' credentials(1)
 ch = ExchangeClient(sys.argv[1], security=security).channel("agg", 0, 0, 1)
 for i in range(5):

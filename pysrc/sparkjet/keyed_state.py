@@ -1,9 +1,10 @@
 """Rolling keyed aggregation: count, sum, min, max and mean per key, batch by batch.
 
 Each batch updates the state of its keys and returns one row per key it touched, with the
-key's aggregates after the batch (an *update*, as Jet's rolling aggregation emits). Integer
-keys go through a native hash map (key -> dense slot) and C kernels; other key types
-(strings, binary) through a Python dict over each batch's distinct keys. Values are
+key's aggregates after the batch (an *update*, as Jet's rolling aggregation emits). A single
+integer key goes through a native hash map (key -> dense slot); other keys (strings, binary,
+several columns) through the native group map of :mod:`sparkjet._groups`; the aggregates
+through C kernels. Values are
 aggregated as float64 (count as int64). The state snapshots to, and restores from, an Arrow
 table keyed by the key column, so it can be split by partition and restored at any
 parallelism.
@@ -51,8 +52,11 @@ class KeyedAggregator:
     [{'k': 1, 'n': 2, 'total': 4.0}, {'k': 2, 'n': 1, 'total': 2.0}]
     """
 
-    def __init__(self, key: str, aggregations: dict, *, expected_keys: int = 0):
+    def __init__(self, key: str | list[str], aggregations: dict, *, expected_keys: int = 0):
+        if isinstance(key, (list, tuple)) and len(key) == 1:
+            key = key[0]
         self.key = key
+        self._groups = None          # composite keys: a native group map
         self.aggregations = parse_aggregations(aggregations)
         self._columns = sorted({c for _, c in self.aggregations.values() if c is not None})
         self._ops = {c: sorted({op for op, col in self.aggregations.values() if col == c}
@@ -61,8 +65,6 @@ class KeyedAggregator:
                      for c in self._columns}
         self._key_type: pa.DataType | None = None
         self._map = None            # native KeyMap for integer keys
-        self._ids: dict | None = None  # Python dict for other key types
-        self._dense: list = []      # keys by slot (Python path)
         self._size = 0
         self._capacity = 0
         self._counts = np.zeros(0, np.int64)
@@ -80,9 +82,14 @@ class KeyedAggregator:
 
     def update(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Adds a batch's rows; returns the touched keys' aggregates after it."""
-        if batch.num_rows == 0:
-            return self._empty_output(batch.schema.field(self.key).type)
-        slots = self._slots(batch.column(self.key))
+        if isinstance(self.key, list):
+            if batch.num_rows == 0:
+                return self._output(np.zeros(0, np.int64), batch)
+            slots = self._group_slots(batch)
+        else:
+            if batch.num_rows == 0:
+                return self._empty_output(batch.schema.field(self.key).type)
+            slots = self._slots(batch.column(self.key))
         _native.agg_count(slots, self._counts)
         for c in self._columns:
             values = _float64(batch.column(c), c)
@@ -93,6 +100,15 @@ class KeyedAggregator:
         touched = np.empty(len(slots), np.int64)
         count = _native.distinct_slots(slots, self._marks, touched)
         return self._output(touched[:count])
+
+    def _group_slots(self, table) -> np.ndarray:
+        if self._groups is None:
+            from sparkjet._groups import Groups
+
+            self._groups = Groups(self.key)
+        slots = self._groups.slots(table)
+        self._grow(len(self._groups))
+        return slots
 
     def _slots(self, keys) -> np.ndarray:
         if isinstance(keys, pa.ChunkedArray):
@@ -105,7 +121,9 @@ class KeyedAggregator:
             if pa.types.is_integer(keys.type):
                 self._map = _native.KeyMap(self._expected)
             else:
-                self._ids = {}
+                from sparkjet._groups import Groups
+
+                self._groups = Groups([self.key], expected=self._expected)
         elif keys.type != self._key_type:
             raise InvalidArgumentError(
                 f"group_by key {self.key!r} changed type from {self._key_type} to {keys.type}")
@@ -117,17 +135,8 @@ class KeyedAggregator:
             self._map.upsert(k, slots)
             size = len(self._map)
         else:
-            encoded = keys.dictionary_encode()
-            ids = self._ids
-            mapped = np.empty(len(encoded.dictionary), np.int64)
-            for i, value in enumerate(encoded.dictionary.to_pylist()):
-                slot = ids.get(value)
-                if slot is None:
-                    slot = ids[value] = len(self._dense)
-                    self._dense.append(value)
-                mapped[i] = slot
-            slots[:] = mapped[encoded.indices.to_numpy(zero_copy_only=False)]
-            size = len(self._dense)
+            slots = self._groups.slots(pa.table({self.key: keys}))
+            size = len(self._groups)
         self._grow(size)
         return slots
 
@@ -154,7 +163,7 @@ class KeyedAggregator:
             keys = np.empty(len(slots), np.int64)
             self._map.keys_at(slots, keys)
             return pa.array(keys).cast(self._key_type)
-        return pa.array([self._dense[s] for s in slots], self._key_type)
+        return self._groups.keys(slots).column(self.key).combine_chunks()
 
     def _empty_output(self, key_type: pa.DataType) -> pa.RecordBatch:
         fields = [pa.field(self.key, self._key_type or key_type)]
@@ -163,8 +172,17 @@ class KeyedAggregator:
         return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in fields],
                                           schema=pa.schema(fields))
 
-    def _output(self, slots: np.ndarray) -> pa.RecordBatch:
-        columns = {self.key: self._keys(slots)}
+    def _key_columns(self, slots: np.ndarray) -> dict:
+        if isinstance(self.key, list):
+            keys = self._groups.keys(slots)
+            return {name: keys.column(name).combine_chunks() for name in self.key}
+        return {self.key: self._keys(slots)}
+
+    def _output(self, slots: np.ndarray, empty_of=None) -> pa.RecordBatch:
+        if empty_of is not None and self._groups is None:
+            columns = {k: pa.array([], empty_of.schema.field(k).type) for k in self.key}
+        else:
+            columns = self._key_columns(slots)
         for name, (op, c) in self.aggregations.items():
             if op == "count":
                 columns[name] = pa.array(self._counts[slots])
@@ -177,8 +195,14 @@ class KeyedAggregator:
     def snapshot(self) -> pa.Table:
         """The whole state as a table: the key, ``__count`` and ``__{op}__{column}``."""
         slots = np.arange(self._size, dtype=np.int64)
-        columns = {self.key: self._keys(slots) if self._key_type is not None else pa.array([], pa.int64()),
-                   "__count": pa.array(self._counts[: self._size])}
+        if isinstance(self.key, list):
+            if self._groups is None:
+                return None
+            columns = self._key_columns(slots)
+        else:
+            columns = {self.key: self._keys(slots) if self._key_type is not None
+                       else pa.array([], pa.int64())}
+        columns["__count"] = pa.array(self._counts[: self._size])
         for (op, c), arr in sorted(self._state.items()):
             columns[f"__{op}__{c}"] = pa.array(arr[: self._size])
         return pa.table(columns)
@@ -187,8 +211,10 @@ class KeyedAggregator:
         """Adds a snapshot's state (of some partitions) to this (usually empty) state."""
         if table is None or table.num_rows == 0:
             return
-        keys = table.column(self.key).combine_chunks()
-        slots = self._slots(keys)
+        if isinstance(self.key, list):
+            slots = self._group_slots(table.select(self.key))
+        else:
+            slots = self._slots(table.column(self.key).combine_chunks())
         counts = table.column("__count").to_numpy()
         np.add.at(self._counts, slots, counts)
         for (op, c), arr in self._state.items():

@@ -61,6 +61,7 @@ class Job:
         (counters, twice a second on Spark), ``restart``, ``waiting`` (quorum).
         """
         progress = on_progress or (lambda event: None)
+        self._check_snapshot()
         if spark is not None:
             runner = SparkRunner(self.plan, self.config, spark, progress)
             self._runner = runner
@@ -75,6 +76,17 @@ class Job:
             return runner.run()
         finally:
             self._runner = None
+
+    def _check_snapshot(self) -> None:
+        """Refuses, before any execution starts, to restore a snapshot that a pipeline of
+        another shape took (every restart would fail the same way)."""
+        if self.config.processing_guarantee == "none":
+            return
+        from sparkjet.runtime.member import check_snapshot_shape
+        from sparkjet.snapshot_store import SnapshotStore
+
+        with SnapshotStore(self.config.snapshot_store, self.config.id) as store:
+            check_snapshot_shape(self.plan, store, self.config.id)
 
     def rescale(self, members: int) -> None:
         """On Spark: restart the running job from its last complete snapshot on ``members``

@@ -86,6 +86,38 @@ def _merge_into(out: dict, state: dict) -> None:
             out[k] = v
 
 
+def check_snapshot_shape(dag: Dag, store: SnapshotStore, job_id: int,
+                         snapshot_id: int | None = None) -> None:
+    """Raises :class:`~sparkjet.errors.SnapshotMismatchError` unless snapshot
+    ``snapshot_id`` (None: the last complete one, if any) was taken by a DAG of this shape."""
+    from sparkjet.errors import SnapshotNotFoundError
+
+    if snapshot_id is None:
+        latest = store.latest_complete()
+        if latest is None:
+            return
+        snapshot_id = latest.snapshot_id
+    try:
+        entries = _entries_json(store.restore(PLAN_VERTEX, [], snapshot_id=snapshot_id)
+                                .broadcast_entries)
+    except SnapshotNotFoundError:
+        entries = {}
+    saved = entries.get("dag")
+    if saved is None:
+        if dag.legacy_shape():
+            return
+        raise SnapshotMismatchError(
+            f"snapshot {snapshot_id} of job {job_id} was taken by a sparkjet before DAG "
+            f"pipelines, of a one-source pipeline with at most one group_by; this pipeline has "
+            f"vertices {list(dag.vertices)} and sinks {list(dag.sinks)}. Run it under a new "
+            f"job name, or restore with the pipeline that took the snapshot")
+    if saved != dag.fingerprint():
+        raise SnapshotMismatchError(
+            f"snapshot {snapshot_id} of job {job_id} was taken by a pipeline of another "
+            f"shape: {_first_difference(saved, dag.fingerprint())}. Run this pipeline under a "
+            f"new job name, or restore with the pipeline that took the snapshot")
+
+
 class Member:
     """Runs one execution of a DAG, or one member's share of it; :meth:`run` returns its
     metrics.
@@ -291,29 +323,7 @@ class Member:
         return snapshot_id + 1
 
     def _check_fingerprint(self, snapshot_id: int) -> None:
-        from sparkjet.errors import SnapshotNotFoundError
-
-        mine = self.dag.fingerprint()
-        try:
-            entries = _entries_json(self.store.restore(PLAN_VERTEX, [], snapshot_id=snapshot_id)
-                                    .broadcast_entries)
-        except SnapshotNotFoundError:
-            entries = {}
-        saved = entries.get("dag")
-        if saved is None:
-            if self.dag.legacy_shape():
-                return
-            raise SnapshotMismatchError(
-                f"snapshot {snapshot_id} of job {self.config.id} was taken by a sparkjet "
-                f"before DAG pipelines, of a one-source pipeline with at most one group_by; "
-                f"this pipeline has vertices {list(self.dag.vertices)} and sinks "
-                f"{list(self.dag.sinks)}. Run it under a new job id, or restore with the "
-                f"pipeline that took the snapshot")
-        if saved != mine:
-            raise SnapshotMismatchError(
-                f"snapshot {snapshot_id} of job {self.config.id} was taken by a pipeline of "
-                f"another shape: {_first_difference(saved, mine)}. Run this pipeline under a "
-                f"new job id, or restore with the pipeline that took the snapshot")
+        check_snapshot_shape(self.dag, self.store, self.config.id, snapshot_id)
 
     # -- the coordinator (alone) or its link ---------------------------------------------
 
@@ -704,10 +714,13 @@ class _KeyedProcessor(_Processor):
                     if terminal:
                         terminal_sid = sid
                 elif kind == DONE:
+                    # Every input ended. Without snapshots the end of the input is the end
+                    # of time (with them, the terminal barrier has ended the outputs).
                     done = True
-                    if tracker.current < MAX_TIME:
-                        self._advance(op, Watermark(MAX_TIME))
-                    self.outbox.end()
+                    if not self.outbox.ended:
+                        if tracker.current < MAX_TIME:
+                            self._advance(op, Watermark(MAX_TIME))
+                        self.outbox.end()
         finally:
             if m.failed and self.outbox is not None:
                 self.outbox.abort()

@@ -2,8 +2,12 @@
 ``kill -9``) at random moments, then check the output against a failure-free run.
 
 ``python -m sparkjet.testing.campaign --kills 1000`` runs a long campaign; the test suite
-runs a short one. Each round runs one job (a keyed count and sum over the deterministic
-generator, or a stateless copy of every event) with one guarantee and one sink, kills its
+runs a short one. Each round runs one job with one guarantee and one sink: a rolling keyed
+count and sum over the deterministic generator ("keyed"), a stateless copy of every event
+("events"), a sliding-window count and sum per key with the event id as event time
+("windowed"), the same over the union of two sources ("union"), or a source branching into
+windowed counts and a filtered copy of the events, each to a sink of its own ("branching").
+It kills its
 member several times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit,
 during restore: the moments are random, the member is killed wherever it is), lets the
 supervisor restart it from the last complete snapshot, and checks the committed output with
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkjet import verify
 from sparkjet._cli_args import nonnegative_int, positive_int
@@ -31,6 +36,7 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import SQLiteUpsertSink, TransactionalFileSink
 from sparkjet.sources import GeneratorSource
+from sparkjet.windows import sliding, tumbling
 
 
 @dataclass
@@ -43,9 +49,12 @@ class RoundResult:
     seconds: float
     report: verify.Report
     failures: list      # errors of member failures that were not our kills
+    duplicate_rows: int = 0   # windowed output: rows of a (key, window) emitted twice
 
     @property
     def valid(self) -> bool:
+        if self.guarantee == "exactly-once" and self.duplicate_rows:
+            return False
         return self.report.valid_for(self.guarantee)
 
 
@@ -105,24 +114,43 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     session the job runs on it with `members` members, and a kill hits one member's Python
     worker."""
     work.mkdir(parents=True, exist_ok=True)
-    source = GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate, batch_size=5_000,
-                             seed=rng.randrange(2**32))
-    if sink_kind == "file":
-        sink = TransactionalFileSink(work / "out")
-    else:
-        key = ["key"] if pipeline_kind == "keyed" else ["id"]
-        sink = SQLiteUpsertSink(work / "out.sqlite", "out", key=key)
-    pipeline = Pipeline().read_from(source)
+    seed = rng.randrange(2**32)
+    sources = [GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate, batch_size=5_000,
+                               seed=seed)]
+    if pipeline_kind == "union":
+        sources = [GeneratorSource(total=events // 2, partitions=p, keys=5_000, rate=rate / 2,
+                                   batch_size=5_000, seed=seed + i) for i, p in enumerate((4, 3))]
+    windowed = pipeline_kind in WINDOWED
+    window = tumbling(50_000) if pipeline_kind == "union" else sliding(40_000, 20_000)
+
+    def sink_at(name: str, key: list):
+        if sink_kind == "file":
+            return TransactionalFileSink(work / name)
+        return SQLiteUpsertSink(work / f"{name}.sqlite", "out", key=key)
+
+    key = ["key", "window_start"] if windowed else ["key"] if pipeline_kind == "keyed" else ["id"]
+    sink = sink_at("out", key)
+    streams = [Pipeline().read_from(s) for s in sources]
+    if windowed:
+        streams = [st.with_timestamps("id") for st in streams]
+    pipeline = streams[0].union(*streams[1:]) if len(streams) > 1 else streams[0]
+    ends = []
     if pipeline_kind == "keyed":
         pipeline = pipeline.group_by("key").aggregate(count="count", sum=("sum", "value"))
+    elif windowed:
+        if pipeline_kind == "branching":
+            ends.append(pipeline.filter(pc.field("value") < 100).map_batches(_ids)
+                        .write_to(sink_at("copy", ["id"])))
+        pipeline = (pipeline.group_by("key").window(window)
+                    .aggregate(count="count", sum=("sum", "value")))
     else:
-        pipeline = pipeline.map_batches(lambda b: b.select(["id", "key"]))
+        pipeline = pipeline.map_batches(_ids)
     config = JobConfig(name=f"campaign-{work.name}", processing_guarantee=guarantee,
                        snapshot_store=None if guarantee == "none" else str(work / "snapshots"),
                        snapshot_interval=0.2, local_parallelism=1 if spark else 2,
                        max_restarts=kills + 5, restart_backoff=0.0,
                        members=members if spark else None)
-    job = Job(pipeline.write_to(sink), config)
+    job = Job(Pipeline.all(pipeline.write_to(sink), *ends), config)
     stop, killed, restarters = threading.Event(), [], []
     killer = threading.Thread(target=_killer, daemon=True,
                               args=(job, kills, rng, stop, killed, cluster, restarters))
@@ -136,13 +164,31 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         for t in restarters:  # every worker back before the next round
             t.join()
     seconds = time.monotonic() - start
-    out = (TransactionalFileSink.read(work / "out") if sink_kind == "file"
-           else SQLiteUpsertSink.read(work / "out.sqlite", "out"))
+
+    def read(name: str) -> pa.Table:
+        return (TransactionalFileSink.read(work / name) if sink_kind == "file"
+                else SQLiteUpsertSink.read(work / f"{name}.sqlite", "out"))
+
+    out = read("out")
+    duplicate_rows = 0
     if pipeline_kind == "keyed":
         actual = (verify.last_update_per_key(out) if sink_kind == "file"
                   else out.select(["key", "count", "sum"]))
-        report = verify.check_aggregates(source.expected_counts(), actual, key="key",
+        report = verify.check_aggregates(sources[0].expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
+    elif windowed:
+        actual, duplicate_rows = _final_windows(out)
+        expected = expected_windows(sources, window)
+        report = verify.check_aggregates(expected, actual, key=["key", "window_start"],
+                                         columns=["count", "sum"], guarantee=guarantee)
+        if pipeline_kind == "branching":
+            events_ = sources[0].events(0, events)
+            wanted = events_.filter(pc.less(events_["value"], 100))["id"]
+            copy = read("copy")
+            got = copy.column("id") if copy.num_columns else pa.array([], pa.int64())
+            copied = verify.check_events(wanted, wanted, got, guarantee=guarantee)
+            if not copied.valid_for(guarantee):
+                report = copied
     else:
         ids = pa.array(np.arange(events, dtype=np.int64))
         got = out.column("id") if out.num_columns else pa.array([], pa.int64())
@@ -160,11 +206,49 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         kills = min(len(killed), len(errors))
         failures = errors[kills:] if len(errors) > len(killed) else []
     return RoundResult(guarantee, sink_kind, pipeline_kind, kills, result.restarts, seconds,
-                       report, failures)
+                       report, failures, duplicate_rows)
+
+
+WINDOWED = ("windowed", "union", "branching")
+
+
+def _ids(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.select(["id", "key"])
+
+
+def expected_windows(sources: list, window) -> pa.Table:
+    """Every (key, window_start) of ``window`` over the events of ``sources`` with ``id``
+    as event time, with its count and sum: what a failure-free run emits."""
+    import pandas as pd
+
+    events = pd.concat([s.events(0, s.total).select(["id", "key", "value"]).to_pandas()
+                        for s in sources])
+    parts = []
+    for i in range(window.size // window.slide):
+        start = (events["id"] // window.slide - i) * window.slide
+        part = events.assign(window_start=start)
+        parts.append(part[part["window_start"] + window.size > part["id"]])
+    g = pd.concat(parts).groupby(["key", "window_start"])["value"]
+    out = pd.DataFrame({"count": g.count(), "sum": g.sum()}).reset_index()
+    return pa.Table.from_pandas(out, preserve_index=False)
+
+
+def _final_windows(out: pa.Table) -> tuple[pa.Table, int]:
+    """Per (key, window), the row with the largest count (at-least-once may emit a window
+    again after a replay, with a count at least as large), and how many rows repeated a
+    window."""
+    if out.num_rows == 0:
+        return pa.table({"key": pa.array([], pa.int64()), "window_start": pa.array([], pa.int64()),
+                         "count": pa.array([], pa.int64()), "sum": pa.array([], pa.float64())}), 0
+    t = out.select(["key", "window_start", "count", "sum"]).sort_by(
+        [("key", "ascending"), ("window_start", "ascending"), ("count", "descending")])
+    k, w = t.column("key").to_numpy(), t.column("window_start").to_numpy()
+    first = np.concatenate([[True], (k[1:] != k[:-1]) | (w[1:] != w[:-1])])
+    return t.filter(pa.array(first)), int((~first).sum())
 
 
 PLAN = [(g, s, p) for g in ("exactly-once", "at-least-once", "none") for s in ("file", "sqlite")
-        for p in ("keyed", "events")]
+        for p in ("keyed", "events", *WINDOWED)]
 #: The campaigns on Spark leave out "none": it promises nothing to check across restarts.
 SPARK_PLAN = [p for p in PLAN if p[0] != "none"]
 
@@ -185,9 +269,10 @@ def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *,
         results.append(r)
         done += r.kills
         i += 1
-        progress(f"round {i}: {g:13} {s:6} {p:6} kills {r.kills:3} restarts {r.restarts:3} "
+        progress(f"round {i}: {g:13} {s:6} {p:9} kills {r.kills:3} restarts {r.restarts:3} "
                  f"{r.seconds:5.1f}s  lost {r.report.lost_count} duplicated "
-                 f"{r.report.duplicated_count} unexpected {r.report.unexpected_count}  "
+                 f"{r.report.duplicated_count} unexpected {r.report.unexpected_count} "
+                 f"repeated windows {r.duplicate_rows}  "
                  f"{'valid' if r.valid else 'INVALID'}"
                  + "".join(f"\n    member failure (not a kill): {f}" for f in r.failures))
         idle = idle + 1 if r.kills == 0 else 0
@@ -198,7 +283,7 @@ def run_campaign(work: Path, total_kills: int, seed: int = 0, progress=print, *,
 
 def summary(results: list[RoundResult]) -> str:
     lines = [f"{'guarantee':14}{'sink':8}{'pipeline':10}{'rounds':>7}{'kills':>7}{'lost':>8}"
-             f"{'duplicated':>12}{'unexpected':>12}{'valid':>7}"]
+             f"{'duplicated':>12}{'unexpected':>12}{'repeated':>10}{'valid':>7}"]
     groups: dict = {}
     for r in results:
         groups.setdefault((r.guarantee, r.sink, r.pipeline), []).append(r)
@@ -207,6 +292,7 @@ def summary(results: list[RoundResult]) -> str:
                      f"{sum(r.report.lost_count for r in rs):>8}"
                      f"{sum(r.report.duplicated_count for r in rs):>12}"
                      f"{sum(r.report.unexpected_count for r in rs):>12}"
+                     f"{sum(r.duplicate_rows for r in rs):>10}"
                      f"{str(all(r.valid for r in rs)).lower():>7}")
     return "\n".join(lines)
 
@@ -341,6 +427,7 @@ def main(argv=None) -> int:
             "rounds": [{"guarantee": r.guarantee, "sink": r.sink, "pipeline": r.pipeline,
                         "kills": r.kills, "restarts": r.restarts, "lost": r.report.lost_count,
                         "duplicated": r.report.duplicated_count,
+                        "repeated_windows": r.duplicate_rows,
                         "valid": r.valid, "failures": r.failures} for r in results]}))
     return 1 if bad else 0
 

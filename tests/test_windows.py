@@ -1,0 +1,393 @@
+"""Windows, event time and DAG pipelines, checked against pandas over the whole input.
+
+The generator's ``id`` is the event time here: deterministic and increasing in each source
+partition, so with per-partition watermarks no event is late and every window's result is
+known exactly. Lateness is tested on the operator directly, where the watermark is given.
+"""
+import random
+import threading
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from test_runtime import kill_member_repeatedly
+
+from sparkjet.errors import InvalidArgumentError, SnapshotMismatchError
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig, JobFailedError
+from sparkjet.runtime.watermarks import (
+    IDLE,
+    MAX_TIME,
+    SourceWatermarks,
+    Watermark,
+    WatermarkTracker,
+)
+from sparkjet.sinks import TransactionalFileSink
+from sparkjet.sources import GeneratorSource
+from sparkjet.windows import session, sliding, tumbling, user_aggregation
+
+AGGS = {"n": "count", "total": ("sum", "value"), "low": ("min", "value"),
+        "high": ("max", "value"), "avg": ("mean", "value")}
+
+
+def reference_windows(events: pd.DataFrame, size: int, slide: int, keys=("key",)) -> pd.DataFrame:
+    """Every (key, window) of a sliding (tumbling when slide == size) window over ``id``."""
+    parts = []
+    for i in range(size // slide):
+        start = (events["id"] // slide - i) * slide
+        parts.append(events.assign(window_start=start))
+    e = pd.concat(parts)
+    e = e[e["window_start"] + size > e["id"]]
+    g = e.groupby([*keys, "window_start"])["value"]
+    out = pd.DataFrame({"n": g.count(), "total": g.sum(), "low": g.min(), "high": g.max(),
+                        "avg": g.mean()}).reset_index()
+    out["window_end"] = out["window_start"] + size
+    return out.sort_values([*keys, "window_start"]).reset_index(drop=True)
+
+
+def reference_sessions(events: pd.DataFrame, gap: int) -> pd.DataFrame:
+    e = events.sort_values(["key", "id"])
+    new = (e["key"] != e["key"].shift()) | (e["id"] - e["id"].shift() >= gap)
+    e = e.assign(session=new.cumsum())
+    g = e.groupby(["key", "session"])
+    out = pd.DataFrame({"window_start": g["id"].min(), "window_end": g["id"].max() + gap,
+                        "n": g["value"].count(), "total": g["value"].sum()}).reset_index()
+    return out.drop(columns="session").sort_values(["key", "window_start"]).reset_index(drop=True)
+
+
+def committed(out, keys=("key",)) -> pd.DataFrame:
+    t = TransactionalFileSink.read(out).to_pandas()
+    return t.sort_values([*keys, "window_start"]).reset_index(drop=True)
+
+
+def assert_same(got: pd.DataFrame, want: pd.DataFrame, columns) -> None:
+    assert len(got) == len(want), f"{len(got)} rows, expected {len(want)}"
+    dup = got.duplicated([c for c in got.columns if c in ("key", "k2", "window_start")]).sum()
+    assert dup == 0, f"{dup} duplicated windows"
+    for c in columns:
+        assert np.array_equal(got[c].to_numpy(), want[c].to_numpy()), c
+
+
+def windowed(source, window, out, lag=0, **aggs):
+    return (Pipeline().read_from(source).with_timestamps("id", max_lag=lag)
+            .group_by("key").window(window).aggregate(**(aggs or AGGS))
+            .write_to(TransactionalFileSink(out)))
+
+
+# -- watermarks ---------------------------------------------------------------------------
+
+
+def test_tracker_is_the_least_of_channels_that_are_not_idle():
+    t = WatermarkTracker(3)
+    assert t.update(0, Watermark(10)) is None          # channels 1 and 2 hold it at MIN
+    assert t.update(1, Watermark(5)) is None
+    assert t.update(2, Watermark(7)) == Watermark(5)
+    assert t.update(1, IDLE) == Watermark(7)           # an idle channel holds nobody back
+    assert t.update(1, Watermark(3)) is None           # back, behind: the watermark stays
+    assert t.current == 7
+    for c in range(3):
+        t.update(c, IDLE)
+    assert t.idle
+
+
+def test_source_watermarks_per_partition_and_idle():
+    now = [0.0]
+    w = SourceWatermarks([0, 1], max_lag=2, idle_timeout=5.0, clock=lambda: now[0])
+    w.observe(0, np.array([10, 12]))
+    assert w.due() is None                             # partition 1 has not started
+    w.observe(1, np.array([7]))
+    assert w.due() == Watermark(5)
+    now[0] = 4.0
+    w.observe(0, np.array([20]))
+    now[0] = 6.0                                       # partition 1 silent for 6 s: idle
+    assert w.due() == Watermark(18)
+    now[0] = 100.0
+    assert w.due() == IDLE
+    w.ended = True
+    assert w.due() == Watermark(MAX_TIME)
+
+
+# -- windows on the operator ---------------------------------------------------------------
+
+
+class _Op:
+    """A window operator fed by hand."""
+
+    def __init__(self, window, keys=("k",), lateness=0, early=None, **aggs):
+        from sparkjet.pipeline import WindowStage
+        from sparkjet.window_operator import WindowOperator
+
+        stage = WindowStage(tuple(keys), window, aggs or {"n": "count", "s": ("sum", "v")},
+                            early, lateness, None)
+        self.op = WindowOperator(stage, "t", None)
+        self.out = []
+        self.late = []
+
+    def feed(self, t, k, v=None):
+        b = pa.record_batch({"t": pa.array(t, pa.int64()), "k": k,
+                             "v": v if v is not None else [1.0] * len(t)})
+        outs, late = self.op.process(b)
+        self.out += outs
+        if late is not None:
+            self.late.append(late)
+
+    def wm(self, t):
+        self.out += self.op.advance(t)
+
+    def rows(self):
+        if not self.out:
+            return []
+        return pa.Table.from_batches(self.out).to_pylist()
+
+
+def test_tumbling_fires_at_the_watermark_and_evicts():
+    o = _Op(tumbling(10))
+    o.feed([1, 5, 12, 9], ["a", "b", "a", "a"])
+    o.wm(9)
+    assert o.rows() == []
+    o.wm(10)
+    assert o.rows() == [{"k": "a", "window_start": 0, "window_end": 10, "n": 2, "s": 2.0},
+                        {"k": "b", "window_start": 0, "window_end": 10, "n": 1, "s": 1.0}]
+    assert list(o.op.panes) == [1]                      # pane 0 can no longer change
+    o.feed([3], ["a"])                                 # too late: counted, not dropped
+    assert pa.Table.from_batches(o.late).column("t").to_pylist() == [3]
+
+
+def test_allowed_lateness_emits_a_correction():
+    o = _Op(tumbling(10), lateness=5)
+    o.feed([1, 2], ["a", "b"])
+    o.wm(12)
+    o.feed([3], ["a"])                                  # late but allowed: a correction
+    rows = o.rows()
+    assert rows[-1] == {"k": "a", "window_start": 0, "window_end": 10, "n": 2, "s": 2.0}
+    o.wm(15)                                            # 10 + 5 <= 15: the window is gone
+    o.feed([4], ["a"])
+    assert len(o.late) == 1 and not o.op.panes
+
+
+def test_sliding_windows_combine_panes():
+    o = _Op(sliding(10, 5))
+    o.feed([1, 6, 7, 11], ["a", "a", "b", "a"], [1.0, 2.0, 3.0, 4.0])
+    o.wm(MAX_TIME - 1)
+    got = {(r["k"], r["window_start"]): (r["n"], r["s"]) for r in o.rows()}
+    assert got == {("a", -5): (1, 1.0), ("a", 0): (2, 3.0), ("b", 0): (1, 3.0),
+                   ("a", 5): (2, 6.0), ("b", 5): (1, 3.0), ("a", 10): (1, 4.0)}
+
+
+def test_sessions_merge_and_fire():
+    o = _Op(session(5))
+    o.feed([1, 3, 20], ["a", "a", "a"])
+    o.feed([6, 2], ["a", "b"])                           # 6 joins [1, 8); b is its own
+    o.wm(11)
+    got = sorted((r["k"], r["window_start"], r["window_end"], r["n"]) for r in o.rows())
+    assert got == [("a", 1, 11, 3), ("b", 2, 7, 1)]
+    o.wm(MAX_TIME - 1)
+    assert o.rows()[-1]["window_start"] == 20
+
+
+def test_early_results_are_marked():
+    o = _Op(tumbling(10), early=1e-9)
+    o.feed([1, 2], ["a", "a"])
+    o.out += o.op.tick()
+    o.wm(10)
+    rows = o.rows()
+    assert [r["early"] for r in rows] == [True, False] and rows[-1]["n"] == 2
+
+
+def test_user_aggregation_and_composite_keys():
+    def acc(groups, n, v):
+        return pa.table({"sq": np.bincount(groups, weights=v.to_numpy() ** 2, minlength=n)})
+
+    def combine(groups, n, partials):
+        return pa.table({"sq": np.bincount(groups, weights=partials["sq"].to_numpy(), minlength=n)})
+
+    squares = user_aggregation("v", acc, combine, lambda t: t["sq"].combine_chunks())
+    o = _Op(sliding(4, 2), keys=("k", "j"), sq=squares)
+    o.op.process(pa.record_batch({"t": [0, 1, 3], "k": ["a", "a", "a"], "j": [1, 1, 2],
+                                  "v": [1.0, 2.0, 3.0]}))
+    o.out += o.op.advance(4)
+    got = sorted((r["k"], r["j"], r["window_start"], r["sq"]) for r in o.rows())
+    assert got == [("a", 1, -2, 5.0), ("a", 1, 0, 5.0), ("a", 2, 0, 9.0)]
+
+
+def test_window_state_restores_from_its_snapshot():
+    o = _Op(sliding(10, 5))
+    o.feed([1, 6, 7], ["a", "a", "b"])
+    table = o.op.snapshot()
+    p = _Op(sliding(10, 5))
+    p.op.restore(table, -(2**63))
+    p.wm(MAX_TIME - 1)
+    o.wm(MAX_TIME - 1)
+    assert sorted(map(str, o.rows())) == sorted(map(str, p.rows()))
+
+
+def test_bad_window_arguments():
+    with pytest.raises(InvalidArgumentError, match="multiple of its slide"):
+        sliding(10, 3)
+    with pytest.raises(InvalidArgumentError, match="size must be > 0"):
+        tumbling(0)
+    src = Pipeline().read_from(GeneratorSource(total=10))
+    with pytest.raises(InvalidArgumentError, match="needs event time"):
+        src.group_by("key").window(tumbling(10)).count().write_to(
+            TransactionalFileSink("/tmp/x")).plan()
+    with pytest.raises(InvalidArgumentError, match="taken by the"):
+        src.group_by("key").window(tumbling(10)).aggregate(window_end="count")
+
+
+# -- jobs: windows, unions, branches, chains -----------------------------------------------
+
+
+@pytest.mark.parametrize("window", [tumbling(5_000), sliding(6_000, 2_000)])
+def test_windowed_job_matches_pandas(tmp_path, window):
+    source = GeneratorSource(total=60_000, partitions=4, keys=50, batch_size=3_000)
+    config = JobConfig(name="windows", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.05, local_parallelism=2)
+    result = Job(windowed(source, window, tmp_path / "out"), config).run(isolated=False)
+    assert result.events_in == 60_000
+    want = reference_windows(source.events(0, 60_000).to_pandas(), window.size, window.slide)
+    assert_same(committed(tmp_path / "out"), want, ["key", "window_start", "window_end", "n",
+                                                    "total", "low", "high", "avg"])
+
+
+def test_session_job_matches_pandas(tmp_path):
+    source = GeneratorSource(total=20_000, partitions=2, keys=400, batch_size=2_000)
+    config = JobConfig(name="sessions", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.05, local_parallelism=2)
+    Job(windowed(source, session(60), tmp_path / "out", n="count", total=("sum", "value")),
+        config).run(isolated=False)
+    want = reference_sessions(source.events(0, 20_000).to_pandas(), 60)
+    assert_same(committed(tmp_path / "out"), want, ["key", "window_start", "window_end", "n", "total"])
+
+
+def test_union_branches_and_a_chain_of_keyed_stages(tmp_path):
+    a = GeneratorSource(total=20_000, partitions=2, keys=30, seed=1, batch_size=2_000)
+    b = GeneratorSource(total=10_000, partitions=3, keys=30, seed=2, batch_size=2_000)
+    both = (Pipeline().read_from(a).with_timestamps("id")
+            .union(Pipeline().read_from(b).with_timestamps("id")))
+    per_window = both.group_by("key").window(tumbling(1_000)).aggregate(n="count", total=("sum", "value"))
+    # a second keyed stage, re-keyed: the largest per-key count of each window (rolling)
+    top = (per_window.map_batches(lambda b: b.rename_columns(
+               ["ws" if c == "window_start" else c for c in b.schema.names]))
+           .group_by("ws").aggregate(best=("max", "n"))
+           .write_to(TransactionalFileSink(tmp_path / "top")))
+    counts = per_window.write_to(TransactionalFileSink(tmp_path / "counts"))
+    raw = both.filter(pc.field("value") < 10).write_to(TransactionalFileSink(tmp_path / "raw"))
+    config = JobConfig(name="dag", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
+                       local_parallelism=2)
+    Job(Pipeline.all(top, counts, raw), config).run(isolated=False)
+    events = pd.concat([a.events(0, 20_000).to_pandas(), b.events(0, 10_000).to_pandas()])
+    want = reference_windows(events, 1_000, 1_000)
+    assert_same(committed(tmp_path / "counts"), want, ["key", "window_start", "n", "total"])
+    best = want.groupby("window_start")["n"].max().reset_index()
+    got = TransactionalFileSink.read(tmp_path / "top").to_pandas().groupby("ws")["best"].max()
+    assert got.index.tolist() == best["window_start"].tolist()
+    assert got.tolist() == best["n"].astype(float).tolist()
+    raw_got = TransactionalFileSink.read(tmp_path / "raw").to_pandas()
+    assert sorted(raw_got["id"].tolist()) == sorted(events[events["value"] < 10]["id"].tolist())
+
+
+def test_composite_key_rolling_and_windowed(tmp_path):
+    source = GeneratorSource(total=20_000, partitions=2, keys=40, batch_size=2_000)
+    stream = (Pipeline().read_from(source).with_timestamps("id")
+              .map_batches(lambda b: b.append_column("k2", pc.cast(pc.bit_wise_and(b["key"], 3), pa.string()))))
+    rolled = stream.group_by("key", "k2").aggregate(n="count").write_to(TransactionalFileSink(tmp_path / "r"))
+    win = (stream.group_by("key", "k2").window(tumbling(4_000)).aggregate(n="count")
+           .write_to(TransactionalFileSink(tmp_path / "w")))
+    config = JobConfig(name="composite", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.05, local_parallelism=2)
+    Job(Pipeline.all(rolled, win), config).run(isolated=False)
+    e = source.events(0, 20_000).to_pandas()
+    e["k2"] = (e["key"] & 3).astype(str)
+    want = e.assign(window_start=e["id"] // 4_000 * 4_000).groupby(
+        ["key", "k2", "window_start"]).size().reset_index(name="n")
+    got = committed(tmp_path / "w", keys=("key", "k2"))
+    assert_same(got, want.sort_values(["key", "k2", "window_start"]).reset_index(drop=True),
+                ["key", "k2", "window_start", "n"])
+    r = TransactionalFileSink.read(tmp_path / "r").to_pandas()
+    final = r.groupby(["key", "k2"])["n"].max().reset_index()
+    assert final.set_index(["key", "k2"])["n"].to_dict() == e.groupby(["key", "k2"]).size().to_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_windowed_job_survives_kill_9(tmp_path, guarantee):
+    source = GeneratorSource(total=300_000, partitions=4, keys=500, rate=120_000, batch_size=5_000)
+    config = JobConfig(name=f"win-kills-{guarantee}", processing_guarantee=guarantee,
+                       snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.2,
+                       local_parallelism=2, max_restarts=20, restart_backoff=0.05)
+    job = Job(windowed(source, sliding(20_000, 10_000), tmp_path / "out"), config)
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_member_repeatedly,
+                              args=(job, 3, random.Random(11), stop, killed), daemon=True)
+    killer.start()
+    try:
+        result = job.run()
+    finally:
+        stop.set()
+        killer.join()
+    assert [e for e in result.executions if "SIGKILL" in (e.get("error") or "")]
+    want = reference_windows(source.events(0, 300_000).to_pandas(), 20_000, 10_000)
+    got = committed(tmp_path / "out")
+    if guarantee == "exactly-once":
+        assert_same(got, want, ["key", "window_start", "n", "total", "low", "high"])
+    else:
+        # at-least-once: nothing lost; a replayed window may be emitted again, and may have
+        # counted a replayed event twice, so every window is there with at least its count
+        latest = got.drop_duplicates(["key", "window_start"], keep="last").reset_index(drop=True)
+        assert len(latest) == len(want)
+        assert (latest["n"].to_numpy() >= want["n"].to_numpy()).all()
+
+
+def test_a_snapshot_of_another_shape_is_refused(tmp_path):
+    source = GeneratorSource(total=200_000, partitions=2, keys=50, batch_size=2_000, rate=100_000)
+    config = JobConfig(name="shape", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
+                       max_restarts=0)
+    job = Job(windowed(source, tumbling(1_000), tmp_path / "out"), config)
+    job.run(isolated=False)
+    other = (Pipeline().read_from(source).with_timestamps("id").group_by("key")
+             .window(tumbling(2_000)).count().write_to(TransactionalFileSink(tmp_path / "o")))
+    with pytest.raises(SnapshotMismatchError, match="vertex 'window' was .*tumbling.*1000"):
+        Job(other, config).run()
+
+
+def test_window_state_rescales_after_a_kill(tmp_path):
+    """A member killed mid-run (no restart), then the job run again at another parallelism:
+    its window state, watermarks and sink transactions restore by partition."""
+    import os
+    import signal
+    import time
+
+    from sparkjet.snapshot_store import SnapshotStore
+
+    source = GeneratorSource(total=200_000, partitions=4, keys=300, rate=60_000, batch_size=4_000)
+
+    def run(parallelism, restarts):
+        config = JobConfig(name="win-rescale", snapshot_store=str(tmp_path / "snaps"),
+                           snapshot_interval=0.1, local_parallelism=parallelism,
+                           max_restarts=restarts)
+        return Job(windowed(source, sliding(20_000, 10_000), tmp_path / "out"), config)
+
+    job = run(2, 0)
+    stop = threading.Event()
+
+    def kill_after_snapshots():
+        store = SnapshotStore(str(tmp_path / "snaps"), job.config.id)
+        while not stop.is_set():
+            latest = store.latest_complete()
+            if latest is not None and latest.snapshot_id >= 3 and job.member_pid:
+                os.kill(job.member_pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_snapshots, daemon=True)
+    killer.start()
+    with pytest.raises(JobFailedError, match="SIGKILL"):
+        job.run()
+    stop.set()
+    killer.join()
+    result = run(3, 0).run()
+    assert result.executions[0]["restored_from"] is not None
+    want = reference_windows(source.events(0, 200_000).to_pandas(), 20_000, 10_000)
+    assert_same(committed(tmp_path / "out"), want, ["key", "window_start", "n", "total", "low", "high"])
