@@ -94,9 +94,17 @@ _T_CHANNEL, _T_BID_EXTRA, _T_EXTRA, _T_NAME, _T_DESCRIPTION, _T_LOCAL, _T_DOMAIN
 # ------------------------------------------------------------------------------- draws
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer on a uint64 array, in place (one scratch array)."""
-    t = np.right_shift(h, _U(30))
+def empty(n: int, dtype=np.int64) -> np.ndarray:
+    """An uninitialized numpy array in Arrow's memory pool. The pool keeps freed memory for
+    the next batch; numpy's allocator (glibc) returns blocks this big to the system and
+    faults them in again on every batch, which cost a third of a bid's time."""
+    dtype = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(n * dtype.itemsize), dtype=dtype)
+
+
+def _mix(h: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64's finalizer on a uint64 array, in place (``t``: a scratch array)."""
+    t = np.right_shift(h, _U(30), out=t)
     h ^= t
     h *= _MIX1
     np.right_shift(h, _U(27), out=t)
@@ -107,12 +115,13 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def draw(ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
+def draw(ids: np.ndarray, seed: int, stream: int, out: np.ndarray | None = None,
+         scratch: np.ndarray | None = None) -> np.ndarray:
     """64 random bits per event index (int64 array): element ``i * 16 + stream`` of the
-    splitmix64 sequence seeded with ``seed``."""
-    h = ids.view(_U) * _U(_STREAMS * _GOLDEN & _M64)
+    splitmix64 sequence seeded with ``seed`` (into ``out`` if given)."""
+    h = np.multiply(ids.view(_U), _U(_STREAMS * _GOLDEN & _M64), out=out)
     h += _U((seed + (stream + 1) * _GOLDEN) & _M64)
-    return _mix(h)
+    return _mix(h, scratch)
 
 
 def _low(h: np.ndarray) -> np.ndarray:
@@ -131,21 +140,27 @@ def _below(bits32: np.ndarray, n) -> np.ndarray:
     return out.view(np.int64)
 
 
-def _hot_threshold(ratio: int) -> int:
-    """``u32 >= threshold`` exactly when ``_below(u32, ratio) > 0``: NEXMark's "hot with
-    probability 1 - 1/ratio", in one comparison."""
-    return -(-(1 << 32) // ratio)
+def _hot_threshold(ratio: int, bits: int = 32) -> int:
+    """``u >= threshold`` (``u`` of ``bits`` random bits) exactly when ``u * ratio >>
+    bits > 0``: NEXMark's "hot with probability 1 - 1/ratio" in one comparison (exactly
+    for a power of two, else within 2**-bits)."""
+    return -(-(1 << bits) // ratio)
 
 
-def _price(h: np.ndarray) -> np.ndarray:
-    """NEXMark's price in cents, ``round(10 ** (6u) * 100)`` for u uniform in [0, 1) (53
-    bits): log-uniform from 1 $ to 1,000,000 $."""
-    x = (h >> _U(11)).view(np.int64).astype(np.float64)   # int64 converts faster
-    x *= 6 * math.log(10) / (1 << 53)
+def _price(h: np.ndarray, scratch: np.ndarray | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """NEXMark's price in cents, ``round(10 ** (6u) * 100)`` for u uniform in [0, 1) from
+    the high 32 bits of ``h`` (steps below a cent): log-uniform from 1 $ to 1,000,000 $."""
+    high = np.right_shift(h, _U(32), out=scratch).view(np.int64)   # int64 converts faster
+    x = np.multiply(high, 6 * math.log(10) / (1 << 32),
+                    out=None if scratch is None else scratch.view(np.float64))
     x += math.log(100)
     np.exp(x, out=x)
     x += 0.5
-    return x.astype(np.int64)   # positive: truncation is floor
+    if out is None:
+        return x.astype(np.int64)   # positive: truncation is floor
+    np.copyto(out, x, casting="unsafe")
+    return out
 
 
 # ------------------------------------------------------------------------------ text
@@ -229,20 +244,21 @@ def _extras(seed: int, lengths_bits32: np.ndarray, variant_bits32: np.ndarray,
 
 
 @functools.lru_cache(maxsize=8)
-def _bid_extras(seed: int) -> tuple[pa.Array, int]:
+def _bid_extras(seed: int) -> pa.Array:
     """The table of bid extras: every length NEXMark's rule gives a bid (all bids have the
     same fixed part), BID_EXTRA_VARIANTS of each; a uniform pick follows the rule."""
     desired = AVG_BID_BYTES - BID_FIXED_BYTES
     delta = math.floor(desired * 0.2 + 0.5)
-    table, _ = _texts(seed, _T_BID_EXTRA, desired - delta, desired + delta, BID_EXTRA_VARIANTS)
-    return table, len(table)
+    return _texts(seed, _T_BID_EXTRA, desired - delta, desired + delta, BID_EXTRA_VARIANTS)[0]
 
 
 @functools.lru_cache(maxsize=8)
-def _channels(seed: int) -> tuple[pa.Array, pa.Array]:
+def _channels(seed: int) -> tuple[pa.Array, pa.Array, np.ndarray]:
     """Channel names and their URLs: CHANNELS ordinary channels ``channel-<n>`` (nine in
     ten URLs end with ``&channel_id=<|Integer.reverse(n)|>``), then the HOT_CHANNELS; the
-    URLs' three path parts are NEXMark's ``nextString(5, '_')``."""
+    URLs' three path parts are NEXMark's ``nextString(5, '_')``. And the slots a bid picks
+    its channel from, uniformly: nexmark-flink's odds (1 - 1/HOT_CHANNELS_RATIO for a hot
+    channel, each equally likely, else any channel) as entries of the tables."""
     count = CHANNELS + len(HOT_CHANNELS)
     index = np.arange(count, dtype=np.int64)
     parts = [_next_string(seed, _T_CHANNEL + s, _low(draw(index, seed ^ _T_CHANNEL, s)), 5,
@@ -263,7 +279,10 @@ def _channels(seed: int) -> tuple[pa.Array, pa.Array]:
         pc.binary_join_element_wise("channel", pc.cast(pa.array(n.astype(np.int64)), pa.string()),
                                     "-"),
         pa.array(HOT_CHANNELS, pa.string())])
-    return names, urls
+    hot_slots = CHANNELS * (HOT_CHANNELS_RATIO - 1)
+    slots = np.concatenate([np.arange(CHANNELS),
+                            CHANNELS + np.arange(hot_slots) * len(HOT_CHANNELS) // hot_slots])
+    return names, urls, slots.astype(np.int16)   # small, so that picks stay in cache
 
 
 _PERSON_NAMES = pa.array([f"{f} {last}" for f in FIRST_NAMES for last in LAST_NAMES])
@@ -292,10 +311,10 @@ def last_base0_auction_id(ids: np.ndarray) -> np.ndarray:
     return epoch * AUCTION_PROPORTION + offset
 
 
-def event_time_ms(ids: np.ndarray, source) -> np.ndarray:
+def event_time_ms(ids: np.ndarray, source, out: np.ndarray | None = None) -> np.ndarray:
     """Each event's time: ``first_event_time_ms + i * 1000 // events_per_second``, minus a
-    jitter uniform in ``0..out_of_order_ms``."""
-    t = ids * 1000
+    jitter uniform in ``0..out_of_order_ms`` (into ``out`` if given)."""
+    t = np.multiply(ids, 1000, out=out)
     t //= source.events_per_second
     t += source.first_event_time_ms
     if source.out_of_order_ms:
@@ -315,27 +334,49 @@ def _random_person(bits32: np.ndarray, last_person: np.ndarray, people: int) -> 
     return known - active + _below(bits32, active + PERSON_ID_LEAD)
 
 
+def _bounded(h: np.ndarray, n: int, out: np.ndarray, high: bool = False) -> np.ndarray:
+    """``_below`` of the low (or high) half of ``h``, into ``out`` (uint64), as int64."""
+    if high:
+        np.right_shift(h, _U(32), out=out)
+    else:
+        np.bitwise_and(h, _LOW32, out=out)
+    out *= _U(n)
+    out >>= _U(32)
+    return out.view(np.int64)
+
+
 def bids(ids: np.ndarray, source) -> pa.RecordBatch:
     """The bids at event indices ``ids`` (int64, each a bid's index). The hot path of the
-    generator, hence the in-place arithmetic and the scalar spans once past the first
-    ``people`` persons and ``auctions`` auctions."""
-    seed = source.seed
-    last_person = ids // PROPORTION_DENOMINATOR   # PERSON_PROPORTION == 1
-    last_auction = last_person * AUCTION_PROPORTION
+    generator: three draws for a bid's eight choices, every array from :func:`empty` and
+    computed in place, scalar spans once past the first ``people`` persons and ``auctions``
+    auctions."""
+    n, seed = len(ids), source.seed
+    h, scratch, bits = empty(n, _U), empty(n, _U), empty(n, _U)
+    last_person = np.floor_divide(ids, PROPORTION_DENOMINATOR, out=empty(n))  # 1 person a run
+    last_auction = np.multiply(last_person, AUCTION_PROPORTION, out=empty(n))
     last_auction += AUCTION_PROPORTION - 1
-    warm = len(ids) and int(ids.min()) // PROPORTION_DENOMINATOR >= max(
-        source.people, source.auctions)
+    warm = n and int(ids.min()) // PROPORTION_DENOMINATOR >= max(source.people,
+                                                                 source.auctions)
 
-    h = draw(ids, seed, _S_A)
-    hot_auction = _low(h) >= _U(_hot_threshold(source.hot_auction_ratio))
-    hot_bidder = h >= _U(_hot_threshold(source.hot_bidder_ratio) << 32)
+    # Draw A: hot auction (bits 0-15), hot bidder (16-31), price (32-63).
+    draw(ids, seed, _S_A, h, scratch)
+    np.bitwise_and(h, _U(0xFFFF), out=bits)
+    hot_auction = np.greater_equal(bits, _U(_hot_threshold(source.hot_auction_ratio, 16)),
+                                   out=empty(n, np.bool_))
+    np.bitwise_and(h, _U(0xFFFF0000), out=bits)
+    hot_bidder = np.greater_equal(bits, _U(_hot_threshold(source.hot_bidder_ratio, 16) << 16),
+                                  out=empty(n, np.bool_))
+    price = _price(h, bits, out=empty(n))
 
-    h = draw(ids, seed, _S_B)
+    # Draw B: which auction (low half) and which bidder (high half) when not hot.
+    draw(ids, seed, _S_B, h, scratch)
     if warm:
-        auction = _below(_low(h), source.auctions + 1 + AUCTION_ID_LEAD)
-        auction += last_auction - source.auctions
-        bidder = _below(_high(h), source.people + PERSON_ID_LEAD)
-        bidder += last_person + 1 - source.people
+        auction = np.add(_bounded(h, source.auctions + 1 + AUCTION_ID_LEAD, bits),
+                         last_auction, out=empty(n))
+        auction -= source.auctions
+        bidder = np.add(_bounded(h, source.people + PERSON_ID_LEAD, bits, high=True),
+                        last_person, out=empty(n))
+        bidder += 1 - source.people
     else:
         oldest = np.maximum(last_auction - source.auctions, 0)
         auction = oldest + _below(_low(h), last_auction - oldest + 1 + AUCTION_ID_LEAD)
@@ -350,23 +391,16 @@ def bids(ids: np.ndarray, source) -> pa.RecordBatch:
     auction += FIRST_AUCTION_ID
     bidder += FIRST_PERSON_ID
 
-    price = _price(draw(ids, seed, _S_C))
-    # The channel: hot or not from the top bit of the low half, which one from the rest;
-    # the extra from the high half.
-    h = draw(ids, seed, _S_D)
-    low = _low(h)
-    which = low << _U(1)
-    which &= _LOW32
-    pick = _below(which, CHANNELS)
-    np.copyto(pick, _below(which, len(HOT_CHANNELS)) + CHANNELS,
-              where=low >= _U(_hot_threshold(HOT_CHANNELS_RATIO)))
-    names, urls = _channels(seed)
-    extras, count = _bid_extras(seed)
-    pick = pa.array(pick)
+    # Draw C: the channel (low half) and the extra (high half).
+    draw(ids, seed, _S_C, h, scratch)
+    names, urls, slots = _channels(seed)
+    pick = pa.array(np.take(slots, _bounded(h, len(slots), bits), out=empty(n, slots.dtype)))
+    channel, url = names.take(pick), urls.take(pick)
+    extras = _bid_extras(seed)
+    extra = extras.take(pa.array(_bounded(h, len(extras), bits, high=True)))
     return pa.RecordBatch.from_arrays(
-        [pa.array(auction), pa.array(bidder), pa.array(price), names.take(pick),
-         urls.take(pick), _timestamps(event_time_ms(ids, source)),
-         extras.take(pa.array(_below(_high(h), count)))],
+        [pa.array(auction), pa.array(bidder), pa.array(price), channel, url,
+         _timestamps(event_time_ms(ids, source, out=empty(n))), extra],
         schema=SCHEMAS["bid"])
 
 
