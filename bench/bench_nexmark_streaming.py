@@ -21,8 +21,8 @@ here, more than the rest of a 200k-bid run).
   ``window``: max count and the list of (auction, count), exploded and filtered).
 - q7 highest bid: per 10 s window, the maximum price and the list of the window's bids,
   those at the maximum kept (one aggregation); ``q7-join`` is nexmark-flink's form, the
-  maximum per window joined back to the bids (an interval join on ``window_time``), about
-  1.7 times slower on Spark here.
+  maximum per window joined back to the bids (an interval join on ``window_time``), 1.5 to
+  2.7 times slower on Spark here.
 
 Windowed queries carry a watermark on ``date_time`` of ``--out-of-order-ms`` (the
 generator's bound on lateness, 0 by default: the bids are in order). Spark emits a window
