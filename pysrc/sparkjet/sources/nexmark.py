@@ -26,6 +26,8 @@ Departures from Beam's generator, all on purpose:
 - random text (names, descriptions, e-mail addresses, extras, URLs) is picked from tables
   made once per seed, with NEXMark's lengths and characters (a few dozen to a few hundred
   strings per length): fresh text per row would cost more than the rest of the event;
+- a bid's hot odds come from 16 random bits (exact for the default ratios, powers of two;
+  within 2**-16 of ``1 - 1/ratio`` otherwise) and its price from 32;
 - a bidder is offset by 1000 once (nexmark-flink's channel version adds it twice);
 - the default ``auctions`` (in flight) is 1000; Beam's ``numInFlightAuctions`` is 100.
 
