@@ -4,6 +4,8 @@
   as fast as possible; computes the expected output of a failure-free run.
 - :class:`ArrowLogSource` and :class:`ArrowLogWriter`: a partitioned append-only log of
   Arrow IPC segment files, replayable and readable while it is being appended.
+- :class:`NexmarkSource`: NEXMark's persons, auctions or bids, deterministic and replayable
+  by offset like the generator, in event time from a fixed epoch.
 - :class:`RedisStreamSource` and :class:`RedisStreamProducer`: an acknowledging source on
   Redis Streams (needs the ``redis`` package: ``pip install 'sparkjet[redis]'``).
 """
@@ -14,6 +16,7 @@ from sparkjet.sources.arrow_log import (
     LogLockedError,
 )
 from sparkjet.sources.generator import GeneratorReader, GeneratorSource
+from sparkjet.sources.nexmark import NexmarkReader, NexmarkSource
 from sparkjet.sources.redis_stream import (
     RedisStreamProducer,
     RedisStreamReader,
@@ -27,6 +30,8 @@ __all__ = [
     "GeneratorReader",
     "GeneratorSource",
     "LogLockedError",
+    "NexmarkReader",
+    "NexmarkSource",
     "RedisStreamProducer",
     "RedisStreamReader",
     "RedisStreamSource",

@@ -1,8 +1,11 @@
-"""Tools for testing sparkjet for real, kept out of the public API: they kill processes.
+"""Tools for testing sparkjet for real, kept out of the public API (the first two kill
+processes).
 
 - :mod:`sparkjet.testing.campaign`: fault campaigns, jobs whose members are killed with
   SIGKILL at random moments, checked against a failure-free run
   (``python -m sparkjet.testing.campaign --help``).
 - :mod:`sparkjet.testing.standalone`: a throwaway Spark standalone cluster on this machine
   (a master and worker JVMs) whose workers can be killed and restarted.
+- :mod:`sparkjet.testing.nexmark_reference`: plain answers of the NEXMark queries over a
+  table of bids, to check streaming results against.
 """
