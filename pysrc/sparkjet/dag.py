@@ -226,7 +226,8 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
                             f"give each source one")
                     v.timestamps = s
                     timed = True
-                nxt = stages if isinstance(s, (UnionStage, TimestampsStage)) else (*stages, s)
+                # with_timestamps stays in the path: there the source observes event time
+                nxt = stages if isinstance(s, UnionStage) else (*stages, s)
                 for c in reversed(consumers[id(node)]):
                     stack.append((c, nxt, timed))
             else:
