@@ -511,3 +511,24 @@ def test_a_snapshot_from_before_dags_restores_or_is_refused(tmp_path):
     report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
                                      key="key", columns=["count", "sum"])
     assert report.valid, str(report)
+
+
+def test_early_results_in_a_job_precede_the_final_ones(tmp_path):
+    source = GeneratorSource(total=60_000, partitions=2, keys=10, batch_size=1_000, rate=100_000)
+    pipeline = (Pipeline().read_from(source).with_timestamps("id")
+                .group_by("key").window(tumbling(30_000))
+                .aggregate(n="count", early_results=0.05)
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="early", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
+                       local_parallelism=1)
+    Job(pipeline, config).run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out").to_pandas()
+    final = out[~out["early"]].sort_values(["key", "window_start"]).reset_index(drop=True)
+    early = out[out["early"]]
+    assert len(early) > 0
+    e = source.events(0, 60_000).to_pandas()
+    want = e.assign(window_start=e["id"] // 30_000 * 30_000).groupby(["key", "window_start"]).size()
+    assert final.set_index(["key", "window_start"])["n"].to_dict() == want.to_dict()
+    # a speculative count never exceeds the final one
+    merged = early.merge(final, on=["key", "window_start"], suffixes=("_early", "_final"))
+    assert len(merged) == len(early) and (merged["n_early"] <= merged["n_final"]).all()
