@@ -232,6 +232,9 @@ def test_bad_window_arguments():
     with pytest.raises(InvalidArgumentError, match="needs event time"):
         src.group_by("key").window(tumbling(10)).count().write_to(
             TransactionalFileSink("/tmp/x")).plan()
+    sink = TransactionalFileSink("/tmp/x")
+    with pytest.raises(InvalidArgumentError, match="ends two branches"):
+        Pipeline.all(src.write_to(sink), src.filter(pc.field("key") > 1).write_to(sink)).plan()
     with pytest.raises(InvalidArgumentError, match="taken by the"):
         src.group_by("key").window(tumbling(10)).aggregate(window_end="count")
 

@@ -140,6 +140,14 @@ def _describe_aggregations(aggregations: dict) -> dict:
     return out
 
 
+def _check_new_sink(sink: Sink, sinks: dict) -> None:
+    for spec in sinks.values():
+        if spec.sink is sink:
+            raise InvalidArgumentError(
+                f"{sink!r} ends two branches of the pipeline; its writers would collide. Merge "
+                f"the branches with union() before write_to(), or give each its own sink")
+
+
 _STATELESS = (MapStage, FilterStage, TimestampsStage, UnionStage)
 
 
@@ -184,6 +192,7 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
         elif isinstance(s, WindowStage):
             kind = WINDOW
         elif isinstance(s, SinkStage):
+            _check_new_sink(s.sink, sinks)
             spec = SinkSpec(name_for("sink"), s.sink, [])
             sink_of[id(n)] = sinks[spec.name] = spec
             continue
@@ -192,6 +201,7 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
         v = Vertex(name_for(kind), kind, s)
         vertex_of[id(n)] = vertices[v.name] = v
         if kind == WINDOW and s.late is not None:
+            _check_new_sink(s.late, sinks)
             spec = SinkSpec(name_for("sink"), s.late, [v.name], late=True)
             sinks[spec.name] = spec
 
