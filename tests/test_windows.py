@@ -435,7 +435,7 @@ def test_too_late_events_go_to_the_side_output_never_lost(tmp_path):
     late = TransactionalFileSink.read(tmp_path / "late")
     out = TransactionalFileSink.read(tmp_path / "out").to_pandas()
     assert late.num_rows > 0, "the jitter exceeds the lag: some events must be too late"
-    assert result.executions[0]["late_events"] == late.num_rows
+    assert result.late_events == late.num_rows
     assert not out.duplicated(["key", "window_start"]).any()
     assert out["n"].sum() + late.num_rows == 60_000
     # and each window holds exactly the events of its own that were not too late
@@ -468,3 +468,67 @@ def test_window_state_stays_bounded_while_the_stream_runs(tmp_path):
     # 60 windows x 20 keys would be 1200 rows: only the windows between the watermark and
     # the newest event received (what the channels hold at most) are open
     assert max(sizes) <= 300, sizes
+
+
+def _legacy_snapshot(store_dir, job_id, source, done: int):
+    """A snapshot laid out as sparkjet wrote them before DAG pipelines: vertices "source"
+    (reader state by processor), "aggregate" (the rolling state by key) and "sink"
+    (prepared transactions by processor), and no DAG fingerprint."""
+    import json
+
+    from sparkjet.keyed_state import KeyedAggregator
+    from sparkjet.snapshot_store import SnapshotStore
+
+    per = done // source.partitions
+    agg = KeyedAggregator("key", {"count": "count", "sum": ("sum", "value")})
+    ids = [p + n * source.partitions for p in range(source.partitions) for n in range(per)]
+    events = source.events(0, done).to_pandas()
+    agg.update(pa.RecordBatch.from_pandas(events[events["id"].isin(ids)], preserve_index=False))
+    state = {"offsets": {str(p): per for p in range(source.partitions)}, "next": 0}
+    with SnapshotStore(store_dir, job_id) as store:
+        store.register_execution(1)
+        w = store.writer(0, 1, writer=0)
+        w.write_broadcast_entries("source", [b"0"], [json.dumps(state).encode()])
+        w.write_broadcast_entries("sink", [b"0"], [json.dumps(None).encode()])
+        w.write_table("aggregate", agg.snapshot(), key="key")
+        store.commit(0, 1, [w.finish()])
+
+
+def test_a_snapshot_from_before_dags_restores_or_is_refused(tmp_path):
+    from test_runtime import final_state, keyed_pipeline
+
+    from sparkjet import verify
+
+    source = GeneratorSource(total=8_000, partitions=2, keys=40, batch_size=500)
+    config = JobConfig(name="legacy", snapshot_store=str(tmp_path / "snaps"), local_parallelism=1)
+    _legacy_snapshot(config.snapshot_store, config.id, source, 4_000)
+    windowed_job = Job(windowed(source, tumbling(1_000), tmp_path / "w"), config)
+    with pytest.raises(SnapshotMismatchError, match="before DAG pipelines"):
+        windowed_job.run(isolated=False)
+    result = Job(keyed_pipeline(source, tmp_path / "out"), config).run(isolated=False)
+    assert result.executions[0]["restored_from"] == 0
+    assert result.events_in == 4_000          # the first half came from the snapshot
+    report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
+                                     key="key", columns=["count", "sum"])
+    assert report.valid, str(report)
+
+
+def test_early_results_in_a_job_precede_the_final_ones(tmp_path):
+    source = GeneratorSource(total=60_000, partitions=2, keys=10, batch_size=1_000, rate=100_000)
+    pipeline = (Pipeline().read_from(source).with_timestamps("id")
+                .group_by("key").window(tumbling(30_000))
+                .aggregate(n="count", early_results=0.05)
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="early", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
+                       local_parallelism=1)
+    Job(pipeline, config).run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out").to_pandas()
+    final = out[~out["early"]].sort_values(["key", "window_start"]).reset_index(drop=True)
+    early = out[out["early"]]
+    assert len(early) > 0
+    e = source.events(0, 60_000).to_pandas()
+    want = e.assign(window_start=e["id"] // 30_000 * 30_000).groupby(["key", "window_start"]).size()
+    assert final.set_index(["key", "window_start"])["n"].to_dict() == want.to_dict()
+    # a speculative count never exceeds the final one
+    merged = early.merge(final, on=["key", "window_start"], suffixes=("_early", "_final"))
+    assert len(merged) == len(early) and (merged["n_early"] <= merged["n_final"]).all()

@@ -202,13 +202,7 @@ class Pipeline:
         if not isinstance(column, str):
             raise InvalidArgumentError(f"with_timestamps() takes a column name, got {column!r}")
         lag = _duration("max_lag", max_lag, allow_zero=True)
-        if isinstance(idle_timeout, datetime.timedelta):
-            idle_timeout = idle_timeout.total_seconds()
-        if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) \
-                or not idle_timeout > 0:
-            raise InvalidArgumentError(f"idle_timeout must be a positive number of seconds, "
-                                       f"got {idle_timeout!r}")
-        return self._add(TimestampsStage(column, lag, float(idle_timeout)))
+        return self._add(TimestampsStage(column, lag, _seconds("idle_timeout", idle_timeout)))
 
     # -- keyed stages ------------------------------------------------------------------
 
@@ -302,15 +296,7 @@ class Windowed:
             raise InvalidArgumentError(f"{sorted(taken)}: these names are taken by the "
                                        f"window's own columns; rename the column first")
         lateness = _duration("allowed_lateness", allowed_lateness, allow_zero=True)
-        early = None
-        if early_results is not None:
-            if isinstance(early_results, datetime.timedelta):
-                early_results = early_results.total_seconds()
-            if not isinstance(early_results, (int, float)) or isinstance(early_results, bool) \
-                    or not early_results > 0:
-                raise InvalidArgumentError(f"early_results must be a positive number of seconds "
-                                           f"or None, got {early_results!r}")
-            early = float(early_results)
+        early = None if early_results is None else _seconds("early_results", early_results)
         if late_events is not None and not isinstance(late_events, Sink):
             raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
                                        f"{type(late_events).__name__}")
@@ -330,6 +316,15 @@ def _check_window(window):
             f"window() takes sparkjet.windows.tumbling(...), sliding(...) or session(...), "
             f"got {window!r}")
     return window
+
+
+def _seconds(name: str, value) -> float:
+    """A positive wall-clock time: seconds, or a timedelta."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _duration(name: str, value, *, allow_zero: bool):

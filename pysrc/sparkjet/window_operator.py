@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
+from sparkjet._batches import split_by
 from sparkjet._groups import Groups
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
@@ -329,20 +330,8 @@ class WindowOperator:
             batch, panes = batch.filter(pa.array(keep)), panes[keep]
             if batch.num_rows == 0:
                 return [], late
-        first = panes[0]
-        if (panes == first).all():
-            groups = [(int(first), batch)]
-        else:
-            order = np.argsort(panes, kind="stable")
-            sorted_panes = panes[order]
-            cuts = np.flatnonzero(np.diff(sorted_panes)) + 1
-            starts = np.concatenate(([0], cuts))
-            ends = np.concatenate((cuts, [len(order)]))
-            taken = batch.take(pa.array(order))
-            groups = [(int(sorted_panes[s]), taken.slice(s, e - s))
-                      for s, e in zip(starts.tolist(), ends.tolist())]
         outputs = []
-        for q, rows in groups:
+        for q, rows in split_by(batch, panes):
             pane = self.panes.get(q)
             if pane is None:
                 pane = self.panes[q] = _Pane(self.keys, self.layout)

@@ -2,9 +2,9 @@
 channels of its edges into other vertices (local aligners or exchange streams)."""
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
+from sparkjet._batches import split_by
 from sparkjet.dag import Vertex
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import TimestampsStage
@@ -65,18 +65,8 @@ class Outbox:
             return
         m = self.member
         pids = partition_ids(batch, m.config.partition_count, key=self._keys[target]).to_numpy()
-        dest = m.topology.owner[pids]
-        if (dest == dest[0]).all():
-            self._put(target, int(dest[0]), batch)
-            return
-        order = np.argsort(dest, kind="stable")
-        sorted_dest = dest[order]
-        bounds = np.flatnonzero(np.diff(sorted_dest)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [len(order)]))
-        taken = batch.take(pa.array(order))
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            self._put(target, int(sorted_dest[s]), taken.slice(s, e - s))
+        for k, rows in split_by(batch, m.topology.owner[pids]):
+            self._put(target, k, rows)
 
     # -- in-band control -----------------------------------------------------------------
 

@@ -45,6 +45,13 @@ class JobResult:
         return sum(e.get("events_out", 0) for e in self.executions)
 
     @property
+    def late_events(self) -> int:
+        """Events too late for every window they belonged to (counted, and written to a
+        window's ``late_events`` sink when it has one). Of failed executions, only what
+        their members reported before failing."""
+        return sum(e.get("late_events", 0) for e in self.executions)
+
+    @property
     def refused_calls(self) -> int:
         """Calls to the job's members or coordinator refused for their credentials (an
         outsider, or a zombie of an older execution): nonzero deserves a look."""

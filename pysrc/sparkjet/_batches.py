@@ -1,0 +1,21 @@
+"""Splitting a batch by a per-row integer: the rows of each value together, in row order."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def split_by(batch: pa.RecordBatch, values: np.ndarray) -> list[tuple[int, pa.RecordBatch]]:
+    """``(value, rows)`` for each distinct value of ``values`` (one per row of ``batch``),
+    in increasing value order; each part keeps the rows' order. A batch of one value is
+    returned whole, without a copy."""
+    first = values[0]
+    if (values == first).all():
+        return [(int(first), batch)]
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    cuts = np.flatnonzero(np.diff(ordered)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(order)]))
+    taken = batch.take(pa.array(order))
+    return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts.tolist(), ends.tolist())]
