@@ -41,6 +41,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -237,6 +238,97 @@ def run_sparkjet(spark, name: str, bids: int, work: Path, lag_ms: int = 0,
         "events_out": result.events_out}
 
 
+def _bid_at_or_after(event_ms: int, first_ms: int, events_per_second: int) -> int:
+    """The number of bids before the first bid whose ``date_time`` is at least ``event_ms``
+    (event ``i`` is at ``first_ms + i * 1000 // events_per_second``)."""
+    i = max(0, -(-(event_ms - first_ms) * events_per_second // 1000))
+    while first_ms + i * 1000 // events_per_second < event_ms:
+        i += 1
+    while True:
+        runs, offset = divmod(i, 50)
+        if offset >= 4:
+            return runs * 46 + offset - 4
+        i += 4 - offset
+
+
+def window_latency(spark, name: str, work: Path, seconds: float = 20.0,
+                   rate: float = 50_000, events_per_second: int = sss.EVENTS_PER_SECOND,
+                   poll_s: float = 0.01) -> dict:
+    """Per window of ``name`` (q5, q7 or tumbling): seconds from the moment the source's
+    schedule lets out the first bid at or past the window's end (with ``max_lag`` 0, the
+    bid that moves the watermark past it) to the moment its row is committed (seen in a
+    committed file of the ``TransactionalFileSink``, polled every ``poll_s``).
+
+    The source is rate-limited (``rate`` bids/s over its 4 partitions, batches of 2,048);
+    bid ``j`` is scheduled at ``t0 + j / rate``, ``t0`` being when the coordinator reports
+    the members started (the readers start their schedule at their first read, just
+    after). A bid the job takes later than its schedule adds that lag to the figure, so it
+    is an upper bound on watermark-to-commit; one window's commit wait is bounded by the
+    snapshot interval (1 s) plus the snapshot."""
+    import pyarrow.parquet as pq
+
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import NexmarkSource
+    from sparkjet.sources.nexmark import FIRST_EVENT_TIME_MS
+
+    bids = int(rate * seconds)
+    out, snaps = work / f"lat-out-{name}", work / f"lat-snap-{name}"
+    for folder in (out, snaps):
+        shutil.rmtree(folder, ignore_errors=True)
+    source = NexmarkSource(kind="bid", total=global_total(bids), partitions=4, rate=rate,
+                           batch_size=2048, events_per_second=events_per_second)
+    config = JobConfig(name=f"nexmark-lat-{name}-{time.time_ns()}", members=2,
+                       local_parallelism=1, processing_guarantee="exactly-once",
+                       snapshot_interval=1.0, snapshot_store=str(snaps))
+    marks: dict[str, float] = {}
+    seen: dict[int, float] = {}
+    done = threading.Event()
+
+    def progress(event):
+        if event["event"] == "started":
+            marks.setdefault("started", time.monotonic())
+
+    def poll():
+        read: set[str] = set()
+        while True:
+            last = done.is_set()
+            if out.exists():
+                for path in TransactionalFileSink.committed_files(str(out)):
+                    if path in read:
+                        continue
+                    now = time.monotonic()
+                    read.add(path)
+                    ends = pq.read_table(path, columns=["window_end"]).column("window_end")
+                    for end in np.unique(_np(ends.cast(pa.int64()))):
+                        seen.setdefault(int(end), now)
+            if last:
+                return
+            time.sleep(poll_s)
+
+    job = Job(pipeline(name, source, TransactionalFileSink(str(out))), config)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    result = job.run(spark, on_progress=progress)
+    done.set()
+    poller.join()
+    t0 = marks["started"]
+    size_ms = int(SIZE.total_seconds() * 1000)
+    last_bid_ms = FIRST_EVENT_TIME_MS + (global_total(bids) - 1) * 1000 // events_per_second
+    lat = []
+    for end, when in seen.items():
+        if end > last_bid_ms:   # closed by the end of the stream, not by a bid
+            continue
+        j = _bid_at_or_after(end, FIRST_EVENT_TIME_MS, events_per_second)
+        lat.append(when - (t0 + j / rate))
+    lat_arr = np.array(lat)
+    return {"query": name, "bids": bids, "rate": rate, "windows": len(lat),
+            "window_ms": size_ms, "p50_s": float(np.percentile(lat_arr, 50)),
+            "p99_s": float(np.percentile(lat_arr, 99)), "min_s": float(lat_arr.min()),
+            "max_s": float(lat_arr.max()), "snapshots": len(result.snapshots),
+            "seconds": result.seconds}
+
+
 def check(name: str, result: pa.Table, bids: pa.Table) -> tuple[pa.Table, str | None]:
     """The reference of ``name`` and, when sparkjet's result differs, what differs."""
     expected = sss.QUERIES[name][1](bids)
@@ -318,6 +410,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-of-order-ms", type=int, default=0)
     parser.add_argument("--queries", default=",".join(QUERIES))
     parser.add_argument("--skip-sss", action="store_true")
+    parser.add_argument("--latency-seconds", type=float, default=20.0,
+                        help="wall seconds of each rate-limited latency run (0: none)")
+    parser.add_argument("--latency-rate", type=float, default=50_000, help="bids/s offered")
+    parser.add_argument("--latency-queries", default="q5,q7")
     parser.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(),
                                                            "sparkjet-nexmark"))
     parser.add_argument("--out", default=str(BENCH / "results" / "nexmark"))
@@ -332,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
     table = bids.table()
     print(f"load average {os.getloadavg()[0]:.2f}; {bids.events:,} bids", flush=True)
     spark = sss.session()
-    rows, problems = [], {}
+    rows, problems, latencies = [], {}, {}
     try:
         run_sparkjet(spark, "q0", 10_000, work / "warm-up", seed=1)   # starts the workers
         for name in names:
@@ -356,19 +452,28 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  sss {name}: {s_rate:,.0f} events/s ({s_info['seconds']:.1f} s); "
                       f"sparkjet is {rate / s_rate:.1f}x", flush=True)
             rows.append(row)
+        if args.latency_seconds > 0:
+            for name in [n.strip() for n in args.latency_queries.split(",") if n.strip()]:
+                latencies[name] = window_latency(spark, name, work, args.latency_seconds,
+                                                 args.latency_rate)
+                print(f"  sparkjet {name} latency:", json.dumps(latencies[name]), flush=True)
     finally:
         spark.stop()
     print(f"\nNEXMark, {bids.events:,} bids, local[2]; ratio = sparkjet / Structured Streaming")
-    print(f"{'query':10}{'sparkjet/s':>13}{'SSS/s':>11}{'ratio':>8}{'rows':>9}  equal")
+    print(f"{'query':10}{'sparkjet/s':>13}{'SSS/s':>11}{'ratio':>8}{'rows':>11}  equal")
     for r in rows:
         print(f"{r['query']:10}{r['sparkjet_events_per_s']:>13,.0f}"
               f"{r.get('sss_events_per_s', float('nan')):>11,.0f}{r.get('ratio', float('nan')):>7.1f}x"
-              f"{r['rows']:>9,}  {r['equal_to_reference']}")
+              f"{r['rows']:>11,}  {r['equal_to_reference']}")
+    for name, r in latencies.items():
+        print(f"{name}: window end passing the watermark (scheduled) to committed row, "
+              f"{r['windows']} windows at {r['rate']:,.0f} bids/s: p50 {r['p50_s']:.3f} s, "
+              f"p99 {r['p99_s']:.3f} s (min {r['min_s']:.3f}, max {r['max_s']:.3f})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(
         {"events": bids.events, "files": args.files, "load_average": os.getloadavg()[0],
-         "rows": rows}, indent=2, default=str))
+         "rows": rows, "latency": latencies}, indent=2, default=str))
     plot(rows, bids.events, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
