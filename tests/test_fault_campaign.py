@@ -1,7 +1,8 @@
 """The fault campaign, CI-sized: ≥ 100 real SIGKILLs of job members across all three
 guarantees, both sinks and every pipeline shape, 4 kills in each of the 30 rounds
-(`python -m sparkjet.campaign --kills 1000` runs the long one). Exactly-once: nothing lost, nothing duplicated, final state equal to a
-failure-free run. At-least-once: nothing lost. None: reported as it is."""
+(`python -m sparkjet.campaign --kills 1000` runs the long one). Exactly-once: nothing
+lost, nothing duplicated, no window emitted twice, final state equal to a failure-free
+run. At-least-once: nothing lost. None: reported as it is."""
 import pytest
 
 from sparkjet.testing.campaign import PLAN, run_campaign, summary
