@@ -89,22 +89,26 @@ def kill_member_repeatedly(job: Job, kills: int, rng: random.Random, stop: threa
             pass
 
 
+def run_with_kills(job: Job, kills: int, seed: int):
+    """Runs the supervised job while its member is killed `kills` times at random moments."""
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_member_repeatedly,
+                              args=(job, kills, random.Random(seed), stop, killed), daemon=True)
+    killer.start()
+    try:
+        return job.run()
+    finally:
+        stop.set()
+        killer.join()
+
+
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
 def test_supervised_job_survives_kill_9(tmp_path, guarantee):
     source = GeneratorSource(total=400_000, partitions=4, keys=2_000, rate=150_000, batch_size=5_000)
     config = JobConfig(name=f"kills-{guarantee}", processing_guarantee=guarantee,
                        snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.2,
                        local_parallelism=2, max_restarts=20, restart_backoff=0.05)
-    job = Job(keyed_pipeline(source, tmp_path / "out"), config)
-    stop, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_member_repeatedly,
-                              args=(job, 3, random.Random(7), stop, killed), daemon=True)
-    killer.start()
-    try:
-        result = job.run()
-    finally:
-        stop.set()
-        killer.join()
+    result = run_with_kills(Job(keyed_pipeline(source, tmp_path / "out"), config), 3, seed=7)
     sigkilled = [e for e in result.executions if "SIGKILL" in (e.get("error") or "")]
     assert sigkilled, "the killer must have killed at least one member"
     assert result.restarts == len([e for e in result.executions if e["status"] != "ok"])

@@ -133,9 +133,11 @@ class Dag:
 def _describe_aggregations(aggregations: dict) -> dict:
     out = {}
     for name, spec in aggregations.items():
-        if isinstance(spec, (tuple, list)) or isinstance(spec, str):
-            out[name] = spec if isinstance(spec, str) else list(spec)
-        else:
+        if isinstance(spec, str):
+            out[name] = spec
+        elif isinstance(spec, (tuple, list)):
+            out[name] = list(spec)
+        else:                                   # a UserAggregation
             out[name] = ["user", list(spec.columns)]
     return out
 

@@ -29,14 +29,10 @@ from sparkjet import _native
 from sparkjet._batches import split_by
 from sparkjet._groups import Groups
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
+from sparkjet.runtime.watermarks import MIN_TIME
 from sparkjet.windows import Session, in_units, parse_window_aggregations, time_values
 
 _FILL = {"sum": 0.0, "min": np.inf, "max": -np.inf}
-
-
-def _floordiv(a: int, b: int) -> int:
-    return a // b
 
 
 class _Partials:
@@ -225,11 +221,10 @@ class _Pane:
 class WindowOperator:
     """The windowed aggregation of one processor of a window vertex."""
 
-    def __init__(self, stage, time_column: str, member):
+    def __init__(self, stage, time_column: str):
         self.stage = stage
         self.keys = tuple(stage.keys)
         self.time_column = time_column
-        self.member = member
         self.layout = _Layout(stage.aggregations)
         self.state_key = stage.key if self.keys else None
         self.definition = stage.window
@@ -315,7 +310,7 @@ class WindowOperator:
             return None
         # pane q is closed when q * slide + size + lateness <= watermark
         bound = watermark - self.size - self.lateness
-        return _floordiv(bound, self.slide) + 1 if bound >= -(2**62) else None
+        return bound // self.slide + 1 if bound >= -(2**62) else None
 
     def _process_panes(self, batch: pa.RecordBatch, ts: np.ndarray):
         panes = np.empty(len(ts), np.int64)
@@ -373,7 +368,7 @@ class WindowOperator:
     def _window_result(self, start: int, only: pa.Table | None = None,
                        early: bool = False) -> pa.RecordBatch | None:
         """The window ``[start, start + size)``: every key's row, or ``only`` those keys'."""
-        first = _floordiv(start, self.slide)
+        first = start // self.slide
         panes = [(q, self.panes[q]) for q in range(first, first + self.size // self.slide)
                  if q in self.panes and self.panes[q].size]
         if not panes:
@@ -429,7 +424,7 @@ class WindowOperator:
                     starts.add(s)
         outputs = []
         for s in sorted(starts):
-            first = _floordiv(s, self.slide)
+            first = s // self.slide
             keys = [self.panes[q].key_table(np.array(sorted(self._early_dirty[q]), np.int64))
                     for q in range(first, first + self.size // self.slide)
                     if q in self._early_dirty and q in self.panes]
@@ -508,4 +503,4 @@ def _distinct(keys: pa.Table) -> pa.Table:
     return keys.group_by(keys.column_names).aggregate([])
 
 
-__all__ = ["MAX_TIME", "WindowOperator"]
+__all__ = ["WindowOperator"]

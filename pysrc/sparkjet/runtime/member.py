@@ -111,10 +111,11 @@ def check_snapshot_shape(dag: Dag, store: SnapshotStore, job_id: int,
             f"pipelines, of a one-source pipeline with at most one group_by; this pipeline has "
             f"vertices {list(dag.vertices)} and sinks {list(dag.sinks)}. Run it under a new "
             f"job name, or restore with the pipeline that took the snapshot")
-    if saved != dag.fingerprint():
+    mine = dag.fingerprint()
+    if saved != mine:
         raise SnapshotMismatchError(
             f"snapshot {snapshot_id} of job {job_id} was taken by a pipeline of another "
-            f"shape: {_first_difference(saved, dag.fingerprint())}. Run this pipeline under a "
+            f"shape: {_first_difference(saved, mine)}. Run this pipeline under a "
             f"new job name, or restore with the pipeline that took the snapshot")
 
 
@@ -291,7 +292,7 @@ class Member:
             return 0
         self.metrics["restored_from"] = snapshot_id
         store, t = self.store, self.topology
-        self._check_fingerprint(snapshot_id)
+        check_snapshot_shape(self.dag, store, self.config.id, snapshot_id)
         sinks_prepared: dict[str, dict] = {}
         for name in self.dag.sinks:
             sinks_prepared[name] = _entries_json(
@@ -321,9 +322,6 @@ class Member:
         self.progress({"event": "restored", "snapshot": snapshot_id,
                        "execution": self.execution_id, "member": self.index})
         return snapshot_id + 1
-
-    def _check_fingerprint(self, snapshot_id: int) -> None:
-        check_snapshot_shape(self.dag, self.store, self.config.id, snapshot_id)
 
     # -- the coordinator (alone) or its link ---------------------------------------------
 
@@ -443,8 +441,7 @@ class _Processor(threading.Thread):
         self.vertex = vertex
         self.index = index
         self.control: queue.Queue = queue.Queue()
-        self.sink_names = [p.sink for p in vertex.paths if p.sink is not None]
-        self.sink_names = list(dict.fromkeys(self.sink_names))
+        self.sink_names = list(dict.fromkeys(p.sink for p in vertex.paths if p.sink is not None))
         late = [s.name for s in member.dag.sinks.values() if s.late and vertex.name in s.feeders]
         self.late_sink = late[0] if late else None
         if self.late_sink is not None:
@@ -657,7 +654,7 @@ class _KeyedProcessor(_Processor):
     def work(self) -> None:
         m = self.member
         v = self.vertex
-        op = make_operator(v, m)
+        op = make_operator(v)
         op.restore(self.restored_table, self.restored_watermark)
         self.restored_table = None
         self.open_outputs()

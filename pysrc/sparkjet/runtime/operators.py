@@ -53,13 +53,13 @@ class RollingAggregate(Operator):
         self._agg.restore(table)
 
 
-def make_operator(vertex: Vertex, metrics) -> Operator:
+def make_operator(vertex: Vertex) -> Operator:
     if vertex.kind == AGGREGATE:
         return RollingAggregate(vertex)
     if vertex.kind == WINDOW:
         from sparkjet.window_operator import WindowOperator
 
-        return WindowOperator(vertex.stage, vertex.time_column, metrics)
+        return WindowOperator(vertex.stage, vertex.time_column)
     raise ValueError(f"no operator for a {vertex.kind} vertex")
 
 
