@@ -230,6 +230,7 @@ class WindowOperator:
         self.definition = stage.window
         self._resolved = False
         self.watermark = MIN_TIME
+        self._floors = None
         self._early_every = stage.early_results
         self._early_at = time.monotonic()
         self._time_type: pa.DataType | None = None
@@ -276,9 +277,40 @@ class WindowOperator:
                 raise InvalidArgumentError(f"group_by key {k!r} is not in the stream; it has "
                                            f"{batch.schema.names}")
         ts = time_values(column, self.time_column)
+        replayed = None
+        if self._floors is not None:
+            batch, ts, replayed = self._below_floors(batch, ts)
+            if batch.num_rows == 0:
+                return [], replayed
         if self.session:
-            return self._sessions.process(batch, ts)
-        return self._process_panes(batch, ts)
+            outputs, late = self._sessions.process(batch, ts)
+        else:
+            outputs, late = self._process_panes(batch, ts)
+        if replayed is not None:
+            late = replayed if late is None else pa.concat_batches([replayed, late])
+        return outputs, late
+
+    def _below_floors(self, batch: pa.RecordBatch, ts: np.ndarray):
+        """Splits off the rows that were too late for their partition's watermark before a
+        restart (see :class:`~sparkjet.runtime.watermarks.PartitionFloors`): they go where
+        too-late events go, as they did then."""
+        if self.watermark >= self._floors.top:
+            self._floors = None
+            return batch, ts, None
+        floor = self._floors.of(batch)
+        ahead = floor > self.watermark
+        if not ahead.any():
+            return batch, ts, None
+        bound = np.maximum(floor, -(2**62)) - self.lateness
+        if self.session:
+            too_late = ahead & (ts <= bound - self.gap)
+        else:
+            # as _min_live_pane: pane q is closed when q * slide + size + lateness <= floor
+            too_late = ahead & (ts // self.slide < (bound - self.size) // self.slide + 1)
+        if not too_late.any():
+            return batch, ts, None
+        keep = ~too_late
+        return batch.filter(pa.array(keep)), ts[keep], batch.filter(pa.array(too_late))
 
     def advance(self, watermark: int) -> list[pa.RecordBatch]:
         if watermark <= self.watermark:
@@ -466,8 +498,9 @@ class WindowOperator:
             return None
         return pa.concat_tables(tables)
 
-    def restore(self, table: pa.Table | None, watermark: int) -> None:
+    def restore(self, table: pa.Table | None, watermark: int, floors=None) -> None:
         self.watermark = watermark
+        self._floors = floors
         if table is None or table.num_rows == 0:
             return
         if self.session:

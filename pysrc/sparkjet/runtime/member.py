@@ -46,6 +46,7 @@ from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import (
     MAX_TIME,
     MIN_TIME,
+    PartitionFloors,
     SourceWatermarks,
     Watermark,
     WatermarkTracker,
@@ -311,7 +312,9 @@ class Member:
                 p.restored_table = state.table if not v.single else state.broadcast_table
                 marks = [s for k, s in _entries_json(state.broadcast_entries).items()
                          if k.startswith("wm:")]
-                p.restored_watermark = min(marks) if marks else MIN_TIME
+                p.restored_watermark, p.restored_floors = PartitionFloors.from_saved(
+                    marks, t.partitions_of(v.name, p.index), self.config.partition_count,
+                    None if v.single else v.stage.key)
             # An old sink instance's prepared transactions go to instance (old index %
             # total), the rule by which sinks find the leftovers they own after a rescale.
             for sink in p.sink_names:
@@ -650,12 +653,13 @@ class _KeyedProcessor(_Processor):
         super().__init__(member, vertex, index)
         self.restored_table = None
         self.restored_watermark = MIN_TIME
+        self.restored_floors = None
 
     def work(self) -> None:
         m = self.member
         v = self.vertex
         op = make_operator(v)
-        op.restore(self.restored_table, self.restored_watermark)
+        op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
         self.restored_table = None
         self.open_outputs()
         aligner = m.aligners[(v.name, self.index)]
@@ -699,8 +703,10 @@ class _KeyedProcessor(_Processor):
                             writer.write_broadcast_table(v.name, table)
                         else:
                             writer.write_table(v.name, table, key=op.state_key)
+                    mark = {"time": tracker.current,
+                            "partitions": m.topology.partitions_of(v.name, self.index)}
                     writer.write_broadcast_entries(v.name, [f"wm:{self.index}".encode()],
-                                                   [json.dumps(tracker.current).encode()])
+                                                   [json.dumps(mark).encode()])
                     self.prepare_sinks(writer, sid)
                     self.outbox.barrier(sid, terminal)
                     if terminal:

@@ -64,6 +64,59 @@ class WatermarkTracker:
         return None
 
 
+class PartitionFloors:
+    """What a restarted keyed processor knows about the watermark its partitions had
+    reached before the restart, by Hazelcast partition.
+
+    Each processor saves its watermark with the partitions it owned. After a restart (or
+    a rescale) a processor starts at the least of those over its partitions, so that no
+    window of any of them fires early; but a partition whose old owner was further on had
+    already fired (and evicted) the windows below its own watermark. Under at-least-once a
+    replayed event of such a partition must not open those windows again (it would emit a
+    window holding only the replayed events): :meth:`of` gives each row the watermark of its
+    partition's old owner, and the operator treats rows below it as it treated them then.
+    Under exactly-once no replayed event is below it, so this changes nothing.
+    """
+
+    def __init__(self, floors: np.ndarray, partition_count: int, key):
+        self.floors = floors
+        self.partition_count = partition_count
+        self.key = key
+        self.top = int(floors.max()) if len(floors) else MIN_TIME
+
+    @classmethod
+    def from_saved(cls, saved: list, mine: list[int], partition_count: int, key):
+        """``saved``: the processors' saved entries, ``{"time": t, "partitions": [...]}``
+        (or a bare time, from before partitions were saved: it counts for every partition).
+        Returns ``(start, floors)``: the least watermark over ``mine``, and the floors when
+        some partition of ``mine`` was further on (else None)."""
+        if not saved:
+            return MIN_TIME, None
+        floors = np.full(partition_count, MIN_TIME, np.int64)
+        bare = [s for s in saved if not isinstance(s, dict)]
+        if bare:
+            floors[:] = min(bare)
+        for s in saved:
+            if isinstance(s, dict):
+                parts = np.asarray(s["partitions"], np.int64)
+                parts = parts[(parts >= 0) & (parts < partition_count)]
+                floors[parts] = s["time"] if not bare else min(int(s["time"]), min(bare))
+        mine_floors = floors[np.asarray(mine, np.int64)] if mine else floors[:0]
+        start = int(mine_floors.min()) if len(mine_floors) else MIN_TIME
+        if not len(mine_floors) or int(mine_floors.max()) == start:
+            return start, None
+        kept = np.full(partition_count, MIN_TIME, np.int64)
+        kept[np.asarray(mine, np.int64)] = mine_floors
+        return start, cls(kept, partition_count, key)
+
+    def of(self, batch) -> np.ndarray:
+        """The floor of each row of ``batch``: its partition's old watermark."""
+        from sparkjet.partitioning import partition_ids
+
+        pids = partition_ids(batch, self.partition_count, key=self.key).to_numpy()
+        return self.floors[pids]
+
+
 class SourceWatermarks:
     """The watermark of a source processor reading ``partitions`` (None in the list: a
     reader that does not say which partition a batch came from, tracked as one)."""
@@ -121,4 +174,4 @@ class SourceWatermarks:
         return w
 
 
-__all__ = ["IDLE", "MAX_TIME", "MIN_TIME", "SourceWatermarks", "Watermark", "WatermarkTracker"]
+__all__ = ["IDLE", "MAX_TIME", "MIN_TIME", "PartitionFloors", "SourceWatermarks", "Watermark", "WatermarkTracker"]
