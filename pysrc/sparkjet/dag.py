@@ -25,6 +25,7 @@ from sparkjet.pipeline import (
     FilterStage,
     MapStage,
     Node,
+    OperatorStage,
     SinkStage,
     SourceStage,
     TimestampsStage,
@@ -47,17 +48,40 @@ class Path:
     sink: str | None = None
     target: str | None = None
     timed: bool = False                  # the path went through with_timestamps()
+    ordinal: int = 0                     # which input of the target it feeds
 
 
 @dataclass
 class Vertex:
     name: str
-    kind: str                            # SOURCE, AGGREGATE or WINDOW
-    stage: object                        # SourceStage, AggregateStage or WindowStage
+    kind: str                            # SOURCE, AGGREGATE, WINDOW or an OperatorStage's kind
+    stage: object                        # SourceStage, AggregateStage, WindowStage, OperatorStage
     inputs: list[str] = field(default_factory=list)   # upstream vertices, channel order
     paths: list[Path] = field(default_factory=list)
     timestamps: TimestampsStage | None = None          # sources: their event-time policy
     time_column: str | None = None       # windows: the event-time column of their input
+
+    @property
+    def arity(self) -> int:
+        """How many input streams the vertex's stage takes (ordinals)."""
+        return getattr(self.stage, "arity", 1)
+
+    def key_of(self, ordinal: int):
+        """The key its input ``ordinal`` is partitioned by."""
+        if isinstance(self.stage, OperatorStage):
+            return self.stage.key_of(ordinal)
+        return self.stage.key
+
+    @property
+    def needs_event_time(self) -> bool:
+        return self.kind == WINDOW or getattr(self.stage, "event_time", False)
+
+    @property
+    def output_time(self) -> str | None:
+        """The event-time column of its output (None: its output has no event time)."""
+        if self.kind == WINDOW:
+            return WINDOW_TIME
+        return getattr(self.stage, "output_time", None)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -112,6 +136,9 @@ class Dag:
             if v.kind == SOURCE:
                 d["source"] = type(v.source).__name__
                 d["partitions"] = v.source.partition_count()
+            elif isinstance(v.stage, OperatorStage):
+                d["keys"] = list(v.keys)
+                d.update(v.stage.describe())
             else:
                 d["keys"] = list(v.keys)
                 d["aggregations"] = _describe_aggregations(v.stage.aggregations)
@@ -193,6 +220,14 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             kind = AGGREGATE
         elif isinstance(s, WindowStage):
             kind = WINDOW
+        elif isinstance(s, OperatorStage):
+            kind = s.kind
+            if len(n.inputs) != s.arity:
+                raise InvalidArgumentError(f"a {kind} stage takes {s.arity} input streams, "
+                                           f"got {len(n.inputs)}")
+            if len(set(map(id, n.inputs))) != len(n.inputs):
+                raise InvalidArgumentError(f"a {kind} stage of a stream with itself: branch it "
+                                           f"through a stateless step (filter, map_batches) first")
         elif isinstance(s, SinkStage):
             _check_new_sink(s.sink, sinks)
             spec = SinkSpec(name_for("sink"), s.sink, [])
@@ -212,9 +247,9 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
         v = vertex_of.get(id(n))
         if v is None:
             continue
-        stack = [(c, (), v.kind == WINDOW) for c in reversed(consumers[id(n)])]
+        stack = [(c, (), v.output_time is not None, n) for c in reversed(consumers[id(n)])]
         while stack:
-            node, stages, timed = stack.pop()
+            node, stages, timed, came_from = stack.pop()
             s = node.stage
             if id(node) in sink_of:
                 spec = sink_of[id(node)]
@@ -223,7 +258,8 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
                     spec.feeders.append(v.name)
             elif id(node) in vertex_of:
                 w = vertex_of[id(node)]
-                v.paths.append(Path(stages, target=w.name, timed=timed))
+                ordinal = next(i for i, x in enumerate(node.inputs) if x is came_from)
+                v.paths.append(Path(stages, target=w.name, timed=timed, ordinal=ordinal))
                 if v.name not in w.inputs:
                     w.inputs.append(v.name)
             elif isinstance(s, _STATELESS):
@@ -241,13 +277,13 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
                 # with_timestamps stays in the path: there the source observes event time
                 nxt = stages if isinstance(s, UnionStage) else (*stages, s)
                 for c in reversed(consumers[id(node)]):
-                    stack.append((c, nxt, timed))
+                    stack.append((c, nxt, timed, node))
             else:
                 raise InvalidArgumentError(f"unknown pipeline stage {s!r}")
 
-    # Event time: every path into a window must carry it.
+    # Event time: every path into a window (or a stage that needs it) must carry it.
     for w in vertices.values():
-        if w.kind != WINDOW:
+        if not w.needs_event_time:
             continue
         columns = set()
         for u_name in w.inputs:
@@ -255,19 +291,20 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             for p in u.paths:
                 if p.target != w.name:
                     continue
+                what = "window()" if w.kind == WINDOW else f"a {w.kind} stage"
                 if u.kind == SOURCE:
                     if not p.timed:
                         raise InvalidArgumentError(
-                            f"{w.name}: window() needs event time on every input: call "
+                            f"{w.name}: {what} needs event time on every input: call "
                             f".with_timestamps(column, max_lag=...) after read_from("
                             f"{u.source!r})")
                     columns.add(u.timestamps.column)
-                elif u.kind == WINDOW:
-                    columns.add(WINDOW_TIME)
+                elif u.output_time is not None:
+                    columns.add(u.output_time)
                 else:
                     raise InvalidArgumentError(
-                        f"{w.name}: a window cannot follow a rolling aggregate ({u.name}): its "
-                        f"updates have no event time")
+                        f"{w.name}: {what} cannot follow {u.name} ({u.kind}): its "
+                        f"output has no event time")
         if len(columns) != 1:
             raise InvalidArgumentError(f"{w.name}: the merged streams' event times are in "
                                        f"different columns {sorted(columns)}; rename them to one")

@@ -117,6 +117,45 @@ class WindowStage:
         return self.keys[0] if len(self.keys) == 1 else list(self.keys)
 
 
+class OperatorStage:
+    """Base of the keyed stages that bring their own operator (keyed state, deduplication,
+    joins): each runs as a vertex of its own, reached by partitioned edges (all-to-one
+    without a key). A subclass is a frozen dataclass and sets:
+
+    - ``kind``: the vertex's kind, which also names it ("dedup", "dedup.2", ...);
+    - ``keys``: the key columns (the same on every input; see :meth:`key_of`);
+    - ``arity``: how many input streams it takes (the node's inputs, in order; each
+      batch reaches the operator with an ``__ordinal`` int8 column when ``arity > 1``);
+    - ``event_time``: True when every input must carry event time (``with_timestamps``);
+    - ``output_time``: the event-time column of its output, when it has one (a later
+      window or event-time stage may follow), else None;
+
+    and implements :meth:`describe` (what a snapshot's state depends on: a changed
+    description refuses to restore) and :meth:`make_operator`.
+    """
+
+    kind: str = ""
+    keys: tuple = ()
+    arity: int = 1
+    event_time: bool = False
+    output_time: str | None = None
+
+    @property
+    def key(self):
+        return self.keys[0] if len(self.keys) == 1 else list(self.keys)
+
+    def key_of(self, ordinal: int):
+        """The key column(s) of input ``ordinal`` (its rows are partitioned by them)."""
+        return self.key
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+    def make_operator(self, time_column: str | None):
+        """The :class:`sparkjet.runtime.operators.Operator` of one processor."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, eq=False)
 class Node:
     """One step of a pipeline and the steps it reads from (identity is the object's)."""
@@ -335,4 +374,4 @@ def _duration(name: str, value, *, allow_zero: bool):
     return duration(name, value, allow_zero=allow_zero)
 
 
-__all__ = ["GroupBy", "Pipeline", "Windowed"]
+__all__ = ["GroupBy", "OperatorStage", "Pipeline", "Windowed"]

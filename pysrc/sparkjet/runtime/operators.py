@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from sparkjet.dag import AGGREGATE, WINDOW, Vertex
 from sparkjet.keyed_state import KeyedAggregator
+from sparkjet.pipeline import OperatorStage
 
 
 class Operator:
@@ -30,7 +31,9 @@ class Operator:
     def snapshot(self) -> pa.Table | None:
         raise NotImplementedError
 
-    def restore(self, table: pa.Table | None, watermark: int) -> None:
+    def restore(self, table: pa.Table | None, watermark: int, floors=None) -> None:
+        """``floors``: a :class:`~sparkjet.runtime.watermarks.PartitionFloors` when some of
+        this processor's partitions had reached a later watermark than ``watermark``."""
         raise NotImplementedError
 
     #: The key column(s) the snapshot table is partitioned by (None: one group).
@@ -49,11 +52,13 @@ class RollingAggregate(Operator):
     def snapshot(self):
         return self._agg.snapshot()
 
-    def restore(self, table, watermark):
+    def restore(self, table, watermark, floors=None):
         self._agg.restore(table)
 
 
 def make_operator(vertex: Vertex) -> Operator:
+    if isinstance(vertex.stage, OperatorStage):
+        return vertex.stage.make_operator(vertex.time_column)
     if vertex.kind == AGGREGATE:
         return RollingAggregate(vertex)
     if vertex.kind == WINDOW:

@@ -2,12 +2,16 @@
 channels of its edges into other vertices (local aligners or exchange streams)."""
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from sparkjet._batches import split_by
 from sparkjet.dag import Vertex
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import TimestampsStage
+
+#: The column telling a stage of several inputs which one a batch came from.
+ORDINAL = "__ordinal"
 
 
 class Outbox:
@@ -27,7 +31,10 @@ class Outbox:
         self.on_timestamps = on_timestamps
         t = self.member.topology
         self.targets = vertex.targets
-        self._keys = {w: self.member.dag.vertices[w].stage.key for w in self.targets}
+        dag = self.member.dag
+        self._keys = {(p.target, p.ordinal): dag.vertices[p.target].key_of(p.ordinal)
+                      for p in vertex.paths if p.target is not None}
+        self._tagged = {w for w in self.targets if dag.vertices[w].arity > 1}
         self._width = {w: t.parallelism[w] for w in self.targets}
         self._channel_of = {w: t.channel_offset[(w, vertex.name)] + processor.index
                             for w in self.targets}
@@ -55,16 +62,19 @@ class Outbox:
                 self.sinks[path.sink].write(out)
                 written += out.num_rows
             else:
-                self._route(path.target, out)
+                self._route(path.target, out, path.ordinal)
         return written
 
-    def _route(self, target: str, batch: pa.RecordBatch) -> None:
+    def _route(self, target: str, batch: pa.RecordBatch, ordinal: int = 0) -> None:
+        if target in self._tagged:
+            batch = batch.append_column(ORDINAL, pa.array(np.full(batch.num_rows, ordinal, np.int8)))
         width = self._width[target]
         if width == 1:
             self._put(target, 0, batch)
             return
         m = self.member
-        pids = partition_ids(batch, m.config.partition_count, key=self._keys[target]).to_numpy()
+        pids = partition_ids(batch, m.config.partition_count,
+                             key=self._keys[(target, ordinal)]).to_numpy()
         for k, rows in split_by(batch, m.topology.owner[pids]):
             self._put(target, k, rows)
 
@@ -137,4 +147,4 @@ class Outbox:
         return ch
 
 
-__all__ = ["Outbox"]
+__all__ = ["ORDINAL", "Outbox"]
