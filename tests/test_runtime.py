@@ -89,6 +89,32 @@ def kill_member_repeatedly(job: Job, kills: int, rng: random.Random, stop: threa
             pass
 
 
+def run_killed_once(job: Job, store_path, after: int) -> None:
+    """Runs the job (without restarts) and kills its member once snapshot ``after`` is
+    complete: the run fails, leaving its snapshots for a run at another parallelism."""
+    from sparkjet.snapshot_store import SnapshotStore
+
+    stop = threading.Event()
+
+    def kill_after_snapshots():
+        store = SnapshotStore(str(store_path), job.config.id)
+        while not stop.is_set():
+            latest = store.latest_complete()
+            if latest is not None and latest.snapshot_id >= after and job.member_pid:
+                os.kill(job.member_pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_snapshots, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(JobFailedError, match="SIGKILL"):
+            job.run()
+    finally:
+        stop.set()
+        killer.join()
+
+
 def run_with_kills(job: Job, kills: int, seed: int):
     """Runs the supervised job while its member is killed `kills` times at random moments."""
     stop, killed = threading.Event(), []

@@ -4,18 +4,17 @@ The generator's ``id`` is the event time here: deterministic and increasing in e
 partition, so with per-partition watermarks no event is late and every window's result is
 known exactly. Lateness is tested on the operator directly, where the watermark is given.
 """
-import threading
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from test_runtime import run_with_kills
+from test_runtime import run_killed_once, run_with_kills
 
 from sparkjet.errors import InvalidArgumentError, SnapshotMismatchError
 from sparkjet.pipeline import Pipeline
-from sparkjet.runtime import Job, JobConfig, JobFailedError
+from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.watermarks import (
     IDLE,
     MAX_TIME,
@@ -387,12 +386,6 @@ def test_a_snapshot_of_another_shape_is_refused(tmp_path):
 def test_window_state_rescales_after_a_kill(tmp_path):
     """A member killed mid-run (no restart), then the job run again at another parallelism:
     its window state, watermarks and sink transactions restore by partition."""
-    import os
-    import signal
-    import time
-
-    from sparkjet.snapshot_store import SnapshotStore
-
     source = GeneratorSource(total=200_000, partitions=4, keys=300, rate=60_000, batch_size=4_000)
 
     def run(parallelism, restarts):
@@ -401,24 +394,7 @@ def test_window_state_rescales_after_a_kill(tmp_path):
                            max_restarts=restarts)
         return Job(windowed(source, sliding(20_000, 10_000), tmp_path / "out"), config)
 
-    job = run(2, 0)
-    stop = threading.Event()
-
-    def kill_after_snapshots():
-        store = SnapshotStore(str(tmp_path / "snaps"), job.config.id)
-        while not stop.is_set():
-            latest = store.latest_complete()
-            if latest is not None and latest.snapshot_id >= 3 and job.member_pid:
-                os.kill(job.member_pid, signal.SIGKILL)
-                return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_after_snapshots, daemon=True)
-    killer.start()
-    with pytest.raises(JobFailedError, match="SIGKILL"):
-        job.run()
-    stop.set()
-    killer.join()
+    run_killed_once(run(2, 0), tmp_path / "snaps", after=3)
     result = run(3, 0).run()
     assert result.executions[0]["restored_from"] is not None
     want = reference_windows(source.events(0, 200_000).to_pandas(), 20_000, 10_000)

@@ -47,7 +47,7 @@ class Path:
     stages: tuple
     sink: str | None = None
     target: str | None = None
-    timed: bool = False                  # the path went through with_timestamps()
+    timed: bool = False                  # from a source: it went through with_timestamps()
     ordinal: int = 0                     # which input of the target it feeds
 
 
@@ -81,6 +81,8 @@ class Vertex:
         """The event-time column of its output (None: its output has no event time)."""
         if self.kind == WINDOW:
             return WINDOW_TIME
+        if getattr(self.stage, "keeps_time", False):
+            return self.time_column
         return getattr(self.stage, "output_time", None)
 
     @property
@@ -237,7 +239,7 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             continue
         v = Vertex(name_for(kind), kind, s)
         vertex_of[id(n)] = vertices[v.name] = v
-        if kind == WINDOW and s.late is not None:
+        if getattr(s, "late", None) is not None:
             _check_new_sink(s.late, sinks)
             spec = SinkSpec(name_for("sink"), s.late, [v.name], late=True)
             sinks[spec.name] = spec
@@ -247,7 +249,7 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
         v = vertex_of.get(id(n))
         if v is None:
             continue
-        stack = [(c, (), v.output_time is not None, n) for c in reversed(consumers[id(n)])]
+        stack = [(c, (), False, n) for c in reversed(consumers[id(n)])]
         while stack:
             node, stages, timed, came_from = stack.pop()
             s = node.stage
@@ -281,34 +283,35 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             else:
                 raise InvalidArgumentError(f"unknown pipeline stage {s!r}")
 
-    # Event time: every path into a window (or a stage that needs it) must carry it.
+    # Event time: every path into a window (or a stage that needs it) must carry it; other
+    # keyed stages get it (for their timers) when every input has it in one column.
     for w in vertices.values():
-        if not w.needs_event_time:
+        if w.kind == SOURCE:
             continue
-        columns = set()
+        what = "window()" if w.kind == WINDOW else f"a {w.kind} stage"
+        columns, missing = set(), None
         for u_name in w.inputs:
             u = vertices[u_name]
             for p in u.paths:
                 if p.target != w.name:
                     continue
-                what = "window()" if w.kind == WINDOW else f"a {w.kind} stage"
-                if u.kind == SOURCE:
-                    if not p.timed:
-                        raise InvalidArgumentError(
-                            f"{w.name}: {what} needs event time on every input: call "
-                            f".with_timestamps(column, max_lag=...) after read_from("
-                            f"{u.source!r})")
+                if u.kind == SOURCE and p.timed:
                     columns.add(u.timestamps.column)
-                elif u.output_time is not None:
+                elif u.kind != SOURCE and u.output_time is not None:
                     columns.add(u.output_time)
+                elif u.kind == SOURCE:
+                    missing = (f"{w.name}: {what} needs event time on every input: call "
+                               f".with_timestamps(column, max_lag=...) after read_from("
+                               f"{u.source!r})")
                 else:
-                    raise InvalidArgumentError(
-                        f"{w.name}: {what} cannot follow {u.name} ({u.kind}): its "
-                        f"output has no event time")
-        if len(columns) != 1:
-            raise InvalidArgumentError(f"{w.name}: the merged streams' event times are in "
-                                       f"different columns {sorted(columns)}; rename them to one")
-        w.time_column = columns.pop()
+                    missing = (f"{w.name}: {what} cannot follow {u.name} ({u.kind}): its "
+                               f"output has no event time")
+        if missing is None and len(columns) == 1:
+            w.time_column = columns.pop()
+        elif w.needs_event_time:
+            raise InvalidArgumentError(missing or (
+                f"{w.name}: the merged streams' event times are in different columns "
+                f"{sorted(columns)}; rename them to one"))
     return Dag(vertices, sinks)
 
 

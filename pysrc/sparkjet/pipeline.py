@@ -128,7 +128,8 @@ class OperatorStage:
       batch reaches the operator with an ``__ordinal`` int8 column when ``arity > 1``);
     - ``event_time``: True when every input must carry event time (``with_timestamps``);
     - ``output_time``: the event-time column of its output, when it has one (a later
-      window or event-time stage may follow), else None;
+      window or event-time stage may follow), else None; or ``keeps_time``: its output
+      rows keep their input's event-time column;
 
     and implements :meth:`describe` (what a snapshot's state depends on: a changed
     description refuses to restore) and :meth:`make_operator`.
@@ -139,6 +140,7 @@ class OperatorStage:
     arity: int = 1
     event_time: bool = False
     output_time: str | None = None
+    keeps_time: bool = False
 
     @property
     def key(self):
@@ -257,6 +259,24 @@ class Pipeline:
         self._stream("group_by")
         return GroupBy(self, tuple(keys))
 
+    def deduplicate(self, *keys: str, within, late_events: Sink | None = None) -> Pipeline:
+        """Passes the first event of each key and drops the later ones within ``within``
+        of event time (an int in the time column's unit, or a timedelta) after it
+        (:mod:`sparkjet.dedup`). Events behind the watermark cannot be checked: they are
+        counted as late and go to ``late_events`` if given. Needs ``with_timestamps``."""
+        from sparkjet.dedup import DeduplicateStage
+
+        if len(keys) == 1 and isinstance(keys[0], (list, tuple)):
+            keys = tuple(keys[0])
+        if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+            raise InvalidArgumentError(f"deduplicate() takes one or more distinct column names, "
+                                       f"got {keys!r}")
+        if late_events is not None and not isinstance(late_events, Sink):
+            raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
+                                       f"{type(late_events).__name__}")
+        within = _duration("within", within, allow_zero=False)
+        return self._add(DeduplicateStage(tuple(keys), within, late_events))
+
     def window(self, window) -> Windowed:
         """A windowed aggregation over the whole stream (no key: it runs on one processor)."""
         self._stream("window")
@@ -307,6 +327,37 @@ class GroupBy:
     def window(self, window) -> Windowed:
         """A windowed aggregation per key: ``.window(tumbling(60_000)).aggregate(...)``."""
         return Windowed(self.pipeline, self.keys, _check_window(window))
+
+    def map_state(self, fn, *, state: pa.Schema, ttl=None, ttl_in: str = "event",
+                  event_time: bool = False) -> Pipeline:
+        """Keyed state of your own (:mod:`sparkjet.stateful`): ``fn`` is called once per
+        batch with a :class:`~sparkjet.stateful.KeyedBatch` (the batch's rows grouped by
+        key, and those keys' state: a row of the ``state`` schema each) and returns its
+        output, or ``(output, new_state)``; it may delete state and set timers.
+
+        :param ttl: a key's state expires this long after its last update: event time
+            (an int in the time column's unit, or a timedelta) with ``ttl_in="event"``,
+            seconds with ``ttl_in="processing"``.
+        :param event_time: the stream must carry event time (for event-time timers);
+            implied by an event-time ``ttl``.
+        """
+        from sparkjet.stateful import keyed_state_stage
+
+        return self.pipeline._add(keyed_state_stage(self.keys, fn, state, ttl, ttl_in, event_time))
+
+    def map_stateful(self, create: Callable[[], object], fn: Callable, *, ttl=None,
+                     ttl_in: str = "event") -> Pipeline:
+        """The per-row form of :meth:`map_state` (Jet's ``mapStateful``): ``fn(state, key,
+        row)`` runs for every row, in arrival order per key, with a Python object per key
+        (``create()`` for a new key, pickled between batches) and returns an output row (a
+        dict) or None. Far slower than :meth:`map_state` (Python per row); for logic that
+        is hard to vectorize."""
+        from sparkjet.stateful import PER_ROW_STATE, keyed_state_stage, per_row
+
+        if not callable(create) or not callable(fn):
+            raise InvalidArgumentError("map_stateful(create, fn) takes two functions")
+        return self.pipeline._add(keyed_state_stage(self.keys, per_row(create, fn), PER_ROW_STATE,
+                                                    ttl, ttl_in, False))
 
 
 @dataclass(frozen=True)

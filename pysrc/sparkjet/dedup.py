@@ -1,0 +1,176 @@
+"""Deduplication by key within a span of event time.
+
+>>> stream.with_timestamps("ts", max_lag=5_000).deduplicate("event_id", within=600_000)  # doctest: +SKIP
+
+The first event of each key passes; a later event of that key passes only once it is
+``within`` (event time) after the one that passed, and then takes its place. A key's entry
+is evicted when the watermark is ``within`` past it, so memory holds the keys seen in the
+last ``within``. An event behind the watermark cannot be checked (its key's entry may be
+gone): it is a late event, counted and handed to the optional ``late_events`` sink, never
+passed as new. The entries are saved by Hazelcast partition in every snapshot, so under
+exactly-once a replayed event is not passed twice to the committed output.
+
+The work per batch is a native key lookup and a sort of the batch's slots (to find each
+key's first row in the batch); no per-row Python, except for a key repeated in one batch
+over more than ``within``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from sparkjet._groups import Groups
+from sparkjet.connectors import Sink
+from sparkjet.errors import InvalidArgumentError
+from sparkjet.pipeline import OperatorStage
+from sparkjet.runtime.operators import Operator
+from sparkjet.runtime.watermarks import MIN_TIME
+from sparkjet.windows import in_units, time_values
+
+_NONE = MIN_TIME
+
+
+@dataclass(frozen=True)
+class DeduplicateStage(OperatorStage):
+    keys: tuple = ()
+    within: object = None            # int (the time column's unit) or timedelta
+    late: Sink | None = None
+
+    kind = "dedup"
+    event_time = True
+    keeps_time = True                # its output rows are input rows: same event time
+
+    def describe(self) -> dict:
+        return {"within": str(self.within)}
+
+    def make_operator(self, time_column):
+        return DeduplicateOperator(self, time_column)
+
+
+class DeduplicateOperator(Operator):
+    def __init__(self, stage: DeduplicateStage, time_column: str):
+        self.stage = stage
+        self.keys = list(stage.keys)
+        self.state_key = stage.key
+        self.time_column = time_column
+        self.groups = Groups(self.keys)
+        self.passed = np.zeros(0, np.int64)   # per slot: the time of the event that passed
+        self.watermark = MIN_TIME
+        self.within: int | None = None
+        self._time_type: pa.DataType | None = None
+
+    def __len__(self) -> int:
+        """How many keys are remembered."""
+        return int((self.passed[: len(self.groups)] != _NONE).sum())
+
+    def process(self, batch: pa.RecordBatch):
+        if batch.num_rows == 0:
+            return [], None
+        ts = self._times(batch)
+        late = None
+        if self.watermark != MIN_TIME:
+            behind = ts < self.watermark
+            if behind.any():
+                late = batch.filter(pa.array(behind))
+                batch, ts = batch.filter(pa.array(~behind)), ts[~behind]
+                if batch.num_rows == 0:
+                    return [], late
+        slots = self.groups.slots(batch)
+        self._grow(len(self.groups))
+        order = np.argsort(slots, kind="stable")
+        sorted_slots = slots[order]
+        starts = np.flatnonzero(np.concatenate([[True], sorted_slots[1:] != sorted_slots[:-1]]))
+        uniq, first = sorted_slots[starts], order[starts]     # each key's first row
+        before = self.passed[uniq]
+        t0 = ts[first]
+        ok = (before == _NONE) | (t0 >= before + self.within)
+        keep = np.zeros(len(ts), bool)
+        keep[first[ok]] = True
+        last = np.where(ok, t0, before)
+        # A key whose later rows in the batch reach `within` past the one that passed:
+        # those rows are decided one by one (rare: a key repeated over a long span).
+        counts = np.diff(np.append(starts, len(ts)))
+        latest = np.maximum.reduceat(ts[order], starts)
+        for i in np.flatnonzero((counts > 1) & (latest >= last + self.within)).tolist():
+            t = last[i]
+            for r in order[starts[i] + 1: starts[i] + counts[i]].tolist():
+                if ts[r] >= t + self.within:
+                    keep[r] = True
+                    t = ts[r]
+            last[i] = t
+        self.passed[uniq] = last
+        out = batch if keep.all() else batch.filter(pa.array(keep))
+        return ([out] if out.num_rows else []), late
+
+    def advance(self, watermark: int) -> list[pa.RecordBatch]:
+        if watermark <= self.watermark:
+            return []
+        self.watermark = watermark
+        if self.within is None:
+            return []
+        n = len(self.groups)
+        passed = self.passed[:n]
+        gone = (passed != _NONE) & (passed <= watermark - self.within)
+        if gone.any():
+            passed[gone] = _NONE
+            self._compact()
+        return []
+
+    def _compact(self) -> None:
+        n = len(self.groups)
+        live = np.flatnonzero(self.passed[:n] != _NONE)
+        if n - len(live) <= len(live) + 65536:
+            return
+        keys = self.groups.keys(live)
+        times = self.passed[live]
+        self.groups = Groups(self.keys)
+        self.passed = np.full(len(live), _NONE, np.int64)
+        if len(live):
+            self.passed[self.groups.slots(keys)] = times
+
+    def snapshot(self) -> pa.Table | None:
+        n = len(self.groups)
+        live = np.flatnonzero(self.passed[:n] != _NONE)
+        if not len(live):
+            return None
+        keys = self.groups.keys(live)
+        return keys.append_column("__passed", pa.array(self.passed[live]))
+
+    def restore(self, table, watermark, floors=None) -> None:
+        self.watermark = watermark
+        if table is None or not table.num_rows:
+            return
+        slots = self.groups.slots(table.select(self.keys))
+        self._grow(len(self.groups))
+        self.passed[slots] = table.column("__passed").to_numpy()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _grow(self, n: int) -> None:
+        if n <= len(self.passed):
+            return
+        passed = np.full(max(n, 2 * len(self.passed), 1024), _NONE, np.int64)
+        passed[: len(self.passed)] = self.passed
+        self.passed = passed
+
+    def _times(self, batch: pa.RecordBatch) -> np.ndarray:
+        for k in self.keys:
+            if k not in batch.schema.names:
+                raise InvalidArgumentError(f"deduplicate key {k!r} is not in the stream; it has "
+                                           f"{batch.schema.names}")
+        if self.time_column not in batch.schema.names:
+            raise InvalidArgumentError(f"the stream has no event-time column {self.time_column!r}; "
+                                       f"it has {batch.schema.names}")
+        column = batch.column(self.time_column)
+        if self._time_type is None:
+            self._time_type = column.type
+            self.within = in_units("within", self.stage.within, column.type)
+        elif column.type != self._time_type:
+            raise InvalidArgumentError(f"event-time column {self.time_column!r} changed type from "
+                                       f"{self._time_type} to {column.type}")
+        return time_values(column, self.time_column)
+
+
+__all__ = ["DeduplicateOperator", "DeduplicateStage"]

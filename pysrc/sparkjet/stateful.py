@@ -1,0 +1,412 @@
+"""Keyed state of the user's own: a function called once per batch with the batch's rows
+grouped by key and those keys' state, as Arrow (Jet's ``mapStateful``, Flink's keyed
+process functions, Structured Streaming's ``transformWithState``, vectorized).
+
+>>> def running_max(b):                                              # doctest: +SKIP
+...     top = np.maximum.reduceat(b.rows["value"].to_numpy(), b.offsets[:-1])
+...     old = b.state["top"].fill_null(-np.inf).to_numpy()
+...     new = pa.table({"top": np.maximum(top, old)})
+...     return b.keys.append_column("top", new["top"]), new
+>>> stream.group_by("key").map_state(running_max, state=pa.schema([("top", pa.float64())]))
+
+The function gets a :class:`KeyedBatch` and returns its output (a RecordBatch, a Table, or
+None), or ``(output, new_state)`` where ``new_state`` has one row per key of the call in
+the declared state schema (None: unchanged). It may also delete keys' state and set one
+event-time and one processing-time timer per key; when the watermark (or the wall clock)
+passes a timer, the function is called for the keys whose timers fired, with no rows.
+
+State expires after ``ttl`` without updates: in event time (a key's state is gone for a
+batch whose earliest row of that key is ``ttl`` after its last update, and once the
+watermark is), or in processing time. State and timers are saved by Hazelcast partition in
+every snapshot, restore at any parallelism, and expired state is evicted, so memory stays
+bounded by the keys updated within ``ttl``.
+
+:func:`map_stateful` is the per-row form (a Python object per key, Jet's shape): much
+slower, for logic that is hard to vectorize.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from sparkjet._state_store import NO_TIMER, StateStore
+from sparkjet.errors import InvalidArgumentError
+from sparkjet.pipeline import OperatorStage, _duration, _seconds
+from sparkjet.runtime.operators import Operator
+from sparkjet.runtime.watermarks import MIN_TIME
+from sparkjet.windows import in_units, time_values
+
+#: How many rounds of timers one watermark may fire (a timer set at or below the watermark
+#: by a timer call fires in the next round).
+_MAX_TIMER_ROUNDS = 1000
+
+
+class KeyedBatch:
+    """One call of a :meth:`~sparkjet.pipeline.GroupBy.map_state` function.
+
+    - ``keys``: the keys of this call (a Table of the key columns, one row per key);
+    - ``state``: their state (a Table of the declared schema, one row per key; all null
+      where ``has_state`` is False);
+    - ``has_state``: numpy bool per key;
+    - ``rows``: the input rows, grouped by key (key ``i``'s are ``rows[offsets[i]:offsets[i+1]]``,
+      in arrival order), or None in a timer call;
+    - ``offsets``: numpy int64, ``len(keys) + 1``; ``group``: the key index of every row;
+    - ``fired``: in a timer call, the time of each key's timer that fired (numpy int64),
+      and ``timer`` says which kind ("event" or "processing"); None in a data call;
+    - ``watermark``: the processor's event-time watermark;
+    - ``now``: the wall-clock time, in nanoseconds.
+    """
+
+    def __init__(self, keys, state, has_state, rows, offsets, group, fired, timer, watermark, now):
+        self.keys = keys
+        self.state = state
+        self.has_state = has_state
+        self.rows = rows
+        self.offsets = offsets
+        self.group = group
+        self.fired = fired
+        self.timer = timer
+        self.watermark = watermark
+        self.now = now
+        self._delete: np.ndarray | None = None
+        self._timers: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.keys.num_rows
+
+    def delete(self, which=None) -> None:
+        """Deletes the state of the keys ``which`` (a bool mask or indices; None: all) once
+        the function returns, with their timers."""
+        mask = self._mask(which, "delete")
+        self._delete = mask if self._delete is None else self._delete | mask
+
+    def set_timer(self, times, which=None, *, kind: str = "event") -> None:
+        """Sets each key's timer of ``kind`` ("event": fires when the watermark reaches it;
+        "processing": when the wall clock, in nanoseconds since the epoch, does) to
+        ``times`` (one per key of ``which``, or a scalar; a null clears it). A key has at
+        most one timer of each kind: setting it again moves it."""
+        if kind not in ("event", "processing"):
+            raise InvalidArgumentError(f"set_timer(kind=...) is 'event' or 'processing', got {kind!r}")
+        mask = self._mask(which, "set_timer")
+        n = int(mask.sum())
+        if np.isscalar(times) or times is None:
+            values = np.full(n, NO_TIMER if times is None else int(times), np.int64)
+        else:
+            arr = times if isinstance(times, pa.Array) else pa.array(times)
+            if len(arr) != n:
+                raise InvalidArgumentError(f"set_timer(): {len(arr)} times for {n} keys")
+            if pa.types.is_timestamp(arr.type):
+                arr = arr.cast(pa.timestamp("ns", arr.type.tz)) if kind == "processing" else arr
+                arr = arr.view(pa.int64())
+            values = arr.cast(pa.int64()).fill_null(NO_TIMER).to_numpy()
+        out = self._timers.setdefault(kind, np.full(len(self), -1, np.int64))
+        out[mask] = values
+        self._timers[kind] = out
+
+    def _mask(self, which, fn: str) -> np.ndarray:
+        n = len(self)
+        if which is None:
+            return np.ones(n, bool)
+        arr = np.asarray(which.to_numpy(zero_copy_only=False) if isinstance(which, pa.Array) else which)
+        if arr.dtype == bool:
+            if len(arr) != n:
+                raise InvalidArgumentError(f"{fn}(): a mask of {len(arr)} for {n} keys")
+            return arr
+        mask = np.zeros(n, bool)
+        if len(arr) and (arr.min() < 0 or arr.max() >= n):
+            raise InvalidArgumentError(f"{fn}(): key indices must be in 0..{n - 1}")
+        mask[arr.astype(np.int64)] = True
+        return mask
+
+
+@dataclass(frozen=True)
+class KeyedStateStage(OperatorStage):
+    keys: tuple = ()
+    fn: Callable = None
+    state: pa.Schema = None
+    ttl: object = None               # event time (int or timedelta), or seconds (processing)
+    ttl_in: str = "event"
+    needs_time: bool = False
+    label: str = ""
+
+    kind = "state"
+
+    @property
+    def event_time(self) -> bool:
+        return self.needs_time
+
+    def describe(self) -> dict:
+        return {"state": [f"{f.name}: {f.type}" for f in self.state], "ttl": str(self.ttl),
+                "ttl_in": self.ttl_in, "function": self.label}
+
+    def make_operator(self, time_column):
+        return KeyedStateOperator(self, time_column)
+
+
+def keyed_state_stage(keys, fn, state, ttl, ttl_in, event_time) -> KeyedStateStage:
+    if not callable(fn):
+        raise InvalidArgumentError("map_state() takes a function of a KeyedBatch")
+    if not isinstance(state, pa.Schema) or not len(state):
+        raise InvalidArgumentError(f"map_state(state=...) takes a pyarrow schema of the state "
+                                   f"columns, got {state!r}")
+    if ttl_in not in ("event", "processing"):
+        raise InvalidArgumentError(f"ttl_in is 'event' or 'processing', got {ttl_in!r}")
+    if ttl is not None:
+        ttl = _duration("ttl", ttl, allow_zero=False) if ttl_in == "event" else _seconds("ttl", ttl)
+    label = getattr(fn, "__qualname__", type(fn).__name__)
+    return KeyedStateStage(tuple(keys), fn, state, ttl, ttl_in,
+                           bool(event_time) or (ttl is not None and ttl_in == "event"), label)
+
+
+class KeyedStateOperator(Operator):
+    """The keyed state of one processor: calls the function, keeps state and timers."""
+
+    def __init__(self, stage: KeyedStateStage, time_column: str | None, *, clock=time.time_ns):
+        self.stage = stage
+        self.keys = list(stage.keys)
+        self.state_key = stage.key
+        self.time_column = time_column
+        self.store = StateStore(self.keys, stage.state)
+        self.watermark = MIN_TIME
+        self._clock = clock
+        self._ttl = None if stage.ttl is None or stage.ttl_in == "event" else int(stage.ttl * 1e9)
+        self._event_ttl = None           # resolved to the time column's unit
+        self._time_type: pa.DataType | None = None
+        self._next_proc = NO_TIMER
+        self._evicted_at = clock()
+        self._calls = 0
+
+    # -- the operator interface ----------------------------------------------------------
+
+    def process(self, batch: pa.RecordBatch):
+        if batch.num_rows == 0:
+            return [], None
+        for k in self.keys:
+            if k not in batch.schema.names:
+                raise InvalidArgumentError(f"map_state key {k!r} is not in the stream; it has "
+                                           f"{batch.schema.names}")
+        slots = self.store.slots(batch)
+        order = np.argsort(slots, kind="stable")
+        sorted_slots = slots[order]
+        starts = np.flatnonzero(np.concatenate([[True], sorted_slots[1:] != sorted_slots[:-1]]))
+        key_slots = sorted_slots[starts]
+        offsets = np.append(starts, len(slots)).astype(np.int64)
+        group = np.repeat(np.arange(len(key_slots), dtype=np.int64), np.diff(offsets))
+        rows = pa.Table.from_batches([batch]).take(pa.array(order))
+        first_time = last_time = None
+        if self.time_column is not None:
+            ts = self._times(batch)[order]
+            first_time = np.minimum.reduceat(ts, starts)
+            last_time = np.maximum.reduceat(ts, starts)
+        self._expire(key_slots, first_time)
+        out = self._call(key_slots, rows, offsets, group, None, None, self._updated(last_time, len(key_slots)))
+        return ([out] if out is not None else []), None
+
+    def _updated(self, event_times: np.ndarray | None, n: int) -> np.ndarray:
+        """When the state written by a call was updated, in the clock its ttl counts in."""
+        if self.stage.ttl_in == "event":
+            return event_times if event_times is not None else np.full(n, self.watermark)
+        return np.full(n, self._clock())
+
+    def advance(self, watermark: int) -> list[pa.RecordBatch]:
+        if watermark <= self.watermark:
+            return []
+        self.watermark = watermark
+        outputs = self._fire("event", watermark)
+        if self.stage.ttl is not None and self.stage.ttl_in == "event" and self._event_ttl is not None:
+            n = len(self.store.groups)
+            gone = np.flatnonzero(self.store.has[:n]
+                                  & (self.store.updated[:n] <= watermark - self._event_ttl))
+            if len(gone):
+                self.store.delete(gone)
+            self.store.compact()
+        return outputs
+
+    def tick(self) -> list[pa.RecordBatch]:
+        now = self._clock()
+        outputs = self._fire("processing", now) if now >= self._next_proc else []
+        if self._ttl is not None and now - self._evicted_at > 1e9:
+            self._evicted_at = now
+            n = len(self.store.groups)
+            gone = np.flatnonzero(self.store.has[:n] & (self.store.updated[:n] <= now - self._ttl))
+            if len(gone):
+                self.store.delete(gone)
+            self.store.compact()
+        return outputs
+
+    def snapshot(self) -> pa.Table | None:
+        return self.store.snapshot()
+
+    def restore(self, table, watermark, floors=None) -> None:
+        self.watermark = watermark
+        if table is not None and table.num_rows:
+            self.store.restore(table)
+            self._next_proc = int(self.store.proc_timer.min()) if self.store.capacity else NO_TIMER
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def _times(self, batch: pa.RecordBatch) -> np.ndarray:
+        if self.time_column not in batch.schema.names:
+            raise InvalidArgumentError(f"the stream has no event-time column {self.time_column!r}; "
+                                       f"it has {batch.schema.names}")
+        column = batch.column(self.time_column)
+        if self._time_type is None:
+            self._time_type = column.type
+            if self.stage.ttl is not None and self.stage.ttl_in == "event":
+                self._event_ttl = in_units("ttl", self.stage.ttl, column.type)
+        return time_values(column, self.time_column)
+
+    def _expire(self, slots: np.ndarray, first_time: np.ndarray | None) -> None:
+        """Deletes the state that expired before this call (ttl after its last update)."""
+        s = self.store
+        if self.stage.ttl is None:
+            return
+        has = s.has[slots]
+        if self._ttl is not None:
+            gone = has & (s.updated[slots] <= self._clock() - self._ttl)
+        elif self._event_ttl is not None and first_time is not None:
+            horizon = np.maximum(first_time, self.watermark)
+            gone = has & (s.updated[slots] <= horizon - self._event_ttl)
+        else:
+            return
+        if gone.any():
+            s.delete(slots[gone])
+
+    def _fire(self, kind: str, upto: int) -> list[pa.RecordBatch]:
+        s = self.store
+        timers = s.event_timer if kind == "event" else s.proc_timer
+        outputs = []
+        for _ in range(_MAX_TIMER_ROUNDS):
+            n = len(s.groups)
+            due = np.flatnonzero((timers[:n] <= upto) & (timers[:n] != NO_TIMER))
+            if not len(due):
+                break
+            times = timers[due]
+            order = np.lexsort((due, times))
+            due, times = due[order], times[order]
+            timers[due] = NO_TIMER
+            out = self._call(due, None, None, None, times, kind,
+                             self._updated(times if kind == "event" else None, len(due)))
+            if out is not None:
+                outputs.append(out)
+        else:
+            raise InvalidArgumentError(f"map_state: timers set at or below the {kind} time "
+                                       f"{upto} kept firing {_MAX_TIMER_ROUNDS} rounds")
+        if kind == "processing":
+            n = len(s.groups)
+            self._next_proc = int(s.proc_timer[:n].min()) if n else NO_TIMER
+        return outputs
+
+    def _call(self, slots, rows, offsets, group, fired, timer, updated) -> pa.RecordBatch | None:
+        s = self.store
+        keys = s.groups.keys(slots)
+        has = s.has[slots].copy()
+        ctx = KeyedBatch(keys, s.get(slots), has, rows, offsets, group, fired, timer,
+                         self.watermark, self._clock())
+        result = self.stage.fn(ctx)
+        output, new_state = result if isinstance(result, tuple) else (result, None)
+        if new_state is not None:
+            s.put(slots, self._state_table(new_state, len(slots)), updated)
+        for kind, times in ctx._timers.items():
+            target = s.event_timer if kind == "event" else s.proc_timer
+            set_ = times >= 0
+            target[slots[set_]] = times[set_]
+            if kind == "processing" and set_.any():
+                self._next_proc = min(self._next_proc, int(times[set_].min()))
+            if kind == "event" and self.time_column is None and (times[set_] != NO_TIMER).any():
+                raise InvalidArgumentError(
+                    "map_state: event-time timers need event time: call with_timestamps() "
+                    "upstream, or use kind='processing'")
+        if ctx._delete is not None and ctx._delete.any():
+            gone = slots[ctx._delete]
+            s.delete(gone)
+            s.event_timer[gone] = NO_TIMER
+            s.proc_timer[gone] = NO_TIMER
+        self._calls += 1
+        if self._calls % 64 == 0:
+            s.compact()
+        return self._output(output)
+
+    def _state_table(self, new_state, n: int) -> pa.Table:
+        schema = self.stage.state
+        if isinstance(new_state, dict):
+            new_state = pa.table(new_state)
+        elif isinstance(new_state, pa.RecordBatch):
+            new_state = pa.Table.from_batches([new_state])
+        if not isinstance(new_state, pa.Table):
+            raise InvalidArgumentError(f"map_state function {self.stage.label!r}: the new state "
+                                       f"must be a pyarrow Table, RecordBatch or dict of arrays, "
+                                       f"got {type(new_state).__name__}")
+        if new_state.num_rows != n:
+            raise InvalidArgumentError(f"map_state function {self.stage.label!r}: the new state "
+                                       f"has {new_state.num_rows} rows for {n} keys")
+        missing = [f.name for f in schema if f.name not in new_state.column_names]
+        if missing:
+            raise InvalidArgumentError(f"map_state function {self.stage.label!r}: the new state "
+                                       f"lacks {missing} of the declared state {schema}")
+        try:
+            return new_state.select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidArgumentError(f"map_state function {self.stage.label!r}: the new state "
+                                       f"does not fit the declared state {schema}: {e}") from None
+
+    def _output(self, output) -> pa.RecordBatch | None:
+        if output is None:
+            return None
+        if isinstance(output, pa.Table):
+            output = output.combine_chunks()
+            batches = output.to_batches()
+            return batches[0] if batches else None
+        if isinstance(output, pa.RecordBatch):
+            return output if output.num_rows else None
+        raise InvalidArgumentError(f"map_state function {self.stage.label!r} returned "
+                                   f"{type(output).__name__}; it returns a pyarrow RecordBatch "
+                                   f"or Table (or None), or (output, new_state)")
+
+
+# -- the per-row form ----------------------------------------------------------------------
+
+
+def per_row(create: Callable[[], object], fn: Callable) -> Callable[[KeyedBatch], object]:
+    """A :class:`KeyedBatch` function that runs ``fn(state, key, row)`` for every row (in
+    arrival order per key), ``state`` being a Python object per key (``create()`` for a new
+    key, kept pickled between batches). ``fn`` returns an output row (a dict) or None."""
+
+    def call(b: KeyedBatch):
+        if b.rows is None:
+            return None
+        blobs = b.state["state"].to_pylist()
+        key_rows = b.keys.to_pylist()
+        rows = b.rows.to_pylist()
+        out, new = [], []
+        for i, blob in enumerate(blobs):
+            state = create() if blob is None else pickle.loads(blob)
+            key = tuple(key_rows[i].values())
+            key = key[0] if len(key) == 1 else key
+            for r in rows[b.offsets[i]:b.offsets[i + 1]]:
+                res = fn(state, key, r)
+                if res is not None:
+                    out.append(res)
+            try:
+                new.append(pickle.dumps(state))
+            except (pickle.PicklingError, AttributeError, TypeError) as e:
+                raise InvalidArgumentError(
+                    f"map_stateful: the state of key {key!r} ({type(state).__name__}) cannot be "
+                    f"pickled, and it must be to be snapshotted: {e}. Define its class at module "
+                    f"level") from None
+        state_table = pa.table({"state": pa.array(new, pa.binary())})
+        return (pa.Table.from_pylist(out) if out else None), state_table
+
+    call.__qualname__ = f"per_row({getattr(fn, '__qualname__', type(fn).__name__)})"
+    return call
+
+
+PER_ROW_STATE = pa.schema([("state", pa.binary())])
+
+
+__all__ = ["KeyedBatch", "KeyedStateOperator", "KeyedStateStage", "PER_ROW_STATE", "per_row"]
