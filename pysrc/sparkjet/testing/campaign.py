@@ -5,9 +5,10 @@
 runs a short one. Each round runs one job with one guarantee and one sink: a rolling keyed
 count and sum over the deterministic generator ("keyed"), a stateless copy of every event
 ("events"), a sliding-window count and sum per key with the event id as event time
-("windowed"), the same over the union of two sources ("union"), or a source branching into
-windowed counts and a filtered copy of the events, each to a sink of its own ("branching").
-It kills its
+("windowed"), the same over the union of two sources ("union"), a source branching into
+windowed counts and a filtered copy of the events, each to a sink of its own ("branching"),
+the keyed count and sum as keyed state of the user's own ("state": ``map_state``), or the
+events deduplicated by an id that one event in eight repeats ("dedup"). It kills its
 member several times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit,
 during restore: the moments are random, the member is killed wherever it is), lets the
 supervisor restart it from the last complete snapshot, and checks the committed output with
@@ -128,15 +129,22 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
             return TransactionalFileSink(work / name)
         return SQLiteUpsertSink(work / f"{name}.sqlite", "out", key=key)
 
-    key = ["key", "window_start"] if windowed else ["key"] if pipeline_kind == "keyed" else ["id"]
+    key = (["key", "window_start"] if windowed else ["key"] if pipeline_kind in ("keyed", "state")
+           else ["uid"] if pipeline_kind == "dedup" else ["id"])
     sink = sink_at("out", key)
     streams = [Pipeline().read_from(s) for s in sources]
     if windowed:
         streams = [st.with_timestamps("id") for st in streams]
+    elif pipeline_kind == "dedup":
+        streams = [st.map_batches(_with_uid).with_timestamps("id", max_lag=10) for st in streams]
     pipeline = streams[0].union(*streams[1:]) if len(streams) > 1 else streams[0]
     ends = []
     if pipeline_kind == "keyed":
         pipeline = pipeline.group_by("key").aggregate(count="count", sum=("sum", "value"))
+    elif pipeline_kind == "state":
+        pipeline = pipeline.group_by("key").map_state(_count_and_sum, state=_COUNT_SUM)
+    elif pipeline_kind == "dedup":
+        pipeline = pipeline.deduplicate("uid", within=10_000).map_batches(_uids)
     elif windowed:
         if pipeline_kind == "branching":
             ends.append(pipeline.filter(pc.field("value") < 100).map_batches(_ids)
@@ -171,7 +179,7 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
 
     out = read("out")
     duplicate_rows = 0
-    if pipeline_kind == "keyed":
+    if pipeline_kind in ("keyed", "state"):
         actual = (verify.last_update_per_key(out) if sink_kind == "file"
                   else out.select(["key", "count", "sum"]))
         report = verify.check_aggregates(sources[0].expected_counts(), actual, key="key",
@@ -189,6 +197,11 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
             copied = verify.check_events(wanted, wanted, got, guarantee=guarantee)
             if not copied.valid_for(guarantee):
                 report = copied
+    elif pipeline_kind == "dedup":
+        ids = np.arange(events, dtype=np.int64)
+        uids = pa.array(ids[ids % 8 != 7])
+        got = out.column("uid") if out.num_columns else pa.array([], pa.int64())
+        report = verify.check_events(uids, uids, got, guarantee=guarantee)
     else:
         ids = pa.array(np.arange(events, dtype=np.int64))
         got = out.column("id") if out.num_columns else pa.array([], pa.int64())
@@ -214,6 +227,29 @@ WINDOWED = ("windowed", "union", "branching")
 
 def _ids(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.select(["id", "key"])
+
+
+def _with_uid(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``uid``: the id, but one event in eight repeats the one before it."""
+    ids = batch["id"]
+    return batch.append_column("uid", pc.if_else(pc.equal(pc.bit_wise_and(ids, 7), 7),
+                                                 pc.subtract(ids, 1), ids))
+
+
+def _uids(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.select(["uid", "id"])
+
+
+_COUNT_SUM = pa.schema([("count", pa.int64()), ("sum", pa.float64())])
+
+
+def _count_and_sum(b):
+    """The keyed count and sum, as keyed state: the rolling aggregate's output."""
+    count = b.state["count"].fill_null(0).to_numpy() + np.diff(b.offsets)
+    total = b.state["sum"].fill_null(0.0).to_numpy() + np.add.reduceat(
+        b.rows["value"].to_numpy(), b.offsets[:-1])
+    state = pa.table({"count": count, "sum": total})
+    return b.keys.append_column("count", state["count"]).append_column("sum", state["sum"]), state
 
 
 def expected_windows(sources: list, window) -> pa.Table:
@@ -247,8 +283,10 @@ def _final_windows(out: pa.Table) -> tuple[pa.Table, int]:
     return t.filter(pa.array(first)), int((~first).sum())
 
 
+#: Keyed state and deduplication run into the file sink only: the sinks are the same code
+#: whatever feeds them, and every other shape runs into both.
 PLAN = [(g, s, p) for g in ("exactly-once", "at-least-once", "none") for s in ("file", "sqlite")
-        for p in ("keyed", "events", *WINDOWED)]
+        for p in ("keyed", "events", *WINDOWED, *(("state", "dedup") if s == "file" else ()))]
 #: The campaigns on Spark leave out "none": it promises nothing to check across restarts.
 SPARK_PLAN = [p for p in PLAN if p[0] != "none"]
 
