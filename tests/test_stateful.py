@@ -174,6 +174,17 @@ def test_state_of_any_arrow_type(state):
     assert restored.store.get(restored.store.slots(pa.table({"k": ["a", "b"]}))).to_pylist() == want
 
 
+def test_map_stateful_refuses_a_state_it_cannot_snapshot():
+    from sparkjet.stateful import PER_ROW_STATE, per_row
+
+    def fn(state, key, row):
+        state.append(lambda: None)          # a lambda cannot be pickled
+
+    op = operator(per_row(list, fn), state=PER_ROW_STATE)
+    with pytest.raises(InvalidArgumentError, match="state of key 'a' \\(list\\) cannot be pickled"):
+        feed(op, [1], ["a"])
+
+
 def test_bad_functions_get_clear_errors():
     op = operator(lambda b: (None, pa.table({"n": [1]})))
     with pytest.raises(InvalidArgumentError, match="lacks \\['top'\\]"):
@@ -359,17 +370,15 @@ def test_sessions_with_timers_survive_kill_9(tmp_path):
     assert got[["key", "start", "end", "n"]].equals(want[["key", "start", "end", "n"]])
 
 
-class Running:
-    def __init__(self):
-        self.n = 0
-
-
-def step(state, key, row):
-    state.n += 1
-    return {"key": key, "n": state.n} if state.n % 10 == 0 else None
-
-
 def test_map_stateful_per_row(tmp_path):
+    class Running:                    # local: kept by its attributes, not its name
+        def __init__(self):
+            self.n = 0
+
+    def step(state, key, row):
+        state.n += 1
+        return {"key": key, "n": state.n} if state.n % 10 == 0 else None
+
     source = GeneratorSource(total=20_000, partitions=2, keys=50, batch_size=2_000)
     pipeline = (Pipeline().read_from(source).group_by("key").map_stateful(Running, step)
                 .write_to(TransactionalFileSink(tmp_path / "out")))

@@ -376,6 +376,7 @@ def per_row(create: Callable[[], object], fn: Callable) -> Callable[[KeyedBatch]
     """A :class:`KeyedBatch` function that runs ``fn(state, key, row)`` for every row (in
     arrival order per key), ``state`` being a Python object per key (``create()`` for a new
     key, kept pickled between batches). ``fn`` returns an output row (a dict) or None."""
+    codec = _StateCodec(create)
 
     def call(b: KeyedBatch):
         if b.rows is None:
@@ -385,25 +386,53 @@ def per_row(create: Callable[[], object], fn: Callable) -> Callable[[KeyedBatch]
         rows = b.rows.to_pylist()
         out, new = [], []
         for i, blob in enumerate(blobs):
-            state = create() if blob is None else pickle.loads(blob)
+            state = create() if blob is None else codec.loads(blob)
             key = tuple(key_rows[i].values())
             key = key[0] if len(key) == 1 else key
             for r in rows[b.offsets[i]:b.offsets[i + 1]]:
                 res = fn(state, key, r)
                 if res is not None:
                     out.append(res)
-            try:
-                new.append(pickle.dumps(state))
-            except (pickle.PicklingError, AttributeError, TypeError) as e:
-                raise InvalidArgumentError(
-                    f"map_stateful: the state of key {key!r} ({type(state).__name__}) cannot be "
-                    f"pickled, and it must be to be snapshotted: {e}. Define its class at module "
-                    f"level") from None
+            new.append(codec.dumps(state, key))
         state_table = pa.table({"state": pa.array(new, pa.binary())})
         return (pa.Table.from_pylist(out) if out else None), state_table
 
     call.__qualname__ = f"per_row({getattr(fn, '__qualname__', type(fn).__name__)})"
     return call
+
+
+class _StateCodec:
+    """Pickles per-key state objects. An instance of the class ``create()`` returns is kept
+    as its attributes, not by its class's name: a class defined in the user's script is
+    ``__main__.Name`` to pickle, which a Spark worker (whose ``__main__`` is PySpark's)
+    cannot find; the class itself travels with ``create``."""
+
+    def __init__(self, create):
+        self.create = create
+        self._cls = None
+
+    def cls(self):
+        if self._cls is None:
+            self._cls = type(self.create())
+        return self._cls
+
+    def dumps(self, state, key) -> bytes:
+        try:
+            if type(state) is self.cls() and hasattr(state, "__dict__") \
+                    and not hasattr(type(state), "__slots__"):
+                return b"d" + pickle.dumps(state.__dict__)
+            return b"o" + pickle.dumps(state)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise InvalidArgumentError(
+                f"map_stateful: the state of key {key!r} ({type(state).__name__}) cannot be "
+                f"pickled, and it must be to be snapshotted: {e}") from None
+
+    def loads(self, blob: bytes):
+        if blob[:1] == b"d":
+            state = self.cls().__new__(self.cls())
+            state.__dict__.update(pickle.loads(blob[1:]))
+            return state
+        return pickle.loads(blob[1:])
 
 
 PER_ROW_STATE = pa.schema([("state", pa.binary())])
