@@ -475,6 +475,7 @@ class TableVersions:
                 return
             self.store.write_table_version(version.data, version.digest)
             self._stored.add(version.digest)
+            version.data = None     # stored: the bytes are needed no more
 
 
 @dataclass

@@ -37,7 +37,7 @@ import pyarrow as pa
 from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.dag import SOURCE, Dag
-from sparkjet.errors import SnapshotMismatchError, SparkjetError
+from sparkjet.errors import SnapshotMismatchError, SnapshotNotFoundError, SparkjetError
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.operators import make_operator
@@ -92,8 +92,6 @@ def check_snapshot_shape(dag: Dag, store: SnapshotStore, job_id: int,
                          snapshot_id: int | None = None) -> None:
     """Raises :class:`~sparkjet.errors.SnapshotMismatchError` unless snapshot
     ``snapshot_id`` (None: the last complete one, if any) was taken by a DAG of this shape."""
-    from sparkjet.errors import SnapshotNotFoundError
-
     if snapshot_id is None:
         latest = store.latest_complete()
         if latest is None:
@@ -298,8 +296,11 @@ class Member:
         check_snapshot_shape(self.dag, store, self.config.id, snapshot_id)
         tables = {}
         if self.dag.table_joins:
-            tables = _entries_json(store.restore(TABLES_VERTEX, [], snapshot_id=snapshot_id)
-                                   .broadcast_entries)
+            try:
+                tables = _entries_json(store.restore(TABLES_VERTEX, [], snapshot_id=snapshot_id)
+                                       .broadcast_entries)
+            except SnapshotNotFoundError:
+                pass    # a snapshot from before table joins: they load their tables afresh
         sinks_prepared: dict[str, dict] = {}
         for name in self.dag.sinks:
             sinks_prepared[name] = _entries_json(
