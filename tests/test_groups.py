@@ -121,6 +121,25 @@ def test_slots_match_a_dict_over_the_rows(case):
     assert list(zip(*(back.column(n).to_pylist() for n in names))) == [keys[s] for s in want]
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(keyed_batches())
+def test_find_matches_a_dict_and_adds_nothing(case):
+    names, batches = case
+    groups = Groups(names)
+    groups.slots(batches[0])
+    size = len(groups)
+    known, _ = reference_slots(batches[:1], names)
+    ids = dict(zip(map(tuple, _rows(batches[0], names)), known))
+    for b in batches:
+        want = [ids.get(row, -1) for row in map(tuple, _rows(b, names))]
+        assert groups.find(b).tolist() == want
+    assert len(groups) == size
+
+
+def _rows(batch, names):
+    return zip(*(batch.column(n).to_pylist() for n in names))
+
+
 def test_slots_number_groups_as_pandas_ngroup():
     rng = np.random.default_rng(7)
     n = 20_000

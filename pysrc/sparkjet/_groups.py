@@ -117,13 +117,44 @@ class Groups:
                     self._add_keys(cols, first[:added])
         return out
 
+    def find(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """The slot of every row's key (int64), -1 for a key not in the groups; adds
+        nothing. The key columns must have the types of the batches given to
+        :meth:`slots`, and no nulls.
+
+        >>> g = Groups("user")
+        >>> g.slots(pa.record_batch({"user": [7, 9]})).tolist()
+        [0, 1]
+        >>> g.find(pa.record_batch({"user": [9, 8, 7]})).tolist()
+        [1, -1, 0]
+        """
+        columns, types = self._key_columns(batch)
+        rows = len(columns[0])
+        out = np.full(rows, -1, np.int64)
+        if self._types is None or rows == 0:
+            return out
+        if self._ints is not None:
+            column = columns[0]
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            _check_no_nulls(self._names[0], column)
+            t = column.type
+            bits = column.view(pa.int64()) if t == pa.uint64() else column.cast(pa.int64())
+            self._ints.lookup(np.ascontiguousarray(bits.to_numpy(zero_copy_only=False),
+                                                   np.int64), out)
+            return out
+        if isinstance(batch, pa.Table):
+            columns = [c.combine_chunks() for c in columns]
+        cols = [_decoded(c) for c in columns]
+        descs = [describe(_as_key(c), None, 0, f"key column {n!r}")
+                 for n, c in zip(self._names, cols)]
+        self._map.lookup(descs, out, list(self._names), 0)
+        return out
+
     def _int_slots(self, column, types) -> np.ndarray:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
-        if column.null_count:
-            first = pc.index(column.is_null(), True).as_py()
-            raise NullKeyError(f"key column {self._names[0]!r} has a null at index {first}: "
-                               f"keys cannot be null", first)
+        _check_no_nulls(self._names[0], column)
         self._fix_types(types)
         if self._ints is None:
             self._ints = _native.KeyMap(self._expected)
@@ -219,6 +250,13 @@ class Groups:
             last = self._parts.pop()
             self._starts.pop()
             self._parts[-1] = pa.concat_tables([self._parts[-1], last]).combine_chunks()
+
+
+def _check_no_nulls(name: str, column: pa.Array) -> None:
+    if column.null_count:
+        first = pc.index(column.is_null(), True).as_py()
+        raise NullKeyError(f"key column {name!r} has a null at index {first}: "
+                           f"keys cannot be null", first)
 
 
 def _check_key_type(name: str, t: pa.DataType) -> None:

@@ -32,6 +32,7 @@ from sparkjet.pipeline import (
     UnionStage,
     WindowStage,
 )
+from sparkjet.table_join import TableJoinStage
 
 SOURCE, AGGREGATE, WINDOW = "source", "aggregate", "window"
 
@@ -120,6 +121,12 @@ class SinkSpec:
 class Dag:
     vertices: dict[str, Vertex]          # topological order
     sinks: dict[str, SinkSpec]
+    #: join_table stages by name ("table-join", "table-join.2", ...): their versions are
+    #: recorded under these names in snapshots
+    table_joins: dict[str, TableJoinStage] = field(default_factory=dict)
+
+    def table_join_name(self, stage: TableJoinStage) -> str:
+        return next(name for name, s in self.table_joins.items() if s is stage)
 
     @property
     def sources(self) -> list[Vertex]:
@@ -149,7 +156,11 @@ class Dag:
             vertices.append(d)
         sinks = [{"name": s.name, "sink": type(s.sink).__name__, "feeders": s.feeders}
                  for s in self.sinks.values()]
-        return {"format": 1, "vertices": vertices, "sinks": sinks}
+        out = {"format": 1, "vertices": vertices, "sinks": sinks}
+        if self.table_joins:
+            out["table_joins"] = [{"name": name, **s.describe()}
+                                  for name, s in self.table_joins.items()]
+        return out
 
     def legacy_shape(self) -> bool:
         """True for the shape every snapshot before DAG fingerprints had: one source,
@@ -179,7 +190,7 @@ def _check_new_sink(sink: Sink, sinks: dict) -> None:
                 f"the branches with union() before write_to(), or give each its own sink")
 
 
-_STATELESS = (MapStage, FilterStage, TimestampsStage, UnionStage)
+_STATELESS = (MapStage, FilterStage, TimestampsStage, UnionStage, TableJoinStage)
 
 
 def compile_dag(ends: tuple[Node, ...]) -> Dag:
@@ -214,8 +225,12 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
     sink_of: dict[int, SinkSpec] = {}
     vertices: dict[str, Vertex] = {}
     sinks: dict[str, SinkSpec] = {}
+    table_joins: dict[str, TableJoinStage] = {}
     for n in order:
         s = n.stage
+        if isinstance(s, TableJoinStage):
+            table_joins[name_for("table-join")] = s
+            continue
         if isinstance(s, SourceStage):
             kind = SOURCE
         elif isinstance(s, AggregateStage):
@@ -312,7 +327,7 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             raise InvalidArgumentError(missing or (
                 f"{w.name}: the merged streams' event times are in different columns "
                 f"{sorted(columns)}; rename them to one"))
-    return Dag(vertices, sinks)
+    return Dag(vertices, sinks, table_joins)
 
 
 __all__ = ["AGGREGATE", "SOURCE", "WINDOW", "WINDOW_TIME", "Dag", "Path", "SinkSpec", "Vertex",

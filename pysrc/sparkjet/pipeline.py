@@ -233,6 +233,29 @@ class Pipeline:
             raise InvalidArgumentError("filter() takes a pyarrow.compute expression, e.g. pc.field('v') > 0")
         return self._add(FilterStage(expression))
 
+    def join_table(self, table, *, on, how: str = "inner", prefix: str = "") -> Pipeline:
+        """Enriches each event from a reference table (Jet's ``hashJoin``): ``table`` is a
+        :class:`~sparkjet.table_join.ReferenceTable` (or a pyarrow Table, or a file path);
+        ``on`` a column name, a tuple of names, or ``{"stream_col": "table_col"}``.
+
+        ``how="inner"``: one row per event and matching table row (a key the table holds
+        twice gives two rows; an event without a match, or with a null key, none).
+        ``how="left"``: also one row per unmatched event, with null table columns. The
+        output has the event's columns, then the table's other columns (``prefix`` +
+        name); a name on both sides is an error unless a prefix tells them apart.
+
+        Stateless, it runs fused in the vertex before it, and every processor holds the
+        whole table. Its version changes only at snapshot barriers, and snapshots record
+        it: a restart replays with the version recorded (see :mod:`sparkjet.table_join`).
+        """
+        from sparkjet.table_join import TableJoinStage, as_reference_table, check_how, parse_on
+
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"join_table(prefix=...) takes a string, got {prefix!r}")
+        stream_keys, table_keys = parse_on(on)
+        return self._add(TableJoinStage(as_reference_table(table), stream_keys, table_keys,
+                                        check_how(how), prefix))
+
     def with_timestamps(self, column: str, *, max_lag=0,
                         idle_timeout: float | datetime.timedelta = 60.0) -> Pipeline:
         """Gives the stream event time: ``column`` (an integer or timestamp column) holds

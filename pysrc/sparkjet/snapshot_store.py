@@ -8,6 +8,8 @@ Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://``
     job-J/snapshots/S-eE/_validation-X.json    the validation record of snapshot S by execution E
                                                (X: its xxh3, so no write can replace it)
     job-J/exports/NAME/...                     an exported snapshot (same layout) + _export.json
+    job-J/tables/DIGEST.arrow                  a reference table version (Arrow IPC), named by
+                                               the xxh3-128 of its bytes (sparkjet.table_join)
 
 **The log is the commit point.** Events are small JSON files named by a sequence number and
 created exclusively (a name is taken once, whole): ``register`` (execution E starts) and
@@ -20,7 +22,10 @@ after a restart: nothing it writes becomes visible. Its data also lives under it
 **Jet's two alternating data sets**, on a filesystem: a directory per snapshot and execution;
 the last complete snapshot is kept while the next is written, and older ones (and leftovers
 of failed attempts) are removed only after a newer one is complete. Exports are never
-removed by cleanup.
+removed by cleanup. A snapshot's validation record lists the table versions it uses
+(``tables``); a commit refuses one whose version is missing, and removes the versions that
+neither it nor an export lists. Versions are written only at barriers, and barrier n + 1
+follows the commit of n, so none of them is in flight while a commit removes the others.
 
 **Restore trusts nothing**: the validation record must match the commit's checksum, job,
 snapshot and execution; the files of the requested partitions must be exactly those the
@@ -104,14 +109,16 @@ class Manifest:
     snapshot_id: int
     execution_id: int
     files: list[dict] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)     # digests of table versions used
 
     def to_json(self) -> dict:
         return {"snapshot_id": self.snapshot_id, "execution_id": self.execution_id,
-                "files": self.files}
+                "files": self.files, "tables": self.tables}
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
-        return cls(data["snapshot_id"], data["execution_id"], list(data["files"]))
+        return cls(data["snapshot_id"], data["execution_id"], list(data["files"]),
+                   list(data.get("tables", [])))
 
 
 class SnapshotStore:
@@ -133,7 +140,7 @@ class SnapshotStore:
         self._log_lock = threading.Lock()
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, dict]] = {}  # parsed, checked records
-        for d in ("log", "snapshots", "exports"):
+        for d in ("log", "snapshots", "exports", "tables"):
             self._backend.makedirs(self._path(d))
 
     def __repr__(self) -> str:
@@ -276,7 +283,9 @@ class SnapshotStore:
         check(self._events())  # fail before writing anything; checked again at the append
         vertices: dict[str, dict] = {}
         seen = set()
+        tables: set[str] = set()
         for m in manifests:
+            tables.update(m.tables)
             if (m.snapshot_id, m.execution_id) != (snapshot_id, execution_id):
                 raise InvalidArgumentError(
                     f"manifest of snapshot {m.snapshot_id} execution {m.execution_id} given to "
@@ -299,6 +308,13 @@ class SnapshotStore:
             "entries": sum(c[3] for f in files for c in f["chunks"]),
             "vertices": {name: vertices[name] for name in sorted(vertices)},
         }
+        if tables:
+            record["tables"] = sorted(tables)
+        for digest in sorted(tables):
+            if not self._backend.exists(self._table_path(digest)):
+                raise SnapshotIncompleteError(
+                    f"job {self.job_id}: snapshot {snapshot_id} uses table version {digest}, "
+                    f"which is missing from {self._path('tables')}; refusing to commit")
         data = json.dumps(record, sort_keys=True).encode()
         digest = xxhash.xxh3_64_hexdigest(data)
         # Named by its checksum: a refused or repeated commit can never overwrite the
@@ -311,6 +327,7 @@ class SnapshotStore:
         self._append({"type": "commit", "snapshot": snapshot_id, "execution": execution_id,
                       "record": directory, "record_file": record_name, "record_xxh3": digest,
                       "time": record["created"]}, check)
+        self._remove_table_versions(tables)
         # The snapshot is complete now; removing the previous one (and freeing its page
         # cache) takes longer than writing it, so it runs in the background.
         self._cleaner = threading.Thread(target=self._cleanup, name="sparkjet-snapshot-cleanup",
@@ -343,6 +360,50 @@ class SnapshotStore:
         for name in self._backend.listdir(self._path("log")):
             path = self._path("log", name)
             if name.startswith(".tmp-") and time.time() - self._backend.mtime(path) > 600:
+                self._backend.remove(path)
+
+    # -- reference table versions ------------------------------------------------------
+
+    def _table_path(self, digest: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{32}", digest or ""):
+            raise InvalidArgumentError(f"a table version is 32 hex digits, got {digest!r}")
+        return self._path("tables", f"{digest}.arrow")
+
+    def write_table_version(self, data, digest: str) -> None:
+        """Stores a reference table version (Arrow IPC bytes named by
+        :func:`content_digest`), whole or not at all; a no-op if it is stored already."""
+        if content_digest(data) != digest:
+            raise InvalidArgumentError(f"table version {digest}: the bytes have another digest")
+        path = self._table_path(digest)
+        if not self._backend.exists(path):
+            self._backend.create_exclusive(path, data)
+
+    def read_table_version(self, digest: str):
+        """The Arrow IPC bytes of a stored table version, checked against their name."""
+        path = self._table_path(digest)
+        if not self._backend.exists(path):
+            raise SnapshotIncompleteError(f"job {self.job_id}: table version {path} is missing")
+        data = self._backend.read(path)
+        if content_digest(data) != digest:
+            raise SnapshotCorruptError(path, 0, "table version digest")
+        return data
+
+    def _remove_table_versions(self, keep: set[str]) -> None:
+        """Removes the table versions that neither the snapshot just committed (``keep``)
+        nor an export uses. Synchronous: the next barrier, which may store a new version,
+        is sent only after the commit returns."""
+        keep = set(keep)
+        for name in self._backend.listdir(self._path("exports")):
+            if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
+                try:
+                    keep.update(self._export_record(name).get("tables", []))
+                except (SnapshotNotFoundError, SnapshotIncompleteError):
+                    continue
+        for name in self._backend.listdir(self._path("tables")):
+            path = self._path("tables", name)
+            if name.endswith(".arrow") and name[:-6] not in keep:
+                self._backend.remove(path)
+            elif name.startswith(".tmp-") and time.time() - self._backend.mtime(path) > 600:
                 self._backend.remove(path)
 
     # -- reading -----------------------------------------------------------------------
@@ -604,6 +665,7 @@ class SnapshotWriter:
         self._dir = store._snapshot_dir(snapshot_id, execution_id)
         self._calls = 0
         self._files: list[dict] = []
+        self._tables: list[str] = []
         self._finished = False
 
     def __repr__(self) -> str:
@@ -632,6 +694,13 @@ class SnapshotWriter:
 
     def write_broadcast_entries(self, vertex: str, keys, values) -> None:
         self._write(vertex, self._encoder(vertex).broadcast_entries(keys, values))
+
+    def use_table_version(self, digest: str) -> None:
+        """Records that this snapshot uses a stored table version (kept while a retained
+        snapshot uses it)."""
+        self.store._table_path(digest)
+        if digest not in self._tables:
+            self._tables.append(digest)
 
     def _write(self, vertex: str, chunks) -> None:
         """Writes chunks (in partition order) to one file as they are encoded.
@@ -698,11 +767,17 @@ class SnapshotWriter:
             backend = self.store._backend
             for vertex in {f["vertex"] for f in self._files}:
                 backend.sync_dir(self.store._path("snapshots", self._dir, vertex))
-        return Manifest(self.snapshot_id, self.execution_id, list(self._files))
+        return Manifest(self.snapshot_id, self.execution_id, list(self._files),
+                        list(self._tables))
 
     def commit(self) -> SnapshotInfo:
         """finish() and commit this writer's share alone (a single-writer snapshot)."""
         return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
+
+
+def content_digest(data) -> str:
+    """The name of content-addressed bytes: their xxh3-128, 32 hex digits."""
+    return xxhash.xxh3_128_hexdigest(memoryview(data))
 
 
 def _concat_tables(tables: list[pa.Table]) -> pa.Table | None:

@@ -37,7 +37,7 @@ import pyarrow as pa
 from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.dag import SOURCE, Dag
-from sparkjet.errors import SnapshotMismatchError, SparkjetError
+from sparkjet.errors import SnapshotMismatchError, SnapshotNotFoundError, SparkjetError
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.operators import make_operator
@@ -52,6 +52,7 @@ from sparkjet.runtime.watermarks import (
     WatermarkTracker,
 )
 from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.table_join import TABLES_VERTEX, TableVersions
 from sparkjet.windows import in_units, time_values
 
 #: The snapshot vertex holding the DAG's fingerprint.
@@ -91,8 +92,6 @@ def check_snapshot_shape(dag: Dag, store: SnapshotStore, job_id: int,
                          snapshot_id: int | None = None) -> None:
     """Raises :class:`~sparkjet.errors.SnapshotMismatchError` unless snapshot
     ``snapshot_id`` (None: the last complete one, if any) was taken by a DAG of this shape."""
-    from sparkjet.errors import SnapshotNotFoundError
-
     if snapshot_id is None:
         latest = store.latest_complete()
         if latest is None:
@@ -143,6 +142,7 @@ class Member:
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
         self.store = SnapshotStore(config.snapshot_store, config.id) if self.snapshots_on else None
+        self.table_versions = TableVersions(self.store)
         self.topology = t = topology or Topology(1, config.local_parallelism, dag,
                                                  config.partition_count)
         self.index = index
@@ -294,12 +294,20 @@ class Member:
         self.metrics["restored_from"] = snapshot_id
         store, t = self.store, self.topology
         check_snapshot_shape(self.dag, store, self.config.id, snapshot_id)
+        tables = {}
+        if self.dag.table_joins:
+            try:
+                tables = _entries_json(store.restore(TABLES_VERTEX, [], snapshot_id=snapshot_id)
+                                       .broadcast_entries)
+            except SnapshotNotFoundError:
+                pass    # a snapshot from before table joins: they load their tables afresh
         sinks_prepared: dict[str, dict] = {}
         for name in self.dag.sinks:
             sinks_prepared[name] = _entries_json(
                 store.restore(name, [], snapshot_id=snapshot_id).broadcast_entries)
         for p in self.processors:
             v = p.vertex
+            p.restored_tables = _tables_of(tables, v.name, p.index)
             if v.kind == SOURCE:
                 entries = _entries_json(store.restore(v.name, [], snapshot_id=snapshot_id)
                                         .broadcast_entries)
@@ -450,6 +458,7 @@ class _Processor(threading.Thread):
         if self.late_sink is not None:
             self.sink_names.append(self.late_sink)
         self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
+        self.restored_tables: dict = {}  # join_table stage -> its restored version entry
         self.sinks: dict = {}           # sink name -> SinkWriter
         self.outbox: Outbox | None = None
         self._ts_samples: list = []
@@ -631,6 +640,7 @@ class _SourceProcessor(_Processor):
                     keys.append(f"wm:{self.index}".encode())
                     values.append(json.dumps(self.watermarks.state()).encode())
                 writer.write_broadcast_entries(self.vertex.name, keys, values)
+                self.outbox.record_tables(writer, sid)
                 self.prepare_sinks(writer, sid)
                 self.outbox.barrier(sid, terminal)
                 if terminal:
@@ -707,6 +717,7 @@ class _KeyedProcessor(_Processor):
                             "partitions": m.topology.partitions_of(v.name, self.index)}
                     writer.write_broadcast_entries(v.name, [f"wm:{self.index}".encode()],
                                                    [json.dumps(mark).encode()])
+                    self.outbox.record_tables(writer, sid)
                     self.prepare_sinks(writer, sid)
                     self.outbox.barrier(sid, terminal)
                     if terminal:
@@ -745,6 +756,22 @@ class _KeyedProcessor(_Processor):
                 self.commit_sinks(msg[1])
                 if msg[1] == terminal_sid:
                     return True
+
+
+def _tables_of(entries: dict, vertex: str, index: int) -> dict:
+    """The table versions processor ``index`` of ``vertex`` recorded (join name -> entry).
+    After a rescale a processor the snapshot did not have takes those of the vertex's
+    lowest-numbered processor."""
+    mine: dict = {}
+    for key in sorted(entries, key=lambda k: (int(k.split("/")[1]), k)):
+        v, i, name = key.split("/", 2)
+        if v != vertex:
+            continue
+        if int(i) == index:
+            mine[name] = entries[key]
+        else:
+            mine.setdefault(name, entries[key])
+    return mine
 
 
 def _max_times(states: list) -> dict:

@@ -2,6 +2,8 @@
 channels of its edges into other vertices (local aligners or exchange streams)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -9,6 +11,7 @@ from sparkjet._batches import split_by
 from sparkjet.dag import Vertex
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import TimestampsStage
+from sparkjet.table_join import TABLES_VERTEX, TableJoiner, TableJoinStage
 
 #: The column telling a stage of several inputs which one a batch came from.
 ORDINAL = "__ordinal"
@@ -40,6 +43,15 @@ class Outbox:
                             for w in self.targets}
         self._remote: dict = {}           # (vertex, k) -> OutboundChannel
         self.ended = False
+        # One joiner per join_table stage on the paths (a stage on several paths: one).
+        self._joiners: dict[int, TableJoiner] = {}
+        restored = getattr(processor, "restored_tables", None) or {}
+        for path in vertex.paths:
+            for stage in path.stages:
+                if isinstance(stage, TableJoinStage) and id(stage) not in self._joiners:
+                    name = dag.table_join_name(stage)
+                    self._joiners[id(stage)] = TableJoiner(stage, name, self.member.table_versions,
+                                                           restored.get(name))
 
     # -- data ----------------------------------------------------------------------------
 
@@ -53,7 +65,10 @@ class Outbox:
                     if self.on_timestamps is not None:
                         self.on_timestamps(out)
                     continue
-                out = stage.apply(out)
+                if isinstance(stage, TableJoinStage):
+                    out = self._joiners[id(stage)].apply(out)
+                else:
+                    out = stage.apply(out)
                 if out is None:
                     break
             if out is None or out.num_rows == 0:
@@ -79,6 +94,19 @@ class Outbox:
             self._put(target, k, rows)
 
     # -- in-band control -----------------------------------------------------------------
+
+    def record_tables(self, writer, snapshot_id: int) -> None:
+        """At barrier ``snapshot_id``, before it is forwarded: each table join reloads if
+        due, and the snapshot records (and keeps) the version it uses from now on."""
+        if not self._joiners:
+            return
+        keys, values = [], []
+        for joiner in self._joiners.values():
+            entry = joiner.at_barrier(snapshot_id)
+            writer.use_table_version(entry["version"])
+            keys.append(f"{self.vertex.name}/{self.processor.index}/{joiner.name}".encode())
+            values.append(json.dumps(entry).encode())
+        writer.write_broadcast_entries(TABLES_VERTEX, keys, values)
 
     def barrier(self, snapshot_id: int, terminal: bool) -> None:
         for w in self.targets:
