@@ -17,7 +17,7 @@ from test_runtime import run_with_kills
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.interval_join import IntervalJoinStage
 from sparkjet.pipeline import Pipeline
-from sparkjet.runtime import Job, JobConfig
+from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.runtime.member import MemberFailedError
 from sparkjet.runtime.outbox import ORDINAL
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME, PartitionFloors
@@ -343,6 +343,45 @@ def test_join_state_stays_bounded_while_the_stream_runs(tmp_path):
     assert max(n for _, n, _, _ in held) < sum(total) / 2, held
 
 
+def test_join_state_rescales_after_a_kill(tmp_path):
+    """A member killed mid-run (no restart), then the job run again at another parallelism:
+    both sides' buffered rows, their matched flags and the watermarks restore by partition."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from sparkjet.snapshot_store import SnapshotStore
+
+    def run(parallelism):
+        p, want = one_source_two_filters("left", tmp_path / "out", total=150_000, rate=60_000)
+        config = JobConfig(name="ij-rescale", snapshot_store=str(tmp_path / "snaps"),
+                           snapshot_interval=0.1, local_parallelism=parallelism, max_restarts=0)
+        return Job(p, config), want
+
+    job, want = run(2)
+    stop = threading.Event()
+
+    def kill_after_snapshots():
+        store = SnapshotStore(str(tmp_path / "snaps"), job.config.id)
+        while not stop.is_set():
+            latest = store.latest_complete()
+            if latest is not None and latest.snapshot_id >= 3 and job.member_pid:
+                os.kill(job.member_pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_snapshots, daemon=True)
+    killer.start()
+    with pytest.raises(JobFailedError, match="SIGKILL"):
+        job.run()
+    stop.set()
+    killer.join()
+    job, _ = run(3)
+    assert job.run().executions[0]["restored_from"] is not None
+    assert_same(committed(tmp_path / "out"), want)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
 @pytest.mark.parametrize("how", ["inner", "left"])
@@ -352,6 +391,7 @@ def test_join_job_survives_kill_9(tmp_path, guarantee, how):
                      max_restarts=20, restart_backoff=0.05)
     result = run_with_kills(Job(p, config), 3, seed=13)
     assert [e for e in result.executions if "SIGKILL" in (e.get("error") or "")]
+    assert any(e.get("restored_from") is not None for e in result.executions)
     got = committed(tmp_path / "out")
     if guarantee == "exactly-once":
         assert_same(got, want)
