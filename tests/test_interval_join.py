@@ -320,7 +320,7 @@ def test_join_state_stays_bounded_while_the_stream_runs(tmp_path):
 
     total = (150_000, 100_000)
     p, _ = two_sources("left", tmp_path / "out", total=total, rate=60_000, keys=50)
-    config = _config("ij-bounded", tmp_path, "exactly-once")
+    config = _config("ij-bounded", tmp_path, "exactly-once", snapshot_interval=0.2)
     held = []
 
     def on_progress(event):

@@ -50,6 +50,7 @@ _SIDE = "__side"
 _MATCHED = "__matched"
 _PREFIX = ("__l__", "__r__")
 _INDEX = "__row"
+_MAX_CHUNKS = 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,7 +186,12 @@ class _Side:
     def append(self, rows: pa.Table, times: np.ndarray, matched: np.ndarray) -> None:
         if not rows.num_rows:
             return
+        if self.table is not None and not rows.schema.equals(self.table.schema):
+            rows = rows.cast(self.table.schema)
         self.table = rows if self.table is None else pa.concat_tables([self.table, rows])
+        if self.table.num_columns and self.table.column(0).num_chunks > _MAX_CHUNKS:
+            # every match reads the whole buffer: many small chunks make that slow
+            self.table = self.table.combine_chunks()
         self.times = np.concatenate([self.times, times])
         self.matched = np.concatenate([self.matched, matched])
 
@@ -231,7 +237,8 @@ class IntervalJoinOperator(Operator):
     def _check_schema(self, side: int, schema: pa.Schema) -> None:
         s = self._sides[side]
         if s.schema is not None:
-            if not schema.equals(s.schema):
+            # names and types: a restored table's fields may differ in nullability only
+            if [(f.name, f.type) for f in schema] != [(f.name, f.type) for f in s.schema]:
                 raise InvalidArgumentError(
                     f"join_interval: the {_NAME[side]} input's schema changed from\n{s.schema}\n"
                     f"to\n{schema}")
