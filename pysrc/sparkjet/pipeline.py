@@ -305,6 +305,30 @@ class Pipeline:
         self._stream("window")
         return Windowed(self, (), _check_window(window))
 
+    def join_interval(self, other: Pipeline, *, on, between, how: str = "inner",
+                      right_suffix: str = "_right") -> Pipeline:
+        """Joins this stream (left) with ``other`` (right) by key and event time: a left
+        row at ``t`` meets every right row of an equal key at ``s`` with ``t + lower <= s
+        <= t + upper`` (``between=(lower, upper)``, inclusive; ints in the time column's
+        unit, or timedeltas). Both streams need event time in a column of one name.
+
+        ``on``: a column name, a tuple of names, or ``{left column: right column}``.
+        ``how="left"`` also emits each left row that met no right row, with null right
+        columns, once the watermark passes ``t + upper``. The output has the left columns,
+        then the right ones (less a key named like its left key); a right name the left
+        already has gets ``right_suffix``. Its event time is the left row's.
+        See :mod:`sparkjet.interval_join`.
+
+        >>> clicks.join_interval(impressions, on="ad", between=(-600_000, 0))  # doctest: +SKIP
+        """
+        from sparkjet.interval_join import interval_join_stage
+
+        if not isinstance(other, Pipeline):
+            raise InvalidArgumentError(f"join_interval() takes a pipeline, got {type(other).__name__}")
+        left, right = self._stream("join_interval"), other._stream("join_interval")
+        stage = interval_join_stage(left, right, on, between, how, right_suffix)
+        return Pipeline(Node(stage, (left, right)))
+
     # -- compiling ---------------------------------------------------------------------
 
     def plan(self):

@@ -781,7 +781,9 @@ def content_digest(data) -> str:
 
 
 def _concat_tables(tables: list[pa.Table]) -> pa.Table | None:
-    return pa.concat_tables(tables) if tables else None
+    # Writers may hold columns others lack (a join processor that saw one side only):
+    # the missing ones are null in their rows.
+    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:

@@ -24,6 +24,11 @@ class Operator:
     def advance(self, watermark: int) -> list[pa.RecordBatch]:
         return []
 
+    def output_watermark(self, watermark: int) -> int:
+        """The watermark sent downstream after :meth:`advance` to ``watermark``: lower
+        when the operator may still emit rows older than ``watermark``."""
+        return watermark
+
     def tick(self) -> list[pa.RecordBatch]:
         """Called often (between events): output due by wall-clock time."""
         return []
