@@ -47,6 +47,12 @@ sys.path.insert(0, str(BENCH))
 import bench_windows as windows  # noqa: E402 - after the path
 import streaming_competitors as rivals  # noqa: E402
 
+# The jobs' functions live here: Spark's workers cannot import this file, so they travel by
+# value whether this runs as a script or is imported (pytest, another script).
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 KEYS = windows.KEYS
 TOP = pa.schema([("top", pa.float64())])
 WITHIN = 10_000

@@ -10,9 +10,9 @@ gone): it is a late event, counted and handed to the optional ``late_events`` si
 passed as new. The entries are saved by Hazelcast partition in every snapshot, so under
 exactly-once a replayed event is not passed twice to the committed output.
 
-The work per batch is a native key lookup and a sort of the batch's slots (to find each
-key's first row in the batch); no per-row Python, except for a key repeated in one batch
-over more than ``within``.
+The work per batch is a native key lookup and native scatter-min/max by key slot (each
+key's first row and latest time in the batch); no sort and no per-row Python, except for
+a key repeated in one batch over more than ``within``.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from sparkjet import _native
 from sparkjet._groups import Groups
 from sparkjet.connectors import Sink
 from sparkjet.errors import InvalidArgumentError
@@ -30,6 +31,8 @@ from sparkjet.runtime.watermarks import MIN_TIME
 from sparkjet.windows import in_units, time_values
 
 _NONE = MIN_TIME
+_MAX = np.iinfo(np.int64).max
+_MIN = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class DeduplicateOperator(Operator):
         self.time_column = time_column
         self.groups = Groups(self.keys)
         self.passed = np.zeros(0, np.int64)   # per slot: the time of the event that passed
+        self._first = np.zeros(0, np.int64)   # scratch per slot: a batch's first row
+        self._latest = np.zeros(0, np.int64)  # scratch per slot: a batch's latest time
         self.watermark = MIN_TIME
         self.within: int | None = None
         self._time_type: pa.DataType | None = None
@@ -79,10 +84,16 @@ class DeduplicateOperator(Operator):
                     return [], late
         slots = self.groups.slots(batch)
         self._grow(len(self.groups))
-        order = np.argsort(slots, kind="stable")
-        sorted_slots = slots[order]
-        starts = np.flatnonzero(np.concatenate([[True], sorted_slots[1:] != sorted_slots[:-1]]))
-        uniq, first = sorted_slots[starts], order[starts]     # each key's first row
+        # Each key's first row and latest time in the batch, by native scatter-min/max
+        # into scratch arrays indexed by slot (reset after): O(rows), no sort.
+        rows = np.arange(len(ts), dtype=np.int64)
+        _native.agg_min_i64(slots, rows, self._first)
+        is_first = self._first[slots] == rows
+        uniq, first = slots[is_first], rows[is_first]
+        _native.agg_max_i64(slots, ts, self._latest)
+        latest = self._latest[uniq]
+        self._first[uniq] = _MAX
+        self._latest[uniq] = _MIN
         before = self.passed[uniq]
         t0 = ts[first]
         ok = (before == _NONE) | (t0 >= before + self.within)
@@ -91,12 +102,10 @@ class DeduplicateOperator(Operator):
         last = np.where(ok, t0, before)
         # A key whose later rows in the batch reach `within` past the one that passed:
         # those rows are decided one by one (rare: a key repeated over a long span).
-        counts = np.diff(np.append(starts, len(ts)))
-        latest = np.maximum.reduceat(ts[order], starts)
-        for i in np.flatnonzero((counts > 1) & (latest >= last + self.within)).tolist():
+        for i in np.flatnonzero(latest >= last + self.within).tolist():
             t = last[i]
-            for r in order[starts[i] + 1: starts[i] + counts[i]].tolist():
-                if ts[r] >= t + self.within:
+            for r in np.flatnonzero(slots == uniq[i]).tolist():
+                if r > first[i] and ts[r] >= t + self.within:
                     keep[r] = True
                     t = ts[r]
             last[i] = t
@@ -151,9 +160,12 @@ class DeduplicateOperator(Operator):
     def _grow(self, n: int) -> None:
         if n <= len(self.passed):
             return
-        passed = np.full(max(n, 2 * len(self.passed), 1024), _NONE, np.int64)
+        size = max(n, 2 * len(self.passed), 1024)
+        passed = np.full(size, _NONE, np.int64)
         passed[: len(self.passed)] = self.passed
         self.passed = passed
+        self._first = np.full(size, _MAX, np.int64)
+        self._latest = np.full(size, _MIN, np.int64)
 
     def _times(self, batch: pa.RecordBatch) -> np.ndarray:
         for k in self.keys:
