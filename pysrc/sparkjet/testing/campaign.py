@@ -7,8 +7,10 @@ count and sum over the deterministic generator ("keyed"), a stateless copy of ev
 ("events"), a sliding-window count and sum per key with the event id as event time
 ("windowed"), the same over the union of two sources ("union"), a source branching into
 windowed counts and a filtered copy of the events, each to a sink of its own ("branching"),
-the keyed count and sum as keyed state of the user's own ("state": ``map_state``), or the
-events deduplicated by an id that one event in eight repeats ("dedup"). It kills its
+the keyed count and sum as keyed state of the user's own ("state": ``map_state``), the
+events deduplicated by an id that one event in eight repeats ("dedup"), an interval join of
+two filtered branches of the source ("join"), or the events enriched from a reference table
+("enrich": ``join_table``, inner, half the keys in the table). It kills its
 member several times (mid-batch, mid-alignment, mid-snapshot, between prepare and commit,
 during restore: the moments are random, the member is killed wherever it is), lets the
 supervisor restart it from the last complete snapshot, and checks the committed output with
@@ -130,10 +132,11 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         return SQLiteUpsertSink(work / f"{name}.sqlite", "out", key=key)
 
     key = (["key", "window_start"] if windowed else ["key"] if pipeline_kind in ("keyed", "state")
-           else ["uid"] if pipeline_kind == "dedup" else ["id"])
+           else ["uid"] if pipeline_kind == "dedup" else ["pair"] if pipeline_kind == "join"
+           else ["id"])
     sink = sink_at("out", key)
     streams = [Pipeline().read_from(s) for s in sources]
-    if windowed:
+    if windowed or pipeline_kind == "join":
         streams = [st.with_timestamps("id") for st in streams]
     elif pipeline_kind == "dedup":
         streams = [st.map_batches(_with_uid).with_timestamps("id", max_lag=10) for st in streams]
@@ -145,6 +148,11 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         pipeline = pipeline.group_by("key").map_state(_count_and_sum, state=_COUNT_SUM)
     elif pipeline_kind == "dedup":
         pipeline = pipeline.deduplicate("uid", within=10_000).map_batches(_uids)
+    elif pipeline_kind == "join":
+        left, right = pipeline.filter(pc.field("value") < 600), pipeline.filter(pc.field("value") >= 400)
+        pipeline = left.join_interval(right, on="key", between=_BETWEEN).map_batches(_pairs)
+    elif pipeline_kind == "enrich":
+        pipeline = pipeline.join_table(_TABLE, on="key").map_batches(_enriched)
     elif windowed:
         if pipeline_kind == "branching":
             ends.append(pipeline.filter(pc.field("value") < 100).map_batches(_ids)
@@ -197,11 +205,11 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
             copied = verify.check_events(wanted, wanted, got, guarantee=guarantee)
             if not copied.valid_for(guarantee):
                 report = copied
-    elif pipeline_kind == "dedup":
-        ids = np.arange(events, dtype=np.int64)
-        uids = pa.array(ids[ids % 8 != 7])
-        got = out.column("uid") if out.num_columns else pa.array([], pa.int64())
-        report = verify.check_events(uids, uids, got, guarantee=guarantee)
+    elif pipeline_kind in ("dedup", "join", "enrich"):
+        column = {"dedup": "uid", "join": "pair", "enrich": "id"}[pipeline_kind]
+        wanted = pa.array(_expected_ids(pipeline_kind, sources[0]))
+        got = out.column(column) if out.num_columns else pa.array([], pa.int64())
+        report = verify.check_events(wanted, wanted, got, guarantee=guarantee)
     else:
         ids = pa.array(np.arange(events, dtype=np.int64))
         got = out.column("id") if out.num_columns else pa.array([], pa.int64())
@@ -238,6 +246,39 @@ def _with_uid(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def _uids(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.select(["uid", "id"])
+
+
+#: The "join" round's interval: a left row at t meets right rows of its key in [t - 2000, t + 1000].
+_BETWEEN = (-2_000, 1_000)
+#: The "enrich" round's table: the even keys, with a weight.
+_TABLE = pa.table({"key": pa.array(np.arange(0, 5_000, 2), pa.int64()),
+                   "weight": pa.array(np.arange(0, 5_000, 2) * 0.5)})
+
+
+def _pairs(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A joined pair as one int: the left id and where the right one falls in the interval."""
+    left, right = batch["id"], batch["id_right"]
+    pair = pc.add(pc.multiply(left, 4096), pc.subtract(pc.subtract(right, left), _BETWEEN[0]))
+    return pa.record_batch({"pair": pair, "id": left})
+
+
+def _enriched(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.select(["id", "key", "weight"])
+
+
+def _expected_ids(kind: str, source) -> np.ndarray:
+    """What a failure-free run of a "dedup", "join" or "enrich" round writes, as ids."""
+    e = source.events(0, source.total).select(["id", "key", "value"]).to_pandas()
+    if kind == "dedup":
+        ids = e["id"].to_numpy()
+        return ids[ids % 8 != 7]
+    if kind == "enrich":
+        return e["id"].to_numpy()[e["key"].to_numpy() % 2 == 0]
+    left, right = e[e["value"] < 600], e[e["value"] >= 400]
+    m = left.merge(right, on="key", suffixes=("", "_right"))
+    d = m["id_right"] - m["id"]
+    m = m[(d >= _BETWEEN[0]) & (d <= _BETWEEN[1])]
+    return (m["id"] * 4096 + (m["id_right"] - m["id"] - _BETWEEN[0])).to_numpy()
 
 
 _COUNT_SUM = pa.schema([("count", pa.int64()), ("sum", pa.float64())])
@@ -283,10 +324,11 @@ def _final_windows(out: pa.Table) -> tuple[pa.Table, int]:
     return t.filter(pa.array(first)), int((~first).sum())
 
 
-#: Keyed state and deduplication run into the file sink only: the sinks are the same code
+#: Keyed state, deduplication and joins run into the file sink only: the sinks are the same code
 #: whatever feeds them, and every other shape runs into both.
 PLAN = [(g, s, p) for g in ("exactly-once", "at-least-once", "none") for s in ("file", "sqlite")
-        for p in ("keyed", "events", *WINDOWED, *(("state", "dedup") if s == "file" else ()))]
+        for p in ("keyed", "events", *WINDOWED,
+                  *(("state", "dedup", "join", "enrich") if s == "file" else ()))]
 #: The campaigns on Spark leave out "none": it promises nothing to check across restarts.
 SPARK_PLAN = [p for p in PLAN if p[0] != "none"]
 
