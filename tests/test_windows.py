@@ -4,6 +4,8 @@ The generator's ``id`` is the event time here: deterministic and increasing in e
 partition, so with per-partition watermarks no event is late and every window's result is
 known exactly. Lateness is tested on the operator directly, where the watermark is given.
 """
+import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -12,6 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from test_runtime import run_killed_once, run_with_kills
 
+from sparkjet.connectors import Sink, SinkWriter, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError, SnapshotMismatchError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -421,6 +424,115 @@ def test_a_window_without_a_key_runs_on_one_processor(tmp_path, guarantee):
     assert got["n"].tolist() == want["count"].tolist()
     assert got["top"].tolist() == want["max"].tolist()
     assert (got["window_end"] - got["window_start"] == 3_000).all()
+
+
+# -- an idle source partition in a running job ----------------------------------------------
+
+_WINDOW_SEEN = threading.Event()
+_GAVE_UP = threading.Event()
+
+
+class _SeenWriter(SinkWriter):
+    """Collects window rows in this process and says when the first one arrives."""
+
+    rows: list = []
+
+    def write(self, batch):
+        _SeenWriter.rows.append(batch)
+        _WINDOW_SEEN.set()
+
+    def prepare(self, snapshot_id):
+        return None
+
+    def commit(self, snapshot_id):
+        pass
+
+    def recover(self, snapshot_id, prepared):
+        pass
+
+
+class _SeenSink(Sink):
+    name = "seen"
+    transactional = False
+
+    def open(self, context):
+        return _SeenWriter()
+
+
+class _OneGoesIdle(Source):
+    """Two partitions: 0 emits even ids without end; 1 emits its first 50 odd ids and then
+    nothing. The source ends only once a window has reached the sink (or after 60 s, so
+    that a broken idle release fails the test instead of hanging it)."""
+
+    name = "one-goes-idle"
+    replayable = True
+    acknowledging = False
+
+    def partition_count(self):
+        return 2
+
+    def open(self, partitions, context):
+        return _OneGoesIdleReader(partitions)
+
+
+class _OneGoesIdleReader(SourceReader):
+    def __init__(self, partitions):
+        self.partitions = partitions
+        self.next = dict.fromkeys(partitions, 0)
+        self.turn = 0
+        self.last = None
+        self.deadline = time.monotonic() + 60
+
+    def read(self, max_rows):
+        for _ in range(len(self.partitions)):
+            p = self.partitions[self.turn % len(self.partitions)]
+            self.turn += 1
+            n = self.next[p]
+            if p == 1 and n >= 50:
+                continue
+            rows = min(50 if p == 1 else 100, max_rows)
+            self.next[p] = n + rows
+            self.last = p
+            time.sleep(0.01)               # about 10,000 events/s: a running stream
+            ids = 2 * np.arange(n, n + rows, dtype=np.int64) + p
+            return pa.record_batch({"id": ids, "key": np.zeros(rows, np.int64),
+                                    "value": np.ones(rows)})
+        return None
+
+    def at_end(self):
+        if _WINDOW_SEEN.is_set():
+            return True
+        if time.monotonic() > self.deadline:
+            _GAVE_UP.set()
+            return True
+        return False
+
+    def last_partition(self):
+        return self.last
+
+    def snapshot_state(self):
+        return {"next": {str(k): v for k, v in self.next.items()}}
+
+    def restore_state(self, state):
+        for k, v in ((state or {}).get("next") or {}).items():
+            self.next[int(k)] = v
+
+
+def test_an_idle_source_partition_stops_holding_windows_back(tmp_path):
+    """Partition 1 falls silent after id 99 while partition 0 runs on: after idle_timeout the
+    watermark follows partition 0 alone, and window [0, 1000) fires while the job runs."""
+    _WINDOW_SEEN.clear()
+    _GAVE_UP.clear()
+    _SeenWriter.rows = []
+    pipeline = (Pipeline().read_from(_OneGoesIdle()).with_timestamps("id", idle_timeout=0.5)
+                .group_by("key").window(tumbling(1_000)).count().write_to(_SeenSink()))
+    config = JobConfig(name="idle", local_parallelism=1, snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.2)
+    Job(pipeline, config).run(isolated=False)
+    assert not _GAVE_UP.is_set(), "no window fired while partition 1 was idle"
+    first = pa.Table.from_batches(_SeenWriter.rows).to_pylist()[0]
+    # the events of [0, 1000): ids 0, 2, ..., 998 of partition 0 and 1, 3, ..., 99 of partition 1
+    assert first["window_start"] == 0 and first["count"] == 500 + 50
 
 
 def test_too_late_events_go_to_the_side_output_never_lost(tmp_path):
