@@ -12,6 +12,7 @@ from sparkjet.dedup import DeduplicateOperator, DeduplicateStage
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
+from sparkjet.runtime.watermarks import MAX_TIME
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.stateful import KeyedStateOperator, keyed_state_stage
@@ -275,6 +276,102 @@ def test_map_state_rescales_after_a_kill(tmp_path):
     assert result.executions[0]["restored_from"] is not None
     got, want = final_counts(tmp_path / "out"), reference_counts(source)
     assert got[["key", "n", "top"]].equals(want[["key", "n", "top"]])
+
+
+# -- a broadcast input: every processor sees every row ------------------------------------
+
+def test_broadcast_rows_reach_the_function_and_upsert_by_key():
+    seen = []
+
+    def fn(b):
+        seen.append(None if b.broadcast is None else b.broadcast.to_pylist())
+        return None
+
+    stage = keyed_state_stage(("k",), fn, TOP, None, "event", False, True, "rule")
+    op = KeyedStateOperator(stage, None)
+
+    def rules(rule, limit):
+        op.process(pa.record_batch({"rule": rule, "limit": limit,
+                                    "__ordinal": pa.array([1] * len(rule), pa.int8())}))
+
+    def event(k):
+        op.process(pa.record_batch({"k": [k], "value": [1.0], "__ordinal": pa.array([0], pa.int8())}))
+
+    event("a")
+    rules(["x", "y"], [1, 2])
+    event("a")
+    rules(["y", "z", "x"], [3, 4, 5])
+    event("b")
+    assert seen == [None, [{"rule": "x", "limit": 1}, {"rule": "y", "limit": 2}],
+                    [{"rule": "y", "limit": 3}, {"rule": "z", "limit": 4}, {"rule": "x", "limit": 5}]]
+    other = KeyedStateOperator(stage, None)
+    other.restore_broadcast(op.snapshot_broadcast())
+    assert other.broadcast.equals(op.broadcast)
+
+
+RULES = 2_000
+
+
+def counts_with_rules(b):
+    """Counts each key's events; at the end of time (a timer), emits the count beside how
+    many broadcast rows this processor had received, and their ids' sum."""
+    if b.rows is None:
+        n_rules = 0 if b.broadcast is None else b.broadcast.num_rows
+        ids = 0 if b.broadcast is None else pc.sum(b.broadcast["id"]).as_py()
+        return pa.table({"key": b.keys["key"], "n": b.state["n"],
+                         "rules": pa.array([n_rules] * len(b), pa.int64()),
+                         "rule_ids": pa.array([ids] * len(b), pa.int64())}), None
+    b.set_timer(MAX_TIME - 1)
+    return None, {"n": np.diff(b.offsets) + b.state["n"].fill_null(0).to_numpy(),
+                  "top": np.zeros(len(b))}
+
+
+def broadcast_job(tmp_path, name, guarantee="exactly-once", parallelism=2, rate=100_000, **kw):
+    events = GeneratorSource(total=200_000, partitions=4, keys=300, rate=rate, batch_size=4_000)
+    rules = GeneratorSource(total=RULES, partitions=2, keys=10, rate=rate and rate / 100,
+                            batch_size=50, seed=5)
+    p = (Pipeline().read_from(events).with_timestamps("id").group_by("key")
+         .map_state(counts_with_rules, state=TOP, event_time=True,
+                    broadcast=Pipeline().read_from(rules).with_timestamps("id"))
+         .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name=name, processing_guarantee=guarantee, local_parallelism=parallelism,
+                       snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.1, **kw)
+    want = events.events(0, 200_000).to_pandas().groupby("key").size()
+    return Job(p, config), want
+
+
+def check_broadcast_output(out, want, exact: bool):
+    got = TransactionalFileSink.read(out).to_pandas().sort_values("key").reset_index(drop=True)
+    assert got["key"].tolist() == want.index.tolist(), "a key's end-of-time row is missing or twice"
+    assert got["n"].tolist() == want.tolist()
+    if exact:
+        assert (got["rules"] == RULES).all() and (got["rule_ids"] == RULES * (RULES - 1) // 2).all()
+    else:
+        assert (got["rules"] >= RULES).all()
+
+
+def test_a_broadcast_stream_reaches_every_processor(tmp_path):
+    job, want = broadcast_job(tmp_path, "broadcast", rate=None)
+    job.run(isolated=False)
+    check_broadcast_output(tmp_path / "out", want, exact=True)
+
+
+def test_broadcast_state_rescales_after_a_kill(tmp_path):
+    run_killed_once(broadcast_job(tmp_path, "broadcast-rescale", rate=60_000, max_restarts=0)[0],
+                    tmp_path / "snaps", after=3)
+    job, want = broadcast_job(tmp_path, "broadcast-rescale", parallelism=3, max_restarts=0)
+    assert job.run().executions[0]["restored_from"] is not None
+    check_broadcast_output(tmp_path / "out", want, exact=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_broadcast_state_survives_kill_9(tmp_path, guarantee):
+    job, want = broadcast_job(tmp_path, f"broadcast-kills-{guarantee}", guarantee,
+                              max_restarts=20, restart_backoff=0.05)
+    result = run_with_kills(job, 3, seed=13)
+    assert [e for e in result.executions if "SIGKILL" in (e.get("error") or "")]
+    check_broadcast_output(tmp_path / "out", want, exact=guarantee == "exactly-once")
 
 
 # -- sessions with timers: keyed state and event-time timers together ----------------------

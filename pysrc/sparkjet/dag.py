@@ -7,7 +7,9 @@ A vertex's output therefore is a set of **paths**: the stateless stages a batch 
 through, and where it ends: a sink, or an **edge** into another vertex. An edge into a
 keyed aggregation is *partitioned* (each row goes to the processor owning the Hazelcast
 partition of its key); into an aggregation without a key it is *all-to-one* (that vertex
-has one processor). Barriers and watermarks flow in band on every edge.
+has one processor); into an input a stage declares broadcast (``map_state(broadcast=...)``)
+it is *broadcast* (every row to every processor). Barriers and watermarks flow in band on
+every edge.
 
 Names are derived from the DAG's shape ("source", "source.2", "aggregate", "window",
 "sink", "sink.2", ...), so the same pipeline gets the same names in every run: they name
@@ -66,6 +68,11 @@ class Vertex:
     def arity(self) -> int:
         """How many input streams the vertex's stage takes (ordinals)."""
         return getattr(self.stage, "arity", 1)
+
+    @property
+    def broadcast_inputs(self) -> tuple:
+        """The ordinals of its inputs that reach every processor (broadcast edges)."""
+        return tuple(getattr(self.stage, "broadcast_inputs", ()))
 
     def key_of(self, ordinal: int):
         """The key its input ``ordinal`` is partitioned by."""
@@ -310,10 +317,15 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             for p in u.paths:
                 if p.target != w.name:
                     continue
+                # A broadcast input must carry watermarks, but its rows' times are not read
+                # (its event-time column may have another name).
+                into = None if p.ordinal in w.broadcast_inputs else columns
                 if u.kind == SOURCE and p.timed:
-                    columns.add(u.timestamps.column)
+                    if into is not None:
+                        into.add(u.timestamps.column)
                 elif u.kind != SOURCE and u.output_time is not None:
-                    columns.add(u.output_time)
+                    if into is not None:
+                        into.add(u.output_time)
                 elif u.kind == SOURCE:
                     missing = (f"{w.name}: {what} needs event time on every input: call "
                                f".with_timestamps(column, max_lag=...) after read_from("

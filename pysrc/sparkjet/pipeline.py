@@ -126,6 +126,8 @@ class OperatorStage:
     - ``keys``: the key columns (the same on every input; see :meth:`key_of`);
     - ``arity``: how many input streams it takes (the node's inputs, in order; each
       batch reaches the operator with an ``__ordinal`` int8 column when ``arity > 1``);
+    - ``broadcast_inputs``: the ordinals whose rows reach every processor (a broadcast
+      edge) instead of the one owning their key;
     - ``event_time``: True when every input must carry event time (``with_timestamps``);
     - ``output_time``: the event-time column of its output, when it has one (a later
       window or event-time stage may follow), else None; or ``keeps_time``: its output
@@ -138,6 +140,7 @@ class OperatorStage:
     kind: str = ""
     keys: tuple = ()
     arity: int = 1
+    broadcast_inputs: tuple = ()
     event_time: bool = False
     output_time: str | None = None
     keeps_time: bool = False
@@ -376,7 +379,8 @@ class GroupBy:
         return Windowed(self.pipeline, self.keys, _check_window(window))
 
     def map_state(self, fn, *, state: pa.Schema, ttl=None, ttl_in: str = "event",
-                  event_time: bool = False) -> Pipeline:
+                  event_time: bool = False, broadcast: Pipeline | None = None,
+                  broadcast_key=None) -> Pipeline:
         """Keyed state of your own (:mod:`sparkjet.stateful`): ``fn`` is called once per
         batch with a :class:`~sparkjet.stateful.KeyedBatch` (the batch's rows grouped by
         key, and those keys' state: a row of the ``state`` schema each) and returns its
@@ -387,10 +391,23 @@ class GroupBy:
             seconds with ``ttl_in="processing"``.
         :param event_time: the stream must carry event time (for event-time timers);
             implied by an event-time ``ttl``.
+        :param broadcast: a second stream (rules, thresholds, reference rows) whose rows
+            reach every processor (a broadcast edge) and are given to every call as
+            ``KeyedBatch.broadcast``: every row so far, or the latest per ``broadcast_key``.
+            It is saved in snapshots with the state. With event time it needs
+            ``with_timestamps`` too (its watermarks count; its time column's name may differ).
         """
         from sparkjet.stateful import keyed_state_stage
 
-        return self.pipeline._add(keyed_state_stage(self.keys, fn, state, ttl, ttl_in, event_time))
+        stage = keyed_state_stage(self.keys, fn, state, ttl, ttl_in, event_time,
+                                  broadcast is not None, broadcast_key)
+        head = self.pipeline._stream("map_state")
+        if broadcast is None:
+            return Pipeline(Node(stage, (head,)))
+        if not isinstance(broadcast, Pipeline):
+            raise InvalidArgumentError(f"map_state(broadcast=...) takes a pipeline, got "
+                                       f"{type(broadcast).__name__}")
+        return Pipeline(Node(stage, (head, broadcast._stream("map_state(broadcast=...)"))))
 
     def map_stateful(self, create: Callable[[], object], fn: Callable, *, ttl=None,
                      ttl_in: str = "event") -> Pipeline:

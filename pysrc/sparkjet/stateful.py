@@ -34,10 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from sparkjet import _native
+from sparkjet._groups import Groups
 from sparkjet._state_store import NO_TIMER, StateStore
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import OperatorStage, _duration, _seconds
 from sparkjet.runtime.operators import Operator
+from sparkjet.runtime.outbox import ORDINAL
 from sparkjet.runtime.watermarks import MIN_TIME
 from sparkjet.windows import in_units, time_values
 
@@ -59,10 +62,14 @@ class KeyedBatch:
     - ``fired``: in a timer call, the time of each key's timer that fired (numpy int64),
       and ``timer`` says which kind ("event" or "processing"); None in a data call;
     - ``watermark``: the processor's event-time watermark;
-    - ``now``: the wall-clock time, in nanoseconds.
+    - ``now``: the wall-clock time, in nanoseconds;
+    - ``broadcast``: with ``map_state(broadcast=stream)``, the rows that stream has sent so
+      far (the latest per ``broadcast_key`` if given), the same on every processor; None
+      before the first.
     """
 
-    def __init__(self, keys, state, has_state, rows, offsets, group, fired, timer, watermark, now):
+    def __init__(self, keys, state, has_state, rows, offsets, group, fired, timer, watermark, now,
+                 broadcast=None):
         self.keys = keys
         self.state = state
         self.has_state = has_state
@@ -73,6 +80,7 @@ class KeyedBatch:
         self.timer = timer
         self.watermark = watermark
         self.now = now
+        self.broadcast = broadcast
         self._delete: np.ndarray | None = None
         self._timers: dict[str, np.ndarray] = {}
 
@@ -133,6 +141,8 @@ class KeyedStateStage(OperatorStage):
     ttl_in: str = "event"
     needs_time: bool = False
     label: str = ""
+    broadcast: bool = False          # a second input, broadcast to every processor
+    broadcast_key: tuple | None = None
 
     kind = "state"
 
@@ -140,15 +150,27 @@ class KeyedStateStage(OperatorStage):
     def event_time(self) -> bool:
         return self.needs_time
 
+    @property
+    def arity(self) -> int:
+        return 2 if self.broadcast else 1
+
+    @property
+    def broadcast_inputs(self) -> tuple:
+        return (1,) if self.broadcast else ()
+
     def describe(self) -> dict:
-        return {"state": [f"{f.name}: {f.type}" for f in self.state], "ttl": str(self.ttl),
-                "ttl_in": self.ttl_in, "function": self.label}
+        out = {"state": [f"{f.name}: {f.type}" for f in self.state], "ttl": str(self.ttl),
+               "ttl_in": self.ttl_in, "function": self.label}
+        if self.broadcast:
+            out["broadcast_key"] = list(self.broadcast_key or ())
+        return out
 
     def make_operator(self, time_column):
         return KeyedStateOperator(self, time_column)
 
 
-def keyed_state_stage(keys, fn, state, ttl, ttl_in, event_time) -> KeyedStateStage:
+def keyed_state_stage(keys, fn, state, ttl, ttl_in, event_time, broadcast=False,
+                      broadcast_key=None) -> KeyedStateStage:
     if not callable(fn):
         raise InvalidArgumentError("map_state() takes a function of a KeyedBatch")
     if not isinstance(state, pa.Schema) or not len(state):
@@ -159,8 +181,16 @@ def keyed_state_stage(keys, fn, state, ttl, ttl_in, event_time) -> KeyedStateSta
     if ttl is not None:
         ttl = _duration("ttl", ttl, allow_zero=False) if ttl_in == "event" else _seconds("ttl", ttl)
     label = getattr(fn, "__qualname__", type(fn).__name__)
+    if isinstance(broadcast_key, str):
+        broadcast_key = (broadcast_key,)
+    if broadcast_key is not None and (not broadcast or not broadcast_key
+                                      or not all(isinstance(k, str) for k in broadcast_key)):
+        raise InvalidArgumentError(f"broadcast_key takes column names of the broadcast stream, "
+                                   f"got {broadcast_key!r}" + ("" if broadcast else
+                                                               " without a broadcast stream"))
     return KeyedStateStage(tuple(keys), fn, state, ttl, ttl_in,
-                           bool(event_time) or (ttl is not None and ttl_in == "event"), label)
+                           bool(event_time) or (ttl is not None and ttl_in == "event"), label,
+                           bool(broadcast), None if broadcast_key is None else tuple(broadcast_key))
 
 
 class KeyedStateOperator(Operator):
@@ -180,12 +210,19 @@ class KeyedStateOperator(Operator):
         self._next_proc = NO_TIMER
         self._evicted_at = clock()
         self._calls = 0
+        self.broadcast: pa.Table | None = None
 
     # -- the operator interface ----------------------------------------------------------
 
     def process(self, batch: pa.RecordBatch):
         if batch.num_rows == 0:
             return [], None
+        if ORDINAL in batch.schema.names:
+            ordinal = batch.column(ORDINAL)[0].as_py()
+            batch = batch.drop_columns([ORDINAL])
+            if ordinal == 1:
+                self._add_broadcast(batch)
+                return [], None
         for k in self.keys:
             if k not in batch.schema.names:
                 raise InvalidArgumentError(f"map_state key {k!r} is not in the stream; it has "
@@ -241,6 +278,34 @@ class KeyedStateOperator(Operator):
 
     def snapshot(self) -> pa.Table | None:
         return self.store.snapshot()
+
+    # -- the broadcast stream ------------------------------------------------------------
+
+    def _add_broadcast(self, batch: pa.RecordBatch) -> None:
+        new = pa.Table.from_batches([batch])
+        if self.broadcast is not None:
+            if new.schema != self.broadcast.schema:
+                raise InvalidArgumentError(f"the broadcast stream changed schema from "
+                                           f"{self.broadcast.schema} to {new.schema}")
+            new = pa.concat_tables([self.broadcast, new])
+        key = self.stage.broadcast_key
+        if key is not None:
+            missing = [k for k in key if k not in new.column_names]
+            if missing:
+                raise InvalidArgumentError(f"broadcast_key {missing} is not in the broadcast "
+                                           f"stream; it has {new.column_names}")
+            # the latest row of each key: its last row in arrival order
+            slots = Groups(list(key)).slots(new)
+            last = np.full(int(slots.max()) + 1, -1, np.int64)
+            _native.agg_max_i64(slots, np.arange(len(slots), dtype=np.int64), last)
+            new = new.take(pa.array(np.sort(last)))
+        self.broadcast = new.combine_chunks()
+
+    def snapshot_broadcast(self) -> pa.Table | None:
+        return self.broadcast
+
+    def restore_broadcast(self, table: pa.Table) -> None:
+        self.broadcast = table.combine_chunks() if table.num_rows else None
 
     def restore(self, table, watermark, floors=None) -> None:
         self.watermark = watermark
@@ -307,7 +372,7 @@ class KeyedStateOperator(Operator):
         keys = s.groups.keys(slots)
         has = s.has[slots].copy()
         ctx = KeyedBatch(keys, s.get(slots), has, rows, offsets, group, fired, timer,
-                         self.watermark, self._clock())
+                         self.watermark, self._clock(), self.broadcast)
         result = self.stage.fn(ctx)
         output, new_state = result if isinstance(result, tuple) else (result, None)
         if new_state is not None:

@@ -29,6 +29,7 @@ from sparkjet import _native
 from sparkjet._batches import split_by
 from sparkjet._groups import Groups
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.runtime.operators import Operator
 from sparkjet.runtime.watermarks import MIN_TIME
 from sparkjet.windows import Session, in_units, parse_window_aggregations, time_values
 
@@ -218,7 +219,7 @@ class _Pane:
         return None if self.groups is None else self.groups.keys(slots)
 
 
-class WindowOperator:
+class WindowOperator(Operator):
     """The windowed aggregation of one processor of a window vertex."""
 
     def __init__(self, stage, time_column: str):

@@ -318,6 +318,7 @@ class Member:
                 state = store.restore(v.name, t.partitions_of(v.name, p.index),
                                       snapshot_id=snapshot_id)
                 p.restored_table = state.table if not v.single else state.broadcast_table
+                p.restored_broadcast = None if v.single else state.broadcast_table
                 marks = [s for k, s in _entries_json(state.broadcast_entries).items()
                          if k.startswith("wm:")]
                 p.restored_watermark, p.restored_floors = PartitionFloors.from_saved(
@@ -664,12 +665,16 @@ class _KeyedProcessor(_Processor):
         self.restored_table = None
         self.restored_watermark = MIN_TIME
         self.restored_floors = None
+        self.restored_broadcast = None
 
     def work(self) -> None:
         m = self.member
         v = self.vertex
         op = make_operator(v)
         op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
+        if self.restored_broadcast is not None:
+            op.restore_broadcast(self.restored_broadcast)
+        self.restored_broadcast = None
         self.restored_table = None
         self.open_outputs()
         aligner = m.aligners[(v.name, self.index)]
@@ -713,6 +718,9 @@ class _KeyedProcessor(_Processor):
                             writer.write_broadcast_table(v.name, table)
                         else:
                             writer.write_table(v.name, table, key=op.state_key)
+                    shared = op.snapshot_broadcast() if self.index == 0 and not v.single else None
+                    if shared is not None:
+                        writer.write_broadcast_table(v.name, shared)
                     mark = {"time": tracker.current,
                             "partitions": m.topology.partitions_of(v.name, self.index)}
                     writer.write_broadcast_entries(v.name, [f"wm:{self.index}".encode()],

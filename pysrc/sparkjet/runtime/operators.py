@@ -41,6 +41,14 @@ class Operator:
         this processor's partitions had reached a later watermark than ``watermark``."""
         raise NotImplementedError
 
+    def snapshot_broadcast(self) -> pa.Table | None:
+        """State every processor holds alike (from broadcast inputs): saved once, by
+        processor 0, and given to every processor at restore."""
+        return None
+
+    def restore_broadcast(self, table: pa.Table) -> None:
+        """Restores what :meth:`snapshot_broadcast` saved."""
+
     #: The key column(s) the snapshot table is partitioned by (None: one group).
     state_key: str | list | None = None
 

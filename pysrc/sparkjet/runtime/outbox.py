@@ -35,8 +35,11 @@ class Outbox:
         t = self.member.topology
         self.targets = vertex.targets
         dag = self.member.dag
+        self._broadcast = {(p.target, p.ordinal) for p in vertex.paths if p.target is not None
+                           and p.ordinal in dag.vertices[p.target].broadcast_inputs}
         self._keys = {(p.target, p.ordinal): dag.vertices[p.target].key_of(p.ordinal)
-                      for p in vertex.paths if p.target is not None}
+                      for p in vertex.paths
+                      if p.target is not None and (p.target, p.ordinal) not in self._broadcast}
         self._tagged = {w for w in self.targets if dag.vertices[w].arity > 1}
         self._width = {w: t.parallelism[w] for w in self.targets}
         self._channel_of = {w: t.channel_offset[(w, vertex.name)] + processor.index
@@ -86,6 +89,10 @@ class Outbox:
         width = self._width[target]
         if width == 1:
             self._put(target, 0, batch)
+            return
+        if (target, ordinal) in self._broadcast:
+            for k in range(width):
+                self._put(target, k, batch)
             return
         m = self.member
         pids = partition_ids(batch, m.config.partition_count,
