@@ -139,6 +139,114 @@ def test_event_timers_fire_in_time_order_and_may_set_again():
     assert calls[1:] == [[("a", 15)], [("a", 25)], [("a", 35)]]
 
 
+def test_out_of_order_rows_never_move_the_last_update_back():
+    op = operator(count_and_max, ttl=100)
+    feed(op, [1000], ["a"])
+    feed(op, [950], ["a"])                              # older: the last update stays 1000
+    assert feed(op, [1060], ["a"])[0]["n"] == 3          # 1000 + 100 > 1060: still there
+
+
+def test_what_a_timer_call_sees_does_not_depend_on_how_the_watermark_advanced():
+    """TTL 100, state updated at 0, a timer at 150: the timer call sees the state expired,
+    whether the watermark went to 200 at once or by 120 first, and after a restore."""
+    def run(marks, restore=False):
+        seen = []
+
+        def fn(b):
+            if b.rows is None:
+                seen.append(b.has_state.tolist())
+                return None
+            b.set_timer(150)
+            return count_and_max(b)
+
+        op = operator(fn, ttl=100)
+        feed(op, [0], ["a"])
+        if restore:
+            other = operator(fn, ttl=100)
+            other.restore(op.snapshot(), op.watermark)
+            op = other
+        for m in marks:
+            op.advance(m)
+        return seen
+
+    assert run([200]) == run([120, 200]) == run([120, 200], restore=True) == [[False]]
+
+
+def test_ttl_in_timedelta_units_survives_a_restore():
+    from datetime import timedelta
+
+    def fn(b):
+        return count_and_max(b)
+
+    stage = keyed_state_stage(("k",), fn, TOP, timedelta(seconds=1), "event", False)
+    op = KeyedStateOperator(stage, "t")
+    ms = pa.timestamp("ms")
+    op.process(pa.record_batch({"t": pa.array([0], pa.int64()).view(ms), "k": ["a"], "value": [1.0]}))
+    other = KeyedStateOperator(stage, "t")
+    other.restore(op.snapshot(), 0)
+    other.advance(999)
+    assert len(other.store) == 1
+    other.advance(1000)                                 # 0 + 1 s <= 1000 ms: evicted
+    assert len(other.store) == 0
+
+
+def test_a_compaction_never_moves_slots_under_firing_timers():
+    """Timers that keep setting themselves at or below the watermark fire round after round;
+    the calls that make the store compact must not mix up keys (slots are renumbered)."""
+    calls = []
+
+    def fn(b):
+        if b.rows is None:
+            calls.append((b.keys["k"].to_pylist(), b.fired.tolist()))
+            again = b.fired < 100
+            b.set_timer(b.fired[again] + 1, again)
+            return None
+        b.set_timer(1, b.keys["k"].to_numpy() == 1)      # key 1 only: key 2 has none
+        return None, {"n": np.zeros(len(b), np.int64), "top": np.zeros(len(b))}
+
+    op = operator(fn, keys=("k",))
+    dead = pa.array(np.arange(10, 80_010))
+    op.process(pa.record_batch({"t": pa.array(np.zeros(len(dead), np.int64)), "k": dead,
+                                "value": np.ones(len(dead))}))
+    op.store.delete(op.store.slots(pa.table({"k": dead})))   # 80,000 dead slots
+    op.process(pa.record_batch({"t": pa.array([0, 0], pa.int64()), "k": [1, 2], "value": [1.0, 1.0]}))
+    op.advance(200)
+    assert all(keys == [1] for keys, _ in calls)
+    assert [t for _, ts in calls for t in ts] == list(range(1, 101))
+
+
+def test_timer_times_negative_timestamps_and_errors():
+    fired = []
+
+    def fn(b):
+        if b.rows is None:
+            fired.append(b.fired.tolist())
+            return None
+        b.set_timer(-5)
+        return None
+
+    op = operator(fn)
+    feed(op, [-10], ["a"])
+    op.advance(-5)
+    assert fired == [[-5]]
+
+    def timestamps(b):
+        if b.rows is not None:
+            b.set_timer(pa.array([1], pa.timestamp("s")))        # 1 s, in an ms column: 1000
+        return None
+
+    stage = keyed_state_stage(("k",), timestamps, TOP, None, "event", True)
+    op = KeyedStateOperator(stage, "t")
+    op.process(pa.record_batch({"t": pa.array([0], pa.int64()).view(pa.timestamp("ms")), "k": ["a"]}))
+    assert op.store.event_timer[0] == 1000
+
+    for bad, match in (((MAX_TIME,), "end of time"), ((1, [0, 0]), "given twice"),
+                       ((["x"],), "integers or timestamps")):
+        op = operator(lambda b, bad=bad: b.set_timer(*bad))
+        with pytest.raises(InvalidArgumentError, match=match):
+            feed(op, [1], ["a"])
+
+
 def test_state_and_timers_restore_from_a_snapshot():
     def fn(b):
         if b.rows is not None:

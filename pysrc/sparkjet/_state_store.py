@@ -91,7 +91,7 @@ class _ArrowColumn:
     def clear(self, slots: np.ndarray) -> None:
         self.row[slots] = -1
 
-    def compact(self, keep: np.ndarray) -> None:
+    def compact(self) -> None:
         """Keeps one row per slot that has one, in one array, when most rows are stale."""
         used = self.row >= 0
         if self.rows <= 2 * int(used.sum()) + 4096:
@@ -166,14 +166,12 @@ class StateStore:
         """Drops the slots of keys with neither state nor timers once they are most of the
         key map (rebuilding it), and the stale rows of Arrow columns."""
         n = len(self.groups)
-        live = self.has[:n] | (self.event_timer[:n] != NO_TIMER) | (self.proc_timer[:n] != NO_TIMER)
         for c in self.columns:
             if isinstance(c, _ArrowColumn):
-                c.compact(live)
-        alive = int(live.sum())
-        if n - alive <= alive + 65536:
+                c.compact()
+        keep = self.live_slots()
+        if n - len(keep) <= len(keep) + 65536:
             return
-        keep = np.flatnonzero(live)
         keys = self.groups.keys(keep)
         for c in self.columns:
             c.take(keep)
@@ -193,9 +191,10 @@ class StateStore:
 
     # -- snapshots -----------------------------------------------------------------------
 
-    def snapshot(self, prefix: str = "__s__") -> pa.Table | None:
+    def snapshot(self, prefix: str = "__s__", time_type: pa.DataType | None = None) -> pa.Table | None:
         """One row per key with state or timers: its key columns, ``__has``, the state
-        columns (``prefix`` + name), ``__updated`` and the two timers."""
+        columns (``prefix`` + name), ``__updated`` (of ``time_type`` when given: the
+        event-time column's, which a restore then knows) and the two timers."""
         slots = self.live_slots()
         if not len(slots):
             return None
@@ -205,22 +204,32 @@ class StateStore:
         cols["__has"] = pa.array(self.has[slots])
         for f in self.schema:
             cols[prefix + f.name] = state.column(f.name)
-        cols["__updated"] = pa.array(self.updated[slots])
+        updated = pa.array(self.updated[slots])
+        if time_type is not None and time_type != pa.int64():
+            updated = updated.view(time_type) if pa.types.is_timestamp(time_type) else updated.cast(time_type)
+        cols["__updated"] = updated
         cols["__event_timer"] = pa.array(self.event_timer[slots])
         cols["__proc_timer"] = pa.array(self.proc_timer[slots])
         return pa.table(cols)
 
-    def restore(self, table: pa.Table, prefix: str = "__s__") -> None:
+    def restore(self, table: pa.Table, prefix: str = "__s__") -> pa.DataType:
+        """Adds the keys of a :meth:`snapshot` table; returns the type ``__updated`` was
+        saved with."""
         slots = self.slots(table.select(list(self.groups.key_names)))
+        updated = table.column("__updated").combine_chunks()
+        time_type = updated.type
+        if pa.types.is_timestamp(time_type):
+            updated = updated.view(pa.int64())
         has = table.column("__has").to_numpy(zero_copy_only=False)
         state = pa.table({f.name: table.column(prefix + f.name) for f in self.schema},
                          schema=self.schema)
         with_state = np.flatnonzero(has)
         if len(with_state):
             self.put(slots[with_state], state.take(pa.array(with_state)),
-                     table.column("__updated").to_numpy()[with_state])
+                     updated.cast(pa.int64()).to_numpy()[with_state])
         self.event_timer[slots] = table.column("__event_timer").to_numpy()
         self.proc_timer[slots] = table.column("__proc_timer").to_numpy()
+        return time_type
 
 
 __all__ = ["NO_TIMER", "StateStore"]

@@ -28,7 +28,7 @@ from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import OperatorStage
 from sparkjet.runtime.operators import Operator
 from sparkjet.runtime.watermarks import MIN_TIME
-from sparkjet.windows import in_units, time_values
+from sparkjet.windows import EventTimeColumn, in_units
 
 _NONE = MIN_TIME
 _MAX = np.iinfo(np.int64).max
@@ -63,8 +63,9 @@ class DeduplicateOperator(Operator):
         self._first = np.zeros(0, np.int64)   # scratch per slot: a batch's first row
         self._latest = np.zeros(0, np.int64)  # scratch per slot: a batch's latest time
         self.watermark = MIN_TIME
-        self.within: int | None = None
-        self._time_type: pa.DataType | None = None
+        # in the time column's unit (an int is; a timedelta once the column's type is known)
+        self.within: int | None = stage.within if isinstance(stage.within, int) else None
+        self._time = EventTimeColumn(time_column)
 
     def __len__(self) -> int:
         """How many keys are remembered."""
@@ -172,17 +173,10 @@ class DeduplicateOperator(Operator):
             if k not in batch.schema.names:
                 raise InvalidArgumentError(f"deduplicate key {k!r} is not in the stream; it has "
                                            f"{batch.schema.names}")
-        if self.time_column not in batch.schema.names:
-            raise InvalidArgumentError(f"the stream has no event-time column {self.time_column!r}; "
-                                       f"it has {batch.schema.names}")
-        column = batch.column(self.time_column)
-        if self._time_type is None:
-            self._time_type = column.type
-            self.within = in_units("within", self.stage.within, column.type)
-        elif column.type != self._time_type:
-            raise InvalidArgumentError(f"event-time column {self.time_column!r} changed type from "
-                                       f"{self._time_type} to {column.type}")
-        return time_values(column, self.time_column)
+        values = self._time.values(batch)
+        if self.within is None:
+            self.within = in_units("within", self.stage.within, self._time.type)
+        return values
 
 
 __all__ = ["DeduplicateOperator", "DeduplicateStage"]

@@ -42,7 +42,7 @@ from sparkjet.pipeline import OperatorStage, _duration, _seconds
 from sparkjet.runtime.operators import Operator
 from sparkjet.runtime.outbox import ORDINAL
 from sparkjet.runtime.watermarks import MIN_TIME
-from sparkjet.windows import in_units, time_values
+from sparkjet.windows import EventTimeColumn, in_units
 
 #: How many rounds of timers one watermark may fire (a timer set at or below the watermark
 #: by a timer call fires in the next round).
@@ -69,7 +69,7 @@ class KeyedBatch:
     """
 
     def __init__(self, keys, state, has_state, rows, offsets, group, fired, timer, watermark, now,
-                 broadcast=None):
+                 broadcast=None, time_type=None):
         self.keys = keys
         self.state = state
         self.has_state = has_state
@@ -81,8 +81,9 @@ class KeyedBatch:
         self.watermark = watermark
         self.now = now
         self.broadcast = broadcast
+        self._time_type = time_type
         self._delete: np.ndarray | None = None
-        self._timers: dict[str, np.ndarray] = {}
+        self._timers: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # kind -> (set, times)
 
     def __len__(self) -> int:
         return self.keys.num_rows
@@ -94,27 +95,40 @@ class KeyedBatch:
         self._delete = mask if self._delete is None else self._delete | mask
 
     def set_timer(self, times, which=None, *, kind: str = "event") -> None:
-        """Sets each key's timer of ``kind`` ("event": fires when the watermark reaches it;
-        "processing": when the wall clock, in nanoseconds since the epoch, does) to
-        ``times`` (one per key of ``which``, or a scalar; a null clears it). A key has at
-        most one timer of each kind: setting it again moves it."""
+        """Sets each key's timer of ``kind`` ("event": fires when the watermark reaches it,
+        in the event-time column's unit or as timestamps; "processing": when the wall clock,
+        in nanoseconds since the epoch or as timestamps, does) to ``times`` (one per key of
+        ``which``, or a scalar; a null clears it). A key has at most one timer of each kind:
+        setting it again moves it. The end of a bounded stream fires every event timer."""
         if kind not in ("event", "processing"):
             raise InvalidArgumentError(f"set_timer(kind=...) is 'event' or 'processing', got {kind!r}")
         mask = self._mask(which, "set_timer")
         n = int(mask.sum())
-        if np.isscalar(times) or times is None:
-            values = np.full(n, NO_TIMER if times is None else int(times), np.int64)
-        else:
-            arr = times if isinstance(times, pa.Array) else pa.array(times)
-            if len(arr) != n:
-                raise InvalidArgumentError(f"set_timer(): {len(arr)} times for {n} keys")
-            if pa.types.is_timestamp(arr.type):
-                arr = arr.cast(pa.timestamp("ns", arr.type.tz)) if kind == "processing" else arr
-                arr = arr.view(pa.int64())
-            values = arr.cast(pa.int64()).fill_null(NO_TIMER).to_numpy()
-        out = self._timers.setdefault(kind, np.full(len(self), -1, np.int64))
+        arr = times if isinstance(times, (pa.Array, pa.ChunkedArray)) else pa.array(
+            [times] * n if times is None or np.isscalar(times) or not hasattr(times, "__len__")
+            else times)
+        if len(arr) != n:
+            raise InvalidArgumentError(f"set_timer(): {len(arr)} times for {n} keys")
+        if pa.types.is_timestamp(arr.type):
+            unit = self._time_type if kind == "event" else pa.timestamp("ns")
+            if unit is None or not pa.types.is_timestamp(unit):
+                raise InvalidArgumentError(f"set_timer(): timestamps for an event time of type "
+                                           f"{unit}; give times in its unit")
+            arr = arr.cast(pa.timestamp(unit.unit, arr.type.tz)).view(pa.int64())
+        try:
+            arr = arr.cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidArgumentError(f"set_timer(): times must be integers or timestamps, "
+                                       f"got {arr.type}: {e}") from None
+        values = arr.fill_null(NO_TIMER).to_numpy()
+        if (values[np.asarray(arr.is_valid())] == NO_TIMER).any():
+            raise InvalidArgumentError(f"set_timer(): {NO_TIMER} (the end of time) is not a "
+                                       f"timer time; the end of a bounded stream fires every "
+                                       f"timer, or use {NO_TIMER - 1}")
+        touched, out = self._timers.get(kind, (np.zeros(len(self), bool), np.zeros(len(self), np.int64)))
+        touched[mask] = True
         out[mask] = values
-        self._timers[kind] = out
+        self._timers[kind] = (touched, out)
 
     def _mask(self, which, fn: str) -> np.ndarray:
         n = len(self)
@@ -128,6 +142,8 @@ class KeyedBatch:
         mask = np.zeros(n, bool)
         if len(arr) and (arr.min() < 0 or arr.max() >= n):
             raise InvalidArgumentError(f"{fn}(): key indices must be in 0..{n - 1}")
+        if len(np.unique(arr)) != len(arr):
+            raise InvalidArgumentError(f"{fn}(): a key index is given twice")
         mask[arr.astype(np.int64)] = True
         return mask
 
@@ -205,11 +221,14 @@ class KeyedStateOperator(Operator):
         self.watermark = MIN_TIME
         self._clock = clock
         self._ttl = None if stage.ttl is None or stage.ttl_in == "event" else int(stage.ttl * 1e9)
-        self._event_ttl = None           # resolved to the time column's unit
-        self._time_type: pa.DataType | None = None
+        # event-time ttl in the time column's unit (an int is one already; a timedelta
+        # once the column's type is known, from a batch or a snapshot)
+        self._event_ttl = stage.ttl if isinstance(stage.ttl, int) and stage.ttl_in == "event" else None
+        self._time = EventTimeColumn(time_column) if time_column is not None else None
         self._next_proc = NO_TIMER
         self._evicted_at = clock()
         self._calls = 0
+        self._compact_due = False
         self.broadcast: pa.Table | None = None
 
     # -- the operator interface ----------------------------------------------------------
@@ -236,12 +255,13 @@ class KeyedStateOperator(Operator):
         group = np.repeat(np.arange(len(key_slots), dtype=np.int64), np.diff(offsets))
         rows = pa.Table.from_batches([batch]).take(pa.array(order))
         first_time = last_time = None
-        if self.time_column is not None:
+        if self._time is not None:
             ts = self._times(batch)[order]
             first_time = np.minimum.reduceat(ts, starts)
             last_time = np.maximum.reduceat(ts, starts)
         self._expire(key_slots, first_time)
         out = self._call(key_slots, rows, offsets, group, None, None, self._updated(last_time, len(key_slots)))
+        self._maybe_compact()
         return ([out] if out is not None else []), None
 
     def _updated(self, event_times: np.ndarray | None, n: int) -> np.ndarray:
@@ -255,13 +275,9 @@ class KeyedStateOperator(Operator):
             return []
         self.watermark = watermark
         outputs = self._fire("event", watermark)
-        if self.stage.ttl is not None and self.stage.ttl_in == "event" and self._event_ttl is not None:
-            n = len(self.store.groups)
-            gone = np.flatnonzero(self.store.has[:n]
-                                  & (self.store.updated[:n] <= watermark - self._event_ttl))
-            if len(gone):
-                self.store.delete(gone)
-            self.store.compact()
+        if self._event_ttl is not None:
+            self._evict(watermark - self._event_ttl)
+        self._maybe_compact()
         return outputs
 
     def tick(self) -> list[pa.RecordBatch]:
@@ -269,15 +285,28 @@ class KeyedStateOperator(Operator):
         outputs = self._fire("processing", now) if now >= self._next_proc else []
         if self._ttl is not None and now - self._evicted_at > 1e9:
             self._evicted_at = now
-            n = len(self.store.groups)
-            gone = np.flatnonzero(self.store.has[:n] & (self.store.updated[:n] <= now - self._ttl))
-            if len(gone):
-                self.store.delete(gone)
-            self.store.compact()
+            self._evict(now - self._ttl)
+        self._maybe_compact()
         return outputs
 
+    def _evict(self, horizon: int) -> None:
+        """Deletes the state last updated at or before ``horizon``, and compacts."""
+        s = self.store
+        n = len(s.groups)
+        gone = np.flatnonzero(s.has[:n] & (s.updated[:n] <= horizon))
+        if len(gone):
+            s.delete(gone)
+        self._compact_due = True
+
+    def _maybe_compact(self) -> None:
+        # never inside a call or between timer rounds: compaction renumbers the slots
+        if self._compact_due:
+            self._compact_due = False
+            self.store.compact()
+
     def snapshot(self) -> pa.Table | None:
-        return self.store.snapshot()
+        time_type = self._time.type if self._time is not None and self.stage.ttl_in == "event" else None
+        return self.store.snapshot(time_type=time_type)
 
     # -- the broadcast stream ------------------------------------------------------------
 
@@ -310,33 +339,35 @@ class KeyedStateOperator(Operator):
     def restore(self, table, watermark, floors=None) -> None:
         self.watermark = watermark
         if table is not None and table.num_rows:
-            self.store.restore(table)
+            time_type = self.store.restore(table)
+            if self._time is not None and self.stage.ttl_in == "event" and time_type is not None:
+                self._resolve_time(time_type)
             self._next_proc = int(self.store.proc_timer.min()) if self.store.capacity else NO_TIMER
 
     # -- calls ---------------------------------------------------------------------------
 
     def _times(self, batch: pa.RecordBatch) -> np.ndarray:
-        if self.time_column not in batch.schema.names:
-            raise InvalidArgumentError(f"the stream has no event-time column {self.time_column!r}; "
-                                       f"it has {batch.schema.names}")
-        column = batch.column(self.time_column)
-        if self._time_type is None:
-            self._time_type = column.type
-            if self.stage.ttl is not None and self.stage.ttl_in == "event":
-                self._event_ttl = in_units("ttl", self.stage.ttl, column.type)
-        return time_values(column, self.time_column)
+        values = self._time.values(batch)
+        self._resolve_time(self._time.type)
+        return values
 
-    def _expire(self, slots: np.ndarray, first_time: np.ndarray | None) -> None:
-        """Deletes the state that expired before this call (ttl after its last update)."""
+    def _resolve_time(self, time_type: pa.DataType) -> None:
+        self._time.type = self._time.type or time_type
+        if self._event_ttl is None and self.stage.ttl is not None and self.stage.ttl_in == "event":
+            self._event_ttl = in_units("ttl", self.stage.ttl, time_type)
+
+    def _expire(self, slots: np.ndarray, horizon: np.ndarray | int | None) -> None:
+        """Deletes the state that expired before a call (``ttl`` after its last update) at
+        event time ``horizon`` (per key: its earliest row, or its timer; at least the
+        watermark), or now in processing time."""
         s = self.store
         if self.stage.ttl is None:
             return
         has = s.has[slots]
         if self._ttl is not None:
             gone = has & (s.updated[slots] <= self._clock() - self._ttl)
-        elif self._event_ttl is not None and first_time is not None:
-            horizon = np.maximum(first_time, self.watermark)
-            gone = has & (s.updated[slots] <= horizon - self._event_ttl)
+        elif self._event_ttl is not None and horizon is not None:
+            gone = has & (s.updated[slots] <= np.maximum(horizon, self.watermark) - self._event_ttl)
         else:
             return
         if gone.any():
@@ -344,9 +375,9 @@ class KeyedStateOperator(Operator):
 
     def _fire(self, kind: str, upto: int) -> list[pa.RecordBatch]:
         s = self.store
-        timers = s.event_timer if kind == "event" else s.proc_timer
         outputs = []
         for _ in range(_MAX_TIMER_ROUNDS):
+            timers = s.event_timer if kind == "event" else s.proc_timer
             n = len(s.groups)
             due = np.flatnonzero((timers[:n] <= upto) & (timers[:n] != NO_TIMER))
             if not len(due):
@@ -355,6 +386,8 @@ class KeyedStateOperator(Operator):
             order = np.lexsort((due, times))
             due, times = due[order], times[order]
             timers[due] = NO_TIMER
+            # what a timer call sees does not depend on how the watermark advanced
+            self._expire(due, times if kind == "event" else None)
             out = self._call(due, None, None, None, times, kind,
                              self._updated(times if kind == "event" else None, len(due)))
             if out is not None:
@@ -372,21 +405,25 @@ class KeyedStateOperator(Operator):
         keys = s.groups.keys(slots)
         has = s.has[slots].copy()
         ctx = KeyedBatch(keys, s.get(slots), has, rows, offsets, group, fired, timer,
-                         self.watermark, self._clock(), self.broadcast)
+                         self.watermark, self._clock(), self.broadcast,
+                         self._time.type if self._time is not None else None)
         result = self.stage.fn(ctx)
         output, new_state = result if isinstance(result, tuple) else (result, None)
         if new_state is not None:
+            if self.stage.ttl_in == "event":
+                # out-of-order rows never move a key's last update back
+                updated = np.where(has, np.maximum(updated, s.updated[slots]), updated)
             s.put(slots, self._state_table(new_state, len(slots)), updated)
-        for kind, times in ctx._timers.items():
+        for kind, (touched, times) in ctx._timers.items():
             target = s.event_timer if kind == "event" else s.proc_timer
-            set_ = times >= 0
-            target[slots[set_]] = times[set_]
-            if kind == "processing" and set_.any():
-                self._next_proc = min(self._next_proc, int(times[set_].min()))
-            if kind == "event" and self.time_column is None and (times[set_] != NO_TIMER).any():
+            target[slots[touched]] = times[touched]
+            live = touched & (times != NO_TIMER)
+            if kind == "processing" and live.any():
+                self._next_proc = min(self._next_proc, int(times[live].min()))
+            if kind == "event" and self._time is None and live.any():
                 raise InvalidArgumentError(
                     "map_state: event-time timers need event time: call with_timestamps() "
-                    "upstream, or use kind='processing'")
+                    "upstream (and map_state(event_time=True)), or use kind='processing'")
         if ctx._delete is not None and ctx._delete.any():
             gone = slots[ctx._delete]
             s.delete(gone)
@@ -394,7 +431,7 @@ class KeyedStateOperator(Operator):
             s.proc_timer[gone] = NO_TIMER
         self._calls += 1
         if self._calls % 64 == 0:
-            s.compact()
+            self._compact_due = True
         return self._output(output)
 
     def _state_table(self, new_state, n: int) -> pa.Table:

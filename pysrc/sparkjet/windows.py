@@ -21,6 +21,7 @@ import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from sparkjet.errors import InvalidArgumentError
@@ -60,6 +61,33 @@ def in_units(name: str, value, time_type: pa.DataType) -> int:
         raise InvalidArgumentError(f"{name} {value} is not a whole number of the event-time "
                                    f"column's unit ({time_type.unit})")
     return micros // per_us
+
+
+class EventTimeColumn:
+    """Reads the event time of a stream's batches: column ``name``, which keeps one type
+    for the life of the stream (``type``, known from the first batch or a snapshot)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.type: pa.DataType | None = None
+
+    def values(self, batch) -> np.ndarray:
+        if self.name not in batch.schema.names:
+            raise InvalidArgumentError(f"the stream has no event-time column {self.name!r}; "
+                                       f"it has {batch.schema.names}")
+        column = batch.column(self.name)
+        if self.type is None:
+            self.type = column.type
+        elif column.type != self.type:
+            raise InvalidArgumentError(f"event-time column {self.name!r} changed type from "
+                                       f"{self.type} to {column.type}")
+        return time_values(column, self.name)
+
+    def array(self, values) -> pa.Array:
+        """int64 times as an array of the column's type."""
+        arr = pa.array(values, pa.int64())
+        t = self.type
+        return arr if t is None or t == pa.int64() else arr.view(t) if pa.types.is_timestamp(t) else arr.cast(t)
 
 
 def time_values(column, name: str):
@@ -231,6 +259,6 @@ def parse_window_aggregations(spec: dict) -> dict:
     return {name: out[name] for name in spec}
 
 
-__all__ = ["Session", "Sliding", "Tumbling", "UserAggregation", "WindowDefinition", "duration",
-           "in_units", "parse_window_aggregations", "session", "sliding", "time_values",
-           "tumbling", "user_aggregation"]
+__all__ = ["EventTimeColumn", "Session", "Sliding", "Tumbling", "UserAggregation",
+           "WindowDefinition", "duration", "in_units", "parse_window_aggregations", "session",
+           "sliding", "time_values", "tumbling", "user_aggregation"]
