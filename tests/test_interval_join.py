@@ -127,11 +127,35 @@ def test_rows_behind_the_watermark_are_late_and_counted():
     assert [(r["t"], r["t_right"]) for r in j.rows()] == [(100, 100)]
 
 
-def test_output_watermark_is_held_back_by_the_upper_bound():
-    assert _Join(-10, 0).op.output_watermark(100) == 100
-    assert _Join(-10, 7).op.output_watermark(100) == 93
-    assert _Join(-10, 7).op.output_watermark(MAX_TIME) == MAX_TIME
-    assert _Join(-10, 7).op.output_watermark(MIN_TIME + 3) == MIN_TIME
+def test_output_watermark_is_held_back_by_the_buffered_left_rows():
+    j = _Join(-10, 7)
+    assert j.op.output_watermark(100) == 100          # nothing buffered: nothing older to come
+    j.left([95], ["a"])
+    j.wm(100)
+    assert j.op.output_watermark(100) == 95           # 95 may still meet a right row up to 102
+    j.wm(103)                                          # 95 + 7 < 103: evicted
+    assert j.op.output_watermark(103) == 103
+    assert j.op.output_watermark(MAX_TIME) == MAX_TIME
+
+
+def test_a_processor_that_never_sees_a_row_holds_no_watermark_back():
+    from datetime import timedelta
+
+    j = _Join(timedelta(seconds=-10), timedelta(seconds=1))   # no unit until a row comes
+    j.wm(5_000)
+    assert j.op.output_watermark(5_000) == 5_000
+
+
+def test_a_deduplicated_stream_keeps_its_event_time_into_a_join(tmp_path):
+    from sparkjet.windows import tumbling
+
+    s = GeneratorSource(total=1_000, partitions=2, keys=10)
+    stream = Pipeline().read_from(s).with_timestamps("id")
+    left = stream.filter(pc.field("value") < 400).deduplicate("id", within=100)
+    right = stream.filter(pc.field("value") >= 300)
+    p = (left.join_interval(right, on="key", between=(LOWER, UPPER))
+         .group_by("key").window(tumbling(100)).count().write_to(TransactionalFileSink(tmp_path / "o")))
+    assert p.plan().vertices["window"].time_column == "id"
 
 
 def test_snapshot_and_restore_continue_as_without_a_failure():

@@ -318,6 +318,37 @@ def test_a_reload_switches_versions_at_a_barrier_and_is_recorded(tmp_path):
     assert os.listdir(tables) == [f"{digest_of(reference('v2'))}.arrow"]
 
 
+def test_a_table_with_no_rows_or_only_null_keys_matches_nothing():
+    events = pa.record_batch({"k": [1, 2], "v": ["a", "b"]})
+    on = (("k",), ("id",))
+    for table in (pa.table({"id": pa.array([], pa.int64()), "w": pa.array([], pa.int64())}),
+                  pa.table({"id": pa.array([None, None], pa.int64()), "w": [1, 2]})):
+        assert joined(events, table, on, "inner").num_rows == 0
+        assert joined(events, table, on, "left").to_pylist() == [
+            {"k": 1, "v": "a", "w": None}, {"k": 2, "v": "b", "w": None}]
+
+
+def test_a_table_that_returns_to_an_earlier_content_is_stored_again(tmp_path):
+    """Content A, then B (A's file removed by the commit), then A again: A must be written
+    again before the snapshot that records it can commit."""
+    from sparkjet.table_join import TableVersion, TableVersions
+
+    store = SnapshotStore(tmp_path, job_id=6)
+    store.register_execution(1)
+    versions = TableVersions(store)
+    a, b = TableVersion.of(reference("v1")), TableVersion.of(reference("v2"))
+    for sid, version in enumerate((a, b, a)):
+        versions.store_version(version)
+        w = store.writer(sid, 1)
+        w.use_table_version(version.digest)
+        w.write_broadcast_entries(TABLES_VERTEX, [b"source/0/t"],
+                                  [json.dumps({"v": version.digest}).encode()])
+        store.commit(sid, 1, [w.finish()])
+    assert store.latest_complete().snapshot_id == 2
+    assert os.listdir(store._path("tables")) == [f"{a.digest}.arrow"]
+    store.close()
+
+
 # -- the store ------------------------------------------------------------------------------
 
 

@@ -123,3 +123,27 @@ def describe_integer(arr: pa.Array, key_type, base: int, context: str) -> tuple:
 def column_tuple(kind, arr, values, data, *, width=0, variadic=()):
     """The tuple sparkjet._native.Columns reads: buffers, never addresses."""
     return (kind, width, arr.offset, len(arr), values, data, tuple(variadic))
+
+
+def join_keys(on, what: str, sides: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A join's ``on``: a column name, a tuple of names (the same on both sides), or a dict
+    of {``sides[0]`` column: ``sides[1]`` column}; as the two sides' key tuples. ``what``
+    names the join in errors ("join_table")."""
+    from collections.abc import Mapping
+
+    if isinstance(on, str):
+        pairs = [(on, on)]
+    elif isinstance(on, Mapping):
+        pairs = list(on.items())
+    elif isinstance(on, (tuple, list)):
+        pairs = [(k, k) for k in on]
+    else:
+        pairs = []
+    if not pairs or not all(isinstance(a, str) and isinstance(b, str) for a, b in pairs):
+        raise InvalidArgumentError(
+            f"{what}(on=...) takes a column name, a tuple of names, or a dict of "
+            f"{{{sides[0]} column: {sides[1]} column}}, got {on!r}")
+    first, second = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+    if len(set(first)) != len(first) or len(set(second)) != len(second):
+        raise InvalidArgumentError(f"{what}(on=...) names a column twice: {on!r}")
+    return first, second

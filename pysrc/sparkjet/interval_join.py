@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet._batches import split_by
+from sparkjet._keys import join_keys
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import (
     FilterStage,
@@ -90,7 +91,7 @@ def interval_join_stage(left, right, on, between, how: str, right_suffix: str) -
     inputs are pipeline nodes) and builds its stage."""
     if how not in HOWS:
         raise InvalidArgumentError(f"join_interval(how=...) takes one of {list(HOWS)}, got {how!r}")
-    left_keys, right_keys = _parse_on(on)
+    left_keys, right_keys = join_keys(on, "join_interval", ("left", "right"))
     lower, upper = _parse_between(between)
     if not isinstance(right_suffix, str) or not right_suffix:
         raise InvalidArgumentError(f"right_suffix must be a non-empty string, got {right_suffix!r}")
@@ -106,25 +107,6 @@ def interval_join_stage(left, right, on, between, how: str, right_suffix: str) -
             f"{times[1]!r}; give them one name (map_batches or rename before with_timestamps)")
     return IntervalJoinStage(keys=left_keys, right_keys=right_keys, lower=lower, upper=upper,
                              how=how, right_suffix=right_suffix, output_time=times[0])
-
-
-def _parse_on(on) -> tuple[tuple, tuple]:
-    if isinstance(on, str):
-        pairs = [(on, on)]
-    elif isinstance(on, dict):
-        pairs = list(on.items())
-    elif isinstance(on, (tuple, list)):
-        pairs = [(k, k) for k in on]
-    else:
-        pairs = []
-    if not pairs or not all(isinstance(a, str) and isinstance(b, str) for a, b in pairs):
-        raise InvalidArgumentError(
-            f"join_interval(on=...) takes a column name, a tuple of names, or a dict of "
-            f"{{left column: right column}}, got {on!r}")
-    left, right = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
-    if len(set(left)) != len(left) or len(set(right)) != len(right):
-        raise InvalidArgumentError(f"join_interval(on=...) names a column twice: {on!r}")
-    return left, right
 
 
 def _parse_between(between) -> tuple:
@@ -158,6 +140,9 @@ def _event_time_of(node) -> str | None:
 
             return WINDOW_TIME
         if isinstance(s, OperatorStage):
+            if s.keeps_time and node.inputs:       # e.g. deduplicate: rows pass as they are
+                node = node.inputs[0]
+                continue
             return s.output_time
         if not isinstance(s, (MapStage, FilterStage, UnionStage)) or not node.inputs:
             return None
@@ -360,14 +345,15 @@ class IntervalJoinOperator(Operator):
         return outputs
 
     def output_watermark(self, watermark: int) -> int:
-        """The watermark the output can promise: a pair may come up to ``upper`` after
-        its left time, an unmatched left row when the watermark passes ``t + upper``.
-        Before a timedelta bound has a unit (no row yet), it promises nothing new."""
+        """The watermark the output can promise. An output row's event time is its left
+        row's: a left row still buffered (it may yet meet a right row, or be emitted
+        unmatched), or one still to come, at or after ``watermark`` (else it is late). So
+        the promise is the least of ``watermark`` and the buffered left times: it never
+        goes back, and needs no unit for the bounds."""
         if watermark == MAX_TIME:
             return MAX_TIME
-        if self.upper is None:
-            return MIN_TIME
-        return _clip(watermark - max(self.upper, 0))
+        left = self._sides[LEFT]
+        return min(watermark, int(left.times.min())) if len(left.times) else watermark
 
     # -- output --------------------------------------------------------------------------
 

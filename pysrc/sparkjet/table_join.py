@@ -22,13 +22,14 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkjet._keys import join_keys
 from sparkjet.errors import InvalidArgumentError, SparkjetError
 
 #: The snapshot vertex whose broadcast entries record each processor's table versions.
@@ -194,21 +195,7 @@ class TableJoinStage:
 def parse_on(on) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``on="k"``, ``on=("a", "b")`` (same names on both sides) or ``on={"stream_col":
     "table_col"}`` as (stream keys, table keys)."""
-    if isinstance(on, str):
-        pairs = [(on, on)]
-    elif isinstance(on, Mapping):
-        pairs = list(on.items())
-    elif isinstance(on, (tuple, list)):
-        pairs = [(k, k) for k in on]
-    else:
-        raise InvalidArgumentError(f"join_table(on=...) takes a column name, a tuple of names "
-                                   f"or a dict of stream column -> table column, got {on!r}")
-    if not pairs or not all(isinstance(a, str) and isinstance(b, str) for a, b in pairs):
-        raise InvalidArgumentError(f"join_table(on=...) needs column names, got {on!r}")
-    stream, table = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
-    if len(set(stream)) != len(stream) or len(set(table)) != len(table):
-        raise InvalidArgumentError(f"join_table(on=...) names a column twice: {on!r}")
-    return stream, table
+    return join_keys(on, "join_table", ("stream", "table"))
 
 
 def check_how(how) -> str:
@@ -218,6 +205,13 @@ def check_how(how) -> str:
 
 
 # -- versions and their index -------------------------------------------------------------
+
+
+def _at(values: np.ndarray, slots: np.ndarray, found: np.ndarray, fill: int) -> np.ndarray:
+    """``values[slots]`` where a key was found, else ``fill`` (``values`` may be empty)."""
+    out = np.full(len(slots), fill, np.int64)
+    out[found] = values[slots[found]]
+    return out
 
 
 class TableVersion:
@@ -331,16 +325,15 @@ class TableIndex:
                     return self._glue(batch, None, self.row_of[slots])
                 events = np.flatnonzero(found)
                 return self._glue(batch, events, self.row_of[slots[events]])
-            rows = np.where(found, self.row_of[np.maximum(slots, 0)], -1)
-            return self._glue(batch, None, rows)
-        counts = np.where(found, self.counts[np.maximum(slots, 0)], 0)
+            return self._glue(batch, None, _at(self.row_of, slots, found, -1))
+        counts = _at(self.counts, slots, found, 0)
         out_counts = np.maximum(counts, 1) if how == "left" else counts
         events = np.repeat(np.arange(n, dtype=np.int64), out_counts)
         # Output row j of event i takes table row order[starts[slot_i] + j - first_i],
         # first_i being event i's first output row.
         first = np.cumsum(out_counts) - out_counts
         within = np.arange(len(events), dtype=np.int64) - np.repeat(first, out_counts)
-        starts = np.where(found, self.starts[np.maximum(slots, 0)], 0)
+        starts = _at(self.starts, slots, found, 0)
         matched = np.repeat(found, out_counts)
         rows = np.full(len(events), -1, np.int64)
         rows[matched] = self.order[np.repeat(starts, out_counts)[matched] + within[matched]]
@@ -444,7 +437,6 @@ class TableVersions:
         self._lock = threading.Lock()
         self._loads: dict[str, tuple[object, TableVersion, float]] = {}
         self._versions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self._stored: set[str] = set()
 
     def load(self, name: str, table: ReferenceTable, moment) -> tuple[TableVersion, float]:
         """Table ``name``'s version loaded at ``moment`` (once per moment) and when."""
@@ -465,17 +457,14 @@ class TableVersions:
             if version is None:
                 version = TableVersion(self.store.read_table_version(digest), digest)
                 self._versions[digest] = version
-            self._stored.add(digest)
             return version
 
     def store_version(self, version: TableVersion) -> None:
-        """Makes ``version`` durable in the snapshot store (before a snapshot records it)."""
+        """Makes ``version`` durable in the snapshot store (before a snapshot records it).
+        Asked each time (a no-op when the file is there): a commit removes the versions no
+        retained snapshot uses, and a table may come back to an earlier content."""
         with self._lock:
-            if version.digest in self._stored:
-                return
             self.store.write_table_version(version.data, version.digest)
-            self._stored.add(version.digest)
-            version.data = None     # stored: the bytes are needed no more
 
 
 @dataclass
