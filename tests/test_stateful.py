@@ -674,6 +674,20 @@ def test_dedup_job_survives_kill_9(tmp_path, guarantee):
         assert np.array_equal(np.unique(uids), want), "a uid lost"
 
 
+def test_dedup_rescales_after_a_kill(tmp_path):
+    source = GeneratorSource(total=200_000, partitions=4, keys=100, rate=60_000, batch_size=4_000)
+
+    def job(parallelism):
+        return dedup_job(source, tmp_path / "out", name="dedup-rescale",
+                         snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.1,
+                         local_parallelism=parallelism, max_restarts=0)
+
+    run_killed_once(job(2), tmp_path / "snaps", after=3)
+    assert job(3).run().executions[0]["restored_from"] is not None
+    uids = np.sort(TransactionalFileSink.read(tmp_path / "out")["uid"].to_numpy())
+    assert np.array_equal(uids, reference_uids(source)), "a uid lost or passed twice"
+
+
 def test_dedup_needs_event_time_and_keys():
     p = Pipeline().read_from(GeneratorSource(total=1))
     with pytest.raises(InvalidArgumentError, match="needs event time"):

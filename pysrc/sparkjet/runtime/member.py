@@ -753,9 +753,7 @@ class _KeyedProcessor(_Processor):
             for out in op.advance(mark.time):
                 self.emit(out)
             # an operator whose output may trail its input's event time holds it back
-            hold = getattr(op, "output_watermark", None)
-            if hold is not None:
-                mark = Watermark(hold(mark.time))
+            mark = Watermark(op.output_watermark(mark.time))
         self.outbox.watermark(mark)
 
     def _control(self, terminal_sid) -> bool:
