@@ -55,6 +55,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import bench_nexmark_streaming as sss  # noqa: E402 - after the path
+from sparkjet.testing.nexmark_reference import Q3_CATEGORY, Q3_STATES  # noqa: E402
 
 QUERIES = ("q0", "q1", "q2", "tumbling", "q5", "q7", "q3", "q8", "q11")
 JOIN_QUERIES = ("q3", "q8")   # persons and auctions; the others read bids
@@ -191,7 +192,7 @@ def _table(batch) -> pa.Table:
 def _q3_persons(batch):
     """Persons in OR, ID or CA, in q3's merged schema (``auction`` null)."""
     t = _table(batch)
-    t = t.filter(pc.is_in(t.column("state"), pa.array(sss.ref.Q3_STATES)))
+    t = t.filter(pc.is_in(t.column("state"), pa.array(Q3_STATES)))
     return pa.table([t.column("id"), pa.nulls(t.num_rows, pa.int64()), t.column("name"),
                      t.column("city"), t.column("state"), t.column("date_time")],
                     schema=Q3_ROWS)
@@ -200,7 +201,7 @@ def _q3_persons(batch):
 def _q3_auctions(batch):
     """Auctions of category 10 as ``id`` = seller, ``auction`` = the auction's id."""
     t = _table(batch)
-    t = t.filter(pc.equal(t.column("category"), sss.ref.Q3_CATEGORY))
+    t = t.filter(pc.equal(t.column("category"), Q3_CATEGORY))
     text = pa.nulls(t.num_rows, pa.string())
     return pa.table([t.column("seller"), t.column("id"), text, text, text,
                      t.column("date_time")], schema=Q3_ROWS)
@@ -529,6 +530,8 @@ def test_nexmark_sparkjet(benchmark, nexmark_sparkjet, name):
     benchmark.group = "NEXMark on sparkjet"
     rate, result, info = benchmark.pedantic(run_sparkjet, args=(spark, name, bids.events, work),
                                             rounds=1, iterations=1)
+    if name in JOIN_QUERIES:
+        table = {kind: s.events(0, s.total) for kind, s in sources(name, bids.events).items()}
     _, problem = check(name, result, table)
     assert problem is None, problem
     benchmark.extra_info.update(events=bids.events, events_per_s=rate, **info)
@@ -555,8 +558,9 @@ def plot(rows: list[dict], events: int, path: Path) -> None:
             ax.text(i, max(sj[i], ss[i]), f"{r['ratio']:.0f}x", ha="center", va="bottom")
     ax.set_xticks(x, names)
     ax.set_yscale("log")
-    ax.set_ylabel("M bids/s (log scale)")
-    ax.set_title(f"NEXMark, {events:,} bids, local[2], Parquet sinks")
+    ax.set_ylabel("M events/s (log scale)")
+    ax.set_title(f"NEXMark, {events:,} events (bids; q3, q8: persons and auctions), local[2], "
+                 f"Parquet sinks")
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -565,7 +569,8 @@ def plot(rows: list[dict], events: int, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="bids (1,000,000)")
+    parser.add_argument("--events", type=int, default=1_000_000,
+                        help="bids, or persons and auctions for q3 and q8 (1,000,000)")
     parser.add_argument("--files", type=int, default=40, help="Parquet files for Spark")
     parser.add_argument("--files-per-trigger", type=int, default=sss.FILES_PER_TRIGGER)
     parser.add_argument("--out-of-order-ms", type=int, default=0)
@@ -586,8 +591,12 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work_dir)
     bids = sss.write_bids(work, args.events, args.files, out_of_order_ms=args.out_of_order_ms,
                           files_per_trigger=args.files_per_trigger)
-    table = bids.table()
-    print(f"load average {os.getloadavg()[0]:.2f}; {bids.events:,} bids", flush=True)
+    joins = sss.write_persons_and_auctions(
+        work, args.events, args.files, out_of_order_ms=args.out_of_order_ms,
+        files_per_trigger=args.files_per_trigger) if set(names) & set(JOIN_QUERIES) else None
+    tables = {"bids": bids.table(), "joins": joins.table() if joins else None}
+    print(f"load average {os.getloadavg()[0]:.2f}; {bids.events:,} bids"
+          + (f", {joins.events:,} persons and auctions" if joins else ""), flush=True)
     spark = sss.session()
     rows, problems, latencies = [], {}, {}
     try:
@@ -595,6 +604,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             run_sparkjet(spark, name, 10_000, work / "warm-up", seed=1)
             rate, result, info = run_sparkjet(spark, name, bids.events, work, args.out_of_order_ms)
+            inputs = sss.inputs_of(name, bids, joins)
+            table = tables["joins" if name in JOIN_QUERIES else "bids"]
             expected, problem = check(name, result, table)
             row = {"query": name, "sparkjet_events_per_s": rate, "sparkjet": info,
                    "rows": expected.num_rows, "equal_to_reference": problem is None}
@@ -607,7 +618,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
             if not args.skip_sss:
                 sss.warm_up(spark, name, work / "sss")
-                s_rate, s_result, s_info = sss.run(spark, name, bids, work / "sss")
+                s_rate, s_result, s_info = sss.run(spark, name, inputs, work / "sss")
                 sss.check(name, s_result, table)
                 row.update(sss_events_per_s=s_rate, sss=s_info, ratio=rate / s_rate)
                 print(f"  sss {name}: {s_rate:,.0f} events/s ({s_info['seconds']:.1f} s); "
@@ -620,7 +631,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  sparkjet {name} latency:", json.dumps(latencies[name]), flush=True)
     finally:
         spark.stop()
-    print(f"\nNEXMark, {bids.events:,} bids, local[2]; ratio = sparkjet / Structured Streaming")
+    print(f"\nNEXMark, {bids.events:,} events (bids; q3, q8: persons and auctions), local[2]; "
+          f"ratio = sparkjet / Structured Streaming")
     print(f"{'query':10}{'sparkjet/s':>13}{'SSS/s':>11}{'ratio':>8}{'rows':>11}  equal")
     for r in rows:
         print(f"{r['query']:10}{r['sparkjet_events_per_s']:>13,.0f}"
