@@ -55,6 +55,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import bench_nexmark_streaming as sss  # noqa: E402 - after the path
+
 from sparkjet.testing.nexmark_reference import Q3_CATEGORY, Q3_STATES  # noqa: E402
 
 QUERIES = ("q0", "q1", "q2", "tumbling", "q5", "q7", "q3", "q8", "q11")
