@@ -1,5 +1,6 @@
-"""NEXMark on Spark Structured Streaming: q0, q1, q2, q5, q7 and a tumbling count per auction
-over the same bids, each result checked against :mod:`sparkjet.testing.nexmark_reference`.
+"""NEXMark on Spark Structured Streaming: q0, q1, q2, q5, q7, q11 and a tumbling count per
+auction over the same bids, and q3 and q8 over persons and auctions, each result checked
+against :mod:`sparkjet.testing.nexmark_reference`.
 The Structured Streaming side of the NEXMark comparison; sparkjet's side comes with its
 window operators (``Pipeline().read_from(NexmarkSource(...)).with_timestamps("date_time",
 max_lag=...).group_by("auction").window(sparkjet.windows.sliding(size, slide))...``).
@@ -24,16 +25,32 @@ here, more than the rest of a 200k-bid run).
   maximum per window joined back to the bids (an interval join on ``window_time``), 1.5 to
   2.7 times slower on Spark here.
 
+- q11 user sessions: ``count(*)`` per bidder per ``session_window`` (gap 10 s).
+- q3 local item suggestion: persons (state in OR, ID, CA) and auctions (category 10), each a
+  file stream, in an inner stream-stream join on ``seller = id``, without watermarks (the
+  join keeps both sides for ever, as nexmark-flink's does).
+- q8 monitor new users: persons with their 10 s ``window`` joined with the distinct
+  (``dropDuplicates``) sellers and windows of the auctions, on id and window equality, with
+  watermarks on both sides (a window-equality join, whose state goes once the watermark
+  passes the window).
+
+q3 and q8 read the persons and auctions among the first global events holding ``--events``
+of those two kinds (:func:`write_persons_and_auctions`), each kind in ``--files`` files;
+file ``i`` of both kinds covers the same stretch of event time, and each stream reads
+``maxFilesPerTrigger`` files a trigger, so both sides move together.
+
 Windowed queries carry a watermark on ``date_time`` of ``--out-of-order-ms`` (the
 generator's bound on lateness, 0 by default: the bids are in order). Spark emits a window
 in append mode once the watermark passes its end, and the watermark only moves with data:
 the windowed queries read one more file, last, holding a single bid (auction -1) an hour
-after the others, which closes every real window and is itself never output.
+after the others, which closes every real window and is itself never output (q8: a person,
+id -1, and an auction, seller -2, which match nothing).
 
 Run: ``python bench/bench_nexmark_streaming.py --events 200000`` (a table of events/s per
 query; ``--queries q5,q7`` for some), or ``python -m pytest bench/bench_nexmark_streaming.py
---benchmark-only`` (one round per query, 100k bids). ``tests/test_nexmark.py`` runs q5 and
-q7 on a few thousand bids against the reference (marked ``spark`` and ``slow``).
+--benchmark-only`` (one round per query, 100k bids). ``tests/test_nexmark.py`` runs q5,
+q7, q11, q3 and q8 on a few thousand events against the reference (marked ``spark`` and
+``slow``).
 """
 from __future__ import annotations
 
