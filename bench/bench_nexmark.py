@@ -73,6 +73,14 @@ import bench_nexmark_streaming as sss  # noqa: E402 - after the path
 
 from sparkjet.testing.nexmark_reference import Q3_CATEGORY, Q3_STATES  # noqa: E402
 
+if __name__ != "__main__":
+    # Imported (by pytest, or a test): Spark's workers and sparkjet's member processes cannot
+    # import this module, so its functions travel by value, as they do when it runs as a
+    # script.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 QUERIES = ("q0", "q1", "q2", "tumbling", "q5", "q7", "q3", "q8", "q11")
 JOIN_QUERIES = ("q3", "q8")   # persons and auctions; the others read bids
 SIZE = timedelta(seconds=sss.SIZE_S)

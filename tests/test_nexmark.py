@@ -530,8 +530,6 @@ def test_sparkjet_q3_and_q8_exactly_once_through_kills(tmp_path, monkeypatch, na
     from sparkjet.sinks import TransactionalFileSink
 
     bench = _bench(monkeypatch, "bench_nexmark")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(     # the member imports the bench
-        [str(Path(bench.__file__).parent), os.environ.get("PYTHONPATH", "")]))
     sources = bench.sources(name, 120_000, lag_ms=200, events_per_second=2_000,
                             batch_size=2_000, rate=15_000.0)
     config = JobConfig(name=f"nexmark-kills-{name}", snapshot_store=str(tmp_path / "snaps"),
