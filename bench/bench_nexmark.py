@@ -1,10 +1,11 @@
-"""NEXMark on sparkjet beside Spark Structured Streaming: q0, q1, q2, q5, q7 and a tumbling
-count per auction over the same bids, in one run, each result checked against
-:mod:`sparkjet.testing.nexmark_reference`.
+"""NEXMark on sparkjet beside Spark Structured Streaming: q0, q1, q2, q5, q7, q11 and a
+tumbling count per auction over the same bids, and q3 and q8 over the same persons and
+auctions, in one run, each result checked against :mod:`sparkjet.testing.nexmark_reference`.
 
 sparkjet reads ``NexmarkSource(kind="bid")`` directly (the same bids that
 ``bench_nexmark_streaming.write_bids`` writes as Parquet for Spark: the first ``--events``
-bids of the sequence) with ``.with_timestamps("date_time", max_lag=--out-of-order-ms)``,
+bids of the sequence) with ``.with_timestamps("date_time", max_lag=--out-of-order-ms)``
+(persons and auctions likewise, for q3 and q8),
 runs ``Job(...).run(spark)`` on ``local[2]`` (2 members, ``local_parallelism=1``,
 exactly-once, snapshots every 1 s) and writes to a ``TransactionalFileSink`` (Parquet), as
 Spark writes to its Parquet sink: the timed run is the checked run. It is timed from
@@ -27,6 +28,20 @@ The queries in sparkjet:
   maximum (ties all kept); the lists are then exploded into rows.
 - q7 highest bid: ``window(tumbling(10 s))`` (all to one processor) with a user
   aggregation keeping every bid at the window's highest price, exploded into rows.
+- q11 user sessions: ``group_by("bidder").window(session(10 s)).aggregate(count="count")``.
+- q3 local item suggestion (persons in OR, ID, CA; auctions of category 10): both streams
+  filtered and mapped to one schema (``id`` = person id or seller), merged with ``union``,
+  then ``group_by("id").map_state(q3_join)``: Jet's ``mapStateful`` form, the state keeping
+  the person once seen and the auctions waiting for them; each pair emitted once, when its
+  second half arrives. Unbounded, as nexmark-flink's join: no TTL.
+- q8 monitor new users: persons (``is_person`` 1, the name) and auctions (``is_person`` 0,
+  ``id`` = seller) merged with ``union``; ``group_by("id").window(tumbling(10 s))`` with the
+  max and min of ``is_person`` and the name (a user aggregation); the windows with both.
+
+q3 and q8 read ``NexmarkSource(kind="person")`` and ``kind="auction"`` with the same
+``total``: the persons and auctions among the first global events holding ``--events`` of
+them (``bench_nexmark_streaming.join_total``), so sellers and person ids agree; events/s =
+persons and auctions read / seconds.
 
 Run: ``python bench/bench_nexmark.py --events 1000000`` (a table of events/s per query and
 system, ``bench/results/nexmark.json`` and ``nexmark.png``); ``--queries q5,q7`` for some,
@@ -56,7 +71,18 @@ sys.path.insert(0, str(BENCH))
 
 import bench_nexmark_streaming as sss  # noqa: E402 - after the path
 
-QUERIES = ("q0", "q1", "q2", "tumbling", "q5", "q7")
+from sparkjet.testing.nexmark_reference import Q3_CATEGORY, Q3_STATES  # noqa: E402
+
+if __name__ != "__main__":
+    # Imported (by pytest, or a test): Spark's workers and sparkjet's member processes cannot
+    # import this module, so its functions travel by value, as they do when it runs as a
+    # script.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+QUERIES = ("q0", "q1", "q2", "tumbling", "q5", "q7", "q3", "q8", "q11")
+JOIN_QUERIES = ("q3", "q8")   # persons and auctions; the others read bids
 SIZE = timedelta(seconds=sss.SIZE_S)
 SLIDE = timedelta(seconds=sss.SLIDE_S)
 BID_COLUMNS = sss._BID_COLUMNS
@@ -172,12 +198,156 @@ def _q7_rows(batch):
     return rows.select(["window_start", "window_end", *BID_COLUMNS])
 
 
-def pipeline(name: str, source, sink, max_lag_ms: int = 0):
-    from sparkjet.pipeline import Pipeline
-    from sparkjet.windows import sliding, tumbling
+# q3 and q8: persons and auctions, merged by union into one schema keyed by person id.
 
-    bids = Pipeline().read_from(source).with_timestamps(
-        "date_time", max_lag=timedelta(milliseconds=max_lag_ms))
+Q3_ROWS = pa.schema([("id", pa.int64()), ("auction", pa.int64()), ("name", pa.string()),
+                     ("city", pa.string()), ("state", pa.string()),
+                     ("date_time", pa.timestamp("ms"))])
+Q3_STATE = pa.schema([("name", pa.string()), ("city", pa.string()), ("state", pa.string()),
+                      ("pending", pa.list_(pa.int64()))])
+Q8_ROWS = pa.schema([("id", pa.int64()), ("is_person", pa.int64()), ("name", pa.string()),
+                     ("date_time", pa.timestamp("ms"))])
+
+
+def _table(batch) -> pa.Table:
+    return pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+
+
+def _q3_persons(batch):
+    """Persons in OR, ID or CA, in q3's merged schema (``auction`` null)."""
+    t = _table(batch)
+    t = t.filter(pc.is_in(t.column("state"), pa.array(Q3_STATES)))
+    return pa.table([t.column("id"), pa.nulls(t.num_rows, pa.int64()), t.column("name"),
+                     t.column("city"), t.column("state"), t.column("date_time")],
+                    schema=Q3_ROWS)
+
+
+def _q3_auctions(batch):
+    """Auctions of category 10 as ``id`` = seller, ``auction`` = the auction's id."""
+    t = _table(batch)
+    t = t.filter(pc.equal(t.column("category"), Q3_CATEGORY))
+    text = pa.nulls(t.num_rows, pa.string())
+    return pa.table([t.column("seller"), t.column("id"), text, text, text,
+                     t.column("date_time")], schema=Q3_ROWS)
+
+
+def q3_join(b):
+    """q3's ``map_state`` function (Jet's q3 with ``mapStateful``), per person id: the state
+    keeps the person once seen (name, city, state) and, until then, the ids of the auctions
+    waiting for them (``pending``). Each (person, auction) pair is emitted once, when its
+    second half arrives: an auction of a known person at once; the pending auctions with
+    their person. Person ids are unique, so a key holds at most one person."""
+    if b.rows is None:
+        return None
+    n, rows, group = len(b), b.rows, b.group
+    auction = rows.column("auction").combine_chunks()
+    is_person = np.asarray(auction.is_null())
+    person_row = np.full(n, -1, np.int64)
+    person_row[group[is_person]] = np.flatnonzero(is_person)
+    known_before = b.has_state & np.asarray(b.state.column("name").is_valid())
+    arrives = (person_row >= 0) & ~known_before
+    known = known_before | arrives
+    take = pa.array(np.where(arrives, person_row, 0), mask=~arrives)
+    info = {c: pc.if_else(pa.array(known_before), b.state.column(c).combine_chunks(),
+                          rows.column(c).take(take)) for c in ("name", "city", "state")}
+    # The batch's auctions of known persons, then the pending ones of persons arriving now.
+    now = np.flatnonzero(~is_person & known[group])
+    pending = b.state.column("pending").combine_chunks()
+    waiting = pending.filter(pa.array(arrives))
+    waiting_keys = np.flatnonzero(arrives)[_np(pc.list_parent_indices(waiting))] \
+        if len(waiting) else np.zeros(0, np.int64)
+    keys = np.concatenate([group[now], waiting_keys])
+    ids = pa.concat_arrays([auction.take(pa.array(now)),
+                            pc.list_flatten(waiting).cast(pa.int64())])
+    pick = pa.array(keys)
+    out = pa.table({"name": info["name"].take(pick), "city": info["city"].take(pick),
+                    "state": info["state"].take(pick), "id": ids})
+    # Persons still unknown: their pending auctions, old and new.
+    late = np.flatnonzero(~is_person & ~known[group])
+    unknown = ~known & b.has_state
+    old = pending.filter(pa.array(unknown))
+    old_keys = np.flatnonzero(unknown)[_np(pc.list_parent_indices(old))] \
+        if len(old) else np.zeros(0, np.int64)
+    wait_keys = np.concatenate([old_keys, group[late]])
+    wait_ids = pa.concat_arrays([pc.list_flatten(old).cast(pa.int64()),
+                                 auction.take(pa.array(late))])
+    order = np.argsort(wait_keys, kind="stable")
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(wait_keys, minlength=n), out=offsets[1:])
+    lists = pa.ListArray.from_arrays(pa.array(offsets), wait_ids.take(pa.array(order)),
+                                     mask=pa.array(known))
+    state = pa.table({**info, "pending": lists}, schema=Q3_STATE)
+    return (out if out.num_rows else None), state
+
+
+def _q8_persons(batch):
+    t = _table(batch)
+    return pa.table([t.column("id"), pa.array(np.ones(t.num_rows, np.int64)), t.column("name"),
+                     t.column("date_time")], schema=Q8_ROWS)
+
+
+def _q8_auctions(batch):
+    t = _table(batch)
+    return pa.table([t.column("seller"), pa.array(np.zeros(t.num_rows, np.int64)),
+                     pa.nulls(t.num_rows, pa.string()), t.column("date_time")],
+                    schema=Q8_ROWS)
+
+
+def _first_valid(groups: np.ndarray, n: int, values) -> pa.Table:
+    """Per group ``0..n-1``, the first non-null of ``values`` (null if none)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    valid = np.flatnonzero(np.asarray(values.is_valid()))
+    first = np.full(n, -1, np.int64)
+    first[groups[valid][::-1]] = valid[::-1]
+    have = first >= 0
+    return pa.table({"name": values.take(pa.array(np.where(have, first, 0), mask=~have))})
+
+
+def any_name():
+    """A user aggregation: a group's name, from the one row that has it (the person's)."""
+    from sparkjet.windows import user_aggregation
+
+    return user_aggregation(
+        "name", _first_valid, lambda groups, n, partials: _first_valid(
+            groups, n, partials.column("name")),
+        lambda partials: partials.column("name").combine_chunks())
+
+
+def _q8_rows(batch):
+    """The windows of persons who also created an auction (a person row and an auction
+    row: ``is_person`` at most 1 and at least 0): ``id, name, window_start``."""
+    t = _table(batch)
+    both = pc.and_(pc.equal(t.column("any_person"), 1), pc.equal(t.column("all_persons"), 0))
+    return t.filter(both).select(["id", "name", "window_start"])
+
+
+SESSION_GAP = timedelta(seconds=sss.SESSION_GAP_S)
+
+
+def pipeline(name: str, source, sink, max_lag_ms: int = 0):
+    """Query ``name`` from ``source``: a bid source, or for q3 and q8 a dict of a person
+    and an auction source (``{"person": ..., "auction": ...}``), into ``sink``."""
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.windows import session, sliding, tumbling
+
+    lag = timedelta(milliseconds=max_lag_ms)
+    if name in JOIN_QUERIES:
+        persons = Pipeline().read_from(source["person"]).with_timestamps("date_time",
+                                                                         max_lag=lag)
+        auctions = Pipeline().read_from(source["auction"]).with_timestamps("date_time",
+                                                                           max_lag=lag)
+        if name == "q3":
+            out = (persons.map_batches(_q3_persons).union(auctions.map_batches(_q3_auctions))
+                   .group_by("id").map_state(q3_join, state=Q3_STATE))
+        else:
+            out = (persons.map_batches(_q8_persons).union(auctions.map_batches(_q8_auctions))
+                   .group_by("id").window(tumbling(SIZE))
+                   .aggregate(any_person=("max", "is_person"),
+                              all_persons=("min", "is_person"), name=any_name())
+                   .map_batches(_q8_rows))
+        return out.write_to(sink)
+    bids = Pipeline().read_from(source).with_timestamps("date_time", max_lag=lag)
     if name == "q0":
         out = bids
     elif name == "q1":
@@ -194,25 +364,41 @@ def pipeline(name: str, source, sink, max_lag_ms: int = 0):
     elif name == "q7":
         out = (bids.window(tumbling(SIZE))
                .aggregate(top=argmax_aggregation("price", BID_COLUMNS)).map_batches(_q7_rows))
+    elif name == "q11":
+        out = bids.group_by("bidder").window(session(SESSION_GAP)).aggregate(count="count")
     else:
         raise ValueError(f"unknown query {name!r}")
     return out.write_to(sink)
 
 
-def run_sparkjet(spark, name: str, bids: int, work: Path, lag_ms: int = 0,
+def sources(name: str, events: int, lag_ms: int = 0,
+            events_per_second: int = sss.EVENTS_PER_SECOND, seed: int = 0, **kwargs):
+    """What query ``name`` reads from ``NexmarkSource``, as ``pipeline`` takes it: the first
+    ``events`` bids, or for q3 and q8 the persons and auctions among the first ``events`` of
+    those two kinds (the same global events, so ids and times agree across the two)."""
+    from sparkjet.sources import NexmarkSource
+
+    common = dict(partitions=4, events_per_second=events_per_second, out_of_order_ms=lag_ms,
+                  seed=seed, **kwargs)
+    if name in JOIN_QUERIES:
+        total = sss.join_total(events)
+        return {kind: NexmarkSource(kind=kind, total=total, **common)
+                for kind in ("person", "auction")}
+    return NexmarkSource(kind="bid", total=global_total(events), **common)
+
+
+def run_sparkjet(spark, name: str, events: int, work: Path, lag_ms: int = 0,
                  events_per_second: int = sss.EVENTS_PER_SECOND, seed: int = 0
                  ) -> tuple[float, pa.Table, dict]:
-    """Query ``name`` on sparkjet over the first ``bids`` bids: events/s, the committed
-    result and how the run went."""
+    """Query ``name`` on sparkjet over the first ``events`` bids (or persons and auctions,
+    for q3 and q8): events/s, the committed result and how the run went."""
     from sparkjet.runtime import Job, JobConfig
     from sparkjet.sinks import TransactionalFileSink
-    from sparkjet.sources import NexmarkSource
 
     out, snaps = work / f"sj-out-{name}", work / f"sj-snap-{name}"
     for folder in (out, snaps):
         shutil.rmtree(folder, ignore_errors=True)
-    source = NexmarkSource(kind="bid", total=global_total(bids), partitions=4,
-                           events_per_second=events_per_second, out_of_order_ms=lag_ms, seed=seed)
+    source = sources(name, events, lag_ms, events_per_second, seed)
     config = JobConfig(name=f"nexmark-{name}-{time.time_ns()}", members=2, local_parallelism=1,
                        processing_guarantee="exactly-once", snapshot_interval=1.0,
                        snapshot_store=str(snaps))
@@ -226,14 +412,14 @@ def run_sparkjet(spark, name: str, bids: int, work: Path, lag_ms: int = 0,
     start = time.monotonic()
     result = job.run(spark, on_progress=progress)
     seconds = time.monotonic() - start
-    if result.events_in != bids:
-        raise AssertionError(f"{name}: sparkjet read {result.events_in} bids, not {bids}")
+    if result.events_in != events:
+        raise AssertionError(f"{name}: sparkjet read {result.events_in} events, not {events}")
     table = TransactionalFileSink.read(str(out))
     late = sum(e.get("late_events", 0) for e in result.executions)
     snapshots = result.snapshots
-    return bids / seconds, table, {
+    return events / seconds, table, {
         "seconds": seconds, "start_s": marks.get("started", start) - start,
-        "events_per_s_running": bids / (start + seconds - marks.get("started", start)),
+        "events_per_s_running": events / (start + seconds - marks.get("started", start)),
         "snapshots": len(snapshots), "restarts": result.restarts, "late_events": late,
         "events_out": result.events_out}
 
@@ -368,6 +554,8 @@ def test_nexmark_sparkjet(benchmark, nexmark_sparkjet, name):
     benchmark.group = "NEXMark on sparkjet"
     rate, result, info = benchmark.pedantic(run_sparkjet, args=(spark, name, bids.events, work),
                                             rounds=1, iterations=1)
+    if name in JOIN_QUERIES:
+        table = {kind: s.events(0, s.total) for kind, s in sources(name, bids.events).items()}
     _, problem = check(name, result, table)
     assert problem is None, problem
     benchmark.extra_info.update(events=bids.events, events_per_s=rate, **info)
@@ -394,8 +582,9 @@ def plot(rows: list[dict], events: int, path: Path) -> None:
             ax.text(i, max(sj[i], ss[i]), f"{r['ratio']:.0f}x", ha="center", va="bottom")
     ax.set_xticks(x, names)
     ax.set_yscale("log")
-    ax.set_ylabel("M bids/s (log scale)")
-    ax.set_title(f"NEXMark, {events:,} bids, local[2], Parquet sinks")
+    ax.set_ylabel("M events/s (log scale)")
+    ax.set_title(f"NEXMark, {events:,} events (bids; q3, q8: persons and auctions), local[2], "
+                 f"Parquet sinks")
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -404,7 +593,8 @@ def plot(rows: list[dict], events: int, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="bids (1,000,000)")
+    parser.add_argument("--events", type=int, default=1_000_000,
+                        help="bids, or persons and auctions for q3 and q8 (1,000,000)")
     parser.add_argument("--files", type=int, default=40, help="Parquet files for Spark")
     parser.add_argument("--files-per-trigger", type=int, default=sss.FILES_PER_TRIGGER)
     parser.add_argument("--out-of-order-ms", type=int, default=0)
@@ -425,8 +615,12 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work_dir)
     bids = sss.write_bids(work, args.events, args.files, out_of_order_ms=args.out_of_order_ms,
                           files_per_trigger=args.files_per_trigger)
-    table = bids.table()
-    print(f"load average {os.getloadavg()[0]:.2f}; {bids.events:,} bids", flush=True)
+    joins = sss.write_persons_and_auctions(
+        work, args.events, args.files, out_of_order_ms=args.out_of_order_ms,
+        files_per_trigger=args.files_per_trigger) if set(names) & set(JOIN_QUERIES) else None
+    tables = {"bids": bids.table(), "joins": joins.table() if joins else None}
+    print(f"load average {os.getloadavg()[0]:.2f}; {bids.events:,} bids"
+          + (f", {joins.events:,} persons and auctions" if joins else ""), flush=True)
     spark = sss.session()
     rows, problems, latencies = [], {}, {}
     try:
@@ -434,6 +628,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             run_sparkjet(spark, name, 10_000, work / "warm-up", seed=1)
             rate, result, info = run_sparkjet(spark, name, bids.events, work, args.out_of_order_ms)
+            inputs = sss.inputs_of(name, bids, joins)
+            table = tables["joins" if name in JOIN_QUERIES else "bids"]
             expected, problem = check(name, result, table)
             row = {"query": name, "sparkjet_events_per_s": rate, "sparkjet": info,
                    "rows": expected.num_rows, "equal_to_reference": problem is None}
@@ -446,7 +642,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
             if not args.skip_sss:
                 sss.warm_up(spark, name, work / "sss")
-                s_rate, s_result, s_info = sss.run(spark, name, bids, work / "sss")
+                s_rate, s_result, s_info = sss.run(spark, name, inputs, work / "sss")
                 sss.check(name, s_result, table)
                 row.update(sss_events_per_s=s_rate, sss=s_info, ratio=rate / s_rate)
                 print(f"  sss {name}: {s_rate:,.0f} events/s ({s_info['seconds']:.1f} s); "
@@ -459,7 +655,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  sparkjet {name} latency:", json.dumps(latencies[name]), flush=True)
     finally:
         spark.stop()
-    print(f"\nNEXMark, {bids.events:,} bids, local[2]; ratio = sparkjet / Structured Streaming")
+    print(f"\nNEXMark, {bids.events:,} events (bids; q3, q8: persons and auctions), local[2]; "
+          f"ratio = sparkjet / Structured Streaming")
     print(f"{'query':10}{'sparkjet/s':>13}{'SSS/s':>11}{'ratio':>8}{'rows':>11}  equal")
     for r in rows:
         print(f"{r['query']:10}{r['sparkjet_events_per_s']:>13,.0f}"

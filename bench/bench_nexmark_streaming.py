@@ -1,5 +1,6 @@
-"""NEXMark on Spark Structured Streaming: q0, q1, q2, q5, q7 and a tumbling count per auction
-over the same bids, each result checked against :mod:`sparkjet.testing.nexmark_reference`.
+"""NEXMark on Spark Structured Streaming: q0, q1, q2, q5, q7, q11 and a tumbling count per
+auction over the same bids, and q3 and q8 over persons and auctions, each result checked
+against :mod:`sparkjet.testing.nexmark_reference`.
 The Structured Streaming side of the NEXMark comparison; sparkjet's side comes with its
 window operators (``Pipeline().read_from(NexmarkSource(...)).with_timestamps("date_time",
 max_lag=...).group_by("auction").window(sparkjet.windows.sliding(size, slide))...``).
@@ -24,16 +25,32 @@ here, more than the rest of a 200k-bid run).
   maximum per window joined back to the bids (an interval join on ``window_time``), 1.5 to
   2.7 times slower on Spark here.
 
+- q11 user sessions: ``count(*)`` per bidder per ``session_window`` (gap 10 s).
+- q3 local item suggestion: persons (state in OR, ID, CA) and auctions (category 10), each a
+  file stream, in an inner stream-stream join on ``seller = id``, without watermarks (the
+  join keeps both sides for ever, as nexmark-flink's does).
+- q8 monitor new users: persons with their 10 s ``window`` joined with the distinct
+  (``dropDuplicates``) sellers and windows of the auctions, on id and window equality, with
+  watermarks on both sides (a window-equality join, whose state goes once the watermark
+  passes the window).
+
+q3 and q8 read the persons and auctions among the first global events holding ``--events``
+of those two kinds (:func:`write_persons_and_auctions`), each kind in ``--files`` files;
+file ``i`` of both kinds covers the same stretch of event time, and each stream reads
+``maxFilesPerTrigger`` files a trigger, so both sides move together.
+
 Windowed queries carry a watermark on ``date_time`` of ``--out-of-order-ms`` (the
 generator's bound on lateness, 0 by default: the bids are in order). Spark emits a window
 in append mode once the watermark passes its end, and the watermark only moves with data:
 the windowed queries read one more file, last, holding a single bid (auction -1) an hour
-after the others, which closes every real window and is itself never output.
+after the others, which closes every real window and is itself never output (q8: a person,
+id -1, and an auction, seller -2, which match nothing).
 
 Run: ``python bench/bench_nexmark_streaming.py --events 200000`` (a table of events/s per
 query; ``--queries q5,q7`` for some), or ``python -m pytest bench/bench_nexmark_streaming.py
---benchmark-only`` (one round per query, 100k bids). ``tests/test_nexmark.py`` runs q5 and
-q7 on a few thousand bids against the reference (marked ``spark`` and ``slow``).
+--benchmark-only`` (one round per query, 100k bids). ``tests/test_nexmark.py`` runs q5,
+q7, q11, q3 and q8 on a few thousand events against the reference (marked ``spark`` and
+``slow``).
 """
 from __future__ import annotations
 
@@ -65,8 +82,14 @@ FILES = 20
 FILES_PER_TRIGGER = 4
 EVENTS_PER_SECOND = 10_000
 SIZE_S, SLIDE_S = 10, 2
+SESSION_GAP_S = 10
 BID_DDL = ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
            "date_time TIMESTAMP, extra STRING")
+PERSON_DDL = ("id BIGINT, name STRING, email_address STRING, credit_card STRING, city STRING, "
+              "state STRING, date_time TIMESTAMP, extra STRING")
+AUCTION_DDL = ("id BIGINT, item_name STRING, description STRING, initial_bid BIGINT, "
+               "reserve BIGINT, date_time TIMESTAMP, expires TIMESTAMP, seller BIGINT, "
+               "category BIGINT, extra STRING")
 _FLUSH_AFTER_MS = 3_600_000
 _BID_COLUMNS = ("auction", "bidder", "price", "channel", "url", "date_time", "extra")
 
@@ -84,10 +107,7 @@ class Bids:
 
     def table(self) -> pa.Table:
         """The bids as the reference reads them (``date_time`` as timestamp[ms])."""
-        table = pq.read_table(self.plain)
-        at = table.schema.get_field_index("date_time")
-        return table.set_column(at, "date_time", table.column("date_time").cast(
-            pa.timestamp("ms")))
+        return _read_back(self.plain)
 
 
 def write_bids(work: Path, events: int = EVENTS, files: int = FILES,
@@ -95,34 +115,99 @@ def write_bids(work: Path, events: int = EVENTS, files: int = FILES,
                seed: int = 0, files_per_trigger: int = FILES_PER_TRIGGER) -> Bids:
     """The first ``events`` bids of the NEXMark sequence as ``files`` Parquet files in
     event order, ``date_time`` as a UTC timestamp (Spark's ``TIMESTAMP``)."""
-    source = NexmarkSource(events_per_second=events_per_second,
-                           out_of_order_ms=out_of_order_ms, seed=seed)
     runs, rest = divmod(events, 46)   # 46 bids in every 50 events, at offsets 4..49
     stop = runs * 50 + (4 + rest if rest else 0)
-    plain, flushed = work / "bids", work / "bids-flushed"
+    plain, flushed = _write_kind(work, "bid", stop, files, events_per_second, out_of_order_ms,
+                                 seed, {"auction": -1, "bidder": -1})
+    return Bids(plain, flushed, events, out_of_order_ms, files_per_trigger)
+
+
+def join_total(events: int) -> int:
+    """The global events (all kinds) holding the first ``events`` persons and auctions."""
+    runs, rest = divmod(events, 4)    # a person and 3 auctions in every 50 events, at 0..3
+    return runs * 50 + rest
+
+
+@dataclasses.dataclass(frozen=True)
+class PersonsAndAuctions:
+    """The persons and auctions of one run (q3, q8) as files, as :class:`Bids` (``plain``
+    and ``flushed`` are dicts by kind); ``events`` counts both kinds."""
+
+    plain: dict
+    flushed: dict
+    events: int
+    lag_ms: int
+    files_per_trigger: int
+
+    def table(self) -> dict:
+        """``{"person": ..., "auction": ...}`` as the references read them."""
+        return {kind: _read_back(path) for kind, path in self.plain.items()}
+
+
+def write_persons_and_auctions(work: Path, events: int = EVENTS, files: int = FILES,
+                               events_per_second: int = EVENTS_PER_SECOND,
+                               out_of_order_ms: int = 0, seed: int = 0,
+                               files_per_trigger: int = FILES_PER_TRIGGER) -> PersonsAndAuctions:
+    """The first ``events`` persons and auctions of the NEXMark sequence (a quarter
+    persons), each kind as ``files`` Parquet files in event order, file ``i`` of both kinds
+    covering the same stretch of event time. The closing person (id -1) and auction (seller
+    -2) of the flushed folders match nothing."""
+    stop = join_total(events)
+    plain, flushed = {}, {}
+    for kind, closing in (("person", {"id": -1, "state": ""}),
+                          ("auction", {"id": -1, "seller": -2, "category": -1})):
+        plain[kind], flushed[kind] = _write_kind(work, kind, stop, files, events_per_second,
+                                                 out_of_order_ms, seed, closing)
+    return PersonsAndAuctions(plain, flushed, events, out_of_order_ms, files_per_trigger)
+
+
+def _write_kind(work: Path, kind: str, stop: int, files: int, events_per_second: int,
+                out_of_order_ms: int, seed: int, closing: dict) -> tuple[str, str]:
+    """The ``kind`` events among the first ``stop`` global events as ``files`` Parquet
+    files (``<kind>s/``) and, in ``<kind>s-flushed/``, the same files and a last one holding
+    one event an hour after the others (``closing``'s values, the rest zero or empty)."""
+    source = NexmarkSource(kind=kind, events_per_second=events_per_second,
+                           out_of_order_ms=out_of_order_ms, seed=seed)
+    plain, flushed = work / f"{kind}s", work / f"{kind}s-flushed"
     for folder in (plain, flushed):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    at = source.schema.get_field_index("date_time")
     utc = pa.timestamp("ms", "UTC")
-    schema = source.schema.set(at, pa.field("date_time", utc))
+    times = [i for i, f in enumerate(source.schema) if pa.types.is_timestamp(f.type)]
+    schema = source.schema
+    for at in times:
+        schema = schema.set(at, pa.field(schema.field(at).name, utc))
     last = 0
     for i in range(files):
-        table = source.events(stop * i // files, stop * (i + 1) // files)
-        table = table.set_column(at, "date_time", table.column("date_time").cast(utc))
+        table = source.events(stop * i // files, stop * (i + 1) // files).cast(schema)
         name = f"part-{i:05d}.parquet"
         pq.write_table(table, plain / name)
         _link(plain / name, flushed / name)
-        last = max(last, pc.max(table.column("date_time")).value or 0)
-    closing = pa.table({"auction": [-1], "bidder": [-1], "price": [0], "channel": [""],
-                        "url": [""], "date_time": [last + _FLUSH_AFTER_MS], "extra": [""]},
-                       schema=schema)
+        if table.num_rows:
+            last = max(last, pc.max(table.column("date_time")).value)
+    row = {}
+    for field in schema:
+        if field.name in closing:
+            row[field.name] = [closing[field.name]]
+        elif pa.types.is_timestamp(field.type):
+            row[field.name] = [last + _FLUSH_AFTER_MS]
+        else:
+            row[field.name] = [0 if pa.types.is_integer(field.type) else ""]
     # Newest of all, so that the file source (oldest first) reads it last.
     path = flushed / f"part-{files:05d}-closing.parquet"
-    pq.write_table(closing, path)
+    pq.write_table(pa.table(row, schema=schema), path)
     later = time.time_ns() + 10**9
     os.utime(path, ns=(later, later))
-    return Bids(str(plain), str(flushed), events, out_of_order_ms, files_per_trigger)
+    return str(plain), str(flushed)
+
+
+def _read_back(path: str) -> pa.Table:
+    """Parquet files as the references read them (timestamps as timestamp[ms])."""
+    table = pq.read_table(path)
+    for at, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            table = table.set_column(at, field.name, table.column(at).cast(pa.timestamp("ms")))
+    return table
 
 
 def _link(source: Path, target: Path) -> None:
@@ -212,6 +297,53 @@ def plan_q7_join(spark, bids: Bids):
                          end.alias("window_end"), *_BID_COLUMNS)
 
 
+def _read_kind(spark, inputs: PersonsAndAuctions, kind: str, windowed: bool):
+    ddl = {"person": PERSON_DDL, "auction": AUCTION_DDL}[kind]
+    stream = (spark.readStream.schema(ddl).option("maxFilesPerTrigger", inputs.files_per_trigger)
+              .parquet((inputs.flushed if windowed else inputs.plain)[kind]))
+    return stream.withWatermark("date_time", f"{inputs.lag_ms} milliseconds") if windowed \
+        else stream
+
+
+def plan_q3(spark, inputs: PersonsAndAuctions):
+    from pyspark.sql import functions as F
+
+    # nexmark-flink's q3: an unbounded stream-stream inner join (no watermark: both sides'
+    # state is kept for ever, as Flink keeps it).
+    states = ", ".join(f"'{s}'" for s in ref.Q3_STATES)
+    persons = _read_kind(spark, inputs, "person", False).where(f"state IN ({states})").alias("P")
+    auctions = (_read_kind(spark, inputs, "auction", False)
+                .where(f"category = {ref.Q3_CATEGORY}").alias("A"))
+    return auctions.join(persons, F.col("A.seller") == F.col("P.id")).select(
+        "P.name", "P.city", "P.state", "A.id")
+
+
+def plan_q8(spark, inputs: PersonsAndAuctions):
+    from pyspark.sql import functions as F
+
+    # nexmark-flink's q8: persons per 10 s window joined with the distinct sellers of that
+    # window's auctions, on id and window equality (the window carries the watermark, so
+    # both sides' state is dropped once the watermark passes a window's end).
+    persons = (_read_kind(spark, inputs, "person", True)
+               .select("id", "name", F.window("date_time", f"{SIZE_S} seconds").alias("pw")))
+    sellers = (_read_kind(spark, inputs, "auction", True)
+               .select("seller", F.window("date_time", f"{SIZE_S} seconds").alias("aw"))
+               .dropDuplicates(["seller", "aw"]))
+    joined = persons.join(sellers, (persons.id == sellers.seller) & (persons.pw == sellers.aw))
+    return joined.select("id", "name", F.col("pw.start").alias("window_start"))
+
+
+def plan_q11(spark, bids: Bids):
+    from pyspark.sql import functions as F
+
+    sessions = (_read(spark, bids, True)
+                .groupBy(F.session_window("date_time", f"{SESSION_GAP_S} seconds"), "bidder")
+                .agg(F.count("*").alias("count")))
+    return sessions.select("bidder", "count",
+                           F.col("session_window.start").alias("window_start"),
+                           F.col("session_window.end").alias("window_end"))
+
+
 def _expr(sql: str):
     from pyspark.sql import functions as F
 
@@ -226,7 +358,13 @@ QUERIES: dict[str, tuple[Callable, Callable[[pa.Table], pa.Table]]] = {
     "q5": (plan_q5, lambda t: ref.q5(t, SIZE_S * 1000, SLIDE_S * 1000)),
     "q7": (plan_q7, lambda t: ref.q7(t, SIZE_S * 1000)),
     "q7-join": (plan_q7_join, lambda t: ref.q7(t, SIZE_S * 1000)),
+    "q3": (plan_q3, lambda t: ref.q3(t["person"], t["auction"])),
+    "q8": (plan_q8, lambda t: ref.q8(t["person"], t["auction"], SIZE_S * 1000)),
+    "q11": (plan_q11, lambda t: ref.q11(t, SESSION_GAP_S * 1000)),
 }
+JOIN_QUERIES = ("q3", "q8")
+"""The queries over persons and auctions (:func:`write_persons_and_auctions`); the others
+read bids (:func:`write_bids`)."""
 """Each query's Structured Streaming plan and its reference."""
 
 
@@ -296,28 +434,35 @@ WARM_UP_EVENTS = 10_000
 
 
 def warm_up(spark, name: str, work: Path) -> None:
-    """Query ``name`` once on other bids (its first run in a JVM pays for the plan)."""
-    bids = write_bids(work / "warm-up", WARM_UP_EVENTS, files=2, seed=1)
-    run(spark, name, bids, work / "warm-up")
+    """Query ``name`` once on other events (its first run in a JVM pays for the plan)."""
+    write = write_persons_and_auctions if name in JOIN_QUERIES else write_bids
+    run(spark, name, write(work / "warm-up", WARM_UP_EVENTS, files=2, seed=1), work / "warm-up")
+
+
+def inputs_of(name: str, bids: Bids, joins: PersonsAndAuctions | None):
+    """What query ``name`` reads: ``joins`` for q3 and q8, else ``bids``."""
+    return joins if name in JOIN_QUERIES else bids
 
 
 @pytest.fixture(scope="module")
 def nexmark_sss(tmp_path_factory):
     work = tmp_path_factory.mktemp("nexmark-sss")
     bids = write_bids(work, events=100_000)
+    joins = write_persons_and_auctions(work, events=100_000)
     spark = session()
-    yield spark, bids, work, bids.table()
+    yield spark, bids, joins, work
     spark.stop()
 
 
 @pytest.mark.parametrize("name", list(QUERIES))
 def test_nexmark_sss(benchmark, nexmark_sss, name):
-    spark, bids, work, table = nexmark_sss
+    spark, bids, joins, work = nexmark_sss
     benchmark.group = "NEXMark on Structured Streaming"
     warm_up(spark, name, work)
-    rate, result, info = benchmark.pedantic(run, args=(spark, name, bids, work), rounds=1,
+    inputs = inputs_of(name, bids, joins)
+    rate, result, info = benchmark.pedantic(run, args=(spark, name, inputs, work), rounds=1,
                                             iterations=1)
-    check(name, result, table)
+    check(name, result, inputs.table())
     benchmark.extra_info.update(events=bids.events, events_per_s=rate, **info)
 
 
@@ -326,7 +471,8 @@ def test_nexmark_sss(benchmark, nexmark_sss, name):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=EVENTS, help="bids (200,000)")
+    parser.add_argument("--events", type=int, default=EVENTS,
+                        help="bids, or persons and auctions for q3 and q8 (200,000)")
     parser.add_argument("--files", type=int, default=FILES)
     parser.add_argument("--files-per-trigger", type=int, default=FILES_PER_TRIGGER)
     parser.add_argument("--events-per-second", type=int, default=EVENTS_PER_SECOND,
@@ -346,7 +492,11 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     bids = write_bids(work, args.events, args.files, args.events_per_second,
                       args.out_of_order_ms, files_per_trigger=args.files_per_trigger)
+    joins = write_persons_and_auctions(
+        work, args.events, args.files, args.events_per_second, args.out_of_order_ms,
+        files_per_trigger=args.files_per_trigger) if set(names) & set(JOIN_QUERIES) else None
     table = bids.table()
+    tables = {id(bids): table, id(joins): joins.table() if joins else None}
     span = (pc.max(table.column("date_time")).value - pc.min(table.column("date_time")).value)
     print(f"load average {os.getloadavg()[0]:.2f}; {bids.events:,} bids over {span / 1000:.1f} s "
           f"of event time in {args.files} files, written in {time.perf_counter() - began:.1f} s",
@@ -356,8 +506,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for name in names:
             warm_up(spark, name, work)
-            rate, result, info = run(spark, name, bids, work)
-            expected = check(name, result, table)
+            inputs = inputs_of(name, bids, joins)
+            rate, result, info = run(spark, name, inputs, work)
+            expected = check(name, result, tables[id(inputs)])
             rows.append((name, rate, info, expected.num_rows))
             print(f"  {name}: {rate:,.0f} events/s ({info['seconds']:.1f} s, "
                   f"{info['batches']} + {info['empty_batches']} empty micro-batches, "
@@ -367,7 +518,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         spark.stop()
     print(f"\nStructured Streaming, local[2], {args.state_store} state store, "
-          f"{bids.events:,} bids, {args.files_per_trigger} of {args.files} files per trigger")
+          f"{bids.events:,} bids (q3, q8: persons and auctions), {args.files_per_trigger} of "
+          f"{args.files} files per trigger")
     print(f"{'query':10}{'events/s':>12}{'seconds':>9}{'batches':>9}{'empty':>7}{'rows out':>10}")
     for name, rate, info, out in rows:
         print(f"{name:10}{rate:>12,.0f}{info['seconds']:>9.1f}{info['batches']:>9}"

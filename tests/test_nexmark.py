@@ -3,8 +3,12 @@ and id rules, determinism, replay and rescale through reader states, event times
 references on small hand-made inputs with known answers."""
 import importlib
 import json
+import os
 import pickle
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -372,15 +376,169 @@ def test_references_agree_with_a_direct_computation_on_generated_bids():
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_structured_streaming_q5_and_q7_equal_the_reference(spark, tmp_path, monkeypatch):
+def test_structured_streaming_equals_the_reference(spark, tmp_path, monkeypatch):
     """The Spark side of the NEXMark comparison computes what the references do, on a few
-    thousand bids (16 s of event time, events up to 200 ms late) with the bench's plans."""
+    thousand bids (16 s of event time, events up to 200 ms late) with the bench's plans, and
+    on as many persons and auctions (q3, q8: 75 s of event time)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     sss = importlib.import_module("bench_nexmark_streaming")
     bids = sss.write_bids(tmp_path, events=3000, files=3, events_per_second=200,
                           out_of_order_ms=200, files_per_trigger=2)
     table = bids.table()
-    for name in ("q5", "q7"):
-        _, result, info = sss.run(spark, name, bids, tmp_path)
-        expected = sss.check(name, result, table)
-        assert expected.num_rows >= {"q5": 8, "q7": 2}[name] and info["batches"] >= 2
+    joins = sss.write_persons_and_auctions(tmp_path, events=3000, files=3, events_per_second=200,
+                                           out_of_order_ms=200, files_per_trigger=2)
+    tables = {"bids": table, "joins": joins.table()}
+    for name in ("q5", "q7", "q11", "q3", "q8"):
+        inputs = sss.inputs_of(name, bids, joins)
+        _, result, info = sss.run(spark, name, inputs, tmp_path)
+        expected = sss.check(name, result, tables["joins" if inputs is joins else "bids"])
+        assert expected.num_rows >= {"q5": 8, "q7": 2, "q11": 20, "q3": 100, "q8": 40}[name]
+        assert info["batches"] >= 2
+
+
+# ---------------------------------------------------------------------------- sparkjet's q3, q8, q11
+
+
+def _bench(monkeypatch, name):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    return importlib.import_module(name)
+
+
+def _inputs(sources):
+    """The events a failure-free run of ``sources`` reads, as the references take them."""
+    if isinstance(sources, dict):
+        return {kind: s.events(0, s.total) for kind, s in sources.items()}
+    return sources.events(0, sources.total)
+
+
+@pytest.mark.parametrize("name, events, least", [("q3", 6_000, 100), ("q8", 6_000, 40),
+                                                 ("q11", 8_000, 100)])
+def test_sparkjet_q3_q8_q11_equal_the_reference(tmp_path, monkeypatch, name, events, least):
+    """The bench's pipelines of the joins and sessions, on one member with two processors,
+    events up to 200 ms out of order (watermarks 200 ms behind), snapshots every 50 ms, in
+    small batches: their committed output is the reference's, row for row."""
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import TransactionalFileSink
+
+    bench = _bench(monkeypatch, "bench_nexmark")
+    sources = bench.sources(name, events, lag_ms=200, events_per_second=200, batch_size=300)
+    config = JobConfig(name=f"nexmark-{name}", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.05, local_parallelism=2)
+    job = Job(bench.pipeline(name, sources, TransactionalFileSink(tmp_path / "out"), 200), config)
+    result = job.run(isolated=False)
+    assert result.events_in == events
+    expected, problem = bench.check(name, TransactionalFileSink.read(tmp_path / "out"),
+                                    _inputs(sources))
+    assert problem is None, problem
+    assert expected.num_rows >= least
+
+
+def persons_table(rows):
+    """Persons from (ms after BASE, id, name, state) tuples."""
+    t, ids, names, states = (list(c) for c in zip(*rows))
+    n = len(rows)
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": names, "email_address": [""] * n,
+                     "credit_card": [""] * n, "city": [f"city-{s}" for s in states],
+                     "state": states,
+                     "date_time": pa.array([BASE + x for x in t], pa.int64()).view(
+                         pa.timestamp("ms")),
+                     "extra": [""] * n}, schema=SCHEMAS["person"])
+
+
+def auctions_table(rows):
+    """Auctions from (ms after BASE, id, seller, category) tuples."""
+    t, ids, sellers, categories = (list(c) for c in zip(*rows))
+    n = len(rows)
+    times = pa.array([BASE + x for x in t], pa.int64()).view(pa.timestamp("ms"))
+    return pa.table({"id": pa.array(ids, pa.int64()), "item_name": [""] * n,
+                     "description": [""] * n, "initial_bid": pa.array([1] * n, pa.int64()),
+                     "reserve": pa.array([2] * n, pa.int64()), "date_time": times,
+                     "expires": times, "seller": pa.array(sellers, pa.int64()),
+                     "category": pa.array(categories, pa.int64()), "extra": [""] * n},
+                    schema=SCHEMAS["auction"])
+
+
+def test_q3_joins_in_either_order_and_filters_both_sides():
+    persons = persons_table([(0, 1, "Ann", "OR"), (5, 2, "Bob", "WA"), (50, 3, "Cid", "CA")])
+    auctions = auctions_table([(1, 100, 1, 10), (2, 101, 1, 11),    # Ann, wrong category
+                               (3, 102, 2, 10),                     # Bob: WA
+                               (4, 103, 3, 10), (60, 104, 3, 10),   # Cid, before and after
+                               (70, 105, 9, 10)])                   # nobody
+    assert ref.q3(persons, auctions).to_pylist() == [
+        {"name": "Ann", "city": "city-OR", "state": "OR", "id": 100},
+        {"name": "Cid", "city": "city-CA", "state": "CA", "id": 103},
+        {"name": "Cid", "city": "city-CA", "state": "CA", "id": 104}]
+
+
+def test_q8_keeps_persons_selling_in_the_window_they_joined():
+    persons = persons_table([(0, 1, "Ann", "OR"), (9_999, 2, "Bob", "WA"),
+                             (12_000, 3, "Cid", "CA")])
+    auctions = auctions_table([(500, 100, 1, 10), (600, 101, 1, 11),   # Ann twice: one row
+                               (10_000, 102, 2, 10),                  # Bob: the next window
+                               (19_999, 103, 3, 12), (25_000, 104, 9, 10)])
+    got = [(r["id"], r["name"], r["window_start"].timestamp() * 1000 - BASE)
+           for r in ref.q8(persons, auctions).to_pylist()]
+    assert got == [(1, "Ann", 0), (3, "Cid", 10_000)]
+
+
+def test_q11_sessions_split_at_the_gap():
+    bids = bids_table([(0, 1, 7, 1), (9_999, 1, 7, 1), (19_998, 1, 7, 1),   # one session
+                       (29_998, 1, 7, 1),                                   # exactly the gap
+                       (5_000, 1, 8, 1)])
+    got = [(r["bidder"], r["count"], r["window_start"], r["window_end"])
+           for r in windows(ref.q11(bids))]
+    # Sorted by every column in order: bidder, then count.
+    assert got == [(7, 1, 29_998, 39_998), (7, 3, 0, 29_998), (8, 1, 5_000, 15_000)]
+    assert ref.q11(bids.slice(0, 0)).num_rows == 0
+
+
+def run_killed_after_snapshots(job, store_path, after=(3, 8)):
+    """Runs the supervised job and kills its member once each snapshot of ``after`` is
+    complete (so that each restart restores state, rather than starting afresh)."""
+    from sparkjet.snapshot_store import SnapshotStore
+
+    stop, killed = threading.Event(), []
+
+    def killer():
+        store = SnapshotStore(str(store_path), job.config.id)
+        for n in after:
+            while not stop.is_set():
+                latest = store.latest_complete()
+                pid = job.member_pid
+                if latest is not None and latest.snapshot_id >= n and pid and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        return job.run(), killed
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["q3", "q8"])
+def test_sparkjet_q3_and_q8_exactly_once_through_kills(tmp_path, monkeypatch, name):
+    """q3's keyed state (with its lists of pending auctions) and q8's windows restore from
+    snapshots: killed twice, each time after a snapshot, the job still commits exactly the
+    reference."""
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import TransactionalFileSink
+
+    bench = _bench(monkeypatch, "bench_nexmark")
+    sources = bench.sources(name, 120_000, lag_ms=200, events_per_second=2_000,
+                            batch_size=2_000, rate=15_000.0)
+    config = JobConfig(name=f"nexmark-kills-{name}", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.2, local_parallelism=2, max_restarts=20,
+                       restart_backoff=0.05)
+    job = Job(bench.pipeline(name, sources, TransactionalFileSink(tmp_path / "out"), 200), config)
+    result, killed = run_killed_after_snapshots(job, tmp_path / "snaps")
+    assert len(killed) == 2
+    restored = [e["restored_from"] for e in result.executions if e["status"] == "ok"]
+    assert restored and restored[-1] is not None
+    _, problem = bench.check(name, TransactionalFileSink.read(tmp_path / "out"), _inputs(sources))
+    assert problem is None, problem

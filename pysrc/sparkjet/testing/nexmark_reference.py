@@ -20,8 +20,19 @@ A window without events has no rows.
 - :func:`q7`: highest bid: per tumbling window (10 s), every bid with the window's highest
   price.
 - :func:`window_count` and :func:`tumbling_count`: bids per auction per window.
+- :func:`q3`: local item suggestion: persons in OR, ID or CA joined with the auctions of
+  category 10 they sell (``auction.seller = person.id``), an unbounded join: ``name, city,
+  state, id`` (the auction's id).
+- :func:`q8`: monitor new users: the persons who created an auction in the tumbling window
+  (10 s) in which they registered: ``id, name, window_start``, once per person and window.
+- :func:`q11`: user sessions: bids per bidder per session window (a gap of 10 s):
+  ``bidder, count, window_start, window_end``, the end being the last bid's time plus the
+  gap. A bid exactly ``gap`` after the previous one starts a new session.
 
-Every function returns a ``pyarrow.Table`` sorted by all its columns, window first.
+q3 and q8 take persons and auctions (the schemas of ``NexmarkSource(kind="person")`` and
+``kind="auction"``); the others take bids.
+
+Every function returns a ``pyarrow.Table`` sorted by all its columns, in their order.
 
 >>> import pyarrow as pa
 >>> bids = pa.table({"auction": [7, 7, 8], "price": [100, 300, 300],
@@ -38,7 +49,10 @@ import pyarrow.compute as pc
 
 from sparkjet.errors import InvalidArgumentError
 
-__all__ = ["q0", "q1", "q2", "q5", "q7", "tumbling_count", "window_count"]
+__all__ = ["q0", "q1", "q2", "q3", "q5", "q7", "q8", "q11", "tumbling_count", "window_count"]
+
+Q3_STATES = ("OR", "ID", "CA")
+Q3_CATEGORY = 10
 
 _PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
@@ -107,6 +121,62 @@ def q7(bids: pa.Table, size_ms: int = 10_000, time_column: str = "date_time") ->
     chosen = bids.filter(pa.array(top))
     return _sorted(pa.Table.from_arrays([*window.columns, *chosen.columns],
                                         [*window.column_names, *chosen.column_names]))
+
+
+def q3(persons: pa.Table, auctions: pa.Table, states=Q3_STATES,
+       category: int = Q3_CATEGORY) -> pa.Table:
+    """Local item suggestion: ``name, city, state`` of each person in ``states`` and ``id``
+    of each auction of ``category`` that person sells; every pair, whichever came first."""
+    p = persons.select(["id", "name", "city", "state"]).to_pandas()
+    a = auctions.select(["id", "seller", "category"]).to_pandas()
+    p = p[p["state"].isin(list(states))]
+    a = a[a["category"] == category]
+    both = a.merge(p, left_on="seller", right_on="id", suffixes=("", "_person"))
+    return _sorted(pa.table({"name": pa.array(both["name"].to_numpy(), pa.string()),
+                             "city": pa.array(both["city"].to_numpy(), pa.string()),
+                             "state": pa.array(both["state"].to_numpy(), pa.string()),
+                             "id": pa.array(both["id"].to_numpy(), pa.int64())}))
+
+
+def q8(persons: pa.Table, auctions: pa.Table, size_ms: int = 10_000,
+       time_column: str = "date_time") -> pa.Table:
+    """Monitor new users: ``id, name, window_start`` of each person who created at least
+    one auction (as ``seller``) in the tumbling window of ``size_ms`` they registered in."""
+    p_start, _, size = _windows(persons, size_ms, None, "id", time_column)
+    a_start, _, _ = _windows(auctions, size_ms, None, "seller", time_column)
+    p = pd.DataFrame({"id": persons.column("id").to_numpy(),
+                      "name": persons.column("name").to_numpy(zero_copy_only=False),
+                      "start": p_start})
+    a = pd.DataFrame({"id": auctions.column("seller").to_numpy(),
+                      "start": a_start}).drop_duplicates()
+    both = p.merge(a, on=["id", "start"])
+    kind = persons.schema.field(time_column).type
+    return _sorted(pa.table({"id": pa.array(both["id"].to_numpy(), pa.int64()),
+                             "name": pa.array(both["name"].to_numpy(), pa.string()),
+                             "window_start": pa.array(both["start"].to_numpy(),
+                                                      pa.int64()).view(kind)}))
+
+
+def q11(bids: pa.Table, gap_ms: int = 10_000, time_column: str = "date_time") -> pa.Table:
+    """User sessions: ``bidder, count, window_start, window_end`` per bidder and session
+    (bids less than ``gap_ms`` apart; the window ends ``gap_ms`` after its last bid)."""
+    kind = bids.schema.field(time_column).type
+    if not pa.types.is_timestamp(kind) or kind.unit not in _PER_MS:
+        raise InvalidArgumentError(f"{time_column} must be a timestamp in ms, us or ns, "
+                                   f"got {kind}")
+    if gap_ms <= 0:
+        raise InvalidArgumentError(f"the session gap must be positive, got {gap_ms} ms")
+    gap = gap_ms * _PER_MS[kind.unit]
+    e = pd.DataFrame({"bidder": bids.column("bidder").to_numpy(),
+                      "t": _raw(bids.column(time_column))}).sort_values(["bidder", "t"])
+    new = (e["bidder"] != e["bidder"].shift()) | (e["t"] - e["t"].shift() >= gap)
+    g = e.assign(session=new.cumsum().to_numpy()).groupby(["bidder", "session"])["t"]
+    out = pd.DataFrame({"count": g.size(), "start": g.min(), "end": g.max() + gap}).reset_index()
+    return _sorted(pa.table({
+        "bidder": pa.array(out["bidder"].to_numpy(), pa.int64()),
+        "count": pa.array(out["count"].to_numpy(), pa.int64()),
+        "window_start": pa.array(out["start"].to_numpy(), pa.int64()).view(kind),
+        "window_end": pa.array(out["end"].to_numpy(), pa.int64()).view(kind)}))
 
 
 def _windows(bids: pa.Table, size_ms: int, slide_ms: int | None, key: str,
