@@ -1,11 +1,17 @@
 """Keyed state of the user's own (``map_state``, ``map_stateful``) with TTL and timers, and
 deduplication: the operators on their own, then jobs checked against pandas over the whole
 input, under the three guarantees and with the member killed at random moments."""
+import sys
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+
+# The jobs' functions live in this module, which a member process or a Spark worker cannot
+# import (tests/ is not on their path): they travel by value.
+from pyspark import cloudpickle  # noqa: E402
 from test_runtime import run_killed_once, run_with_kills
 
 from sparkjet.dedup import DeduplicateOperator, DeduplicateStage
@@ -16,6 +22,8 @@ from sparkjet.runtime.watermarks import MAX_TIME
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.stateful import KeyedStateOperator, keyed_state_stage
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 TOP = pa.schema([("n", pa.int64()), ("top", pa.float64())])
 
