@@ -106,25 +106,7 @@ def sparkjet_job(spark, kind: str, events: int, work: Path) -> dict:
     config = JobConfig(name=f"{kind}-{time.time_ns()}", members=2, local_parallelism=1,
                        processing_guarantee="exactly-once", snapshot_interval=1.0,
                        snapshot_store=str(snaps))
-    job = Job(pipelines(kind, source), config)
-    marks: dict[str, float] = {}
-
-    def progress(event):
-        if event["event"] == "started":
-            marks.setdefault("started", time.monotonic())
-
-    with windows.PeakRss(lambda: job.member_pids.values()) as rss:
-        start = time.monotonic()
-        result = job.run(spark, on_progress=progress)
-        seconds = time.monotonic() - start
-    shutil.rmtree(snaps, ignore_errors=True)
-    if result.events_in != events:
-        raise AssertionError(f"{kind}: {result.events_in} events in, expected {events}")
-    return {"events": events, "events_per_s": events / seconds, "seconds": seconds,
-            "events_per_s_running": events / (start + seconds - marks["started"]),
-            "rows_out": result.events_out, "snapshots": len(result.snapshots),
-            "snapshot_mb": max((s["bytes"] for s in result.snapshots), default=0) / 1e6,
-            "peak_rss_mb": rss.peak / 1e6}
+    return windows.timed_run(spark, Job(pipelines(kind, source), config), events, snaps, kind)
 
 
 def distinct_uids(events: int) -> int:

@@ -107,6 +107,31 @@ class PeakRss:
                 self.peak_total = max(self.peak_total, total)
 
 
+def timed_run(spark, job, events: int, snaps: Path, label: str) -> dict:
+    """Runs ``job`` on ``spark``, timed from ``Job.run`` to its end and from the barrier
+    stage's start, with its members' peak RSS; removes its snapshots (``snaps``)."""
+    marks: dict[str, float] = {}
+
+    def progress(event):
+        if event["event"] == "started":
+            marks.setdefault("started", time.monotonic())
+
+    with PeakRss(lambda: job.member_pids.values()) as rss:
+        start = time.monotonic()
+        result = job.run(spark, on_progress=progress)
+        seconds = time.monotonic() - start
+    shutil.rmtree(snaps, ignore_errors=True)
+    if result.events_in != events:
+        raise AssertionError(f"{label}: {result.events_in} events in, expected {events}")
+    return {"events": events, "events_per_s": events / seconds, "seconds": seconds,
+            "events_per_s_running": events / (start + seconds - marks["started"]),
+            "start_s": marks["started"] - start, "rows_out": result.events_out,
+            "snapshots": len(result.snapshots),
+            "snapshot_mb": max((s["bytes"] for s in result.snapshots), default=0) / 1e6,
+            "peak_rss_mb": rss.peak / 1e6, "peak_rss_total_mb": rss.peak_total / 1e6,
+            "rss_samples": rss.samples}
+
+
 def sparkjet_tumbling(spark, events: int, work: Path, check: bool = True) -> dict:
     from sparkjet.pipeline import Pipeline
     from sparkjet.runtime import Job, JobConfig
@@ -121,30 +146,11 @@ def sparkjet_tumbling(spark, events: int, work: Path, check: bool = True) -> dic
     config = JobConfig(name=f"windows-{time.time_ns()}", members=2, local_parallelism=1,
                        processing_guarantee="exactly-once", snapshot_interval=1.0,
                        snapshot_store=str(snaps))
-    job = Job(pipeline, config)
-    marks: dict[str, float] = {}
-
-    def progress(event):
-        if event["event"] == "started":
-            marks.setdefault("started", time.monotonic())
-
-    with PeakRss(lambda: job.member_pids.values()) as rss:
-        start = time.monotonic()
-        result = job.run(spark, on_progress=progress)
-        seconds = time.monotonic() - start
-    shutil.rmtree(snaps, ignore_errors=True)
-    assert result.events_in == events, (result.events_in, events)
-    out = {"events": events, "events_per_s": events / seconds, "seconds": seconds,
-           "events_per_s_running": events / (start + seconds - marks["started"]),
-           "start_s": marks["started"] - start, "rows_out": result.events_out,
-           "snapshots": len(result.snapshots),
-           "snapshot_mb": max((s["bytes"] for s in result.snapshots), default=0) / 1e6,
-           "peak_rss_mb": rss.peak / 1e6, "peak_rss_total_mb": rss.peak_total / 1e6,
-           "rss_samples": rss.samples}
+    out = timed_run(spark, Job(pipeline, config), events, snaps, "tumbling count")
     if check:
         out["rows_expected"] = expected_rows(events)
-        if out["rows_expected"] != result.events_out:
-            raise AssertionError(f"tumbling count: {result.events_out} rows out, "
+        if out["rows_expected"] != out["rows_out"]:
+            raise AssertionError(f"tumbling count: {out['rows_out']} rows out, "
                                  f"expected {out['rows_expected']}")
     return out
 
