@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -143,7 +142,6 @@ def sss_job(spark, kind: str, parquet_dir: Path, events: int, work: Path) -> dic
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    checkpoint = work / f"sss-{kind}-{time.time_ns()}"
     started = time.perf_counter()
     stream = (spark.readStream.schema("id BIGINT, key BIGINT, value DOUBLE")
               .option("maxFilesPerTrigger", 4).parquet(str(parquet_dir)))
@@ -163,18 +161,9 @@ def sss_job(spark, kind: str, parquet_dir: Path, events: int, work: Path) -> dic
                .withColumn("t", F.timestamp_millis("id")).withWatermark("t", "10 seconds")
                .dropDuplicatesWithinWatermark(["uid"]))
         mode = "append"
-    query = (out.writeStream.format("noop").outputMode(mode)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination()
-    seconds = time.perf_counter() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"Structured Streaming failed: {query.exception()}")
-    progress = query.recentProgress
-    rows_out = sum(p.sink.numOutputRows for p in progress if p.sink.numOutputRows > 0)
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    # the closing file's event (an hour later) is one more row of each
-    return {"events": events, "events_per_s": events / seconds, "seconds": seconds,
-            "rows_out": rows_out - 1, "micro_batches": len(progress)}
+    r = windows.run_sss_query(out, mode, events, work, started)
+    r["rows_out"] -= 1       # the closing file's event (an hour later) is one more row of each
+    return r
 
 
 # ------------------------------------------------------------------ pytest-benchmark mode

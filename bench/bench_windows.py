@@ -186,13 +186,19 @@ def write_events(work: Path, events: int, files: int = FILES) -> Path:
 def sss_tumbling(spark, parquet_dir: Path, events: int, work: Path) -> dict:
     from pyspark.sql import functions as F
 
-    checkpoint = work / f"sss-checkpoint-{time.time_ns()}"
     started = time.perf_counter()
     stream = (spark.readStream.schema("id BIGINT, key BIGINT, value DOUBLE")
               .option("maxFilesPerTrigger", 4).parquet(str(parquet_dir))
               .withColumn("t", F.timestamp_millis("id")).withWatermark("t", "0 seconds"))
     counts = stream.groupBy(F.window("t", "1 minute"), "key").agg(F.count("*").alias("count"))
-    query = (counts.writeStream.format("noop").outputMode("append")
+    return run_sss_query(counts, "append", events, work, started)
+
+
+def run_sss_query(out, mode: str, events: int, work: Path, started: float) -> dict:
+    """Runs the streaming DataFrame ``out`` to the ``noop`` sink (``availableNow``, a fresh
+    checkpoint under ``work``) and times it from ``started`` (when the query was built)."""
+    checkpoint = work / f"sss-checkpoint-{time.time_ns()}"
+    query = (out.writeStream.format("noop").outputMode(mode)
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     query.awaitTermination()
     seconds = time.perf_counter() - started

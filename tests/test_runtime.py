@@ -116,16 +116,20 @@ def run_killed_once(job: Job, store_path, after: int) -> None:
 
 
 def run_with_kills(job: Job, kills: int, seed: int):
-    """Runs the supervised job while its member is killed `kills` times at random moments."""
+    """Runs the supervised job while its member is killed `kills` times at random moments;
+    checks that a kill ended at least one execution (else the test would prove nothing)."""
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=kill_member_repeatedly,
                               args=(job, kills, random.Random(seed), stop, killed), daemon=True)
     killer.start()
     try:
-        return job.run()
+        result = job.run()
     finally:
         stop.set()
         killer.join()
+    assert [e for e in result.executions if "SIGKILL" in (e.get("error") or "")], \
+        "the killer must have killed at least one member"
+    return result
 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
@@ -135,8 +139,6 @@ def test_supervised_job_survives_kill_9(tmp_path, guarantee):
                        snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.2,
                        local_parallelism=2, max_restarts=20, restart_backoff=0.05)
     result = run_with_kills(Job(keyed_pipeline(source, tmp_path / "out"), config), 3, seed=7)
-    sigkilled = [e for e in result.executions if "SIGKILL" in (e.get("error") or "")]
-    assert sigkilled, "the killer must have killed at least one member"
     assert result.restarts == len([e for e in result.executions if e["status"] != "ok"])
     report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
                                      key="key", columns=["count", "sum"])

@@ -165,6 +165,19 @@ class Groups:
         self._ints.upsert(keys, out)
         return out
 
+    def kept(self, slots: np.ndarray) -> Groups:
+        """A new ``Groups`` holding only the keys of ``slots``, as slots ``0..len-1`` in
+        that order: how a keyed operator drops the keys it no longer holds.
+
+        >>> g = Groups("k"); _ = g.slots(pa.record_batch({"k": [5, 6, 7]}))
+        >>> g.kept(np.array([2, 0])).keys(np.array([0, 1])).to_pylist()
+        [{'k': 7}, {'k': 5}]
+        """
+        fresh = Groups(list(self._names))
+        if len(slots):
+            fresh.slots(self.keys(slots))
+        return fresh
+
     def keys(self, slots: np.ndarray | Sequence[int]) -> pa.Table:
         """The key columns of these slots, one row per slot, in their order."""
         try:

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet._groups import Groups
-from sparkjet.errors import InvalidArgumentError
 
 #: A timer slot without a timer.
 NO_TIMER = 2**63 - 1
@@ -172,17 +171,12 @@ class StateStore:
         keep = self.live_slots()
         if n - len(keep) <= len(keep) + 65536:
             return
-        keys = self.groups.keys(keep)
+        self.groups = self.groups.kept(keep)
         for c in self.columns:
             c.take(keep)
         for name in ("has", "updated", "event_timer", "proc_timer"):
             setattr(self, name, getattr(self, name)[keep])
         self.capacity = len(keep)
-        self.groups = Groups(self.key_names)
-        if len(keep):
-            slots = self.groups.slots(keys)
-            if not np.array_equal(slots, np.arange(len(keep))):
-                raise InvalidArgumentError("state store: the rebuilt key map is out of order")
 
     def live_slots(self) -> np.ndarray:
         n = len(self.groups)

@@ -1,6 +1,7 @@
 """The DAG a pipeline runs as (Jet's DAG of vertices and edges).
 
-A **vertex** is a source or an aggregation (rolling or windowed): each runs as
+A **vertex** is a source, an aggregation (rolling or windowed) or a keyed stage that brings
+its own operator (keyed state, deduplication, interval join: an ``OperatorStage``): each runs as
 ``parallelism`` processors spread over the members. Stateless stages never get a vertex of
 their own: they are fused into the vertex before them (Jet's local edge), and so are sinks.
 A vertex's output therefore is a set of **paths**: the stateless stages a batch goes
@@ -12,7 +13,7 @@ it is *broadcast* (every row to every processor). Barriers and watermarks flow i
 every edge.
 
 Names are derived from the DAG's shape ("source", "source.2", "aggregate", "window",
-"sink", "sink.2", ...), so the same pipeline gets the same names in every run: they name
+"state", "dedup", "sink", "sink.2", ...), so the same pipeline gets the same names in every run: they name
 the state in snapshots. :meth:`Dag.fingerprint` describes the shape; a snapshot records it
 and a job refuses to restore a snapshot of another shape.
 """

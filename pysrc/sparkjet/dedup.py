@@ -57,7 +57,6 @@ class DeduplicateOperator(Operator):
         self.stage = stage
         self.keys = list(stage.keys)
         self.state_key = stage.key
-        self.time_column = time_column
         self.groups = Groups(self.keys)
         self.passed = np.zeros(0, np.int64)   # per slot: the time of the event that passed
         self._first = np.zeros(0, np.int64)   # scratch per slot: a batch's first row
@@ -133,12 +132,8 @@ class DeduplicateOperator(Operator):
         live = np.flatnonzero(self.passed[:n] != _NONE)
         if n - len(live) <= len(live) + 65536:
             return
-        keys = self.groups.keys(live)
-        times = self.passed[live]
-        self.groups = Groups(self.keys)
-        self.passed = np.full(len(live), _NONE, np.int64)
-        if len(live):
-            self.passed[self.groups.slots(keys)] = times
+        self.groups = self.groups.kept(live)
+        self.passed = self.passed[live]
 
     def snapshot(self) -> pa.Table | None:
         n = len(self.groups)

@@ -298,14 +298,10 @@ class IntervalJoinOperator(Operator):
         """Each row's partition's watermark before a restart (see
         :class:`~sparkjet.runtime.watermarks.PartitionFloors`): a row below it was too
         late then, and is so now."""
-        from sparkjet.partitioning import partition_ids
-
         if self.watermark >= self._floors.top:
             self._floors = None
             return np.full(batch.num_rows, MIN_TIME, np.int64)
-        pids = partition_ids(batch, self._floors.partition_count,
-                             key=self.stage.key_of(side)).to_numpy()
-        return self._floors.floors[pids]
+        return self._floors.of(batch, key=self.stage.key_of(side))
 
     def _match(self, side: int, rows: pa.Table, ts: np.ndarray, other: _Side):
         """Row indices ``(mine, other's)`` of the pairs whose keys are equal and whose

@@ -17,9 +17,11 @@ stream may feed several steps (a branch):
 
 and several streams of one schema may be merged (:meth:`Pipeline.union`). A pipeline
 compiles (:meth:`Pipeline.plan`) into a :class:`~sparkjet.dag.Dag`: one vertex per source
-and per keyed or windowed aggregation; stateless stages and sinks fused into the vertex
-before them (Jet's local edges); partitioned edges (by the Hazelcast partition of the key)
-into keyed stages, and all-to-one edges into aggregations without a key.
+and per keyed stage (aggregations, windows, keyed state, deduplication, interval joins);
+stateless stages (``join_table`` among them) and sinks fused into the vertex before them
+(Jet's local edges); partitioned edges (by the Hazelcast partition of the key) into keyed
+stages, all-to-one edges into aggregations without a key, and broadcast edges into a
+``map_state(broadcast=...)`` input.
 """
 from __future__ import annotations
 

@@ -216,7 +216,6 @@ class KeyedStateOperator(Operator):
         self.stage = stage
         self.keys = list(stage.keys)
         self.state_key = stage.key
-        self.time_column = time_column
         self.store = StateStore(self.keys, stage.state)
         self.watermark = MIN_TIME
         self._clock = clock
@@ -290,7 +289,7 @@ class KeyedStateOperator(Operator):
         return outputs
 
     def _evict(self, horizon: int) -> None:
-        """Deletes the state last updated at or before ``horizon``, and compacts."""
+        """Deletes the state last updated at or before ``horizon`` (compacted after)."""
         s = self.store
         n = len(s.groups)
         gone = np.flatnonzero(s.has[:n] & (s.updated[:n] <= horizon))
@@ -328,7 +327,8 @@ class KeyedStateOperator(Operator):
             last = np.full(int(slots.max()) + 1, -1, np.int64)
             _native.agg_max_i64(slots, np.arange(len(slots), dtype=np.int64), last)
             new = new.take(pa.array(np.sort(last)))
-        self.broadcast = new.combine_chunks()
+        # appending is zero-copy; copying every row at every batch would be quadratic
+        self.broadcast = new.combine_chunks() if new.column(0).num_chunks > 32 else new
 
     def snapshot_broadcast(self) -> pa.Table | None:
         return self.broadcast

@@ -53,7 +53,7 @@ from sparkjet.runtime.watermarks import (
 )
 from sparkjet.snapshot_store import SnapshotStore
 from sparkjet.table_join import TABLES_VERTEX, TableVersions
-from sparkjet.windows import in_units, time_values
+from sparkjet.windows import EventTimeColumn, in_units
 
 #: The snapshot vertex holding the DAG's fingerprint.
 PLAN_VERTEX = "plan"
@@ -562,19 +562,15 @@ class _SourceProcessor(_Processor):
         if ts is not None:
             self.watermarks = SourceWatermarks(list(partitions) or [None], 0, ts.idle_timeout)
             self._lag = ts.max_lag
-            self._time_type = None
+            self._time = EventTimeColumn(ts.column)
 
     def _observe(self, batch: pa.RecordBatch) -> None:
         """At the path's with_timestamps stage: the batch's greatest event time."""
-        ts = self.vertex.timestamps
-        if ts.column not in batch.schema.names:
-            raise SparkjetError(f"with_timestamps({ts.column!r}): the stream has no column "
-                                f"{ts.column!r}; it has {batch.schema.names}")
-        column = batch.column(ts.column)
-        if self._time_type is None:
-            self._time_type = column.type
-            self.watermarks.max_lag = in_units("max_lag", self._lag, column.type)
-        self.watermarks.observe(self._partition, time_values(column, ts.column))
+        first = self._time.type is None
+        times = self._time.values(batch)
+        if first:
+            self.watermarks.max_lag = in_units("max_lag", self._lag, self._time.type)
+        self.watermarks.observe(self._partition, times)
 
     def work(self) -> None:
         m = self.member

@@ -109,11 +109,13 @@ class PartitionFloors:
         kept[np.asarray(mine, np.int64)] = mine_floors
         return start, cls(kept, partition_count, key)
 
-    def of(self, batch) -> np.ndarray:
-        """The floor of each row of ``batch``: its partition's old watermark."""
+    def of(self, batch, key=None) -> np.ndarray:
+        """The floor of each row of ``batch``: its partition's old watermark (``key``: the
+        batch's key columns, when its input has its own)."""
         from sparkjet.partitioning import partition_ids
 
-        pids = partition_ids(batch, self.partition_count, key=self.key).to_numpy()
+        pids = partition_ids(batch, self.partition_count,
+                             key=self.key if key is None else key).to_numpy()
         return self.floors[pids]
 
 
