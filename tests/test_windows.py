@@ -170,6 +170,30 @@ def test_allowed_lateness_emits_a_correction():
     assert len(o.late) == 1 and not o.op.panes
 
 
+def test_a_sliding_window_past_its_lateness_gets_no_correction():
+    """An event late for the first window of its pane but in time for the second counts
+    for the second only. The first window has fired and its older pane is gone: a
+    "correction" of it would hold this pane's rows alone (a replay under at-least-once
+    wrote such partial windows over the full ones into an upsert sink)."""
+    o = _Op(sliding(10, 5))
+    o.feed([1, 6, 7], ["a", "a", "a"])
+    o.wm(10)                                            # [0, 10) fires; pane 0 is gone
+    assert o.rows()[-1] == {"k": "a", "window_start": 0, "window_end": 10, "n": 3, "s": 3.0}
+    fired = len(o.rows())
+    o.feed([8], ["a"])                                  # late for [0, 10), not for [5, 15)
+    assert len(o.rows()) == fired and o.late == []
+    o.wm(15)
+    assert o.rows()[fired:] == [{"k": "a", "window_start": 5, "window_end": 15, "n": 3, "s": 3.0}]
+
+
+def test_a_sliding_window_within_its_lateness_gets_a_whole_correction():
+    o = _Op(sliding(10, 5), lateness=5)
+    o.feed([1, 6], ["a", "a"])
+    o.wm(10)
+    o.feed([8], ["a"])                                  # [0, 10) can still change: both panes live
+    assert o.rows()[-1] == {"k": "a", "window_start": 0, "window_end": 10, "n": 3, "s": 3.0}
+
+
 def test_sliding_windows_combine_panes():
     o = _Op(sliding(10, 5))
     o.feed([1, 6, 7, 11], ["a", "a", "b", "a"], [1.0, 2.0, 3.0, 4.0])
@@ -584,8 +608,9 @@ def test_window_state_stays_bounded_while_the_stream_runs(tmp_path):
     job.run(isolated=False, on_progress=on_progress)
     assert len(sizes) >= 3 and max(sizes) > 0
     # 60 windows x 20 keys would be 1200 rows: only the windows between the watermark and
-    # the newest event received (what the channels hold at most) are open
-    assert max(sizes) <= 300, sizes
+    # the newest event received (what the channels hold at most) are open; a loaded
+    # machine lets one partition fall behind, holding more open, never all of them
+    assert max(sizes) <= 600, sizes
 
 
 def _legacy_snapshot(store_dir, job_id, source, done: int):

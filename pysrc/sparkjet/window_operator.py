@@ -366,8 +366,12 @@ class WindowOperator(Operator):
             slots = pane.add(rows)
             if self._early_every is not None:
                 self._early_dirty.setdefault(q, set()).update(np.unique(slots).tolist())
-            # Windows of this pane that already fired get a correction (allowed lateness).
-            fired = [s for s in self._window_starts(q) if s + self.size <= self.watermark]
+            # Windows of this pane that already fired but can still change (their end plus
+            # the allowed lateness is past the watermark, so all their panes are kept) get
+            # a correction. A window past that point has lost its older panes: the event
+            # counts for this pane's later windows only, as it would in Flink or Jet.
+            fired = [s for s in self._window_starts(q)
+                     if s + self.size <= self.watermark < s + self.size + self.lateness]
             if fired:
                 touched = pane.key_table(np.unique(slots))
                 for s in fired:
