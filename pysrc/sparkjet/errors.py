@@ -9,13 +9,19 @@ class SparkjetError(Exception):
 class InvalidArgumentError(SparkjetError, ValueError):
     """An argument is outside its documented domain (a partition count of 0, ...)."""
 
+    deterministic = True  # a replay repeats it (see sparkjet.runtime.failures)
+
 
 class UnsupportedTypeError(SparkjetError, TypeError):
     """A value's type (an Arrow type, a Python type) has no Hazelcast mapping."""
 
+    deterministic = True  # a replay repeats it (see sparkjet.runtime.failures)
+
 
 class NullKeyError(SparkjetError, ValueError):
     """A key column holds a null; ``index`` is the first one."""
+
+    deterministic = True
 
     def __init__(self, message: str, index: int):
         super().__init__(message)
@@ -24,6 +30,8 @@ class NullKeyError(SparkjetError, ValueError):
 
 class KeyRangeError(SparkjetError, ValueError):
     """A key value does not fit the requested Hazelcast type; ``index`` is the first one."""
+
+    deterministic = True
 
     def __init__(self, message: str, index: int):
         super().__init__(message)
@@ -74,6 +82,14 @@ class SnapshotIncompleteError(SparkjetError, ValueError):
 
 class SnapshotMismatchError(SparkjetError, ValueError):
     """A snapshot was taken by a pipeline of another shape than the one restoring it."""
+
+
+class SchemaMismatchError(SparkjetError, ValueError):
+    """A batch does not fit the schema its output was fixed at (its first batch): a column
+    changed type, appeared or went missing, or two processors produced different schemas.
+    Refused before anything of it is committed; a replay would repeat it."""
+
+    deterministic = True
 
 
 class FencedError(SparkjetError, RuntimeError):

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from sparkjet._schemas import check_agreement
 from sparkjet.errors import SparkjetError
 from sparkjet.runtime.config import JobConfig
 from sparkjet.snapshot_store import Manifest, SnapshotStore
@@ -32,7 +33,13 @@ POLL_WAIT = 0.25
 
 class ExecutionFailedError(SparkjetError, RuntimeError):
     """An execution ended with a failure (a member failed, died or went silent, or a
-    snapshot could not complete). The job restarts it if its policy allows."""
+    snapshot could not complete). The job restarts it if its policy allows. A member's
+    failure carries its ``report`` (:func:`sparkjet.runtime.failures.report`)."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report or {}
+        self.deterministic = bool(self.report.get("deterministic"))
 
 
 class SnapshotCoordinator:
@@ -65,9 +72,10 @@ class SnapshotCoordinator:
         self._acks: queue.Queue = queue.Queue()
 
     def ack(self, processor: str, snapshot_id: int, manifest: Manifest,
-            alignment_s: float | None = None) -> None:
-        """A processor's phase-1 acknowledgement of snapshot ``snapshot_id``."""
-        self._acks.put((processor, snapshot_id, manifest, alignment_s))
+            alignment_s: float | None = None, schemas: dict | None = None) -> None:
+        """A processor's phase-1 acknowledgement of snapshot ``snapshot_id``, with the
+        schemas of the outputs it has fixed (see :mod:`sparkjet._schemas`)."""
+        self._acks.put((processor, snapshot_id, manifest, alignment_s, schemas))
 
     def run(self, snapshot_id: int) -> None:
         """Runs until the terminal snapshot is committed (or, without snapshots, the end
@@ -96,14 +104,14 @@ class SnapshotCoordinator:
 
     def _snapshot(self, snapshot_id: int, terminal: bool, started: float) -> bool:
         self.send(["barrier", snapshot_id, terminal])
-        manifests, alignment = [], {}
+        manifests, alignment, schemas = [], {}, []
         deadline = started + max(60.0, 20 * self.config.snapshot_interval)
         while len(manifests) < self.processors:
             if self.stopped():
                 return False
             self.check()
             try:
-                name, sid, manifest, aligned = self._acks.get(timeout=0.05)
+                name, sid, manifest, aligned, fixed = self._acks.get(timeout=0.05)
             except queue.Empty:
                 if time.monotonic() > deadline:
                     raise ExecutionFailedError(
@@ -114,8 +122,11 @@ class SnapshotCoordinator:
                 raise ExecutionFailedError(
                     f"{name} acknowledged snapshot {sid}, expected {snapshot_id}")
             manifests.append(manifest)
+            schemas.append(fixed)
             if aligned is not None:
                 alignment[name] = aligned
+        # processors that disagree on an output's schema: nothing of theirs is committed
+        check_agreement(schemas)
         info = self.store.commit(snapshot_id, self.execution_id, manifests)
         committed = time.monotonic()
         self.send(["commit", snapshot_id])
@@ -203,13 +214,15 @@ class ExecutionCoordinator:
     def _ack(self, body: dict) -> dict:
         self._member(body)
         self.snapshots.ack(body["processor"], int(body["snapshot"]),
-                           Manifest.from_json(body["manifest"]), body.get("alignment_s"))
+                           Manifest.from_json(body["manifest"]), body.get("alignment_s"),
+                           body.get("schemas"))
         return {}
 
     def _member_failed(self, body: dict) -> dict:
         i = self._member(body)
+        report = {k: body.get(k) for k in ("error", "traceback", "deterministic", "exception")}
         self.fail(ExecutionFailedError(
-            f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}"))
+            f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}", report))
         return {}
 
     def _done(self, body: dict) -> dict:

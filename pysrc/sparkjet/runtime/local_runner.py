@@ -11,6 +11,8 @@ execution in this process instead, with no restarts.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +38,7 @@ class LocalRunner:
         self.config = config
         self.progress = progress
         self.member_pid: int | None = None
+        self.logs: Path | None = None   # where failed members' logs are kept
 
     def run(self) -> JobResult:
         """Runs executions in child processes until one ends well; raises JobFailedError
@@ -103,9 +106,23 @@ class LocalRunner:
         partial = work / f"result-{execution}.partial.json"
         if partial.exists():
             metrics = json.loads(partial.read_text())
-        last = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
-        return {**metrics, "status": "failed", "execution_id": execution,
-                "error": f"member {why}" + (f": {last}" if last else "")}
+        failure = metrics.pop("failure", None) or {}
+        # The work directory goes when the run ends: a failed member's log is kept.
+        if self.logs is None:
+            self.logs = Path(tempfile.mkdtemp(prefix=f"sparkjet-{_safe(self.config.name)}-logs-"))
+        kept = self.logs / log_path.name
+        shutil.copyfile(log_path, kept)
+        if failure.get("error"):
+            error = failure["error"]
+        else:
+            last = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
+            error = f"member {why}" + (f": {last}" if last else "")
+        return {**metrics, **failure, "status": "failed", "execution_id": execution,
+                "error": error, "cause": failure.get("error"), "log": str(kept)}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:40] or "job"
 
 
 def _forward(path: Path, seen: int, progress: Callable[[dict], None]) -> int:

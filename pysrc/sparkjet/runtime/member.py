@@ -34,10 +34,13 @@ import time
 
 import pyarrow as pa
 
+from sparkjet._schemas import SCHEMAS_VERTEX
+from sparkjet._schemas import decode as decode_schema
 from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.dag import SOURCE, Dag
 from sparkjet.errors import SnapshotMismatchError, SnapshotNotFoundError, SparkjetError
+from sparkjet.runtime import failures
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.operators import make_operator
@@ -220,6 +223,11 @@ class Member:
     def failed(self) -> bool:
         return self._failed.is_set()
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The first error that failed this member (None while it has not failed)."""
+        return self._failure
+
     def count(self, key: str, n: int) -> None:
         with self._lock:
             self.metrics[key] += n
@@ -301,6 +309,12 @@ class Member:
                                        .broadcast_entries)
             except SnapshotNotFoundError:
                 pass    # a snapshot from before table joins: they load their tables afresh
+        try:
+            schemas = {k: decode_schema(v.decode()) for k, v in
+                       _raw_entries(store.restore(SCHEMAS_VERTEX, [], snapshot_id=snapshot_id)
+                                    .broadcast_entries).items()}
+        except SnapshotNotFoundError:
+            schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
         sinks_prepared: dict[str, dict] = {}
         for name in self.dag.sinks:
             sinks_prepared[name] = _entries_json(
@@ -308,6 +322,7 @@ class Member:
         for p in self.processors:
             v = p.vertex
             p.restored_tables = _tables_of(tables, v.name, p.index)
+            p.restored_schemas = schemas
             if v.kind == SOURCE:
                 entries = _entries_json(store.restore(v.name, [], snapshot_id=snapshot_id)
                                         .broadcast_entries)
@@ -346,11 +361,11 @@ class Member:
             return len(self._sources_ended) == self.n_sources
 
     def ack(self, processor: str, snapshot_id: int, manifest,
-            alignment_s: float | None = None) -> None:
+            alignment_s: float | None = None, schemas: dict | None = None) -> None:
         if self.link is not None:
-            self.link.ack(processor, snapshot_id, manifest, alignment_s)
+            self.link.ack(processor, snapshot_id, manifest, alignment_s, schemas)
         else:
-            self.coordinator.ack(processor, snapshot_id, manifest, alignment_s)
+            self.coordinator.ack(processor, snapshot_id, manifest, alignment_s, schemas)
 
     def command(self, cmd: list) -> None:
         """Runs a coordinator's command: ["barrier", id, terminal], ["commit", id], ["end"]."""
@@ -421,16 +436,18 @@ class RemoteLink:
             if not self._stop.is_set():
                 m.fail(e)
 
-    def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None) -> None:
+    def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None,
+            schemas: dict | None = None) -> None:
         self._call("ack", {"member": self.member.index, "processor": processor,
                            "snapshot": snapshot_id, "manifest": manifest.to_json(),
-                           "alignment_s": alignment_s})
+                           "alignment_s": alignment_s, "schemas": schemas or {}})
 
     def report_failure(self, error: BaseException) -> None:
-        """Tells the coordinator at once (it would also notice the task fail, later)."""
+        """Tells the coordinator at once (it would also notice the task fail, later), with
+        the traceback and whether a replay would repeat the error."""
         try:
-            self._call("failed", {"member": self.member.index,
-                                  "error": f"{type(error).__name__}: {error}"}, timeout=2.0)
+            self._call("failed", {"member": self.member.index, **failures.report(error)},
+                       timeout=2.0)
         except Exception:  # noqa: BLE001 - best effort: the coordinator may be gone already
             pass
 
@@ -460,6 +477,7 @@ class _Processor(threading.Thread):
             self.sink_names.append(self.late_sink)
         self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
         self.restored_tables: dict = {}  # join_table stage -> its restored version entry
+        self.restored_schemas: dict = {}  # output -> the schema the snapshot recorded
         self.sinks: dict = {}           # sink name -> SinkWriter
         self.outbox: Outbox | None = None
         self._ts_samples: list = []
@@ -497,7 +515,7 @@ class _Processor(threading.Thread):
             return
         self.member.count("late_events", batch.num_rows)
         if self.late_sink is not None:
-            self.sinks[self.late_sink].write(batch)
+            self.outbox.write_sink(self.late_sink, batch)
 
     def sample_ts(self, batch: pa.RecordBatch) -> list:
         """Samples the event times (``ts``, ns) of a batch on its way to the output: their
@@ -639,10 +657,12 @@ class _SourceProcessor(_Processor):
                 writer.write_broadcast_entries(self.vertex.name, keys, values)
                 self.outbox.record_tables(writer, sid)
                 self.prepare_sinks(writer, sid)
+                schemas = self.outbox.schemas()
+                self.outbox.record_schemas(writer, schemas)
                 self.outbox.barrier(sid, terminal)
                 if terminal:
                     self.outbox.end()
-                m.ack(self.label, sid, writer.finish())
+                m.ack(self.label, sid, writer.finish(), schemas=schemas)
                 self._terminal = sid if terminal else None
             elif msg[0] == "commit":
                 sid = msg[1]
@@ -723,12 +743,14 @@ class _KeyedProcessor(_Processor):
                                                    [json.dumps(mark).encode()])
                     self.outbox.record_tables(writer, sid)
                     self.prepare_sinks(writer, sid)
+                    schemas = self.outbox.schemas()
+                    self.outbox.record_schemas(writer, schemas)
                     self.outbox.barrier(sid, terminal)
                     if terminal:
                         self.outbox.end()
                     records = aligner.alignments  # a copy of the history: read it once
                     aligned = records[-1]["duration_s"] if records else None
-                    m.ack(self.label, sid, writer.finish(), aligned)
+                    m.ack(self.label, sid, writer.finish(), aligned, schemas=schemas)
                     if terminal:
                         terminal_sid = sid
                 elif kind == DONE:
@@ -799,6 +821,14 @@ def _first_difference(saved: dict, mine: dict) -> str:
         if sv[name] != mv[name]:
             return f"vertex {name!r} was {sv[name]}, is now {mv[name]}"
     return f"the sinks were {saved.get('sinks')}, are now {mine.get('sinks')}"
+
+
+def _raw_entries(entries) -> dict:
+    """Broadcast entries as a dict of bytes (str key -> bytes value)."""
+    if entries is None:
+        return {}
+    keys, values = entries
+    return {k.decode(): v for k, v in zip(keys.to_pylist(), values.to_pylist())}
 
 
 def _entries_json(entries) -> dict:

@@ -10,6 +10,7 @@ def main(argv: list[str]) -> int:
     job_file, execution, result_file, events_file = argv
     from pyspark import cloudpickle
 
+    from sparkjet.runtime import failures
     from sparkjet.runtime.member import Member
 
     with open(job_file, "rb") as f:
@@ -22,10 +23,10 @@ def main(argv: list[str]) -> int:
     member = Member(plan, config, int(execution), progress=progress)
     try:
         metrics = member.run()
-    except BaseException:  # noqa: BLE001 - the supervisor decides; report and exit non-zero
+    except BaseException as e:  # noqa: BLE001 - the supervisor decides; report and exit non-zero
         traceback.print_exc()
         with open(result_file.replace(".json", ".partial.json"), "w") as f:
-            json.dump(member.metrics, f)
+            json.dump({**member.metrics, "failure": failures.report(member.failure or e)}, f)
         return 1
     with open(result_file, "w") as f:
         json.dump(metrics, f)

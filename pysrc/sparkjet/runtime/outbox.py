@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet._batches import split_by
+from sparkjet._schemas import SCHEMAS_VERTEX, SchemaGuard, encode
 from sparkjet.dag import Vertex
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import TimestampsStage
@@ -46,6 +47,19 @@ class Outbox:
                             for w in self.targets}
         self._remote: dict = {}           # (vertex, k) -> OutboundChannel
         self.ended = False
+        # Each output's schema (sink or edge into another vertex), fixed at its first batch
+        # or by the restored snapshot: see sparkjet._schemas.
+        restored_schemas = getattr(processor, "restored_schemas", None) or {}
+        self._guards: dict[str, SchemaGuard] = {}
+        for p in vertex.paths:
+            key = _output(p)
+            where = (f"sink {p.sink!r}" if p.sink is not None else
+                     f"the edge from {vertex.name!r} into {p.target!r}"
+                     + (f" (input {p.ordinal})" if dag.vertices[p.target].arity > 1 else ""))
+            self._guards.setdefault(key, SchemaGuard(where, restored_schemas.get(key)))
+        for name in sinks:
+            self._guards.setdefault(f"sink:{name}", SchemaGuard(f"sink {name!r}",
+                                                                restored_schemas.get(f"sink:{name}")))
         # One joiner per join_table stage on the paths (a stage on several paths: one).
         self._joiners: dict[int, TableJoiner] = {}
         restored = getattr(processor, "restored_tables", None) or {}
@@ -76,12 +90,27 @@ class Outbox:
                     break
             if out is None or out.num_rows == 0:
                 continue
+            out = self._guards[_output(path)].check(out)
             if path.sink is not None:
                 self.sinks[path.sink].write(out)
                 written += out.num_rows
             else:
                 self._route(path.target, out, path.ordinal)
         return written
+
+    def write_sink(self, name: str, batch: pa.RecordBatch) -> None:
+        """Writes ``batch`` to sink ``name`` directly (a late side output)."""
+        self.sinks[name].write(self._guards[f"sink:{name}"].check(batch))
+
+    def schemas(self) -> dict:
+        """The schemas fixed so far, by output (encoded): what the snapshot acknowledgement
+        carries for the coordinator to compare across processors."""
+        return {k: encode(g.schema) for k, g in self._guards.items() if g.schema is not None}
+
+    def record_schemas(self, writer, schemas: dict) -> None:
+        if schemas:
+            writer.write_broadcast_entries(SCHEMAS_VERTEX, [k.encode() for k in schemas],
+                                           [v.encode() for v in schemas.values()])
 
     def _route(self, target: str, batch: pa.RecordBatch, ordinal: int = 0) -> None:
         if target in self._tagged:
@@ -180,6 +209,11 @@ class Outbox:
             ch = self._remote[(target, k)] = peer.channel(
                 target, k, channel=self._channel_of[target], execution_id=m.execution_id)
         return ch
+
+
+def _output(path) -> str:
+    """An output's name: ``sink:NAME``, or ``edge:VERTEX:ORDINAL`` for an edge's input."""
+    return f"sink:{path.sink}" if path.sink is not None else f"edge:{path.target}:{path.ordinal}"
 
 
 __all__ = ["ORDINAL", "Outbox"]

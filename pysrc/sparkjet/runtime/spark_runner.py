@@ -35,6 +35,7 @@ from collections.abc import Callable
 from sparkjet.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
+from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.supervision import (
     JobFailedError,
@@ -214,6 +215,9 @@ class SparkRunner:
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
             outcome["status"] = "rescaled" if isinstance(e, RescaleRequested) else "failed"
             outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
+            report = getattr(e, "report", None) or {}
+            outcome.update(deterministic=is_deterministic(e), traceback=report.get("traceback"),
+                           exception=bool(report.get("exception")), cause=report.get("error"))
         finally:
             self.current = None
             ticker_stop.set()

@@ -85,10 +85,23 @@ def restart_or_fail(config: JobConfig, result: JobResult, attempt: int, outcome:
     ``outcome`` holds the ``error``), raises JobFailedError past ``config.max_restarts``;
     otherwise counts the restart in ``result``, reports it to ``progress`` and waits
     :func:`backoff` seconds. ``start`` is when the run began (``time.monotonic()``)."""
+    error = outcome.get("error")
+    detail = _detail(outcome)
+    if outcome.get("deterministic"):
+        result.seconds = time.monotonic() - start
+        raise JobFailedError(f"job {config.name!r} failed on an error a replay would repeat, "
+                             f"not retried: {error}{detail}")
+    previous = [e for e in result.executions[:-1] if e.get("status") == "failed"]
+    if (outcome.get("exception") and previous and previous[-1].get("exception")
+            and previous[-1].get("cause") == outcome.get("cause")):
+        result.seconds = time.monotonic() - start
+        raise JobFailedError(f"job {config.name!r} failed {attempt} times the same way, which a "
+                             f"replay repeats: not retried further (max_restarts="
+                             f"{config.max_restarts}); {error}{detail}")
     if attempt > config.max_restarts:
         result.seconds = time.monotonic() - start
         raise JobFailedError(f"job {config.name!r} failed {attempt} times (max_restarts="
-                             f"{config.max_restarts}); last failure: {outcome.get('error')}")
+                             f"{config.max_restarts}); last failure: {error}{detail}")
     result.restarts += 1
     delay = backoff(config, attempt)
     progress({"event": "restart", "attempt": attempt, "after_s": delay,
@@ -96,6 +109,16 @@ def restart_or_fail(config: JobConfig, result: JobResult, attempt: int, outcome:
               "note": None if config.processing_guarantee != "none" else
               "guarantee 'none': no snapshot; the sources restart from their start"})
     time.sleep(delay)
+
+
+def _detail(outcome: dict) -> str:
+    """The failure's traceback and the member's kept log, for the error's message."""
+    out = ""
+    if outcome.get("traceback"):
+        out += "\n\nThe member's traceback:\n" + outcome["traceback"].rstrip()
+    if outcome.get("log"):
+        out += f"\n(the member's log: {outcome['log']})"
+    return out
 
 
 def next_execution(config: JobConfig, attempt: int) -> int:
