@@ -79,6 +79,8 @@ class SchemaGuard:
     def check(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` normalized and in the fixed schema's column order; raises
         :class:`~sparkjet.errors.SchemaMismatchError` when it cannot be."""
+        if self.schema is not None and batch.schema.equals(self.schema, check_metadata=False):
+            return batch    # the fixed schema is normalised: so is this batch
         batch = normalize(batch)
         if self.schema is None:
             self.schema = batch.schema.remove_metadata()
