@@ -138,3 +138,81 @@ def test_user_code_failing_the_same_way_twice_is_not_retried_further(tmp_path):
     assert "in explode" in message             # the user's frame, from the member's traceback
     log = message.rsplit("(the member's log: ", 1)[1].rstrip(")")
     assert "boom on every batch" in open(log).read()
+
+
+# -- nulls and NaN in aggregated values ----------------------------------------------------
+
+
+def _reference():
+    """What SQL gives, row by row in plain Python: count(*) counts every row; sum, min, max
+    and mean skip nulls and are null for a group whose values are all null; NaN is a value
+    that makes them NaN."""
+    import math
+
+    out = {}
+    for k in sorted(set(_KEYS)):
+        rows = [v for key, v in zip(_KEYS, _VALUES) if key == k]
+        present = [v for v in rows if v is not None]
+        nan = any(math.isnan(v) for v in present)
+
+        def agg(fn, present=present, nan=nan):
+            return None if not present else float("nan") if nan else float(fn(present))
+        out[k] = {"n": len(rows), "s": agg(sum), "lo": agg(min), "hi": agg(max),
+                  "m": agg(lambda xs: sum(xs) / len(xs))}
+    return out
+
+
+def _same(got, want):
+    import math
+    for name in ("n", "s", "lo", "hi", "m"):
+        a, b = got[name], want[name]
+        if b is None or a is None:
+            assert a is b, (name, got, want)
+        elif isinstance(b, float) and math.isnan(b):
+            assert math.isnan(a), (name, got, want)
+        else:
+            assert a == pytest.approx(b), (name, got, want)
+
+
+_VALUES = [1.0, None, 3.0, None, None, float("nan"), 2.5, None, -1.0, 4.0]
+_KEYS = ["a", "a", "a", "b", "b", "c", "c", "d", "e", "e"]
+_AGGS = {"n": "count", "s": ("sum", "v"), "lo": ("min", "v"), "hi": ("max", "v"), "m": ("mean", "v")}
+
+
+def test_the_rolling_aggregation_skips_nulls_as_sql_does():
+    from sparkjet.keyed_state import KeyedAggregator
+
+    values = pa.array(_VALUES, pa.float64())
+    agg = KeyedAggregator("k", _AGGS)
+    agg.update(pa.record_batch({"k": _KEYS[:5], "v": values[:5]}))
+    restored = KeyedAggregator("k", _AGGS)            # the nulls survive a snapshot
+    restored.restore(agg.snapshot())
+    restored.update(pa.record_batch({"k": _KEYS[5:], "v": values[5:]}))
+    keys = sorted(set(_KEYS))                          # one more null row for every key
+    out = restored.update(pa.record_batch({"k": keys, "v": pa.nulls(len(keys), pa.float64())}))
+    got = {r["k"]: r for r in out.to_pylist()}
+    for k, want in _reference().items():
+        _same({**got[k], "n": got[k]["n"] - 1}, want)
+    assert got["b"]["s"] is None and got["b"]["m"] is None    # all null: null, as in SQL
+
+
+def test_windows_skip_nulls_as_sql_does():
+    from sparkjet.pipeline import WindowStage
+    from sparkjet.window_operator import WindowOperator
+    from sparkjet.windows import sliding
+
+    def operator():
+        return WindowOperator(WindowStage(("k",), sliding(100, 50), _AGGS, None, 0, None), "t")
+
+    values = pa.array(_VALUES, pa.float64())
+    times = pa.array([10, 60, 20, 70, 30, 80, 40, 90, 45, 95], pa.int64())
+    op = operator()
+    op.process(pa.record_batch({"t": times[:5], "k": _KEYS[:5], "v": values[:5]}))
+    restored = operator()                             # the nulls survive a snapshot
+    restored.restore(op.snapshot(), op.watermark)
+    restored.process(pa.record_batch({"t": times[5:], "k": _KEYS[5:], "v": values[5:]}))
+    rows = pa.Table.from_batches(restored.advance(200)).to_pylist()
+    got = {r["k"]: r for r in rows if r["window_start"] == 0}   # [0, 100) holds every row
+    for k, want in _reference().items():
+        _same(got[k], want)
+    assert got["b"]["s"] is None and got["d"]["lo"] is None

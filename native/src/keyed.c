@@ -111,14 +111,20 @@ void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *s
     for (int64_t i = 0; i < n; i++) sums[slots[i]] += values[i];
 }
 
+/* A NaN is taken and then kept (v != v holds for NaN alone; nothing compares below or
+ * above it): a NaN makes min and max NaN, as it makes sum and mean NaN. */
 void sj_agg_min(const int64_t *slots, const double *values, int64_t n, double *mins) {
-    for (int64_t i = 0; i < n; i++)
-        if (values[i] < mins[slots[i]]) mins[slots[i]] = values[i];
+    for (int64_t i = 0; i < n; i++) {
+        double v = values[i];
+        if (v < mins[slots[i]] || v != v) mins[slots[i]] = v;
+    }
 }
 
 void sj_agg_max(const int64_t *slots, const double *values, int64_t n, double *maxs) {
-    for (int64_t i = 0; i < n; i++)
-        if (values[i] > maxs[slots[i]]) maxs[slots[i]] = values[i];
+    for (int64_t i = 0; i < n; i++) {
+        double v = values[i];
+        if (v > maxs[slots[i]] || v != v) maxs[slots[i]] = v;
+    }
 }
 
 sj_status sj_agg_sum_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *sums,

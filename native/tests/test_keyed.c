@@ -1,4 +1,5 @@
 /* Native tests of the keyed-state map and aggregate kernels. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,13 @@ int main(void) {
     sj_agg_max_i64(islots, ivals, 4, imaxs);
     CHECK(imins[0] == 5 && imins[1] == -7 && imaxs[0] == INT64_MAX - 5 && imaxs[1] == 3,
           "min/max i64");
+    /* NaN is kept by min and max whichever order it comes in, like sum */
+    int64_t fslots[] = {0, 0, 1, 1};
+    double fvals[] = {1.0, NAN, NAN, 2.0};
+    double fmins[2] = {INFINITY, INFINITY}, fmaxs[2] = {-INFINITY, -INFINITY};
+    sj_agg_min(fslots, fvals, 4, fmins);
+    sj_agg_max(fslots, fvals, 4, fmaxs);
+    CHECK(isnan(fmins[0]) && isnan(fmins[1]) && isnan(fmaxs[0]) && isnan(fmaxs[1]), "NaN kept");
     free(counts); free(sums); free(vals); free(marks); free(distinct);
     printf("%s: keyed, %d failed\n", failures ? "FAIL" : "ok", failures);
     return failures != 0;

@@ -69,6 +69,7 @@ class KeyedAggregator:
         self._capacity = 0
         self._counts = np.zeros(0, np.int64)
         self._state: dict[tuple[str, str], np.ndarray] = {}
+        self._nulls: dict[str, np.ndarray] = {}    # column -> nulls by slot, once it has one
         self._marks = np.zeros(0, np.uint8)
         self._expected = expected_keys
 
@@ -92,11 +93,13 @@ class KeyedAggregator:
             slots = self._slots(batch.column(self.key))
         _native.agg_count(slots, self._counts)
         for c in self._columns:
-            values = _float64(batch.column(c), c)
+            values, valid = float_column(batch.column(c), c)
             for op in self._ops[c]:
                 if op in ("sum", "min", "max"):
                     kernel = getattr(_native, f"agg_{op}")
-                    kernel(slots, values, self._state[(op, c)])
+                    kernel(slots, for_operation(values, valid, op), self._state[(op, c)])
+            if valid is not None:
+                _native.agg_count(np.ascontiguousarray(slots[~valid]), self._nulls_of(c))
         touched = np.empty(len(slots), np.int64)
         count = _native.distinct_slots(slots, self._marks, touched)
         return self._output(touched[:count])
@@ -140,6 +143,12 @@ class KeyedAggregator:
         self._grow(size)
         return slots
 
+    def _nulls_of(self, column: str) -> np.ndarray:
+        arr = self._nulls.get(column)
+        if arr is None:
+            arr = self._nulls[column] = np.zeros(self._capacity, np.int64)
+        return arr
+
     def _grow(self, size: int) -> None:
         self._size = size
         if size <= self._capacity:
@@ -153,6 +162,8 @@ class KeyedAggregator:
                     fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[op]
                     arr = self._state.get((op, c), np.zeros(0, np.float64))
                     self._state[(op, c)] = _resized(arr, capacity, fill)
+        for c, arr in self._nulls.items():
+            self._nulls[c] = _resized(arr, capacity, 0)
         self._capacity = capacity
 
     # -- output and snapshots ----------------------------------------------------------
@@ -186,10 +197,11 @@ class KeyedAggregator:
         for name, (op, c) in self.aggregations.items():
             if op == "count":
                 columns[name] = pa.array(self._counts[slots])
-            elif op == "mean":
-                columns[name] = pa.array(self._state[("sum", c)][slots] / self._counts[slots])
             else:
-                columns[name] = pa.array(self._state[(op, c)][slots])
+                nulls = self._nulls.get(c)
+                columns[name] = aggregate_column(
+                    op, self._state[("sum" if op == "mean" else op, c)][slots], self._counts[slots],
+                    None if nulls is None else nulls[slots])
         return pa.RecordBatch.from_pydict(columns)
 
     def snapshot(self) -> pa.Table:
@@ -205,6 +217,8 @@ class KeyedAggregator:
         columns["__count"] = pa.array(self._counts[: self._size])
         for (op, c), arr in sorted(self._state.items()):
             columns[f"__{op}__{c}"] = pa.array(arr[: self._size])
+        for c, arr in sorted(self._nulls.items()):
+            columns[f"__nulls__{c}"] = pa.array(arr[: self._size])
         return pa.table(columns)
 
     def restore(self, table: pa.Table | None) -> None:
@@ -228,18 +242,50 @@ class KeyedAggregator:
                 np.minimum.at(arr, slots, values)
             else:
                 np.maximum.at(arr, slots, values)
+        for name in table.column_names:
+            if name.startswith("__nulls__"):
+                np.add.at(self._nulls_of(name[len("__nulls__"):]), slots,
+                          table.column(name).to_numpy())
 
 
-def _float64(column, name: str) -> np.ndarray:
+_FILL = {"sum": 0.0, "min": np.inf, "max": -np.inf}
+
+
+def float_column(column, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """An aggregated column as float64 values, and the mask of its valid rows when it has
+    nulls (None when it has none). Nulls are skipped, as SQL skips them: they count for
+    ``count`` (every row) but not for sum, min, max or mean, which are null for a group
+    whose values are all null. NaN is a value: it makes sum, mean, min and max NaN."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if column.null_count:
-        raise InvalidArgumentError(f"aggregated column {name!r} has nulls; fill or filter them first")
     try:
-        values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        values = column.cast(pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise InvalidArgumentError(f"aggregated column {name!r} is not numeric: {e}") from None
-    return np.ascontiguousarray(values)
+    if not values.null_count:
+        return np.ascontiguousarray(values.to_numpy(zero_copy_only=False)), None
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(values.fill_null(0.0).to_numpy()), valid
+
+
+def for_operation(values: np.ndarray, valid: np.ndarray | None, op: str) -> np.ndarray:
+    """``values`` with the null rows set to what leaves ``op``'s aggregate unchanged."""
+    if valid is None or op == "sum":      # float_column filled nulls with 0
+        return values
+    return np.where(valid, values, _FILL[op])
+
+
+def aggregate_column(op: str, values: np.ndarray, counts: np.ndarray,
+                     nulls: np.ndarray | None) -> pa.Array:
+    """The output of ``op`` ("sum", "min", "max" or "mean", whose ``values`` are sums) for
+    groups of ``counts`` rows of which ``nulls`` were null: null where all were."""
+    if nulls is None:
+        return pa.array(values / counts if op == "mean" else values)
+    present = counts - nulls
+    empty = present == 0
+    if op == "mean":
+        values = values / np.where(empty, 1, present)
+    return pa.array(values, mask=empty)
 
 
 def _resized(arr: np.ndarray, capacity: int, fill) -> np.ndarray:

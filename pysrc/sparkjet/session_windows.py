@@ -181,9 +181,7 @@ class Sessions:
         cols["__start"] = op._times(self.start)
         cols["__end"] = op._times(self.end)
         cols["__fired"] = pa.array(self.fired)
-        cols["__count"] = pa.array(self.partials.counts[:n])
-        for (o, c), arr in self.partials.values.items():
-            cols[f"__{o}__{c}"] = pa.array(arr[:n])
+        cols.update(self.partials.snapshot_columns(n))
         for name, udaf in op.layout.user.items():
             partial = self.partials.user_state(name, udaf, n)
             for col in partial.column_names:
@@ -206,10 +204,7 @@ class Sessions:
         parts = _Partials(op.layout)
         parts.grow(n)
         slots = np.arange(n, dtype=np.int64)
-        _native.agg_sum_i64(slots, np.ascontiguousarray(table.column("__count").to_numpy()), parts.counts)
-        for (o, c), arr in parts.values.items():
-            kernel = getattr(_native, "agg_sum" if o == "sum" else f"agg_{o}")
-            kernel(slots, np.ascontiguousarray(table.column(f"__{o}__{c}").to_numpy()), arr)
+        parts.restore_columns(slots, table)
         for name in op.layout.user:
             prefix = f"__user__{name}__"
             names = [c for c in table.column_names if c.startswith(prefix)]

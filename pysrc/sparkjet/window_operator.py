@@ -29,6 +29,7 @@ from sparkjet import _native
 from sparkjet._batches import split_by
 from sparkjet._groups import Groups
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.keyed_state import aggregate_column, float_column, for_operation
 from sparkjet.runtime.operators import Operator
 from sparkjet.runtime.watermarks import MIN_TIME
 from sparkjet.windows import Session, in_units, parse_window_aggregations, time_values
@@ -45,7 +46,16 @@ class _Partials:
         self.capacity = 0
         self.counts = np.zeros(0, np.int64)
         self.values = {k: np.zeros(0, np.float64) for k in layout.plain}
+        # per aggregated column, its nulls by slot: made when the column first has one
+        # (aggregations skip nulls, as SQL does: see sparkjet.keyed_state.float_column)
+        self.nulls: dict[str, np.ndarray] = {}
         self.user: dict[str, list] = {name: [] for name in layout.user}
+
+    def _nulls_of(self, column: str) -> np.ndarray:
+        arr = self.nulls.get(column)
+        if arr is None:
+            arr = self.nulls[column] = np.zeros(self.capacity, np.int64)
+        return arr
 
     def grow(self, size: int) -> None:
         if size <= self.capacity:
@@ -58,6 +68,10 @@ class _Partials:
             out = np.full(capacity, _FILL[op], np.float64)
             out[: self.capacity] = arr[: self.capacity]
             self.values[(op, c)] = out
+        for c, arr in self.nulls.items():
+            out = np.zeros(capacity, np.int64)
+            out[: self.capacity] = arr[: self.capacity]
+            self.nulls[c] = out
         self.capacity = capacity
 
     def take(self, idx: np.ndarray) -> _Partials:
@@ -68,6 +82,8 @@ class _Partials:
         out.counts[:n] = self.counts[idx]
         for key, arr in self.values.items():
             out.values[key][:n] = arr[idx]
+        for c, arr in self.nulls.items():
+            out._nulls_of(c)[:n] = arr[idx]
         if self.user:
             remap = np.full(max(self.capacity, 1), -1, np.int64)
             remap[idx] = np.arange(n, dtype=np.int64)
@@ -82,8 +98,13 @@ class _Partials:
     def add_rows(self, slots: np.ndarray, batch: pa.RecordBatch) -> None:
         _native.agg_count(slots, self.counts)
         for (op, c), arr in self.values.items():
+            values, valid = self.layout.floats(batch, c)
             kernel = getattr(_native, f"agg_{op}")
-            kernel(slots, self.layout.floats(batch, c), arr)
+            kernel(slots, for_operation(values, valid, op), arr)
+        for c in self.layout.value_columns:
+            values, valid = self.layout.floats(batch, c)
+            if valid is not None:
+                _native.agg_count(np.ascontiguousarray(slots[~valid]), self._nulls_of(c))
         for name, udaf in self.layout.user.items():
             touched, local = np.unique(slots, return_inverse=True)
             cols = [batch.column(c) for c in udaf.columns]
@@ -97,9 +118,32 @@ class _Partials:
         for (op, c), arr in self.values.items():
             kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
             kernel(slots, other.values[(op, c)][:size], arr)
+        for c, arr in other.nulls.items():
+            _native.agg_sum_i64(slots, arr[:size], self._nulls_of(c))
         for name in self.user:
             for touched, partial in other.user[name]:
                 self.user[name].append((slots[touched], partial))
+
+    def snapshot_columns(self, size: int) -> dict:
+        """The first ``size`` slots' counts and values, as snapshot columns."""
+        cols = {"__count": pa.array(self.counts[:size])}
+        for (op, c), arr in self.values.items():
+            cols[f"__{op}__{c}"] = pa.array(arr[:size])
+        for c, arr in self.nulls.items():
+            cols[f"__nulls__{c}"] = pa.array(arr[:size])
+        return cols
+
+    def restore_columns(self, slots: np.ndarray, table) -> None:
+        """Adds a snapshot's counts and values (rows of ``table``) into ``slots``."""
+        _native.agg_sum_i64(slots, np.ascontiguousarray(table.column("__count").to_numpy()),
+                            self.counts)
+        for (op, c), arr in self.values.items():
+            kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
+            kernel(slots, np.ascontiguousarray(table.column(f"__{op}__{c}").to_numpy()), arr)
+        for name in table.column_names:
+            if name.startswith("__nulls__"):
+                _native.agg_sum_i64(slots, np.ascontiguousarray(table.column(name).to_numpy()),
+                                    self._nulls_of(name[len("__nulls__"):]))
 
     def user_state(self, name: str, udaf, size: int) -> pa.Table:
         """The combined partial state of slots ``0..size-1`` (each slot has rows)."""
@@ -162,6 +206,7 @@ class _Layout:
             elif op == "mean":
                 plain.add(("sum", c))
         self.plain = sorted(plain)
+        self.value_columns = sorted({c for _, c in plain})
         self._float_cache: tuple | None = None
 
     def floats(self, batch: pa.RecordBatch, column: str) -> np.ndarray:
@@ -171,13 +216,7 @@ class _Layout:
         if column not in batch.schema.names:
             raise InvalidArgumentError(f"aggregated column {column!r} is not in the stream; "
                                        f"it has {batch.schema.names}")
-        col = batch.column(column)
-        if col.null_count:
-            raise InvalidArgumentError(f"aggregated column {column!r} has nulls; fill or filter them first")
-        try:
-            values = np.ascontiguousarray(col.cast(pa.float64()).to_numpy(zero_copy_only=False))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise InvalidArgumentError(f"aggregated column {column!r} is not numeric: {e}") from None
+        values = float_column(batch.column(column), column)
         if self._float_cache is None or self._float_cache[0] is not batch:
             self._float_cache = (batch, {})
         self._float_cache[1][column] = values
@@ -189,12 +228,12 @@ class _Layout:
         for name, (op, c) in self.aggregations.items():
             if op == "count":
                 out[name] = pa.array(counts)
-            elif op == "mean":
-                out[name] = pa.array(partials.values[("sum", c)][slots] / counts)
             elif op == "user":
                 out[name] = partials.user_values(name, c, slots)
             else:
-                out[name] = pa.array(partials.values[(op, c)][slots])
+                nulls = partials.nulls.get(c)
+                out[name] = aggregate_column(op, partials.values[("sum" if op == "mean" else op, c)][slots],
+                                             counts, None if nulls is None else nulls[slots])
         return out
 
 
@@ -491,9 +530,7 @@ class WindowOperator(Operator):
                     cols[name] = keys.column(name)
             cols["__pane"] = pa.array(np.full(pane.size, q, np.int64))
             cols["__pane_start"] = self._times(np.full(pane.size, q * self.slide, np.int64))
-            cols["__count"] = pa.array(pane.partials.counts[: pane.size])
-            for (op, c), arr in pane.partials.values.items():
-                cols[f"__{op}__{c}"] = pa.array(arr[: pane.size])
+            cols.update(pane.partials.snapshot_columns(pane.size))
             for name, udaf in self.layout.user.items():
                 partial = pane.partials.user_state(name, udaf, pane.size)
                 for col in partial.column_names:
@@ -525,11 +562,7 @@ class WindowOperator(Operator):
                 slots = pane.groups.slots(rows.select(list(self.keys)))
                 pane.size = len(pane.groups)
             pane.partials.grow(pane.size)
-            _native.agg_sum_i64(slots, np.ascontiguousarray(rows.column("__count").to_numpy()),
-                                pane.partials.counts)
-            for (op, c), arr in pane.partials.values.items():
-                kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
-                kernel(slots, np.ascontiguousarray(rows.column(f"__{op}__{c}").to_numpy()), arr)
+            pane.partials.restore_columns(slots, rows)
             for name in self.layout.user:
                 prefix = f"__user__{name}__"
                 names = [c for c in rows.column_names if c.startswith(prefix)]

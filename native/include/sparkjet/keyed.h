@@ -30,7 +30,9 @@ sj_status sj_keymap_upsert(sj_keymap *map, const int64_t *keys, int64_t n, int64
 /* Finds keys without inserting: slots[i] = -1 for a missing key. */
 void sj_keymap_lookup(const sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots);
 
-/* Aggregates row values into per-slot arrays (the caller sized them to the map). */
+/* Aggregates row values into per-slot arrays (the caller sized them to the map). A NaN
+ * value makes its slot's sum, min and max NaN (IEEE arithmetic for the sum; min and max
+ * take a NaN and keep it), so every aggregation treats NaN alike. */
 void sj_agg_count(const int64_t *slots, int64_t n, int64_t *counts);
 void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *sums);
 void sj_agg_min(const int64_t *slots, const double *values, int64_t n, double *mins);
