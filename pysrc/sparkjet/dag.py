@@ -123,6 +123,7 @@ class SinkSpec:
     sink: Sink
     feeders: list[str]                   # the vertices whose processors write to it
     late: bool = False                   # the late-event side output of a window
+    dead_letters: bool = False           # the failed rows of a stage's on_error
 
 
 @dataclass
@@ -132,6 +133,11 @@ class Dag:
     #: join_table stages by name ("table-join", "table-join.2", ...): their versions are
     #: recorded under these names in snapshots
     table_joins: dict[str, TableJoinStage] = field(default_factory=dict)
+
+    def dead_letter_sink(self, stage) -> str:
+        """The name of the sink a stage's failed rows go to (``stage.on_error``)."""
+        return next(name for name, s in self.sinks.items()
+                    if s.dead_letters and s.sink is stage.on_error)
 
     def table_join_name(self, stage: TableJoinStage) -> str:
         return next(name for name, s in self.table_joins.items() if s is stage)
@@ -266,6 +272,14 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             _check_new_sink(s.late, sinks)
             spec = SinkSpec(name_for("sink"), s.late, [v.name], late=True)
             sinks[spec.name] = spec
+    # The dead-letter sinks of stateless stages (fed by the vertices whose paths pass them).
+    dead_letters: dict[int, SinkSpec] = {}
+    for n in order:
+        s = n.stage
+        if isinstance(getattr(s, "on_error", None), Sink) and id(s) not in dead_letters:
+            _check_new_sink(s.on_error, sinks)
+            spec = SinkSpec(name_for("sink"), s.on_error, [], dead_letters=True)
+            dead_letters[id(s)] = sinks[spec.name] = spec
 
     # Paths: from each vertex through stateless nodes to sinks and other vertices.
     for n in order:
@@ -288,6 +302,9 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
                 if v.name not in w.inputs:
                     w.inputs.append(v.name)
             elif isinstance(s, _STATELESS):
+                spec = dead_letters.get(id(s))
+                if spec is not None and v.name not in spec.feeders:
+                    spec.feeders.append(v.name)
                 if isinstance(s, TimestampsStage):
                     if v.kind != SOURCE:
                         raise InvalidArgumentError(

@@ -40,6 +40,7 @@ from sparkjet.keyed_state import parse_aggregations
 @dataclass(frozen=True)
 class MapStage:
     fn: Callable[[pa.RecordBatch], pa.RecordBatch]
+    on_error: object = "fail"        # "fail", "skip", or a Sink of dead letters
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         out = self.fn(batch)
@@ -56,6 +57,7 @@ class MapStage:
 @dataclass(frozen=True)
 class FilterStage:
     expression: pc.Expression
+    on_error: object = "fail"
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch.filter(self.expression)
@@ -225,18 +227,29 @@ class Pipeline:
 
     # -- stateless stages --------------------------------------------------------------
 
-    def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Pipeline:
+    def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch], *,
+                    on_error="fail") -> Pipeline:
         """Applies `fn` to every batch (it must return a RecordBatch or Table). It must be
-        deterministic for exactly-once output: a replay calls it again."""
+        deterministic for exactly-once output: a replay calls it again.
+
+        :param on_error: what a batch on which `fn` raises does. ``"fail"`` (the default)
+            fails the job. ``"skip"`` splits the batch until the rows `fn` fails on are
+            found alone, and drops them (counted in ``JobResult.skipped_events``); a
+            :class:`~sparkjet.connectors.Sink` receives them instead, each with the error in
+            a ``sparkjet_error`` column (``JobResult.dead_letters``), under the job's
+            guarantee. A batch on which every row fails is not a bad record but a broken
+            stage: the job fails.
+        """
         if not callable(fn):
             raise InvalidArgumentError("map_batches() takes a function of a RecordBatch")
-        return self._add(MapStage(fn))
+        return self._add(MapStage(fn, _on_error(on_error)))
 
-    def filter(self, expression: pc.Expression) -> Pipeline:
-        """Keeps the rows where a pyarrow compute expression is true."""
+    def filter(self, expression: pc.Expression, *, on_error="fail") -> Pipeline:
+        """Keeps the rows where a pyarrow compute expression is true (``on_error``: as
+        for :meth:`map_batches`)."""
         if not isinstance(expression, pc.Expression):
             raise InvalidArgumentError("filter() takes a pyarrow.compute expression, e.g. pc.field('v') > 0")
-        return self._add(FilterStage(expression))
+        return self._add(FilterStage(expression, _on_error(on_error)))
 
     def join_table(self, table, *, on, how: str = "inner", prefix: str = "") -> Pipeline:
         """Enriches each event from a reference table (Jet's ``hashJoin``): ``table`` is a
@@ -462,6 +475,13 @@ class Windowed:
 
     def count(self) -> Pipeline:
         return self.aggregate(count="count")
+
+
+def _on_error(policy):
+    if isinstance(policy, Sink) or policy in ("fail", "skip"):
+        return policy
+    raise InvalidArgumentError(f"on_error takes 'fail', 'skip' or a sparkjet Sink for the "
+                               f"failed rows, got {policy!r}")
 
 
 def _check_window(window):

@@ -155,7 +155,7 @@ class Member:
         self._failure: BaseException | None = None
         self._failed = threading.Event()
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
-                        "events_out": 0, "late_events": 0, "snapshots": [], "restored_from": None,
+                        "events_out": 0, "late_events": 0, "skipped_events": 0, "dead_letters": 0, "snapshots": [], "restored_from": None,
                         "latencies_ns": [], "emit_latencies_ns": []}
         self._lock = threading.Lock()
         self.n_sources = t.n_sources
@@ -475,6 +475,8 @@ class _Processor(threading.Thread):
         self.late_sink = late[0] if late else None
         if self.late_sink is not None:
             self.sink_names.append(self.late_sink)
+        self.sink_names += [s.name for s in member.dag.sinks.values()
+                            if s.dead_letters and vertex.name in s.feeders]
         self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
         self.restored_tables: dict = {}  # join_table stage -> its restored version entry
         self.restored_schemas: dict = {}  # output -> the schema the snapshot recorded

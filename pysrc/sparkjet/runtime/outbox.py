@@ -10,6 +10,7 @@ import pyarrow as pa
 from sparkjet._batches import split_by
 from sparkjet._schemas import SCHEMAS_VERTEX, SchemaGuard, encode
 from sparkjet.dag import Vertex
+from sparkjet.errors import SchemaMismatchError
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline import TimestampsStage
 from sparkjet.table_join import TABLES_VERTEX, TableJoiner, TableJoinStage
@@ -84,6 +85,8 @@ class Outbox:
                     continue
                 if isinstance(stage, TableJoinStage):
                     out = self._joiners[id(stage)].apply(out)
+                elif getattr(stage, "on_error", "fail") != "fail":
+                    out = self._apply_isolating(stage, out)
                 else:
                     out = stage.apply(out)
                 if out is None:
@@ -97,6 +100,37 @@ class Outbox:
             else:
                 self._route(path.target, out, path.ordinal)
         return written
+
+    def _apply_isolating(self, stage, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """``stage.apply(batch)``; when it raises, the batch is split until the rows it
+        fails on are alone, and those are skipped or dead-lettered (``stage.on_error``)."""
+        try:
+            return stage.apply(batch)
+        except Exception as error:  # noqa: BLE001 - the user's code: isolated below
+            outputs: list = []
+            failed: list = []
+            _bisect(stage, batch, outputs, failed, error)
+        if len(failed) == batch.num_rows:
+            # every row fails: a broken stage (a missing column, a bug), not bad records
+            raise failed[0][1]
+        m = self.member
+        if stage.on_error == "skip":
+            m.count("skipped_events", len(failed))
+        else:
+            rows = pa.concat_batches([row for row, _ in failed])
+            errors = pa.array([f"{type(e).__name__}: {e}" for _, e in failed], pa.string())
+            self.write_sink(m.dag.dead_letter_sink(stage), rows.append_column("sparkjet_error", errors))
+            m.count("dead_letters", len(failed))
+        outputs = [o for o in outputs if o is not None and o.num_rows]
+        if not outputs:
+            return None
+        if len(outputs) == 1:
+            return outputs[0]
+        try:
+            return pa.concat_batches(outputs)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise SchemaMismatchError(f"a stage returned batches of different schemas for the "
+                                      f"parts of one batch: {e}") from None
 
     def write_sink(self, name: str, batch: pa.RecordBatch) -> None:
         """Writes ``batch`` to sink ``name`` directly (a late side output)."""
@@ -209,6 +243,24 @@ class Outbox:
             ch = self._remote[(target, k)] = peer.channel(
                 target, k, channel=self._channel_of[target], execution_id=m.execution_id)
         return ch
+
+
+def _bisect(stage, batch: pa.RecordBatch, outputs: list, failed: list, error=None) -> None:
+    """Applies ``stage`` to ``batch`` (which failed with ``error`` when given), halving it
+    where it fails: ``outputs`` gets the results in row order, ``failed`` each row it
+    fails on alone, with its error."""
+    if error is None:
+        try:
+            outputs.append(stage.apply(batch))
+            return
+        except Exception as e:  # noqa: BLE001 - the user's code
+            error = e
+    if batch.num_rows == 1:
+        failed.append((batch, error))
+        return
+    half = batch.num_rows // 2
+    _bisect(stage, batch.slice(0, half), outputs, failed)
+    _bisect(stage, batch.slice(half), outputs, failed)
 
 
 def _output(path) -> str:

@@ -239,6 +239,8 @@ class SparkRunner:
             events_in=sum(d.get("events_in", 0) for d in done) if ok else events_in,
             events_out=sum(d.get("events_out", 0) for d in done) if ok else events_out,
             late_events=sum(d.get("late_events", 0) for d in done),
+            skipped_events=sum(d.get("skipped_events", 0) for d in done),
+            dead_letters=sum(d.get("dead_letters", 0) for d in done),
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started,

@@ -52,6 +52,19 @@ class JobResult:
         return sum(e.get("late_events", 0) for e in self.executions)
 
     @property
+    def skipped_events(self) -> int:
+        """Rows a stage with ``on_error="skip"`` failed on and dropped. Of failed
+        executions, only what their members reported before failing."""
+        return sum(e.get("skipped_events", 0) for e in self.executions)
+
+    @property
+    def dead_letters(self) -> int:
+        """Rows a stage failed on that went to its ``on_error`` sink (committed with the
+        job's guarantee: a replay may count one twice, the sink holds it once under
+        exactly-once)."""
+        return sum(e.get("dead_letters", 0) for e in self.executions)
+
+    @property
     def refused_calls(self) -> int:
         """Calls to the job's members or coordinator refused for their credentials (an
         outsider, or a zombie of an older execution): nonzero deserves a look."""
