@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyspark import cloudpickle
+from test_runtime import run_with_kills
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError
@@ -15,7 +16,6 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
-from test_runtime import run_with_kills
 
 # member processes cannot import this module: its functions travel by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

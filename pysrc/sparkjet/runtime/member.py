@@ -155,7 +155,8 @@ class Member:
         self._failure: BaseException | None = None
         self._failed = threading.Event()
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
-                        "events_out": 0, "late_events": 0, "skipped_events": 0, "dead_letters": 0, "snapshots": [], "restored_from": None,
+                        "events_out": 0, "late_events": 0, "skipped_events": 0, "dead_letters": 0,
+                        "snapshots": [], "restored_from": None,
                         "latencies_ns": [], "emit_latencies_ns": []}
         self._lock = threading.Lock()
         self.n_sources = t.n_sources
