@@ -878,6 +878,14 @@ class PostgresUpsertWriter(_PostgresWriter):
 
     def __init__(self, sink: PostgresSink, context: ProcessorContext):
         super().__init__(sink, context)
+        try:
+            # The staging table lives in the session's temporary buffers (8 MB by default,
+            # then spilled to disk); settable only before the session's first temporary table.
+            self._data.execute("SET temp_buffers = '128MB'")
+            self._data.commit()
+        except BaseException:
+            self._close_connections()
+            raise
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._merge = None
