@@ -54,7 +54,8 @@ An existing table must have a column of a compatible type for every column of th
 (and, for upserts, a primary key or unique index on exactly the key columns); otherwise the
 writer refuses with an error naming the column. The server needs
 ``max_prepared_transactions`` > 0 for the transactional mode under exactly-once (the
-PostgreSQL default is 0). Two sinks of one job must not write one table.
+PostgreSQL default is 0), and two connections per sink processor (data and control). Two
+sinks of one job must not write one table.
 """
 from __future__ import annotations
 
@@ -307,8 +308,10 @@ class PostgresSink(Sink):
 
 def _describe(dsn: str) -> str:
     """Where `dsn` connects, without its password."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    except ImportError:
+        return MASK
     try:
         params = conninfo_to_dict(dsn)
     except Exception:  # noqa: BLE001 - a malformed DSN may hold a password anywhere
