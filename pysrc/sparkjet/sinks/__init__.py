@@ -3,14 +3,25 @@
 - :class:`TransactionalFileSink`: Parquet or Arrow IPC files on ``pyarrow.fs``, two-phase
   commit (staged per execution and transaction, made visible by rename after the snapshot).
 - :class:`SQLiteUpsertSink`: idempotent upserts by stable keys, flushed at every barrier.
+- :class:`PostgresSink`: PostgreSQL, transactional (``PREPARE TRANSACTION`` at the barrier,
+  ``COMMIT PREPARED`` after the snapshot) or idempotent upserts by key; rows go in by
+  ``COPY`` (needs psycopg 3: ``pip install 'sparkjet[postgres]'``).
 - :class:`DiscardSink`: keeps nothing (benchmarks).
 """
 from sparkjet.sinks.discard import DiscardSink
 from sparkjet.sinks.files import TransactionalFileSink, TransactionalFileWriter
+from sparkjet.sinks.postgres import (
+    PostgresSink,
+    PostgresTransactionalWriter,
+    PostgresUpsertWriter,
+)
 from sparkjet.sinks.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
 
 __all__ = [
     "DiscardSink",
+    "PostgresSink",
+    "PostgresTransactionalWriter",
+    "PostgresUpsertWriter",
     "SQLiteUpsertSink",
     "SQLiteUpsertWriter",
     "TransactionalFileSink",
