@@ -45,6 +45,7 @@ __all__ = [
     "JavaNotFoundError",
     "find_java_home",
     "local_session",
+    "spark_log_path",
     "merkle_diff",
     "merkle_forest",
     "repartition_by_partition",
@@ -52,10 +53,12 @@ __all__ = [
 ]
 
 #: What :func:`local_session` sets unless given otherwise: few shuffle partitions (the
-#: default 200 is for clusters), no web UI, Arrow for pandas conversions, a moderate heap.
+#: default 200 is for clusters), no web UI and no console progress bar (a job draws its
+#: own: ``Job.run(progress=True)``), Arrow for pandas conversions, a moderate heap.
 LOCAL_DEFAULTS = {
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.memory": "2g",
 }
@@ -92,10 +95,51 @@ def local_session(master: str = "local[2]", app_name: str = "sparkjet", **conf) 
         # hostname resolves to loopback, and picks another interface).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings.update(conf)
+    if not any("log4j" in str(v) for k, v in settings.items() if k.endswith("extraJavaOptions")):
+        # Spark's JVM logs (a killed Python worker is an ERROR with a stack trace) go to a
+        # file, not the user's terminal; sparkjet says what happened in its own errors.
+        extra = settings.get("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = (
+            f"{extra} -Dlog4j2.configurationFile=file:{_log4j_config()}").strip()
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, _conf_value(value))
     return builder.getOrCreate()
+
+
+#: Where :func:`local_session` sends the JVM's log (``SPARKJET_SPARK_LOG`` overrides it).
+def spark_log_path() -> str:
+    """The file that Spark's JVM log goes to in sessions :func:`local_session` starts."""
+    import tempfile
+
+    return os.environ.get("SPARKJET_SPARK_LOG") or os.path.join(
+        tempfile.gettempdir(), f"sparkjet-spark-{os.getpid()}.log")
+
+
+def _log4j_config() -> str:
+    """A log4j2 configuration sending every JVM log record (INFO and up) to
+    :func:`spark_log_path` and none to the console; returns its path."""
+    import tempfile
+
+    log = spark_log_path()
+    text = "\n".join([
+        "status = error",
+        "appender.file.type = File",
+        "appender.file.name = file",
+        f"appender.file.fileName = {log}",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
+        "rootLogger.level = info",
+        "rootLogger.appenderRef.file.ref = file",
+        # the noisiest of Spark's own loggers, even in the file
+        "logger.jetty.name = org.sparkproject.jetty",
+        "logger.jetty.level = warn",
+        "",
+    ])
+    fd, path = tempfile.mkstemp(prefix="sparkjet-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
 
 
 def with_partition_id(

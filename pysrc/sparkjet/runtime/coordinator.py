@@ -165,6 +165,7 @@ class ExecutionCoordinator:
         self.seen: dict[int, float] = {}
         self.pids: dict[int, int] = {}
         self._counters: dict[int, tuple[int, int]] = {}
+        self._member_counters: dict[int, dict] = {}
         self._ended: dict[int, set] = {}
         self.done: dict[int, dict] = {}
         self.failure: BaseException | None = None
@@ -202,6 +203,9 @@ class ExecutionCoordinator:
             self.seen[i] = time.monotonic()
             self.pids[i] = body.get("pid")
             self._counters[i] = (int(body.get("events_in", 0)), int(body.get("events_out", 0)))
+            self._member_counters[i] = {k: body.get(k) for k in
+                                        ("events_in", "events_out", "late_events",
+                                         "skipped_events", "dead_letters", "vertices")}
             self._ended[i] = set(body.get("ended", ()))
             self._cv.notify_all()
             if not self._commands[i] and not self._failed.is_set():
@@ -240,6 +244,11 @@ class ExecutionCoordinator:
             for q in self._commands.values():
                 q.append(command)
             self._cv.notify_all()
+
+    def member_counters(self) -> dict:
+        """Each member's counters as its last heartbeat carried them."""
+        with self._cv:
+            return {i: dict(c) for i, c in self._member_counters.items()}
 
     def counters(self) -> tuple[int, int]:
         with self._cv:

@@ -68,13 +68,15 @@ class LocalRunner:
         """Runs one execution in this process (no child, no restart): its failure raises."""
         result = JobResult(self.config.id)
         start = time.monotonic()
-        member = Member(self.plan, self.config, next_execution(self.config, 0),
-                        progress=self.progress)
+        execution = next_execution(self.config, 0)
+        self.progress({"event": "execution", "execution": execution, "members": 1})
+        member = Member(self.plan, self.config, execution, progress=self.progress)
         result.executions.append(member.run())
         result.seconds = time.monotonic() - start
         return result
 
     def _run_member(self, work: Path, execution: int) -> dict:
+        self.progress({"event": "execution", "execution": execution, "members": 1})
         events = work / f"events-{execution}.jsonl"
         out = work / f"result-{execution}.json"
         cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),

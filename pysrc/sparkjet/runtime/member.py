@@ -157,7 +157,9 @@ class Member:
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
                         "events_out": 0, "late_events": 0, "skipped_events": 0, "dead_letters": 0,
                         "snapshots": [], "restored_from": None,
-                        "latencies_ns": [], "emit_latencies_ns": []}
+                        "latencies_ns": [], "emit_latencies_ns": [],
+                        # per vertex: rows in and out, and the watermark it has reached
+                        "vertices": {v: {"in": 0, "out": 0} for v in dag.vertices}}
         self._lock = threading.Lock()
         self.n_sources = t.n_sources
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
@@ -233,6 +235,23 @@ class Member:
         with self._lock:
             self.metrics[key] += n
 
+    def count_vertex(self, vertex: str, direction: str, n: int) -> None:
+        with self._lock:
+            self.metrics["vertices"][vertex][direction] += n
+
+    def watermark_of(self, vertex: str, time: int) -> None:
+        with self._lock:
+            v = self.metrics["vertices"][vertex]
+            if time > v.get("watermark", MIN_TIME):
+                v["watermark"] = time
+
+    def counters(self) -> dict:
+        """What the progress events and the heartbeat carry: the counters so far."""
+        with self._lock:
+            return {k: self.metrics[k] for k in
+                    ("events_in", "events_out", "late_events", "skipped_events", "dead_letters")} | \
+                {"vertices": {v: dict(c) for v, c in self.metrics["vertices"].items()}}
+
     # -- run ---------------------------------------------------------------------------
 
     def run(self) -> dict:
@@ -246,6 +265,8 @@ class Member:
             if self.link is not None:
                 self.link.start()
             else:
+                ticker = threading.Thread(target=self._tick, name="sparkjet-progress", daemon=True)
+                ticker.start()
                 self.coordinator = SnapshotCoordinator(
                     config=self.config, store=self.store, execution_id=self.execution_id,
                     processors=self.topology.processors, send=self.command,
@@ -384,6 +405,12 @@ class Member:
         else:
             raise MemberFailedError(f"unknown command from the coordinator: {cmd!r}")
 
+    def _tick(self) -> None:
+        """Alone (no driver polling it): the counters as a progress event, twice a second."""
+        while not self._ended.wait(0.5):
+            self.progress({"event": "progress", "execution": self.execution_id,
+                           "member": self.index, **self.counters()})
+
     def _coordinate(self, snapshot_id: int) -> None:
         try:
             self.coordinator.run(snapshot_id)
@@ -419,8 +446,8 @@ class RemoteLink:
     def _body(self) -> dict:
         m = self.member
         with m._lock:
-            return {"member": m.index, "pid": os.getpid(), "events_in": m.metrics["events_in"],
-                    "events_out": m.metrics["events_out"], "ended": sorted(m._sources_ended)}
+            ended = sorted(m._sources_ended)
+        return {"member": m.index, "pid": os.getpid(), **m.counters(), "ended": ended}
 
     def _call(self, action: str, body: dict, timeout: float | None = None) -> dict:
         return self.client.action(action, body, execution_id=self.member.execution_id,
@@ -510,6 +537,7 @@ class _Processor(threading.Thread):
 
     def emit(self, batch: pa.RecordBatch) -> None:
         written = self.outbox.emit(batch)
+        self.member.count_vertex(self.vertex.name, "out", batch.num_rows)
         if written:
             self.member.count("events_out", written)
 
@@ -626,6 +654,7 @@ class _SourceProcessor(_Processor):
                     continue
                 self._partition = reader.last_partition()
                 m.count("events_in", batch.num_rows)
+                m.count_vertex(v.name, "in", batch.num_rows)
                 samples = self.sample_ts(batch)
                 self.emit(batch)
                 self.emitted(samples)
@@ -641,6 +670,8 @@ class _SourceProcessor(_Processor):
             mark = self.watermarks.due()
             if mark is not None:
                 self.outbox.watermark(mark)
+                if not mark.idle:
+                    self.member.watermark_of(self.vertex.name, mark.time)
 
     def _control(self, reader) -> bool:
         """Handles the coordinator's requests; True when this processor is done."""
@@ -723,6 +754,7 @@ class _KeyedProcessor(_Processor):
                             self._advance(op, mark)
                         continue
                     samples = self.sample_ts(item)
+                    m.count_vertex(v.name, "in", item.num_rows)
                     outputs, late = op.process(item)
                     for out in outputs:
                         self.emit(out)
@@ -771,6 +803,7 @@ class _KeyedProcessor(_Processor):
 
     def _advance(self, op, mark: Watermark) -> None:
         if not mark.idle:
+            self.member.watermark_of(self.vertex.name, mark.time)
             for out in op.advance(mark.time):
                 self.emit(out)
             # an operator whose output may trail its input's event time holds it back

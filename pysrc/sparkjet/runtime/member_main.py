@@ -10,11 +10,14 @@ def main(argv: list[str]) -> int:
     job_file, execution, result_file, events_file = argv
     from pyspark import cloudpickle
 
+    from sparkjet.observability import log_to
     from sparkjet.runtime import failures
     from sparkjet.runtime.member import Member
 
     with open(job_file, "rb") as f:
         plan, config = cloudpickle.load(f)
+    # this process's stderr is the member's log, kept when it fails
+    log_to(sys.stderr, job=config.name, execution=int(execution), member=0)
     events = open(events_file, "a", buffering=1)
 
     def progress(event: dict) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -240,6 +241,7 @@ class SparkRunner:
             events_out=sum(d.get("events_out", 0) for d in done) if ok else events_out,
             late_events=sum(d.get("late_events", 0) for d in done),
             skipped_events=sum(d.get("skipped_events", 0) for d in done),
+            vertices=_merge_vertices(d.get("vertices") or {} for d in done),
             dead_letters=sum(d.get("dead_letters", 0) for d in done),
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
@@ -251,7 +253,8 @@ class SparkRunner:
         while not stop.wait(0.5):
             events_in, events_out = coord.counters()
             self.progress({"event": "progress", "execution": coord.execution_id,
-                           "events_in": events_in, "events_out": events_out})
+                           "events_in": events_in, "events_out": events_out,
+                           "members": coord.member_counters()})
 
 
 class RescaleRequested(ExecutionFailedError):
@@ -279,6 +282,17 @@ def spark_security_warning(conf) -> str | None:
             "README's Security section)")
 
 
+def _merge_vertices(counters) -> dict:
+    """The members' per-vertex rows in and out, added up."""
+    out: dict = {}
+    for vertices in counters:
+        for v, c in vertices.items():
+            into = out.setdefault(v, {"in": 0, "out": 0})
+            into["in"] += c.get("in", 0)
+            into["out"] += c.get("out", 0)
+    return out
+
+
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
                 security: LinkSecurity):
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``. The
@@ -292,6 +306,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
+        from sparkjet.observability import log_to
         from sparkjet.runtime.exchange import ExchangeServer
         from sparkjet.runtime.member import Member
 
@@ -299,6 +314,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             pass
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
+        log_to(sys.stderr, job=config.name, execution=execution, member=index)
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
         member = Member(plan, config, execution, topology=topology, index=index,
                         restore_from=restore_from)

@@ -1,0 +1,301 @@
+"""What a running job shows: its metrics as a dict and for Prometheus, a live line on the
+terminal, and log records that say which job, execution and member they come from.
+
+:class:`JobMetrics` is fed the job's progress events (the same dicts ``on_progress``
+gets): members report their counters (events in and out, per vertex, with the watermark
+each vertex has reached; late, skipped and dead-lettered events) twice a second, and the
+supervisor reports executions, restores, snapshots and restarts. ``Job.metrics`` returns
+:meth:`JobMetrics.as_dict`; ``Job.run(metrics_port=P)`` serves the same numbers for
+Prometheus on ``http://127.0.0.1:P/metrics`` while the job runs (``prometheus-client``'s
+server, on the driver), and ``Job.run(progress=True)`` draws them on one terminal line, with
+a bar when the sources are bounded.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+#: The fields every sparkjet log record carries ("-" where they do not apply).
+CONTEXT_FIELDS = ("job", "execution", "member")
+LOG_FORMAT = ("%(asctime)s %(levelname)s %(name)s [job=%(job)s execution=%(execution)s "
+              "member=%(member)s] %(message)s")
+
+
+class ContextFilter(logging.Filter):
+    """Adds ``job``, ``execution`` and ``member`` to every record passing through (those
+    the record already has, from ``extra=``, win)."""
+
+    def __init__(self, **context):
+        super().__init__()
+        self.context = {k: context.get(k, "-") for k in CONTEXT_FIELDS}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for k, v in self.context.items():
+            if not hasattr(record, k):
+                setattr(record, k, v)
+        return True
+
+
+def log_to(stream, **context) -> logging.Handler:
+    """Sends the ``sparkjet`` loggers' records (INFO and up) to ``stream`` in
+    :data:`LOG_FORMAT`, tagged with ``context`` (a member's log; a Spark Python worker
+    reused by the next task replaces the handler of the one before)."""
+    logger = logging.getLogger("sparkjet")
+    for old in [h for h in logger.handlers if getattr(h, "_sparkjet_member", False)]:
+        logger.removeHandler(old)
+    handler = logging.StreamHandler(stream)
+    handler._sparkjet_member = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(ContextFilter(**context))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler
+
+
+class JobMetrics:
+    """A job's metrics, kept up to date from its progress events (thread-safe)."""
+
+    def __init__(self, name: str, expected_events: int | None = None):
+        self.name = name
+        self.expected_events = expected_events
+        self._lock = threading.Lock()
+        self.state = "starting"
+        self.execution: int | None = None
+        self.members = 0
+        self.restarts = 0
+        self.started = time.monotonic()
+        self._done = {"events_in": 0, "events_out": 0, "late_events": 0, "skipped_events": 0,
+                      "dead_letters": 0}
+        self._done_vertices: dict = {}
+        self._current: dict = {}          # member -> its counters in this execution
+        self.snapshots = 0
+        self.last_snapshot: dict = {}
+        self._rate = (time.monotonic(), 0, 0.0)  # (when, events_in, events/s)
+
+    # -- feeding -------------------------------------------------------------------------
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("event")
+        with self._lock:
+            if kind == "execution":
+                self._close_execution()
+                self.execution = event.get("execution")
+                self.members = event.get("members") or 1
+                self.state = "running"
+            elif kind == "started":
+                self.state = "running"
+            elif kind == "restored":
+                self.state = "running"
+            elif kind == "progress":
+                members = event.get("members")
+                if members is not None:       # the driver's view of every member (Spark)
+                    for i, counters in members.items():
+                        self._progress({**counters, "member": i})
+                else:
+                    self._progress(event)
+            elif kind == "snapshot":
+                self.snapshots += 1
+                align = event.get("alignment_s") or {}
+                self.last_snapshot = {
+                    "id": event.get("snapshot"), "duration_s": event.get("duration_s"),
+                    "bytes": event.get("bytes"),
+                    "alignment_s": max(align.values()) if align else 0.0}
+            elif kind == "restart":
+                self.restarts += 1
+                self.state = "restarting"
+            elif kind == "waiting":
+                self.state = "waiting"
+
+    def _progress(self, event: dict) -> None:
+        member = event.get("member", 0)
+        self._current[member] = {k: event.get(k) or 0 for k in self._done} | \
+            {"vertices": event.get("vertices") or {}}
+        now, events = time.monotonic(), self._sum("events_in")
+        when, before, rate = self._rate
+        if now - when >= 0.5:
+            fresh = (events - before) / (now - when)
+            rate = fresh if rate == 0.0 else 0.5 * rate + 0.5 * fresh
+            self._rate = (now, events, rate)
+
+    def _close_execution(self) -> None:
+        """An execution ended: what it did counts in the totals (a failed execution's work
+        is replayed, so its events are counted again: these count work, not results)."""
+        for c in self._current.values():
+            for k in self._done:
+                self._done[k] += c.get(k, 0)
+            for v, counts in c["vertices"].items():
+                into = self._done_vertices.setdefault(v, {"in": 0, "out": 0})
+                into["in"] += counts.get("in", 0)
+                into["out"] += counts.get("out", 0)
+        self._current = {}
+        self._rate = (time.monotonic(), self._sum("events_in"), self._rate[2])
+
+    def finish(self, state: str, result=None) -> None:
+        """The run ended in ``state``; with its ``result`` (a JobResult), the totals are
+        its members' final counts instead of the last progress seen."""
+        with self._lock:
+            self.state = state
+            if result is None:
+                return
+            self._current = {}
+            self._done = {k: sum(e.get(k, 0) for e in result.executions) for k in self._done}
+            vertices: dict = {}
+            for e in result.executions:
+                for v, c in (e.get("vertices") or {}).items():
+                    into = vertices.setdefault(v, {"in": 0, "out": 0})
+                    into["in"] += c.get("in", 0)
+                    into["out"] += c.get("out", 0)
+            if vertices:
+                self._done_vertices = vertices
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _sum(self, key: str) -> int:
+        return self._done[key] + sum(c.get(key, 0) for c in self._current.values())
+
+    def _vertices(self) -> dict:
+        out = {v: dict(c) for v, c in self._done_vertices.items()}
+        for c in self._current.values():
+            for v, counts in c["vertices"].items():
+                into = out.setdefault(v, {"in": 0, "out": 0})
+                into["in"] += counts.get("in", 0)
+                into["out"] += counts.get("out", 0)
+                if "watermark" in counts:
+                    into["watermark"] = min(into.get("watermark", counts["watermark"]),
+                                            counts["watermark"])
+        return out
+
+    def as_dict(self) -> dict:
+        """Every metric, as plain data (``vertices``: per vertex, rows in and out over all
+        executions and the watermark reached in this one, the least over its members)."""
+        with self._lock:
+            events = self._sum("events_in")
+            return {
+                "job": self.name, "state": self.state, "execution": self.execution,
+                "members": self.members, "restarts": self.restarts,
+                "seconds": time.monotonic() - self.started,
+                "events_in": events, "events_out": self._sum("events_out"),
+                "events_per_second": self._rate[2],
+                "expected_events": self.expected_events,
+                "late_events": self._sum("late_events"),
+                "skipped_events": self._sum("skipped_events"),
+                "dead_letters": self._sum("dead_letters"),
+                "snapshots": self.snapshots, "last_snapshot": dict(self.last_snapshot),
+                "vertices": self._vertices(),
+            }
+
+
+class _Collector:
+    """The metrics of one job as Prometheus metric families (read at each scrape)."""
+
+    def __init__(self, metrics: JobMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m = self.metrics.as_dict()
+        job = m["job"]
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(f"sparkjet_{name}", doc, labels=["job"])
+            g.add_metric([job], float(value or 0))
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(f"sparkjet_{name}", doc, labels=["job"])
+            c.add_metric([job], float(value or 0))
+            return c
+
+        yield counter("events_in", "Events read by the sources (replays count again)",
+                      m["events_in"])
+        yield counter("events_out", "Rows written to sinks", m["events_out"])
+        yield counter("late_events", "Events too late for every window they belong to",
+                      m["late_events"])
+        yield counter("skipped_events", "Rows a stage failed on and skipped (on_error)",
+                      m["skipped_events"])
+        yield counter("dead_letters", "Rows a stage failed on, sent to its on_error sink",
+                      m["dead_letters"])
+        yield counter("restarts", "Executions restarted after a failure", m["restarts"])
+        yield counter("snapshots", "Snapshots committed by this run", m["snapshots"])
+        yield gauge("events_per_second", "Source throughput, smoothed", m["events_per_second"])
+        yield gauge("members", "Members of the running execution", m["members"])
+        last = m["last_snapshot"]
+        yield gauge("snapshot_duration_seconds", "Duration of the last snapshot",
+                    last.get("duration_s"))
+        yield gauge("snapshot_bytes", "Size of the last snapshot", last.get("bytes"))
+        yield gauge("snapshot_alignment_seconds",
+                    "Longest barrier alignment of the last snapshot", last.get("alignment_s"))
+        rows = CounterMetricFamily("sparkjet_vertex_rows", "Rows into and out of each vertex",
+                                   labels=["job", "vertex", "direction"])
+        marks = GaugeMetricFamily("sparkjet_vertex_watermark",
+                                  "The watermark each vertex has reached (event-time units)",
+                                  labels=["job", "vertex"])
+        for v, c in m["vertices"].items():
+            rows.add_metric([job, v, "in"], float(c.get("in", 0)))
+            rows.add_metric([job, v, "out"], float(c.get("out", 0)))
+            if "watermark" in c:
+                marks.add_metric([job, v], float(c["watermark"]))
+        yield rows
+        yield marks
+
+
+class MetricsServer:
+    """Serves ``metrics`` for Prometheus on ``host:port`` (``port=0``: any free port; the
+    one taken is :attr:`port`) until :meth:`close`."""
+
+    def __init__(self, metrics: JobMetrics, port: int, host: str = "127.0.0.1"):
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(metrics))
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.port = self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(2.0)
+
+
+class ProgressView:
+    """The job's metrics on one terminal line, redrawn as progress events come."""
+
+    def __init__(self, metrics: JobMetrics, out=None):
+        from sparkjet._progress import ProgressLine
+
+        self.metrics = metrics
+        self.line = ProgressLine(out, every=5.0)
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "restart":
+            self.line.print(f"restart {event.get('attempt')}: {event.get('error')}")
+        self.line.update(self.text(), force=kind in ("restart", "execution"))
+
+    def text(self) -> str:
+        from sparkjet._progress import bar
+
+        m = self.metrics.as_dict()
+        total = m["expected_events"]
+        head = f"{m['job']} {m['state']}"
+        if total:
+            head += f" {bar(m['events_in'] / total, 20)} {m['events_in']:,}/{total:,}"
+        else:
+            head += f" {m['events_in']:,} events"
+        head += f" {m['events_per_second'] / 1e6:.2f} M/s"
+        if m["snapshots"]:
+            head += f" snapshot {m['last_snapshot'].get('id')}"
+        if m["restarts"]:
+            head += f" restarts {m['restarts']}"
+        return head
+
+    def close(self) -> None:
+        self.line.update(self.text(), force=True)
+        self.line.close()
+
+
+__all__ = ["CONTEXT_FIELDS", "LOG_FORMAT", "ContextFilter", "JobMetrics", "MetricsServer",
+           "ProgressView", "log_to"]
