@@ -62,6 +62,7 @@ import json
 import re
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkjet._fs import Backend
 from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
@@ -146,7 +147,7 @@ class KafkaSink(Sink):
 
 
 class _Encoder:
-    """Rows of a batch as Kafka (key, value, partition) lists."""
+    """Rows of a batch as Kafka keys, values and partitions (lists, None where absent)."""
 
     def __init__(self, sink: KafkaSink):
         self.sink = sink
@@ -159,22 +160,65 @@ class _Encoder:
                 raise InvalidArgumentError(
                     f"Kafka sink for topic {s.topic!r}: the batch has no column {column!r} "
                     f"(columns: {names})")
-        if s.value == "json":
-            values = [json.dumps(r, default=str, separators=(",", ":")).encode()
-                      for r in batch.to_pylist()]
-        else:
-            values = _as_bytes(batch.column(s.value))
+        values = json_objects(batch) if s.value == "json" else _as_bytes(batch.column(s.value))
         keys = _as_bytes(batch.column(s.key)) if s.key is not None else None
         parts = batch.column(s.partition).to_pylist() if s.partition is not None else None
         return keys, values, parts
 
 
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+
+
+def _json_text(column: pa.Array) -> pa.Array | None:
+    """The column as JSON texts ("null" for nulls) by Arrow kernels, or None if its type
+    or values need Python's encoder (escapes, NaN, nested types, timestamps)."""
+    t = column.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_floating(t):
+        if pc.all(pc.is_finite(column)).as_py() not in (True, None):
+            return None
+        text = pc.cast(column, pa.string())
+        # Arrow writes 1.0 as "1": keep it a float for readers that infer types.
+        text = pc.if_else(pc.match_substring_regex(text, "[.eE]"), text,
+                          pc.binary_join_element_wise(text, ".0", ""))
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        if pc.any(pc.match_substring_regex(column, _NEEDS_ESCAPE)).as_py():
+            return None
+        text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
+    else:
+        return None
+    return pc.fill_null(text, "null")
+
+
+def json_objects(batch: pa.RecordBatch) -> list:
+    """Each row as the bytes of a JSON object of its columns: by Arrow kernels where every
+    column allows, else by Python's ``json``."""
+    names = batch.schema.names
+    texts = [_json_text(c) for c in batch.columns]
+    if all(t is not None for t in texts):
+        pieces = []
+        for i, (name, text) in enumerate(zip(names, texts)):
+            pieces.extend([("{" if i == 0 else ",") + json.dumps(name) + ":", text])
+        pieces.append("}")
+        return pc.binary_join_element_wise(*pieces, "").cast(pa.binary()).to_pylist()
+    dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+    columns = [c.to_pylist() for c in batch.columns]
+    return [dumps(dict(zip(names, row))).encode() for row in zip(*columns)]
+
+
 def _as_bytes(column: pa.Array) -> list:
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+    """A key or value column as bytes: binary as it is, strings as UTF-8, other types as
+    their text (an int key 42 is b"42")."""
+    t = column.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return column.to_pylist()
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return [None if v is None else v.encode() for v in column.to_pylist()]
-    return [None if v is None else str(v).encode() for v in column.to_pylist()]
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        try:
+            column = pc.cast(column, pa.string())
+        except pa.ArrowNotImplementedError:
+            return [None if v is None else str(v).encode() for v in column.to_pylist()]
+    return column.cast(pa.binary()).to_pylist()
 
 
 class _ProducerBase(SinkWriter):
@@ -217,25 +261,28 @@ class _ProducerBase(SinkWriter):
         if err is not None and self._error is None:
             self._error = err
 
-    def _produce(self, producer, batch: pa.RecordBatch) -> None:
+    def _produce(self, producer, batch: pa.RecordBatch, on_delivery=None) -> None:
+        """Produces the batch's rows. Deliveries are reported to `on_delivery` if given
+        (a Python call per record: only at-least-once needs it; a transaction's commit
+        fails by itself if a record was not delivered)."""
         keys, values, parts = self._encoder.records(batch)
-        produce, poll, topic = producer.produce, producer.poll, self.sink.topic
-        callback = self._on_delivery
-        for i, value in enumerate(values):
-            kwargs = {"on_delivery": callback}
-            if keys is not None and keys[i] is not None:
-                kwargs["key"] = keys[i]
-            if parts is not None and parts[i] is not None:
-                kwargs["partition"] = parts[i]
+        n = len(values)
+        produce, topic = producer.produce, self.sink.topic
+        rows = zip(values, keys or [None] * n,
+                   [-1 if p is None else p for p in parts] if parts is not None else [-1] * n)
+        for value, key, partition in rows:
             while True:
                 try:
-                    produce(topic, value, **kwargs)
+                    if on_delivery is None:
+                        produce(topic, value, key, partition)
+                    else:
+                        produce(topic, value, key, partition, on_delivery)
                     break
                 except BufferError:
-                    poll(0.05)      # the local queue is full: let deliveries drain it
+                    producer.poll(0.05)     # the local queue is full: let deliveries drain
                 except self._kafka.KafkaException as e:
                     self._fail("produce", e)
-        poll(0)
+        producer.poll(0)
 
     def _check_topic(self) -> None:
         partitions_of(self.sink.topic, self.sink.bootstrap_servers, self.sink.timeout,
@@ -253,7 +300,7 @@ class KafkaPlainWriter(_ProducerBase):
         self._check_topic()
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._produce(self._producer, batch)
+        self._produce(self._producer, batch, self._on_delivery)
 
     def _flush(self) -> None:
         left = self._producer.flush(self.sink.timeout)
