@@ -2,6 +2,8 @@
 
 - :class:`TransactionalFileSink`: Parquet or Arrow IPC files on ``pyarrow.fs``, two-phase
   commit (staged per execution and transaction, made visible by rename after the snapshot).
+- :class:`KafkaSink`: a Kafka topic, exactly-once by staging each snapshot's rows and
+  producing them in one Kafka transaction with a commit marker, or at-least-once.
 - :class:`SQLiteUpsertSink`: idempotent upserts by stable keys, flushed at every barrier.
 - :class:`PostgresSink`: PostgreSQL, transactional (``PREPARE TRANSACTION`` at the barrier,
   ``COMMIT PREPARED`` after the snapshot) or idempotent upserts by key; rows go in by
@@ -10,6 +12,7 @@
 """
 from sparkjet.sinks.discard import DiscardSink
 from sparkjet.sinks.files import TransactionalFileSink, TransactionalFileWriter
+from sparkjet.sinks.kafka import KafkaPlainWriter, KafkaSink, KafkaWriter
 from sparkjet.sinks.postgres import (
     PostgresSink,
     PostgresTransactionalWriter,
@@ -19,6 +22,9 @@ from sparkjet.sinks.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
 
 __all__ = [
     "DiscardSink",
+    "KafkaPlainWriter",
+    "KafkaSink",
+    "KafkaWriter",
     "PostgresSink",
     "PostgresTransactionalWriter",
     "PostgresUpsertWriter",

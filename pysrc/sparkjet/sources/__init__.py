@@ -6,6 +6,8 @@
   Arrow IPC segment files, replayable and readable while it is being appended.
 - :class:`NexmarkSource`: NEXMark's persons, auctions or bids, deterministic and replayable
   by offset like the generator, in event time from a fixed epoch.
+- :class:`KafkaSource`: Kafka topics, replayable (offsets in the snapshot), decoded to
+  Arrow columns (needs ``confluent-kafka``: ``pip install 'sparkjet[kafka]'``).
 - :class:`RedisStreamSource` and :class:`RedisStreamProducer`: an acknowledging source on
   Redis Streams (needs the ``redis`` package: ``pip install 'sparkjet[redis]'``).
 """
@@ -16,6 +18,7 @@ from sparkjet.sources.arrow_log import (
     LogLockedError,
 )
 from sparkjet.sources.generator import GeneratorReader, GeneratorSource
+from sparkjet.sources.kafka import KafkaReader, KafkaSource, read_topic
 from sparkjet.sources.nexmark import NexmarkReader, NexmarkSource
 from sparkjet.sources.redis_stream import (
     RedisStreamProducer,
@@ -29,10 +32,13 @@ __all__ = [
     "ArrowLogWriter",
     "GeneratorReader",
     "GeneratorSource",
+    "KafkaReader",
+    "KafkaSource",
     "LogLockedError",
     "NexmarkReader",
     "NexmarkSource",
     "RedisStreamProducer",
     "RedisStreamReader",
     "RedisStreamSource",
+    "read_topic",
 ]

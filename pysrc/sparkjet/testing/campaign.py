@@ -113,11 +113,13 @@ def _restart_worker(cluster, i: int, after: float) -> None:
 def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, kills: int,
               rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
               spark=None, members: int | None = 2, cluster=None,
-              postgres: str | None = None) -> RoundResult:
+              postgres: str | None = None, kafka: str | None = None) -> RoundResult:
     """One job with `kills` kills of a member; returns the checker's verdict. With a Spark
     session the job runs on it with `members` members, and a kill hits one member's Python
     worker. Sink kinds "postgres" (transactional) and "postgres-upsert" write to tables named
-    after the round in the database of the DSN `postgres` (dropped first)."""
+    after the round in the database of the DSN `postgres` (dropped first). Sink "kafka"
+    writes to a new topic at the broker `kafka` (bootstrap servers), staged under `work`, and
+    is checked by what a ``read_committed`` consumer reads."""
     work.mkdir(parents=True, exist_ok=True)
     seed = rng.randrange(2**32)
     sources = [GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate, batch_size=5_000,
@@ -129,6 +131,9 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     window = tumbling(50_000) if pipeline_kind == "union" else sliding(40_000, 20_000)
 
     def sink_at(name: str, key: list):
+        if sink_kind == "kafka":
+            return _kafka_sink(kafka, f"{work.name}-{name}-{seed:x}", work / f"{name}-staging",
+                               key[0])
         if sink_kind == "file":
             return TransactionalFileSink(work / name)
         if sink_kind in POSTGRES:
@@ -189,13 +194,15 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     def read(name: str) -> pa.Table:
         if sink_kind in POSTGRES:
             return PostgresSink.read(postgres, f"{work.name}-{name}")
+        if sink_kind == "kafka":
+            return _kafka_read(kafka, f"{work.name}-{name}-{seed:x}")
         return (TransactionalFileSink.read(work / name) if sink_kind == "file"
                 else SQLiteUpsertSink.read(work / f"{name}.sqlite", "out"))
 
     out = read("out")
     duplicate_rows = 0
     if pipeline_kind in ("keyed", "state"):
-        actual = (verify.last_update_per_key(out) if sink_kind in ("file", "postgres")
+        actual = (verify.last_update_per_key(out) if sink_kind in ("file", "postgres", "kafka")
                   else out.select(["key", "count", "sum"]))
         report = verify.check_aggregates(sources[0].expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
@@ -242,6 +249,31 @@ WINDOWED = ("windowed", "union", "branching")
 #: runs them) and their modes.
 POSTGRES = {"postgres": lambda key: {},
             "postgres-upsert": lambda key: {"mode": "upsert", "key": key}}
+
+
+def _kafka_sink(bootstrap: str, topic: str, staging: Path, key: str):
+    """A Kafka sink on a new 4-partition topic (created here), keyed by `key`."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from sparkjet.sinks import KafkaSink
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, num_partitions=4,
+                                           replication_factor=1)]).values():
+        f.result(30)
+    return KafkaSink(topic, bootstrap, staging=staging, key=key)
+
+
+def _kafka_read(bootstrap: str, topic: str) -> pa.Table:
+    """The JSON rows a read_committed consumer reads from `topic` now."""
+    import json
+
+    from sparkjet.sinks import KafkaSink
+
+    values = KafkaSink.read(topic, bootstrap)
+    if values.num_rows == 0:
+        return pa.table({})
+    return pa.Table.from_pylist([json.loads(v) for v in values.column("value").to_pylist()])
 
 
 def _ids(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -1,0 +1,557 @@
+"""A Kafka sink (Jet's ``KafkaSinks.kafka``) with ``confluent-kafka``: exactly-once through
+Kafka transactions, or at-least-once without them.
+
+**Why not Jet's or Flink's protocol.** Both keep one Kafka transaction open per processor,
+*prepare* it at the barrier (flush) and commit it in phase 2. If the process dies between
+the snapshot's commit and Kafka's, the new execution must commit a transaction another
+process opened: Flink sets the producer id and epoch into the Java client by reflection
+(``FlinkKafkaInternalProducer.resumeTransaction``); Jet (``KafkaTransactionManager``) does
+the same. librdkafka, and so ``confluent-kafka``, has no such door: ``init_transactions``
+with the same ``transactional.id`` *aborts* whatever was open, and the prepared records
+are gone while the snapshot says they were written. So this sink does not keep the records
+in the open transaction across phase 1; it keeps them in durable staging.
+
+**The protocol (exactly-once).**
+
+1. :meth:`KafkaWriter.write` keeps the epoch's batches in memory.
+2. :meth:`KafkaWriter.prepare` (phase 1) writes them to one Arrow IPC file in ``staging``
+   (``_staging/{job}/{sink}/p{processor}/e{execution}-s{snapshot}.arrow``, fsynced), and
+   returns the description of every staged, not yet committed snapshot of this processor.
+3. :meth:`KafkaWriter.commit` (phase 2) produces the rows of every staged snapshot up to
+   *n* in **one Kafka transaction** of the producer ``{transactional_id}-p{processor}`` and,
+   in the same transaction, commits the offset *n + 1* of the consumer group
+   ``{transactional_id}-p{processor}`` (``send_offsets_to_transaction``; the offset is a
+   marker on partition 0 of the topic, no consumer uses it). Kafka makes the records and
+   the marker visible together or not at all. Then the staged files are deleted.
+4. :meth:`KafkaWriter.recover` (after a restart from snapshot *n*): for every old processor
+   whose staged snapshots the restored state lists, reads its group's marker ``m``: the
+   snapshots below ``m`` are in Kafka already; the others are produced from their staged
+   files and committed with the marker, as in 3. So a crash anywhere -- before, during or
+   after Kafka's commit, or during the recovery itself -- neither loses nor repeats a record
+   for a ``read_committed`` consumer. Leftover staged files (of snapshots that never
+   completed, or committed but not yet deleted) are then deleted.
+
+**Fencing.** Transactional ids depend on the job, the sink and the processor index, never
+on the execution: a new execution's ``init_transactions`` with the same id fences the
+producer of the older one (a zombie's next produce or commit fails with ``_FENCED``, which
+:meth:`KafkaWriter.commit` reports as :class:`~sparkjet.errors.FencedError`) and aborts its
+open transaction. At recovery a processor initialises the ids of every old processor index
+that maps to it (``old % processors``), up to the largest parallelism registered under
+``staging`` (``_executions/{job}/{sink}/e{execution}-n{processors}``), so that no dangling
+transaction of a larger earlier execution holds back ``read_committed`` consumers.
+
+The cost: every record is written once more, to ``staging``, and phase 2 produces the whole
+epoch (Kafka's own batching and compression apply). Staging must be reachable from every
+member (a local path on one machine, or a shared ``pyarrow.fs`` URI: HDFS, S3, ...).
+
+**At-least-once** produces each batch as it comes with an idempotent producer and flushes
+at every barrier (a record acknowledged by Kafka is never lost; a replay writes again).
+**None** produces and flushes only at the end.
+
+**Records.** ``value="json"`` (default) writes each row as a JSON object of its columns;
+``value="<column>"`` writes that binary or string column as it is. ``key`` names a column
+whose value (its text, or bytes for binary) is the record key; Kafka's partitioner then
+places equal keys in one partition. ``partition`` names an integer column choosing the
+partition instead.
+
+Needs ``confluent-kafka`` (``pip install 'sparkjet[kafka]'``).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkjet._fs import Backend
+from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
+from sparkjet.errors import (
+    ConnectorError,
+    FencedError,
+    InvalidArgumentError,
+    SnapshotIncompleteError,
+)
+from sparkjet.sources.kafka import (
+    DEFAULT_BOOTSTRAP,
+    client_config,
+    kafka_module,
+    partitions_of,
+    read_topic,
+)
+
+DESCRIPTION_FORMAT = 1
+_REGISTERED = re.compile(r"e(\d{12,})-n(\d+)")
+_STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class KafkaSink(Sink):
+    """Writes rows to ``topic`` at ``bootstrap_servers`` (see the module doc for the
+    protocol). ``staging`` (a directory or ``pyarrow.fs`` URI every member reaches) is
+    needed for exactly-once; ``transactional_id`` is the prefix of the transactional ids
+    and marker groups (default ``sparkjet-{job}-{topic}``: give another one when a job
+    has two Kafka sinks on one topic). ``config`` adds librdkafka producer settings.
+
+    >>> KafkaSink("counts", "127.0.0.1:9092", key="key", staging="/data/kafka-staging")
+    KafkaSink('counts', '127.0.0.1:9092', key='key', value='json')
+    """
+
+    name = "kafka"
+    transactional = True
+
+    def __init__(self, topic: str, bootstrap_servers: str = DEFAULT_BOOTSTRAP, *,
+                 staging=None, key: str | None = None, value: str = "json",
+                 partition: str | None = None, transactional_id: str | None = None,
+                 timeout: float = 30.0, durable: bool = True, config: dict | None = None):
+        if not isinstance(topic, str) or not topic:
+            raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
+        for name, column in (("key", key), ("value", value), ("partition", partition)):
+            if column is not None and (not isinstance(column, str) or not column):
+                raise InvalidArgumentError(f"{name} must be a column name, got {column!r}")
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+        self.staging = None if staging is None else str(staging)
+        self.key = key
+        self.value = value
+        self.partition = partition
+        self.transactional_id = transactional_id
+        self.timeout = float(timeout)
+        self.durable = durable
+        self.config = dict(config or {})
+
+    def __repr__(self) -> str:
+        return (f"KafkaSink({self.topic!r}, {self.bootstrap_servers!r}, key={self.key!r}, "
+                f"value={self.value!r})")
+
+    def id_prefix(self, job_id: int) -> str:
+        if self.transactional_id is not None:
+            return self.transactional_id
+        return f"sparkjet-{job_id:016x}-{_SAFE.sub('_', self.topic)}"
+
+    def open(self, context: ProcessorContext) -> KafkaWriter:
+        if context.guarantee not in GUARANTEES:
+            raise InvalidArgumentError(
+                f"guarantee must be one of {GUARANTEES}, got {context.guarantee!r}")
+        if context.guarantee == "exactly-once":
+            return KafkaWriter(self, context)
+        return KafkaPlainWriter(self, context)
+
+    @staticmethod
+    def read(topic: str, bootstrap_servers: str = DEFAULT_BOOTSTRAP, *,
+             schema: pa.Schema | None = None, timeout: float = 30.0) -> pa.Table:
+        """What a ``read_committed`` consumer reads from ``topic`` now: with a ``schema``,
+        the JSON values as columns, else the raw values (column ``value``)."""
+        return read_topic(topic, bootstrap_servers, value="raw" if schema is None else "json",
+                          schema=schema, metadata=("partition", "offset"), timeout=timeout)
+
+
+class _Encoder:
+    """Rows of a batch as Kafka keys, values and partitions (lists, None where absent)."""
+
+    def __init__(self, sink: KafkaSink):
+        self.sink = sink
+
+    def records(self, batch: pa.RecordBatch):
+        s = self.sink
+        names = batch.schema.names
+        for column in (s.key, s.partition, None if s.value == "json" else s.value):
+            if column is not None and column not in names:
+                raise InvalidArgumentError(
+                    f"Kafka sink for topic {s.topic!r}: the batch has no column {column!r} "
+                    f"(columns: {names})")
+        values = json_objects(batch) if s.value == "json" else _as_bytes(batch.column(s.value))
+        keys = _as_bytes(batch.column(s.key)) if s.key is not None else None
+        parts = batch.column(s.partition).to_pylist() if s.partition is not None else None
+        return keys, values, parts
+
+
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+
+
+def _json_text(column: pa.Array) -> pa.Array | None:
+    """The column as JSON texts ("null" for nulls) by Arrow kernels, or None if its type
+    or values need Python's encoder (escapes, NaN, nested types, timestamps)."""
+    t = column.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_floating(t):
+        if pc.all(pc.is_finite(column)).as_py() not in (True, None):
+            return None
+        text = pc.cast(column, pa.string())
+        # Arrow writes 1.0 as "1": keep it a float for readers that infer types.
+        text = pc.if_else(pc.match_substring_regex(text, "[.eE]"), text,
+                          pc.binary_join_element_wise(text, ".0", ""))
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        if pc.any(pc.match_substring_regex(column, _NEEDS_ESCAPE)).as_py():
+            return None
+        text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
+    else:
+        return None
+    return pc.fill_null(text, "null")
+
+
+def json_objects(batch: pa.RecordBatch) -> list:
+    """Each row as the bytes of a JSON object of its columns: by Arrow kernels where every
+    column allows, else by Python's ``json``."""
+    names = batch.schema.names
+    texts = [_json_text(c) for c in batch.columns]
+    if all(t is not None for t in texts):
+        pieces = []
+        for i, (name, text) in enumerate(zip(names, texts)):
+            pieces.extend([("{" if i == 0 else ",") + json.dumps(name) + ":", text])
+        pieces.append("}")
+        return pc.binary_join_element_wise(*pieces, "").cast(pa.binary()).to_pylist()
+    dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+    columns = [c.to_pylist() for c in batch.columns]
+    return [dumps(dict(zip(names, row))).encode() for row in zip(*columns)]
+
+
+def _as_bytes(column: pa.Array) -> list:
+    """A key or value column as bytes: binary as it is, strings as UTF-8, other types as
+    their text (an int key 42 is b"42")."""
+    t = column.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return column.to_pylist()
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        try:
+            column = pc.cast(column, pa.string())
+        except pa.ArrowNotImplementedError:
+            return [None if v is None else str(v).encode() for v in column.to_pylist()]
+    return column.cast(pa.binary()).to_pylist()
+
+
+class _ProducerBase(SinkWriter):
+    """What both writers share: the producer's settings and producing rows."""
+
+    def __init__(self, sink: KafkaSink, context: ProcessorContext):
+        self.sink = sink
+        self.context = context
+        self._kafka = kafka_module()
+        self._encoder = _Encoder(sink)
+        self._error = None
+
+    def _config(self, **extra) -> dict:
+        config = client_config(self.sink.bootstrap_servers, self.sink.timeout, {
+            "linger.ms": 20, "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576})
+        config.update(extra)
+        config.update(self.sink.config)
+        return config
+
+    def _what(self) -> str:
+        return f"Kafka sink for topic {self.sink.topic!r}"
+
+    def _fail(self, action: str, e) -> None:
+        """Raises the error of a failed Kafka call as sparkjet's: FencedError if a newer
+        producer took over, ConnectorError otherwise."""
+        err = e.args[0] if e.args and hasattr(e.args[0], "code") else None
+        text = err.str() if err is not None else str(e)
+        if err is not None and err.code() in (self._kafka.KafkaError._FENCED,
+                                              self._kafka.KafkaError.PRODUCER_FENCED,
+                                              self._kafka.KafkaError.INVALID_PRODUCER_EPOCH):
+            raise FencedError(
+                f"{self._what()}: {action} by execution {self.context.execution_id} refused: "
+                f"a newer producer with the same transactional id took over ({text})") from None
+        raise ConnectorError(
+            f"{self._what()} at {self.sink.bootstrap_servers}: {action} failed: {text}") from None
+
+    def _on_delivery(self, err, _msg) -> None:
+        if err is not None and self._error is None:
+            self._error = err
+
+    def _produce(self, producer, batch: pa.RecordBatch, on_delivery=None) -> None:
+        """Produces the batch's rows. Deliveries are reported to `on_delivery` if given
+        (a Python call per record: only at-least-once needs it; a transaction's commit
+        fails by itself if a record was not delivered)."""
+        keys, values, parts = self._encoder.records(batch)
+        n = len(values)
+        produce, topic = producer.produce, self.sink.topic
+        rows = zip(values, keys or [None] * n,
+                   [-1 if p is None else p for p in parts] if parts is not None else [-1] * n)
+        for value, key, partition in rows:
+            while True:
+                try:
+                    if on_delivery is None:
+                        produce(topic, value, key, partition)
+                    else:
+                        produce(topic, value, key, partition, on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)     # the local queue is full: let deliveries drain
+                except self._kafka.KafkaException as e:
+                    self._fail("produce", e)
+        producer.poll(0)
+
+    def _check_topic(self) -> None:
+        partitions_of(self.sink.topic, self.sink.bootstrap_servers, self.sink.timeout,
+                      "Kafka sink", self.sink.config)
+
+
+class KafkaPlainWriter(_ProducerBase):
+    """At-least-once (idempotent producer, flushed at every barrier) or none (flushed at
+    the end); no transactions."""
+
+    def __init__(self, sink: KafkaSink, context: ProcessorContext):
+        super().__init__(sink, context)
+        extra = {"enable.idempotence": True} if context.guarantee == "at-least-once" else {}
+        self._producer = self._kafka.Producer(self._config(**extra))
+        self._check_topic()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._produce(self._producer, batch, self._on_delivery)
+
+    def _flush(self) -> None:
+        left = self._producer.flush(self.sink.timeout)
+        if left:
+            raise ConnectorError(
+                f"{self._what()}: {left} records not acknowledged within {self.sink.timeout:g} s")
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise ConnectorError(f"{self._what()}: a record was not written: {err.str()}")
+
+    def prepare(self, snapshot_id: int) -> dict | None:
+        if self.context.guarantee == "at-least-once":
+            self._flush()
+        return None
+
+    def commit(self, snapshot_id: int) -> None:
+        pass
+
+    def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
+        pass
+
+    def close(self) -> None:
+        self._flush()
+
+
+class KafkaWriter(_ProducerBase):
+    """One processor's exactly-once writer of a :class:`KafkaSink` (see the module doc)."""
+
+    def __init__(self, sink: KafkaSink, context: ProcessorContext):
+        super().__init__(sink, context)
+        if sink.staging is None:
+            raise InvalidArgumentError(
+                f"{self._what()}: exactly-once needs staging=, a directory or pyarrow.fs URI "
+                "every member reaches, where prepared transactions wait for Kafka's commit")
+        self._backend = Backend(sink.staging, durable=sink.durable)
+        self._prefix = sink.id_prefix(context.job_id)
+        job = f"{context.job_id:016x}"
+        sink_dir = _SAFE.sub("_", self._prefix)
+        self._registry = self._backend.path("_executions", job, sink_dir)
+        self._staging_rel = f"_staging/{job}/{sink_dir}"
+        self._open: list[pa.RecordBatch] = []
+        self._pending: list[dict] = []          # staged, not yet committed; oldest first
+        self._memory: dict[int, list] = {}      # snapshot -> its batches, while in memory
+        self._last_prepared: int | None = None
+        self._producer = None
+        self._marker_consumer = None
+
+    def __repr__(self) -> str:
+        c = self.context
+        return (f"KafkaWriter({self.sink.topic!r}, job={c.job_id}, execution={c.execution_id}, "
+                f"processor={c.processor})")
+
+    # -- names -----------------------------------------------------------------------------
+
+    def _id(self, processor: int) -> str:
+        """The transactional id, and marker group, of processor index `processor`."""
+        return f"{self._prefix}-p{processor}"
+
+    def _dir(self, processor: int) -> str:
+        return f"{self._staging_rel}/p{processor:05d}"
+
+    def _transactional_producer(self, processor: int):
+        """A producer of `processor`'s id, initialised: fences older holders of the id and
+        aborts their open transaction."""
+        producer = self._kafka.Producer(self._config(**{
+            "transactional.id": self._id(processor),
+            "transaction.timeout.ms": max(60_000, int(self.sink.timeout * 2000))}))
+        try:
+            producer.init_transactions(self.sink.timeout)
+        except self._kafka.KafkaException as e:
+            self._fail(f"init_transactions({self._id(processor)!r})", e)
+        return producer
+
+    def _marker(self, processor: int) -> int:
+        """The marker of `processor`'s group: snapshots below it are in Kafka."""
+        consumer = self._kafka.Consumer(self._config(**{"group.id": self._id(processor)}))
+        tp = self._kafka.TopicPartition(self.sink.topic, 0)
+        try:
+            [found] = consumer.committed([tp], timeout=self.sink.timeout)
+        except self._kafka.KafkaException as e:
+            self._fail(f"reading the commit marker of group {self._id(processor)!r}", e)
+        finally:
+            consumer.close()
+        return max(found.offset, 0)
+
+    # -- phase 1 ---------------------------------------------------------------------------
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if isinstance(batch, pa.Table):
+            self._open.extend(batch.to_batches())
+        elif batch.num_rows:
+            self._open.append(batch)
+
+    def prepare(self, snapshot_id: int) -> dict:
+        """Stages the epoch's rows durably. Returns ``{"format": 1, "processors": N,
+        "transactions": [{"processor", "execution", "snapshot", "file", "rows"}, ...]}``:
+        every staged, not yet committed snapshot of this processor."""
+        if self._last_prepared is not None and snapshot_id <= self._last_prepared:
+            raise InvalidArgumentError(
+                f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
+                "snapshot ids must grow")
+        batches, self._open = self._open, []
+        if batches:
+            c = self.context
+            rel = f"{self._dir(c.processor)}/e{c.execution_id:012d}-s{snapshot_id}.arrow"
+            self._stage(rel, batches)
+            self._pending.append({"processor": c.processor, "execution": c.execution_id,
+                                  "snapshot": snapshot_id, "file": rel,
+                                  "rows": sum(b.num_rows for b in batches)})
+            self._memory[snapshot_id] = batches
+        self._last_prepared = snapshot_id
+        return {"format": DESCRIPTION_FORMAT, "processors": self.context.processors,
+                "transactions": [dict(t) for t in self._pending]}
+
+    def _stage(self, rel: str, batches: list) -> None:
+        b = self._backend
+        out = b.open_write(b.path(rel))
+        try:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_file(sink, batches[0].schema) as w:
+                for batch in batches:
+                    w.write_batch(batch if batch.schema.equals(batches[0].schema)
+                                  else batch.cast(batches[0].schema))
+            out.write(sink.getvalue())
+        except BaseException:
+            out.abort()
+            raise
+        out.close()
+        b.sync_dir(b.path(rel.rsplit("/", 1)[0]))
+
+    # -- phase 2 ---------------------------------------------------------------------------
+
+    def commit(self, snapshot_id: int) -> None:
+        """Produces the staged snapshots up to `snapshot_id` and commits them with the
+        marker in one Kafka transaction. FencedError if a newer execution took the id."""
+        due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
+        if not due:
+            return
+        self._transaction(self._producer, self._marker_group(), due,
+                          lambda t: self._memory.get(t["snapshot"]) or self._load(t))
+        for t in due:
+            self._memory.pop(t["snapshot"], None)
+            self._backend.remove(self._backend.path(t["file"]))
+        self._pending = [t for t in self._pending if t["snapshot"] > snapshot_id]
+
+    def _marker_group(self):
+        if self._marker_consumer is None:
+            self._marker_consumer = self._kafka.Consumer(
+                self._config(**{"group.id": self._id(self.context.processor)}))
+        return self._marker_consumer.consumer_group_metadata()
+
+    def _transaction(self, producer, group, txns: list, batches_of) -> None:
+        """One Kafka transaction: the rows of `txns` and the marker (last snapshot + 1)."""
+        kafka = self._kafka
+        marker = kafka.TopicPartition(self.sink.topic, 0, max(t["snapshot"] for t in txns) + 1)
+        try:
+            producer.begin_transaction()
+        except kafka.KafkaException as e:
+            self._fail("begin_transaction", e)
+        try:
+            for t in txns:
+                for batch in batches_of(t):
+                    self._produce(producer, batch)
+            producer.send_offsets_to_transaction([marker], group, self.sink.timeout)
+            producer.commit_transaction(self.sink.timeout)
+        except kafka.KafkaException as e:
+            err = e.args[0]
+            if not err.fatal() and err.txn_requires_abort():
+                try:
+                    producer.abort_transaction(self.sink.timeout)
+                except kafka.KafkaException:
+                    pass    # the restart's init_transactions aborts it
+            self._fail("commit_transaction", e)
+
+    def _load(self, txn: dict) -> list:
+        path = self._backend.path(txn["file"])
+        if not self._backend.exists(path):
+            raise SnapshotIncompleteError(
+                f"{self._what()}: staged snapshot {txn['snapshot']} of processor "
+                f"{txn['processor']} ({path}) is gone and its marker says it is not in Kafka")
+        table = pa.ipc.open_file(self._backend.read(path)).read_all()
+        if table.num_rows != txn["rows"]:
+            raise SnapshotIncompleteError(
+                f"{self._what()}: staged file {path} has {table.num_rows} rows, "
+                f"the snapshot says {txn['rows']}")
+        return table.to_batches()
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
+        """Commits the restored snapshot's staged transactions that the markers say are not
+        in Kafka yet, fences every id that maps to this processor, and deletes leftovers."""
+        c = self.context
+        b = self._backend
+        b.makedirs(self._registry)
+        b.makedirs(b.path(self._dir(c.processor)))
+        b.create_exclusive(f"{self._registry}/e{c.execution_id:012d}-n{c.processors}", b"{}")
+        txns = []
+        if prepared is not None:
+            if prepared.get("format") != DESCRIPTION_FORMAT:
+                raise InvalidArgumentError(
+                    f"{self._what()}: prepared state has format {prepared.get('format')!r}, "
+                    f"expected {DESCRIPTION_FORMAT}")
+            txns = list(prepared.get("transactions", []))
+        newest = max((int(m[1]) for n in b.listdir(self._registry)
+                      if (m := _REGISTERED.fullmatch(n))), default=c.execution_id)
+        if newest > c.execution_id:
+            raise FencedError(f"{self._what()}: recovery by execution {c.execution_id} refused: "
+                              f"execution {newest} is newer")
+        widest = max([c.processors] + [int(m[2]) for n in b.listdir(self._registry)
+                                       if (m := _REGISTERED.fullmatch(n))])
+        mine = [i for i in range(widest) if i % c.processors == c.processor]
+        mine.extend(t["processor"] for t in txns if t["processor"] not in mine)
+        for i in sorted(set(mine)):
+            producer = self._transactional_producer(i)
+            theirs = sorted((t for t in txns if t["processor"] == i),
+                            key=lambda t: t["snapshot"])
+            if theirs:
+                marker = self._marker(i)
+                due = [t for t in theirs if t["snapshot"] >= marker]
+                if due:
+                    consumer = self._kafka.Consumer(self._config(**{"group.id": self._id(i)}))
+                    try:
+                        self._transaction(producer, consumer.consumer_group_metadata(), due,
+                                          self._load)
+                    finally:
+                        consumer.close()
+            if i == c.processor:
+                self._check_topic()
+                self._producer = producer
+            else:
+                producer.flush(self.sink.timeout)
+            self._remove_leftovers(i)
+        self._pending, self._memory, self._open = [], {}, []
+        self._last_prepared = snapshot_id
+
+    def _remove_leftovers(self, processor: int) -> None:
+        """Deletes the staged files of `processor` from this or older executions: every
+        snapshot they hold is in Kafka now, or never completed."""
+        b = self._backend
+        for name in b.listdir(b.path(self._dir(processor))):
+            m = _STAGED.fullmatch(name)
+            if m is not None and int(m[1]) <= self.context.execution_id:
+                b.remove(b.path(self._dir(processor), name))
+
+    def close(self) -> None:
+        """Discards the open, unprepared rows (a replay writes them again); staged snapshots
+        stay for :meth:`recover`."""
+        self._open = []
+        if self._producer is not None:
+            self._producer.flush(self.sink.timeout)
+        if self._marker_consumer is not None:
+            self._marker_consumer.close()
+            self._marker_consumer = None

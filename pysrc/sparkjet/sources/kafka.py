@@ -1,0 +1,520 @@
+"""A replayable source on Kafka topics (Jet's ``KafkaSources.kafka``), with ``confluent-kafka``.
+
+**Partitions.** The source has ``partitions`` source partitions (by default the topic's
+partition count when the source is built: the snapshot records it, so a job keeps it across
+restarts). Kafka partition ``k`` belongs to source partition ``k % partitions``, and the
+runtime spreads source partitions over the source processors (``p % processors``), so every
+Kafka partition has exactly one reader in every execution, whatever the parallelism. A reader
+looks for new Kafka partitions every ``discovery_interval`` seconds and reads the ones it owns
+from their beginning (they did not exist when the job started).
+
+**Offsets live in the snapshot.** A reader uses ``assign`` (never a consumer group's
+rebalancing) and keeps, for every Kafka partition it owns, the offset of the next record to
+return. :meth:`KafkaReader.snapshot_state` saves them; after a restart
+:meth:`KafkaReader.restore_state` seeks every owned partition to its saved offset (the state
+of all old readers is merged, so a rescale finds every partition's offset). A partition the
+state does not name is new since the snapshot and is read from its beginning. Once a snapshot
+is complete, :meth:`KafkaReader.ack` commits its offsets to the consumer group
+(``sparkjet-job-{job_id}`` unless named) for monitoring tools only: they are never read back.
+
+State::
+
+    {"kafka": {"<topic>": {"offsets": {"<partition>": <next offset>, ...},
+                           "ends": {"<partition>": <end offset>, ...}}}}
+
+(``-2`` is "the partition's beginning", Kafka's ``OFFSET_BEGINNING``; ``ends`` only when
+bounded.)
+
+**Isolation.** Records are read with ``isolation.level=read_committed``: a transactional
+producer's output (sparkjet's own :class:`~sparkjet.sinks.KafkaSink` among them) is read
+only once committed, so exactly-once holds from Kafka to Kafka.
+
+**Columns.** ``key`` and ``value`` are each decoded as ``"raw"`` (binary), ``"utf8"``
+(string, checked), or, for the value, ``"json"`` with a declared ``schema`` (one column per
+field, parsed by Arrow's JSON reader; fields not in the schema are ignored, missing ones are
+null). ``metadata`` adds ``_partition`` (int32), ``_offset`` (int64) and ``_timestamp``
+(``timestamp[ms]``, the record's timestamp: give it to ``with_timestamps`` for event time
+from Kafka, or name a field of the value instead). A record that does not decode stops the
+job with :class:`~sparkjet.errors.CorruptDataError` naming its topic, partition and offset.
+A read returns the records of one source partition, so event time has a watermark per
+source partition.
+
+**Bounded.** With ``bounded=True`` a reader ends every partition at the end offset it had
+when first seen (saved in the state, so a restart ends at the same place).
+
+Needs ``confluent-kafka`` (``pip install 'sparkjet[kafka]'``).
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DECODINGS = ("raw", "utf8", "json")
+METADATA = ("partition", "offset", "timestamp")
+#: Kafka's "the partition's beginning" (``confluent_kafka.OFFSET_BEGINNING``).
+BEGINNING = -2
+
+
+def kafka_module():
+    """``confluent_kafka``, or an ImportError that says how to install it."""
+    try:
+        import confluent_kafka
+    except ImportError:
+        raise ImportError(
+            "Kafka sources and sinks need confluent-kafka: pip install 'sparkjet[kafka]'"
+        ) from None
+    return confluent_kafka
+
+
+def client_config(bootstrap_servers: str, timeout: float, extra: dict | None) -> dict:
+    """librdkafka settings shared by consumers and producers: connection attempts bounded by
+    ``timeout`` so an unreachable broker is an error, not a hang."""
+    ms = max(1000, int(timeout * 1000))
+    config = {"bootstrap.servers": bootstrap_servers,
+              "socket.connection.setup.timeout.ms": ms,
+              "socket.timeout.ms": max(ms, 10_000),
+              "client.id": "sparkjet"}
+    config.update(extra or {})
+    return config
+
+
+def topic_partitions(client, topic: str, timeout: float, connector: str,
+                     bootstrap_servers: str) -> list[int]:
+    """The partition ids of `topic`, through any client's ``list_topics``; ConnectorError
+    (naming the connector) if the broker is unreachable or the topic does not exist."""
+    kafka = kafka_module()
+    try:
+        metadata = client.list_topics(topic, timeout=timeout)
+    except kafka.KafkaException as e:
+        raise ConnectorError(
+            f"{connector} for topic {topic!r}: cannot reach the broker(s) at "
+            f"{bootstrap_servers} within {timeout:g} s: {e.args[0].str()}") from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        why = found.error.str() if found is not None and found.error is not None else "no partitions"
+        raise ConnectorError(
+            f"{connector}: topic {topic!r} is not usable at {bootstrap_servers}: {why}")
+    return sorted(found.partitions)
+
+
+def partitions_of(topic: str, bootstrap_servers: str, timeout: float, connector: str,
+                  config: dict | None = None) -> list[int]:
+    """The partition ids of `topic` (see :func:`topic_partitions`), asked by a consumer:
+    a consumer's metadata request never creates the topic (a producer's or an admin
+    client's may, where the broker auto-creates topics)."""
+    kafka = kafka_module()
+    consumer = kafka.Consumer({**client_config(bootstrap_servers, timeout, config),
+                               "group.id": "sparkjet-metadata"})
+    try:
+        return topic_partitions(consumer, topic, timeout, connector, bootstrap_servers)
+    finally:
+        consumer.close()
+
+
+def _check_decoding(name: str, value, allowed) -> str | None:
+    if value is None and name == "key":
+        return None
+    if value not in allowed:
+        raise InvalidArgumentError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+class KafkaSource(Source):
+    """Reads ``topic`` at ``bootstrap_servers`` as a replayable source (see the module doc).
+
+    :param partitions: source partitions (default: the topic's partition count now).
+    :param value: ``"raw"``, ``"utf8"`` or ``"json"`` (then ``schema`` is required).
+    :param key: None (no key column), ``"raw"`` or ``"utf8"``: a column ``_key``.
+    :param metadata: which of ``"partition"``, ``"offset"``, ``"timestamp"`` to add.
+    :param start: where partitions known at the job's first start begin: ``"earliest"``
+        or ``"latest"``; partitions found later always begin at their earliest record.
+    :param bounded: end each partition at its end offset when first seen.
+    :param config: further librdkafka consumer settings (security, fetch sizes, ...).
+
+    >>> schema = pa.schema([("user", pa.string()), ("amount", pa.float64())])
+    >>> KafkaSource("orders", "127.0.0.1:9092", value="json", schema=schema,
+    ...             partitions=4)
+    KafkaSource('orders', '127.0.0.1:9092', partitions=4, value='json')
+    """
+
+    name = "kafka"
+    replayable = True
+
+    def __init__(self, topic: str, bootstrap_servers: str = DEFAULT_BOOTSTRAP, *,
+                 partitions: int | None = None, value: str = "raw",
+                 schema: pa.Schema | None = None, key: str | None = None,
+                 metadata=METADATA, start: str = "earliest", bounded: bool = False,
+                 group: str | None = None, discovery_interval: float = 5.0,
+                 timeout: float = 10.0, config: dict | None = None):
+        if not isinstance(topic, str) or not topic:
+            raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
+        self.value = _check_decoding("value", value, DECODINGS)
+        self.key = _check_decoding("key", key, ("raw", "utf8"))
+        if (value == "json") != (schema is not None):
+            raise InvalidArgumentError(
+                'Kafka source: value="json" needs a schema (a pyarrow.Schema), and only it takes one')
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise InvalidArgumentError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        metadata = tuple(metadata)
+        if not set(metadata) <= set(METADATA):
+            raise InvalidArgumentError(f"metadata takes names from {METADATA}, got {metadata!r}")
+        if start not in ("earliest", "latest"):
+            raise InvalidArgumentError(f'start must be "earliest" or "latest", got {start!r}')
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+        self.schema = schema
+        self.metadata = metadata
+        self.start = start
+        self.bounded = bool(bounded)
+        self.group = group
+        self.discovery_interval = check_number("discovery_interval", discovery_interval,
+                                               above=0, finite=False)
+        self.timeout = check_number("timeout", timeout, above=0)
+        self.config = dict(config or {})
+        if partitions is None:
+            partitions = len(partitions_of(topic, bootstrap_servers, self.timeout,
+                                           "Kafka source", self.config))
+        self.partitions = check_int("partitions", partitions, min=1)
+
+    def __repr__(self) -> str:
+        return (f"KafkaSource({self.topic!r}, {self.bootstrap_servers!r}, "
+                f"partitions={self.partitions}, value={self.value!r})")
+
+    def partition_count(self) -> int:
+        return self.partitions
+
+    def group_name(self, context: ProcessorContext) -> str:
+        """The consumer group the offsets are committed to (for monitoring only)."""
+        return self.group if self.group is not None else f"sparkjet-job-{context.job_id}"
+
+    def open(self, partitions: list[int], context: ProcessorContext) -> KafkaReader:
+        return KafkaReader(self, partitions, context)
+
+
+class KafkaReader(SourceReader):
+    """Reads the Kafka partitions of some source partitions of a :class:`KafkaSource`."""
+
+    def __init__(self, source: KafkaSource, partitions: list[int], context: ProcessorContext):
+        self._source = source
+        self._slots = set(check_distinct_ints("partitions", partitions, min=0,
+                                              max=source.partitions - 1))
+        kafka = self._kafka = kafka_module()
+        config = client_config(source.bootstrap_servers, source.timeout, source.config)
+        config.update({"group.id": source.group_name(context),
+                       "enable.auto.commit": False,
+                       "enable.auto.offset.store": False,
+                       "isolation.level": "read_committed",
+                       "auto.offset.reset": "earliest"})
+        config.update(source.config)
+        self._consumer = kafka.Consumer(config)
+        self._topic = source.topic
+        self._next: dict[int, int] = {}     # owned Kafka partition -> next offset to return
+        self._ends: dict[int, int] = {}     # bounded: Kafka partition -> end offset
+        self._stash: list = []              # fetched records of other partitions, in order
+        self._last: int | None = None
+        self._restored: dict | None = None
+        self._assigned = False
+        self._next_discovery = 0.0
+        self._acked: dict[int, int] = {}
+        self._to_ack: dict[int, int] | None = None
+        try:
+            self._known = topic_partitions(self._consumer, self._topic, source.timeout,
+                                           "Kafka source", source.bootstrap_servers)
+        except BaseException:
+            self._consumer.close()
+            raise
+        self._fields = [] if source.schema is None else source.schema.names
+
+    # -- assignment ------------------------------------------------------------------------
+
+    def _owned(self, kafka_partitions) -> list[int]:
+        n = self._source.partitions
+        return [k for k in kafka_partitions if k % n in self._slots]
+
+    def _assign(self) -> None:
+        """Assigns every owned partition at its restored or starting offset."""
+        restored = self._restored or {}
+        offsets = restored.get("offsets", {})
+        ends = restored.get("ends", {})
+        first_start = self._restored is None
+        for k in self._owned(self._known):
+            if str(k) in offsets:
+                self._next[k] = int(offsets[str(k)])
+            elif first_start and self._source.start == "latest":
+                self._next[k] = self._watermarks(k)[1]
+            else:
+                self._next[k] = BEGINNING
+            if self._source.bounded:
+                low, high = self._watermarks(k)
+                self._ends[k] = int(ends[str(k)]) if str(k) in ends else high
+                if self._next[k] == BEGINNING:
+                    self._next[k] = low     # so that an empty partition is at its end
+        self._add(list(self._next))
+        self._assigned = True
+        self._next_discovery = time.monotonic() + self._source.discovery_interval
+
+    def _add(self, kafka_partitions: list[int]) -> None:
+        if kafka_partitions:
+            tp = self._kafka.TopicPartition
+            self._consumer.incremental_assign(
+                [tp(self._topic, k, self._next[k]) for k in kafka_partitions])
+
+    def _watermarks(self, k: int) -> tuple[int, int]:
+        tp = self._kafka.TopicPartition(self._topic, k)
+        try:
+            return self._consumer.get_watermark_offsets(tp, timeout=self._source.timeout)
+        except self._kafka.KafkaException as e:
+            raise ConnectorError(
+                f"Kafka source: cannot read the offsets of topic {self._topic!r} partition {k} "
+                f"at {self._source.bootstrap_servers}: {e.args[0].str()}") from None
+
+    def _discover(self) -> None:
+        """Assigns owned partitions that appeared since the last look, from their beginning."""
+        self._next_discovery = time.monotonic() + self._source.discovery_interval
+        try:
+            md = self._consumer.list_topics(self._topic, timeout=self._source.timeout)
+        except self._kafka.KafkaException:
+            return      # the next read or look tells; a slow metadata answer is not an error
+        topic = md.topics.get(self._topic)
+        if topic is None or topic.error is not None:
+            return
+        new = [k for k in self._owned(sorted(topic.partitions)) if k not in self._next]
+        for k in new:
+            self._next[k] = BEGINNING
+        self._known = sorted(topic.partitions)
+        self._add(new)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, max_rows: int) -> pa.RecordBatch | None:
+        """Up to ``max_rows`` records of one source partition; None if none are ready."""
+        check_int("max_rows", max_rows, min=1)
+        if not self._assigned:
+            self._assign()
+        if not self._source.bounded and time.monotonic() >= self._next_discovery:
+            self._discover()
+        if not self._stash:
+            if not self._next:
+                return None
+            messages = self._consumer.consume(max_rows, 0)
+            if not messages:
+                return None
+            self._stash = messages
+        return self._take(max_rows)
+
+    def _take(self, max_rows: int) -> pa.RecordBatch | None:
+        """The leading records of the stash that share the first one's source partition."""
+        stash, n = self._stash, self._source.partitions
+        slot = None
+        take = []
+        rest = []
+        for i, m in enumerate(stash):
+            err = m.error()
+            if err is not None:
+                if err.code() == self._kafka.KafkaError._PARTITION_EOF:
+                    continue
+                self._stash = stash[i + 1:]
+                if err.fatal() or not err.retriable():
+                    raise ConnectorError(f"Kafka source: topic {self._topic!r}: {err.str()}")
+                continue
+            if slot is None:
+                slot = m.partition() % n
+            if m.partition() % n == slot and len(take) < max_rows:
+                take.append(m)
+            else:
+                rest.append(m)
+        self._stash = rest
+        if not take:
+            return None
+        if self._source.bounded:
+            take = [m for m in take if m.offset() < self._ends.get(m.partition(), 0)]
+            if not take:
+                return None
+        for m in take:
+            self._next[m.partition()] = m.offset() + 1
+        self._last = slot
+        return self._decode(take)
+
+    def _decode(self, messages: list) -> pa.RecordBatch:
+        src = self._source
+        columns, names = [], []
+        if src.key is not None:
+            columns.append(self._text_or_raw([m.key() for m in messages], src.key, messages,
+                                             "key"))
+            names.append("_key")
+        values = [m.value() for m in messages]
+        if src.value == "json":
+            table = self._json(values, messages)
+            columns.extend(table.column(i).combine_chunks() for i in range(table.num_columns))
+            names.extend(table.column_names)
+        else:
+            columns.append(self._text_or_raw(values, src.value, messages, "value"))
+            names.append("value")
+        if "partition" in src.metadata:
+            columns.append(pa.array([m.partition() for m in messages], pa.int32()))
+            names.append("_partition")
+        if "offset" in src.metadata:
+            columns.append(pa.array([m.offset() for m in messages], pa.int64()))
+            names.append("_offset")
+        if "timestamp" in src.metadata:
+            columns.append(pa.array([m.timestamp()[1] for m in messages], pa.timestamp("ms")))
+            names.append("_timestamp")
+        return pa.RecordBatch.from_arrays(columns, names=names)
+
+    def _where(self, m) -> str:
+        return f"topic {self._topic!r} partition {m.partition()} offset {m.offset()}"
+
+    def _text_or_raw(self, data: list, decoding: str, messages: list, what: str) -> pa.Array:
+        raw = pa.array(data, pa.binary())
+        if decoding == "raw":
+            return raw
+        try:
+            return raw.cast(pa.string())
+        except pa.ArrowInvalid:
+            for m, d in zip(messages, data):
+                if d is not None:
+                    try:
+                        d.decode()
+                    except UnicodeDecodeError as e:
+                        raise CorruptDataError(
+                            f"Kafka source: {self._where(m)}: the {what} is not UTF-8: {e}"
+                        ) from None
+            raise
+
+    def _json(self, values: list, messages: list) -> pa.Table:
+        """Parses the values with Arrow's JSON reader in one go; on failure finds the first
+        record that does not parse or fit the schema, and names it."""
+        schema = self._source.schema
+        lines = [b"{}" if v is None else v for v in values]
+        if any(b"\n" in v for v in lines):
+            # Arrow reads one document per line: take pretty-printed ones apart first.
+            lines = [json.dumps(json.loads(v)).encode() if b"\n" in v else v for v in lines]
+        options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+        try:
+            table = pajson.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
+            if table.num_rows == len(lines):
+                return table.select(schema.names).cast(schema)
+            problem = f"{len(lines)} records gave {table.num_rows} rows"
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            problem = str(e)
+        for m, line in zip(messages, lines):
+            try:
+                one = pajson.read_json(io.BytesIO(line), parse_options=options)
+                if one.num_rows != 1:
+                    raise pa.ArrowInvalid("not one JSON object")
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise CorruptDataError(
+                    f"Kafka source: {self._where(m)}: the value does not match the JSON "
+                    f"schema ({', '.join(f'{f.name}: {f.type}' for f in schema)}): {e}"
+                ) from None
+        raise CorruptDataError(f"Kafka source: topic {self._topic!r}: {problem}")
+
+    def last_partition(self) -> int | None:
+        return self._last
+
+    def at_end(self) -> bool:
+        """Bounded: True once every owned partition reached its end offset. Unbounded: never."""
+        if not self._source.bounded:
+            return False
+        if not self._assigned:
+            self._assign()
+        if self._stash:
+            return False
+        if all(self._next[k] >= e for k, e in self._ends.items()):
+            return True
+        # Transaction markers and aborted records take offsets no record is returned from:
+        # once nothing is waiting, the consumer's position says how far it really is.
+        tp = self._kafka.TopicPartition
+        waiting = [k for k, e in self._ends.items() if self._next[k] < e]
+        for p in self._consumer.position([tp(self._topic, k) for k in waiting]):
+            if p.offset >= 0 and p.offset > self._next[p.partition]:
+                self._next[p.partition] = p.offset
+        return all(self._next[k] >= e for k, e in self._ends.items())
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def snapshot_state(self) -> dict:
+        if not self._assigned:
+            self._assign()
+        offsets = {str(k): v for k, v in self._next.items()}
+        self._to_ack = dict(self._next)
+        state = {"offsets": offsets}
+        if self._source.bounded:
+            state["ends"] = {str(k): v for k, v in self._ends.items()}
+        return {"kafka": {self._topic: state}}
+
+    def restore_state(self, state: dict | None) -> None:
+        """Seeks the owned partitions to the offsets in ``state`` (None: the start)."""
+        restored = None
+        if state is not None:
+            mine = state.get("kafka", {}).get(self._topic) if isinstance(state, dict) else None
+            if not isinstance(mine, dict) or not isinstance(mine.get("offsets"), dict):
+                raise InvalidArgumentError(
+                    f"a Kafka source state is {{'kafka': {{topic: {{'offsets': {{partition: "
+                    f"offset}}}}}}}}, got {state!r}")
+            restored = mine
+        if self._assigned:
+            self._consumer.unassign()
+            self._next, self._ends, self._stash = {}, {}, []
+        self._restored = restored
+        self._assign()
+
+    def ack(self, snapshot_id: int) -> None:
+        """Commits the offsets of the snapshot to the consumer group, for monitoring."""
+        if self._to_ack is None:
+            return
+        tp = self._kafka.TopicPartition
+        due = [tp(self._topic, k, v) for k, v in self._to_ack.items()
+               if v >= 0 and self._acked.get(k) != v]
+        self._to_ack = None
+        if due:
+            try:
+                self._consumer.commit(offsets=due, asynchronous=True)
+            except self._kafka.KafkaException:
+                return      # monitoring only: the next snapshot commits again
+            self._acked.update({p.partition: p.offset for p in due})
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_topic(topic: str, bootstrap_servers: str = DEFAULT_BOOTSTRAP, *, value: str = "raw",
+               schema: pa.Schema | None = None, key: str | None = None,
+               metadata=METADATA, timeout: float = 30.0, config: dict | None = None) -> pa.Table:
+    """Every committed record of ``topic`` now (``read_committed``), decoded as a
+    :class:`KafkaSource` would: for checking what a job wrote."""
+    source = KafkaSource(topic, bootstrap_servers, value=value, schema=schema, key=key,
+                         metadata=metadata, bounded=True, timeout=min(timeout, 10.0),
+                         config=config)
+    context = ProcessorContext(job_id=0, execution_id=0, vertex="read_topic", processor=0,
+                               processors=1)
+    reader = source.open(list(range(source.partitions)), context)
+    batches = []
+    deadline = time.monotonic() + timeout
+    try:
+        reader.restore_state(None)
+        while not reader.at_end():
+            if time.monotonic() > deadline:
+                raise ConnectorError(
+                    f"Kafka source: topic {topic!r} not read to its end within {timeout:g} s "
+                    "(an open transaction holds read_committed consumers back)")
+            batch = reader.read(100_000)
+            if batch is None:
+                time.sleep(0.01)
+            else:
+                batches.append(batch)
+    finally:
+        reader.close()
+    if not batches:
+        return pa.table({})
+    return pa.Table.from_batches(batches)
