@@ -4,6 +4,7 @@ snapshot with a new execution id. Faults are real: SIGKILL and SIGSTOP of the me
 Python workers."""
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -191,3 +192,29 @@ def test_campaign_on_spark(spark, tmp_path, capsys):
                     and r.report.duplicated_count == 0), str(r.report)
         else:
             assert r.report.lost_count == 0 and r.report.valid_for("at-least-once"), str(r.report)
+
+
+def test_ctrl_c_on_the_driver_cancels_the_stage_and_raises_keyboard_interrupt(spark, tmp_path):
+    """Ctrl-C while a job runs on Spark is a KeyboardInterrupt for the caller (it was a
+    KeyError: 'status' from inside the runner), and the members' stage is cancelled."""
+    import _thread
+
+    source = GeneratorSource(total=10_000_000, partitions=2, keys=100, rate=50_000)
+    config = JobConfig(name="interrupted", snapshot_store=str(tmp_path / "s"), members=2,
+                       local_parallelism=1, max_restarts=0)
+    job = Job(Pipeline().read_from(source).write_to(TransactionalFileSink(tmp_path / "out")),
+              config)
+
+    def interrupt_once_running():
+        while not job.member_pids:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        job.run(spark)
+    deadline = time.monotonic() + 30
+    while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()

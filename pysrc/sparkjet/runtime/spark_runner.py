@@ -200,7 +200,10 @@ class SparkRunner:
                        "tls": self.tls})
         self.current = coord
         thread.start()
-        outcome = {"execution_id": execution, "members": members, "restored_from": restore_from}
+        # "interrupted" stays when Ctrl-C (or any BaseException) ends the wait: the stage is
+        # cancelled on the way out, and the interrupt goes on to the caller
+        outcome = {"execution_id": execution, "members": members, "restored_from": restore_from,
+                   "status": "interrupted"}
         try:
             coord.wait_started(config.start_timeout)
             self.max_members_seen = max(self.max_members_seen, members)
