@@ -1,10 +1,12 @@
 """A job's metrics (as a dict and for Prometheus), its progress line and its log records."""
 import logging
+import os
 import threading
 import time
 import urllib.request
 
 import pyarrow.compute as pc
+import pytest
 
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -96,3 +98,42 @@ def test_spark_jvm_logs_go_to_a_file_not_the_terminal(spark):
     assert "SparkContext: Running Spark version" in text
     options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
     assert "log4j2.configurationFile" in options
+
+
+# -- one run at a time; a finished job says so ----------------------------------------------
+
+
+def test_a_second_run_of_a_running_job_is_refused(tmp_path):
+    from sparkjet.runtime import JobAlreadyRunningError
+
+    job, _ = _job(tmp_path, "twice", total=400_000, rate=100_000)
+    other, _ = _job(tmp_path, "twice")
+    errors: list = []
+    started = threading.Event()
+
+    def second():
+        while job.metrics is None or job.metrics["state"] != "running":
+            time.sleep(0.02)
+        started.set()
+        try:
+            other.run()
+        except JobAlreadyRunningError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    job.run()
+    t.join(30)
+    assert started.is_set() and len(errors) == 1
+    assert "job 'twice' is already running against snapshot store" in str(errors[0])
+    assert f"pid {os.getpid()}" in str(errors[0])
+
+
+def test_a_finished_job_run_again_says_so(tmp_path):
+    from sparkjet.runtime import JobFinishedError
+
+    job, _ = _job(tmp_path, "done")
+    job.run()
+    with pytest.raises(JobFinishedError, match="job 'done' already ran to its end .* 60000 "
+                                               "events read in its last run"):
+        _job(tmp_path, "done")[0].run()

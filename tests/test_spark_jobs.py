@@ -218,3 +218,16 @@ def test_ctrl_c_on_the_driver_cancels_the_stage_and_raises_keyboard_interrupt(sp
     while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+
+
+def test_relative_paths_mean_the_drivers_directory(spark, tmp_path, monkeypatch):
+    """A relative snapshot store and sink path on Spark are the driver's (a Spark Python
+    worker runs in a directory of its own: they failed as 'fenced off by execution None')."""
+    monkeypatch.chdir(tmp_path)
+    source = GeneratorSource(total=20_000, partitions=2, keys=10, batch_size=2_000)
+    config = JobConfig(name="relative", snapshot_store="snaps", members=2, local_parallelism=1,
+                       max_restarts=0)
+    job = Job(Pipeline().read_from(source).write_to(TransactionalFileSink("out")), config)
+    job.run(spark)
+    assert (tmp_path / "snaps").is_dir()
+    assert TransactionalFileSink.read(tmp_path / "out").num_rows == 20_000

@@ -20,6 +20,16 @@ import pyarrow.fs as pafs
 from sparkjet.errors import InvalidArgumentError
 
 
+def absolute(uri, filesystem=None) -> str:
+    """``uri`` as the driver means it: a relative local path made absolute here, before a
+    Spark worker (whose working directory is another) resolves it. URIs and paths on an
+    explicit ``filesystem`` stay as they are."""
+    text = os.fspath(uri)
+    if filesystem is not None or "://" in text:
+        return text
+    return os.path.abspath(text)
+
+
 class Backend:
     """Local (os) or pyarrow.fs file operations under one root."""
 

@@ -24,5 +24,7 @@ coordinator) is loaded only where members talk to each other.
 """
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.job import Job, JobFailedError, JobResult
+from sparkjet.runtime.lifecycle import JobAlreadyRunningError, JobFinishedError
 
-__all__ = ["Job", "JobConfig", "JobFailedError", "JobResult"]
+__all__ = ["Job", "JobAlreadyRunningError", "JobConfig", "JobFailedError", "JobFinishedError",
+           "JobResult"]

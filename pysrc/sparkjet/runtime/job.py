@@ -17,6 +17,7 @@ from sparkjet._checks import check_int
 from sparkjet.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.lifecycle import RunLock, check_not_finished, mark_finished
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
@@ -82,8 +83,14 @@ class Job:
         ``http://metrics_host:metrics_port/metrics`` while the job runs (0: any free port,
         then in :attr:`metrics_port`). Records of the ``sparkjet`` loggers carry ``job``,
         ``execution`` and ``member``.
+
+        A run holds the job's snapshot store: a second run of the same job meanwhile is
+        refused (:class:`~sparkjet.runtime.lifecycle.JobAlreadyRunningError`), and so is a
+        run of a job that already ran to its end there
+        (:class:`~sparkjet.runtime.lifecycle.JobFinishedError`).
         """
         self._check_snapshot()
+        check_not_finished(self.config)
         metrics = self._metrics = JobMetrics(self.config.name, _bounded_total(self.plan))
         view = ProgressView(metrics) if progress else None
         server = None
@@ -112,7 +119,9 @@ class Job:
                 on_progress(event)
 
         try:
-            result = self._run(spark, isolated, report)
+            with RunLock(self.config):
+                result = self._run(spark, isolated, report)
+                mark_finished(self.config, result.events_in)
         except BaseException:
             metrics.finish("failed")
             _log.error("job %r failed", self.config.name, extra={**context, "execution": "-"})

@@ -54,7 +54,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sparkjet._checks import check_int
-from sparkjet._fs import Backend
+from sparkjet._fs import Backend, absolute
 from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
 
@@ -82,7 +82,7 @@ class TransactionalFileSink(Sink):
         if format not in FORMATS:
             raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
         rows_per_file = check_int("rows_per_file", rows_per_file, min=1, none_ok=True)
-        self.uri = os.fspath(uri)
+        self.uri = absolute(uri, filesystem)
         self.format = format
         self.rows_per_file = rows_per_file
         self.filesystem = filesystem

@@ -112,7 +112,7 @@ class SQLiteUpsertSink(Sink):
             raise InvalidArgumentError(f"key must name one or more columns, got {key!r}")
         if not isinstance(table, str) or not table or table.startswith("_sparkjet"):
             raise InvalidArgumentError(f"bad table name {table!r}")
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))   # the driver's, not a Spark worker's
         self.table = table
         self.key = keys
         self.max_buffered_rows = max_buffered_rows

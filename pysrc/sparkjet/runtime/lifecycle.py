@@ -1,0 +1,118 @@
+"""One run of a job at a time, and a finished job known as finished.
+
+A job's snapshots live in its directory of the snapshot store (``job-<id>``, the id derived
+from its name). Two runs of one job against one store would fence each other's executions
+and both fail; so :class:`RunLock` makes a run hold an exclusive lock on
+``job-<id>/RUNNING`` (``flock``: released by the kernel when the driver dies) for as long
+as it runs, and a second run is refused at once with the first one's pid, host and start.
+
+A run that ends well leaves ``job-<id>/FINISHED`` (when, and how many events): its sources
+were read to the end and its output committed, so running it again would read nothing and
+return as if it had worked. :func:`check_not_finished` refuses that with what to do instead.
+
+Both need a file system with locks and the store as a local path (a local disk, or a shared
+one such as NFS mounted on the driver); with a ``pyarrow.fs`` URI (HDFS, S3) there is no
+lock and no marker, and running a job twice at once is the user's to avoid.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from sparkjet.errors import SparkjetError
+
+
+class JobAlreadyRunningError(SparkjetError, RuntimeError):
+    """Another run of the same job holds its snapshot store."""
+
+
+class JobFinishedError(SparkjetError, RuntimeError):
+    """The job already ran to its end against this snapshot store."""
+
+
+def _job_dir(config) -> Path | None:
+    root = config.snapshot_store
+    if root is None or "://" in str(root):
+        return None
+    return Path(root) / f"job-{config.id:016x}"
+
+
+class RunLock:
+    """Held by one run of ``config``'s job while it runs (a context manager)."""
+
+    def __init__(self, config):
+        self.config = config
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        import fcntl
+
+        d = _job_dir(self.config)
+        if d is None:
+            return self
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / "RUNNING"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_json(path)
+            os.close(fd)
+            who = (f"pid {holder.get('pid')} on {holder.get('host')}, started "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder['since']))}"
+                   if holder.get("since") else "another process")
+            raise JobAlreadyRunningError(
+                f"job {self.config.name!r} is already running against snapshot store "
+                f"{self.config.snapshot_store!r} ({who}); two runs of one job would fence "
+                f"each other. Wait for it, stop it, or give this run another name") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.time()}).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)      # closing releases the lock
+            self._fd = None
+
+
+def check_not_finished(config) -> None:
+    """Raises :class:`JobFinishedError` when ``config``'s job ran to its end before."""
+    d = _job_dir(config)
+    if d is None or not (d / "FINISHED").exists():
+        return
+    done = _read_json(d / "FINISHED")
+    when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(done["at"]))
+            if done.get("at") else "earlier")
+    raise JobFinishedError(
+        f"job {config.name!r} already ran to its end against snapshot store "
+        f"{config.snapshot_store!r} ({when}, {done.get('events_in', '?')} events read in its "
+        f"last run): its sources are exhausted and its output committed, so a rerun would "
+        f"read nothing. Run it under another name (or another snapshot store) to process the "
+        f"input again")
+
+
+def mark_finished(config, events_in: int) -> None:
+    """Records that ``config``'s job ran to its end."""
+    d = _job_dir(config)
+    if d is None:
+        return
+    tmp = d / f".FINISHED.{os.getpid()}"
+    tmp.write_text(json.dumps({"at": time.time(), "events_in": events_in}))
+    os.replace(tmp, d / "FINISHED")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+__all__ = ["JobAlreadyRunningError", "JobFinishedError", "RunLock", "check_not_finished",
+           "mark_finished"]
