@@ -231,6 +231,24 @@ def test_new_files_are_picked_up_and_restored_over(tmp_path):
     assert sorted(got) == list(range(30)) and again.at_end()
 
 
+def test_files_removed_after_they_are_read_leave_the_state(tmp_path):
+    root = tmp_path / "in"
+    write_file(root, "a.parquet", "parquet", rows_of(range(10)))
+    source = DirectorySource(root, partitions=1, watch=True, poll_interval=0)
+    reader = source.open([0], CTX)
+    assert ids_of([reader.read(100)]) == list(range(10)) and reader.read(100) is None
+    assert reader.snapshot_state()["files"]["0"]["done"] == ["a.parquet"]
+    os.remove(root / "a.parquet")
+    write_file(root, "b.parquet", "parquet", rows_of(range(10, 20)))
+    assert ids_of([reader.read(100)]) == list(range(10, 20))
+    assert reader.read(100) is None
+    assert reader.snapshot_state()["files"]["0"]["done"] == ["b.parquet"]
+
+
+def test_a_reader_without_partitions_is_at_its_end(tmp_path):
+    assert DirectorySource(tmp_path / "nowhere", watch=True).open([], CTX).at_end()
+
+
 def test_ordered_names_keep_a_watermark_and_refuse_a_late_file(tmp_path):
     root = tmp_path / "in"
     for f in range(3):

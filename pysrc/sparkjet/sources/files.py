@@ -29,15 +29,22 @@ is returned once between a snapshot and the next (the runtime's exactly-once), w
 order files appear in. States of several readers merge by uniting their ``files``, so any
 snapshot restores at any parallelism.
 
-**The cost of the done list**: every file a partition has read stays in its state, so a
-snapshot grows with the number of files read (about the length of their relative paths
-each: 100,000 files of 40 characters are 4 MB per snapshot). When new files always sort
+**The cost of the done list**: every file a partition has read and that is still in the
+directory stays in its state, so a snapshot grows with the number of files read and kept
+(about the length of their relative paths each: 100,000 files of 40 characters are 4 MB per
+snapshot). A file removed after it was read leaves the state at the next listing, so
+expiring read files keeps it small. When new files always sort
 after every file already there (names that start with a time stamp or a sequence number),
 ``ordered_names=True`` keeps one ``watermark`` per partition instead: the path of the last
 file read completely, every file sorting at or before it being done. A file that appears
 after files sorting later were read breaks that promise; the reader refuses it
 (:class:`~sparkjet.errors.InvalidArgumentError` naming both files) when it can tell, which
 is for files it did not list before (the first listing after a restore is taken as is).
+
+**Listing.** Every reader lists the whole directory, recursively (on S3 one request per
+1,000 names): once at its start, and with ``watch`` again whenever it has read everything it
+knows and ``poll_interval`` has passed. Keep a watched directory to what lists quickly
+(move or expire old files, or point the source at a narrower prefix).
 
 **Ends.** With ``watch=False`` (the default) the source reads the files its first listing
 finds and then ends. With ``watch=True`` it lists the directory again every
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import os
 import time
 
 import pyarrow as pa
@@ -137,7 +145,10 @@ class DirectorySource(Source):
             raise InvalidArgumentError("end_marker ends a watching source: give watch=True")
         if end_marker is not None and (not isinstance(end_marker, str) or not end_marker):
             raise InvalidArgumentError(f"end_marker must be a file name, got {end_marker!r}")
-        self.path = path if isinstance(path, str) else str(path)
+        path = os.fspath(path)
+        if filesystem is None and "://" not in path:
+            path = os.path.abspath(path)    # here: members may run in another directory
+        self.path = path
         self.format = format
         self.schema = schema.remove_metadata() if schema is not None else None
         self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
@@ -171,9 +182,7 @@ class DirectorySource(Source):
         if self.filesystem is not None:
             return self.filesystem, self.path.rstrip("/") or "/"
         if "://" not in self.path:
-            import os
-
-            return pafs.LocalFileSystem(), os.path.abspath(self.path)
+            return pafs.LocalFileSystem(), self.path
         try:
             fs, root = pafs.FileSystem.from_uri(self.path)
         except (pa.ArrowInvalid, ValueError) as e:
@@ -227,6 +236,8 @@ class DirectoryReader(SourceReader):
     def at_end(self) -> bool:
         """Without ``watch``: once the files of the first listing are read. With ``watch``:
         once the end marker was listed and everything listed with it is read."""
+        if not self._parts:
+            return True     # more processors than partitions: this one has none
         if self._listings == 0:
             self._list()
         if self._source.watch and not self._marker_seen:
@@ -295,6 +306,9 @@ class DirectoryReader(SourceReader):
             self._schema = self._infer_schema(files[0])
         ordered = self._source.ordered_names
         partitions = self._source.partitions
+        listed = set(files)
+        for part in self._parts.values():
+            part.forget_all_but(listed)
         for rel in files:
             part = self._parts.get(partition_of(rel, partitions))
             if part is None or part.knows(rel):
@@ -505,6 +519,14 @@ class _Partition:
     def knows(self, rel: str) -> bool:
         return (rel in self.done or rel in self._queued or rel == self.file
                 or rel in self.read_below)
+
+    def forget_all_but(self, listed: set[str]) -> None:
+        """Drops the read files that are gone from the directory: they cannot come back
+        (files are never re-created), and the state stays as small as the directory."""
+        if not self.done.issubset(listed):
+            self.done &= listed
+        if not self.read_below.issubset(listed):
+            self.read_below &= listed
 
     def floor(self) -> str | None:
         """The greatest path read or being read (ordered_names: nothing may appear below)."""
