@@ -20,7 +20,9 @@ def redact_url(url: str) -> str:
         userinfo, _, host = netloc.rpartition("@")
         user, colon, _ = userinfo.partition(":")
         netloc = f"{user}{':' + MASK if colon else ''}@{host}" if user else f"{MASK}@{host}"
-    query = re.sub(r"(?i)(password|passwd|pwd|secret|token)=[^&]*", rf"\1={MASK}", parts.query)
+    # secret_key / secret_access_key: object stores' query options (pyarrow.fs URIs).
+    query = re.sub(r"(?i)(password|passwd|pwd|secret(?:_access)?(?:_key)?|token)=[^&]*",
+                   rf"\1={MASK}", parts.query)
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

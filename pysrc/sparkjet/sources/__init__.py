@@ -4,6 +4,8 @@
   as fast as possible; computes the expected output of a failure-free run.
 - :class:`ArrowLogSource` and :class:`ArrowLogWriter`: a partitioned append-only log of
   Arrow IPC segment files, replayable and readable while it is being appended.
+- :class:`DirectorySource`: Parquet, CSV or JSON-lines files in a directory on a local
+  disk or any ``pyarrow.fs`` file system (S3, GCS, HDFS), replayable, picking up new files.
 - :class:`NexmarkSource`: NEXMark's persons, auctions or bids, deterministic and replayable
   by offset like the generator, in event time from a fixed epoch.
 - :class:`KafkaSource`: Kafka topics, replayable (offsets in the snapshot), decoded to
@@ -17,6 +19,7 @@ from sparkjet.sources.arrow_log import (
     ArrowLogWriter,
     LogLockedError,
 )
+from sparkjet.sources.files import DirectoryReader, DirectorySource
 from sparkjet.sources.generator import GeneratorReader, GeneratorSource
 from sparkjet.sources.kafka import KafkaReader, KafkaSource, read_topic
 from sparkjet.sources.nexmark import NexmarkReader, NexmarkSource
@@ -30,6 +33,8 @@ __all__ = [
     "ArrowLogReader",
     "ArrowLogSource",
     "ArrowLogWriter",
+    "DirectoryReader",
+    "DirectorySource",
     "GeneratorReader",
     "GeneratorSource",
     "KafkaReader",

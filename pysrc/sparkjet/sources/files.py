@@ -1,0 +1,617 @@
+"""A directory of Parquet, CSV or JSON-lines files as a replayable source, on a local disk
+or any ``pyarrow.fs`` file system (S3, GCS, HDFS), picking up new files as they appear.
+
+**Files to partitions.** A data file belongs to source partition
+``blake2b(relative path) % partitions``: a function of its path relative to the root only,
+so every reader, at any parallelism and in any execution, agrees on it whatever order the
+listing comes in. Names whose path has a part starting with ``.`` or ``_`` are not data
+(temporary files, ``_SUCCESS``), nor are names without one of the format's suffixes.
+
+**The contract with the writer of the directory.** A file is complete when its name
+appears and is never modified or removed afterwards: write it under a temporary name
+(``.part-0001.parquet``, ``_tmp/...``) and rename it, or upload it whole (an S3 ``PUT`` or a
+completed multipart upload appears whole). A file modified after it was read is not read
+again; one modified while it is read gives undefined rows.
+
+**Replay.** Each partition reads its files one at a time, the smallest path first among
+those it knows and has not read. A reader's :meth:`~DirectoryReader.snapshot_state` is, per
+partition, the files it has read completely, the file it is reading and how many of its
+rows it has returned::
+
+    {"files": {"3": {"done": ["2026/01/a.csv", ...], "watermark": null,
+                     "file": "2026/01/b.csv", "row": 4096}, ...}, "next": 3}
+
+A restore reopens ``file``, skips ``row`` rows (Parquet seeks to the row group holding the
+row; CSV and JSON-lines parse the rows before it again) and goes on with every listed file
+that is not ``done``. Files that appear after a snapshot are read after the restore as
+well: which files exist is the directory's, not the snapshot's. So every row of every file
+is returned once between a snapshot and the next (the runtime's exactly-once), whatever
+order files appear in. States of several readers merge by uniting their ``files``, so any
+snapshot restores at any parallelism.
+
+**The cost of the done list**: every file a partition has read and that is still in the
+directory stays in its state, so a snapshot grows with the number of files read and kept
+(about the length of their relative paths each: 100,000 files of 40 characters are 4 MB per
+snapshot). A file removed after it was read leaves the state at the next listing, so
+expiring read files keeps it small. When new files always sort
+after every file already there (names that start with a time stamp or a sequence number),
+``ordered_names=True`` keeps one ``watermark`` per partition instead: the path of the last
+file read completely, every file sorting at or before it being done. A file that appears
+after files sorting later were read breaks that promise; the reader refuses it
+(:class:`~sparkjet.errors.InvalidArgumentError` naming both files) when it can tell, which
+is for files it did not list before (the first listing after a restore is taken as is).
+
+**Listing.** Every reader lists the whole directory, recursively (on S3 one request per
+1,000 names): once at its start, and with ``watch`` again whenever it has read everything it
+knows and ``poll_interval`` has passed. Keep a watched directory to what lists quickly
+(move or expire old files, or point the source at a narrower prefix).
+
+**Ends.** With ``watch=False`` (the default) the source reads the files its first listing
+finds and then ends. With ``watch=True`` it lists the directory again every
+``poll_interval`` seconds when it has nothing left to read and never ends, unless an
+``end_marker`` is given: a file of that name (relative to the root, say ``_DONE``) written
+after every data file ends the source once everything listed with it has been read.
+
+**Schemas.** Every batch has one schema: the declared ``schema`` or, without one, the schema
+of the directory's first data file (by path; take a declared schema for CSV and JSON-lines,
+where a type guessed from one file may not fit the next). Each file's columns are taken by
+name and cast to it (columns the schema does not name are not read); a missing column, or
+one that does not cast, is a :class:`~sparkjet.errors.SchemaMismatchError` naming the file
+and the column. A CSV or JSON-lines record that does not parse is a
+:class:`~sparkjet.errors.CorruptDataError` naming the file and the rows it lies in. A file
+system that cannot be reached or refuses the credentials is a
+:class:`~sparkjet.errors.ConnectorError`.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+
+from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._redact import redact_url
+from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.errors import (
+    ConnectorError,
+    CorruptDataError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+)
+
+FORMATS = ("parquet", "csv", "jsonl")
+SUFFIXES = {
+    "parquet": (".parquet", ".parq"),
+    "csv": (".csv", ".csv.gz", ".csv.bz2", ".csv.zst"),
+    "jsonl": (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz"),
+}
+"""The names each format reads by default (``suffixes=`` changes them); compressed text
+files are decompressed by their suffix (``pyarrow.fs``'s ``compression="detect"``)."""
+
+_WHAT = "directory source"
+# Bytes per parsed block of CSV and JSON-lines: the unit a poison record is located in.
+_TEXT_BLOCK = 1 << 20
+
+
+def partition_of(relative_path: str, partitions: int) -> int:
+    """The source partition of the file at ``relative_path`` (relative to the root, with
+    ``/`` separators): stable across processes, machines and Python versions.
+
+    >>> partition_of("2026/01/a.parquet", 4)
+    1
+    """
+    digest = hashlib.blake2b(relative_path.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % partitions
+
+
+class DirectorySource(Source):
+    """The ``format`` files under ``path`` as a replayable source of ``partitions`` source
+    partitions (see the module doc for the replay protocol and the writer's contract).
+
+    ``path`` is a local directory, a URI (``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``hdfs://namenode:8020/dir``, resolved by ``pyarrow.fs.FileSystem.from_uri`` on the
+    members, with the environment's credentials), or a path inside ``filesystem``, a
+    ``pyarrow.fs.FileSystem`` (such as ``S3FileSystem(endpoint_override=...)``; it travels
+    to the members pickled, credentials included). ``batch_size`` caps the rows of one batch.
+
+    >>> DirectorySource("/data/orders", "csv", partitions=8)
+    DirectorySource('/data/orders', format='csv', partitions=8, watch=False)
+    """
+
+    name = "directory"
+    replayable = True
+    acknowledging = False
+
+    def __init__(self, path, format: str = "parquet", *, schema: pa.Schema | None = None,
+                 partitions: int = 4, filesystem: pafs.FileSystem | None = None,
+                 watch: bool = False, poll_interval: float = 1.0,
+                 end_marker: str | None = None, batch_size: int = 65536,
+                 suffixes: tuple[str, ...] | None = None, ordered_names: bool = False):
+        if format not in FORMATS:
+            raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise InvalidArgumentError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        if filesystem is not None and not isinstance(filesystem, pafs.FileSystem):
+            raise InvalidArgumentError(
+                f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
+        if end_marker is not None and not watch:
+            raise InvalidArgumentError("end_marker ends a watching source: give watch=True")
+        if end_marker is not None and (not isinstance(end_marker, str) or not end_marker):
+            raise InvalidArgumentError(f"end_marker must be a file name, got {end_marker!r}")
+        path = os.fspath(path)
+        if filesystem is None and "://" not in path:
+            path = os.path.abspath(path)    # here: members may run in another directory
+        self.path = path
+        self.format = format
+        self.schema = schema.remove_metadata() if schema is not None else None
+        self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
+        self.filesystem = filesystem
+        self.watch = bool(watch)
+        self.poll_interval = check_number("poll_interval", poll_interval, min=0)
+        self.end_marker = end_marker.strip("/") if end_marker is not None else None
+        self.batch_size = check_int("batch_size", batch_size, min=1, max=2**31 - 1)
+        self.suffixes = tuple(suffixes) if suffixes is not None else SUFFIXES[format]
+        self.ordered_names = bool(ordered_names)
+
+    def __repr__(self) -> str:
+        return (f"DirectorySource({self.where!r}, format={self.format!r}, "
+                f"partitions={self.partitions}, watch={self.watch})")
+
+    @property
+    def where(self) -> str:
+        """The directory, for messages (without credentials)."""
+        if self.filesystem is not None:
+            return f"{self.filesystem.type_name}:{self.path}"
+        return redact_url(self.path)
+
+    def partition_count(self) -> int:
+        return self.partitions
+
+    def open(self, partitions: list[int], context: ProcessorContext) -> DirectoryReader:
+        return DirectoryReader(self, partitions)
+
+    def resolve(self) -> tuple[pafs.FileSystem, str]:
+        """The file system and the root path in it."""
+        if self.filesystem is not None:
+            return self.filesystem, self.path.rstrip("/") or "/"
+        if "://" not in self.path:
+            return pafs.LocalFileSystem(), self.path
+        try:
+            fs, root = pafs.FileSystem.from_uri(self.path)
+        except (pa.ArrowInvalid, ValueError) as e:
+            raise InvalidArgumentError(
+                f"{_WHAT}: {self.where} is not a usable URI: {self._masked(e)}") from None
+        except OSError as e:
+            raise ConnectorError(f"{_WHAT}: cannot reach {self.where}: {self._masked(e)}") \
+                from None
+        return fs, root.rstrip("/") or "/"
+
+    def _masked(self, error: Exception) -> str:
+        """pyarrow's message, with the URI (which may hold credentials) masked."""
+        return str(error).replace(self.path, self.where)
+
+
+class DirectoryReader(SourceReader):
+    """Reads some partitions of a :class:`DirectorySource`, taking turns between them."""
+
+    def __init__(self, source: DirectorySource, partitions: list[int]):
+        self._source = source
+        parts = check_distinct_ints("partitions", partitions, min=0, max=source.partitions - 1)
+        self._fs: pafs.FileSystem | None = None
+        self._root = ""
+        self._schema = source.schema
+        self._parts = {p: _Partition(p) for p in parts}
+        self._order = parts
+        self._turn = 0
+        self._last: int | None = None
+        self._listings = 0
+        self._listed_at = 0.0
+        self._marker_seen = False
+
+    # -- the SourceReader contract -------------------------------------------------------
+
+    def read(self, max_rows: int) -> pa.RecordBatch | None:
+        """The next rows (at most ``min(max_rows, batch_size)``) of one partition, the next
+        in turn that has any; None if none has rows right now."""
+        check_int("max_rows", max_rows, min=1)
+        rows = min(max_rows, self._source.batch_size)
+        self._list_if_due()
+        n = len(self._order)
+        for step in range(n):
+            part = self._parts[self._order[(self._turn + step) % n]]
+            batch = self._next(part, rows)
+            if batch is not None:
+                self._turn = (self._turn + step + 1) % n
+                self._last = part.index
+                return batch
+        return None
+
+    def at_end(self) -> bool:
+        """Without ``watch``: once the files of the first listing are read. With ``watch``:
+        once the end marker was listed and everything listed with it is read."""
+        if not self._parts:
+            return True     # more processors than partitions: this one has none
+        if self._listings == 0:
+            self._list()
+        if self._source.watch and not self._marker_seen:
+            return False
+        return all(p.idle() for p in self._parts.values())
+
+    def last_partition(self) -> int | None:
+        return self._last
+
+    def snapshot_state(self) -> dict:
+        return {"files": {str(p.index): p.state() for p in self._parts.values()},
+                "next": self._order[self._turn] if self._order else None}
+
+    def restore_state(self, state: dict | None) -> None:
+        """Continues every partition of this reader from ``state`` (None: from the start).
+        ``state`` may hold more partitions (another reader's) but must hold all of ours."""
+        self._listings = 0
+        self._marker_seen = False
+        if state is None:
+            self._parts = {p: _Partition(p) for p in self._order}
+            self._turn = 0
+            return
+        saved = state.get("files") if isinstance(state, dict) else None
+        if not isinstance(saved, dict):
+            raise InvalidArgumentError(
+                f"a {_WHAT} state is {{'files': {{partition: position}}}}, got {state!r}")
+        parts = {}
+        for p in self._order:
+            position = saved.get(str(p), saved.get(p))
+            if position is None:
+                raise InvalidArgumentError(
+                    f"the state has no position for {_WHAT} partition {p} "
+                    f"(it holds partitions {sorted(saved, key=int)})")
+            parts[p] = _Partition.restored(p, position)
+        self._parts = parts
+        nxt = state.get("next")
+        self._turn = self._order.index(nxt) if nxt in self._order else 0
+
+    def close(self) -> None:
+        for part in self._parts.values():
+            part.close()
+
+    # -- listing -------------------------------------------------------------------------
+
+    def _filesystem(self) -> tuple[pafs.FileSystem, str]:
+        if self._fs is None:
+            self._fs, self._root = self._source.resolve()
+        return self._fs, self._root
+
+    def _list_if_due(self) -> None:
+        if self._listings == 0:
+            self._list()
+        elif (self._source.watch and not self._marker_seen
+              and all(p.idle() for p in self._parts.values())
+              and time.monotonic() - self._listed_at >= self._source.poll_interval):
+            self._list()
+
+    def _list(self) -> None:
+        """Lists the directory and queues the data files of this reader's partitions
+        that are new to it."""
+        files = self._data_files()
+        first = self._listings == 0
+        self._listings += 1
+        self._listed_at = time.monotonic()
+        if self._schema is None and files:
+            self._schema = self._infer_schema(files[0])
+        ordered = self._source.ordered_names
+        partitions = self._source.partitions
+        listed = set(files)
+        for part in self._parts.values():
+            part.forget_all_but(listed)
+        for rel in files:
+            part = self._parts.get(partition_of(rel, partitions))
+            if part is None or part.knows(rel):
+                continue
+            floor = part.floor()
+            if ordered and floor is not None and rel <= floor:
+                if first and part.watermark is not None and rel <= part.watermark:
+                    part.read_below.add(rel)    # read before the snapshot restored from
+                    continue
+                raise InvalidArgumentError(
+                    f"{_WHAT} {self._source.where}: {rel} appeared after {floor} was read, "
+                    "but with ordered_names=True new files must sort after every file "
+                    "already read")
+            part.enqueue(rel)
+
+    def _data_files(self) -> list[str]:
+        """The relative paths of the data files under the root, sorted."""
+        fs, root = self._filesystem()
+        source = self._source
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+        except FileNotFoundError:
+            if source.watch:
+                return []   # it may yet be created
+            raise InvalidArgumentError(f"{_WHAT}: {source.where} does not exist") from None
+        except NotADirectoryError:
+            raise InvalidArgumentError(f"{_WHAT}: {source.where} is not a directory") from None
+        except OSError as e:
+            raise ConnectorError(f"{_WHAT}: cannot list {source.where}: {e}") from None
+        prefix = root.rstrip("/") + "/"
+        out = []
+        for info in infos:
+            if info.type != pafs.FileType.File or not info.path.startswith(prefix):
+                continue
+            rel = info.path[len(prefix):]
+            if rel == source.end_marker:
+                self._marker_seen = True
+                continue
+            if any(part[:1] in (".", "_") for part in rel.split("/")):
+                continue
+            if source.suffixes and not rel.endswith(source.suffixes):
+                continue
+            out.append(rel)
+        out.sort()
+        return out
+
+    # -- files ---------------------------------------------------------------------------
+
+    def _next(self, part: _Partition, rows: int) -> pa.RecordBatch | None:
+        """The next rows of one partition, moving on to its next file when one ends."""
+        while part.pending is None:
+            if part.batches is None:
+                if part.file is None:
+                    if not part.queue:
+                        return None
+                    part.start(heapq.heappop(part.queue))
+                part.batches = self._open(part.file, part.row)
+            batch = self._pull(part)
+            if batch is None:
+                part.finish(self._source.ordered_names)
+            elif batch.num_rows:
+                part.pending = batch
+        out = part.pending.slice(0, rows)
+        part.row += out.num_rows
+        part.pending = part.pending.slice(out.num_rows) if out.num_rows < part.pending.num_rows \
+            else None
+        return out
+
+    def _pull(self, part: _Partition) -> pa.RecordBatch | None:
+        """The next batch of the partition's open file (None at its end), with the
+        errors of reading it named."""
+        try:
+            return next(part.batches, None)
+        except SchemaMismatchError:
+            raise
+        except FileNotFoundError:
+            raise CorruptDataError(
+                f"{_WHAT}: {self._name(part.file)} is gone: files must not be removed "
+                "until the job has read them") from None
+        except (pa.ArrowInvalid, pa.ArrowKeyError, pa.ArrowTypeError) as e:
+            raise self._parse_error(part.file, part.row, e) from None
+        except OSError as e:
+            raise ConnectorError(f"{_WHAT}: cannot read {self._name(part.file)}: {e}") from None
+
+    def _open(self, rel: str, skip: int):
+        """The batches of one file from row ``skip`` on, in the source's schema."""
+        fs, root = self._filesystem()
+        path = f"{root.rstrip('/')}/{rel}"
+        if self._schema is None:    # a restored file, the directory listing nothing else
+            self._schema = self._infer_schema(rel)
+        fmt = self._source.format
+        if fmt == "parquet":
+            batches = self._parquet(fs, path, rel, skip)
+        else:
+            batches = self._text(fs, path, rel, fmt)
+            if skip:
+                batches = _skip_rows(batches, skip)
+        return batches
+
+    def _parquet(self, fs, path: str, rel: str, skip: int):
+        schema = self._schema
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            _check_columns(pf.schema_arrow, schema, self._name(rel))
+            meta = pf.metadata
+            # Seek to the row group holding row `skip`: a restore reads no group before it.
+            group, before = 0, 0
+            while (group < meta.num_row_groups
+                   and before + meta.row_group(group).num_rows <= skip):
+                before += meta.row_group(group).num_rows
+                group += 1
+            batches = pf.iter_batches(batch_size=self._source.batch_size,
+                                      row_groups=range(group, meta.num_row_groups),
+                                      columns=schema.names)
+            if skip > before:
+                batches = _skip_rows(batches, skip - before)
+            for batch in batches:
+                yield _conform(batch, schema, self._name(rel))
+
+    def _text(self, fs, path: str, rel: str, fmt: str):
+        schema = self._schema
+        stream = fs.open_input_stream(path)
+        try:
+            if fmt == "csv":
+                reader = pcsv.open_csv(
+                    stream, read_options=pcsv.ReadOptions(block_size=_TEXT_BLOCK),
+                    convert_options=pcsv.ConvertOptions(column_types=schema,
+                                                        include_columns=schema.names))
+            else:
+                reader = _open_json(stream, schema)
+            for batch in reader:
+                yield _conform(batch, schema, self._name(rel))
+        finally:
+            stream.close()
+
+    def _infer_schema(self, rel: str) -> pa.Schema:
+        """The schema of the first data file, which every file is then read in."""
+        fs, root = self._filesystem()
+        path = f"{root.rstrip('/')}/{rel}"
+        try:
+            if self._source.format == "parquet":
+                schema = pq.read_schema(fs.open_input_file(path))
+            else:
+                with fs.open_input_stream(path) as stream:
+                    if self._source.format == "csv":
+                        schema = pcsv.open_csv(stream).schema
+                    else:
+                        schema = _open_json(stream, None).schema
+        except FileNotFoundError:
+            raise CorruptDataError(f"{_WHAT}: {self._name(rel)} is gone") from None
+        except (pa.ArrowInvalid, pa.ArrowKeyError, pa.ArrowTypeError) as e:
+            raise self._parse_error(rel, 0, e) from None
+        except OSError as e:
+            raise ConnectorError(f"{_WHAT}: cannot read {self._name(rel)}: {e}") from None
+        return schema.remove_metadata()
+
+    def _parse_error(self, rel: str, row: int, e: Exception) -> Exception:
+        text = str(e).strip("'\"")
+        missing = "does not exist in CSV file" in text
+        if missing:
+            return SchemaMismatchError(
+                f"{_WHAT}: {self._name(rel)}: {text} (the schema wants columns "
+                f"{self._schema.names})")
+        return CorruptDataError(
+            f"{_WHAT}: {self._name(rel)}: cannot read the records after row {row}: {text}", row)
+
+    def _name(self, rel: str) -> str:
+        """A file, for messages: the directory (without credentials) and its path in it."""
+        return f"{self._source.where.rstrip('/')}/{rel}"
+
+
+class _Partition:
+    """One source partition's files: those read, the one being read, those queued."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.done: set[str] = set()
+        self.watermark: str | None = None
+        # ordered_names: the files at or below the watermark this reader has read or
+        # listed (in memory only, to tell an out-of-order newcomer from an old file).
+        self.read_below: set[str] = set()
+        self.queue: list[str] = []      # a heap of relative paths
+        self._queued: set[str] = set()
+        self.file: str | None = None
+        self.row = 0                    # rows of `file` returned
+        self.batches = None             # the open file's batches
+        self.pending: pa.RecordBatch | None = None
+
+    @classmethod
+    def restored(cls, index: int, position) -> _Partition:
+        fields = ("done", "watermark", "file", "row")
+        if (not isinstance(position, dict) or not all(k in position for k in fields)
+                or not isinstance(position["done"], list)):
+            raise InvalidArgumentError(
+                f"the position of {_WHAT} partition {index} must be {{'done': [...], "
+                f"'watermark', 'file', 'row'}}, got {position!r}")
+        part = cls(index)
+        part.done = set(position["done"])
+        part.watermark = position["watermark"]
+        part.file = position["file"]
+        part.row = check_int(f"'row' of {_WHAT} partition {index}", position["row"], min=0)
+        return part
+
+    def state(self) -> dict:
+        return {"done": sorted(self.done), "watermark": self.watermark, "file": self.file,
+                "row": self.row}
+
+    def knows(self, rel: str) -> bool:
+        return (rel in self.done or rel in self._queued or rel == self.file
+                or rel in self.read_below)
+
+    def forget_all_but(self, listed: set[str]) -> None:
+        """Drops the read files that are gone from the directory: they cannot come back
+        (files are never re-created), and the state stays as small as the directory."""
+        if not self.done.issubset(listed):
+            self.done &= listed
+        if not self.read_below.issubset(listed):
+            self.read_below &= listed
+
+    def floor(self) -> str | None:
+        """The greatest path read or being read (ordered_names: nothing may appear below)."""
+        marks = [m for m in (self.watermark, self.file) if m is not None]
+        return max(marks) if marks else None
+
+    def enqueue(self, rel: str) -> None:
+        heapq.heappush(self.queue, rel)
+        self._queued.add(rel)
+
+    def start(self, rel: str) -> None:
+        self._queued.discard(rel)
+        self.file, self.row = rel, 0
+
+    def finish(self, ordered: bool) -> None:
+        if ordered:
+            self.watermark = max(self.watermark or self.file, self.file)
+            self.read_below.add(self.file)
+        else:
+            self.done.add(self.file)
+        self.close()
+        self.file, self.row = None, 0
+
+    def idle(self) -> bool:
+        return self.file is None and not self.queue
+
+    def close(self) -> None:
+        if self.batches is not None:
+            self.batches.close()
+        self.batches = self.pending = None
+
+
+def _skip_rows(batches, skip: int):
+    for batch in batches:
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        yield batch.slice(skip) if skip else batch
+        skip = 0
+
+
+def _open_json(stream, schema: pa.Schema | None):
+    parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") \
+        if schema is not None else pjson.ParseOptions()
+    read = pjson.ReadOptions(block_size=_TEXT_BLOCK)
+    if hasattr(pjson, "open_json"):
+        return pjson.open_json(stream, read_options=read, parse_options=parse)
+    # pyarrow < 19 has no streaming JSON reader.
+    table = pjson.read_json(stream, read_options=read, parse_options=parse)
+    return iter(table.to_batches()) if schema is not None else _TableReader(table)
+
+
+class _TableReader:
+    """A table in the shape of a streaming reader (a schema, then batches)."""
+
+    def __init__(self, table: pa.Table):
+        self.schema = table.schema
+        self._batches = iter(table.to_batches())
+
+    def __iter__(self):
+        return self._batches
+
+
+def _check_columns(have: pa.Schema, want: pa.Schema, name: str) -> None:
+    for field in want:
+        if have.get_field_index(field.name) < 0:
+            raise SchemaMismatchError(
+                f"{_WHAT}: {name} has no column {field.name!r} (it has {have.names}; the "
+                f"schema wants {want.names})")
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, name: str) -> pa.RecordBatch:
+    """``batch``'s columns of ``schema``, by name, cast to its types."""
+    if batch.schema.equals(schema):
+        return batch
+    _check_columns(batch.schema, schema, name)
+    columns = []
+    for field in schema:
+        column = batch.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise SchemaMismatchError(
+                    f"{_WHAT}: {name}: column {field.name!r} is {column.type}, which does not "
+                    f"cast to the schema's {field.type}: {e}") from None
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
