@@ -231,11 +231,24 @@ class _ProducerBase(SinkWriter):
         self._encoder = _Encoder(sink)
         self._error = None
 
+    def _on_error(self, err) -> None:
+        """librdkafka's error callback: keeps the first fatal error."""
+        if err.fatal() and getattr(self, "_fatal", None) is None:
+            self._fatal = err
+
+    def _poll_errors(self) -> None:
+        for p in [getattr(self, "_producer", None)]:
+            if p is not None:
+                try:
+                    p.poll(0)
+                except Exception:  # noqa: BLE001 - only the callbacks matter here
+                    pass
+
     def _config(self, **extra) -> dict:
         config = client_config(self.sink.bootstrap_servers, self.sink.timeout, {
             "linger.ms": 20, "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
-            "queue.buffering.max.kbytes": 1_048_576})
+            "queue.buffering.max.kbytes": 1_048_576, "error_cb": self._on_error})
         config.update(extra)
         config.update(self.sink.config)
         return config
@@ -248,9 +261,17 @@ class _ProducerBase(SinkWriter):
         producer took over, ConnectorError otherwise."""
         err = e.args[0] if e.args and hasattr(e.args[0], "code") else None
         text = err.str() if err is not None else str(e)
-        if err is not None and err.code() in (self._kafka.KafkaError._FENCED,
-                                              self._kafka.KafkaError.PRODUCER_FENCED,
-                                              self._kafka.KafkaError.INVALID_PRODUCER_EPOCH):
+        fenced = (self._kafka.KafkaError._FENCED, self._kafka.KafkaError.PRODUCER_FENCED,
+                  self._kafka.KafkaError.INVALID_PRODUCER_EPOCH)
+        if err is not None and err.code() == self._kafka.KafkaError._FATAL:
+            # librdkafka raises _FATAL for calls after the fatal error itself: a
+            # transactional producer's fatal errors are its fencing (the error callback,
+            # served by a poll, has the original one)
+            self._poll_errors()
+            first = getattr(self, "_fatal", None)
+            if first is not None and first.code() in fenced:
+                err, text = first, f"{first.str()}; then: {text}"
+        if err is not None and err.code() in fenced:
             raise FencedError(
                 f"{self._what()}: {action} by execution {self.context.execution_id} refused: "
                 f"a newer producer with the same transactional id took over ({text})") from None
