@@ -201,6 +201,10 @@ def test_snapshot_of_another_job_is_refused(tmp_path):
     rec_b_path = next(dst.parent.glob("_validation-*.json"))
     rec_b = json.loads(rec_b_path.read_text())
     rec_b["vertices"]["agg"] = rec_a["vertices"]["agg"]
+    files = [f for v in rec_b["vertices"].values() for f in v["files"]]  # totals that add up
+    rec_b["bytes"] = sum(f["bytes"] for f in files)
+    rec_b["chunk_count"] = sum(len(f["chunks"]) for f in files)
+    rec_b["entries"] = sum(c[3] for f in files for c in f["chunks"])
     rec_b_path.write_text(json.dumps(rec_b, sort_keys=True))
     import xxhash
 
@@ -263,10 +267,10 @@ ZOMBIE = textwrap.dedent("""
            "chunk_count": 0, "bytes": 0, "entries": 0, "vertices": {}}
     data = json.dumps(rec, sort_keys=True).encode()
     store._backend.makedirs(store._path("snapshots", d))
-    store._backend.write(store._path("snapshots", d, "_validation-zombie.json"), [data])
-    store._append({"type": "commit", "snapshot": 1, "execution": 1, "record": d,
-                   "record_file": "_validation-zombie.json",
-                   "record_xxh3": xxhash.xxh3_64_hexdigest(data), "time": 0})
+    digest = xxhash.xxh3_64_hexdigest(data)
+    store._backend.write(store._path("snapshots", d, f"_validation-{digest}.json"), [data])
+    from sparkjet._snapshot_meta import CommitEvent
+    store._append(CommitEvent(1, 1, d, f"_validation-{digest}.json", digest, 0))
     outcome["forced"] = "appended"
     Path(done).write_text(json.dumps(outcome))
 """)
