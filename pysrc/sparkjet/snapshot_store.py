@@ -493,8 +493,9 @@ class SnapshotStore:
                 else:
                     t = decode_table(header, payload, path, offset)
                     (broadcast_tables if header.broadcast else keyed_tables).append(t)
-        state.table = _concat_tables(keyed_tables)
-        state.broadcast_table = _concat_tables(broadcast_tables)
+        where = self._path(*stored.dir, vertex)
+        state.table = _concat_tables(keyed_tables, where)
+        state.broadcast_table = _concat_tables(broadcast_tables, where)
         state.entries = _concat_entries(keyed_entries)
         state.broadcast_entries = _concat_entries(broadcast_entries)
         return state
@@ -788,10 +789,16 @@ def content_digest(data) -> str:
     return xxhash.xxh3_128_hexdigest(memoryview(data))
 
 
-def _concat_tables(tables: list[pa.Table]) -> pa.Table | None:
+def _concat_tables(tables: list[pa.Table], where: str) -> pa.Table | None:
     # Writers may hold columns others lack (a join processor that saw one side only):
-    # the missing ones are null in their rows.
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    # the missing ones are null in their rows. Columns of one name must agree in type.
+    if not tables:
+        return None
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except pa.ArrowException as e:
+        raise SnapshotCorruptError(where, 0, "table schema",
+                                   f"the chunks' schemas do not agree: {e}") from None
 
 
 def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:
