@@ -4,7 +4,7 @@ export records (msgspec Structs).
 Every byte string the store reads back goes through :func:`decode`, which checks each
 field's type and bounds while it parses: a truncated, hand-edited or hostile file raises
 :class:`~sparkjet.errors.SnapshotCorruptError` naming the file and the field
-(``$.vertices.agg.files[0].chunks[3][1]``), never a ``KeyError`` or ``OverflowError``
+(``$.vertices[...].files[0].chunks[3][1]``), never a ``KeyError`` or ``OverflowError``
 later, from whatever used the value. The bounds are those of the chunk header fields the
 values are compared with (``native/include/sparkjet/chunk.h``), so a value that passes
 here fits every use. The JSON written is what ``json.dumps(..., sort_keys=True)`` wrote
@@ -160,7 +160,8 @@ def decode(data, kind: type[T], path: str, what: str) -> T:
     SnapshotCorruptError naming ``path`` and the field."""
     try:
         return _decoder(kind).decode(data)
-    except msgspec.DecodeError as e:  # ValidationError is a DecodeError
+    # ValidationError is a DecodeError; a string that is not UTF-8 raises neither.
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise SnapshotCorruptError(path, 0, what, str(e)) from None
 
 
