@@ -143,7 +143,11 @@ class SnapshotStore:
     >>> store.restore("counts", partitions=[0, 1, 2]).table
     """
 
-    def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True):
+    def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True,
+                 create: bool = True):
+        """``create=False`` opens the snapshots of a job that has some, to read them:
+        nothing is created, and SnapshotNotFoundError says when the store or the job's
+        directory is missing."""
         job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self._backend = Backend(uri, filesystem, durable)
         self.job_id = job_id
@@ -151,6 +155,12 @@ class SnapshotStore:
         self._log_lock = threading.Lock()
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
+        if not create:
+            _require_store(self._backend)
+            if not self._backend.is_dir(self._path()):
+                raise SnapshotNotFoundError(
+                    f"no snapshots of job {job_id} ({job_id:#x}) in {self._backend.root}")
+            return
         for d in ("log", "snapshots", "exports", "tables"):
             self._backend.makedirs(self._path(d))
 
@@ -174,9 +184,12 @@ class SnapshotStore:
             self._cleaner = None
 
     @staticmethod
-    def jobs(uri, *, filesystem=None) -> list[int]:
-        """The job ids that have snapshots under a URI."""
+    def jobs(uri, *, filesystem=None, must_exist: bool = False) -> list[int]:
+        """The job ids that have snapshots under a URI; with ``must_exist``, a URI that is
+        not a directory raises SnapshotNotFoundError rather than giving []."""
         backend = Backend(uri, filesystem)
+        if must_exist:
+            _require_store(backend)
         return [int(n[4:], 16) for n in backend.listdir(backend.root)
                 if re.fullmatch(r"job-[0-9a-f]{16}", n)]
 
@@ -777,6 +790,12 @@ class SnapshotWriter:
     def commit(self) -> SnapshotInfo:
         """finish() and commit this writer's share alone (a single-writer snapshot)."""
         return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
+
+
+def _require_store(backend: Backend) -> None:
+    if not backend.is_dir(backend.root):
+        what = "is not a directory" if backend.exists(backend.root) else "does not exist"
+        raise SnapshotNotFoundError(f"{backend.root} {what}")
 
 
 def _check_name(what: str, name) -> None:
