@@ -23,7 +23,8 @@ import numpy as np
 
 from sparkjet.errors import InvalidArgumentError
 
-__all__ = ["Finite", "check_distinct_ints", "check_fields", "check_int", "check_number"]
+__all__ = ["Finite", "check_bool", "check_distinct_ints", "check_fields", "check_int",
+           "check_number", "check_path", "check_str"]
 
 # A float field's annotation: NaN fails every bound, infinity this one.
 Finite = Annotated[float, msgspec.Meta(le=sys.float_info.max)]
@@ -88,6 +89,32 @@ def check_number(name: str, value, *, min: float | None = None, above: float | N
         raise InvalidArgumentError(f"{name} must be {'None or ' if none_ok else ''}{kind}"
                                    f"{_bounds(min, max, above)}, got {value!r}")
     return int(value) if _is_int(value) else float(value)
+
+
+def check_str(name: str, value, *, none_ok: bool = False) -> str | None:
+    """``value``, if it is a non-empty str (or None, when ``none_ok``)."""
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"{name} must be {'None or ' if none_ok else ''}a non-empty "
+                                   f"str, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """``value``, if it is True or False (a numpy bool too): not 0, 1 or "yes"."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_path(name: str, value) -> str:
+    """``value`` as a str path, if it is a non-empty str or os.PathLike of one."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str) or not path:
+        raise InvalidArgumentError(f"{name} must be a path (a non-empty str or os.PathLike), "
+                                   f"got {value!r}")
+    return path
 
 
 def check_distinct_ints(name: str, values: Iterable, *, min: int | None = None,
