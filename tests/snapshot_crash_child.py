@@ -69,7 +69,8 @@ Writer._write = in_phase("chunk files", Writer._write)
 Writer.finish = in_phase("finish", Writer.finish)
 Store.commit = in_phase("validation record", Store.commit)
 append = Store._append
-Store._append = lambda self, event, check=None: in_phase(f"{event['type']} event", append)(
+Store._append = lambda self, event, check=None: in_phase(
+    f"{event.__struct_config__.tag} event", append)(
     self, event, check)
 Store._cleanup = in_phase("cleanup", Store._cleanup)
 

@@ -34,6 +34,27 @@ def test_bad_option_is_a_usage_error():
     assert "--rows" in done.stderr and "at least 1" in done.stderr
 
 
+@pytest.mark.parametrize("argv, says", [
+    ((), "give a command"),
+    (("nope",), "invalid choice"),
+    (("partition-demo", "--rows", "x"), "--rows: not an integer"),
+    (("demo", "--interval", "nan"), "--interval: must be a finite number"),
+    (("snapshots", "show", "/nonexistent/sparkjet", "--job", "1"), "does not exist"),
+    (("snapshots", "list", "bogus://x"), "cannot open 'bogus://x'"),
+])
+def test_bad_arguments_and_missing_paths_give_one_line_and_exit_2(argv, says):
+    done = sparkjet(*argv)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+def test_demo_refuses_a_file_as_its_directory(tmp_path):
+    (tmp_path / "f").write_text("")
+    done = sparkjet("demo", "--dir", str(tmp_path / "f"), "--crashes", "0")
+    assert done.returncode == 2 and "is not a directory" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 def test_without_java_one_line_and_exit_code_2(tmp_path):
     env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
     done = sparkjet("partition-demo", "--rows", "10", env=env)

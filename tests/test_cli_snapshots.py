@@ -51,4 +51,46 @@ def test_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["snapshots", "list", str(tmp_path), "--job", "nope"])
     assert main(["snapshots", "show", str(tmp_path), "--job", "5"]) == 2
-    assert "no complete snapshot" in capsys.readouterr().err
+    assert "no snapshots of job 5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["list", "show", "verify"])
+@pytest.mark.parametrize("job", [[], ["--job", "5"]])
+def test_reading_a_missing_store_is_an_error_and_creates_nothing(tmp_path, capsys, action, job):
+    missing = tmp_path / "no" / "store"
+    assert main(["snapshots", action, str(missing), *job]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{missing} does not exist" in err
+    assert list(tmp_path.iterdir()) == []
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert main(["snapshots", action, str(a_file), *job]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["list", "show", "verify"])
+def test_reading_a_missing_job_creates_nothing(store_uri, capsys, action):
+    before = sorted(store_uri.rglob("*"))
+    assert main(["snapshots", action, str(store_uri), "--job", "0xdef"]) == 2
+    assert "no snapshots of job 3567 (0xdef)" in capsys.readouterr().err
+    assert main(["snapshots", action, str(store_uri), "--job", "0xabc"]) == 0
+    assert sorted(store_uri.rglob("*")) == before
+
+
+def test_hostile_metadata_is_one_line_and_exit_2(store_uri, capsys):
+    log = sorted(store_uri.glob("job-*/log/*.json"))[-1]
+    log.write_bytes(b'{"type": "commit"}')
+    assert main(["snapshots", "show", str(store_uri)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad log event" in err and log.name in err
+
+
+def test_usage_errors_are_one_line(tmp_path, capsys):
+    for argv in (["snapshots"], ["snapshots", "show", str(tmp_path), "--job", "nope"], [],
+                 ["snapshots", "list"], ["nope"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error:" in err and "--help" in err, argv
+    assert list(tmp_path.iterdir()) == []

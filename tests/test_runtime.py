@@ -198,3 +198,45 @@ def test_metrics_per_snapshot_and_latency(tmp_path):
     p50, p99 = result.latency_percentiles(50, 99)
     assert 0 < p50 <= p99 < 60, (p50, p99)
     assert result.events_in == 60_000 and result.events_out > 0
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("snapshot_interval", float("nan"), "got nan"),
+    ("snapshot_interval", float("inf"), "a finite `float`, got inf"),
+    ("restart_backoff", float("inf"), "a finite `float`"),
+    ("restart_backoff", float("nan"), "got nan"),
+    ("heartbeat_timeout", float("nan"), "got nan"),
+    ("partition_count", 0, ">= 1, got 0"),
+    ("partition_count", -3, ">= 1, got -3"),
+    ("partition_count", 2**31, "<= 2147483647"),
+    ("snapshot_codec", "zstd", "one of 'lz4', 'raw', got 'zstd'"),
+    ("processing_guarantee", "twice", "one of 'exactly-once', 'at-least-once', 'none'"),
+    ("local_parallelism", True, "`int`, got True"),
+    ("job_id", -1, ">= 0"),
+    ("name", "", "length >= 1"),
+    ("tls", "yes", "`bool | None`, got 'yes'"),
+])
+def test_config_refuses_each_bad_value_naming_the_field(tmp_path, field, value, says):
+    with pytest.raises(InvalidArgumentError, match=f"JobConfig.{field} must be") as e:
+        JobConfig(snapshot_store=str(tmp_path), **{field: value})
+    assert says in str(e.value)
+
+
+def test_every_config_field_is_typed():
+    # The annotations are the schema: a field added without one would take anything.
+    import dataclasses
+
+    for f in dataclasses.fields(JobConfig):
+        with pytest.raises(InvalidArgumentError, match=f"JobConfig.{f.name} must be"):
+            JobConfig(**{"snapshot_store": "x", f.name: object()})
+
+
+def test_config_keeps_plain_values():
+    import math
+    from pathlib import Path
+
+    c = JobConfig(snapshot_store=Path("/tmp/s"), local_parallelism=np.int64(3),
+                  snapshot_interval=np.float32(0.5), quorum_timeout=math.inf)
+    assert (c.snapshot_store, c.local_parallelism, c.snapshot_interval) == ("/tmp/s", 3, 0.5)
+    assert type(c.local_parallelism) is int and c.quorum_timeout == math.inf
+    assert JobConfig(**c.to_dict()) == c

@@ -201,6 +201,10 @@ def test_snapshot_of_another_job_is_refused(tmp_path):
     rec_b_path = next(dst.parent.glob("_validation-*.json"))
     rec_b = json.loads(rec_b_path.read_text())
     rec_b["vertices"]["agg"] = rec_a["vertices"]["agg"]
+    files = [f for v in rec_b["vertices"].values() for f in v["files"]]  # totals that add up
+    rec_b["bytes"] = sum(f["bytes"] for f in files)
+    rec_b["chunk_count"] = sum(len(f["chunks"]) for f in files)
+    rec_b["entries"] = sum(c[3] for f in files for c in f["chunks"])
     rec_b_path.write_text(json.dumps(rec_b, sort_keys=True))
     import xxhash
 
@@ -263,10 +267,10 @@ ZOMBIE = textwrap.dedent("""
            "chunk_count": 0, "bytes": 0, "entries": 0, "vertices": {}}
     data = json.dumps(rec, sort_keys=True).encode()
     store._backend.makedirs(store._path("snapshots", d))
-    store._backend.write(store._path("snapshots", d, "_validation-zombie.json"), [data])
-    store._append({"type": "commit", "snapshot": 1, "execution": 1, "record": d,
-                   "record_file": "_validation-zombie.json",
-                   "record_xxh3": xxhash.xxh3_64_hexdigest(data), "time": 0})
+    digest = xxhash.xxh3_64_hexdigest(data)
+    store._backend.write(store._path("snapshots", d, f"_validation-{digest}.json"), [data])
+    from sparkjet._snapshot_meta import CommitEvent
+    store._append(CommitEvent(1, 1, d, f"_validation-{digest}.json", digest, 0))
     outcome["forced"] = "appended"
     Path(done).write_text(json.dumps(outcome))
 """)
@@ -346,3 +350,87 @@ def test_restore_of_unknown_vertex_and_missing_snapshot(tmp_path):
         s.writer(1, 0).write_table("a/b", state(1), key="key")
     with pytest.raises(InvalidArgumentError, match="job_id"):
         SnapshotStore(tmp_path, job_id=-1)
+
+
+def test_dictionary_columns_with_the_raw_codec_restore(store):
+    table = pa.table({"key": np.arange(50), "city": pa.array(["x", "yy"] * 25).dictionary_encode()})
+    w = store.writer(0, 1, codec="raw")
+    w.write_table("agg", table, key="key")
+    w.commit()
+    assert store.restore("agg").table.sort_by("key").to_pylist() == table.to_pylist()
+    store.verify()
+
+
+def job_dir(store) -> Path:
+    return Path(store._backend.root) / f"job-{store.job_id:016x}"
+
+
+@pytest.mark.parametrize("event, field", [
+    (b'{"type": "register"}', "execution"),                       # was KeyError
+    (b"[]", "object"),                                             # was TypeError
+    (b'{"type": "commit", "execution": 1}', "snapshot"),           # was KeyError
+    (b'{"type": "register", "execution": "1", "time": 0}', "$.execution"),
+    (b'{"type": "register", "execution": 1e400, "time": 0}', "$.execution"),
+    (b'{"type": "commit", "snapshot": 0, "execution": 1, "record": "../..", '
+     b'"record_file": "x", "record_xxh3": "0", "time": 0}', "$.record"),
+    (b'{"type": "split-brain", "time": 0}', "type"),
+    (b'\xff\xfe', "log event"),
+])
+def test_hostile_log_event_is_a_snapshot_corrupt_error(store, event, field):
+    snapshot(store, 0, 1, seed=1)
+    (job_dir(store) / "log" / "000000000099.json").write_bytes(event)
+    for read in (store.latest_complete, store.current_execution, lambda: store.restore("agg")):
+        with pytest.raises(SnapshotCorruptError, match="000000000099.json") as e:
+            read()
+        assert field in str(e.value)
+
+
+def tamper(store, edit):
+    """Edits the last validation record and recomputes the checksum its commit names."""
+    import xxhash
+
+    record_path, = job_dir(store).glob("snapshots/*/_validation-*.json")
+    record = json.loads(record_path.read_text())
+    edit(record)
+    data = json.dumps(record).encode()
+    record_path.write_bytes(data)
+    log = sorted((job_dir(store) / "log").glob("*.json"))[-1]
+    event = json.loads(log.read_text())
+    event["record_xxh3"] = xxhash.xxh3_64_hexdigest(data)
+    log.write_text(json.dumps(event))
+    store._records.clear()
+
+
+def first_chunk(record):
+    return record["vertices"]["agg"]["files"][0]["chunks"][0]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda r: r.pop("vertices"), "vertices"),                                 # was KeyError
+    (lambda r: first_chunk(r).__setitem__(0, 2**70), "files[0].chunks[0][0]"),
+    (lambda r: first_chunk(r).__setitem__(0, -5), "files[0].chunks[0][0]"),
+    (lambda r: first_chunk(r).__setitem__(1, 10**9), "chunk 1 starts"),        # ArrowIndexError
+    (lambda r: first_chunk(r).pop(), "files[0].chunks[0]"),     # ValueError
+    (lambda r: r["vertices"]["agg"].__setitem__("files", "x"), "files"),
+    (lambda r: r["vertices"]["agg"]["files"][0].__setitem__("path", "agg/../../x"), "path"),
+    (lambda r: r.__setitem__("vertices", {"..": r["vertices"]["agg"]}), "$.vertices"),
+    (lambda r: r.__setitem__("chunk_count", 1), "chunk_count"),
+    (lambda r: r.__setitem__("job_id", 2**64), "job_id"),
+])
+def test_hostile_validation_record_is_a_snapshot_corrupt_error(store, edit, field):
+    snapshot(store, 0, 1, seed=1)
+    tamper(store, edit)
+    for read in (lambda: store.restore("agg"), store.verify, store.describe, store.snapshots):
+        with pytest.raises(SnapshotCorruptError, match="validation record") as e:
+            read()
+        assert field in str(e.value)
+
+
+def test_ids_the_log_could_not_read_back_are_refused_before_writing(store):
+    with pytest.raises(InvalidArgumentError, match="execution_id"):
+        store.register_execution(2**70)
+    with pytest.raises(InvalidArgumentError, match="snapshot_id"):
+        store.commit(2**64, 1, [])
+    with pytest.raises(InvalidArgumentError, match="vertex name"):
+        store.writer(0, 1).write_entries("..", [b"a"], [b"b"])
+    assert store.current_execution() == 1

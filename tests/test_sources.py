@@ -21,6 +21,7 @@ from sparkjet.sources import (
     ArrowLogWriter,
     GeneratorSource,
     LogLockedError,
+    RedisStreamSource,
 )
 from sparkjet.sources.arrow_log import segment_path
 
@@ -481,3 +482,20 @@ def test_log_corruption_is_reported_with_file_and_offset(tmp_path):
     assert reader.read(100).num_rows == 5
     with pytest.raises(CorruptDataError, match=f"segment-000000000000.arrows: .* byte {second}"):
         reader.read(100)
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda d: ArrowLogWriter(None, 2, SCHEMA), "root"),
+    (lambda d: ArrowLogWriter(d, 2, SCHEMA, durable=1), "durable"),
+    (lambda d: ArrowLogSource(b"/tmp"), "root"),
+    (lambda d: RedisStreamSource("s", 2, url=None), "url"),
+    (lambda d: RedisStreamSource("s", 2, group=""), "group"),
+    (lambda d: RedisStreamSource("s", 2, consumer=7), "consumer"),
+    (lambda d: RedisStreamSource("s", 2, start_id=0), "start_id"),
+    (lambda d: RedisStreamSource("s", 2, password=b"secret"), "password"),
+])
+def test_source_options_are_checked_when_constructed(tmp_path, make, field):
+    with pytest.raises(InvalidArgumentError, match=f"^{field} must be") as e:
+        make(tmp_path)
+    assert "secret" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []

@@ -8,14 +8,27 @@ count is always a caller's mistake.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import os
+import re
+import sys
+import typing
 from collections.abc import Iterable
+from typing import Annotated
 
+import msgspec
 import numpy as np
 
 from sparkjet.errors import InvalidArgumentError
 
-__all__ = ["check_distinct_ints", "check_int", "check_number"]
+__all__ = ["Finite", "check_bool", "check_distinct_ints", "check_fields", "check_int",
+           "check_number", "check_path", "check_str"]
+
+# A float field's annotation: NaN fails every bound, infinity this one.
+Finite = Annotated[float, msgspec.Meta(le=sys.float_info.max)]
+_FINITE_TEXT = f"`float` <= {sys.float_info.max}"
 
 
 def _bounds(low, high, above=None) -> str:
@@ -78,6 +91,32 @@ def check_number(name: str, value, *, min: float | None = None, above: float | N
     return int(value) if _is_int(value) else float(value)
 
 
+def check_str(name: str, value, *, none_ok: bool = False) -> str | None:
+    """``value``, if it is a non-empty str (or None, when ``none_ok``)."""
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"{name} must be {'None or ' if none_ok else ''}a non-empty "
+                                   f"str, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """``value``, if it is True or False (a numpy bool too): not 0, 1 or "yes"."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_path(name: str, value) -> str:
+    """``value`` as a str path, if it is a non-empty str or os.PathLike of one."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str) or not path:
+        raise InvalidArgumentError(f"{name} must be a path (a non-empty str or os.PathLike), "
+                                   f"got {value!r}")
+    return path
+
+
 def check_distinct_ints(name: str, values: Iterable, *, min: int | None = None,
                         max: int | None = None) -> list[int]:
     """``values`` as a list of distinct ints, each within ``min``..``max`` (such as the
@@ -89,3 +128,55 @@ def check_distinct_ints(name: str, values: Iterable, *, min: int | None = None,
         raise InvalidArgumentError(f"{name} must be distinct ints{_bounds(min, max)}, "
                                    f"got {items!r}")
     return [int(v) for v in items]
+
+
+def check_fields(obj) -> dict:
+    """Checks every field of a dataclass instance against its annotation (a type with
+    ``msgspec.Meta`` bounds: ``Annotated[int, Meta(ge=1)]``, a ``Literal`` of the allowed
+    values, ``str | None``...) and returns the values as plain Python data (numpy scalars
+    and paths converted). The annotations are the schema: a field cannot go unchecked.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Config:
+    ...     workers: Annotated[int, msgspec.Meta(ge=1)] = 1
+    >>> check_fields(Config(workers=0))
+    Traceback (most recent call last):
+    ...
+    sparkjet.errors.InvalidArgumentError: Config.workers must be `int` >= 1, got 0
+    """
+    cls = type(obj)
+    values = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(cls)}
+    try:
+        checked = msgspec.convert(values, _schema(cls), strict=True)
+    except msgspec.ValidationError as e:
+        text = str(e)
+        where = re.search(r" - at `\$\.(\w+)[^`]*`$", text)
+        name = where[1] if where else "?"
+        expected = text[: where.start()] if where else text
+        expected = re.sub(r"^Expected (.*?)(, got `[^`]*`)?$", r"\1", expected)
+        expected = expected.replace(_FINITE_TEXT, "a finite `float`").replace("null", "None")
+        expected = re.sub(r"^Invalid enum value .*", "one of " + _choices(cls, name), expected)
+        raise InvalidArgumentError(f"{cls.__name__}.{name} must be {expected}, "
+                                   f"got {values.get(name)!r}") from None
+    return msgspec.structs.asdict(checked)
+
+
+@functools.cache
+def _schema(cls) -> type:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return msgspec.defstruct(f"{cls.__name__}Schema",
+                             [(f.name, hints[f.name]) for f in dataclasses.fields(cls)])
+
+
+def _choices(cls, name: str) -> str:
+    hint = typing.get_type_hints(cls).get(name)
+    return ", ".join(repr(a) for a in typing.get_args(hint) if a is not None)
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value

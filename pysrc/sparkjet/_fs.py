@@ -37,7 +37,10 @@ class Backend:
         if filesystem is None:
             text = os.fspath(uri)
             if "://" in text:
-                filesystem, root = pafs.FileSystem.from_uri(text)
+                try:
+                    filesystem, root = pafs.FileSystem.from_uri(text)
+                except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid, ArrowIOError
+                    raise InvalidArgumentError(f"cannot open {text!r}: {e}") from None
             else:
                 filesystem, root = pafs.LocalFileSystem(), os.path.abspath(text)
         else:
@@ -105,6 +108,11 @@ class Backend:
         if self.local:
             return os.path.exists(path)
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def is_dir(self, path: str) -> bool:
+        if self.local:
+            return os.path.isdir(path)
+        return self.fs.get_file_info(path).type == pafs.FileType.Directory
 
     def listdir(self, path: str) -> list[str]:
         """Names in a directory ([] if it does not exist)."""

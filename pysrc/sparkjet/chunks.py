@@ -158,15 +158,22 @@ class ChunkEncoder:
         rows = part.num_rows
         pieces = max(1, math.ceil(part.nbytes / self.chunk_size))
         step = max(1, math.ceil(rows / pieces))
+        # A dictionary travels in a message of its own, which batch.serialize() leaves out:
+        # such a batch is written as a whole IPC stream, uncompressed.
+        dictionaries = _has_dictionary(part.schema)
         for start in range(0, rows, step):
             batch = part.slice(start, step)
-            if self.codec == "raw":
+            if self.codec == "raw" and dictionaries:
+                payload = _ipc_stream(batch, _RAW_OPTIONS)
+                yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows,
+                                  payload.size, (payload,))
+            elif self.codec == "raw":
                 message = batch.serialize()
                 size = schema_message.size + message.size
                 yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows, size,
                                   (schema_message, message))
             else:
-                payload = _ipc_lz4(batch)
+                payload = _ipc_stream(batch, _LZ4_OPTIONS)
                 yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
                                   payload.size, (payload,))
 
@@ -264,17 +271,20 @@ def read_chunks(buf, source: str = "") -> list[tuple[int, ChunkHeader, memoryvie
 
 
 def decode_table(header: ChunkHeader, payload, source: str = "", offset: int = 0) -> pa.Table:
-    """The rows of a table chunk."""
+    """The rows of a table chunk, fully validated: a payload whose checksum matches but
+    whose Arrow offsets, lengths or dictionary indices are out of bounds (written by
+    something other than sparkjet) is refused here, before any kernel reads it."""
     if header.entries:
         raise SnapshotCorruptError(source, offset, "flags", "an entry chunk, not a table")
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(payload))
         table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         raise SnapshotCorruptError(source, offset, "Arrow IPC payload", str(e)) from None
     if table.num_rows != header.entry_count:
         raise SnapshotCorruptError(source, offset, "entry count",
                                    f"header says {header.entry_count}, payload has {table.num_rows}")
+    _validate(table, source, offset)
     return table
 
 
@@ -297,7 +307,31 @@ def decode_entries(header: ChunkHeader, payload, source: str = "", offset: int =
     n = header.entry_count
     keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko), pa.py_buffer(kd)])
     values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(vo), pa.py_buffer(vd)])
+    _validate(keys, source, offset)
+    _validate(values, source, offset)
     return keys, values
+
+
+def _validate(data, source: str, offset: int) -> None:
+    """Arrow's full validation (every offset, length and dictionary index in bounds):
+    the one check that makes decoded data safe to hand to compute kernels. Field names
+    must be UTF-8 too, or reading one raises far from here."""
+    try:
+        if isinstance(data, pa.Table):
+            _field_names(data.schema)
+        data.validate(full=True)
+    except (pa.ArrowException, UnicodeDecodeError) as e:
+        raise SnapshotCorruptError(source, offset, "Arrow data", str(e)) from None
+
+
+def _field_names(schema: pa.Schema) -> None:
+    def walk(t: pa.DataType) -> None:
+        for i in range(t.num_fields):
+            t.field(i).name  # noqa: B018 - decodes the name
+            walk(t.field(i).type)
+
+    for f in schema:
+        walk(f.type)
 
 
 def _size(piece) -> int:
@@ -305,13 +339,21 @@ def _size(piece) -> int:
 
 
 _LZ4_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+_RAW_OPTIONS = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
 
 
-def _ipc_lz4(batch: pa.RecordBatch) -> pa.Buffer:
+def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=_LZ4_OPTIONS) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
+
+
+def _has_dictionary(schema: pa.Schema) -> bool:
+    def walk(t: pa.DataType) -> bool:
+        return pa.types.is_dictionary(t) or any(walk(t.field(i).type)
+                                                for i in range(t.num_fields))
+    return any(walk(f.type) for f in schema)
 
 
 def _scatter(pids: pa.Int32Array, partition_count: int, *, with_perm: bool):

@@ -28,29 +28,42 @@ _BAR_WIDTH = 40
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit code:
+    0, 1 where a command says so (a failed check), 2 with a one-line error on stderr for
+    bad arguments, missing paths and every other error sparkjet or the system reports."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 2
+        parser.error("give a command: " + ", ".join(parser.commands.choices))
     try:
         return args.run(args)
-    except SparkjetError as e:
-        print(f"sparkjet {args.command}: error: {e}", file=sys.stderr)
+    except (SparkjetError, OSError) as e:
+        print(f"sparkjet {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"sparkjet {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the usage is one --help away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(error) -> str:
+    return " ".join(str(error).split())
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sparkjet",
         description="Hazelcast Jet's partitioning and fault tolerance for PySpark.",
     )
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    parser.commands = commands
     from sparkjet.cli_demo import add_parser as add_demo
 
     add_demo(commands)

@@ -19,6 +19,7 @@ from pathlib import Path
 from sparkjet._cli_args import nonnegative_int, positive_float, positive_int
 from sparkjet._progress import ProgressLine, bar
 from sparkjet.connectors import GUARANTEES
+from sparkjet.errors import InvalidArgumentError
 
 
 def add_parser(commands) -> None:
@@ -187,21 +188,21 @@ def run(args: argparse.Namespace) -> int:
     total = int(args.rate * args.duration)
     master = args.master or f"local[{args.members}]"
     if args.crashes and not master.startswith("local"):
-        from sparkjet.errors import InvalidArgumentError
-
         # The crasher kills member Python workers by pid, which only means something on
         # this machine.
         raise InvalidArgumentError(f"--crashes needs a local master (members' pids are on this "
                                    f"machine); give --crashes 0 to run on {master}")
+    if args.dir and os.path.exists(args.dir):
+        if not os.path.isdir(args.dir):
+            raise InvalidArgumentError(f"--dir {args.dir} is not a directory")
+        if os.listdir(args.dir):
+            raise InvalidArgumentError(f"--dir {args.dir} is not empty (the demo starts from "
+                                       "nothing)")
     print(f"sparkjet demo: per-key count and sum over {total:,} events ({args.keys:,} keys, "
           f"{args.rate:,.0f} events/s) on {master}, {args.members} members, {args.guarantee}, "
           f"snapshots every {args.interval:g} s, {args.crashes} crash(es)", flush=True)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="sparkjet-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    if any(work.iterdir()):
-        from sparkjet.errors import InvalidArgumentError
-
-        raise InvalidArgumentError(f"--dir {work} is not empty (the demo starts from nothing)")
     started = time.monotonic()
     print("starting Spark (about 10 s)...", flush=True)
     warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3

@@ -1,4 +1,5 @@
-"""``sparkjet snapshots list|show|verify URI``: look inside a snapshot store."""
+"""``sparkjet snapshots list|show|verify URI``: look inside a snapshot store, without
+changing it: a missing store or job is an error, never created."""
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,12 @@ def _job_id(text: str) -> int:
 
 
 def _stores(args) -> list[SnapshotStore]:
-    jobs = [args.job] if args.job is not None else SnapshotStore.jobs(args.uri)
+    if args.job is not None:
+        return [SnapshotStore(args.uri, args.job, create=False)]
+    jobs = SnapshotStore.jobs(args.uri, must_exist=True)
     if not jobs:
         print(f"no sparkjet snapshots under {args.uri}", file=sys.stderr)
-    return [SnapshotStore(args.uri, job) for job in jobs]
+    return [SnapshotStore(args.uri, job, create=False) for job in jobs]
 
 
 def _list(args) -> int:

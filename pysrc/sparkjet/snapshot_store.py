@@ -35,7 +35,6 @@ and nothing is returned: never partial state.
 from __future__ import annotations
 
 import itertools
-import json
 import queue
 import re
 import threading
@@ -47,8 +46,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import xxhash
 
+from sparkjet import _snapshot_meta as meta
 from sparkjet._checks import check_int
 from sparkjet._fs import Backend
+from sparkjet._snapshot_meta import CommitEvent, RegisterEvent, ValidationRecord
 from sparkjet.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
@@ -66,8 +67,9 @@ from sparkjet.errors import (
 )
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 
-RECORD_FORMAT = 1
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+RECORD_FORMAT = meta.RECORD_FORMAT
+_NAME = re.compile(meta.NAME_PATTERN)
+_MAX_ID = 2**63 - 1  # snapshot and execution ids: what the log's schema accepts
 
 
 def vertex_id(vertex: str) -> int:
@@ -102,6 +104,15 @@ class VertexState:
     bytes_read: int = 0
 
 
+@dataclass(frozen=True)
+class _Stored:
+    """A checked validation record and where it is: ``dir`` under the job, ``file`` in it."""
+
+    record: ValidationRecord
+    dir: tuple[str, ...]
+    file: str
+
+
 @dataclass
 class Manifest:
     """What a writer wrote: plain data that travels to whoever commits (the coordinator)."""
@@ -132,14 +143,24 @@ class SnapshotStore:
     >>> store.restore("counts", partitions=[0, 1, 2]).table
     """
 
-    def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True):
+    def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True,
+                 create: bool = True):
+        """``create=False`` opens the snapshots of a job that has some, to read them:
+        nothing is created, and SnapshotNotFoundError says when the store or the job's
+        directory is missing."""
         job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self._backend = Backend(uri, filesystem, durable)
         self.job_id = job_id
         self._job = f"job-{job_id:016x}"
         self._log_lock = threading.Lock()
         self._cleaner: threading.Thread | None = None
-        self._records: dict[tuple[str, str], tuple[int, dict]] = {}  # parsed, checked records
+        self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
+        if not create:
+            _require_store(self._backend)
+            if not self._backend.is_dir(self._path()):
+                raise SnapshotNotFoundError(
+                    f"no snapshots of job {job_id} ({job_id:#x}) in {self._backend.root}")
+            return
         for d in ("log", "snapshots", "exports", "tables"):
             self._backend.makedirs(self._path(d))
 
@@ -163,9 +184,12 @@ class SnapshotStore:
             self._cleaner = None
 
     @staticmethod
-    def jobs(uri, *, filesystem=None) -> list[int]:
-        """The job ids that have snapshots under a URI."""
+    def jobs(uri, *, filesystem=None, must_exist: bool = False) -> list[int]:
+        """The job ids that have snapshots under a URI; with ``must_exist``, a URI that is
+        not a directory raises SnapshotNotFoundError rather than giving []."""
         backend = Backend(uri, filesystem)
+        if must_exist:
+            _require_store(backend)
         return [int(n[4:], 16) for n in backend.listdir(backend.root)
                 if re.fullmatch(r"job-[0-9a-f]{16}", n)]
 
@@ -174,7 +198,7 @@ class SnapshotStore:
 
     # -- the log -----------------------------------------------------------------------
 
-    def _events(self) -> list[tuple[int, dict]]:
+    def _events(self) -> list[tuple[int, meta.LogEvent]]:
         out = []
         for name in self._backend.listdir(self._path("log")):
             if not re.fullmatch(r"\d{12}\.json", name):
@@ -185,16 +209,13 @@ class SnapshotStore:
                 # Cleanup removed it between the listing and the read: it was a commit
                 # event superseded by a newer valid one, which the listing also holds.
                 continue
-            try:
-                out.append((int(name[:12]), json.loads(bytes(raw))))
-            except ValueError as e:
-                raise SnapshotCorruptError(self._path("log", name), 0, "log event",
-                                           str(e)) from None
+            out.append((int(name[:12]), meta.decode(raw, meta.LogEvent,
+                                                    self._path("log", name), "log event")))
         return out
 
-    def _append(self, event: dict, check=None) -> int:
+    def _append(self, event: meta.LogEvent, check=None) -> int:
         """Appends an event at the next free sequence number; `check(events)` may refuse."""
-        data = json.dumps(event, sort_keys=True).encode()
+        data = meta.encode(event, meta.LogEvent)
         with self._log_lock:
             while True:
                 events = self._events()
@@ -206,14 +227,14 @@ class SnapshotStore:
 
     @staticmethod
     def _newest_execution(events, before: int | None = None) -> int | None:
-        ids = [e["execution"] for s, e in events
-               if e["type"] == "register" and (before is None or s < before)]
+        ids = [e.execution for s, e in events
+               if isinstance(e, RegisterEvent) and (before is None or s < before)]
         return max(ids) if ids else None
 
     def register_execution(self, execution_id: int) -> None:
         """Starts execution `execution_id` (the fencing token): from now on, writes and
         commits of every older execution are refused and never become visible."""
-        execution_id = check_int("execution_id", execution_id, min=0)
+        execution_id = check_int("execution_id", execution_id, min=0, max=_MAX_ID)
 
         def check(events):
             newest = self._newest_execution(events)
@@ -221,7 +242,7 @@ class SnapshotStore:
                 raise FencedError(f"job {self.job_id}: execution {execution_id} is not newer than "
                                   f"registered execution {newest}")
 
-        self._append({"type": "register", "execution": execution_id, "time": time.time()}, check)
+        self._append(RegisterEvent(execution_id, time.time()), check)
 
     def current_execution(self) -> int | None:
         """The newest registered execution, or None."""
@@ -235,16 +256,17 @@ class SnapshotStore:
         if newest is None or newest > execution_id:
             raise FencedError(f"job {self.job_id}: execution {execution_id} is fenced off by "
                               f"execution {newest}")
-        if not any(e["type"] == "register" and e["execution"] == execution_id for _, e in events):
+        if not any(isinstance(e, RegisterEvent) and e.execution == execution_id
+                   for _, e in events):
             raise FencedError(f"job {self.job_id}: execution {execution_id} was never registered")
 
-    def _valid_commits(self, events) -> list[tuple[int, dict]]:
+    def _valid_commits(self, events) -> list[tuple[int, CommitEvent]]:
         valid = []
         for seq, e in events:
-            if e["type"] != "commit":
+            if not isinstance(e, CommitEvent):
                 continue
             newest = self._newest_execution(events, before=seq)
-            if newest == e["execution"]:
+            if newest == e.execution:
                 valid.append((seq, e))
         return valid
 
@@ -267,6 +289,8 @@ class SnapshotStore:
         """Makes a snapshot complete (Jet's phase-1 commit point): writes its validation
         record, then the commit event; then removes older snapshots. Refused with
         FencedError if a newer execution was registered (before or during the commit)."""
+        snapshot_id = check_int("snapshot_id", snapshot_id, min=-_MAX_ID - 1, max=_MAX_ID)
+        execution_id = check_int("execution_id", execution_id, min=0, max=_MAX_ID)
         directory = self._snapshot_dir(snapshot_id, execution_id)
 
         def check(events):
@@ -275,13 +299,13 @@ class SnapshotStore:
                 raise FencedError(f"job {self.job_id}: commit of snapshot {snapshot_id} by "
                                   f"execution {execution_id} refused: execution {newest} is newer")
             valid = self._valid_commits(events)
-            if valid and valid[-1][1]["snapshot"] >= snapshot_id:
+            if valid and valid[-1][1].snapshot >= snapshot_id:
                 raise InvalidArgumentError(
                     f"job {self.job_id}: snapshot {snapshot_id} is not newer than the last "
-                    f"complete snapshot {valid[-1][1]['snapshot']}; snapshot ids must grow")
+                    f"complete snapshot {valid[-1][1].snapshot}; snapshot ids must grow")
 
         check(self._events())  # fail before writing anything; checked again at the append
-        vertices: dict[str, dict] = {}
+        by_vertex: dict[str, list[meta.FileRecord]] = {}
         seen = set()
         tables: set[str] = set()
         for m in manifests:
@@ -290,32 +314,30 @@ class SnapshotStore:
                 raise InvalidArgumentError(
                     f"manifest of snapshot {m.snapshot_id} execution {m.execution_id} given to "
                     f"the commit of snapshot {snapshot_id} execution {execution_id}")
-            for f in m.files:
-                if f["path"] in seen:
-                    raise InvalidArgumentError(f"chunk file {f['path']} in two manifests")
-                seen.add(f["path"])
-                v = vertices.setdefault(f["vertex"], {"id": vertex_id(f["vertex"]), "files": []})
-                v["files"].append(f)
-        ids = [v["id"] for v in vertices.values()]
+            for f in meta.convert(m.files, list[meta.FileRecord], "a manifest's files"):
+                if f.path in seen:
+                    raise InvalidArgumentError(f"chunk file {f.path} in two manifests")
+                seen.add(f.path)
+                by_vertex.setdefault(f.vertex, []).append(f)
+        vertices = {name: meta.VertexRecord(vertex_id(name), by_vertex[name])
+                    for name in sorted(by_vertex)}
+        ids = [v.id for v in vertices.values()]
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError("two vertex names share a vertex id; rename one")
-        files = [f for v in vertices.values() for f in v["files"]]
-        record = {
-            "format": RECORD_FORMAT, "job_id": self.job_id, "snapshot_id": snapshot_id,
-            "execution_id": execution_id, "created": time.time(),
-            "chunk_count": sum(len(f["chunks"]) for f in files),
-            "bytes": sum(f["bytes"] for f in files),
-            "entries": sum(c[3] for f in files for c in f["chunks"]),
-            "vertices": {name: vertices[name] for name in sorted(vertices)},
-        }
-        if tables:
-            record["tables"] = sorted(tables)
+        files = [f for v in vertices.values() for f in v.files]
+        record = ValidationRecord(
+            format=RECORD_FORMAT, job_id=self.job_id, snapshot_id=snapshot_id,
+            execution_id=execution_id, created=time.time(),
+            chunk_count=sum(len(f.chunks) for f in files),
+            bytes=sum(f.bytes for f in files),
+            entries=sum(c.entry_count for f in files for c in f.chunks),
+            vertices=vertices, tables=sorted(tables))
         for digest in sorted(tables):
             if not self._backend.exists(self._table_path(digest)):
                 raise SnapshotIncompleteError(
                     f"job {self.job_id}: snapshot {snapshot_id} uses table version {digest}, "
                     f"which is missing from {self._path('tables')}; refusing to commit")
-        data = json.dumps(record, sort_keys=True).encode()
+        data = meta.encode(record, ValidationRecord)
         digest = xxhash.xxh3_64_hexdigest(data)
         # Named by its checksum: a refused or repeated commit can never overwrite the
         # record a valid commit points to.
@@ -324,9 +346,8 @@ class SnapshotStore:
         self._backend.write(self._path("snapshots", directory, record_name), [data])
         self._backend.sync_dir(self._path("snapshots", directory))
         self.wait_for_cleanup()
-        self._append({"type": "commit", "snapshot": snapshot_id, "execution": execution_id,
-                      "record": directory, "record_file": record_name, "record_xxh3": digest,
-                      "time": record["created"]}, check)
+        self._append(CommitEvent(snapshot_id, execution_id, directory, record_name, digest,
+                                 record.created), check)
         self._remove_table_versions(tables)
         # The snapshot is complete now; removing the previous one (and freeing its page
         # cache) takes longer than writing it, so it runs in the background.
@@ -344,17 +365,17 @@ class SnapshotStore:
             return
         last_seq, last = valid[-1]
         newest = self._newest_execution(events)
-        keep = last["record"]
+        keep = last.record
         for name in self._backend.listdir(self._path("snapshots")):
             m = re.fullmatch(r"(\d{12})-e(\d{12})", name)
             if not m or name == keep:
                 continue
             snap, execution = int(m[1]), int(m[2])
-            ongoing = execution == newest and snap > last["snapshot"]
+            ongoing = execution == newest and snap > last.snapshot
             if not ongoing:
                 self._backend.remove_tree(self._path("snapshots", name))
         for seq, e in events:
-            if e["type"] == "commit" and seq < last_seq:
+            if isinstance(e, CommitEvent) and seq < last_seq:
                 self._backend.remove(self._path("log", f"{seq:012d}.json"))
         # Temporaries of appends that died before their link; a live one is seconds old.
         for name in self._backend.listdir(self._path("log")):
@@ -396,8 +417,8 @@ class SnapshotStore:
         for name in self._backend.listdir(self._path("exports")):
             if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
                 try:
-                    keep.update(self._export_record(name).get("tables", []))
-                except (SnapshotNotFoundError, SnapshotIncompleteError):
+                    keep.update(self._export_record(name).record.tables)
+                except (SnapshotNotFoundError, SnapshotIncompleteError, SnapshotCorruptError):
                     continue
         for name in self._backend.listdir(self._path("tables")):
             path = self._path("tables", name)
@@ -413,53 +434,50 @@ class SnapshotStore:
         valid = self._valid_commits(self._events())
         if not valid:
             return None
-        return self._info(self._record(valid[-1][1]))
+        return self._info(self._record(valid[-1][1]).record)
 
-    def _record(self, commit: dict, base: tuple[str, ...] = ()) -> dict:
-        directory = base or ("snapshots", commit["record"])
-        path = self._path(*directory, commit["record_file"])
+    def _record(self, commit: CommitEvent | meta.ExportRecord,
+                base: tuple[str, ...] = ()) -> _Stored:
+        directory = base or ("snapshots", commit.record)
+        path = self._path(*directory, commit.record_file)
         if not self._backend.exists(path):
             raise SnapshotIncompleteError(f"{path}: validation record missing")
         # A record is named by its checksum and never rewritten: parse and check it once
         # (it lists every chunk, and a member restores several vertices from it).
-        cached = self._records.get((path, commit["record_xxh3"]))
+        cached = self._records.get((path, commit.record_xxh3))
         if cached is not None and self._backend.size(path) == cached[0]:
             return cached[1]
         data = bytes(self._backend.read(path))
-        if xxhash.xxh3_64_hexdigest(data) != commit["record_xxh3"]:
+        if xxhash.xxh3_64_hexdigest(data) != commit.record_xxh3:
             raise SnapshotCorruptError(path, 0, "validation record checksum")
-        try:
-            record = json.loads(data)
-        except ValueError as e:
-            raise SnapshotCorruptError(path, 0, "validation record", str(e)) from None
-        for key, want in (("job_id", self.job_id), ("snapshot_id", commit["snapshot"]),
-                          ("execution_id", commit["execution"]), ("format", RECORD_FORMAT)):
-            if record.get(key) != want:
+        record = meta.decode(data, ValidationRecord, path, "validation record")
+        for key, got, want in (("job_id", record.job_id, self.job_id),
+                               ("snapshot_id", record.snapshot_id, commit.snapshot),
+                               ("execution_id", record.execution_id, commit.execution)):
+            if got != want:
                 raise SnapshotIncompleteError(
-                    f"{path}: validation record has {key} {record.get(key)!r}, expected {want!r}")
-        record["_dir"] = directory
-        record["_file"] = commit["record_file"]
+                    f"{path}: validation record has {key} {got!r}, expected {want!r}")
+        stored = _Stored(record, directory, commit.record_file)
         if len(self._records) >= 4:
             self._records.pop(next(iter(self._records)))
-        self._records[(path, commit["record_xxh3"])] = (len(data), record)
-        return record
+        self._records[(path, commit.record_xxh3)] = (len(data), stored)
+        return stored
 
-    def _info(self, record: dict, name: str | None = None) -> SnapshotInfo:
-        return SnapshotInfo(record["job_id"], record["snapshot_id"], record["execution_id"],
-                            record["chunk_count"], record["bytes"], record["entries"],
-                            tuple(record["vertices"]), record["created"], name)
+    def _info(self, r: ValidationRecord, name: str | None = None) -> SnapshotInfo:
+        return SnapshotInfo(r.job_id, r.snapshot_id, r.execution_id, r.chunk_count, r.bytes,
+                            r.entries, tuple(r.vertices), r.created, name)
 
-    def _resolve(self, snapshot_id: int | None, name: str | None) -> dict:
+    def _resolve(self, snapshot_id: int | None, name: str | None) -> _Stored:
         if name is not None:
             return self._export_record(name)
         valid = self._valid_commits(self._events())
         if not valid:
             raise SnapshotNotFoundError(f"job {self.job_id} has no complete snapshot")
         commit = valid[-1][1]
-        if snapshot_id is not None and commit["snapshot"] != snapshot_id:
+        if snapshot_id is not None and commit.snapshot != snapshot_id:
             raise SnapshotNotFoundError(
                 f"job {self.job_id}: snapshot {snapshot_id} is not the last complete one "
-                f"({commit['snapshot']}); export a snapshot to keep it")
+                f"({commit.snapshot}); export a snapshot to keep it")
         return self._record(commit)
 
     def restore(self, vertex: str, partitions: Sequence[int] | None = None, *,
@@ -467,20 +485,19 @@ class SnapshotStore:
         """The state of `vertex` in `partitions` (all when None) plus its broadcast state,
         from the last complete snapshot (or the exported snapshot `name`). Reads only the
         byte ranges of those partitions' chunks; refuses the whole restore on any mismatch."""
-        record = self._resolve(snapshot_id, name)
-        v = record["vertices"].get(vertex)
+        stored = self._resolve(snapshot_id, name)
+        v = stored.record.vertices.get(vertex)
         if v is None:
             raise SnapshotNotFoundError(
-                f"snapshot {record['snapshot_id']} of job {self.job_id} has no vertex {vertex!r}; "
-                f"it has {sorted(record['vertices'])}")
+                f"snapshot {stored.record.snapshot_id} of job {self.job_id} has no vertex "
+                f"{vertex!r}; it has {sorted(stored.record.vertices)}")
         wanted = None if partitions is None else set(int(p) for p in partitions)
-        self._check_listing(record, vertex, v)
+        self._check_listing(stored, vertex, v)
         state = VertexState()
         keyed_tables, broadcast_tables = [], []
         keyed_entries, broadcast_entries = [], []
-        for f in v["files"]:
-            for header, payload, path, offset in self._read_file(record, vertex, v["id"], f,
-                                                                 wanted):
+        for f in v.files:
+            for header, payload, path, offset in self._read_file(stored, vertex, v.id, f, wanted):
                 state.chunks += 1
                 state.bytes_read += HEADER_SIZE + header.stored_size
                 if header.entries:
@@ -489,66 +506,72 @@ class SnapshotStore:
                 else:
                     t = decode_table(header, payload, path, offset)
                     (broadcast_tables if header.broadcast else keyed_tables).append(t)
-        state.table = _concat_tables(keyed_tables)
-        state.broadcast_table = _concat_tables(broadcast_tables)
+        where = self._path(*stored.dir, vertex)
+        state.table = _concat_tables(keyed_tables, where)
+        state.broadcast_table = _concat_tables(broadcast_tables, where)
         state.entries = _concat_entries(keyed_entries)
         state.broadcast_entries = _concat_entries(broadcast_entries)
         return state
 
-    def _check_listing(self, record, vertex, v) -> None:
+    def _check_listing(self, stored: _Stored, vertex: str, v: meta.VertexRecord) -> None:
         """The vertex's directory must hold exactly the record's files, at their sizes."""
-        directory = self._path(*record["_dir"], vertex)
-        listed = {f["path"].rsplit("/", 1)[-1]: f for f in v["files"]}
+        directory = self._path(*stored.dir, vertex)
+        snapshot = stored.record.snapshot_id
+        listed = {f.name: f for f in v.files}
         present = set(self._backend.listdir(directory))
         for file_name, f in listed.items():
             if file_name not in present:
                 raise SnapshotIncompleteError(
-                    f"snapshot {record['snapshot_id']} of job {self.job_id}: chunk file "
+                    f"snapshot {snapshot} of job {self.job_id}: chunk file "
                     f"{directory}/{file_name} is missing; refusing to restore partial state")
             size = self._backend.size(f"{directory}/{file_name}")
-            if size != f["bytes"]:
-                raise SnapshotCorruptError(f"{directory}/{file_name}", min(size, f["bytes"]),
-                                           "file size", f"{size} bytes, record says {f['bytes']}")
+            if size != f.bytes:
+                raise SnapshotCorruptError(f"{directory}/{file_name}", min(size, f.bytes),
+                                           "file size", f"{size} bytes, record says {f.bytes}")
         for extra in sorted(present - set(listed)):
             raise SnapshotIncompleteError(
-                f"snapshot {record['snapshot_id']} of job {self.job_id}: extra file "
+                f"snapshot {snapshot} of job {self.job_id}: extra file "
                 f"{directory}/{extra} not in the validation record; refusing to restore")
 
-    def _read_file(self, record, vertex, vid, f, wanted=None):
+    def _read_file(self, stored: _Stored, vertex: str, vid: int, f: meta.FileRecord,
+                   wanted=None):
         """The chunks of one file for the `wanted` partitions (all when None) and the
         broadcast state, each checked against the record. Runs of adjacent chunks are read
-        in one range, and only those ranges are read."""
-        path = self._path(*record["_dir"], vertex, f["path"].rsplit("/", 1)[-1])
-        entries = [c for c in f["chunks"] if wanted is None or c[4] == -1 or c[4] in wanted]
+        in one range, and only those ranges are read (the record's schema has checked
+        that every chunk lies inside the file, in order)."""
+        path = self._path(*stored.dir, vertex, f.name)
+        entries = [c for c in f.chunks
+                   if wanted is None or c.partition == -1 or c.partition in wanted]
         if not entries:
             return
         read = self._backend.range_reader(path)
         runs, run = [], [entries[0]]
         for c in entries[1:]:
             prev = run[-1]
-            if c[0] == prev[0] + HEADER_SIZE + prev[1]:
+            if c.offset == prev.offset + HEADER_SIZE + prev.stored_size:
                 run.append(c)
             else:
                 runs.append(run)
                 run = [c]
         runs.append(run)
         for run in runs:
-            start = run[0][0]
-            end = run[-1][0] + HEADER_SIZE + run[-1][1]
+            start = run[0].offset
+            end = run[-1].offset + HEADER_SIZE + run[-1].stored_size
             chunks = read_chunks(read(start, end - start), path)
             if len(chunks) != len(run):
                 raise SnapshotIncompleteError(
                     f"{path}: {len(chunks)} chunks at bytes {start}..{end}, record says {len(run)}")
             for (rel, header, payload), expected in zip(chunks, run):
-                r_offset, r_size, r_sum, r_count, r_part = expected
                 offset = start + rel
                 for what, got, want in (
-                    ("offset", offset, r_offset), ("stored size", header.stored_size, r_size),
-                    ("checksum", header.checksum, r_sum),
-                    ("entry count", header.entry_count, r_count),
+                    ("offset", offset, expected.offset),
+                    ("stored size", header.stored_size, expected.stored_size),
+                    ("checksum", header.checksum, expected.checksum),
+                    ("entry count", header.entry_count, expected.entry_count),
                     ("job id", header.job_id, self.job_id),
-                    ("snapshot id", header.snapshot_id, record["snapshot_id"]),
-                    ("vertex", header.vertex, vid), ("partition", header.partition, r_part),
+                    ("snapshot id", header.snapshot_id, stored.record.snapshot_id),
+                    ("vertex", header.vertex, vid), ("partition", header.partition,
+                                                     expected.partition),
                 ):
                     if got != want:
                         raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
@@ -558,34 +581,34 @@ class SnapshotStore:
                progress=None) -> SnapshotInfo:
         """Reads and checks every chunk of a snapshot (all vertices and partitions);
         `progress(done_bytes, total_bytes)` is called as it goes."""
-        record = self._resolve(snapshot_id, name)
+        stored = self._resolve(snapshot_id, name)
         done = 0
-        for vertex, v in record["vertices"].items():
-            self._check_listing(record, vertex, v)
-            for f in v["files"]:
-                for header, payload, path, offset in self._read_file(record, vertex, v["id"], f):
+        for vertex, v in stored.record.vertices.items():
+            self._check_listing(stored, vertex, v)
+            for f in v.files:
+                for header, payload, path, offset in self._read_file(stored, vertex, v.id, f):
                     if header.entries:
                         decode_entries(header, payload, path, offset)
                     else:
                         decode_table(header, payload, path, offset)
                     done += HEADER_SIZE + header.stored_size
                     if progress:
-                        progress(done, record["bytes"])
-        return self._info(record, name)
+                        progress(done, stored.record.bytes)
+        return self._info(stored.record, name)
 
     def describe(self, snapshot_id: int | None = None, *, name: str | None = None) -> dict:
         """Per vertex and partition (-1: broadcast): bytes, chunks and entries, from the
         validation record."""
-        record = self._resolve(snapshot_id, name)
+        stored = self._resolve(snapshot_id, name)
         out = {}
-        for vertex, v in record["vertices"].items():
+        for vertex, v in stored.record.vertices.items():
             parts = defaultdict(lambda: {"bytes": 0, "chunks": 0, "entries": 0})
-            for f in v["files"]:
-                for _, size, _, count, partition in f["chunks"]:
-                    p = parts[partition]
-                    p["bytes"] += HEADER_SIZE + size
+            for f in v.files:
+                for c in f.chunks:
+                    p = parts[c.partition]
+                    p["bytes"] += HEADER_SIZE + c.stored_size
                     p["chunks"] += 1
-                    p["entries"] += count
+                    p["entries"] += c.entry_count
             out[vertex] = dict(sorted(parts.items()))
         return out
 
@@ -594,45 +617,40 @@ class SnapshotStore:
     def export(self, snapshot_id: int | None, name: str) -> SnapshotInfo:
         """Keeps a complete snapshot under `name` (Jet's exported snapshots, Flink's
         savepoints): cleanup never removes it, and restore(name=...) reads it."""
-        if not _NAME.fullmatch(name or ""):
-            raise InvalidArgumentError(f"export name must match {_NAME.pattern}, got {name!r}")
+        _check_name("export name", name)
         if self._backend.exists(self._path("exports", name)):
             raise InvalidArgumentError(f"export {name!r} already exists")
-        record = self._resolve(snapshot_id, None)
-        self.verify(record["snapshot_id"])
+        stored = self._resolve(snapshot_id, None)
+        self.verify(stored.record.snapshot_id)
         tmp = self._path("exports", f".tmp-{name}")
         self._backend.remove_tree(tmp)
-        for vertex, v in record["vertices"].items():
+        for vertex, v in stored.record.vertices.items():
             self._backend.makedirs(f"{tmp}/{vertex}")
-            for f in v["files"]:
-                base = f["path"].rsplit("/", 1)[-1]
-                self._backend.link_or_copy(self._path(*record["_dir"], vertex, base),
-                                           f"{tmp}/{vertex}/{base}")
-        src = self._path(*record["_dir"], record["_file"])
+            for f in v.files:
+                self._backend.link_or_copy(self._path(*stored.dir, vertex, f.name),
+                                           f"{tmp}/{vertex}/{f.name}")
+        src = self._path(*stored.dir, stored.file)
         data = bytes(self._backend.read(src))
-        self._backend.write(f"{tmp}/{record['_file']}", [data])
-        meta = {"name": name, "snapshot": record["snapshot_id"],
-                "execution": record["execution_id"], "record_file": record["_file"],
-                "record_xxh3": xxhash.xxh3_64_hexdigest(data), "exported": time.time()}
-        self._backend.write(f"{tmp}/_export.json", [json.dumps(meta, sort_keys=True).encode()])
+        self._backend.write(f"{tmp}/{stored.file}", [data])
+        export = meta.ExportRecord(name, stored.record.snapshot_id, stored.record.execution_id,
+                                   stored.file, xxhash.xxh3_64_hexdigest(data), time.time())
+        self._backend.write(f"{tmp}/_export.json", [meta.encode(export, meta.ExportRecord)])
         if self._backend.local:
             import os
 
             os.rename(tmp, self._path("exports", name))
         else:
             self._backend.fs.move(tmp, self._path("exports", name))
-        return self._info(record, name)
+        return self._info(stored.record, name)
 
-    def _export_record(self, name: str) -> dict:
-        if not _NAME.fullmatch(name or ""):
-            raise InvalidArgumentError(f"export name must match {_NAME.pattern}, got {name!r}")
+    def _export_record(self, name: str) -> _Stored:
+        _check_name("export name", name)
         meta_path = self._path("exports", name, "_export.json")
         if not self._backend.exists(meta_path):
             raise SnapshotNotFoundError(f"job {self.job_id} has no exported snapshot {name!r}")
-        meta = json.loads(bytes(self._backend.read(meta_path)))
-        commit = {"snapshot": meta["snapshot"], "execution": meta["execution"],
-                  "record_file": meta["record_file"], "record_xxh3": meta["record_xxh3"]}
-        return self._record(commit, ("exports", name))
+        export = meta.decode(bytes(self._backend.read(meta_path)), meta.ExportRecord, meta_path,
+                             "export record")
+        return self._record(export, ("exports", name))
 
     def delete_export(self, name: str) -> None:
         self._export_record(name)
@@ -646,7 +664,7 @@ class SnapshotStore:
             out.append(latest)
         for name in self._backend.listdir(self._path("exports")):
             if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
-                out.append(self._info(self._export_record(name), name))
+                out.append(self._info(self._export_record(name).record, name))
         return sorted(out, key=lambda s: (s.created, s.name or ""))
 
 
@@ -673,8 +691,7 @@ class SnapshotWriter:
                 f"execution_id={self.execution_id}, writer={self.writer})")
 
     def _encoder(self, vertex: str) -> ChunkEncoder:
-        if not _NAME.fullmatch(vertex or ""):
-            raise InvalidArgumentError(f"vertex name must match {_NAME.pattern}, got {vertex!r}")
+        _check_name("vertex name", vertex)
         if self._finished:
             raise InvalidArgumentError("this snapshot writer has finished")
         return ChunkEncoder(self.store.job_id, self.snapshot_id, vertex_id(vertex),
@@ -775,15 +792,32 @@ class SnapshotWriter:
         return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
 
 
+def _require_store(backend: Backend) -> None:
+    if not backend.is_dir(backend.root):
+        what = "is not a directory" if backend.exists(backend.root) else "does not exist"
+        raise SnapshotNotFoundError(f"{backend.root} {what}")
+
+
+def _check_name(what: str, name) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidArgumentError(f"{what} must match {_NAME.pattern}, got {name!r}")
+
+
 def content_digest(data) -> str:
     """The name of content-addressed bytes: their xxh3-128, 32 hex digits."""
     return xxhash.xxh3_128_hexdigest(memoryview(data))
 
 
-def _concat_tables(tables: list[pa.Table]) -> pa.Table | None:
+def _concat_tables(tables: list[pa.Table], where: str) -> pa.Table | None:
     # Writers may hold columns others lack (a join processor that saw one side only):
-    # the missing ones are null in their rows.
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    # the missing ones are null in their rows. Columns of one name must agree in type.
+    if not tables:
+        return None
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except pa.ArrowException as e:
+        raise SnapshotCorruptError(where, 0, "table schema",
+                                   f"the chunks' schemas do not agree: {e}") from None
 
 
 def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:

@@ -1,15 +1,21 @@
 """JobConfig: how a job runs, as plain data."""
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
 
 import xxhash
+from msgspec import Meta
 
-from sparkjet._checks import check_int, check_number
-from sparkjet.connectors import GUARANTEES
+from sparkjet._checks import Finite, check_fields
+from sparkjet._fs import absolute
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+
+# The schema of the fields (sparkjet._checks.check_fields): an interval or a backoff must
+# be finite; a timeout may be infinite (never time out).
+Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.GUARANTEES
+Codec = Literal["lz4", "raw"]  # sparkjet.chunks.CODECS
 
 
 @dataclass(frozen=True)
@@ -43,52 +49,39 @@ class JobConfig:
       certificate holds (clients check it, not the host name).
     """
 
-    name: str = "sparkjet-job"
-    processing_guarantee: str = "exactly-once"
-    snapshot_interval: float = 1.0
-    snapshot_store: str | None = None
-    max_restarts: int = 3
-    restart_backoff: float = 0.5
-    local_parallelism: int = 2
-    partition_count: int = DEFAULT_PARTITION_COUNT
-    batch_size: int = 65536
-    queue_capacity: int = 16
-    snapshot_codec: str = "lz4"
-    job_id: int | None = None
-    members: int | None = None
-    heartbeat_timeout: float = 10.0
-    start_timeout: float = 120.0
-    quorum_timeout: float = 300.0
+    name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
+    processing_guarantee: Guarantee = "exactly-once"
+    snapshot_interval: Annotated[Finite, Meta(ge=0.001)] = 1.0
+    snapshot_store: Annotated[str, Meta(min_length=1)] | None = None
+    max_restarts: Annotated[int, Meta(ge=0)] = 3
+    restart_backoff: Annotated[Finite, Meta(ge=0)] = 0.5
+    local_parallelism: Annotated[int, Meta(ge=1)] = 2
+    partition_count: Annotated[int, Meta(ge=1, le=2**31 - 1)] = DEFAULT_PARTITION_COUNT
+    batch_size: Annotated[int, Meta(ge=1, le=2**31 - 1)] = 65536
+    queue_capacity: Annotated[int, Meta(ge=1)] = 16
+    snapshot_codec: Codec = "lz4"
+    job_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    members: Annotated[int, Meta(ge=1)] | None = None
+    heartbeat_timeout: Annotated[float, Meta(ge=0.5)] = 10.0
+    start_timeout: Annotated[float, Meta(ge=1)] = 120.0
+    quorum_timeout: Annotated[float, Meta(ge=0)] = 300.0
     tls: bool | None = None
     tls_certificate: str | None = None
     tls_private_key: str | None = None
-    tls_server_name: str = "sparkjet"
+    tls_server_name: Annotated[str, Meta(min_length=1)] = "sparkjet"
 
     def __post_init__(self):
-        if self.processing_guarantee not in GUARANTEES:
-            raise InvalidArgumentError(
-                f"processing_guarantee must be one of {GUARANTEES}, "
-                f"got {self.processing_guarantee!r}")
+        # Every field against its annotation; frozen, so the checked values (plain Python
+        # data: numpy scalars and paths converted) are stored with object.__setattr__.
+        for name, value in check_fields(self).items():
+            object.__setattr__(self, name, value)
+        if self.snapshot_store is not None:
+            # a relative path is the driver's: a Spark worker runs in a directory of its own
+            object.__setattr__(self, "snapshot_store", absolute(self.snapshot_store))
         if self.processing_guarantee != "none" and not self.snapshot_store:
             raise InvalidArgumentError(
                 f"processing_guarantee {self.processing_guarantee!r} needs snapshot_store "
                 "(a directory or a pyarrow.fs URI)")
-        # Frozen: the checked values (plain Python numbers) are stored with object.__setattr__.
-        # A timeout may be infinite (never time out); an interval or a backoff may not.
-        for name, low, finite in (("snapshot_interval", 0.001, True), ("restart_backoff", 0, True),
-                                  ("heartbeat_timeout", 0.5, False), ("start_timeout", 1, False),
-                                  ("quorum_timeout", 0, False)):
-            object.__setattr__(self, name, check_number(name, getattr(self, name), min=low,
-                                                        finite=finite))
-        for name, low in (("max_restarts", 0), ("local_parallelism", 1), ("batch_size", 1),
-                          ("queue_capacity", 1)):
-            object.__setattr__(self, name, check_int(name, getattr(self, name), min=low))
-        object.__setattr__(self, "members", check_int("members", self.members, min=1,
-                                                      none_ok=True))
-        if self.snapshot_store is not None:
-            object.__setattr__(self, "snapshot_store", os.fspath(self.snapshot_store))
-        if self.tls not in (None, True, False):
-            raise InvalidArgumentError(f"tls must be True, False or None (auto), got {self.tls!r}")
         if (self.tls_certificate is None) != (self.tls_private_key is None):
             raise InvalidArgumentError(
                 "tls_certificate and tls_private_key go together: give both or neither")

@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sparkjet._checks import check_int
+from sparkjet._checks import check_bool, check_int, check_path
 from sparkjet._fs import Backend, absolute
 from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
@@ -82,11 +82,14 @@ class TransactionalFileSink(Sink):
         if format not in FORMATS:
             raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
         rows_per_file = check_int("rows_per_file", rows_per_file, min=1, none_ok=True)
-        self.uri = absolute(uri, filesystem)
+        if filesystem is not None and not isinstance(filesystem, pafs.FileSystem):
+            raise InvalidArgumentError(
+                f"filesystem must be None or a pyarrow.fs.FileSystem, got {filesystem!r}")
+        self.uri = absolute(check_path("uri", uri), filesystem)
         self.format = format
         self.rows_per_file = rows_per_file
         self.filesystem = filesystem
-        self.durable = durable
+        self.durable = check_bool("durable", durable)
 
     def __repr__(self) -> str:
         return (f"TransactionalFileSink({self.uri!r}, format={self.format!r}, "

@@ -30,6 +30,7 @@ import threading
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkjet._checks import check_int, check_number, check_path
 from sparkjet.connectors import ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     FencedError,
@@ -112,11 +113,11 @@ class SQLiteUpsertSink(Sink):
             raise InvalidArgumentError(f"key must name one or more columns, got {key!r}")
         if not isinstance(table, str) or not table or table.startswith("_sparkjet"):
             raise InvalidArgumentError(f"bad table name {table!r}")
-        self.path = os.path.abspath(os.fspath(path))   # the driver's, not a Spark worker's
+        self.path = os.path.abspath(check_path("path", path))   # the driver's, not a Spark worker's
         self.table = table
         self.key = keys
-        self.max_buffered_rows = max_buffered_rows
-        self.timeout = timeout
+        self.max_buffered_rows = check_int("max_buffered_rows", max_buffered_rows, min=1)
+        self.timeout = check_number("timeout", timeout, min=0)  # seconds; SQLite's busy wait
 
     def __repr__(self) -> str:
         return f"SQLiteUpsertSink({self.path!r}, {self.table!r}, key={self.key!r})"

@@ -48,7 +48,7 @@ import struct
 
 import pyarrow as pa
 
-from sparkjet._checks import check_distinct_ints, check_int
+from sparkjet._checks import check_bool, check_distinct_ints, check_int, check_path
 from sparkjet._fs import Backend
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
@@ -123,11 +123,11 @@ class ArrowLogWriter:
                 f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         segment_bytes = check_int("segment_bytes", segment_bytes, min=1)
         _check_no_dictionary(schema)
-        self.root = os.path.abspath(os.fspath(root))
+        self.root = os.path.abspath(check_path("root", root))
         self.partitions = partitions
         self.schema = schema
         self.segment_bytes = segment_bytes
-        self.durable = durable
+        self.durable = check_bool("durable", durable)
         self._backend = Backend(root, durable=durable)  # directory syncs, atomic creates
         self._schema_bytes = schema.serialize().to_pybytes()
         self._fds: dict[int, int] = {}
@@ -299,7 +299,7 @@ class ArrowLogSource(Source):
     acknowledging = False
 
     def __init__(self, root):
-        self.root = os.path.abspath(os.fspath(root))
+        self.root = os.path.abspath(check_path("root", root))
         self._partitions: int | None = None
 
     def partition_count(self) -> int:

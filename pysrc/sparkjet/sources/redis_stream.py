@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
-from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._checks import check_distinct_ints, check_int, check_number, check_str
 from sparkjet._redact import redact, redact_url
 from sparkjet.connectors import ProcessorContext, Source, SourceReader
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
@@ -126,12 +126,14 @@ class RedisStreamSource(Source):
         block_ms = check_int("block_ms", block_ms, min=1, none_ok=True)
         self.stream = stream
         self.partitions = partitions
-        self.url = url
+        self.url = check_str("url", url)
+        if password is not None and not isinstance(password, str):
+            raise InvalidArgumentError("password must be None or a str")  # never echoed
         self._password = password if password is not None else os.environ.get(
             "SPARKJET_REDIS_PASSWORD")
-        self.group = group
-        self.consumer = consumer
-        self.start_id = start_id
+        self.group = check_str("group", group, none_ok=True)
+        self.consumer = check_str("consumer", consumer)
+        self.start_id = check_str("start_id", start_id)
         self.schema = schema
         self.decoder = decoder
         self.block_ms = block_ms
