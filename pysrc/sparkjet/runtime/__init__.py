@@ -23,8 +23,8 @@ The modules, each depending only on those listed before it:
 coordinator) is loaded only where members talk to each other.
 """
 from sparkjet.runtime.config import JobConfig
-from sparkjet.runtime.job import Job, JobFailedError, JobResult
-from sparkjet.runtime.lifecycle import JobAlreadyRunningError, JobFinishedError
+from sparkjet.runtime.job import Job, JobFailedError, JobHandle, JobResult
+from sparkjet.runtime.lifecycle import JobAlreadyRunningError, JobCancelledError, JobFinishedError
 
-__all__ = ["Job", "JobAlreadyRunningError", "JobConfig", "JobFailedError", "JobFinishedError",
-           "JobResult"]
+__all__ = ["Job", "JobAlreadyRunningError", "JobCancelledError", "JobConfig", "JobFailedError",
+           "JobFinishedError", "JobHandle", "JobResult"]

@@ -173,6 +173,7 @@ class ExecutionCoordinator:
         self._finished = threading.Event()
         self.stage_error: BaseException | None = None
         self.stage_ended = threading.Event()
+        self.stop_requested = threading.Event()
         self.snapshots = SnapshotCoordinator(
             config=config, store=store, execution_id=execution_id,
             processors=topology.processors, send=self.send,
@@ -256,6 +257,8 @@ class ExecutionCoordinator:
                     sum(c[1] for c in self._counters.values()))
 
     def _all_sources_ended(self) -> bool:
+        if self.stop_requested.is_set():      # a graceful stop: the next snapshot is terminal
+            return True
         with self._cv:
             ended = set().union(*self._ended.values()) if self._ended else set()
         return len(ended) == self.topology.n_sources

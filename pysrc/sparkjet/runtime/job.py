@@ -11,13 +11,15 @@ result type and restart policy of :mod:`~sparkjet.runtime.supervision`, whose
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from sparkjet._checks import check_int
+from sparkjet.errors import InvalidArgumentError
 from sparkjet.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime.config import JobConfig
-from sparkjet.runtime.lifecycle import RunLock, check_not_finished, mark_finished
+from sparkjet.runtime.lifecycle import JobCancelledError, RunLock, check_not_finished, mark_finished
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
@@ -34,6 +36,8 @@ class Job:
         self.requested_members: int | None = None
         self._runner: LocalRunner | SparkRunner | None = None
         self._metrics: JobMetrics | None = None
+        self._stop: tuple[bool, str | None] | None = None   # (requested, export name)
+        self._running = False
         #: while run(metrics_port=...) serves Prometheus: the port it listens on
         self.metrics_port: int | None = None
 
@@ -91,6 +95,7 @@ class Job:
         """
         self._check_snapshot()
         check_not_finished(self.config)
+        self._running = True
         metrics = self._metrics = JobMetrics(self.config.name, _bounded_total(self.plan))
         view = ProgressView(metrics) if progress else None
         server = None
@@ -121,18 +126,26 @@ class Job:
         try:
             with RunLock(self.config):
                 result = self._run(spark, isolated, report)
-                mark_finished(self.config, result.events_in)
+                if self._stop is None:
+                    mark_finished(self.config, result.events_in)
+                else:
+                    result.stopped, result.export = True, self._export(self._stop[1])
+        except JobCancelledError:
+            metrics.finish("cancelled")
+            raise
         except BaseException:
             metrics.finish("failed")
             _log.error("job %r failed", self.config.name, extra={**context, "execution": "-"})
             raise
         else:
-            metrics.finish("finished", result)
+            metrics.finish("stopped" if result.stopped else "finished", result)
             _log.info("job %r finished: %s events in, %s out, %s restart(s)", self.config.name,
                       result.events_in, result.events_out, result.restarts,
                       extra={**context, "execution": "-"})
             return result
         finally:
+            self._running = False
+            self._stop = None
             if view is not None:
                 view.close()
             if server is not None:
@@ -148,12 +161,58 @@ class Job:
             runner.requested_members = self.requested_members
         else:
             runner = self._runner = LocalRunner(self.plan, self.config, progress)
+        if self._stop is not None:       # stop() came before the runner existed
+            runner.request_stop()
         try:
             if spark is None and not isolated:
                 return runner.run_in_process()
             return runner.run()
         finally:
             self._runner = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def submit(self, spark=None, **run_options) -> JobHandle:
+        """Starts :meth:`run` in a thread and returns at once a :class:`JobHandle` to watch
+        and control the run (status, metrics, stop, suspend, cancel, the result)."""
+        return JobHandle(self, spark, run_options)
+
+    def stop(self, snapshot: str | None = None) -> None:
+        """Stops the running job gracefully: its next snapshot is the terminal one (the
+        sources stop where they are, every sink commits), and ``run`` returns a result with
+        ``stopped`` set. With ``snapshot``, that last snapshot is exported under this name
+        (kept until deleted, restorable). A new :meth:`run` resumes the job from it."""
+        if snapshot is not None:
+            from sparkjet.snapshot_store import _check_name
+
+            _check_name("export name", snapshot)
+        if not self._running:
+            raise InvalidArgumentError(f"job {self.config.name!r} is not running")
+        self._stop = (True, snapshot)
+        runner = self._runner
+        if runner is not None:
+            runner.request_stop()
+
+    def suspend(self) -> None:
+        """Jet's suspend: :meth:`stop` without an export; a new :meth:`run` resumes."""
+        self.stop()
+
+    def cancel(self) -> None:
+        """Ends the running job now, without a snapshot: ``run`` raises
+        :class:`~sparkjet.runtime.lifecycle.JobCancelledError`; a new run resumes from
+        the last complete snapshot (under exactly-once, nothing is lost or duplicated)."""
+        runner = self._runner
+        if runner is not None:
+            runner.cancel()
+
+    def _export(self, name: str | None) -> str | None:
+        if name is None or self.config.processing_guarantee == "none":
+            return None
+        from sparkjet.snapshot_store import SnapshotStore
+
+        with SnapshotStore(self.config.snapshot_store, self.config.id) as store:
+            store.export(None, name)
+        return name
 
     def _check_snapshot(self) -> None:
         """Refuses, before any execution starts, to restore a snapshot that a pipeline of
@@ -176,6 +235,71 @@ class Job:
             runner.rescale(self.requested_members)
 
 
+class JobHandle:
+    """A job running in a thread of its own (:meth:`Job.submit`)."""
+
+    def __init__(self, job: Job, spark, run_options: dict):
+        self.job = job
+        self._spark = spark
+        self._options = run_options
+        self._result: JobResult | None = None
+        self._error: BaseException | None = None
+        job._running = True     # stop() right after submit() reaches the run
+        self._thread = threading.Thread(target=self._run, name=f"sparkjet-{job.config.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self.job.run(self._spark, **self._options)
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._error = e
+        finally:
+            self.job._running = False
+
+    @property
+    def status(self) -> str:
+        """starting, running, restarting, waiting, finished, stopped, cancelled or failed."""
+        m = self.job.metrics
+        return "starting" if m is None else m["state"]
+
+    @property
+    def metrics(self) -> dict | None:
+        return self.job.metrics
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float | None = None) -> JobResult:
+        """Waits for the run to end; returns its result or raises its error."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"job {self.job.config.name!r} still runs after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def stop(self, snapshot: str | None = None, timeout: float | None = None) -> JobResult:
+        """:meth:`Job.stop`, then waits for the run to end."""
+        self.job.stop(snapshot)
+        return self.result(timeout)
+
+    def suspend(self, timeout: float | None = None) -> JobResult:
+        self.job.suspend()
+        return self.result(timeout)
+
+    def cancel(self, timeout: float | None = None) -> None:
+        """:meth:`Job.cancel`, then waits for the run to end."""
+        self.job.cancel()
+        self._thread.join(timeout)
+
+    def resume(self) -> JobHandle:
+        """A new run of the stopped, suspended or cancelled job, from its last snapshot."""
+        if not self.done():
+            raise InvalidArgumentError(f"job {self.job.config.name!r} is still running")
+        return self.job.submit(self._spark, **self._options)
+
+
 def _bounded_total(plan) -> int | None:
     """How many events the job's sources hold, when every one is bounded and says so."""
     totals = [getattr(v.source, "total", None) for v in plan.sources]
@@ -186,4 +310,4 @@ def _bounded_total(plan) -> int | None:
 
 # JobFailedError, JobResult and restart_or_fail live in supervision (both runners use them);
 # they stay importable from here, where they were first.
-__all__ = ["Job", "JobFailedError", "JobResult", "restart_or_fail"]
+__all__ = ["Job", "JobFailedError", "JobHandle", "JobResult", "restart_or_fail"]

@@ -33,6 +33,11 @@ class JobFinishedError(SparkjetError, RuntimeError):
     """The job already ran to its end against this snapshot store."""
 
 
+class JobCancelledError(SparkjetError, RuntimeError):
+    """The job was cancelled (:meth:`~sparkjet.runtime.Job.cancel`): its running execution
+    ended without a snapshot; a new run resumes from the last complete one."""
+
+
 def _job_dir(config) -> Path | None:
     root = config.snapshot_store
     if root is None or "://" in str(root):
@@ -114,5 +119,5 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-__all__ = ["JobAlreadyRunningError", "JobFinishedError", "RunLock", "check_not_finished",
+__all__ = ["JobAlreadyRunningError", "JobCancelledError", "JobFinishedError", "RunLock", "check_not_finished",
            "mark_finished"]

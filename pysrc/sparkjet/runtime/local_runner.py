@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sparkjet.dag import Dag
 from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.member import Member
 from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_fail
 
@@ -39,6 +40,29 @@ class LocalRunner:
         self.progress = progress
         self.member_pid: int | None = None
         self.logs: Path | None = None   # where failed members' logs are kept
+        self._stop_requested = False
+        self.cancelled = False
+        self._stop_file: Path | None = None
+        self._member: Member | None = None
+        self._proc = None
+
+    def request_stop(self) -> None:
+        """Stops the job gracefully: its next snapshot is the terminal one."""
+        self._stop_requested = True
+        if self._member is not None:
+            self._member.stop_requested.set()
+        if self._stop_file is not None:
+            self._stop_file.touch()
+
+    def cancel(self) -> None:
+        """Ends the running execution now, without a snapshot (the member is killed); no
+        restart follows."""
+        self.cancelled = True
+        if self._member is not None:
+            self._member.fail(JobCancelledError("the job was cancelled"))
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def run(self) -> JobResult:
         """Runs executions in child processes until one ends well; raises JobFailedError
@@ -59,6 +83,9 @@ class LocalRunner:
                 result.executions.append(outcome)
                 if outcome.get("status") == "ok":
                     break
+                if self.cancelled:
+                    raise JobCancelledError(f"job {self.config.name!r} was cancelled (execution "
+                                            f"{execution}); it resumes from its last snapshot")
                 attempt += 1
                 restart_or_fail(self.config, result, attempt, outcome, self.progress, start)
         result.seconds = time.monotonic() - start
@@ -70,7 +97,9 @@ class LocalRunner:
         start = time.monotonic()
         execution = next_execution(self.config, 0)
         self.progress({"event": "execution", "execution": execution, "members": 1})
-        member = Member(self.plan, self.config, execution, progress=self.progress)
+        member = self._member = Member(self.plan, self.config, execution, progress=self.progress)
+        if self._stop_requested:
+            member.stop_requested.set()
         result.executions.append(member.run())
         result.seconds = time.monotonic() - start
         return result
@@ -79,13 +108,16 @@ class LocalRunner:
         self.progress({"event": "execution", "execution": execution, "members": 1})
         events = work / f"events-{execution}.jsonl"
         out = work / f"result-{execution}.json"
+        self._stop_file = work / "stop"
+        if self._stop_requested:
+            self._stop_file.touch()
         cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),
-               str(execution), str(out), str(events)]
+               str(execution), str(out), str(events), str(self._stop_file)]
         # stderr goes to a file, not a pipe: a member that writes more than a pipe holds
         # would block on it while the supervisor waits for the member to end.
         log_path = work / f"member-{execution}.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stderr=log)
+            proc = self._proc = subprocess.Popen(cmd, stderr=log)
         self.member_pid = proc.pid
         seen = 0
         try:

@@ -137,8 +137,12 @@ class Member:
 
     def __init__(self, dag: Dag, config: JobConfig, execution_id: int, *, progress=None,
                  topology: Topology | None = None, index: int = 0,
-                 restore_from: int | None | str = "latest"):
+                 restore_from: int | None | str = "latest", stop_file: str | None = None):
         self.dag = dag
+        #: set (or, for a member in a child process, ``stop_file`` created) to stop the job
+        #: gracefully: the next snapshot is the terminal one, as if every source had ended
+        self.stop_requested = threading.Event()
+        self.stop_file = stop_file
         self.config = config
         self.execution_id = execution_id
         self.progress = progress or (lambda event: None)
@@ -379,6 +383,8 @@ class Member:
             self._sources_ended.add(label)
 
     def _all_sources_ended(self) -> bool:
+        if self.stop_requested.is_set() or (self.stop_file and os.path.exists(self.stop_file)):
+            return True
         with self._lock:
             return len(self._sources_ended) == self.n_sources
 
@@ -637,7 +643,9 @@ class _SourceProcessor(_Processor):
                 finished = self._control(reader)
                 if finished or m.failed:
                     break
-                if ended:
+                if ended or self._terminal is not None:
+                    # read to its end, or stopped: after the terminal barrier nothing more
+                    # is read (a resumed job reads on from the snapshot's offsets)
                     time.sleep(_POLL)
                     continue
                 if reader.at_end():

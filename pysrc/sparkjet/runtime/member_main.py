@@ -7,7 +7,8 @@ import traceback
 
 
 def main(argv: list[str]) -> int:
-    job_file, execution, result_file, events_file = argv
+    job_file, execution, result_file, events_file, *rest = argv
+    stop_file = rest[0] if rest else None
     from pyspark import cloudpickle
 
     from sparkjet.observability import log_to
@@ -23,7 +24,7 @@ def main(argv: list[str]) -> int:
     def progress(event: dict) -> None:
         events.write(json.dumps(event) + "\n")
 
-    member = Member(plan, config, int(execution), progress=progress)
+    member = Member(plan, config, int(execution), progress=progress, stop_file=stop_file)
     try:
         metrics = member.run()
     except BaseException as e:  # noqa: BLE001 - the supervisor decides; report and exit non-zero

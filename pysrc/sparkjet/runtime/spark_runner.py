@@ -37,6 +37,7 @@ from sparkjet.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.failures import is_deterministic
+from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.supervision import (
     JobFailedError,
@@ -85,6 +86,22 @@ class SparkRunner:
         #: made here on the driver for every execution)
         self.tls, self.user_tls = tls_settings(config, spark.sparkContext.master)
         self._warned = False
+        self._stop_requested = False
+        self.cancelled = False
+
+    def request_stop(self) -> None:
+        """Stops the job gracefully: its next snapshot is the terminal one."""
+        self._stop_requested = True
+        coord = self.current
+        if coord is not None:
+            coord.stop_requested.set()
+
+    def cancel(self) -> None:
+        """Ends the running execution now, without a snapshot; no restart follows."""
+        self.cancelled = True
+        coord = self.current
+        if coord is not None:
+            coord.fail(JobCancelledError("the job was cancelled"))
 
     def rescale(self, members: int) -> None:
         """Restarts the running execution from its last snapshot on ``members`` members."""
@@ -142,6 +159,9 @@ class SparkRunner:
                 break
             if outcome["status"] == "rescaled":
                 continue
+            if self.cancelled:
+                raise JobCancelledError(f"job {config.name!r} was cancelled (execution "
+                                        f"{execution}); it resumes from its last snapshot")
             attempt += 1
             restart_or_fail(config, result, attempt, outcome, self.progress, start)
         result.seconds = time.monotonic() - start
@@ -199,6 +219,8 @@ class SparkRunner:
                        "quorum": self.quorum, "restored_from": restore_from,
                        "tls": self.tls})
         self.current = coord
+        if self._stop_requested:
+            coord.stop_requested.set()
         thread.start()
         # "interrupted" stays when Ctrl-C (or any BaseException) ends the wait: the stage is
         # cancelled on the way out, and the interrupt goes on to the caller

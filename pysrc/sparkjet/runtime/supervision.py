@@ -35,6 +35,10 @@ class JobResult:
     executions: list[dict] = field(default_factory=list)   # each member's metrics (or failure)
     restarts: int = 0
     seconds: float = 0.0
+    #: stopped (Job.stop / suspend) before its sources ended: a new run resumes it
+    stopped: bool = False
+    #: the name the final snapshot was exported under (Job.stop(snapshot=...))
+    export: str | None = None
 
     @property
     def events_in(self) -> int:
