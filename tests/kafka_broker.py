@@ -9,24 +9,15 @@ import subprocess
 import time
 from importlib import resources
 
+from local_server import LocalServer
 
-class KafkaBroker:
+
+class KafkaBroker(LocalServer):
     """A running broker; :meth:`stop` ends it."""
 
     def __init__(self, process: subprocess.Popen, port: int, log_path: str):
-        self.process = process
-        self.port = port
+        super().__init__(process, port, log_path)
         self.bootstrap = f"127.0.0.1:{port}"
-        self.log_path = log_path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 def binary() -> str:

@@ -7,28 +7,19 @@ import socket
 import subprocess
 import time
 
+from local_server import LocalServer
+
 
 class RedisServerMissing(RuntimeError):
     """``redis-server`` is not on PATH."""
 
 
-class RedisServer:
+class RedisServer(LocalServer):
     """A running ``redis-server``; :meth:`stop` ends it."""
 
     def __init__(self, process: subprocess.Popen, port: int, log_path: str):
-        self.process = process
-        self.port = port
+        super().__init__(process, port, log_path)
         self.url = f"redis://127.0.0.1:{port}/0"
-        self.log_path = log_path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 def _install() -> str | None:
