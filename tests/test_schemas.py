@@ -216,3 +216,21 @@ def test_windows_skip_nulls_as_sql_does():
     for k, want in _reference().items():
         _same(got[k], want)
     assert got["b"]["s"] is None and got["d"]["lo"] is None
+
+
+def test_a_null_key_fails_the_job_at_once_not_after_every_restart(tmp_path):
+    """A null key is bad data: a replay meets it again, so the job is not restarted."""
+    source = GeneratorSource(total=10_000, partitions=1, keys=10, batch_size=1_000)
+
+    def null_keys(batch):
+        return batch.set_column(batch.schema.get_field_index("key"), "key",
+                                pa.nulls(batch.num_rows, pa.int64()))
+
+    pipeline = (Pipeline().read_from(source).map_batches(null_keys)
+                .group_by("key").aggregate(n="count")
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="null-keys", snapshot_store=str(tmp_path / "snaps"), max_restarts=5,
+                       restart_backoff=0)
+    with pytest.raises(JobFailedError, match="not retried: NullKeyError") as e:
+        Job(pipeline, config).run()
+    assert "Traceback" in str(e.value)
