@@ -17,11 +17,12 @@ from sparkjet.sources import GeneratorSource
 TOTAL = 600_000
 
 
-def _job(tmp_path, name):
+def _job(tmp_path, name, store=None):
     source = GeneratorSource(total=TOTAL, partitions=2, keys=100, batch_size=5_000, rate=100_000)
     pipeline = (Pipeline().read_from(source).map_batches(lambda b: b.select(["id"]))
                 .write_to(TransactionalFileSink(tmp_path / "out")))
-    config = JobConfig(name=name, snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.2,
+    config = JobConfig(name=name, snapshot_store=str(store or tmp_path / "snaps"),
+                       snapshot_interval=0.2,
                        local_parallelism=2)
     return Job(pipeline, config)
 
@@ -84,3 +85,22 @@ def test_stop_needs_a_running_job(tmp_path):
     job = _job(tmp_path, "idle")
     with pytest.raises(InvalidArgumentError, match="job 'idle' is not running"):
         job.stop()
+
+
+def test_sparkjet_jobs_lists_each_job_by_name_with_its_state(tmp_path, capsys):
+    from sparkjet.cli import main
+
+    handle = _job(tmp_path / "a", "nightly", store=tmp_path / "store").submit()
+    _wait_for_snapshots(handle)
+    handle.stop(snapshot="v1", timeout=60)
+    done = Job(Pipeline().read_from(GeneratorSource(total=1_000, partitions=1))
+               .write_to(TransactionalFileSink(tmp_path / "b")),
+               JobConfig(name="once", snapshot_store=str(tmp_path / "store")))
+    done.run()
+    capsys.readouterr()
+    assert main(["jobs", str(tmp_path / "store")]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["nightly"][2] == "stopped" and lines["nightly"][-1] == "v1"
+    assert lines["once"][2] == "finished" and lines["once"][-1] == "-"
+    assert main(["jobs", str(tmp_path / "missing")]) == 2
+    assert not (tmp_path / "missing").exists()

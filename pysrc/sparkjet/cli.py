@@ -4,7 +4,8 @@
 Spark with crashes, live progress and the checker's verdict. ``sparkjet partition-demo``
 partitions a generated DataFrame on local Spark and prints the histogram of rows per
 Hazelcast partition and the speed of the partitioning, on Spark and on the driver.
-``sparkjet snapshots list|show|verify URI`` looks inside a snapshot store.
+``sparkjet snapshots list|show|verify URI`` looks inside a snapshot store; ``sparkjet jobs
+URI`` lists its jobs by name with their state, last snapshot and exports.
 """
 from __future__ import annotations
 
@@ -92,9 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rounds", type=positive_int, default=2,
                       help="times each Spark job is timed; the best counts (default: 2)")
     demo.set_defaults(command="partition-demo", run=_demo)
+    from sparkjet.cli_snapshots import add_jobs_parser
     from sparkjet.cli_snapshots import add_parser as add_snapshots
 
     add_snapshots(commands)
+    add_jobs_parser(commands)
     return parser
 
 

@@ -32,6 +32,43 @@ def add_parser(commands) -> None:
         p.set_defaults(command=f"snapshots {name}", run=run)
 
 
+def add_jobs_parser(commands) -> None:
+    p = commands.add_parser(
+        "jobs", help="the jobs in a snapshot store: name, state, last snapshot, exports",
+        description="List the jobs in a sparkjet snapshot store (a local path, or any pyarrow.fs "
+                    "URI; names and states are known for stores on a local or mounted path).")
+    p.add_argument("uri", help="the store: a directory, or s3://, hdfs://, gs:// ...")
+    p.set_defaults(command="jobs", run=_jobs)
+
+
+def _jobs(args) -> int:
+    import os
+
+    from sparkjet.runtime.lifecycle import job_info
+
+    rows = [("job", "id", "state", "last snapshot", "taken", "exports")]
+    local = "://" not in args.uri
+    for job in SnapshotStore.jobs(args.uri, must_exist=True):
+        info = job_info(os.path.join(args.uri, f"job-{job:016x}")) if local else {}
+        with SnapshotStore(args.uri, job, create=False) as store:
+            snaps = store.snapshots()
+        latest = [s for s in snaps if s.name is None]
+        last = max(latest, key=lambda s: s.snapshot_id) if latest else None
+        state = info.get("state", "-")
+        if state == "failed" and info.get("error"):
+            state = f"failed ({info['error'][:60]})"
+        rows.append((info.get("name", "-"), f"{job:#x}", state,
+                     "-" if last is None else str(last.snapshot_id),
+                     "-" if last is None else time.strftime("%Y-%m-%d %H:%M:%S",
+                                                           time.localtime(last.created)),
+                     ", ".join(sorted(s.name for s in snaps if s.name)) or "-"))
+    if len(rows) == 1:
+        print(f"no sparkjet jobs under {args.uri}", file=sys.stderr)
+        return 0
+    _print_table(rows)
+    return 0
+
+
 def _job_id(text: str) -> int:
     try:
         return int(text, 0)

@@ -19,7 +19,13 @@ from sparkjet.errors import InvalidArgumentError
 from sparkjet.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime.config import JobConfig
-from sparkjet.runtime.lifecycle import JobCancelledError, RunLock, check_not_finished, mark_finished
+from sparkjet.runtime.lifecycle import (
+    JobCancelledError,
+    RunLock,
+    check_not_finished,
+    mark_finished,
+    record_state,
+)
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
@@ -125,11 +131,21 @@ class Job:
 
         try:
             with RunLock(self.config):
-                result = self._run(spark, isolated, report)
+                record_state(self.config, "running")
+                try:
+                    result = self._run(spark, isolated, report)
+                except JobCancelledError:
+                    record_state(self.config, "cancelled")
+                    raise
+                except BaseException as e:
+                    record_state(self.config, "failed", error=f"{type(e).__name__}: {e}"[:500])
+                    raise
                 if self._stop is None:
                     mark_finished(self.config, result.events_in)
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
+                record_state(self.config, "stopped" if result.stopped else "finished",
+                             events_in=result.events_in, export=result.export)
         except JobCancelledError:
             metrics.finish("cancelled")
             raise

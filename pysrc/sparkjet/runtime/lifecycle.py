@@ -101,6 +101,40 @@ def check_not_finished(config) -> None:
         f"input again")
 
 
+def record_state(config, state: str, **details) -> None:
+    """Writes ``job-<id>/JOB.json``: the job's name and how its last run stands (running,
+    finished, stopped, cancelled, failed), for ``sparkjet jobs``."""
+    d = _job_dir(config)
+    if d is None:
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".JOB.json.{os.getpid()}"
+    tmp.write_text(json.dumps({"name": config.name, "state": state, "at": time.time(),
+                               "guarantee": config.processing_guarantee, **details}))
+    os.replace(tmp, d / "JOB.json")
+
+
+def job_info(job_dir) -> dict:
+    """What ``job-<id>/JOB.json`` says, with ``state`` "running" only while a run holds
+    the lock (a driver that died mid-run leaves "running" in the file: "interrupted")."""
+    import fcntl
+
+    d = Path(job_dir)
+    info = _read_json(d / "JOB.json")
+    lock = d / "RUNNING"
+    if lock.exists():
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return {**info, "state": "running"}
+        finally:
+            os.close(fd)
+    if info.get("state") == "running":
+        info["state"] = "interrupted"
+    return info
+
+
 def mark_finished(config, events_in: int) -> None:
     """Records that ``config``'s job ran to its end."""
     d = _job_dir(config)
@@ -119,5 +153,5 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-__all__ = ["JobAlreadyRunningError", "JobCancelledError", "JobFinishedError", "RunLock", "check_not_finished",
-           "mark_finished"]
+__all__ = ["JobAlreadyRunningError", "JobCancelledError", "JobFinishedError", "RunLock",
+           "check_not_finished", "job_info", "mark_finished", "record_state"]
