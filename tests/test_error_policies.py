@@ -89,3 +89,15 @@ def test_on_error_takes_fail_skip_or_a_sink():
         stream.map_batches(poisoned, on_error="ignore")
     with pytest.raises(InvalidArgumentError, match="on_error"):
         stream.filter(pc.field("id") > 1, on_error=print)
+
+
+def test_the_jobs_on_error_is_the_default_of_its_stages(tmp_path):
+    source = GeneratorSource(total=TOTAL, partitions=2, keys=100, batch_size=4_000)
+    out = TransactionalFileSink(tmp_path / "out")
+    pipeline = Pipeline().read_from(source).map_batches(poisoned).write_to(out)
+    config = JobConfig(name="skip-all", snapshot_store=str(tmp_path / "snaps"), on_error="skip")
+    result = Job(pipeline, config).run(isolated=False)
+    assert result.skipped_events == len(_poison_ids())
+    assert TransactionalFileSink.read(tmp_path / "out").num_rows == TOTAL - len(_poison_ids())
+    with pytest.raises(InvalidArgumentError, match="on_error"):
+        JobConfig(snapshot_store="x", on_error="ignore")

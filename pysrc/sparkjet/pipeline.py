@@ -40,7 +40,7 @@ from sparkjet.keyed_state import parse_aggregations
 @dataclass(frozen=True)
 class MapStage:
     fn: Callable[[pa.RecordBatch], pa.RecordBatch]
-    on_error: object = "fail"        # "fail", "skip", or a Sink of dead letters
+    on_error: object = None          # "fail", "skip", a Sink of dead letters, None: the job's
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         out = self.fn(batch)
@@ -57,7 +57,7 @@ class MapStage:
 @dataclass(frozen=True)
 class FilterStage:
     expression: pc.Expression
-    on_error: object = "fail"
+    on_error: object = None
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch.filter(self.expression)
@@ -228,12 +228,13 @@ class Pipeline:
     # -- stateless stages --------------------------------------------------------------
 
     def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch], *,
-                    on_error="fail") -> Pipeline:
+                    on_error=None) -> Pipeline:
         """Applies `fn` to every batch (it must return a RecordBatch or Table). It must be
         deterministic for exactly-once output: a replay calls it again.
 
-        :param on_error: what a batch on which `fn` raises does. ``"fail"`` (the default)
-            fails the job. ``"skip"`` splits the batch until the rows `fn` fails on are
+        :param on_error: what a batch on which `fn` raises does. ``"fail"`` fails the job;
+            None (the default) does what ``JobConfig.on_error`` says ("fail" unless set).
+            ``"skip"`` splits the batch until the rows `fn` fails on are
             found alone, and drops them (counted in ``JobResult.skipped_events``); a
             :class:`~sparkjet.connectors.Sink` receives them instead, each with the error in
             a ``sparkjet_error`` column (``JobResult.dead_letters``), under the job's
@@ -244,7 +245,7 @@ class Pipeline:
             raise InvalidArgumentError("map_batches() takes a function of a RecordBatch")
         return self._add(MapStage(fn, _on_error(on_error)))
 
-    def filter(self, expression: pc.Expression, *, on_error="fail") -> Pipeline:
+    def filter(self, expression: pc.Expression, *, on_error=None) -> Pipeline:
         """Keeps the rows where a pyarrow compute expression is true (``on_error``: as
         for :meth:`map_batches`)."""
         if not isinstance(expression, pc.Expression):
@@ -478,7 +479,7 @@ class Windowed:
 
 
 def _on_error(policy):
-    if isinstance(policy, Sink) or policy in ("fail", "skip"):
+    if policy is None or isinstance(policy, Sink) or policy in ("fail", "skip"):
         return policy
     raise InvalidArgumentError(f"on_error takes 'fail', 'skip' or a sparkjet Sink for the "
                                f"failed rows, got {policy!r}")

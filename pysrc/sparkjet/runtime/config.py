@@ -47,6 +47,9 @@ class JobConfig:
     - ``tls_certificate`` and ``tls_private_key``: PEM files of the certificate to use
       instead of the one the driver makes per execution; ``tls_server_name``: a name that
       certificate holds (clients check it, not the host name).
+    - ``on_error``: what ``map_batches`` and ``filter`` stages that do not say otherwise do
+      with the rows they fail on: "fail" (the default) or "skip" (see
+      :meth:`sparkjet.pipeline.Pipeline.map_batches`).
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
@@ -69,6 +72,7 @@ class JobConfig:
     tls_certificate: str | None = None
     tls_private_key: str | None = None
     tls_server_name: Annotated[str, Meta(min_length=1)] = "sparkjet"
+    on_error: Literal["fail", "skip"] = "fail"
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python

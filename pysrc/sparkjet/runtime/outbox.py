@@ -85,7 +85,7 @@ class Outbox:
                     continue
                 if isinstance(stage, TableJoinStage):
                     out = self._joiners[id(stage)].apply(out)
-                elif getattr(stage, "on_error", "fail") != "fail":
+                elif self._policy(stage) != "fail":
                     out = self._apply_isolating(stage, out)
                 else:
                     out = stage.apply(out)
@@ -101,6 +101,11 @@ class Outbox:
                 self._route(path.target, out, path.ordinal)
         return written
 
+    def _policy(self, stage):
+        """A stage's on_error, or the job's when the stage leaves it to the job."""
+        policy = getattr(stage, "on_error", "fail")
+        return self.member.config.on_error if policy is None else policy
+
     def _apply_isolating(self, stage, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         """``stage.apply(batch)``; when it raises, the batch is split until the rows it
         fails on are alone, and those are skipped or dead-lettered (``stage.on_error``)."""
@@ -114,7 +119,7 @@ class Outbox:
             # every row fails: a broken stage (a missing column, a bug), not bad records
             raise failed[0][1]
         m = self.member
-        if stage.on_error == "skip":
+        if self._policy(stage) == "skip":
             m.count("skipped_events", len(failed))
         else:
             rows = pa.concat_batches([row for row, _ in failed])
