@@ -54,6 +54,16 @@ def log_to(stream, **context) -> logging.Handler:
     return handler
 
 
+def add_vertex_counts(into: dict, vertices: dict) -> dict:
+    """Adds per-vertex rows in and out (``{vertex: {"in": n, "out": n, ...}}``) of
+    ``vertices`` into ``into``; returns ``into``."""
+    for v, counts in vertices.items():
+        total = into.setdefault(v, {"in": 0, "out": 0})
+        total["in"] += counts.get("in", 0)
+        total["out"] += counts.get("out", 0)
+    return into
+
+
 class JobMetrics:
     """A job's metrics, kept up to date from its progress events (thread-safe)."""
 
@@ -125,10 +135,7 @@ class JobMetrics:
         for c in self._current.values():
             for k in self._done:
                 self._done[k] += c.get(k, 0)
-            for v, counts in c["vertices"].items():
-                into = self._done_vertices.setdefault(v, {"in": 0, "out": 0})
-                into["in"] += counts.get("in", 0)
-                into["out"] += counts.get("out", 0)
+            add_vertex_counts(self._done_vertices, c["vertices"])
         self._current = {}
         self._rate = (time.monotonic(), self._sum("events_in"), self._rate[2])
 
@@ -139,16 +146,16 @@ class JobMetrics:
             self.state = state
             if result is None:
                 return
+            marks = {v: c["watermark"] for v, c in self._vertices().items() if "watermark" in c}
             self._current = {}
             self._done = {k: sum(e.get(k, 0) for e in result.executions) for k in self._done}
             vertices: dict = {}
             for e in result.executions:
-                for v, c in (e.get("vertices") or {}).items():
-                    into = vertices.setdefault(v, {"in": 0, "out": 0})
-                    into["in"] += c.get("in", 0)
-                    into["out"] += c.get("out", 0)
+                add_vertex_counts(vertices, e.get("vertices") or {})
             if vertices:
                 self._done_vertices = vertices
+            for v, mark in marks.items():     # the watermarks the last progress showed
+                self._done_vertices.setdefault(v, {"in": 0, "out": 0})["watermark"] = mark
 
     # -- reading -------------------------------------------------------------------------
 
@@ -158,10 +165,9 @@ class JobMetrics:
     def _vertices(self) -> dict:
         out = {v: dict(c) for v, c in self._done_vertices.items()}
         for c in self._current.values():
+            add_vertex_counts(out, c["vertices"])
             for v, counts in c["vertices"].items():
-                into = out.setdefault(v, {"in": 0, "out": 0})
-                into["in"] += counts.get("in", 0)
-                into["out"] += counts.get("out", 0)
+                into = out[v]
                 if "watermark" in counts:
                     into["watermark"] = min(into.get("watermark", counts["watermark"]),
                                             counts["watermark"])

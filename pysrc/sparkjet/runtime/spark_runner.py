@@ -26,6 +26,7 @@ any local path on ``local[N]``; a shared file system, HDFS or an object store on
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable
 
 from sparkjet.dag import Dag
+from sparkjet.observability import add_vertex_counts
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.failures import is_deterministic
@@ -266,7 +268,8 @@ class SparkRunner:
             events_out=sum(d.get("events_out", 0) for d in done) if ok else events_out,
             late_events=sum(d.get("late_events", 0) for d in done),
             skipped_events=sum(d.get("skipped_events", 0) for d in done),
-            vertices=_merge_vertices(d.get("vertices") or {} for d in done),
+            vertices=functools.reduce(add_vertex_counts,
+                                      (d.get("vertices") or {} for d in done), {}),
             dead_letters=sum(d.get("dead_letters", 0) for d in done),
             latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
             emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
@@ -305,17 +308,6 @@ def spark_security_warning(conf) -> str | None:
     return (f"{' and '.join(missing)} off on a cluster: Spark sends the job's task closures, "
             "which carry the links' secret and key, in the clear; turn them on (see the "
             "README's Security section)")
-
-
-def _merge_vertices(counters) -> dict:
-    """The members' per-vertex rows in and out, added up."""
-    out: dict = {}
-    for vertices in counters:
-        for v, c in vertices.items():
-            into = out.setdefault(v, {"in": 0, "out": 0})
-            into["in"] += c.get("in", 0)
-            into["out"] += c.get("out", 0)
-    return out
 
 
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
