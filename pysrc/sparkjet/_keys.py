@@ -44,6 +44,14 @@ def key_names(key: str | Sequence[str]) -> tuple[str, ...]:
     return names
 
 
+def refuse_nulls(column, what: str, suffix: str = "") -> None:
+    """Raises NullKeyError ("``what`` has a null at row N``suffix``") when a key column
+    (an Array or ChunkedArray) holds a null."""
+    if column.null_count:
+        first = pc.index(pc.is_null(column), True).as_py()
+        raise NullKeyError(f"{what} has a null at row {first}{suffix}", first)
+
+
 def is_integer(t: pa.DataType) -> bool:
     return pa.types.is_integer(t.value_type if pa.types.is_dictionary(t) else t)
 

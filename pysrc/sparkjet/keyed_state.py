@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sparkjet import _native
-from sparkjet.errors import InvalidArgumentError, NullKeyError
+from sparkjet._keys import refuse_nulls
+from sparkjet.errors import InvalidArgumentError
 
 OPERATIONS = ("count", "sum", "min", "max", "mean")
 
@@ -116,9 +116,7 @@ class KeyedAggregator:
     def _slots(self, keys) -> np.ndarray:
         if isinstance(keys, pa.ChunkedArray):
             keys = keys.combine_chunks()
-        if keys.null_count:
-            first = pc.index(keys.is_null(), True).as_py()
-            raise NullKeyError(f"group_by key {self.key!r} has a null at row {first}", first)
+        refuse_nulls(keys, f"group_by key {self.key!r}")
         if self._key_type is None:
             self._key_type = keys.type
             if pa.types.is_integer(keys.type):

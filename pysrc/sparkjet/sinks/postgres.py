@@ -65,16 +65,15 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from sparkjet._keys import refuse_nulls
 from sparkjet._redact import MASK, redact
 from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     ConnectorError,
     FencedError,
     InvalidArgumentError,
-    NullKeyError,
     UnsupportedTypeError,
 )
 
@@ -902,12 +901,8 @@ class PostgresUpsertWriter(_PostgresWriter):
                 if index < 0:
                     raise InvalidArgumentError(
                         f"{CONNECTOR}: key column {k!r} is not in the batch ({b.schema.names})")
-                column = b.column(index)
-                if column.null_count:
-                    first = pc.index(pc.is_null(column), True).as_py()
-                    raise NullKeyError(
-                        f"{CONNECTOR}: key column {k!r} for table {self.sink.table!r} has a "
-                        f"null at row {first} of the batch", first)
+                refuse_nulls(b.column(index), f"{CONNECTOR}: key column {k!r} for table "
+                             f"{self.sink.table!r}", " of the batch")
             with self._lock:
                 self._buffer.append(b)
                 self._buffered += b.num_rows

@@ -31,11 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet._checks import check_int, check_number, check_path
+from sparkjet._keys import refuse_nulls
 from sparkjet.connectors import ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,
-    NullKeyError,
     UnsupportedTypeError,
 )
 
@@ -225,10 +225,7 @@ class SQLiteUpsertWriter(SinkWriter):
             if index < 0:
                 raise InvalidArgumentError(
                     f"key column {k!r} is not in the batch ({batch.schema.names})")
-            column = batch.column(index)
-            if column.null_count:
-                first = pc.index(pc.is_null(column), True).as_py()
-                raise NullKeyError(f"key column {k!r} has a null at row {first}", first)
+            refuse_nulls(batch.column(index), f"key column {k!r}")
         with self._lock:
             self._buffer.append(batch)
             self._buffered += batch.num_rows
