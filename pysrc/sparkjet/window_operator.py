@@ -14,7 +14,9 @@ can change any more (its last window's end plus ``allowed_lateness`` is at or be
 watermark), so memory is bounded by the panes of open windows. An event whose every window
 is past that point is *too late*: it is counted and handed to the late side output, never
 silently dropped. An event that is late but within ``allowed_lateness`` updates its pane and
-each already-fired window containing it emits a correction for the keys it touched.
+each already-fired window containing it that can still change (its end plus
+``allowed_lateness`` is past the watermark) emits a correction for the keys it touched; a
+window past that point has lost its older panes and is left as it fired.
 
 Session windows keep, per key, the sessions not yet closed (:class:`_Sessions`).
 """

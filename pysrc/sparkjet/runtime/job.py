@@ -91,8 +91,9 @@ class Job:
         ``progress=True`` draws the job's state on one terminal line (a bar when the
         sources are bounded); ``metrics_port`` serves :attr:`metrics` for Prometheus on
         ``http://metrics_host:metrics_port/metrics`` while the job runs (0: any free port,
-        then in :attr:`metrics_port`). Records of the ``sparkjet`` loggers carry ``job``,
-        ``execution`` and ``member``.
+        then in :attr:`metrics_port`). The ``sparkjet.job`` logger's records (executions,
+        restarts, the end) and the members' records carry ``job``, ``execution`` and
+        ``member``.
 
         A run holds the job's snapshot store: a second run of the same job meanwhile is
         refused (:class:`~sparkjet.runtime.lifecycle.JobAlreadyRunningError`), and so is a
