@@ -260,6 +260,37 @@ def test_keymap_checks_lengths_and_slots():
         m.upsert(i32(1, 2), np.zeros(2, np.int64))
 
 
+def test_dedupmap_checks_lengths_and_round_trips():
+    m = _native.DedupMap(0)
+    keep = np.zeros(4, np.uint8)
+    assert m.process(i64(1, 2, 1, 1), i64(0, 0, 5, 10), 10, -(2**63), keep) == 3
+    assert keep.tolist() == [1, 1, 0, 1] and len(m) == 2 and m.live(1) == 1
+    with pytest.raises(InvalidArgumentError, match="times holds 1 values, 2 are needed"):
+        m.process(i64(1, 2), i64(0), 10, 0, np.zeros(2, np.uint8))
+    with pytest.raises(InvalidArgumentError, match="keep holds 1 values, 2 are needed"):
+        m.process(i64(1, 2), i64(0, 0), 10, 0, np.zeros(1, np.uint8))
+    with pytest.raises(InvalidArgumentError, match="within must be >= 0"):
+        m.process(i64(1), i64(0), -1, 0, np.zeros(1, np.uint8))
+    with pytest.raises(ValueError):
+        m.process(i32(1), i64(0), 1, 0, np.zeros(1, np.uint8))
+    with pytest.raises(InvalidArgumentError, match="passed holds 1 values, 2 are needed"):
+        m.insert(i64(1, 2), i64(0))
+    keys, passed = np.zeros(2, np.int64), np.zeros(1, np.int64)
+    with pytest.raises(InvalidArgumentError, match="passed holds 1 values, 2 are needed"):
+        m.export(-(2**63), keys, passed)
+    passed = np.zeros(1, np.int64)
+    assert m.export(-(2**63), keys[:1], passed) == 1          # capped at the arrays' size
+    keys, passed = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    assert m.export(-(2**63), keys, passed) == 2
+    assert sorted(zip(keys.tolist(), passed.tolist())) == [(1, 10), (2, 0)]
+    restored = _native.DedupMap(0)
+    restored.insert(keys, passed)
+    restored.evict(1)                                          # key 2 (passed 0) is gone
+    assert len(restored) == 1 and restored.live(-(2**63)) == 1
+    with pytest.raises(InvalidArgumentError):
+        _native.DedupMap(-1)
+
+
 def test_aggregates_refuse_slots_outside_their_arrays():
     counts = np.zeros(2, np.int64)
     sums = np.zeros(2, np.float64)

@@ -152,18 +152,47 @@ class Groups:
         return out
 
     def _int_slots(self, column, types) -> np.ndarray:
+        keys = self._int_bits(column, types)
+        if self._ints is None:
+            self._ints = _native.KeyMap(self._expected)
+        out = np.empty(len(keys), np.int64)
+        self._ints.upsert(keys, out)
+        return out
+
+    def int_bits(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray | None:
+        """Where the key is one integer column: every row's key as int64 (a uint64 key's
+        bits), after the checks :meth:`slots` makes, and without adding anything; None
+        for any other key. For operators that keep their own native map of integer keys
+        (deduplication); :meth:`int_key_table` turns the bits back into keys.
+
+        >>> Groups("k").int_bits(pa.record_batch({"k": pa.array([3, 1], pa.int8())})).tolist()
+        [3, 1]
+        >>> Groups("k").int_bits(pa.record_batch({"k": ["a"]})) is None
+        True
+        """
+        columns, types = self._key_columns(batch)
+        if self._types is None and not (len(types) == 1 and pa.types.is_integer(types[0])):
+            return None
+        if self._types is not None and not (len(self._types) == 1
+                                            and pa.types.is_integer(self._types[0])):
+            return None
+        return self._int_bits(columns[0], types)
+
+    def int_key_table(self, bits: np.ndarray) -> pa.Table:
+        """The keys whose :meth:`int_bits` these are, as a table of the key column."""
+        t = self._schema.types[0]
+        column = pa.array(bits, pa.int64())
+        column = column.view(t) if t == pa.uint64() else column.cast(t)
+        return pa.Table.from_arrays([column], schema=self._schema)
+
+    def _int_bits(self, column, types) -> np.ndarray:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         _check_no_nulls(self._names[0], column)
         self._fix_types(types)
-        if self._ints is None:
-            self._ints = _native.KeyMap(self._expected)
         t = column.type
         bits = column.view(pa.int64()) if t == pa.uint64() else column.cast(pa.int64())
-        keys = np.ascontiguousarray(bits.to_numpy(zero_copy_only=False), np.int64)
-        out = np.empty(len(keys), np.int64)
-        self._ints.upsert(keys, out)
-        return out
+        return np.ascontiguousarray(bits.to_numpy(zero_copy_only=False), np.int64)
 
     def kept(self, slots: np.ndarray) -> Groups:
         """A new ``Groups`` holding only the keys of ``slots``, as slots ``0..len-1`` in

@@ -10,9 +10,12 @@ gone): it is a late event, counted and handed to the optional ``late_events`` si
 passed as new. The entries are saved by Hazelcast partition in every snapshot, so under
 exactly-once a replayed event is not passed twice to the committed output.
 
-The work per batch is a native key lookup and native scatter-min/max by key slot (each
-key's first row and latest time in the batch); no sort and no per-row Python, except for
-a key repeated in one batch over more than ``within``.
+For a key of one integer column (the common case: an event id) the whole batch is decided
+in one native pass over its rows (:class:`sparkjet._native.DedupMap`, a hash map from key
+to the time that passed), and entries past the watermark are dropped lazily when the map
+would grow. Other keys take a native key lookup and native scatter-min/max by key slot
+(each key's first row and latest time in the batch): no sort and no per-row Python, except
+for a key repeated in one batch over more than ``within``.
 """
 from __future__ import annotations
 
@@ -65,10 +68,32 @@ class DeduplicateOperator(Operator):
         # in the time column's unit (an int is; a timedelta once the column's type is known)
         self.within: int | None = stage.within if isinstance(stage.within, int) else None
         self._time = EventTimeColumn(time_column)
+        #: the native map of a one-integer-column key (made at the first batch or restore
+        #: that shows such a key; None for other keys)
+        self._map: _native.DedupMap | None = None
 
     def __len__(self) -> int:
         """How many keys are remembered."""
+        if self._map is not None:
+            return self._map.live(self._evict_below())
         return int((self.passed[: len(self.groups)] != _NONE).sum())
+
+    @property
+    def held(self) -> int:
+        """How many keys are in memory, those that may still be evicted included: what
+        bounds the operator's memory."""
+        return len(self._map) if self._map is not None else len(self.groups)
+
+    def _evict_below(self) -> int:
+        """The passed time below which an entry is gone: past ``watermark - within``."""
+        if self.watermark == MIN_TIME or self.within is None:
+            return _MIN
+        return max(_MIN, min(_MAX, self.watermark - self.within + 1))
+
+    def _native_map(self, bits: np.ndarray | None) -> _native.DedupMap | None:
+        if bits is not None and self._map is None:
+            self._map = _native.DedupMap(0)
+        return self._map if bits is not None else None
 
     def process(self, batch: pa.RecordBatch):
         if batch.num_rows == 0:
@@ -82,6 +107,14 @@ class DeduplicateOperator(Operator):
                 batch, ts = batch.filter(pa.array(~behind)), ts[~behind]
                 if batch.num_rows == 0:
                     return [], late
+        bits = self.groups.int_bits(batch)
+        native = self._native_map(bits)
+        if native is not None:
+            keep = np.empty(len(ts), np.uint8)
+            kept = native.process(bits, np.ascontiguousarray(ts, np.int64), self.within,
+                                  self._evict_below(), keep)
+            out = batch if kept == len(ts) else batch.filter(pa.array(keep.view(bool)))
+            return ([out] if out.num_rows else []), late
         slots = self.groups.slots(batch)
         self._grow(len(self.groups))
         # Each key's first row and latest time in the batch, by native scatter-min/max
@@ -117,7 +150,7 @@ class DeduplicateOperator(Operator):
         if watermark <= self.watermark:
             return []
         self.watermark = watermark
-        if self.within is None:
+        if self.within is None or self._map is not None:   # the native map evicts lazily
             return []
         n = len(self.groups)
         passed = self.passed[:n]
@@ -136,6 +169,15 @@ class DeduplicateOperator(Operator):
         self.passed = self.passed[live]
 
     def snapshot(self) -> pa.Table | None:
+        if self._map is not None:
+            limit = self._evict_below()
+            keys = np.empty(self._map.live(limit), np.int64)
+            passed = np.empty(len(keys), np.int64)
+            got = self._map.export(limit, keys, passed)
+            if not got:
+                return None
+            return self.groups.int_key_table(keys[:got]).append_column(
+                "__passed", pa.array(passed[:got]))
         n = len(self.groups)
         live = np.flatnonzero(self.passed[:n] != _NONE)
         if not len(live):
@@ -146,6 +188,12 @@ class DeduplicateOperator(Operator):
     def restore(self, table, watermark, floors=None) -> None:
         self.watermark = watermark
         if table is None or not table.num_rows:
+            return
+        bits = self.groups.int_bits(table.select(self.keys))
+        native = self._native_map(bits)
+        if native is not None:
+            passed = table.column("__passed").combine_chunks().to_numpy(zero_copy_only=False)
+            native.insert(bits, np.ascontiguousarray(passed, np.int64))
             return
         slots = self.groups.slots(table.select(self.keys))
         self._grow(len(self.groups))
