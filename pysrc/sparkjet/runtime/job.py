@@ -52,7 +52,12 @@ class Job:
         """The job's metrics as a dict (None before its first run): state, execution,
         members, restarts, events in and out, events per second, late, skipped and
         dead-lettered events, snapshots and the last one's duration, bytes and alignment,
-        and per vertex the rows in and out and the watermark reached. Live while
+        ``source_lag_s`` (the wall clock minus the event time of the newest event the
+        source furthest behind has read) and ``watermark_lag_s`` (the wall clock minus the
+        lowest watermark of the vertices), in seconds, None unless the event time is a
+        timestamp column, and per vertex the rows in and out and the watermark reached
+        (``watermark_ns`` and, for sources, ``newest_event_ns``: in ns since the epoch,
+        for timestamp event times). Live while
         :meth:`run` runs (from another thread), final after it."""
         return None if self._metrics is None else self._metrics.as_dict()
 

@@ -68,6 +68,7 @@ from sparkjet.table_join import TABLES_VERTEX, TableVersions
 from sparkjet.windows import EventTimeColumn, in_units
 
 _POLL = 0.005
+_NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 class MemberFailedError(SparkjetError, RuntimeError):
@@ -141,6 +142,8 @@ class Member:
                         # per vertex: rows in and out, and the watermark it has reached
                         "vertices": {v: {"in": 0, "out": 0} for v in dag.vertices}}
         self._lock = threading.Lock()
+        #: ns per unit of the event time, once a source has read a timestamp column
+        self._ns_per_unit: int | None = None
         self.n_sources = t.n_sources
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
         self.processors: list[_Processor] = []
@@ -224,6 +227,24 @@ class Member:
             v = self.metrics["vertices"][vertex]
             if time > v.get("watermark", MIN_TIME):
                 v["watermark"] = time
+                if time == MAX_TIME:        # the input ended: no wall time
+                    v.pop("watermark_ns", None)
+                elif self._ns_per_unit is not None:
+                    v["watermark_ns"] = time * self._ns_per_unit
+
+    def event_time_of(self, vertex: str, newest: int | None, time_type) -> None:
+        """A source vertex has read events up to event time ``newest`` (in the units of
+        its event-time column, of ``time_type``): kept in ns since the epoch when the
+        column is a timestamp (an integer column's unit is the user's: no wall time)."""
+        with self._lock:
+            if self._ns_per_unit is None and pa.types.is_timestamp(time_type):
+                self._ns_per_unit = _NS_PER_UNIT[time_type.unit]
+            if newest is None or self._ns_per_unit is None:
+                return
+            v = self.metrics["vertices"][vertex]
+            ns = newest * self._ns_per_unit
+            if ns > v.get("newest_event_ns", MIN_TIME):
+                v["newest_event_ns"] = ns
 
     def counters(self) -> dict:
         """What the progress events and the heartbeat carry: the counters so far."""
@@ -624,6 +645,7 @@ class _SourceProcessor(_Processor):
         if first:
             self.watermarks.max_lag = in_units("max_lag", self._lag, self._time.type)
         self.watermarks.observe(self._partition, times)
+        self.member.event_time_of(self.vertex.name, self.watermarks.newest(), self._time.type)
 
     def work(self) -> None:
         m = self.member
