@@ -252,3 +252,16 @@ def test_a_fenced_sink_names_the_job(tmp_path):
     sink.open(ProcessorContext(7, 2, "sink", 0, 1, job_name="nightly"))
     with pytest.raises(FencedError, match="by execution 1 of job 'nightly' refused"):
         zombie.commit(1)
+
+
+def test_a_job_on_spark_starts_from_another_jobs_export(spark, tmp_path):
+    # each member restores its share of the export (the runner has no snapshot to name)
+    stopped = _stop_at_v1(tmp_path)
+    changed = (counting(Pipeline().read_from(source())).group_by("key")
+               .map_state(running_top, state=pa.schema([("top", pa.int64())]))
+               .write_to(TransactionalFileSink(tmp_path / "new")))
+    config = _config(tmp_path, "new", initial_snapshot="old/v1", members=2)
+    result = Job(changed, config).run(spark)
+    assert result.events_in == TOTAL - stopped.events_in
+    assert np.array_equal(_final(tmp_path / "new", "top").to_numpy(),
+                          _reference_counts().to_numpy())
