@@ -17,6 +17,7 @@ from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.snapshot_store import SnapshotStore
 from sparkjet.sources import GeneratorSource
+from sparkjet.windows import tumbling
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -211,6 +212,39 @@ def test_a_state_mapping_naming_what_is_not_there_is_refused(tmp_path):
         Job(pipeline, config).run(isolated=False)
     assert [d.split(",")[0] for d in e.value.differences] == [
         "state_mapping names 'stat'", "state_mapping maps 'state' to 'state.9'"]
+
+
+def test_every_refused_difference_is_listed_at_once(tmp_path):
+    from sparkjet.runtime.restore import StartPoint, plan_restore
+    from sparkjet.sinks.discard import DiscardSink
+
+    def pipeline(partitions, aggregations, size, sink):
+        src = Pipeline().read_from(GeneratorSource(total=10, partitions=partitions))
+        return Pipeline.all(
+            src.group_by("key").aggregate(**aggregations).write_to(sink),
+            src.with_timestamps("id").group_by("key").window(tumbling(size)).count()
+            .write_to(TransactionalFileSink(tmp_path / "w")))
+
+    old = pipeline(2, {"n": "count", "s": ("sum", "value")}, 10, TransactionalFileSink(tmp_path))
+    new = pipeline(4, {"n": "count", "m": ("max", "value")}, 20, DiscardSink())
+    own = StartPoint(1, "job", 5)
+    with pytest.raises(IncompatibleSnapshotError) as e:
+        plan_restore(new.plan(), old.plan().fingerprint(), own, None)
+    assert [d.split(":")[0].split(" was ")[0] for d in e.value.differences] == [
+        "vertex 'source'", "vertex 'aggregate'", "vertex 'aggregate'", "vertex 'window'",
+        "sink 'sink'"]
+    text = "\n".join(e.value.differences)
+    for part in ("partitions=2, is now partitions=4", "aggregation 's' (['sum', 'value']) was "
+                 "removed", "aggregation 'm' (['max', 'value']) was added",
+                 "'size': '10'", "sink 'sink' was TransactionalFileSink, is now DiscardSink"):
+        assert part in text
+    # from another job's export, the sinks are not the new job's concern
+    initial = StartPoint(1, "job", 5, "v1", initial=True)
+    with pytest.raises(IncompatibleSnapshotError) as e:
+        plan_restore(new.plan(), old.plan().fingerprint(), initial, None)
+    assert len(e.value.differences) == 4
+    plan = plan_restore(old.plan(), old.plan().fingerprint(), own, {"aggregate": None})
+    assert plan.same and plan.vertices["aggregate"] == "aggregate"   # its own: no mapping
 
 
 def test_a_missing_initial_snapshot_names_the_job_and_its_exports(tmp_path):

@@ -250,17 +250,14 @@ def _vertex_differences(name: str, old: dict, new: dict, v: Vertex, notes: list)
     errors = []
     for field in _STATE_FIELDS[1:]:
         if field == "aggregations" and field in old and field in new:
-            errors += _aggregation_differences(where, old[field], new[field])
+            errors += _aggregation_differences(where, old["name"], old[field], new[field])
         elif old.get(field) != new.get(field):
             errors.append(f"{where} was {field}={old.get(field)}, is now {field}={new.get(field)}")
     if v.kind == SOURCE and old.get("partitions") != new.get("partitions"):
-        if new["partitions"] < old["partitions"]:
-            errors.append(f"{where} was partitions={old['partitions']}, is now "
-                          f"partitions={new['partitions']}: the offsets of the partitions gone "
-                          f"would be lost")
-        else:
-            notes.append(f"{where} has {new['partitions'] - old['partitions']} new "
-                         f"partition(s): they are read from their start")
+        # offsets are per partition, and a source's reader expects its own partitions'
+        errors.append(f"{where} was partitions={old['partitions']}, is now "
+                      f"partitions={new['partitions']}: its offsets are per partition (drop "
+                      f"them with state_mapping={{{old['name']!r}: None}} to read from the start)")
     if "state" in old or "state" in new:
         errors += _state_differences(where, old.get("state", []), v, notes)
     for field in sorted((set(old) | set(new)) - {*_STATE_FIELDS, "name", "state", "partitions"}):
@@ -269,14 +266,15 @@ def _vertex_differences(name: str, old: dict, new: dict, v: Vertex, notes: list)
     return errors
 
 
-def _aggregation_differences(where: str, old: dict, new: dict) -> list[str]:
+def _aggregation_differences(where: str, old_name: str, old: dict, new: dict) -> list[str]:
     out = []
     for a in sorted(set(old) | set(new)):
         if a not in new:
             out.append(f"{where}: aggregation {a!r} ({old[a]}) was removed")
         elif a not in old:
             out.append(f"{where}: aggregation {a!r} ({new[a]}) was added; the old keys have no "
-                       f"value for it (an aggregate is not nullable: run a new job)")
+                       f"value for it (an aggregate is not nullable: start the vertex empty "
+                       f"with state_mapping={{{old_name!r}: None}})")
         elif old[a] != new[a]:
             out.append(f"{where}: aggregation {a!r} changed from {old[a]} to {new[a]}")
     return out
