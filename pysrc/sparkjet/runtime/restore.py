@@ -16,8 +16,8 @@ vertex of another name (``{"old": "new"}``: the mapping applies only to a snapsh
 another pipeline took, so one left in the configuration does nothing once the job has
 snapshots of its own); a declared state schema (``map_state``) may
 gain nullable columns (old rows get nulls), but a changed type or a removed column is
-refused, as is any change of kind, key, aggregation or window. The error lists every
-difference at once.
+refused, as is any change of kind, key, aggregation, window or a source's partition count.
+The error lists every difference at once.
 """
 from __future__ import annotations
 
