@@ -1,10 +1,12 @@
 """A job's metrics (as a dict and for Prometheus), its progress line and its log records."""
+import datetime
 import logging
 import os
 import threading
 import time
 import urllib.request
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -12,6 +14,7 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
+from sparkjet.windows import tumbling
 
 
 def _job(tmp_path, name, total=60_000, rate=None):
@@ -137,3 +140,74 @@ def test_a_finished_job_run_again_says_so(tmp_path):
     with pytest.raises(JobFinishedError, match="job 'done' already ran to its end .* 60000 "
                                                "events read in its last run"):
         _job(tmp_path, "done")[0].run()
+
+
+def test_source_and_watermark_lag_are_seconds_behind_the_event_times(tmp_path):
+    hour = datetime.timedelta(hours=1)
+
+    def an_hour_ago(b):
+        return b.set_column(3, "ts", pc.subtract(b.column("ts"), pa.scalar(hour)))
+
+    src = GeneratorSource(total=150_000, partitions=2, keys=20, batch_size=2_000, rate=60_000)
+    pipeline = (Pipeline().read_from(src).map_batches(an_hour_ago)
+                .with_timestamps("ts", max_lag=datetime.timedelta(seconds=60))
+                .group_by("key").window(tumbling(datetime.timedelta(seconds=1))).count()
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    job = Job(pipeline, JobConfig(name="lagging", processing_guarantee="none"))
+    handle = job.submit(isolated=False)
+    deadline = time.monotonic() + 60
+    seen = None
+    while not handle.done() and time.monotonic() < deadline:
+        m = handle.metrics or {}
+        if m.get("watermark_lag_s") is not None and m.get("state") == "running":
+            seen = m
+            break
+        time.sleep(0.02)
+    handle.result(timeout=60)
+    assert seen is not None, "no lag while the job ran"
+    # events are an hour old when read (the generator stamps them with the time they are
+    # made, at most the time they are read); watermarks trail them by another minute
+    assert 3600 <= seen["source_lag_s"] < 3600 + 60
+    assert 3660 <= seen["watermark_lag_s"] < 3660 + 60
+    assert seen["vertices"]["source"]["newest_event_ns"] < time.time_ns() - 3600 * 10**9
+    final = job.metrics
+    assert 3600 <= final["source_lag_s"] < 3600 + 60
+    assert final["watermark_lag_s"] == 0.0       # the input ended: nothing is behind
+
+
+def test_lag_is_none_without_a_timestamp_event_time(tmp_path):
+    pipeline = (Pipeline().read_from(GeneratorSource(total=20_000, partitions=2, keys=10))
+                .with_timestamps("id").group_by("key").window(tumbling(1_000)).count()
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    job = Job(pipeline, JobConfig(name="integer-time", processing_guarantee="none"))
+    job.run(isolated=False)
+    assert job.metrics["source_lag_s"] is None and job.metrics["watermark_lag_s"] is None
+
+
+def test_lags_reach_prometheus_and_the_progress_line():
+    from sparkjet.observability import JobMetrics, ProgressView, _Collector
+
+    now = time.time_ns()
+    hour = 3600 * 10**9
+    metrics = JobMetrics("lagging")
+    metrics({"event": "execution", "execution": 0, "members": 2})
+    # two members read source "a" (the newer event counts); source "b" is further behind;
+    # the least watermark of the vertices (over members) is two hours old
+    for member, a_newest, b_newest, mark in ((0, now - hour, now - 3 * hour, now - 2 * hour),
+                                             (1, now - 2 * hour, now - 3 * hour, now - hour)):
+        metrics({"event": "progress", "member": member, "vertices": {
+            "a": {"in": 1, "out": 1, "newest_event_ns": a_newest, "watermark_ns": mark,
+                  "watermark": mark},
+            "b": {"in": 1, "out": 1, "newest_event_ns": b_newest},
+            "window": {"in": 2, "out": 0, "watermark_ns": now - hour, "watermark": now - hour}}})
+    m = metrics.as_dict()
+    assert 3 * 3600 <= m["source_lag_s"] < 3 * 3600 + 60
+    assert 2 * 3600 <= m["watermark_lag_s"] < 2 * 3600 + 60
+    assert m["vertices"]["a"]["newest_event_ns"] == now - hour
+    families = {f.name: f.samples[0].value for f in _Collector(metrics).collect()
+                if f.name.endswith("lag_seconds")}
+    assert families.keys() == {"sparkjet_source_lag_seconds", "sparkjet_watermark_lag_seconds"}
+    assert 3 * 3600 <= families["sparkjet_source_lag_seconds"] < 3 * 3600 + 60
+    text = ProgressView(metrics).text()
+    assert " lag 3.0 h watermark lag 2.0 h" in text
+    assert "lag" not in ProgressView(JobMetrics("no-time")).text()

@@ -17,6 +17,8 @@ from sparkjet._groups import Groups
 
 #: A timer slot without a timer.
 NO_TIMER = 2**63 - 1
+#: What a state column is called in a snapshot's table: this prefix, then its name.
+STATE_PREFIX = "__s__"
 
 
 def _fixed_width(t: pa.DataType) -> bool:
@@ -185,7 +187,7 @@ class StateStore:
 
     # -- snapshots -----------------------------------------------------------------------
 
-    def snapshot(self, prefix: str = "__s__", time_type: pa.DataType | None = None) -> pa.Table | None:
+    def snapshot(self, prefix: str = STATE_PREFIX, time_type: pa.DataType | None = None) -> pa.Table | None:
         """One row per key with state or timers: its key columns, ``__has``, the state
         columns (``prefix`` + name), ``__updated`` (of ``time_type`` when given: the
         event-time column's, which a restore then knows) and the two timers."""
@@ -206,7 +208,7 @@ class StateStore:
         cols["__proc_timer"] = pa.array(self.proc_timer[slots])
         return pa.table(cols)
 
-    def restore(self, table: pa.Table, prefix: str = "__s__") -> pa.DataType:
+    def restore(self, table: pa.Table, prefix: str = STATE_PREFIX) -> pa.DataType:
         """Adds the keys of a :meth:`snapshot` table; returns the type ``__updated`` was
         saved with."""
         slots = self.slots(table.select(list(self.groups.key_names)))
@@ -226,4 +228,4 @@ class StateStore:
         return time_type
 
 
-__all__ = ["NO_TIMER", "StateStore"]
+__all__ = ["NO_TIMER", "STATE_PREFIX", "StateStore"]

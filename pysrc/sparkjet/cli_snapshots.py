@@ -100,7 +100,7 @@ def _show(args) -> int:
     for store in _stores(args):
         described = store.describe(name=args.name)
         latest = store.latest_complete() if args.name is None else None
-        title = f"job {store.job_id:#x}" + (f", export {args.name!r}" if args.name else
+        title = store.who + (f", export {args.name!r}" if args.name else
                                            f", snapshot {latest.snapshot_id}" if latest else "")
         print(title)
         rows = [("vertex", "partitions", "chunks", "entries", "size")]
@@ -121,7 +121,7 @@ def _show(args) -> int:
 def _verify(args) -> int:
     failed = 0
     for store in _stores(args):
-        label = f"job {store.job_id:#x}" + (f" {args.name!r}" if args.name else "")
+        label = store.who + (f" {args.name!r}" if args.name else "")
         line = ProgressLine(sys.stderr)
         start = time.monotonic()
 

@@ -45,6 +45,12 @@ class ProcessorContext:
     processor: int          # global index of this processor among the vertex's processors
     processors: int         # the vertex's total parallelism (all members)
     guarantee: str = "exactly-once"
+    job_name: str | None = None
+
+    @property
+    def job(self) -> str:
+        """The job as messages name it: ``job 'NAME'`` (``job ID`` when it has none)."""
+        return f"job {self.job_name!r}" if self.job_name is not None else f"job {self.job_id}"
 
 
 class SourceReader(ABC):

@@ -14,8 +14,8 @@ every edge.
 
 Names are derived from the DAG's shape ("source", "source.2", "aggregate", "window",
 "state", "dedup", "sink", "sink.2", ...), so the same pipeline gets the same names in every run: they name
-the state in snapshots. :meth:`Dag.fingerprint` describes the shape; a snapshot records it
-and a job refuses to restore a snapshot of another shape.
+the state in snapshots. :meth:`Dag.fingerprint` describes the shape; a snapshot records it,
+and :mod:`sparkjet.runtime.restore` checks a changed pipeline against it vertex by vertex.
 """
 from __future__ import annotations
 

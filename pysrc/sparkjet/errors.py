@@ -84,6 +84,18 @@ class SnapshotMismatchError(SparkjetError, ValueError):
     """A snapshot was taken by a pipeline of another shape than the one restoring it."""
 
 
+class IncompatibleSnapshotError(SnapshotMismatchError):
+    """A snapshot's state does not fit the pipeline restoring it; ``differences`` lists
+    every vertex, sink or state column that differs (:mod:`sparkjet.runtime.restore`)."""
+
+    def __init__(self, message: str, differences: list[str]):
+        super().__init__(message)
+        self.differences = list(differences)
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.differences)
+
+
 class SchemaMismatchError(SparkjetError, ValueError):
     """A batch does not fit the schema its output was fixed at (its first batch): a column
     changed type, appeared or went missing, or two processors produced different schemas.

@@ -4,7 +4,10 @@ terminal, and log records that say which job, execution and member they come fro
 :class:`JobMetrics` is fed the job's progress events (the same dicts ``on_progress``
 gets): members report their counters (events in and out, per vertex, with the watermark
 each vertex has reached; late, skipped and dead-lettered events) twice a second, and the
-supervisor reports executions, restores, snapshots and restarts. ``Job.metrics`` returns
+supervisor reports executions, restores, snapshots and restarts. Where the event time is a
+timestamp column, the members also report the newest event time each source has read, so
+that the metrics say how far behind the wall clock the job is: ``source_lag_s`` and
+``watermark_lag_s``. ``Job.metrics`` returns
 :meth:`JobMetrics.as_dict`; ``Job.run(metrics_port=P)`` serves the same numbers for
 Prometheus on ``http://127.0.0.1:P/metrics`` while the job runs (``prometheus-client``'s
 server, on the driver), and ``Job.run(progress=True)`` draws them on one terminal line, with
@@ -54,6 +57,12 @@ def log_to(stream, **context) -> logging.Handler:
     return handler
 
 
+#: Per-vertex event times the members report: the watermark (event-time units) and, where
+#: the event time is a timestamp, the watermark and the newest event read in ns since epoch.
+_TIMES = ("watermark", "watermark_ns", "newest_event_ns")
+_END_OF_TIME = 2**63 - 1   # sparkjet.runtime.watermarks.MAX_TIME (not imported: no runtime)
+
+
 def add_vertex_counts(into: dict, vertices: dict) -> dict:
     """Adds per-vertex rows in and out (``{vertex: {"in": n, "out": n, ...}}``) of
     ``vertices`` into ``into``; returns ``into``."""
@@ -83,6 +92,7 @@ class JobMetrics:
         self.snapshots = 0
         self.last_snapshot: dict = {}
         self._rate = (time.monotonic(), 0, 0.0)  # (when, events_in, events/s)
+        self.ended_ns: int | None = None  # wall clock when the run ended
 
     # -- feeding -------------------------------------------------------------------------
 
@@ -146,7 +156,8 @@ class JobMetrics:
             self.state = state
             if result is None:
                 return
-            marks = {v: c["watermark"] for v, c in self._vertices().items() if "watermark" in c}
+            self.ended_ns = time.time_ns()
+            marks = {v: {k: c[k] for k in _TIMES if k in c} for v, c in self._vertices().items()}
             self._current = {}
             self._done = {k: sum(e.get(k, 0) for e in result.executions) for k in self._done}
             vertices: dict = {}
@@ -154,8 +165,14 @@ class JobMetrics:
                 add_vertex_counts(vertices, e.get("vertices") or {})
             if vertices:
                 self._done_vertices = vertices
-            for v, mark in marks.items():     # the watermarks the last progress showed
-                self._done_vertices.setdefault(v, {"in": 0, "out": 0})["watermark"] = mark
+            # the event times the last execution ended at, else those the last progress showed
+            last = (result.executions[-1].get("vertices") or {}) if result.executions else {}
+            for v, c in last.items():
+                ended = {k: c[k] for k in _TIMES if k in c}
+                if ended:
+                    marks[v] = ended
+            for v, mark in marks.items():
+                self._done_vertices.setdefault(v, {"in": 0, "out": 0}).update(mark)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -168,16 +185,34 @@ class JobMetrics:
             add_vertex_counts(out, c["vertices"])
             for v, counts in c["vertices"].items():
                 into = out[v]
-                if "watermark" in counts:
-                    into["watermark"] = min(into.get("watermark", counts["watermark"]),
-                                            counts["watermark"])
+                for k in _TIMES:
+                    if k in counts:       # the least watermark, the newest event, of members
+                        pick = max if k == "newest_event_ns" else min
+                        into[k] = pick(into.get(k, counts[k]), counts[k])
         return out
+
+    def _lags(self, vertices: dict) -> tuple[float | None, float | None]:
+        """(source lag, watermark lag) in seconds: the wall clock (at the end, once the run
+        ended) minus the newest event time read by the source furthest behind, and minus
+        the lowest watermark of the vertices; None where no event time is a timestamp.
+        A vertex whose input ended (its watermark is the end of time) is not behind."""
+        now = self.ended_ns or time.time_ns()
+        newest = [c["newest_event_ns"] for c in vertices.values() if "newest_event_ns" in c]
+        marks = [c["watermark_ns"] for c in vertices.values()
+                 if "watermark_ns" in c and c.get("watermark") != _END_OF_TIME]
+        source = (now - min(newest)) / 1e9 if newest else None
+        if marks:
+            return source, (now - min(marks)) / 1e9
+        ended = any(c.get("watermark") == _END_OF_TIME for c in vertices.values())
+        return source, 0.0 if ended and newest else None
 
     def as_dict(self) -> dict:
         """Every metric, as plain data (``vertices``: per vertex, rows in and out over all
         executions and the watermark reached in this one, the least over its members)."""
         with self._lock:
             events = self._sum("events_in")
+            vertices = self._vertices()
+            source_lag, watermark_lag = self._lags(vertices)
             return {
                 "job": self.name, "state": self.state, "execution": self.execution,
                 "members": self.members, "restarts": self.restarts,
@@ -189,7 +224,8 @@ class JobMetrics:
                 "skipped_events": self._sum("skipped_events"),
                 "dead_letters": self._sum("dead_letters"),
                 "snapshots": self.snapshots, "last_snapshot": dict(self.last_snapshot),
-                "vertices": self._vertices(),
+                "source_lag_s": source_lag, "watermark_lag_s": watermark_lag,
+                "vertices": vertices,
             }
 
 
@@ -234,6 +270,12 @@ class _Collector:
         yield gauge("snapshot_bytes", "Size of the last snapshot", last.get("bytes"))
         yield gauge("snapshot_alignment_seconds",
                     "Longest barrier alignment of the last snapshot", last.get("alignment_s"))
+        if m["source_lag_s"] is not None:
+            yield gauge("source_lag_seconds", "Wall clock minus the event time of the newest "
+                        "event read (the source furthest behind)", m["source_lag_s"])
+        if m["watermark_lag_s"] is not None:
+            yield gauge("watermark_lag_seconds", "Wall clock minus the lowest watermark of "
+                        "the job's vertices", m["watermark_lag_s"])
         rows = CounterMetricFamily("sparkjet_vertex_rows", "Rows into and out of each vertex",
                                    labels=["job", "vertex", "direction"])
         marks = GaugeMetricFamily("sparkjet_vertex_watermark",
@@ -294,6 +336,10 @@ class ProgressView:
         head += f" {m['events_per_second'] / 1e6:.2f} M/s"
         if m["snapshots"]:
             head += f" snapshot {m['last_snapshot'].get('id')}"
+        if m["source_lag_s"] is not None:
+            head += f" lag {_duration(m['source_lag_s'])}"
+        if m["watermark_lag_s"] is not None:
+            head += f" watermark lag {_duration(m['watermark_lag_s'])}"
         if m["restarts"]:
             head += f" restarts {m['restarts']}"
         return head
@@ -301,6 +347,14 @@ class ProgressView:
     def close(self) -> None:
         self.line.update(self.text(), force=True)
         self.line.close()
+
+
+def _duration(seconds: float) -> str:
+    if abs(seconds) < 120:
+        return f"{seconds:.1f} s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 __all__ = ["CONTEXT_FIELDS", "LOG_FORMAT", "ContextFilter", "JobMetrics", "MetricsServer",

@@ -35,6 +35,7 @@ and nothing is returned: never partial state.
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import re
 import threading
@@ -144,13 +145,15 @@ class SnapshotStore:
     """
 
     def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True,
-                 create: bool = True):
+                 create: bool = True, name: str | None = None):
         """``create=False`` opens the snapshots of a job that has some, to read them:
         nothing is created, and SnapshotNotFoundError says when the store or the job's
-        directory is missing."""
+        directory is missing. ``name``: the job's name, for messages (without it, the
+        name the job's ``JOB.json`` records, else the id)."""
         job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self._backend = Backend(uri, filesystem, durable)
         self.job_id = job_id
+        self.name = name
         self._job = f"job-{job_id:016x}"
         self._log_lock = threading.Lock()
         self._cleaner: threading.Thread | None = None
@@ -159,13 +162,30 @@ class SnapshotStore:
             _require_store(self._backend)
             if not self._backend.is_dir(self._path()):
                 raise SnapshotNotFoundError(
-                    f"no snapshots of job {job_id} ({job_id:#x}) in {self._backend.root}")
+                    f"no snapshots of {self.who} in {self._backend.root}")
             return
         for d in ("log", "snapshots", "exports", "tables"):
             self._backend.makedirs(self._path(d))
 
     def __repr__(self) -> str:
         return f"SnapshotStore({self._backend.root!r}, job_id={self.job_id})"
+
+    @property
+    def who(self) -> str:
+        """The job, as messages name it: ``job 'NAME'``, with the id in brackets when the
+        name does not derive it (an explicit ``JobConfig.job_id``); ``job ID (0x...)`` when
+        the name is unknown."""
+        if self.name is None:
+            try:
+                recorded = json.loads(bytes(self._backend.read(self._path("JOB.json"))))
+                self.name = recorded.get("name") if isinstance(recorded, dict) else None
+            except (OSError, ValueError):
+                pass
+        if not isinstance(self.name, str):
+            self.name = None
+            return f"job {self.job_id} ({self.job_id:#x})"
+        derived = xxhash.xxh64_intdigest(self.name.encode()) & (2**63 - 1)
+        return f"job {self.name!r}" + ("" if derived == self.job_id else f" [{self.job_id:#x}]")
 
     def close(self) -> None:
         """Waits for the background cleanup."""
@@ -239,7 +259,7 @@ class SnapshotStore:
         def check(events):
             newest = self._newest_execution(events)
             if newest is not None and newest >= execution_id:
-                raise FencedError(f"job {self.job_id}: execution {execution_id} is not newer than "
+                raise FencedError(f"{self.who}: execution {execution_id} is not newer than "
                                   f"registered execution {newest}")
 
         self._append(RegisterEvent(execution_id, time.time()), check)
@@ -254,11 +274,11 @@ class SnapshotStore:
         events = self._events()
         newest = self._newest_execution(events)
         if newest is None or newest > execution_id:
-            raise FencedError(f"job {self.job_id}: execution {execution_id} is fenced off by "
+            raise FencedError(f"{self.who}: execution {execution_id} is fenced off by "
                               f"execution {newest}")
         if not any(isinstance(e, RegisterEvent) and e.execution == execution_id
                    for _, e in events):
-            raise FencedError(f"job {self.job_id}: execution {execution_id} was never registered")
+            raise FencedError(f"{self.who}: execution {execution_id} was never registered")
 
     def _valid_commits(self, events) -> list[tuple[int, CommitEvent]]:
         valid = []
@@ -296,12 +316,12 @@ class SnapshotStore:
         def check(events):
             newest = self._newest_execution(events)
             if newest != execution_id:
-                raise FencedError(f"job {self.job_id}: commit of snapshot {snapshot_id} by "
+                raise FencedError(f"{self.who}: commit of snapshot {snapshot_id} by "
                                   f"execution {execution_id} refused: execution {newest} is newer")
             valid = self._valid_commits(events)
             if valid and valid[-1][1].snapshot >= snapshot_id:
                 raise InvalidArgumentError(
-                    f"job {self.job_id}: snapshot {snapshot_id} is not newer than the last "
+                    f"{self.who}: snapshot {snapshot_id} is not newer than the last "
                     f"complete snapshot {valid[-1][1].snapshot}; snapshot ids must grow")
 
         check(self._events())  # fail before writing anything; checked again at the append
@@ -335,7 +355,7 @@ class SnapshotStore:
         for digest in sorted(tables):
             if not self._backend.exists(self._table_path(digest)):
                 raise SnapshotIncompleteError(
-                    f"job {self.job_id}: snapshot {snapshot_id} uses table version {digest}, "
+                    f"{self.who}: snapshot {snapshot_id} uses table version {digest}, "
                     f"which is missing from {self._path('tables')}; refusing to commit")
         data = meta.encode(record, ValidationRecord)
         digest = xxhash.xxh3_64_hexdigest(data)
@@ -403,7 +423,7 @@ class SnapshotStore:
         """The Arrow IPC bytes of a stored table version, checked against their name."""
         path = self._table_path(digest)
         if not self._backend.exists(path):
-            raise SnapshotIncompleteError(f"job {self.job_id}: table version {path} is missing")
+            raise SnapshotIncompleteError(f"{self.who}: table version {path} is missing")
         data = self._backend.read(path)
         if content_digest(data) != digest:
             raise SnapshotCorruptError(path, 0, "table version digest")
@@ -472,11 +492,11 @@ class SnapshotStore:
             return self._export_record(name)
         valid = self._valid_commits(self._events())
         if not valid:
-            raise SnapshotNotFoundError(f"job {self.job_id} has no complete snapshot")
+            raise SnapshotNotFoundError(f"{self.who} has no complete snapshot")
         commit = valid[-1][1]
         if snapshot_id is not None and commit.snapshot != snapshot_id:
             raise SnapshotNotFoundError(
-                f"job {self.job_id}: snapshot {snapshot_id} is not the last complete one "
+                f"{self.who}: snapshot {snapshot_id} is not the last complete one "
                 f"({commit.snapshot}); export a snapshot to keep it")
         return self._record(commit)
 
@@ -489,7 +509,7 @@ class SnapshotStore:
         v = stored.record.vertices.get(vertex)
         if v is None:
             raise SnapshotNotFoundError(
-                f"snapshot {stored.record.snapshot_id} of job {self.job_id} has no vertex "
+                f"snapshot {stored.record.snapshot_id} of {self.who} has no vertex "
                 f"{vertex!r}; it has {sorted(stored.record.vertices)}")
         wanted = None if partitions is None else set(int(p) for p in partitions)
         self._check_listing(stored, vertex, v)
@@ -522,7 +542,7 @@ class SnapshotStore:
         for file_name, f in listed.items():
             if file_name not in present:
                 raise SnapshotIncompleteError(
-                    f"snapshot {snapshot} of job {self.job_id}: chunk file "
+                    f"snapshot {snapshot} of {self.who}: chunk file "
                     f"{directory}/{file_name} is missing; refusing to restore partial state")
             size = self._backend.size(f"{directory}/{file_name}")
             if size != f.bytes:
@@ -530,7 +550,7 @@ class SnapshotStore:
                                            "file size", f"{size} bytes, record says {f.bytes}")
         for extra in sorted(present - set(listed)):
             raise SnapshotIncompleteError(
-                f"snapshot {snapshot} of job {self.job_id}: extra file "
+                f"snapshot {snapshot} of {self.who}: extra file "
                 f"{directory}/{extra} not in the validation record; refusing to restore")
 
     def _read_file(self, stored: _Stored, vertex: str, vid: int, f: meta.FileRecord,
@@ -619,7 +639,7 @@ class SnapshotStore:
         savepoints): cleanup never removes it, and restore(name=...) reads it."""
         _check_name("export name", name)
         if self._backend.exists(self._path("exports", name)):
-            raise InvalidArgumentError(f"export {name!r} already exists")
+            raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
         stored = self._resolve(snapshot_id, None)
         self.verify(stored.record.snapshot_id)
         tmp = self._path("exports", f".tmp-{name}")
@@ -647,7 +667,7 @@ class SnapshotStore:
         _check_name("export name", name)
         meta_path = self._path("exports", name, "_export.json")
         if not self._backend.exists(meta_path):
-            raise SnapshotNotFoundError(f"job {self.job_id} has no exported snapshot {name!r}")
+            raise SnapshotNotFoundError(f"{self.who} has no exported snapshot {name!r}")
         export = meta.decode(bytes(self._backend.read(meta_path)), meta.ExportRecord, meta_path,
                              "export record")
         return self._record(export, ("exports", name))

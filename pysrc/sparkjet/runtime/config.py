@@ -1,6 +1,7 @@
 """JobConfig: how a job runs, as plain data."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 
@@ -9,6 +10,7 @@ from msgspec import Meta
 
 from sparkjet._checks import Finite, check_fields
 from sparkjet._fs import absolute
+from sparkjet._snapshot_meta import NAME_PATTERN
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 
@@ -50,6 +52,15 @@ class JobConfig:
     - ``on_error``: what ``map_batches`` and ``filter`` stages that do not say otherwise do
       with the rows they fail on: "fail" (the default) or "skip" (see
       :meth:`sparkjet.pipeline.Pipeline.map_batches`).
+    - ``initial_snapshot``: Jet's initial snapshot name: a job with no snapshot of its own
+      starts from this exported snapshot, of this job (``"v1"``) or of another job in the
+      same snapshot store (``"other-job/v1"``). Its sources resume from the export's
+      offsets; its sinks start clean (the old job's transactions are left alone).
+    - ``state_mapping``: for a pipeline that changed since its snapshot, what becomes of the
+      state of a vertex (or sink) of the snapshot: ``{"old": "new"}`` restores it into
+      vertex ``new``, ``{"old": None}`` drops it. It applies only to a snapshot that another
+      pipeline took (so, left in place, it does nothing once the job has snapshots of its
+      own). See :mod:`sparkjet.runtime.restore`.
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
@@ -73,6 +84,9 @@ class JobConfig:
     tls_private_key: str | None = None
     tls_server_name: Annotated[str, Meta(min_length=1)] = "sparkjet"
     on_error: Literal["fail", "skip"] = "fail"
+    initial_snapshot: Annotated[str, Meta(min_length=1)] | None = None
+    state_mapping: dict[Annotated[str, Meta(min_length=1)],
+                        Annotated[str, Meta(min_length=1)] | None] | None = None
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python
@@ -91,6 +105,15 @@ class JobConfig:
                 "tls_certificate and tls_private_key go together: give both or neither")
         if self.tls_certificate is not None and self.tls is False:
             raise InvalidArgumentError("tls_certificate was given, but tls=False")
+        if self.initial_snapshot is not None:
+            export = self.initial_snapshot.rpartition("/")[2]
+            if not re.fullmatch(NAME_PATTERN, export):
+                raise InvalidArgumentError(
+                    f"JobConfig.initial_snapshot is an export name ({NAME_PATTERN}), or a job "
+                    f"name, a slash and an export name, got {self.initial_snapshot!r}")
+            if self.processing_guarantee == "none":
+                raise InvalidArgumentError("JobConfig.initial_snapshot needs snapshots: "
+                                           "processing_guarantee is 'none'")
 
     @property
     def id(self) -> int:

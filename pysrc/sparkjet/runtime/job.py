@@ -52,7 +52,12 @@ class Job:
         """The job's metrics as a dict (None before its first run): state, execution,
         members, restarts, events in and out, events per second, late, skipped and
         dead-lettered events, snapshots and the last one's duration, bytes and alignment,
-        and per vertex the rows in and out and the watermark reached. Live while
+        ``source_lag_s`` (the wall clock minus the event time of the newest event the
+        source furthest behind has read) and ``watermark_lag_s`` (the wall clock minus the
+        lowest watermark of the vertices), in seconds, None unless the event time is a
+        timestamp column, and per vertex the rows in and out and the watermark reached
+        (``watermark_ns`` and, for sources, ``newest_event_ns``: in ns since the epoch,
+        for timestamp event times). Live while
         :meth:`run` runs (from another thread), final after it."""
         return None if self._metrics is None else self._metrics.as_dict()
 
@@ -227,20 +232,40 @@ class Job:
             return None
         from sparkjet.snapshot_store import SnapshotStore
 
-        with SnapshotStore(self.config.snapshot_store, self.config.id) as store:
+        with SnapshotStore(self.config.snapshot_store, self.config.id,
+                           name=self.config.name) as store:
             store.export(None, name)
         return name
 
     def _check_snapshot(self) -> None:
-        """Refuses, before any execution starts, to restore a snapshot that a pipeline of
-        another shape took (every restart would fail the same way)."""
+        """Before any execution starts (every restart would fail the same way): checks
+        that the snapshot the job starts from, its own last complete one or
+        ``config.initial_snapshot``, fits this pipeline, vertex by vertex and state schema
+        by schema (:mod:`sparkjet.runtime.restore`); logs what differs but restores."""
         if self.config.processing_guarantee == "none":
             return
-        from sparkjet.runtime.member import check_snapshot_shape
+        from sparkjet.runtime.restore import (
+            log_plan,
+            open_point,
+            plan_restore,
+            read_fingerprint,
+            start_point,
+        )
         from sparkjet.snapshot_store import SnapshotStore
 
-        with SnapshotStore(self.config.snapshot_store, self.config.id) as store:
-            check_snapshot_shape(self.plan, store, self.config.id)
+        with SnapshotStore(self.config.snapshot_store, self.config.id,
+                           name=self.config.name) as store:
+            point = start_point(self.config, store)
+            if point is None:
+                return
+            source = open_point(self.config, point, store)
+            try:
+                plan = plan_restore(self.plan, read_fingerprint(source, point), point,
+                                    self.config.state_mapping)
+            finally:
+                if source is not store:
+                    source.close()
+        log_plan(self.config, point, plan)
 
     def rescale(self, members: int) -> None:
         """On Spark: restart the running job from its last complete snapshot on ``members``

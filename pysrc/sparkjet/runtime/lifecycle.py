@@ -135,6 +135,12 @@ def job_info(job_dir) -> dict:
     return info
 
 
+def job_name_of(job_dir) -> str | None:
+    """The name ``job-<id>/JOB.json`` records (None: no such file, or no name in it)."""
+    name = _read_json(Path(job_dir) / "JOB.json").get("name")
+    return name if isinstance(name, str) else None
+
+
 def mark_finished(config, events_in: int) -> None:
     """Records that ``config``'s job ran to its end."""
     d = _job_dir(config)
@@ -154,4 +160,4 @@ def _read_json(path: Path) -> dict:
 
 
 __all__ = ["JobAlreadyRunningError", "JobCancelledError", "JobFinishedError", "RunLock",
-           "check_not_finished", "job_info", "mark_finished", "record_state"]
+           "check_not_finished", "job_info", "job_name_of", "mark_finished", "record_state"]

@@ -39,12 +39,21 @@ from sparkjet._schemas import decode as decode_schema
 from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors import ProcessorContext
 from sparkjet.dag import SOURCE, Dag
-from sparkjet.errors import SnapshotMismatchError, SnapshotNotFoundError, SparkjetError
+from sparkjet.errors import SnapshotNotFoundError, SparkjetError
 from sparkjet.runtime import failures
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.operators import make_operator
 from sparkjet.runtime.outbox import Outbox
+from sparkjet.runtime.restore import (
+    PLAN_VERTEX,
+    StartPoint,
+    conform_state,
+    initial_point,
+    open_point,
+    plan_restore,
+    read_fingerprint,
+)
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import (
     MAX_TIME,
@@ -58,10 +67,8 @@ from sparkjet.snapshot_store import SnapshotStore
 from sparkjet.table_join import TABLES_VERTEX, TableVersions
 from sparkjet.windows import EventTimeColumn, in_units
 
-#: The snapshot vertex holding the DAG's fingerprint.
-PLAN_VERTEX = "plan"
-
 _POLL = 0.005
+_NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 class MemberFailedError(SparkjetError, RuntimeError):
@@ -91,37 +98,6 @@ def _merge_into(out: dict, state: dict) -> None:
             out[k] = v
 
 
-def check_snapshot_shape(dag: Dag, store: SnapshotStore, job_id: int,
-                         snapshot_id: int | None = None) -> None:
-    """Raises :class:`~sparkjet.errors.SnapshotMismatchError` unless snapshot
-    ``snapshot_id`` (None: the last complete one, if any) was taken by a DAG of this shape."""
-    if snapshot_id is None:
-        latest = store.latest_complete()
-        if latest is None:
-            return
-        snapshot_id = latest.snapshot_id
-    try:
-        entries = _entries_json(store.restore(PLAN_VERTEX, [], snapshot_id=snapshot_id)
-                                .broadcast_entries)
-    except SnapshotNotFoundError:
-        entries = {}
-    saved = entries.get("dag")
-    if saved is None:
-        if dag.legacy_shape():
-            return
-        raise SnapshotMismatchError(
-            f"snapshot {snapshot_id} of job {job_id} was taken by a sparkjet before DAG "
-            f"pipelines, of a one-source pipeline with at most one group_by; this pipeline has "
-            f"vertices {list(dag.vertices)} and sinks {list(dag.sinks)}. Run it under a new "
-            f"job name, or restore with the pipeline that took the snapshot")
-    mine = dag.fingerprint()
-    if saved != mine:
-        raise SnapshotMismatchError(
-            f"snapshot {snapshot_id} of job {job_id} was taken by a pipeline of another "
-            f"shape: {_first_difference(saved, mine)}. Run this pipeline under a "
-            f"new job name, or restore with the pipeline that took the snapshot")
-
-
 class Member:
     """Runs one execution of a DAG, or one member's share of it; :meth:`run` returns its
     metrics.
@@ -148,7 +124,8 @@ class Member:
         self.progress = progress or (lambda event: None)
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
-        self.store = SnapshotStore(config.snapshot_store, config.id) if self.snapshots_on else None
+        self.store = (SnapshotStore(config.snapshot_store, config.id, name=config.name)
+                      if self.snapshots_on else None)
         self.table_versions = TableVersions(self.store)
         self.topology = t = topology or Topology(1, config.local_parallelism, dag,
                                                  config.partition_count)
@@ -165,6 +142,8 @@ class Member:
                         # per vertex: rows in and out, and the watermark it has reached
                         "vertices": {v: {"in": 0, "out": 0} for v in dag.vertices}}
         self._lock = threading.Lock()
+        #: ns per unit of the event time, once a source has read a timestamp column
+        self._ns_per_unit: int | None = None
         self.n_sources = t.n_sources
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
         self.processors: list[_Processor] = []
@@ -248,6 +227,24 @@ class Member:
             v = self.metrics["vertices"][vertex]
             if time > v.get("watermark", MIN_TIME):
                 v["watermark"] = time
+                if time == MAX_TIME:        # the input ended: no wall time
+                    v.pop("watermark_ns", None)
+                elif self._ns_per_unit is not None:
+                    v["watermark_ns"] = time * self._ns_per_unit
+
+    def event_time_of(self, vertex: str, newest: int | None, time_type) -> None:
+        """A source vertex has read events up to event time ``newest`` (in the units of
+        its event-time column, of ``time_type``): kept in ns since the epoch when the
+        column is a timestamp (an integer column's unit is the user's: no wall time)."""
+        with self._lock:
+            if self._ns_per_unit is None and pa.types.is_timestamp(time_type):
+                self._ns_per_unit = _NS_PER_UNIT[time_type.unit]
+            if newest is None or self._ns_per_unit is None:
+                return
+            v = self.metrics["vertices"][vertex]
+            ns = newest * self._ns_per_unit
+            if ns > v.get("newest_event_ns", MIN_TIME):
+                v["newest_event_ns"] = ns
 
     def counters(self) -> dict:
         """What the progress events and the heartbeat carry: the counters so far."""
@@ -323,42 +320,61 @@ class Member:
             snapshot_id = None if latest is None else latest.snapshot_id
         else:
             snapshot_id = self.restore_from
-        if snapshot_id is None:
+        if snapshot_id is not None:
+            point = StartPoint(self.config.id, self.config.name, snapshot_id)
+        elif self.config.initial_snapshot:
+            point = initial_point(self.config)
+        else:
             return 0
-        self.metrics["restored_from"] = snapshot_id
-        store, t = self.store, self.topology
-        check_snapshot_shape(self.dag, store, self.config.id, snapshot_id)
+        t = self.topology
+        store = open_point(self.config, point, self.store)
+        plan = plan_restore(self.dag, read_fingerprint(store, point), point,
+                            self.config.state_mapping)
+        if point.initial:
+            self.metrics["initial_snapshot"] = str(point)
+        else:
+            self.metrics["restored_from"] = snapshot_id
+        at = {"snapshot_id": None, "name": point.export} if point.export else \
+            {"snapshot_id": point.snapshot_id}
         tables = {}
-        if self.dag.table_joins:
+        if self.dag.table_joins and not point.initial:
+            # (another job's table versions are in its own directory: an initial
+            # snapshot's joins load their tables afresh)
             try:
-                tables = _entries_json(store.restore(TABLES_VERTEX, [], snapshot_id=snapshot_id)
-                                       .broadcast_entries)
+                tables = _entries_json(store.restore(TABLES_VERTEX, [], **at).broadcast_entries)
             except SnapshotNotFoundError:
                 pass    # a snapshot from before table joins: they load their tables afresh
-        try:
-            schemas = {k: decode_schema(v.decode()) for k, v in
-                       _raw_entries(store.restore(SCHEMAS_VERTEX, [], snapshot_id=snapshot_id)
-                                    .broadcast_entries).items()}
-        except SnapshotNotFoundError:
-            schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
+        schemas = {}
+        if plan.same and not point.initial:
+            # a changed pipeline's outputs may have other schemas: they are fixed afresh
+            try:
+                schemas = {k: decode_schema(v.decode()) for k, v in
+                           _raw_entries(store.restore(SCHEMAS_VERTEX, [], **at)
+                                        .broadcast_entries).items()}
+            except SnapshotNotFoundError:
+                schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
         sinks_prepared: dict[str, dict] = {}
         for name in self.dag.sinks:
-            sinks_prepared[name] = _entries_json(
-                store.restore(name, [], snapshot_id=snapshot_id).broadcast_entries)
+            old = plan.sinks.get(name)
+            sinks_prepared[name] = {} if old is None else _entries_json(
+                store.restore(old, [], **at).broadcast_entries)
         for p in self.processors:
             v = p.vertex
-            p.restored_tables = _tables_of(tables, v.name, p.index)
+            old = plan.vertices.get(v.name)
             p.restored_schemas = schemas
-            if v.kind == SOURCE:
-                entries = _entries_json(store.restore(v.name, [], snapshot_id=snapshot_id)
-                                        .broadcast_entries)
+            if old is None:
+                pass        # a new vertex: it starts empty
+            elif v.kind == SOURCE:
+                p.restored_tables = _tables_of(tables, old, p.index)
+                entries = _entries_json(store.restore(old, [], **at).broadcast_entries)
                 p.restored_source_state = merge_states(
                     [s for k, s in entries.items() if not k.startswith("wm:")])
                 p.restored_times = _max_times([s for k, s in entries.items() if k.startswith("wm:")])
             else:
-                state = store.restore(v.name, t.partitions_of(v.name, p.index),
-                                      snapshot_id=snapshot_id)
-                p.restored_table = state.table if not v.single else state.broadcast_table
+                p.restored_tables = _tables_of(tables, old, p.index)
+                state = store.restore(old, t.partitions_of(v.name, p.index), **at)
+                p.restored_table = conform_state(
+                    v, state.table if not v.single else state.broadcast_table)
                 p.restored_broadcast = None if v.single else state.broadcast_table
                 marks = [s for k, s in _entries_json(state.broadcast_entries).items()
                          if k.startswith("wm:")]
@@ -372,9 +388,12 @@ class Member:
                 mine = t.sink_offset[sink][v.name] + p.index
                 p.prepared[sink] = merge_states([s for i, s in sinks_prepared[sink].items()
                                                  if int(i) % total == mine])
-        self.progress({"event": "restored", "snapshot": snapshot_id,
+        if store is not self.store:
+            store.close()
+        self.progress({"event": "restored", "snapshot": point.snapshot_id,
+                       "export": point.export, "job": point.job_name,
                        "execution": self.execution_id, "member": self.index})
-        return snapshot_id + 1
+        return 0 if point.initial else point.snapshot_id + 1
 
     # -- the coordinator (alone) or its link ---------------------------------------------
 
@@ -427,7 +446,7 @@ class Member:
 
     def context(self, vertex: str, index: int, total: int) -> ProcessorContext:
         return ProcessorContext(self.config.id, self.execution_id, vertex, index, total,
-                                self.guarantee)
+                                self.guarantee, self.config.name)
 
 
 class RemoteLink:
@@ -626,6 +645,7 @@ class _SourceProcessor(_Processor):
         if first:
             self.watermarks.max_lag = in_units("max_lag", self._lag, self._time.type)
         self.watermarks.observe(self._partition, times)
+        self.member.event_time_of(self.vertex.name, self.watermarks.newest(), self._time.type)
 
     def work(self) -> None:
         m = self.member
@@ -852,19 +872,6 @@ def _max_times(states: list) -> dict:
         for p, t in (s or {}).items():
             out[p] = t if p not in out else max(out[p], t)
     return out
-
-
-def _first_difference(saved: dict, mine: dict) -> str:
-    sv = {v["name"]: v for v in saved.get("vertices", [])}
-    mv = {v["name"]: v for v in mine.get("vertices", [])}
-    for name in sorted(set(sv) | set(mv)):
-        if name not in sv:
-            return f"the snapshot has no vertex {name!r} ({mv[name]['kind']})"
-        if name not in mv:
-            return f"the snapshot has a vertex {name!r} ({sv[name]['kind']}) this pipeline lacks"
-        if sv[name] != mv[name]:
-            return f"vertex {name!r} was {sv[name]}, is now {mv[name]}"
-    return f"the sinks were {saved.get('sinks')}, are now {mine.get('sinks')}"
 
 
 def _raw_entries(entries) -> dict:

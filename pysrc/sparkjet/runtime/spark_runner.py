@@ -175,7 +175,7 @@ class SparkRunner:
         config, plan, spark = self.config, self.plan, self.spark
         sc = spark.sparkContext
         started = time.monotonic()
-        store = (SnapshotStore(config.snapshot_store, config.id)
+        store = (SnapshotStore(config.snapshot_store, config.id, name=config.name)
                  if config.processing_guarantee != "none" else None)
         restore_from = None
         if store is not None:

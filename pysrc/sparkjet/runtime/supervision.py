@@ -144,7 +144,7 @@ def next_execution(config: JobConfig, attempt: int) -> int:
     store), ``attempt``, the number of executions this run has started so far."""
     if config.processing_guarantee == "none":
         return attempt
-    current = SnapshotStore(config.snapshot_store, config.id).current_execution()
+    current = SnapshotStore(config.snapshot_store, config.id, name=config.name).current_execution()
     return 0 if current is None else current + 1
 
 

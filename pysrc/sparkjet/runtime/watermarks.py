@@ -153,6 +153,11 @@ class SourceWatermarks:
             self._max[partition] = top if old is None else max(old, top)
         self._seen[partition] = self._clock()
 
+    def newest(self) -> int | None:
+        """The greatest event time read from any partition (None before the first)."""
+        seen = [t for t in self._max.values() if t is not None]
+        return max(seen) if seen else None
+
     def current(self) -> Watermark:
         if self.ended:
             return Watermark(MAX_TIME)

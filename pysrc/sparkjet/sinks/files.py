@@ -221,8 +221,8 @@ class TransactionalFileWriter(SinkWriter):
                       if (m := _REGISTERED.fullmatch(n))), default=-1)
         if newest > self.context.execution_id:
             raise FencedError(
-                f"{self.sink.uri}: {action} by execution {self.context.execution_id} of job "
-                f"{self.context.job_id} refused: execution {newest} is newer")
+                f"{self.sink.uri}: {action} by execution {self.context.execution_id} of "
+                f"{self.context.job} refused: execution {newest} is newer")
 
     # -- writing -----------------------------------------------------------------------
 

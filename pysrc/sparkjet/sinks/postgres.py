@@ -564,7 +564,7 @@ class _PostgresWriter(SinkWriter):
         if newest is not None and newest > c.execution_id:
             raise FencedError(
                 f"{CONNECTOR}: {action} of table {self.sink.table!r} by execution "
-                f"{c.execution_id} of job {c.job_id} refused: execution {newest} is newer")
+                f"{c.execution_id} of {c.job} refused: execution {newest} is newer")
 
     def _register(self) -> None:
         """Records this execution in the fence rows of this processor and of the old ones
@@ -596,7 +596,7 @@ class _PostgresWriter(SinkWriter):
             except self._psycopg.errors.LockNotAvailable:
                 if time.monotonic() > deadline:
                     raise ConnectorError(
-                        f"{CONNECTOR}: execution {c.execution_id} of job {c.job_id} waited "
+                        f"{CONNECTOR}: execution {c.execution_id} of {c.job} waited "
                         f"{_REGISTER_DEADLINE:.0f} s to register processor {c.processor} on "
                         f"table {self.sink.table!r}: prepared transactions hold its fence row "
                         f"({self._prepared_ids()})") from None

@@ -210,7 +210,7 @@ class SQLiteUpsertWriter(SinkWriter):
         if row is not None and row[0] > self.context.execution_id:
             raise FencedError(
                 f"{self.sink.path}: {action} of table {self.sink.table!r} by execution "
-                f"{self.context.execution_id} of job {self.context.job_id} refused: execution "
+                f"{self.context.execution_id} of {self.context.job} refused: execution "
                 f"{row[0]} is newer")
 
     def write(self, batch: pa.RecordBatch) -> None:

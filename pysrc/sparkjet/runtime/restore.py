@@ -1,0 +1,331 @@
+"""Where a job's state comes from when it starts, and whether it fits the pipeline.
+
+A job resumes from its own last complete snapshot. A job that has none starts from
+``JobConfig.initial_snapshot`` when it is set (Jet's ``setInitialSnapshotName``): an exported
+snapshot of this job (``"v1"``) or of another job in the same snapshot store
+(``"other-job/v1"``: the other job's name, a slash, the export's name). Its sources resume
+from the export's offsets; its sinks start clean (the old job's transactions are neither
+committed nor aborted: they are the old job's).
+
+Before any execution, :func:`plan_restore` compares the pipeline that took the snapshot (the
+DAG fingerprint it recorded) with this one, vertex by vertex (vertices are matched by name,
+:mod:`sparkjet.dag`) and state schema by schema, and returns which old state each vertex
+restores. A new vertex starts empty; a vertex of the snapshot that the pipeline lacks is
+refused unless ``JobConfig.state_mapping`` drops it (``{"old": None}``) or maps it to a
+vertex of another name (``{"old": "new"}``: the mapping applies only to a snapshot that
+another pipeline took, so one left in the configuration does nothing once the job has
+snapshots of its own); a declared state schema (``map_state``) may
+gain nullable columns (old rows get nulls), but a changed type or a removed column is
+refused, as is any change of kind, key, aggregation, window or a source's partition count.
+The error lists every difference at once.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from sparkjet.dag import SOURCE, Dag, Vertex
+from sparkjet.errors import (
+    IncompatibleSnapshotError,
+    SnapshotMismatchError,
+    SnapshotNotFoundError,
+)
+
+_log = logging.getLogger("sparkjet.job")
+
+#: The snapshot vertex holding the DAG's fingerprint.
+PLAN_VERTEX = "plan"
+
+#: Fingerprint fields whose change makes a vertex's old state meaningless.
+_STATE_FIELDS = ("kind", "keys", "aggregations", "window", "source", "on")
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """A snapshot a job starts from: its own last complete one (``export`` None), or an
+    export of ``job_name``'s (``job_id``: whose directory of the store holds it)."""
+
+    job_id: int
+    job_name: str
+    snapshot_id: int
+    export: str | None = None
+    initial: bool = False       # from JobConfig.initial_snapshot: sinks are not recovered
+
+    def __str__(self) -> str:
+        if self.export is None:
+            return f"snapshot {self.snapshot_id} of job {self.job_name!r}"
+        return f"export {self.export!r} of job {self.job_name!r} (snapshot {self.snapshot_id})"
+
+
+def split_initial(text: str) -> tuple[str | None, str]:
+    """``"v1"`` -> (None, "v1"); ``"other-job/v1"`` -> ("other-job", "v1")."""
+    job, _, export = text.rpartition("/")
+    return (job or None), export
+
+
+def initial_point(config) -> StartPoint:
+    """The snapshot ``config.initial_snapshot`` names; SnapshotNotFoundError, naming the
+    job, when there is no such export."""
+    from sparkjet.runtime.config import JobConfig
+    from sparkjet.snapshot_store import SnapshotStore
+
+    job_name, export = split_initial(config.initial_snapshot)
+    if job_name is None or job_name == config.name:
+        job_name, job_id = config.name, config.id
+    else:
+        job_id = _job_id_of(config.snapshot_store, job_name,
+                            JobConfig(name=job_name, processing_guarantee="none").id)
+    try:
+        store = SnapshotStore(config.snapshot_store, job_id, create=False, name=job_name)
+    except SnapshotNotFoundError:
+        raise SnapshotNotFoundError(
+            f"job {config.name!r}: initial_snapshot {config.initial_snapshot!r}: job "
+            f"{job_name!r} has no snapshots in {config.snapshot_store}") from None
+    with store:
+        info = next((s for s in store.snapshots() if s.name == export), None)
+        if info is None:
+            have = sorted(s.name for s in store.snapshots() if s.name)
+            raise SnapshotNotFoundError(
+                f"job {config.name!r}: initial_snapshot {config.initial_snapshot!r}: job "
+                f"{job_name!r} has no exported snapshot {export!r} (its exports: "
+                f"{have or 'none'})")
+    return StartPoint(job_id, job_name, info.snapshot_id, export, initial=True)
+
+
+def _job_id_of(root: str, name: str, derived: int) -> int:
+    """The id of the job called ``name`` in a local store: the one its name derives, or,
+    for a job given an explicit ``job_id``, the one whose JOB.json records the name."""
+    from pathlib import Path
+
+    from sparkjet.runtime.lifecycle import job_name_of
+
+    if "://" in str(root) or (Path(root) / f"job-{derived:016x}").is_dir():
+        return derived
+    for d in sorted(Path(root).glob("job-" + "[0-9a-f]" * 16)):
+        if job_name_of(d) == name:
+            return int(d.name[4:], 16)
+    return derived
+
+
+def start_point(config, store) -> StartPoint | None:
+    """Where ``config``'s job starts: its own last complete snapshot in ``store``, else
+    its initial snapshot, else nowhere (None)."""
+    latest = store.latest_complete()
+    if latest is not None:
+        return StartPoint(config.id, config.name, latest.snapshot_id)
+    if config.initial_snapshot:
+        return initial_point(config)
+    return None
+
+
+def open_point(config, point: StartPoint, own):
+    """The store to read ``point`` from: ``own`` (the job's store) or the other job's."""
+    if point.job_id == config.id:
+        return own
+    from sparkjet.snapshot_store import SnapshotStore
+
+    return SnapshotStore(config.snapshot_store, point.job_id, create=False, name=point.job_name)
+
+
+@dataclass
+class RestorePlan:
+    """Which old state each vertex and sink of the new pipeline restores (None: none),
+    whether the pipeline is the one that took the snapshot (``same``: then the outputs'
+    recorded schemas hold), and what differs but restores (``notes``)."""
+
+    vertices: dict[str, str | None]
+    sinks: dict[str, str | None]
+    same: bool
+    notes: list[str]
+
+
+def read_fingerprint(store, point: StartPoint) -> dict | None:
+    """The DAG fingerprint recorded in ``point`` (None: a snapshot from before them)."""
+    import json
+
+    try:
+        entries = store.restore(PLAN_VERTEX, [], snapshot_id=None if point.export else
+                                point.snapshot_id, name=point.export).broadcast_entries
+    except SnapshotNotFoundError:
+        return None
+    if entries is None:
+        return None
+    for key, value in zip(entries[0].to_pylist(), entries[1].to_pylist()):
+        if key == b"dag":
+            return json.loads(value)
+    return None
+
+
+def plan_restore(dag: Dag, saved: dict | None, point: StartPoint,
+                 mapping: dict[str, str | None] | None) -> RestorePlan:
+    """Checks that the state of ``point`` (whose pipeline's fingerprint is ``saved``) fits
+    ``dag``; returns the :class:`RestorePlan`, or raises
+    :class:`~sparkjet.errors.IncompatibleSnapshotError` listing every difference."""
+    mapping = dict(mapping or {})
+    if saved is None:
+        if dag.legacy_shape():
+            return RestorePlan({n: n for n in dag.vertices}, {} if point.initial else
+                               {n: n for n in dag.sinks}, True, [])
+        raise SnapshotMismatchError(
+            f"{point} was taken by a sparkjet before DAG pipelines, of a one-source pipeline "
+            f"with at most one group_by; this pipeline has vertices {list(dag.vertices)} and "
+            f"sinks {list(dag.sinks)}. Run it under a new job name, or restore with the "
+            f"pipeline that took the snapshot")
+    mine = dag.fingerprint()
+    old_v = {v["name"]: v for v in saved.get("vertices", [])}
+    new_v = {v["name"]: v for v in mine["vertices"]}
+    old_s = {s["name"]: s for s in saved.get("sinks", [])}
+    new_s = {s["name"]: s for s in mine["sinks"]}
+    if saved == mine:
+        # The snapshot is this pipeline's own: its state belongs as it is, and a mapping
+        # left in the configuration after an upgrade never drops it again.
+        return RestorePlan({n: n for n in new_v}, {} if point.initial else
+                           {n: n for n in new_s}, True, [])
+    errors: list[str] = []
+    notes: list[str] = []
+    for old, new in mapping.items():
+        if old not in old_v and old not in old_s:
+            errors.append(f"state_mapping names {old!r}, which {point} does not have (it has "
+                          f"vertices {sorted(old_v)} and sinks {sorted(old_s)})")
+        elif new is not None and new not in (new_v if old in old_v else new_s):
+            errors.append(f"state_mapping maps {old!r} to {new!r}, which this pipeline does "
+                          f"not have (it has {sorted(new_v if old in old_v else new_s)})")
+    taken: dict[str, str] = {}
+    for old, new in mapping.items():
+        if new is not None:
+            if new in taken:
+                errors.append(f"state_mapping maps both {taken[new]!r} and {old!r} to {new!r}")
+            taken[new] = old
+
+    def source_of(new: str, olds: dict) -> str | None:
+        if new in taken:
+            return taken[new]
+        return new if new in olds and new not in mapping else None
+
+    vertices: dict[str, str | None] = {}
+    for name, v in dag.vertices.items():
+        old = source_of(name, old_v)
+        vertices[name] = old
+        if old is None:
+            notes.append(f"vertex {name!r} ({v.kind}) is new: it starts empty")
+            continue
+        errors += _vertex_differences(name, old_v[old], new_v[name], v, notes)
+    sinks: dict[str, str | None] = {}
+    if not point.initial:   # a new job's sinks never take over the old job's transactions
+        for name in dag.sinks:
+            old = source_of(name, old_s)
+            sinks[name] = old
+            if old is not None and old_s[old]["sink"] != new_s[name]["sink"]:
+                errors.append(f"sink {name!r} was {old_s[old]['sink']}, is now "
+                              f"{new_s[name]['sink']}: its prepared transactions would go to "
+                              f"a sink of another kind")
+    restored = set(vertices.values()) | set(sinks.values())
+    for name, v in old_v.items():
+        if name not in restored and name not in mapping:
+            errors.append(f"the snapshot has a vertex {name!r} ({v['kind']}) this pipeline "
+                          f"lacks: its state would be lost (drop it with state_mapping="
+                          f"{{{name!r}: None}}, or map it to a vertex of this pipeline)")
+    if not point.initial:
+        for name, s in old_s.items():
+            if name not in restored and name not in mapping:
+                errors.append(f"the snapshot has a sink {name!r} ({s['sink']}) this pipeline "
+                              f"lacks: its prepared transactions would be left undecided "
+                              f"(drop it with state_mapping={{{name!r}: None}})")
+    if errors:
+        raise IncompatibleSnapshotError(
+            f"{point} does not fit this pipeline; it was taken by a pipeline of another "
+            f"shape:\n  " + "\n  ".join(errors) + "\nRestore with the pipeline that took it, "
+            "give JobConfig.state_mapping, or run this pipeline under a new job name",
+            errors)
+    return RestorePlan(vertices, sinks, False, notes)
+
+
+def _vertex_differences(name: str, old: dict, new: dict, v: Vertex, notes: list) -> list[str]:
+    where = f"vertex {name!r}" + (f" (from the snapshot's {old['name']!r})"
+                                  if old["name"] != name else "")
+    if old["kind"] != new["kind"]:
+        return [f"{where} was kind={old['kind']}, is now kind={new['kind']}"]
+    errors = []
+    for field in _STATE_FIELDS[1:]:
+        if field == "aggregations" and field in old and field in new:
+            errors += _aggregation_differences(where, old["name"], old[field], new[field])
+        elif old.get(field) != new.get(field):
+            errors.append(f"{where} was {field}={old.get(field)}, is now {field}={new.get(field)}")
+    if v.kind == SOURCE and old.get("partitions") != new.get("partitions"):
+        # offsets are per partition, and a source's reader expects its own partitions'
+        errors.append(f"{where} was partitions={old['partitions']}, is now "
+                      f"partitions={new['partitions']}: its offsets are per partition (drop "
+                      f"them with state_mapping={{{old['name']!r}: None}} to read from the start)")
+    if "state" in old or "state" in new:
+        errors += _state_differences(where, old.get("state", []), v, notes)
+    for field in sorted((set(old) | set(new)) - {*_STATE_FIELDS, "name", "state", "partitions"}):
+        if old.get(field) != new.get(field):   # policy (a ttl, a function): no state's shape
+            notes.append(f"{where}: {field} was {old.get(field)}, is now {new.get(field)}")
+    return errors
+
+
+def _aggregation_differences(where: str, old_name: str, old: dict, new: dict) -> list[str]:
+    out = []
+    for a in sorted(set(old) | set(new)):
+        if a not in new:
+            out.append(f"{where}: aggregation {a!r} ({old[a]}) was removed")
+        elif a not in old:
+            out.append(f"{where}: aggregation {a!r} ({new[a]}) was added; the old keys have no "
+                       f"value for it (an aggregate is not nullable: start the vertex empty "
+                       f"with state_mapping={{{old_name!r}: None}})")
+        elif old[a] != new[a]:
+            out.append(f"{where}: aggregation {a!r} changed from {old[a]} to {new[a]}")
+    return out
+
+
+def _state_differences(where: str, old: list[str], v: Vertex, notes: list) -> list[str]:
+    """A map_state's declared state: old columns (``"name: type"`` strings) against the
+    new schema; added nullable columns restore as nulls."""
+    schema = getattr(v.stage, "state", None)
+    if not isinstance(schema, pa.Schema):
+        return [f"{where} had the declared state ({', '.join(old)}), and has none now"]
+    before = dict(s.split(": ", 1) for s in old)
+    out = []
+    for c, t in before.items():
+        if c not in schema.names:
+            out.append(f"{where}: state column {c!r} ({t}) was removed")
+        elif str(schema.field(c).type) != t:
+            out.append(f"{where}: state column {c!r} changed type {t} -> {schema.field(c).type}")
+    for f in schema:
+        if f.name in before:
+            continue
+        if f.nullable:
+            notes.append(f"{where}: state column {f.name!r} ({f.type}) is new: the old keys' "
+                         f"state has nulls in it")
+        else:
+            out.append(f"{where}: state column {f.name!r} ({f.type}) was added, not nullable; "
+                       f"the old keys have no value for it (make it nullable)")
+    return out
+
+
+def conform_state(vertex: Vertex, table: pa.Table | None) -> pa.Table | None:
+    """An old snapshot's state table for ``vertex``: a map_state whose declared state
+    gained nullable columns gets them as nulls (checked by :func:`plan_restore`)."""
+    schema = getattr(vertex.stage, "state", None)
+    if table is None or not isinstance(schema, pa.Schema):
+        return table
+    from sparkjet._state_store import STATE_PREFIX
+
+    for f in schema:
+        name = STATE_PREFIX + f.name
+        if name not in table.column_names:
+            table = table.append_column(pa.field(name, f.type), pa.nulls(table.num_rows, f.type))
+    return table
+
+
+def log_plan(config, point: StartPoint, plan: RestorePlan) -> None:
+    if not plan.same:
+        _log.info("job %r restores %s into a changed pipeline: %s", config.name, point,
+                  "; ".join(plan.notes) or "the state fits",
+                  extra={"job": config.name, "execution": "-", "member": "-"})
+
+
+__all__ = ["PLAN_VERTEX", "RestorePlan", "StartPoint", "conform_state", "initial_point",
+           "open_point", "plan_restore", "read_fingerprint", "split_initial", "start_point"]
