@@ -10,8 +10,8 @@ digits).
 
 1. :meth:`DeltaWriter.write` conforms each batch to the table's schema (errors surface here,
    not at the commit) and keeps it in memory.
-2. :meth:`DeltaWriter.prepare` (phase 1) writes the epoch's rows to one Arrow IPC file in
-   ``staging`` (``_staging/{J}/p{P}/e{execution}-s{snapshot}.arrow``, fsynced) and returns
+2. :meth:`DeltaWriter.prepare` (phase 1) writes the epoch's rows to one Arrow IPC file,
+   ``{staging}/{J}/p{P}/e{execution}-s{snapshot}.arrow`` (fsynced), and returns
    the description of every staged, not yet committed snapshot of this processor.
 3. :meth:`DeltaWriter.commit` (phase 2) reloads the table, skips the staged snapshots at or
    below the version of ``{app_id}-p{P}`` (committed already) and appends the others in
@@ -161,7 +161,7 @@ class DeltaWriter(SinkWriter):
         self._backend = None
         if self._exactly_once:
             self._backend = Backend(sink.staging, durable=sink.durable)
-            self._staging_rel = f"_staging/{context.job_id:016x}"
+            self._staging_rel = f"{context.job_id:016x}"
             try:
                 self._backend.makedirs(self._backend.path(self._dir(context.processor)))
             except OSError as e:
