@@ -134,6 +134,30 @@ def test_types_round_trip(tmp_path):
     assert out.to_pylist() == pa.Table.from_batches([batch, batch]).to_pylist()
 
 
+def test_types_delta_lacks_are_written_as_the_nearest_delta_type(tmp_path):
+    batch = pa.record_batch({
+        "u32": pa.array([3_000_000_000, None], pa.uint32()),
+        "u64": pa.array([2**63 - 1, 0], pa.uint64()),
+        "ns": pa.array([1_700_000_000_123_456_789, None], pa.timestamp("ns")),
+        "cat": pa.array(["x", "y"]).dictionary_encode()})
+    path = str(tmp_path / "t")
+    w = opened(DeltaSink(path), ctx(1))
+    w.write(batch)
+    with pytest.raises(InvalidArgumentError, match="column 'u64' \\(uint64\\) does not fit "
+                                                   "the table's int64"):
+        w.write(batch.set_column(1, "u64", pa.array([2**63, 0], pa.uint64())))
+    w.prepare(1)
+    w.commit(1)
+    w.close()
+    out = DeltaSink.read(path)
+    assert out.schema == pa.schema([("u32", pa.int64()), ("u64", pa.int64()),
+                                    ("ns", pa.timestamp("us")), ("cat", pa.string())])
+    assert out.column("u32").to_pylist() == [3_000_000_000, None]
+    assert out.column("u64").to_pylist() == [2**63 - 1, 0]
+    assert out.column("ns").cast(pa.int64()).to_pylist() == [1_700_000_000_123_456, None]
+    assert out.column("cat").to_pylist() == ["x", "y"]
+
+
 @pytest.mark.parametrize("crash", ["before_commit", "after_delta_commit", "twice_in_recovery"])
 def test_recovery_commits_each_prepared_snapshot_exactly_once(tmp_path, crash):
     path = str(tmp_path / "t")
@@ -311,9 +335,12 @@ def test_a_batch_whose_column_type_does_not_match_the_table(tmp_path):
                                     ("processor", pa.int32())]))
     w = opened(DeltaSink(path), ctx(1))
     with pytest.raises(InvalidArgumentError,
-                       match=r"Delta Lake sink for table '.*t': column 'name' \(string\) "
-                             "does not fit the table's int64"):
+                       match=r"Delta Lake sink for table '.*t': column 'name' is string, "
+                             "which cannot be written to the table's int64"):
         w.write(rows([1]))
+    # Numbers in text are not numbers: no parsing, even where every value would parse.
+    with pytest.raises(InvalidArgumentError, match="column 'name' is string"):
+        w.write(rows([1]).set_column(1, "name", pa.array(["12"])))
     w.close()
 
 

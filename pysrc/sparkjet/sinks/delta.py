@@ -38,8 +38,9 @@ Delta commit per processor and snapshot, fenced like the above); a replay append
 **None** appends at the end (and whenever ``rows_per_commit`` rows are buffered).
 
 **The table.** A missing table is created by the first commit, with the schema of the
-first batch (Delta's types: unsigned integers and nanosecond timestamps are stored as
-Delta has them). An existing table fixes the schema: every batch must have exactly its
+first batch in Delta's types (unsigned integers as the next wider signed type, ``uint64``
+as ``long``: a value above its range is refused; dictionaries decoded; timestamps in
+microseconds, finer ones truncated). An existing table fixes the schema: every batch must have exactly its
 columns, with types that cast without loss, and no null in a non-nullable column;
 otherwise the writer raises :class:`~sparkjet.errors.InvalidArgumentError` naming the sink,
 the table and the column. Readers see only committed rows: the staging directory (default
@@ -71,9 +72,31 @@ DESCRIPTION_FORMAT = 1
 CONNECTOR = "Delta Lake sink"
 _STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
 _PROCESSOR_DIR = re.compile(r"p(\d{5,})")
+_TEXT = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view")
 # Commits refused because a concurrent commit of another processor created the table or
 # changed its metadata are retried after a reload; a fence conflict ends on the check.
 _COMMIT_ATTEMPTS = 8
+
+
+def _textual(t: pa.DataType) -> bool:
+    """Whether values of type `t` are text or bytes (of any encoding)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_fixed_size_binary(t) or str(t) in _TEXT
+
+
+def _delta_type(t: pa.DataType) -> pa.DataType:
+    """The type a new table's column of Arrow type `t` gets: Delta has no unsigned integers,
+    no half floats, no dictionaries and stores timestamps in microseconds."""
+    if pa.types.is_dictionary(t):
+        return _delta_type(t.value_type)
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32()}.get(t.bit_width, pa.int64())
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", t.tz)
+    return t
 
 
 def _deltalake():
@@ -221,7 +244,8 @@ class DeltaWriter(SinkWriter):
         if self._schema is None:
             dt = self._table()
             self._schema = (pa.schema(dt.schema().to_arrow()) if dt is not None
-                            else batch.schema)
+                            else pa.schema([f.with_type(_delta_type(f.type))
+                                            for f in batch.schema]))
         return self._schema
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -242,12 +266,19 @@ class DeltaWriter(SinkWriter):
         for field in schema:
             column = batch.column(field.name)
             if not column.type.equals(field.type):
+                refused = InvalidArgumentError(
+                    f"{self._what()}: column {field.name!r} is {column.type}, which "
+                    f"cannot be written to the table's {field.type}")
+                if _textual(column.type) != _textual(field.type):
+                    raise refused   # Arrow would parse or print numbers: not a schema match
+                # Delta keeps microseconds: finer timestamps are truncated, as Delta's own
+                # writers do; every other cast must keep every value.
+                exact = not (pa.types.is_timestamp(column.type)
+                             and pa.types.is_timestamp(field.type))
                 try:
-                    column = column.cast(field.type, safe=True)
+                    column = column.cast(field.type, safe=exact)
                 except pa.ArrowNotImplementedError:
-                    raise InvalidArgumentError(
-                        f"{self._what()}: column {field.name!r} is {column.type}, which "
-                        f"cannot be written to the table's {field.type}") from None
+                    raise refused from None
                 except pa.ArrowInvalid as e:
                     raise InvalidArgumentError(
                         f"{self._what()}: column {field.name!r} ({column.type}) does not fit "
