@@ -9,13 +9,16 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -403,6 +406,74 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(InvalidArgumentError, match="prepared state has format"):
         w.recover(1, {"format": 99, "transactions": []})
     assert DeltaSink.read(tmp_path / "missing").num_columns == 0
+
+
+# -- object stores (moto's S3 server) -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 API on 127.0.0.1, a free port, for this module, with a bucket "lake";
+    yields its endpoint."""
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    s3_filesystem(f"{host}:{port}", allow_bucket_creation=True).create_dir("lake")
+    yield f"{host}:{port}"
+    server.stop()
+
+
+def s3_filesystem(endpoint, **options):
+    return pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="x",
+                             secret_key="x", region="us-east-1", connect_timeout=2,
+                             request_timeout=5,
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
+                             **options)
+
+
+def storage_options(endpoint, **extra):
+    return {"AWS_ENDPOINT_URL": f"http://{endpoint}", "AWS_ACCESS_KEY_ID": "x",
+            "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+            **extra}
+
+
+def test_a_table_on_s3_with_staging_on_s3(s3):
+    uri, options = "s3://lake/t", storage_options(s3)
+    sink = DeltaSink(uri, storage_options=options, staging="lake/staging/t",
+                     staging_filesystem=s3_filesystem(s3))
+    w = opened(sink, ctx(1))
+    w.write(rows([1, 2]))
+    state = json.loads(json.dumps(w.prepare(1)))
+    staged = s3_filesystem(s3).get_file_info(pafs.FileSelector("lake/staging/t",
+                                                               recursive=True))
+    assert [f.base_name for f in staged if f.is_file] == ["e000000000001-s1.arrow"]
+    assert DeltaSink.read(uri, storage_options=options).num_columns == 0
+    w2 = opened(sink, ctx(2), 1, state)         # the first process died before phase 2
+    w2.write(rows([3]))
+    w2.prepare(2)
+    w2.commit(2)
+    w2.close()
+    got = DeltaSink.read(uri, storage_options=options)
+    assert sorted(got.column("id").to_pylist()) == [1, 2, 3]
+    assert DeltaTable(uri, storage_options=options).transaction_version(f"{APP}-p0") == 2
+    staged = s3_filesystem(s3).get_file_info(pafs.FileSelector("lake/staging/t",
+                                                               recursive=True))
+    assert not [f for f in staged if f.is_file]
+
+
+def test_an_unreachable_object_store_is_a_connector_error_in_bounded_time():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))    # bound, not listening: connections are refused
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+        sink = DeltaSink("s3://lake/t", staging="unused",
+                         storage_options=storage_options(endpoint, max_retries="1"))
+        start = time.monotonic()
+        with pytest.raises(ConnectorError) as e:
+            sink.open(ctx(1, guarantee="at-least-once"))
+    assert time.monotonic() - start < 20
+    message = str(e.value)
+    assert message.startswith("Delta Lake sink for table 's3://lake/t': cannot read the table: ")
+    assert "Connection refused" in message and "\x1b" not in message and "\n" not in message
 
 
 # -- fault campaign --------------------------------------------------------------------------

@@ -57,6 +57,7 @@ import re
 import threading
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from sparkjet._checks import check_int, check_path
 from sparkjet._fs import Backend, absolute
@@ -72,6 +73,7 @@ DESCRIPTION_FORMAT = 1
 CONNECTOR = "Delta Lake sink"
 _STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
 _PROCESSOR_DIR = re.compile(r"p(\d{5,})")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TEXT = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view")
 # Commits refused because a concurrent commit of another processor created the table or
 # changed its metadata are retried after a reload; a fence conflict ends on the check.
@@ -99,6 +101,23 @@ def _delta_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def _message(e: Exception) -> str:
+    """delta-rs's error as one line: its chain of causes (one per line, drawn with colour
+    codes and arrows) joined by colons."""
+    text = _ANSI.sub("", str(e))
+    return ": ".join(line.strip().lstrip("↳").strip()
+                     for line in text.splitlines() if line.strip())
+
+
+def _open_table(dl, uri: str, storage_options: dict | None):
+    """The table at `uri`, or None if there is none. (Not ``DeltaTable.is_deltatable``:
+    its listing of a missing log waits out every retry on some S3 implementations.)"""
+    try:
+        return dl.DeltaTable(uri, storage_options=storage_options)
+    except dl.exceptions.TableNotFoundError:
+        return None
+
+
 def _deltalake():
     try:
         import deltalake
@@ -112,8 +131,9 @@ class DeltaSink(Sink):
     """Appends rows to the Delta table at ``uri`` (a local path, or an object store URI
     with ``storage_options`` as ``deltalake`` takes them); see the module doc for the
     protocol. ``staging`` is where prepared snapshots wait for phase 2 (a directory or
-    ``pyarrow.fs`` URI every member reaches; default ``{uri}/_sparkjet_staging`` for a
-    local table). ``app_id`` prefixes the Delta application transaction ids.
+    ``pyarrow.fs`` URI every member reaches, or a path on ``staging_filesystem``; default
+    ``{uri}/_sparkjet_staging`` for a local table). ``app_id`` prefixes the Delta
+    application transaction ids.
 
     >>> DeltaSink("/data/counts")
     DeltaSink('/data/counts')
@@ -123,9 +143,9 @@ class DeltaSink(Sink):
     name = "delta"
     transactional = True
 
-    def __init__(self, uri, *, staging=None, app_id: str | None = None,
-                 storage_options: dict | None = None, rows_per_commit: int = 1_000_000,
-                 durable: bool = True):
+    def __init__(self, uri, *, staging=None, staging_filesystem: pafs.FileSystem | None = None,
+                 app_id: str | None = None, storage_options: dict | None = None,
+                 rows_per_commit: int = 1_000_000, durable: bool = True):
         text = os.fspath(check_path("uri", uri))
         self.local = "://" not in text or text.startswith("file://")
         self.uri = absolute(text)
@@ -135,7 +155,12 @@ class DeltaSink(Sink):
                     f"{CONNECTOR} for table {self.uri!r}: a table on an object store needs "
                     "staging=, a directory or pyarrow.fs URI every member reaches")
             staging = os.path.join(self.uri.removeprefix("file://"), "_sparkjet_staging")
-        self.staging = absolute(check_path("staging", staging))
+        if staging_filesystem is not None and not isinstance(staging_filesystem,
+                                                             pafs.FileSystem):
+            raise InvalidArgumentError("staging_filesystem must be None or a "
+                                       f"pyarrow.fs.FileSystem, got {staging_filesystem!r}")
+        self.staging = absolute(check_path("staging", staging), staging_filesystem)
+        self.staging_filesystem = staging_filesystem
         if app_id is not None and (not isinstance(app_id, str) or not app_id):
             raise InvalidArgumentError(f"app_id must be a non-empty str, got {app_id!r}")
         if storage_options is not None and not isinstance(storage_options, dict):
@@ -164,11 +189,8 @@ class DeltaSink(Sink):
         """The table's committed rows (its newest version); a missing table gives a table
         without columns."""
         dl = _deltalake()
-        uri = absolute(os.fspath(uri))
-        if not dl.DeltaTable.is_deltatable(uri, storage_options):
-            return pa.table({})
-        dt = dl.DeltaTable(uri, storage_options=storage_options)
-        return pa.table(dt.to_pyarrow_table(columns=columns))
+        dt = _open_table(dl, absolute(os.fspath(uri)), storage_options)
+        return pa.table({}) if dt is None else pa.table(dt.to_pyarrow_table(columns=columns))
 
 
 class DeltaWriter(SinkWriter):
@@ -183,7 +205,7 @@ class DeltaWriter(SinkWriter):
         self._exactly_once = context.guarantee == "exactly-once"
         self._backend = None
         if self._exactly_once:
-            self._backend = Backend(sink.staging, durable=sink.durable)
+            self._backend = Backend(sink.staging, sink.staging_filesystem, sink.durable)
             self._staging_rel = f"{context.job_id:016x}"
             try:
                 self._backend.makedirs(self._backend.path(self._dir(context.processor)))
@@ -204,6 +226,7 @@ class DeltaWriter(SinkWriter):
         self._memory: dict[int, list] = {}        # snapshot -> its batches, while in memory
         self._lock = threading.Lock()             # commit may run beside write and prepare
         self._last_prepared: int | None = None
+        self._table()       # reachable, and readable as a Delta table if it exists
 
     def __repr__(self) -> str:
         c = self.context
@@ -232,11 +255,12 @@ class DeltaWriter(SinkWriter):
         try:
             if self._dt is not None:
                 self._dt.update_incremental()
-            elif dl.DeltaTable.is_deltatable(s.uri, s.storage_options):
-                self._dt = dl.DeltaTable(s.uri, storage_options=s.storage_options)
+            else:
+                self._dt = _open_table(dl, s.uri, s.storage_options)
             return self._dt
         except (dl.exceptions.DeltaError, OSError) as e:
-            raise ConnectorError(f"{self._what()}: cannot read the table: {e}") from None
+            raise ConnectorError(
+                f"{self._what()}: cannot read the table: {_message(e)}") from None
 
     # -- schema ------------------------------------------------------------------------------
 
@@ -406,7 +430,7 @@ class DeltaWriter(SinkWriter):
             except dl.exceptions.CommitFailedError as e:
                 if attempt + 1 == _COMMIT_ATTEMPTS:
                     raise ConnectorError(f"{self._what()}: commit failed {attempt + 1} times, "
-                                         f"the last time: {e}") from None
+                                         f"the last time: {_message(e)}") from None
 
     def _append(self, dt, batches: list, apps: list) -> bool:
         """Appends `batches` (possibly none: a commit of the application ids only)."""
@@ -426,9 +450,11 @@ class DeltaWriter(SinkWriter):
         except dl.exceptions.SchemaMismatchError as e:
             self._schema = None         # the table may have been created meanwhile
             raise InvalidArgumentError(
-                f"{self._what()}: the rows do not match the table's schema: {e}") from None
+                f"{self._what()}: the rows do not match the table's schema: "
+                f"{_message(e)}") from None
         except (dl.exceptions.DeltaError, OSError) as e:
-            raise ConnectorError(f"{self._what()}: cannot write the table: {e}") from None
+            raise ConnectorError(
+                f"{self._what()}: cannot write the table: {_message(e)}") from None
         return True
 
     def _load(self, txn: dict) -> list:
