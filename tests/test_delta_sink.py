@@ -507,7 +507,8 @@ def test_campaign_round_with_kills(tmp_path, capsys, guarantee, pipeline):
     work = tmp_path / f"delta-{guarantee}-{pipeline}"
     # A member may take seconds to start on a loaded machine: each kill waits for the
     # execution's first snapshot, so that it hits an execution that writes to the table.
-    r = run_round(work, guarantee, "delta", pipeline, kills=3, rng=rng, kill_after="snapshot")
+    r = run_round(work, guarantee, "delta", pipeline, kills=2, rng=rng, events=300_000,
+                  kill_after="snapshot")
     appended = executions_that_appended(str(work / "out.delta"))
     with capsys.disabled():
         print(f"\n{guarantee} delta {pipeline}: kills {r.kills} restarts {r.restarts} "

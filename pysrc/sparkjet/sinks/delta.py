@@ -225,6 +225,7 @@ class DeltaWriter(SinkWriter):
         self._pending: list[dict] = []            # staged, not yet committed; oldest first
         self._memory: dict[int, list] = {}        # snapshot -> its batches, while in memory
         self._lock = threading.Lock()             # commit may run beside write and prepare
+        self._table_lock = threading.RLock()      # one user of self._dt at a time
         self._last_prepared: int | None = None
         self._table()       # reachable, and readable as a Delta table if it exists
 
@@ -266,7 +267,8 @@ class DeltaWriter(SinkWriter):
 
     def _target_schema(self, batch: pa.RecordBatch) -> pa.Schema:
         if self._schema is None:
-            dt = self._table()
+            with self._table_lock:
+                dt = self._table()
             self._schema = (pa.schema(dt.schema().to_arrow()) if dt is not None
                             else pa.schema([f.with_type(_delta_type(f.type))
                                             for f in batch.schema]))
@@ -404,6 +406,10 @@ class DeltaWriter(SinkWriter):
         reload when a concurrent commit wins; FencedError if a newer execution owns the
         index. False if nothing was committed (no table and nothing to write, or every
         staged snapshot in the table already)."""
+        with self._table_lock:
+            return self._commit_index_locked(processor, items, batches_of)
+
+    def _commit_index_locked(self, processor: int, items: list, batches_of) -> bool:
         dl = self._dl
         c = self.context
         for attempt in range(_COMMIT_ATTEMPTS):
@@ -436,7 +442,11 @@ class DeltaWriter(SinkWriter):
         """Appends `batches` (possibly none: a commit of the application ids only)."""
         dl, s = self._dl, self.sink
         if batches:
-            table = pa.Table.from_batches(batches)
+            # staged by another execution, a batch may differ in what casts losslessly
+            # (a field's nullability): the first batch's schema is the commit's
+            first = batches[0].schema
+            table = pa.Table.from_batches(
+                [b if b.schema.equals(first) else b.cast(first) for b in batches], first)
         elif dt is not None:
             table = pa.schema(dt.schema().to_arrow()).empty_table()
         else:
