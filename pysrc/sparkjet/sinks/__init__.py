@@ -8,8 +8,12 @@
 - :class:`PostgresSink`: PostgreSQL, transactional (``PREPARE TRANSACTION`` at the barrier,
   ``COMMIT PREPARED`` after the snapshot) or idempotent upserts by key; rows go in by
   ``COPY`` (needs psycopg 3: ``pip install 'sparkjet[postgres]'``).
+- :class:`DeltaSink`: a Delta Lake table, exactly-once by staging each snapshot's rows and
+  appending them in one Delta commit with idempotent application transactions, or
+  at-least-once by appends (needs deltalake: ``pip install 'sparkjet[delta]'``).
 - :class:`DiscardSink`: keeps nothing (benchmarks).
 """
+from sparkjet.sinks.delta import DeltaSink, DeltaWriter
 from sparkjet.sinks.discard import DiscardSink
 from sparkjet.sinks.files import TransactionalFileSink, TransactionalFileWriter
 from sparkjet.sinks.kafka import KafkaPlainWriter, KafkaSink, KafkaWriter
@@ -21,6 +25,8 @@ from sparkjet.sinks.postgres import (
 from sparkjet.sinks.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
 
 __all__ = [
+    "DeltaSink",
+    "DeltaWriter",
     "DiscardSink",
     "KafkaPlainWriter",
     "KafkaSink",

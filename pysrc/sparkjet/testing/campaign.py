@@ -37,7 +37,7 @@ from sparkjet import verify
 from sparkjet._cli_args import nonnegative_int, positive_int
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.sinks import PostgresSink, SQLiteUpsertSink, TransactionalFileSink
+from sparkjet.sinks import DeltaSink, PostgresSink, SQLiteUpsertSink, TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.windows import sliding, tumbling
 
@@ -69,8 +69,11 @@ def _members(job: Job) -> tuple:
 
 
 def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list,
-            cluster=None, restarts: list | None = None) -> None:
-    """Kills one member at a random moment of each execution. With a standalone `cluster`,
+            cluster=None, restarts: list | None = None, snapshots: list | None = None) -> None:
+    """Kills one member at a random moment of each execution: up to 1.5 s after it
+    appears, or with `snapshots` (the snapshots of the current execution, which the
+    caller's progress callback keeps) up to 0.6 s after its first snapshot. With a
+    standalone `cluster`,
     a third of the kills are of a whole worker JVM (its executor dies with it, so the
     execution really loses a slot), restarted a few seconds later."""
     last = ()
@@ -81,7 +84,12 @@ def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, don
             continue
         # A new execution: let it live a random while (restore, first batches, a snapshot
         # or two) and kill one member wherever it is.
-        time.sleep(rng.uniform(0.05, 1.5))
+        if snapshots is None:
+            time.sleep(rng.uniform(0.05, 1.5))
+        else:
+            while not snapshots and _members(job) == pids and not stop.is_set():
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.6))
         if _members(job) != pids:
             continue
         if cluster is not None and rng.random() < 1 / 3:
@@ -113,13 +121,19 @@ def _restart_worker(cluster, i: int, after: float) -> None:
 def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, kills: int,
               rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
               spark=None, members: int | None = 2, cluster=None,
-              postgres: str | None = None, kafka: str | None = None) -> RoundResult:
+              postgres: str | None = None, kafka: str | None = None,
+              kill_after: str = "start") -> RoundResult:
     """One job with `kills` kills of a member; returns the checker's verdict. With a Spark
     session the job runs on it with `members` members, and a kill hits one member's Python
     worker. Sink kinds "postgres" (transactional) and "postgres-upsert" write to tables named
     after the round in the database of the DSN `postgres` (dropped first). Sink "kafka"
     writes to a new topic at the broker `kafka` (bootstrap servers), staged under `work`, and
-    is checked by what a ``read_committed`` consumer reads."""
+    is checked by what a ``read_committed`` consumer reads. Sink "delta" writes Delta tables
+    under `work` (needs ``deltalake``), checked by what the table's newest version holds.
+    ``kill_after="snapshot"`` kills each execution only after its first snapshot (between
+    prepare and commit, mid-batch, mid-snapshot; never during the restore): on a loaded
+    machine a member may take longer to start than the default kills wait, and a kill of a
+    member still starting restarts nothing of interest to a sink."""
     work.mkdir(parents=True, exist_ok=True)
     seed = rng.randrange(2**32)
     sources = [GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate, batch_size=5_000,
@@ -136,6 +150,8 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
                                key[0])
         if sink_kind == "file":
             return TransactionalFileSink(work / name)
+        if sink_kind == "delta":
+            return DeltaSink(work / f"{name}.delta")
         if sink_kind in POSTGRES:
             PostgresSink.drop(postgres, f"{work.name}-{name}")
             return PostgresSink(postgres, f"{work.name}-{name}", **POSTGRES[sink_kind](key))
@@ -177,13 +193,24 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
                        max_restarts=kills + 5, restart_backoff=0.0,
                        members=members if spark else None)
     job = Job(Pipeline.all(pipeline.write_to(sink), *ends), config)
+    if kill_after not in ("start", "snapshot"):
+        raise ValueError(f"kill_after must be 'start' or 'snapshot', got {kill_after!r}")
     stop, killed, restarters = threading.Event(), [], []
+    snapshots: list | None = [] if kill_after == "snapshot" else None
+
+    def on_progress(event: dict) -> None:
+        if snapshots is not None and event["event"] == "execution":
+            snapshots.clear()
+        elif snapshots is not None and event["event"] == "snapshot":
+            snapshots.append(event["snapshot"])
+
     killer = threading.Thread(target=_killer, daemon=True,
-                              args=(job, kills, rng, stop, killed, cluster, restarters))
+                              args=(job, kills, rng, stop, killed, cluster, restarters,
+                                    snapshots))
     start = time.monotonic()
     killer.start()
     try:
-        result = job.run(spark)
+        result = job.run(spark, on_progress=on_progress)
     finally:
         stop.set()
         killer.join()
@@ -196,13 +223,16 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
             return PostgresSink.read(postgres, f"{work.name}-{name}")
         if sink_kind == "kafka":
             return _kafka_read(kafka, f"{work.name}-{name}-{seed:x}")
+        if sink_kind == "delta":
+            return DeltaSink.read(work / f"{name}.delta")
         return (TransactionalFileSink.read(work / name) if sink_kind == "file"
                 else SQLiteUpsertSink.read(work / f"{name}.sqlite", "out"))
 
     out = read("out")
     duplicate_rows = 0
     if pipeline_kind in ("keyed", "state"):
-        actual = (verify.last_update_per_key(out) if sink_kind in ("file", "postgres", "kafka")
+        actual = (verify.last_update_per_key(out)
+                  if sink_kind in ("file", "postgres", "kafka", "delta")
                   else out.select(["key", "count", "sum"]))
         report = verify.check_aggregates(sources[0].expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
