@@ -240,3 +240,62 @@ def test_config_keeps_plain_values():
     assert (c.snapshot_store, c.local_parallelism, c.snapshot_interval) == ("/tmp/s", 3, 0.5)
     assert type(c.local_parallelism) is int and c.quorum_timeout == math.inf
     assert JobConfig(**c.to_dict()) == c
+
+
+# -- how the members of a Spark execution find each other -----------------------------------
+
+
+def _coordinator(members: int):
+    from sparkjet.runtime.coordinator import ExecutionCoordinator
+    from sparkjet.runtime.security import LinkSecurity
+    from sparkjet.runtime.topology import Topology
+    from sparkjet.sinks import DiscardSink
+    from sparkjet.sources import GeneratorSource
+
+    plan = Pipeline().read_from(GeneratorSource(total=10, partitions=2)).write_to(DiscardSink()).plan()
+    security = LinkSecurity.generate(7)
+    coord = ExecutionCoordinator(JobConfig(name="join", processing_guarantee="none"), 7,
+                                 Topology(members, 1, plan, 271), host="127.0.0.1",
+                                 security=security, store=None, progress=lambda e: None)
+    return coord, security
+
+
+def test_members_join_through_the_coordinator_and_learn_every_location(monkeypatch):
+    """The rendezvous that replaced BarrierTaskContext.allGather: each member's join
+    returns every member's location, by index, once all have joined; a member whose peers
+    are late asks again; a failed execution answers with its failure."""
+    from sparkjet.runtime import coordinator as coordinator_module
+    from sparkjet.runtime.exchange import ExchangeClient, ExchangeRefusedError
+    from sparkjet.runtime.spark_runner import join
+
+    monkeypatch.setattr(coordinator_module, "JOIN_WAIT", 0.2)
+    coord, security = _coordinator(3)
+    try:
+        client = ExchangeClient(coord.location, security=security)
+        # Alone, member 0 is told to ask again (no peers), and its location is kept.
+        assert client.action("join", {"member": 0, "location": "grpc://a:1"}) == {"peers": None}
+        got = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(
+            i, join(ExchangeClient(coord.location, security=security), i, f"grpc://m{i}:1", 30)))
+            for i in (1, 2)]
+        for t in threads:
+            t.start()
+        assert join(client, 0, "grpc://a:1", 30) == ["grpc://a:1", "grpc://m1:1", "grpc://m2:1"]
+        for t in threads:
+            t.join(30)
+        assert got == {1: ["grpc://a:1", "grpc://m1:1", "grpc://m2:1"],
+                       2: ["grpc://a:1", "grpc://m1:1", "grpc://m2:1"]}
+        with pytest.raises(ExchangeRefusedError, match="joined twice"):
+            client.action("join", {"member": 1, "location": "grpc://elsewhere:1"})
+        with pytest.raises(ExchangeRefusedError, match="no member 3"):
+            client.action("join", {"member": 3, "location": "grpc://x:1"})
+    finally:
+        coord.close()
+    coord, security = _coordinator(2)
+    try:
+        coord.fail(RuntimeError("member 1 died"))
+        with pytest.raises(ExchangeRefusedError, match="member 1 died"):
+            ExchangeClient(coord.location, security=security).action(
+                "join", {"member": 0, "location": "grpc://a:1"})
+    finally:
+        coord.close()

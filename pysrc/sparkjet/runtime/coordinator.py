@@ -10,9 +10,11 @@ every source has ended it takes the terminal snapshot (or, with guarantee "none"
 
 :class:`ExecutionCoordinator` runs it on the driver for one execution on Spark: an
 :class:`~sparkjet.runtime.exchange.ExchangeServer` of its own (fenced by the execution id)
-answers the members' actions -- ``poll`` (the heartbeat; answers with the commands queued
-for that member, waiting up to :data:`POLL_WAIT` for one), ``ack`` (phase 1), ``failed``
-and ``done`` -- and the loop watches for a member that failed or went silent.
+answers the members' actions -- ``join`` (a member's exchange location, answered with every
+member's once all have joined: how members find each other, in milliseconds where Spark's
+``BarrierTaskContext.allGather`` takes a second), ``poll`` (the heartbeat; answers with the
+commands queued for that member, waiting up to :data:`POLL_WAIT` for one), ``ack`` (phase
+1), ``failed`` and ``done`` -- and the loop watches for a member that failed or went silent.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from sparkjet.snapshot_store import Manifest, SnapshotStore
 _POLL = 0.005
 #: How long a member's poll waits on the driver for a command before it returns empty.
 POLL_WAIT = 0.25
+#: How long a member's ``join`` waits on the driver for the other members before it
+#: returns without the peers (the member then asks again).
+JOIN_WAIT = 2.0
 
 
 class ExecutionFailedError(SparkjetError, RuntimeError):
@@ -164,6 +169,8 @@ class ExecutionCoordinator:
         self._commands: dict[int, list] = {i: [] for i in range(self.members)}
         self.seen: dict[int, float] = {}
         self.pids: dict[int, int] = {}
+        #: each member's exchange location, as it joined
+        self.locations: dict[int, str] = {}
         self._counters: dict[int, tuple[int, int]] = {}
         self._member_counters: dict[int, dict] = {}
         self._ended: dict[int, set] = {}
@@ -182,7 +189,7 @@ class ExecutionCoordinator:
             progress=progress, events_in=lambda: self.counters()[0], check=self.check)
         self.security = security
         self.server = ExchangeServer(host, execution_id=execution_id, security=security)
-        for name, handler in (("poll", self._poll), ("ack", self._ack),
+        for name, handler in (("join", self._join), ("poll", self._poll), ("ack", self._ack),
                               ("failed", self._member_failed), ("done", self._done)):
             self.server.on_action(name, handler)
 
@@ -197,6 +204,29 @@ class ExecutionCoordinator:
         if not isinstance(i, int) or not 0 <= i < self.members:
             raise ValueError(f"no member {i!r} in an execution of {self.members}")
         return i
+
+    def _join(self, body: dict) -> dict:
+        """A member's exchange location; the answer holds every member's (by index) once
+        all have joined, else none (after up to :data:`JOIN_WAIT` s: ask again)."""
+        i = self._member(body)
+        location = body.get("location")
+        if not isinstance(location, str) or not location:
+            raise ValueError(f"member {i} joined without an exchange location")
+        deadline = time.monotonic() + JOIN_WAIT
+        with self._cv:
+            if self.locations.setdefault(i, location) != location:
+                raise ValueError(f"member {i} joined twice, from {self.locations[i]} and "
+                                 f"{location}")
+            self._cv.notify_all()
+            while len(self.locations) < self.members and not self._failed.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"peers": None}
+                self._cv.wait(left)
+            if self._failed.is_set():
+                raise ExecutionFailedError(f"execution {self.execution_id} has ended: "
+                                           f"{self.failure}")
+            return {"peers": [self.locations[m] for m in range(self.members)]}
 
     def _poll(self, body: dict) -> dict:
         i = self._member(body)

@@ -5,10 +5,12 @@
 the DataFrame API exists). Task *i* is member *i*: it builds its share of the
 :class:`~sparkjet.runtime.topology.Topology` (source processors, and the keyed processors of
 the Hazelcast partitions the partition table gives it), opens an
-:class:`~sparkjet.runtime.exchange.ExchangeServer`, learns its peers' addresses with one
-``BarrierTaskContext.allGather`` (it costs about a second: once per execution, never per
-snapshot), restores its partitions of the last complete snapshot, and runs; batches and
-barriers cross between members over Arrow Flight, with backpressure.
+:class:`~sparkjet.runtime.exchange.ExchangeServer`, learns its peers' addresses from the
+coordinator (the ``join`` action: a few milliseconds once all members have joined, where
+``BarrierTaskContext.allGather`` took a second of every execution's start; the barrier
+stage still starts every member at once), restores its partitions of the last complete
+snapshot, and runs; batches and barriers cross between members over Arrow Flight, with
+backpressure.
 
 The coordinator runs on the driver (:class:`~sparkjet.runtime.coordinator.ExecutionCoordinator`):
 it starts snapshots at the interval, collects the phase-1 acknowledgements, commits, runs
@@ -324,7 +326,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from pyspark import BarrierTaskContext
 
         from sparkjet.observability import log_to
-        from sparkjet.runtime.exchange import ExchangeServer
+        from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
 
         for _ in batches:  # one row per task; nothing to read
@@ -338,7 +340,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         server = ExchangeServer(host, inbound=member.inbound, execution_id=execution,
                                 security=security, on_error=member.on_exchange_error)
         try:
-            peers = ctx.allGather(server.location)
+            peers = join(ExchangeClient(coordinator, security=security, action_timeout=30.0),
+                         index, server.location, config.start_timeout)
             member.connect(peers, coordinator, security)
             member.run()  # its metrics reach the driver with the "done" action
         finally:
@@ -350,4 +353,19 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
     return task
 
 
-__all__ = ["SparkRunner", "available_slots", "member_task"]
+def join(coordinator, index: int, location: str, timeout: float) -> list[str]:
+    """Member ``index``'s exchange ``location`` to the ``coordinator`` (an
+    :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns every member's, by index,
+    once all have joined. Gives up after ``timeout`` s (the driver's ``start_timeout``
+    fails the execution by then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        peers = coordinator.action("join", {"member": index, "location": location})["peers"]
+        if peers is not None:
+            return peers
+        if time.monotonic() > deadline:
+            raise ExecutionFailedError(f"member {index}: the other members did not join "
+                                       f"within {timeout:.0f} s (start_timeout)")
+
+
+__all__ = ["SparkRunner", "available_slots", "join", "member_task"]
