@@ -69,11 +69,15 @@ def _members(job: Job) -> tuple:
 
 
 def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list,
-            cluster=None, restarts: list | None = None, snapshots: list | None = None) -> None:
-    """Kills one member at a random moment of each execution: up to 1.5 s after it
-    appears, or with `snapshots` (the snapshots of the current execution, which the
-    caller's progress callback keeps) up to 0.6 s after its first snapshot. With a
-    standalone `cluster`,
+            cluster=None, restarts: list | None = None, snapshots: list | None = None,
+            started: list | None = None) -> None:
+    """Kills one member at a random moment of each execution. Without `snapshots`: one
+    kill in four up to 1.5 s after the member's process appears (while it starts or
+    restores), the others up to 1.2 s after the execution has started (`started`, which
+    the caller's progress callback fills: so a member slow to start on a loaded machine
+    is still killed while it runs). With `snapshots` (the snapshots of the current
+    execution, kept likewise): up to 0.6 s after its first snapshot. With a standalone
+    `cluster`,
     a third of the kills are of a whole worker JVM (its executor dies with it, so the
     execution really loses a slot), restarted a few seconds later."""
     last = ()
@@ -84,8 +88,12 @@ def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, don
             continue
         # A new execution: let it live a random while (restore, first batches, a snapshot
         # or two) and kill one member wherever it is.
-        if snapshots is None:
+        if snapshots is None and (started is None or rng.random() < 0.25):
             time.sleep(rng.uniform(0.05, 1.5))
+        elif snapshots is None:
+            while not started and _members(job) == pids and not stop.is_set():
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.05, 1.2))
         else:
             while not snapshots and _members(job) == pids and not stop.is_set():
                 time.sleep(0.01)
@@ -197,16 +205,22 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         raise ValueError(f"kill_after must be 'start' or 'snapshot', got {kill_after!r}")
     stop, killed, restarters = threading.Event(), [], []
     snapshots: list | None = [] if kill_after == "snapshot" else None
+    started: list = []
 
     def on_progress(event: dict) -> None:
-        if snapshots is not None and event["event"] == "execution":
-            snapshots.clear()
+        if event["event"] == "execution":
+            started.clear()
+            if snapshots is not None:
+                snapshots.clear()
+        elif event["event"] in ("started", "restored", "progress") and not started:
+            # Spark's driver says "started"; a local member's first heartbeat says it runs
+            started.append(event.get("execution"))
         elif snapshots is not None and event["event"] == "snapshot":
             snapshots.append(event["snapshot"])
 
     killer = threading.Thread(target=_killer, daemon=True,
                               args=(job, kills, rng, stop, killed, cluster, restarters,
-                                    snapshots))
+                                    snapshots, started))
     start = time.monotonic()
     killer.start()
     try:
