@@ -13,7 +13,7 @@ file, proxy); what pyarrow finds itself (no keys given) boto3 finds through the 
 (environment, ``~/.aws``, instance role). Other object stores (GCS, filesystems through
 fsspec) have no conditional create through the libraries sparkjet uses: there the
 check-then-write leaves a window in which two writers racing for one name can both succeed,
-and the first exclusive create on such a store warns (``ObjectStoreRaceWarning``).
+and an exclusive create on such a store warns (``ObjectStoreRaceWarning``).
 
 Whole-directory renames are copies on object stores, so commit decisions never rest on one
 there: callers that rename on local disks and HDFS (snapshot exports, the file sink's
@@ -232,17 +232,13 @@ class Backend:
         self.fs.copy_file(src, dst)
 
 
-_warned: set[str] = set()
-
-
 def _warn_racy(kind: str) -> None:
-    if kind not in _warned:
-        _warned.add(kind)
-        warnings.warn(
-            f"sparkjet: the {kind} filesystem has no conditional create here, so commit "
-            "records are created by check-then-write: two committers racing for one name can "
-            "both succeed (run one job execution at a time; S3 has none of this window)",
-            ObjectStoreRaceWarning, stacklevel=3)
+    # Python's default warning filter shows it once per calling line.
+    warnings.warn(
+        f"sparkjet: the {kind} filesystem has no conditional create here, so commit "
+        "records are created by check-then-write: two committers racing for one name can "
+        "both succeed (run one job execution at a time; S3 has none of this window)",
+        ObjectStoreRaceWarning, stacklevel=3)
 
 
 class _S3PutIfAbsent:

@@ -260,6 +260,8 @@ class TransactionalFileWriter(SinkWriter):
         # one processor and execution cannot overwrite each other's staged files (a local
         # disk refuses the second one's file instead) and a commit marker names its writer.
         self._token = None if b.atomic_rename else uuid.uuid4().hex[:16]
+        if self._token is not None:
+            b.makedirs(b.path("_committed", self._job))
         self._ordinal = 0           # the next transaction's T
         self._files: list[list[str]] = []   # [staged, final] of the open transaction
         self._rows = 0
@@ -405,10 +407,8 @@ class TransactionalFileWriter(SinkWriter):
         ordinal = self._ordinal if txn is None else txn["transaction"]
         processor = c.processor if txn is None else txn["processor"]
         name = f"p{processor:05d}-e{execution:012d}-t{ordinal:06d}{suffix}.json"
-        directory = b.path("_committed", self._job)
-        path = f"{directory}/{name}"
+        path = b.path("_committed", self._job, name)
         record = json.dumps({"writer": writer, "files": files}, sort_keys=True).encode()
-        b.makedirs(directory)
         if b.create_exclusive(path, record):
             return
         winner = json.loads(bytes(b.read(path))).get("writer")
