@@ -11,7 +11,8 @@ class AtomicWrites:
     """WSGI middleware running moto's writes one at a time. S3 applies each write
     atomically; moto checks ``If-None-Match`` and stores the object in two steps without a
     lock (moto 5.2, ``S3Response.put_object``), so two racing conditional puts could both
-    pass it, and two plain puts of one key can fail one with a 500. Reads stay concurrent."""
+    pass it, and two plain puts of one key can fail one with a 500. Reads stay concurrent;
+    the clients' requests interleave as they would on S3, so their races are as real."""
 
     def __init__(self, app):
         self.app, self.lock = app, threading.Lock()

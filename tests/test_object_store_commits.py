@@ -98,55 +98,59 @@ def test_exclusive_create_races_have_one_winner_whose_bytes_stay(where):
 
 def test_racing_registrations_of_one_execution(where):
     uri, fs = where
-    for job in range(ROUNDS):
-        a, b = SnapshotStore(uri, job, filesystem=fs), SnapshotStore(uri, job, filesystem=fs)
-        got = race((a.register_execution, 3), (b.register_execution, 3))
+    a, b = SnapshotStore(uri, 1, filesystem=fs), SnapshotStore(uri, 1, filesystem=fs)
+    for execution in range(1, ROUNDS + 1):
+        got = race((a.register_execution, execution), (b.register_execution, execution))
         assert sorted(type(g).__name__ for g in got) == ["FencedError", "NoneType"], got
-        assert [e.execution for _, e in a._events()] == [3]
+        assert [e.execution for _, e in a._events()] == list(range(1, execution + 1))
 
 
 def test_a_zombie_commit_racing_a_new_execution_loses_nothing_acknowledged(where):
-    """Execution 1 commits while execution 2 registers: the register always lands, and the
-    commit counts exactly when it was acknowledged (never both written to one log entry)."""
+    """Execution n commits while execution n + 1 registers: the register always lands, and
+    the commit counts exactly when it was acknowledged (never both written to one log
+    entry)."""
     uri, fs = where
-    table = pa.table({"key": pa.array(range(100), pa.int64()), "n": pa.array(range(100))})
-    for job in range(ROUNDS):
-        old, new = SnapshotStore(uri, job, filesystem=fs), SnapshotStore(uri, job, filesystem=fs)
-        old.register_execution(1)
-        w = old.writer(0, 1)
+    old, new = SnapshotStore(uri, 1, filesystem=fs), SnapshotStore(uri, 1, filesystem=fs)
+    old.register_execution(1)
+    last = None
+    for snap in range(ROUNDS):
+        execution = snap + 1
+        table = pa.table({"key": pa.array(range(snap, snap + 100), pa.int64())})
+        w = old.writer(snap, execution)
         w.write_table("counts", table, key="key")
         manifest = w.finish()
-        committed, registered = race((old.commit, 0, 1, [manifest]),
-                                     (new.register_execution, 2))
+        committed, registered = race((old.commit, snap, execution, [manifest]),
+                                     (new.register_execution, execution + 1))
         assert registered is None, registered
-        assert new.current_execution() == 2
-        latest = new.latest_complete()
+        assert new.current_execution() == execution + 1
         if isinstance(committed, FencedError):
-            assert latest is None
+            assert new.latest_complete() == last
         else:
             assert not isinstance(committed, Exception), committed
-            assert latest.snapshot_id == 0 and latest.execution_id == 1
+            last = new.latest_complete()
+            assert (last.snapshot_id, last.execution_id) == (snap, execution)
             assert new.restore("counts").table.sort_by("key").equals(table)
-        old.close()
+        old.wait_for_cleanup()
 
 
 def test_racing_commits_of_one_snapshot(where):
     uri, fs = where
-    table = pa.table({"key": pa.array(range(50), pa.int64()), "v": pa.array(range(50))})
-    for job in range(ROUNDS):
-        a, b = SnapshotStore(uri, job, filesystem=fs), SnapshotStore(uri, job, filesystem=fs)
-        a.register_execution(1)
-        w = a.writer(0, 1)
+    a, b = SnapshotStore(uri, 1, filesystem=fs), SnapshotStore(uri, 1, filesystem=fs)
+    a.register_execution(1)
+    for snap in range(ROUNDS):
+        table = pa.table({"key": pa.array(range(snap, snap + 50), pa.int64())})
+        w = a.writer(snap, 1)
         w.write_table("t", table, key="key")
         manifest = w.finish()
-        got = race((a.commit, 0, 1, [manifest]), (b.commit, 0, 1, [manifest]))
+        got = race((a.commit, snap, 1, [manifest]), (b.commit, snap, 1, [manifest]))
         errors = [g for g in got if isinstance(g, Exception)]
         assert len(errors) == 1 and isinstance(errors[0], InvalidArgumentError), got
-        assert "not newer than the last complete snapshot 0" in str(errors[0])
-        assert sum(type(e).__name__ == "CommitEvent" for _, e in a._events()) == 1
+        assert f"not newer than the last complete snapshot {snap}" in str(errors[0])
+        commits = [e for _, e in a._events() if type(e).__name__ == "CommitEvent"]
+        assert commits[-1].snapshot == snap and len({c.snapshot for c in commits}) == len(commits)
         assert b.restore("t").table.sort_by("key").equals(table)
-        a.close()
-        b.close()
+        a.wait_for_cleanup()
+        b.wait_for_cleanup()
 
 
 def test_racing_exports_of_one_name_on_s3(s3):

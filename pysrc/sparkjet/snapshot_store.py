@@ -214,14 +214,18 @@ class SnapshotStore:
         for name in self._backend.listdir(self._path("log")):
             if not re.fullmatch(r"\d{12}\.json", name):
                 continue
+            path = self._path("log", name)
             try:
-                raw = self._backend.read(self._path("log", name))
-            except FileNotFoundError:
+                raw = self._backend.read(path)
+            except OSError as e:
                 # Cleanup removed it between the listing and the read: it was a commit
-                # event superseded by a newer valid one, which the listing also holds.
-                continue
-            out.append((int(name[:12]), meta.decode(raw, meta.LogEvent,
-                                                    self._path("log", name), "log event")))
+                # event superseded by a newer valid one, which the listing also holds. (On
+                # S3, pyarrow may report an object deleted between its HEAD and its GET as
+                # another OSError than FileNotFoundError.)
+                if isinstance(e, FileNotFoundError) or not self._backend.exists(path):
+                    continue
+                raise
+            out.append((int(name[:12]), meta.decode(raw, meta.LogEvent, path, "log event")))
         return out
 
     def _append(self, event: meta.LogEvent, check=None) -> int:
