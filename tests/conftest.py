@@ -26,6 +26,18 @@ def spark():
     pytest.fail(missing, pytrace=False)
 
 
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 API on 127.0.0.1 (a free port) for one test module, with the bucket
+    ``lake``; yields a pyarrow filesystem on it and its endpoint (tests/s3_server.py)."""
+    pytest.importorskip("moto.server")
+    import s3_server
+
+    server, endpoint = s3_server.start()
+    yield s3_server.s3_filesystem(endpoint), endpoint
+    server.stop()
+
+
 def pytest_collection_modifyitems(items):
     """Every test that asks for the Spark session is marked ``spark``, so that
     ``-m "not spark"`` selects the tests that need no JVM."""

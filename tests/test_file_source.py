@@ -10,9 +10,9 @@ import time
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pcsv
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from s3_server import s3_filesystem
 from test_runtime import run_killed_once, run_with_kills
 
 from sparkjet import verify
@@ -370,29 +370,6 @@ def test_job_rescales_after_a_kill(tmp_path):
 
 
 # -- S3 (moto's server) ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """moto's S3 API on 127.0.0.1, a free port, for this module; yields a filesystem on it
-    and its endpoint."""
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"{host}:{port}"
-    fs = s3_filesystem(endpoint, allow_bucket_creation=True)
-    fs.create_dir("lake")
-    yield fs, endpoint
-    server.stop()
-
-
-def s3_filesystem(endpoint, **options):
-    return pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="x",
-                             secret_key="x", region="us-east-1", connect_timeout=2,
-                             request_timeout=5,
-                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
-                             **options)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

@@ -2,22 +2,42 @@
 ``pyarrow.fs`` filesystem.
 
 The one that matters is :meth:`Backend.create_exclusive`: it makes a file appear whole or
-not at all, and fails if the name exists. On a local disk it is a hard link of a complete
-temporary file (atomic, and refused by the kernel when the name is taken). On HDFS a
-rename refuses to overwrite, which gives the same guarantee. Plain object stores (S3, GCS)
-have no such primitive through pyarrow: there the check-then-write leaves a window in which
-two writers racing for the same name can both succeed; sparkjet says so rather than hide it.
+not at all, and fails if the name exists, so of two writers racing for one name exactly one
+wins. On a local disk it is a hard link of a complete temporary file (atomic, and refused by
+the kernel when the name is taken). On HDFS a rename refuses to overwrite, which gives the
+same guarantee. On S3 it is one ``PUT`` with ``If-None-Match: *`` (S3's conditional write,
+sent through boto3, ``pip install sparkjet[s3]``: pyarrow cannot send the header), which S3
+refuses with 412 Precondition Failed once the name exists. The boto3 client is built from
+the pyarrow ``S3FileSystem``'s own settings (endpoint, scheme, region, keys, timeouts, CA
+file, proxy); what pyarrow finds itself (no keys given) boto3 finds through the same chain
+(environment, ``~/.aws``, instance role). Other object stores (GCS, filesystems through
+fsspec) have no conditional create through the libraries sparkjet uses: there the
+check-then-write leaves a window in which two writers racing for one name can both succeed,
+and an exclusive create on such a store warns (``ObjectStoreRaceWarning``).
+
+Whole-directory renames are copies on object stores, so commit decisions never rest on one
+there: callers that rename on local disks and HDFS (snapshot exports, the file sink's
+commits) decide by one exclusive create of a small record on object stores (see
+:attr:`Backend.atomic_rename`).
 """
 from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from sparkjet.errors import InvalidArgumentError
+from sparkjet.errors import ConnectorError, InvalidArgumentError
+
+
+class ObjectStoreRaceWarning(RuntimeWarning):
+    """A commit record is created on a store without a conditional create (see the module
+    doc): two committers racing for one name there can both succeed."""
 
 
 def absolute(uri, filesystem=None) -> str:
@@ -49,7 +69,14 @@ class Backend:
         self.local = isinstance(filesystem, pafs.LocalFileSystem)
         self.root = root.rstrip("/") or "/"
         self.durable = durable
-        self.atomic_exclusive = self.local or filesystem.type_name == "hdfs"
+        kind = filesystem.type_name
+        # Renames that refuse to overwrite, so a directory can be committed by renaming it.
+        self.atomic_rename = self.local or kind == "hdfs"
+        # S3's conditional put; its boto3 client is made at the first exclusive create, so
+        # reading needs no boto3.
+        self._s3 = kind == "s3"
+        self._put_if_absent = None
+        self.atomic_exclusive = self.atomic_rename or self._s3
         self._root_checked = False
 
     def path(self, *parts: str) -> str:
@@ -141,7 +168,10 @@ class Backend:
 
             shutil.rmtree(path, ignore_errors=True)
         elif self.exists(path):
-            self.fs.delete_dir(path)
+            try:
+                self.fs.delete_dir(path)
+            except FileNotFoundError:
+                pass    # removed by another process since (object stores: a prefix)
 
     def remove(self, path: str) -> None:
         try:
@@ -163,6 +193,10 @@ class Backend:
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Makes `path` appear with `data`, whole, unless it exists: True if created."""
+        if self._s3:
+            if self._put_if_absent is None:
+                self._put_if_absent = _S3PutIfAbsent.of(self.fs)
+            return self._put_if_absent(path, bytes(data))
         directory = path.rsplit("/", 1)[0]
         tmp = f"{directory}/.tmp-{uuid.uuid4().hex}"
         self.write(tmp, [data])
@@ -178,6 +212,8 @@ class Backend:
                     raise
                 self.sync_dir(directory)
                 return True
+            if not self.atomic_rename:
+                _warn_racy(self.fs.type_name)
             if self.exists(path):
                 return False
             self.fs.move(tmp, path)
@@ -194,6 +230,128 @@ class Backend:
             except OSError:
                 pass
         self.fs.copy_file(src, dst)
+
+
+def _warn_racy(kind: str) -> None:
+    # Python's default warning filter shows it once per calling line.
+    warnings.warn(
+        f"sparkjet: the {kind} filesystem has no conditional create here, so commit "
+        "records are created by check-then-write: two committers racing for one name can "
+        "both succeed (run one job execution at a time; S3 has none of this window)",
+        ObjectStoreRaceWarning, stacklevel=3)
+
+
+class _S3PutIfAbsent:
+    """``PUT`` with ``If-None-Match: *`` through boto3, on the bucket and with the settings
+    of a pyarrow S3FileSystem. One client per distinct setting (boto3 clients are
+    thread-safe, and building one costs tens of milliseconds)."""
+
+    _clients: dict = {}
+    _lock = threading.Lock()
+    # S3 answers 409 ConditionalRequestConflict to a put racing another one for the same
+    # key (AWS asks clients to retry); a retry then gets 412 or succeeds.
+    CONFLICT_RETRIES = 10
+
+    def __init__(self, client):
+        self.client = client
+
+    @classmethod
+    def of(cls, filesystem) -> _S3PutIfAbsent:
+        options = filesystem.__reduce__()[1][0]
+        key = repr(sorted(options.items(), key=lambda kv: kv[0]))
+        with cls._lock:
+            client = cls._clients.get(key)
+            if client is None:
+                client = cls._clients[key] = _boto3_client(options)
+        return cls(client)
+
+    def __call__(self, path: str, data: bytes) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, _, key = path.partition("/")
+        for attempt in range(self.CONFLICT_RETRIES + 1):
+            try:
+                self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as e:
+                status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                code = e.response.get("Error", {}).get("Code")
+                if status == 412 or code == "PreconditionFailed":
+                    # Taken. It may be by this very put, retried by botocore after its
+                    # answer was lost: the same bytes there are this writer's own.
+                    return self._holds(bucket, key, data)
+                if (status == 409 or code == "ConditionalRequestConflict") \
+                        and attempt < self.CONFLICT_RETRIES:
+                    time.sleep(0.01 * (attempt + 1))
+                    continue
+                raise ConnectorError(f"s3: conditional put of {path} failed: {e}") from None
+            except BotoCoreError as e:
+                raise ConnectorError(f"s3: conditional put of {path} failed: {e}") from None
+        raise AssertionError("unreachable")
+
+    def _holds(self, bucket: str, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError:
+            return False
+        return body == data
+
+
+def _boto3_client(options: dict):
+    """A boto3 S3 client with a pyarrow S3FileSystem's settings (``__reduce__`` gives them)."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise InvalidArgumentError(
+            "s3: commits on S3 are conditional puts (If-None-Match), which need boto3: "
+            "pip install 'sparkjet[s3]'") from None
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("s3")
+    if "IfNoneMatch" not in model.operation_model("PutObject").input_shape.members:
+        raise InvalidArgumentError(
+            f"s3: botocore {botocore.__version__} cannot send If-None-Match on PutObject; "
+            "pip install 'boto3>=1.35.10'")
+    if options.get("role_arn"):
+        raise InvalidArgumentError(
+            "s3: an S3FileSystem with role_arn is not supported for commits (boto3 would not "
+            "assume the role); give the role to both through the environment (AWS_ROLE_ARN, "
+            "AWS_PROFILE) instead")
+    config = {"retries": {"mode": "standard"}, "s3": {"addressing_style": "virtual"
+                                                      if options.get("force_virtual_addressing")
+                                                      else "auto"}}
+    if options.get("connect_timeout", -1) > 0:
+        config["connect_timeout"] = options["connect_timeout"]
+    if options.get("request_timeout", -1) > 0:
+        config["read_timeout"] = options["request_timeout"]
+    proxy = options.get("proxy_options") or {}
+    if proxy.get("host"):
+        auth = f"{proxy['username']}:{proxy['password']}@" if proxy.get("username") else ""
+        port = f":{proxy['port']}" if proxy.get("port", -1) > 0 else ""
+        config["proxies"] = {"http": f"{proxy['scheme'] or 'http'}://{auth}{proxy['host']}{port}",
+                             "https": f"{proxy['scheme'] or 'http'}://{auth}{proxy['host']}{port}"}
+    kwargs = {}
+    endpoint = options.get("endpoint_override")
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint if "://" in endpoint else \
+            f"{options.get('scheme') or 'https'}://{endpoint}"
+    elif options.get("scheme") == "http":
+        kwargs["use_ssl"] = False
+    if options.get("tls_ca_file_path"):
+        kwargs["verify"] = options["tls_ca_file_path"]
+    if options.get("anonymous"):
+        from botocore import UNSIGNED
+
+        config["signature_version"] = UNSIGNED
+    elif options.get("access_key"):
+        kwargs.update(aws_access_key_id=options["access_key"],
+                      aws_secret_access_key=options["secret_key"],
+                      aws_session_token=options.get("session_token") or None)
+    return boto3.session.Session().client("s3", region_name=options.get("region") or None,
+                                          config=Config(**config), **kwargs)
 
 
 class StreamWriter:

@@ -35,6 +35,7 @@ Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 SnapshotDir = Annotated[str, msgspec.Meta(pattern=r"^-?[0-9]{12,20}-e[0-9]{12,20}$")]
 RecordFile = Annotated[str, msgspec.Meta(pattern=r"^_validation-[0-9a-f]{16}\.json$")]
 Xxh3 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
+ExportData = Annotated[str, msgspec.Meta(pattern=r"^d-[0-9a-f]{16}$")]
 TableDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
 
 
@@ -134,8 +135,10 @@ class CommitEvent(msgspec.Struct, frozen=True, tag_field="type", tag="commit"):
 LogEvent = RegisterEvent | CommitEvent
 
 
-class ExportRecord(msgspec.Struct, frozen=True):
-    """``exports/NAME/_export.json``: which record an exported snapshot holds."""
+class ExportRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``exports/NAME/_export.json``: which record an exported snapshot holds, and on object
+    stores the folder under ``exports/NAME`` its files are in (``data``; on local disks and
+    HDFS they are in ``exports/NAME`` itself, and the field is left out)."""
 
     name: Name
     snapshot: Int64
@@ -143,6 +146,7 @@ class ExportRecord(msgspec.Struct, frozen=True):
     record_file: RecordFile
     record_xxh3: Xxh3
     exported: Seconds
+    data: ExportData | None = None
 
 
 def _check_uint64(field: str, value: int) -> None:

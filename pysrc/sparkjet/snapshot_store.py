@@ -8,6 +8,8 @@ Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://``
     job-J/snapshots/S-eE/_validation-X.json    the validation record of snapshot S by execution E
                                                (X: its xxh3, so no write can replace it)
     job-J/exports/NAME/...                     an exported snapshot (same layout) + _export.json
+                                               (on object stores, in exports/NAME/d-X/, X a
+                                               random id, which _export.json names)
     job-J/tables/DIGEST.arrow                  a reference table version (Arrow IPC), named by
                                                the xxh3-128 of its bytes (sparkjet.table_join)
 
@@ -18,6 +20,14 @@ commit counts only if its execution was registered before it and *no newer execu
 registered before it*, so a zombie of an old execution can write and commit all it likes
 after a restart: nothing it writes becomes visible. Its data also lives under its own
 ``S-eE`` directory, so it can never mix with the new execution's files.
+
+**On object stores** the log's exclusive create is, on S3, one conditional put
+(``If-None-Match: *``, see ``sparkjet._fs``): of two writers racing for a sequence number
+exactly one gets it, as on local disks and HDFS, so fencing and commits hold there too. An
+export is not a directory rename there (S3 copies to rename): each export writes its own
+folder and the exclusive create of ``_export.json`` naming it is the commit, so of two
+exports racing for one name one wins whole and the other raises. GCS and other stores
+without a conditional create keep a check-then-write window, and warn.
 
 **Jet's two alternating data sets**, on a filesystem: a directory per snapshot and execution;
 the last complete snapshot is kept while the next is written, and older ones (and leftovers
@@ -40,6 +50,7 @@ import queue
 import re
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -223,14 +234,18 @@ class SnapshotStore:
         for name in self._backend.listdir(self._path("log")):
             if not re.fullmatch(r"\d{12}\.json", name):
                 continue
+            path = self._path("log", name)
             try:
-                raw = self._backend.read(self._path("log", name))
-            except FileNotFoundError:
+                raw = self._backend.read(path)
+            except OSError as e:
                 # Cleanup removed it between the listing and the read: it was a commit
-                # event superseded by a newer valid one, which the listing also holds.
-                continue
-            out.append((int(name[:12]), meta.decode(raw, meta.LogEvent,
-                                                    self._path("log", name), "log event")))
+                # event superseded by a newer valid one, which the listing also holds. (On
+                # S3, pyarrow may report an object deleted between its HEAD and its GET as
+                # another OSError than FileNotFoundError.)
+                if isinstance(e, FileNotFoundError) or not self._backend.exists(path):
+                    continue
+                raise
+            out.append((int(name[:12]), meta.decode(raw, meta.LogEvent, path, "log event")))
         return out
 
     def _append(self, event: meta.LogEvent, check=None) -> int:
@@ -636,31 +651,61 @@ class SnapshotStore:
 
     def export(self, snapshot_id: int | None, name: str) -> SnapshotInfo:
         """Keeps a complete snapshot under `name` (Jet's exported snapshots, Flink's
-        savepoints): cleanup never removes it, and restore(name=...) reads it."""
+        savepoints): cleanup never removes it, and restore(name=...) reads it. Of two
+        exports racing for one name, one wins and the other raises InvalidArgumentError."""
         _check_name("export name", name)
-        if self._backend.exists(self._path("exports", name)):
+        b = self._backend
+        final = self._path("exports", name)
+        marker = f"{final}/_export.json"
+        if b.exists(marker if not b.atomic_rename else final):
             raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
         stored = self._resolve(snapshot_id, None)
         self.verify(stored.record.snapshot_id)
-        tmp = self._path("exports", f".tmp-{name}")
-        self._backend.remove_tree(tmp)
-        for vertex, v in stored.record.vertices.items():
-            self._backend.makedirs(f"{tmp}/{vertex}")
-            for f in v.files:
-                self._backend.link_or_copy(self._path(*stored.dir, vertex, f.name),
-                                           f"{tmp}/{vertex}/{f.name}")
-        src = self._path(*stored.dir, stored.file)
-        data = bytes(self._backend.read(src))
-        self._backend.write(f"{tmp}/{stored.file}", [data])
-        export = meta.ExportRecord(name, stored.record.snapshot_id, stored.record.execution_id,
-                                   stored.file, xxhash.xxh3_64_hexdigest(data), time.time())
-        self._backend.write(f"{tmp}/_export.json", [meta.encode(export, meta.ExportRecord)])
-        if self._backend.local:
-            import os
-
-            os.rename(tmp, self._path("exports", name))
+        if b.atomic_rename:
+            # The files go to a temporary directory whose rename (refused once the name
+            # exists) is the commit.
+            data_dir, base = None, self._path("exports", f".tmp-{name}")
+            b.remove_tree(base)
         else:
-            self._backend.fs.move(tmp, self._path("exports", name))
+            # Object stores copy a directory to rename it: each export writes its own
+            # folder, and the exclusive create of _export.json naming it is the commit;
+            # readers follow only that record.
+            data_dir = f"d-{uuid.uuid4().hex[:16]}"
+            base = f"{final}/{data_dir}"
+        try:
+            for vertex, v in stored.record.vertices.items():
+                b.makedirs(f"{base}/{vertex}")
+                for f in v.files:
+                    b.link_or_copy(self._path(*stored.dir, vertex, f.name),
+                                   f"{base}/{vertex}/{f.name}")
+            data = bytes(b.read(self._path(*stored.dir, stored.file)))
+            b.write(f"{base}/{stored.file}", [data])
+        except OSError:
+            # On an object store, an export that won the race for this name meanwhile
+            # removes the folders of the others.
+            if b.atomic_rename or not b.exists(marker):
+                raise
+            b.remove_tree(base)
+            raise InvalidArgumentError(f"export {name!r} of {self.who} already exists") from None
+        export = meta.encode(meta.ExportRecord(
+            name, stored.record.snapshot_id, stored.record.execution_id, stored.file,
+            xxhash.xxh3_64_hexdigest(data), time.time(), data_dir), meta.ExportRecord)
+        if b.atomic_rename:
+            b.write(f"{base}/_export.json", [export])
+            if b.local:
+                import os
+
+                os.rename(base, final)
+            else:
+                b.fs.move(base, final)
+        elif not b.create_exclusive(marker, export):
+            b.remove_tree(base)
+            raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
+        else:
+            # Folders of exports that lost the race or died before their record.
+            for other in b.listdir(final):
+                if other.startswith("d-") and other != data_dir:
+                    b.remove_tree(f"{final}/{other}")
         return self._info(stored.record, name)
 
     def _export_record(self, name: str) -> _Stored:
@@ -670,10 +715,13 @@ class SnapshotStore:
             raise SnapshotNotFoundError(f"{self.who} has no exported snapshot {name!r}")
         export = meta.decode(bytes(self._backend.read(meta_path)), meta.ExportRecord, meta_path,
                              "export record")
-        return self._record(export, ("exports", name))
+        base = ("exports", name) if export.data is None else ("exports", name, export.data)
+        return self._record(export, base)
 
     def delete_export(self, name: str) -> None:
         self._export_record(name)
+        # The record first: a reader then finds no export rather than a part of one.
+        self._backend.remove(self._path("exports", name, "_export.json"))
         self._backend.remove_tree(self._path("exports", name))
 
     def snapshots(self) -> list[SnapshotInfo]:
@@ -684,7 +732,11 @@ class SnapshotStore:
             out.append(latest)
         for name in self._backend.listdir(self._path("exports")):
             if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
-                out.append(self._info(self._export_record(name).record, name))
+                try:
+                    stored = self._export_record(name)
+                except SnapshotNotFoundError:
+                    continue    # on an object store: the folder of an export that died
+                out.append(self._info(stored.record, name))
         return sorted(out, key=lambda s: (s.created, s.name or ""))
 
 

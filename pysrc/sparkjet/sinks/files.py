@@ -7,6 +7,8 @@ in that execution and file ``K`` of the transaction::
     part-J-pP-eE-tT-K.parquet                committed output (the only files readers see)
     _staging/J/pP/eE-tT-K.parquet            staged: written, not visible
     _executions/J/eE.json                    execution E registered (created exclusively)
+    _committed/J/pP-eE-tT.json               on object stores only: transaction T committed
+                                             (created exclusively; see below)
 
 **Transactions.** A processor's open transaction is a set of staged files (one, or one per
 ``rows_per_file`` rows). :meth:`prepare` closes them (fsync on local disks) and returns a
@@ -20,7 +22,7 @@ later snapshot still commits it.
 
 **Bounded leftovers.** A processor has at most one open transaction plus the prepared ones
 not yet committed, all under ``_staging/J/pP`` with names derived from the execution and
-ordinal (never random): :meth:`recover` commits what the restored snapshot lists and
+ordinal (on object stores, and the writer's token): :meth:`recover` commits what the restored snapshot lists and
 deletes everything else it finds there by listing: leftovers of crashed executions and
 prepared transactions of snapshots that never completed.
 
@@ -33,13 +35,29 @@ what it was committing. With exactly-once that is harmless (it only commits tran
 complete snapshots, which the new execution's recovery would commit too); with guarantee
 "none" a file rolled in that window can appear.
 
+**Object stores** (S3, GCS) have no atomic rename, so there the commit point of a
+transaction is one exclusive create (on S3 a conditional ``PUT``, which two racing writers
+cannot both pass) of a small marker, ``_committed/J/pP-eE-tT.json``, naming the writer and
+the files; the files are then copied to their final names. Staged names carry the writer's
+token (``eE-tT-K-TOKEN``), so of two writers given one processor and execution (a duplicated
+task) exactly one commits each transaction, whole, and the other gets FencedError. Only
+a marker's winner copies files to final names, so every ``part-*`` file is committed;
+:meth:`TransactionalFileSink.read` and :meth:`~TransactionalFileSink.committed_files` also
+read the markers of transactions still staged and take a committed file whose copy is
+under way from where it was staged, so they never see part of a transaction. A plain
+listing of ``part-*`` files (Spark, ``pyarrow.dataset``) sees a transaction's files appear
+one by one during its commit, each whole, never one that was not committed. Markers are
+never removed (a late second writer must still find the first one's): one small object
+per transaction and processor. With guarantee "none" each rolled file has its own marker
+(``pP-eE-tT-K.json``).
+
 Readers see only ``part-*`` files; names starting with ``_`` or ``.`` are ignored by
 :meth:`TransactionalFileSink.read`, by ``pyarrow.dataset`` and by Spark alike. A
 transaction of several files becomes visible file by file; a crash in the middle of a
 commit leaves a snapshot's transaction partly visible until :meth:`recover` finishes it
-(never anything uncommitted, never a partial file). Object stores without an atomic rename
-(S3, GCS) copy then delete: a reader may briefly see a file both staged and final, but the
-final file is complete once it appears.
+(never anything uncommitted, never a partial file). Object stores copy then delete: a
+reader may briefly see a file both staged and final, but the final file is complete once it
+appears.
 """
 from __future__ import annotations
 
@@ -48,6 +66,7 @@ import os
 import re
 import threading
 import time
+import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -61,9 +80,11 @@ from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncomplet
 DESCRIPTION_FORMAT = 1
 FORMATS = ("parquet", "arrow")
 _STAGED = re.compile(
-    r"_staging/[0-9a-f]{16}/p\d{5,}/e\d{12,}-t\d{6,}-\d{5,}\.(?:parquet|arrow)")
+    r"_staging/[0-9a-f]{16}/p\d{5,}/e\d{12,}-t\d{6,}-\d{5,}(?:-[0-9a-f]{16})?\.(?:parquet|arrow)")
 _FINAL = re.compile(r"part-[0-9a-f]{16}-p\d{5,}-e\d{12,}-t\d{6,}-\d{5,}\.(?:parquet|arrow)")
 _REGISTERED = re.compile(r"e(\d{12,})\.json")
+_STAGED_PARTS = re.compile(
+    r"_staging/([0-9a-f]{16})/p(\d{5,})/e(\d{12,})-t(\d{6,})-(\d{5,})-[0-9a-f]{16}\.(?:parquet|arrow)")
 
 
 class TransactionalFileSink(Sink):
@@ -100,9 +121,23 @@ class TransactionalFileSink(Sink):
 
     @staticmethod
     def committed_files(uri, *, filesystem: pafs.FileSystem | None = None) -> list[str]:
-        """The paths of the committed output files, sorted by name."""
+        """The paths of the committed output files, sorted by final name. On object stores
+        a transaction whose marker is written but whose files are still being copied to
+        their final names (see the module doc) is read where it was staged, so the result
+        never holds part of a transaction."""
         backend = Backend(uri, filesystem)
-        return [backend.path(n) for n in backend.listdir(backend.root) if _FINAL.fullmatch(n)]
+        finals = [n for n in backend.listdir(backend.root) if _FINAL.fullmatch(n)]
+        files = {n: backend.path(n) for n in finals}
+        if not backend.atomic_rename:
+            # Only a marker's winner copies files to final names, so every final file is
+            # committed; the markers to read are those of transactions still staged.
+            for marker in sorted(_staged_markers(backend)):
+                if not backend.exists(marker):
+                    continue    # prepared, not committed
+                for staged, final in json.loads(bytes(backend.read(marker)))["files"]:
+                    if final not in files:
+                        files[final] = _committed_path(backend, staged, final)
+        return [files[final] for final in sorted(files)]
 
     @staticmethod
     def read(uri, *, filesystem: pafs.FileSystem | None = None,
@@ -121,6 +156,34 @@ class TransactionalFileSink(Sink):
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="default")
+
+
+def _staged_markers(backend: Backend) -> set[str]:
+    """The paths the commit markers of the staged files' transactions have."""
+    infos = backend.fs.get_file_info(
+        pafs.FileSelector(backend.path("_staging"), recursive=True, allow_not_found=True))
+    out = set()
+    for info in infos:
+        rel = info.path[len(backend.root) + 1:]
+        m = _STAGED_PARTS.fullmatch(rel)
+        if m:
+            job, processor, execution, ordinal, index = m.groups()
+            txn = f"p{processor}-e{execution}-t{ordinal}"
+            # With guarantee "none" each rolled file has its own marker.
+            for name in (f"{txn}.json", f"{txn}-{index}.json"):
+                out.add(backend.path("_committed", job, name))
+    return out
+
+
+def _committed_path(backend: Backend, staged: str, final: str) -> str:
+    """Where a committed file not listed at its final name is: still staged, or copied
+    there since the listing."""
+    for rel in (staged, final):
+        if backend.exists(backend.path(rel)):
+            return backend.path(rel)
+    raise SnapshotIncompleteError(
+        f"{backend.root}: committed file {final} is neither staged as {staged} nor at its "
+        "final name; the transaction's data is gone")
 
 
 class _StagedFile:
@@ -193,6 +256,12 @@ class TransactionalFileWriter(SinkWriter):
         for d in (b.root, self._registry, b.path(self._staging_rel)):
             b.makedirs(d)
         self._register()
+        # On object stores, staged names carry this writer's token, so two writers given
+        # one processor and execution cannot overwrite each other's staged files (a local
+        # disk refuses the second one's file instead) and a commit marker names its writer.
+        self._token = None if b.atomic_rename else uuid.uuid4().hex[:16]
+        if self._token is not None:
+            b.makedirs(b.path("_committed", self._job))
         self._ordinal = 0           # the next transaction's T
         self._files: list[list[str]] = []   # [staged, final] of the open transaction
         self._rows = 0
@@ -246,9 +315,10 @@ class TransactionalFileWriter(SinkWriter):
 
     def _open_file(self, schema: pa.Schema) -> None:
         c, k = self.context, len(self._files)
-        stem = f"e{c.execution_id:012d}-t{self._ordinal:06d}-{k:05d}.{self._ext}"
-        staged = f"{self._staging_rel}/{stem}"
-        final = f"part-{self._job}-p{c.processor:05d}-{stem}"
+        stem = f"e{c.execution_id:012d}-t{self._ordinal:06d}-{k:05d}"
+        token = "" if self._token is None else f"-{self._token}"
+        staged = f"{self._staging_rel}/{stem}{token}.{self._ext}"
+        final = f"part-{self._job}-p{c.processor:05d}-{stem}.{self._ext}"
         self._current = _StagedFile(self._backend, self._backend.path(staged), self.sink.format,
                                     schema)
         self._files.append([staged, final])
@@ -260,6 +330,9 @@ class TransactionalFileWriter(SinkWriter):
         self._current = None
         if self.context.guarantee == "none":
             self._check_fence("commit")
+            if self._token is not None:
+                self._mark_committed(f"-{len(self._files) - 1:05d}", self._token,
+                                     [self._files[-1]])
             self._move(*self._files[-1])
             self._backend.sync_dir(self._backend.root)
 
@@ -273,6 +346,8 @@ class TransactionalFileWriter(SinkWriter):
             txn = {"job": c.job_id, "processor": c.processor, "execution": c.execution_id,
                    "transaction": self._ordinal, "snapshot": snapshot_id,
                    "files": self._files, "rows": self._rows}
+            if self._token is not None:
+                txn["writer"] = self._token
             self._backend.sync_dir(self._backend.path(self._staging_rel))
         self._files, self._rows = [], 0
         self._ordinal += 1
@@ -314,9 +389,37 @@ class TransactionalFileWriter(SinkWriter):
             self._backend.sync_dir(self._backend.root)
 
     def _commit_transaction(self, txn: dict) -> None:
+        if not self._backend.atomic_rename:
+            self._check_fence("commit")
+            self._mark_committed("", txn.get("writer", ""), txn["files"], txn)
         for staged, final in txn["files"]:
             self._check_fence("commit")
             self._move(staged, final)
+
+    def _mark_committed(self, suffix: str, writer: str, files: list, txn: dict | None = None):
+        """On object stores, the commit point of a transaction (or, with guarantee "none",
+        of one rolled file): the exclusive create of its marker, which names the writer and
+        the files. The same writer again (a retry, a recovery) finds its own marker and goes
+        on; another writer of the same transaction gets FencedError and its files are
+        dropped, so the output holds one writer's transaction whole."""
+        b, c = self._backend, self.context
+        execution = c.execution_id if txn is None else txn["execution"]
+        ordinal = self._ordinal if txn is None else txn["transaction"]
+        processor = c.processor if txn is None else txn["processor"]
+        name = f"p{processor:05d}-e{execution:012d}-t{ordinal:06d}{suffix}.json"
+        path = b.path("_committed", self._job, name)
+        record = json.dumps({"writer": writer, "files": files}, sort_keys=True).encode()
+        if b.create_exclusive(path, record):
+            return
+        winner = json.loads(bytes(b.read(path))).get("writer")
+        if winner == writer:
+            return
+        for staged, _ in files:
+            b.remove(b.path(staged))
+        raise FencedError(
+            f"{self.sink.uri}: commit of transaction {ordinal} of processor {processor}, "
+            f"execution {execution} of job {c.job_id} refused: writer {winner} committed it "
+            f"first; this writer's ({writer}) files are dropped")
 
     def _move(self, staged: str, final: str) -> None:
         """Renames a staged file to its final name; done already if only the final exists."""
