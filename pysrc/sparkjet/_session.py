@@ -36,11 +36,11 @@ def default_parallelism(spark) -> int:
     (Spark gives it that many): one small query."""
     if not is_connect(spark):
         return max(1, spark.sparkContext.defaultParallelism)
-    from pyspark.sql import functions as F
-
     # Range splits its rows evenly, so with more rows than partitions each one has a row.
-    row = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(
-        F.max("p")).first()
+    # SQL text, not pyspark.sql.functions: those pick Connect or classic by a process-wide
+    # setting, not by the session at hand.
+    row = spark.range(0, 1 << 16).selectExpr("spark_partition_id() AS p").selectExpr(
+        "max(p) AS last").first()
     return max(1, row[0] + 1)
 
 
