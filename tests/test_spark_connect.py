@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from pyspark.errors import PySparkAttributeError
 
 from sparkjet import _session, verify
 from sparkjet.errors import InvalidArgumentError
@@ -64,7 +65,7 @@ def in_server(server: ConnectServer, pid: int) -> bool:
 
 def test_connect_session_is_told_apart(connect, connect_server):
     assert _session.is_connect(connect)
-    with pytest.raises(Exception, match="sparkContext"):
+    with pytest.raises(PySparkAttributeError, match="sparkContext"):
         connect.sparkContext  # noqa: B018 - what failed before: no JVM gateway here
     assert _session.master(connect) == "local[2]"
     assert available_slots(connect) == 2

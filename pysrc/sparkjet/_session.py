@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import sys
 
 # local, local[4], local[*], local[4,2] (retries); local-cluster[workers,cores,memory]
 _LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\d+)?\])?")
@@ -15,11 +16,11 @@ _LOCAL_CLUSTER = re.compile(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]")
 
 def is_connect(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session (a client of a remote server)."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # pyspark[connect]'s gRPC packages missing: no Connect session exists
-        return False
-    return isinstance(spark, ConnectSession)
+    # Not imported here: a Connect session exists only once its module is loaded, and
+    # loading it on a classic session's behalf costs time and warnings (or fails without
+    # pyspark[connect]'s gRPC packages).
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    return connect is not None and isinstance(spark, connect.SparkSession)
 
 
 def master(spark) -> str:
