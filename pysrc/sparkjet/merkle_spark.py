@@ -34,6 +34,7 @@ from sparkjet._keys import (
 from sparkjet._keys import (
     key_names as _key_names,
 )
+from sparkjet._session import default_parallelism
 from sparkjet.errors import InvalidArgumentError, SparkjetError, UnsupportedTypeError
 from sparkjet.merkle._hashing import column_names
 from sparkjet.merkle.compare import diff, leaf_set, rows_under_leaves
@@ -181,7 +182,7 @@ def _forests(df_a, df_b, config: dict) -> list[MerkleForest]:
     sides = [df for df in (df_a, df_b) if df is not None]
     # Each task allocates a whole forest and ships its leaves: a few big tasks, not
     # one per small input partition (coalesce merges partitions without a shuffle).
-    tasks = 2 * sides[0].sparkSession.sparkContext.defaultParallelism
+    tasks = 2 * default_parallelism(sides[0].sparkSession)
     partials = [df.select(*columns).coalesce(tasks).mapInArrow(_partial_trees(config, side),
                                                                schema)
                 for side, df in enumerate(sides)]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from sparkjet._checks import check_int
 from sparkjet._java import JavaNotFoundError, ensure_java, find_java_home
+from sparkjet._session import default_parallelism
 from sparkjet.errors import (
     InvalidArgumentError,
     NullKeyError,
@@ -318,7 +319,7 @@ def _default_parallelism(df: DataFrame) -> int:
         return max(1, int(value))
     except (TypeError, ValueError):
         # e.g. "auto" on some platforms: fall back to the cores Spark sees.
-        return max(1, df.sparkSession.sparkContext.defaultParallelism)
+        return default_parallelism(df.sparkSession)  # also on Spark Connect
 
 
 def _conf_value(value) -> str:

@@ -49,6 +49,11 @@ class JobConfig:
     - ``tls_certificate`` and ``tls_private_key``: PEM files of the certificate to use
       instead of the one the driver makes per execution; ``tls_server_name``: a name that
       certificate holds (clients check it, not the host name).
+    - ``coordinator_host``: on Spark, the address the coordinator listens on and its
+      members dial: it runs where ``Job.run`` is called. None (the default): the driver's
+      ``spark.driver.host`` on a classic session; on a Spark Connect session (whose
+      coordinator runs in the client, not on the server's driver), this machine's address
+      on the route to the Connect server. Every executor must reach it.
     - ``on_error``: what ``map_batches`` and ``filter`` stages that do not say otherwise do
       with the rows they fail on: "fail" (the default) or "skip" (see
       :meth:`sparkjet.pipeline.Pipeline.map_batches`).
@@ -87,6 +92,7 @@ class JobConfig:
     initial_snapshot: Annotated[str, Meta(min_length=1)] | None = None
     state_mapping: dict[Annotated[str, Meta(min_length=1)],
                         Annotated[str, Meta(min_length=1)] | None] | None = None
+    coordinator_host: Annotated[str, Meta(min_length=1)] | None = None
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python

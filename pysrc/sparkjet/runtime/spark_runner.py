@@ -25,17 +25,23 @@ driver waits for slots and says so.
 
 The snapshot store (and file sinks) must be a path every executor and the driver reach:
 any local path on ``local[N]``; a shared file system, HDFS or an object store on a cluster.
+
+A Spark Connect session (``SparkSession.builder.remote(...)``) works too: it has no
+``sparkContext``, so the runner asks only the session (:mod:`sparkjet._session`): its
+configuration, its tags for cancelling, the DataFrame API for the stage. Its coordinator
+runs in the client process (where ``Job.run`` is called), which the executors must reach
+(``JobConfig.coordinator_host``); the snapshot store must be reachable from the client too.
 """
 from __future__ import annotations
 
 import functools
 import logging
-import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 
+from sparkjet import _session
 from sparkjet.dag import Dag
 from sparkjet.observability import add_vertex_counts
 from sparkjet.runtime.config import JobConfig
@@ -57,15 +63,20 @@ _log = logging.getLogger("sparkjet.runtime")
 
 def available_slots(spark) -> int:
     """How many tasks the cluster can run at once now (the executors' cores over
-    ``spark.task.cpus``; ``local[N]``: N)."""
-    sc = spark.sparkContext
-    try:
-        jsc = sc._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:  # noqa: BLE001 - a private API: fall back to what the master says
-        m = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", sc.master)
-        return int(m[1]) if m else sc.defaultParallelism
+    ``spark.task.cpus``; ``local[N]``: N), on a classic or a Spark Connect session."""
+    return _session.task_slots(spark)
+
+
+def coordinator_host(config: JobConfig, spark) -> str:
+    """Where the coordinator listens and its members dial: ``config.coordinator_host``;
+    else the driver's host on a classic session, and on a Spark Connect session (the
+    coordinator runs in this client, maybe far from the server's driver) this machine's
+    address on the route to the Connect server."""
+    if config.coordinator_host is not None:
+        return config.coordinator_host
+    if _session.is_connect(spark):
+        return _session.route_address(spark.client.host)
+    return spark.conf.get("spark.driver.host", None) or "127.0.0.1"
 
 
 class SparkRunner:
@@ -88,7 +99,14 @@ class SparkRunner:
         self.current: ExecutionCoordinator | None = None
         #: whether the links are TLS, and the user's own certificate if given (else one is
         #: made here on the driver for every execution)
-        self.tls, self.user_tls = tls_settings(config, spark.sparkContext.master)
+        self.connect = _session.is_connect(spark)
+        self.master = _session.master(spark)
+        self.host = coordinator_host(config, spark)
+        # The links stay on one machine only with a local master and, on Spark Connect, a
+        # coordinator (client) on the server's machine too.
+        one_machine = self.master.startswith("local") and (
+            not self.connect or _session.is_loopback(self.host))
+        self.tls, self.user_tls = tls_settings(config, one_machine)
         self._warned = False
         self._stop_requested = False
         self.cancelled = False
@@ -175,7 +193,6 @@ class SparkRunner:
         """Runs one execution as one barrier stage; returns its outcome (never raises for
         a failure of the execution itself)."""
         config, plan, spark = self.config, self.plan, self.spark
-        sc = spark.sparkContext
         started = time.monotonic()
         store = (SnapshotStore(config.snapshot_store, config.id, name=config.name)
                  if config.processing_guarantee != "none" else None)
@@ -185,22 +202,25 @@ class SparkRunner:
             latest = store.latest_complete()
             restore_from = None if latest is None else latest.snapshot_id
         topology = Topology(members, config.local_parallelism, plan, config.partition_count)
-        host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         # A fresh secret (and certificate) per execution: a zombie of an older one cannot
         # even be heard.
         tls = self.user_tls or (TLSIdentity.self_signed() if self.tls else None)
         security = LinkSecurity.generate(execution, tls)
-        coord = ExecutionCoordinator(config, execution, topology, host=host, security=security,
+        coord = ExecutionCoordinator(config, execution, topology, host=self.host, security=security,
                                      store=store, progress=self.progress)
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
                            security)
         member_refusals: list[int] = []
-        group = f"sparkjet-{config.id}-e{execution}"
+        # The stage's tag: interruptTag cancels it, on a classic session and over Spark
+        # Connect alike (a job group needs the SparkContext). Tags are per thread.
+        tag = f"sparkjet-{config.id}-e{execution}"
 
         def stage() -> None:
             try:
-                sc.setJobGroup(group, f"sparkjet job {config.name!r} execution {execution}",
-                               interruptOnCancel=True)
+                spark.addTag(tag)
+                if not self.connect:
+                    # Connect's server interrupts its task threads on cancel by itself
+                    spark.sparkContext.setInterruptOnCancel(True)
                 df = spark.range(0, members, 1, members)
                 rows = df.mapInArrow(task, "member long, refused long", barrier=True).collect()
                 member_refusals.extend(r["refused"] for r in rows)
@@ -213,9 +233,9 @@ class SparkRunner:
         ticker_stop = threading.Event()
         ticker = threading.Thread(target=self._tick, args=(coord, ticker_stop), daemon=True,
                                   name="sparkjet-progress")
-        if not sc.master.startswith("local") and not self._warned:
+        if not self.master.startswith("local") and not self._warned:
             self._warned = True
-            warning = spark_security_warning(sc.getConf())
+            warning = spark_security_warning(spark.conf)
             if warning is not None:
                 _log.warning("%s", warning)
                 self.progress({"event": "warning", "message": warning})
@@ -253,7 +273,7 @@ class SparkRunner:
             ticker_stop.set()
             coord.close()
             if outcome["status"] != "ok":
-                sc.cancelJobGroup(group)
+                spark.interruptTag(tag)
             # The stage ends once Spark has killed (or finished) its tasks, freeing their
             # slots. Don't wait long: a member that cannot be killed yet (stopped, or its
             # executor unreachable) must not hold up the restart; the next stage waits in
@@ -291,20 +311,21 @@ class RescaleRequested(ExecutionFailedError):
     """Ends an execution on purpose: the next one runs on another member count."""
 
 
-def tls_settings(config: JobConfig, master: str) -> tuple[bool, TLSIdentity | None]:
-    """Whether the job's links are TLS (``config.tls``; None: on unless the master is
-    ``local``), and the user's certificate if one was given."""
+def tls_settings(config: JobConfig, one_machine: bool) -> tuple[bool, TLSIdentity | None]:
+    """Whether the job's links are TLS (``config.tls``; None: on unless every link stays
+    on ``one_machine``: a ``local`` master), and the user's certificate if one was given."""
     if config.tls_certificate is not None:
         return True, TLSIdentity.from_files(config.tls_certificate, config.tls_private_key,
                                             config.tls_server_name)
-    return (config.tls if config.tls is not None else not master.startswith("local")), None
+    return (config.tls if config.tls is not None else not one_machine), None
 
 
 def spark_security_warning(conf) -> str | None:
     """Why the execution's credentials would cross the network readable, or None: they
-    travel in Spark's task closures, which Spark encrypts only when asked to."""
+    travel in Spark's task closures, which Spark encrypts only when asked to. ``conf``:
+    the session's ``spark.conf`` (or a ``SparkConf``)."""
     missing = [key for key in ("spark.authenticate", "spark.network.crypto.enabled")
-               if conf.get(key, "false").lower() != "true"]
+               if (conf.get(key, None) or "false").lower() != "true"]
     if not missing:
         return None
     return (f"{' and '.join(missing)} off on a cluster: Spark sends the job's task closures, "
@@ -368,4 +389,4 @@ def join(coordinator, index: int, location: str, timeout: float) -> list[str]:
                                        f"within {timeout:.0f} s (start_timeout)")
 
 
-__all__ = ["SparkRunner", "available_slots", "join", "member_task"]
+__all__ = ["SparkRunner", "available_slots", "coordinator_host", "join", "member_task"]

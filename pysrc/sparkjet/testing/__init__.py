@@ -6,6 +6,8 @@ processes).
   (``python -m sparkjet.testing.campaign --help``).
 - :mod:`sparkjet.testing.standalone`: a throwaway Spark standalone cluster on this machine
   (a master and worker JVMs) whose workers can be killed and restarted.
+- :mod:`sparkjet.testing.connect_server`: a throwaway Spark Connect server on this machine
+  (the one in pyspark's jars), for jobs run from a Spark Connect session.
 - :mod:`sparkjet.testing.nexmark_reference`: plain answers of the NEXMark queries over a
   table of bids, to check streaming results against.
 """
