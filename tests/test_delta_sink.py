@@ -218,8 +218,9 @@ def test_a_process_killed_between_the_snapshot_and_the_delta_commit(tmp_path, cr
     """A real process prepares snapshot 2 and is SIGKILLed before (or right after) Delta's
     commit; the next execution restores snapshot 2 from the saved state."""
     path = str(tmp_path / "t")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(os.path.dirname(__file__), "..", "pysrc"), os.environ.get("PYTHONPATH", "")]))
+    # The child imports the sparkjet this process imports (an installed wheel in CI, where
+    # pysrc/ holds no compiled module).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     child = subprocess.Popen([sys.executable, "-c", _CHILD, path, crash], env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
