@@ -458,10 +458,14 @@ def broadcast_job(tmp_path, name, guarantee="exactly-once", parallelism=2, rate=
 def check_broadcast_output(out, want, exact: bool):
     got = TransactionalFileSink.read(out).to_pandas().sort_values("key").reset_index(drop=True)
     assert got["key"].tolist() == want.index.tolist(), "a key's end-of-time row is missing or twice"
-    assert got["n"].tolist() == want.tolist()
     if exact:
+        assert got["n"].tolist() == want.tolist()
         assert (got["rules"] == RULES).all() and (got["rule_ids"] == RULES * (RULES - 1) // 2).all()
     else:
+        # At-least-once: a processor's state may already count events that the restored
+        # sources replay (its snapshot is taken after theirs), so a count may exceed the
+        # input's, never fall short of it.
+        assert (got["n"].to_numpy() >= want.to_numpy()).all(), "an event's count was lost"
         assert (got["rules"] >= RULES).all()
 
 
