@@ -10,6 +10,8 @@ import postgres_server
 import psycopg
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkjet.connectors import ProcessorContext
 from sparkjet.errors import (
@@ -319,6 +321,36 @@ def test_upsert_into_a_table_with_rules(server, table):
         w.prepare(1 if v == "a" else 2)
     w.close()
     assert PostgresSink.read(server.dsn, table).to_pydict() == {"k": [1, 2], "v": ["b", "b"]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", ""]),
+                          st.sampled_from([0.0, -0.0, 1.5, float("nan")])), max_size=30),
+       st.sampled_from([["i"], ["s", "i"], ["f"], ["i", "s", "f"]]), st.booleans())
+def test_last_row_per_key_matches_a_python_reference(values, keys, dictionary):
+    """The last row of each key in write order, in key order (no server needed). Keys equal
+    for PostgreSQL are one key: -0.0 and 0.0, two NaNs."""
+    from sparkjet.sinks.postgres import _last_per_key
+
+    strings = pa.array([v[1] for v in values], pa.string())
+    table = pa.table({"i": pa.array([v[0] for v in values], pa.int64()),
+                      "s": strings.dictionary_encode() if dictionary else strings,
+                      "f": pa.array([v[2] for v in values], pa.float64()),
+                      "row": pa.array(range(len(values)), pa.int64())})
+    table = pa.concat_tables([table.slice(0, len(values) // 2), table.slice(len(values) // 2)])
+
+    def pg_key(row):
+        return tuple("nan" if k == "f" and row[k] != row[k] else row[k] + 0.0 if k == "f"
+                     else row[k] for k in keys)
+
+    last = {}
+    for row in table.to_pylist():
+        last[pg_key(row)] = row["row"]
+    out = _last_per_key(table, keys).to_pylist()
+    assert sorted(r["row"] for r in out) == sorted(last.values())
+    order = [pg_key(r) for r in out]
+    assert order == sorted(order, key=lambda k: tuple(
+        (1, 0) if v == "nan" else (0, v) for v in k))
 
 
 def test_upsert_zombie_is_fenced(server, table):

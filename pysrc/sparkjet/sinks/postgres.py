@@ -42,9 +42,10 @@ the newer execution registered (a processor index new in the zombie's execution 
 opened after it): its check and commit are two steps, like the file sink's.
 
 **Upsert mode.** Rows are buffered and flushed in one transaction at every barrier, at
-close and when the buffer is full: the last row of each key (in write order) is copied into
-a temporary table (created once per connection, emptied at every commit), then merged into
-the table after the same fence check. On PostgreSQL 15 and later the merge is ``MERGE``
+close and when the buffer is full: the last row of each key (in write order) is copied, in
+key order, into a temporary table (created once per connection, emptied at every commit),
+then merged into the table after the same fence check; in key order, the merge visits the
+table's key index in order. On PostgreSQL 15 and later the merge is ``MERGE``
 (inserts without speculative insertion, updates without a separate row lock: roughly twice
 ``ON CONFLICT``'s rate for new keys) inside a savepoint; if it fails with a unique violation
 (another session inserted one of the keys meanwhile: ``MERGE`` does not wait for it) or the
@@ -73,6 +74,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from sparkjet._keys import refuse_nulls
@@ -210,15 +212,38 @@ def _plain(t: pa.DataType) -> bool:
 
 
 def _last_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
-    """The last row of each key, in write order (one ``INSERT ... ON CONFLICT`` cannot
-    update a row twice)."""
-    order = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    last = (table.select(keys).append_column("__sparkjet_row", order)
-            .group_by(keys, use_threads=False).aggregate([("__sparkjet_row", "max")]))
-    rows = last.column("__sparkjet_row_max")
-    if len(rows) == table.num_rows:
+    """The last row of each key (in write order), in key order: one statement cannot change
+    a row twice, and rows in key order visit the table's key index in order (random keys
+    merge 1.3-2 times faster sorted, see bench/README.md)."""
+    columns = [_comparable(table.column(k)) for k in keys]
+    names = [f"k{i}" for i in range(len(keys))]
+    order = pc.sort_indices(pa.table(columns, names=names),
+                            sort_keys=[(n, "ascending") for n in names])    # a stable sort
+    # The last of a run of equal keys is a row whose next row has another key.
+    last = np.ones(len(order), dtype=bool)
+    if len(order) > 1:
+        last[:-1] = False
+        for column in columns:
+            ordered = column.take(order)
+            here, after = ordered[:-1], ordered[1:]
+            differs = pc.not_equal(here, after)
+            if pa.types.is_floating(column.type):     # NaN = NaN for PostgreSQL
+                differs = pc.and_not(differs, pc.and_(pc.is_nan(here), pc.is_nan(after)))
+            last[:-1] |= differs.to_numpy(zero_copy_only=False)
+    rows = order.to_numpy()[last]
+    if len(rows) == table.num_rows and np.array_equal(rows, np.arange(len(rows))):
         return table
-    return table.take(np.sort(rows.to_numpy()))
+    return table.take(rows)
+
+
+def _comparable(column: pa.ChunkedArray) -> pa.Array:
+    """A key column as one array that Arrow can sort and compare."""
+    column = column.combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        return column.dictionary_decode()
+    if pa.types.is_float16(column.type):
+        return column.cast(pa.float32())
+    return column
 
 
 # -- the sink --------------------------------------------------------------------------
