@@ -98,6 +98,8 @@ _GID = re.compile(r"e(\d+):s(\d+):p(\d+)")
 # leftovers it owns again, and how long in all before it gives up.
 _LOCK_WAIT = "2s"
 _REGISTER_DEADLINE = 120.0
+# Rows per CSV slice of one COPY.
+_COPY_ROWS = 65_536
 
 _META = """
 CREATE TABLE IF NOT EXISTS _sparkjet_fences (
@@ -753,10 +755,12 @@ class _PostgresWriter(SinkWriter):
         """Copies `batch` in (into the open transaction of `con`)."""
         if self._schema is None or not self._schema.equals(batch.schema):
             self._prepare_table(batch.schema)
-        data = _csv(batch)
         try:
             with con.cursor() as cur, cur.copy(self._copy) as copy:
-                copy.write(data)
+                # CSV by slices: the server parses one while the next is written, and a
+                # flush of a million rows never holds all of its CSV at once.
+                for start in range(0, batch.num_rows, _COPY_ROWS):
+                    copy.write(_csv(batch.slice(start, _COPY_ROWS)))
         except self._psycopg.Error as e:
             raise self._failure(e, "COPY of a batch") from None
 
