@@ -9,9 +9,9 @@ Rows: (id int64, key int64, value float64, name string of 8-12 characters), N of
   ``prepare`` (the fence check and ``PREPARE TRANSACTION``) and ``commit`` (``COMMIT
   PREPARED``), into an empty table. Timed from the first write to the end of the commit.
 - **sparkjet upsert, inserts / updates**: ``mode="upsert", key="id"``: ``write`` every batch,
-  then ``prepare`` (the flush: last row per key, ``COPY`` into a temporary table, ``INSERT
-  ... ON CONFLICT (id) DO UPDATE``), first into an empty table (every row new), then the same
-  rows again (every row an update).
+  then ``prepare`` (the flush: last row per key in key order, ``COPY`` into a temporary
+  table, ``MERGE``; ``INSERT ... ON CONFLICT (id) DO UPDATE`` before PostgreSQL 15), first
+  into an empty table (every row new), then the same rows again (every row an update).
 - **psycopg COPY, write_row**: ``cursor.copy(...)`` with ``copy.write_row`` per row from
   Python tuples (``zip`` of the columns' ``to_pylist()``, conversion included), one
   transaction.
