@@ -21,6 +21,9 @@ A **sink** writes each processor's output through a :class:`SinkWriter`:
 - an *idempotent* sink writes with stable keys and flushes in :meth:`SinkWriter.prepare`, so
   replays overwrite instead of duplicating.
 
+A source may also need the driver before the job starts (:meth:`Source.prepare`, such as a
+Spark DataFrame materialised once) and after it ends (:meth:`Source.cleanup`).
+
 Everything a reader or writer returns for a snapshot is JSON-able plain data. Every context
 carries the execution id, the fencing token: writers must not make data visible for an
 execution older than the newest one they have seen.
@@ -51,6 +54,17 @@ class ProcessorContext:
     def job(self) -> str:
         """The job as messages name it: ``job 'NAME'`` (``job ID`` when it has none)."""
         return f"job {self.job_name!r}" if self.job_name is not None else f"job {self.job_id}"
+
+
+@dataclass(frozen=True)
+class DriverContext:
+    """Where a source is prepared: on the driver (where ``Job.run`` is called), for one
+    vertex of one job."""
+
+    job_id: int
+    job_name: str
+    vertex: str
+    snapshot_store: str | None      # the job's snapshot store (None under guarantee none)
 
 
 class SourceReader(ABC):
@@ -102,6 +116,16 @@ class Source(ABC):
     @abstractmethod
     def open(self, partitions: list[int], context: ProcessorContext) -> SourceReader:
         """A reader of the given source partitions."""
+
+    def prepare(self, context: DriverContext) -> None:  # noqa: B027 - optional hook
+        """Called on the driver once per run of the job, before its first execution and
+        while the run holds the job's lock: what the members will read must exist when this
+        returns, and be the same for every run of the job (a restore seeks into it)."""
+
+    def cleanup(self, context: DriverContext) -> None:  # noqa: B027 - optional hook
+        """Called on the driver after the job ran to its end (never after a failure, a
+        stop or a cancel, after which the job may resume): drop what :meth:`prepare`
+        made."""
 
 
 class SinkWriter(ABC):

@@ -48,6 +48,8 @@ __all__ = [
     "local_session",
     "spark_log_path",
     "merkle_diff",
+    "read_output",
+    "register",
     "merkle_forest",
     "repartition_by_partition",
     "with_partition_id",
@@ -106,6 +108,23 @@ def local_session(master: str = "local[2]", app_name: str = "sparkjet", **conf) 
     for key, value in settings.items():
         builder = builder.config(key, _conf_value(value))
     return builder.getOrCreate()
+
+
+def read_output(spark: SparkSession, sink) -> DataFrame:
+    """The committed rows of a job's sink (``TransactionalFileSink`` or ``DeltaSink``) as a
+    DataFrame of ``spark``; see :mod:`sparkjet.spark_output`."""
+    from sparkjet.spark_output import read_output as read
+
+    return read(spark, sink)
+
+
+def register(spark: SparkSession) -> None:
+    """Registers the Structured Streaming formats ``sparkjet`` (a job's committed output as
+    a stream) and ``sparkjet-log`` (a stream into an Arrow log); see
+    :mod:`sparkjet.spark_datasource`."""
+    from sparkjet.spark_datasource import register as register_formats
+
+    register_formats(spark)
 
 
 #: Where :func:`local_session` sends the JVM's log (``SPARKJET_SPARK_LOG`` overrides it).

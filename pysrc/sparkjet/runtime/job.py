@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from sparkjet._checks import check_int
+from sparkjet.connectors import DriverContext
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.pipeline import Pipeline
@@ -139,6 +140,7 @@ class Job:
             with RunLock(self.config):
                 record_state(self.config, "running")
                 try:
+                    self._prepare_sources()
                     result = self._run(spark, isolated, report)
                 except JobCancelledError:
                     record_state(self.config, "cancelled")
@@ -148,6 +150,7 @@ class Job:
                     raise
                 if self._stop is None:
                     mark_finished(self.config, result.events_in)
+                    self._cleanup_sources()
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
                 record_state(self.config, "stopped" if result.stopped else "finished",
@@ -173,6 +176,19 @@ class Job:
             if server is not None:
                 server.close()
                 self.metrics_port = None
+
+    def _driver_contexts(self):
+        for vertex in self.plan.sources:
+            yield vertex.source, DriverContext(self.config.id, self.config.name, vertex.name,
+                                               self.config.snapshot_store)
+
+    def _prepare_sources(self) -> None:
+        for source, context in self._driver_contexts():
+            source.prepare(context)
+
+    def _cleanup_sources(self) -> None:
+        for source, context in self._driver_contexts():
+            source.cleanup(context)
 
     def _run(self, spark, isolated: bool, progress: Callable[[dict], None]) -> JobResult:
         if spark is not None:

@@ -6,6 +6,8 @@
   Arrow IPC segment files, replayable and readable while it is being appended.
 - :class:`DirectorySource`: Parquet, CSV or JSON-lines files in a directory on a local
   disk or any ``pyarrow.fs`` file system (S3, GCS, HDFS), replayable, picking up new files.
+- :class:`DataFrameSource`: a bounded Spark DataFrame, materialised once on the driver as
+  Parquet files and read like a :class:`DirectorySource`.
 - :class:`NexmarkSource`: NEXMark's persons, auctions or bids, deterministic and replayable
   by offset like the generator, in event time from a fixed epoch.
 - :class:`KafkaSource`: Kafka topics, replayable (offsets in the snapshot), decoded to
@@ -19,6 +21,7 @@ from sparkjet.sources.arrow_log import (
     ArrowLogWriter,
     LogLockedError,
 )
+from sparkjet.sources.dataframe import DataFrameSource
 from sparkjet.sources.files import DirectoryReader, DirectorySource
 from sparkjet.sources.generator import GeneratorReader, GeneratorSource
 from sparkjet.sources.kafka import KafkaReader, KafkaSource, read_topic
@@ -33,6 +36,7 @@ __all__ = [
     "ArrowLogReader",
     "ArrowLogSource",
     "ArrowLogWriter",
+    "DataFrameSource",
     "DirectoryReader",
     "DirectorySource",
     "GeneratorReader",

@@ -164,14 +164,21 @@ class ArrowLogWriter:
             if b.num_rows:
                 self._write(partition, b.serialize())
 
-    def close(self) -> None:
+    def end_positions(self) -> dict[int, tuple[int, int]]:
+        """Where the next append to each partition will start: ``{partition: (segment,
+        byte)}``, a position a reader can seek to (the offset's ``segment`` and ``byte``)."""
+        return {p: (self._segments[p], self._sizes[p]) for p in range(self.partitions)}
+
+    def close(self, seal: bool = True) -> None:
         """Seals the last segment of every partition (readers of a closed log reach its
-        end) and releases the log. Idempotent."""
+        end) and releases the log. ``seal=False`` only releases it: readers keep waiting
+        for more, and the next writer continues the same segments. Idempotent."""
         if self._lock_fd is None:
             return
         try:
             for p, fd in list(self._fds.items()):
-                _write_all(fd, _EOS)
+                if seal:
+                    _write_all(fd, _EOS)
                 if self.durable:
                     os.fsync(fd)
                 os.close(fd)
