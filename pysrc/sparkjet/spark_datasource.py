@@ -414,11 +414,7 @@ def _write_record(path: str, record: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(os.path.dirname(path))
 
 
 def _fsync(path: str) -> None:
