@@ -299,3 +299,18 @@ def test_a_job_on_spark_starts_from_another_jobs_export(spark, tmp_path):
     assert result.events_in == TOTAL - stopped.events_in
     assert np.array_equal(_final(tmp_path / "new", "top").to_numpy(),
                           _reference_counts().to_numpy())
+
+
+def test_fencing_and_a_missing_job_name_the_job_too(tmp_path):
+    from sparkjet.errors import FencedError
+
+    job = JobConfig(name="nightly", processing_guarantee="none").id
+    store = SnapshotStore(tmp_path, job, name="nightly")
+    store.register_execution(2)
+    for stale in (store.register_execution, store.check_fence):
+        with pytest.raises(FencedError, match="^job 'nightly': execution 1 ") as e:
+            stale(1)
+        assert f"{job:x}" not in str(e.value)
+    with pytest.raises(SnapshotNotFoundError, match="^no snapshots of job 'weekly' in "):
+        SnapshotStore(tmp_path, JobConfig(name="weekly", processing_guarantee="none").id,
+                      name="weekly", create=False)
