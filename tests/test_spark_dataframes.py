@@ -238,6 +238,7 @@ def done_batches(log) -> int:
                     and ".pending" not in n]) for q in os.listdir(top)) if top.exists() else 0
 
 
+@pytest.mark.slow
 def test_a_streaming_query_killed_feeds_a_log_exactly_once(tmp_path):
     import subprocess
 
