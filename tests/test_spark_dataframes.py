@@ -251,8 +251,9 @@ def test_a_streaming_query_killed_feeds_a_log_exactly_once(tmp_path):
         pa.parquet.write_table(pa.table({"id": ids, "key": pa.compute.bit_wise_and(ids, 7)}),
                                inbox / f"f-{f:03d}.parquet")
     (tmp_path / "feed.py").write_text(FEED)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [os.path.abspath("pysrc"), os.environ.get("PYTHONPATH", "")])}
+    # The child imports the sparkjet this process imports (an installed wheel in CI, where
+    # pysrc/ holds no compiled module).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     argv = [sys.executable, str(tmp_path / "feed.py"), str(inbox), str(log), str(tmp_path / "ck")]
     first = subprocess.Popen(argv, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
