@@ -61,6 +61,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from sparkjet._fs import absolute
 from sparkjet.errors import CorruptDataError, InvalidArgumentError
 
 try:  # PySpark 4.1+: the tasks get Arrow batches, not rows
@@ -98,7 +99,7 @@ def _path_option(options, what: str) -> str:
     path = options.get("path")
     if not path:
         raise InvalidArgumentError(f"{what}: give the path: load(path) / start(path)")
-    return os.path.abspath(path) if "://" not in path else path
+    return absolute(path)
 
 
 class CommittedOutputSource(DataSource):

@@ -45,9 +45,9 @@ def _file_sink(spark, sink):
     files = sink.committed_files(sink.uri, filesystem=sink.filesystem)
     if not files:
         return _empty(spark)
-    if (sink.format == "parquet" and sink.filesystem is None and all(map(_spark_names, files))
+    if (sink.format == "parquet" and sink.filesystem is None and all(map(spark_names, files))
             and not _has_nanos(pq.read_schema(files[0]))):
-        return spark.read.parquet(*[_spark_path(f) for f in files])
+        return spark.read.parquet(*[spark_path(f) for f in files])
     return _from_arrow(spark, sink.read(sink.uri, filesystem=sink.filesystem))
 
 
@@ -62,8 +62,8 @@ def _delta_sink(spark, sink):
     files = dt.file_uris()
     # Delta stores timestamps in microseconds: Spark reads every plain table's files.
     plain = (dt.protocol().min_reader_version == 1 and not dt.metadata().partition_columns)
-    if plain and files and all(map(_spark_names, files)):
-        return spark.read.parquet(*[_spark_path(f) for f in files])
+    if plain and files and all(map(spark_names, files)):
+        return spark.read.parquet(*[spark_path(f) for f in files])
     return _from_arrow(spark, pa.table(dt.to_pyarrow_table()))
 
 
@@ -81,12 +81,15 @@ def _leaf_types(field: pa.Field) -> list[pa.DataType]:
     return [t]
 
 
-def _spark_names(path: str) -> bool:
-    """Whether Spark reads ``path`` under the name pyarrow gave it."""
+def spark_names(path: str) -> bool:
+    """Whether Spark reads ``path`` under the name pyarrow gave it (a local or mounted
+    path, ``file://``, ``hdfs://``)."""
     return "://" not in path or path.startswith(("file://", "hdfs://"))
 
 
-def _spark_path(path: str) -> str:
+def spark_path(path: str) -> str:
+    """``path`` as Spark names it: a local path explicitly on the local file system (a
+    cluster's default file system may be HDFS)."""
     return f"file://{os.path.abspath(path)}" if "://" not in path else path
 
 

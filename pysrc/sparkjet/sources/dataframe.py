@@ -27,14 +27,14 @@ them); after a failure, a stop or a cancel they stay, for the run that resumes.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 
 from sparkjet._checks import check_bool, check_int, check_path
-from sparkjet._fs import Backend
+from sparkjet._fs import Backend, absolute
 from sparkjet.connectors import DriverContext, ProcessorContext, Source, SourceReader
 from sparkjet.errors import ConnectorError, InvalidArgumentError
 from sparkjet.sources.files import DirectorySource
+from sparkjet.spark_output import spark_names, spark_path
 
 RECORD = "_sparkjet_dataframe.json"
 _WHAT = "DataFrame source"
@@ -64,8 +64,7 @@ class DataFrameSource(Source):
                 "ArrowLogSource")
         self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
         self.batch_size = check_int("batch_size", batch_size, min=1)
-        self.path = None if path is None else os.path.abspath(check_path("path", path)) \
-            if "://" not in os.fspath(path) else os.fspath(path)
+        self.path = None if path is None else absolute(check_path("path", path))
         self.keep = check_bool("keep", keep)
         self._df = df
         self._files: DirectorySource | None = None
@@ -93,7 +92,7 @@ class DataFrameSource(Source):
             raise InvalidArgumentError(
                 f"{_WHAT} of {context.vertex!r} in job {context.job_name!r}: the job has no "
                 "snapshot_store to keep the DataFrame's files beside; give path=")
-        if "://" in store and not store.startswith(("hdfs://", "file://")):
+        if not spark_names(store):
             raise InvalidArgumentError(
                 f"{_WHAT} of {context.vertex!r} in job {context.job_name!r}: the snapshot "
                 f"store {store.split('?')[0]} is not a path Spark writes under the name "
@@ -115,7 +114,7 @@ class DataFrameSource(Source):
             data = f"d-{uuid.uuid4().hex}"
             target = backend.path(data)
             try:
-                self._df.write.mode("errorifexists").parquet(_spark_path(target))
+                self._df.write.mode("errorifexists").parquet(spark_path(target))
             except Exception as e:
                 if type(e).__module__.startswith("pyspark"):
                     raise ConnectorError(
@@ -134,7 +133,8 @@ class DataFrameSource(Source):
 
     def cleanup(self, context: DriverContext) -> None:
         if not self.keep:
-            Backend(self.location(context)).remove_tree(self.location(context))
+            location = self.location(context)
+            Backend(location).remove_tree(location)
 
     def open(self, partitions: list[int], context: ProcessorContext) -> SourceReader:
         if self._files is None:
@@ -151,12 +151,6 @@ def _is_dataframe(df) -> bool:
     from pyspark.sql import DataFrame
 
     return isinstance(df, DataFrame)
-
-
-def _spark_path(path: str) -> str:
-    """``path`` as Spark names it: a local path explicitly on the local file system (a
-    cluster's default file system may be HDFS)."""
-    return path if "://" in path else f"file://{path}"
 
 
 __all__ = ["DataFrameSource"]
