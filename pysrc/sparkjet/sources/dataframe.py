@@ -114,7 +114,7 @@ class DataFrameSource(Source):
             data = f"d-{uuid.uuid4().hex}"
             target = backend.path(data)
             try:
-                self._df.write.mode("errorifexists").parquet(spark_path(target))
+                self._df.write.mode("error").parquet(spark_path(target))
             except Exception as e:
                 if type(e).__module__.startswith("pyspark"):
                     raise ConnectorError(
