@@ -386,3 +386,32 @@ def test_store_keeps_table_versions_while_a_snapshot_uses_them(tmp_path):
     with pytest.raises(InvalidArgumentError, match="the bytes have another digest"):
         store.write_table_version(v1, d2)
     store.close()
+
+
+def test_a_table_loaded_from_a_database(tmp_path):
+    """The reference table is a query of a real database (SQLite, a file the loader opens
+    on whichever processor loads it); the job's output is pandas' merge with the rows the
+    database held."""
+    import sqlite3
+
+    db = str(tmp_path / "ref.db")
+    want_table = reference()
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE ref (key INTEGER PRIMARY KEY, name TEXT, weight REAL)")
+        con.executemany("INSERT INTO ref VALUES (?, ?, ?)",
+                        zip(*(want_table.column(c).to_pylist() for c in want_table.column_names)))
+
+    def query():
+        with sqlite3.connect(db) as con:
+            rows = con.execute("SELECT key, name, weight FROM ref ORDER BY key").fetchall()
+        return pa.table({"key": pa.array([r[0] for r in rows], pa.int64()),
+                         "name": [r[1] for r in rows], "weight": [r[2] for r in rows]})
+
+    source = GeneratorSource(total=20_000, partitions=2, keys=KEYS, batch_size=4_000)
+    config = JobConfig(name="tj-db", processing_guarantee="exactly-once",
+                       snapshot_store=str(tmp_path / "snaps"), local_parallelism=2)
+    Job(join_pipeline(source, ReferenceTable.from_loader(query), tmp_path / "out", "left"),
+        config).run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out").to_pandas()
+    want = pandas_merge(source.events(0, 20_000).to_pandas(), want_table, "left")
+    pd.testing.assert_frame_equal(canonical(out), canonical(want))
