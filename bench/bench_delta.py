@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.sinks import DeltaSink
 
 BATCH = 65_536

@@ -35,7 +35,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.sources import DirectorySource
 
 BATCH = 65_536

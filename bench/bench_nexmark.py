@@ -453,10 +453,10 @@ def window_latency(spark, name: str, work: Path, seconds: float = 20.0,
     snapshot interval (1 s) plus the snapshot."""
     import pyarrow.parquet as pq
 
+    from sparkjet.connectors.nexmark.source import FIRST_EVENT_TIME_MS
     from sparkjet.runtime import Job, JobConfig
     from sparkjet.sinks import TransactionalFileSink
     from sparkjet.sources import NexmarkSource
-    from sparkjet.sources.nexmark import FIRST_EVENT_TIME_MS
 
     bids = int(rate * seconds)
     out, snaps = work / f"lat-out-{name}", work / f"lat-snap-{name}"

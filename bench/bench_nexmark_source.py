@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.sources import NexmarkSource
 
 KINDS = ("bid", "auction", "person")

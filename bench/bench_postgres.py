@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import postgres_server  # noqa: E402 - after the path
 
-from sparkjet.connectors import ProcessorContext  # noqa: E402
+from sparkjet.connectors.base import ProcessorContext  # noqa: E402
 from sparkjet.sinks import PostgresSink  # noqa: E402
 
 BATCH = 65_536

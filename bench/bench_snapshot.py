@@ -35,8 +35,8 @@ import pyarrow as pa
 import pytest
 
 import sparkjet
-from sparkjet.chunks import ChunkEncoder, decode_table, read_chunks
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.chunks import ChunkEncoder, decode_table, read_chunks
+from sparkjet.snapshot.store import SnapshotStore
 
 KEYS = 10_000_000
 PARTITIONS = sparkjet.DEFAULT_PARTITION_COUNT

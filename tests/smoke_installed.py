@@ -9,8 +9,8 @@ import pyarrow as pa
 import sparkjet
 from sparkjet import _native, hash
 from sparkjet.aligner import BarrierAligner
-from sparkjet.chunks import ChunkEncoder, decode_table, read_chunks
 from sparkjet.keyed_state import KeyedAggregator
+from sparkjet.snapshot.chunks import ChunkEncoder, decode_table, read_chunks
 
 installed = Path(sparkjet.__file__).resolve()
 assert "site-packages" in installed.parts, f"sparkjet imported from {installed}, not a wheel"

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from test_snapshot_store import entries, state  # noqa: E402
 
-from sparkjet import snapshot_store  # noqa: E402
+from sparkjet.snapshot import store as snapshot_store  # noqa: E402
 
 root, snapshot_id, execution_id, kill_at, mode = sys.argv[1:6]
 snapshot_id, execution_id = int(snapshot_id), int(execution_id)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import sparkjet
 from sparkjet import _native as native
-from sparkjet.chunks import ChunkEncoder, decode_entries, decode_table, read_chunks
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
+from sparkjet.snapshot.chunks import ChunkEncoder, decode_entries, decode_table, read_chunks
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -220,7 +220,7 @@ def test_scatter_rejects_out_of_range_ids():
 
 
 def test_partition_order_is_stable_and_matches_take():
-    from sparkjet.chunks import _partition_order
+    from sparkjet.snapshot.chunks import _partition_order
 
     rng = np.random.default_rng(5)
     n = 20_000

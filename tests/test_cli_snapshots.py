@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from sparkjet.cli import main
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
 from sparkjet.sinks import DeltaSink
 from sparkjet.testing.campaign import run_round
@@ -193,7 +193,7 @@ def test_recovery_commits_each_prepared_snapshot_exactly_once(tmp_path, crash):
 _CHILD = textwrap.dedent("""
     import json, os, signal, sys
     import pyarrow as pa
-    from sparkjet.connectors import ProcessorContext
+    from sparkjet.connectors.base import ProcessorContext
     from sparkjet.sinks import DeltaSink
 
     path, crash = sys.argv[1], sys.argv[2]

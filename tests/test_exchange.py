@@ -34,7 +34,7 @@ from sparkjet.runtime.exchange import (
 )
 from sparkjet.runtime.security import LinkSecurity
 from sparkjet.runtime.watermarks import IDLE, Watermark
-from sparkjet.snapshot_store import Manifest
+from sparkjet.snapshot.store import Manifest
 
 DEADLINE = 15.0  # seconds any single wait may take before the test fails
 

@@ -16,7 +16,8 @@ from s3_server import s3_filesystem
 from test_runtime import run_killed_once, run_with_kills
 
 from sparkjet import verify
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
+from sparkjet.connectors.files.source import partition_of
 from sparkjet.errors import (
     ConnectorError,
     CorruptDataError,
@@ -28,7 +29,6 @@ from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.member import merge_states
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import DirectorySource
-from sparkjet.sources.files import partition_of
 
 CTX = ProcessorContext(job_id=1, execution_id=1, vertex="source", processor=0, processors=1)
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int64()), ("value", pa.float64()),

@@ -17,10 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkjet import _native
-from sparkjet.chunks import HEADER_SIZE, ChunkEncoder, decode_entries, decode_table, read_chunks
 from sparkjet.errors import SparkjetError
 from sparkjet.hash import murmur3_bytes
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.chunks import (
+    HEADER_SIZE,
+    ChunkEncoder,
+    decode_entries,
+    decode_table,
+    read_chunks,
+)
+from sparkjet.snapshot.store import SnapshotStore
 
 GOLDEN = Path(__file__).parent / "golden"
 HEADER_SEED = 0x53434B31  # native/include/sparkjet/chunk.h

@@ -340,7 +340,7 @@ def test_join_state_stays_bounded_while_the_stream_runs(tmp_path):
     holds move on with the stream, and they are a fraction of the stream."""
     import json
 
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     total = (150_000, 100_000)
     p, _ = two_sources("left", tmp_path / "out", total=total, rate=60_000, keys=50)
@@ -375,7 +375,7 @@ def test_join_state_rescales_after_a_kill(tmp_path):
     import threading
     import time
 
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     def run(parallelism):
         p, want = one_source_two_filters("left", tmp_path / "out", total=150_000, rate=60_000)

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import ConnectorError, CorruptDataError, FencedError, InvalidArgumentError
 from sparkjet.runtime.member import merge_states
 from sparkjet.sinks import KafkaSink

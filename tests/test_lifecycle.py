@@ -11,7 +11,7 @@ from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobCancelledError, JobConfig
 from sparkjet.sinks import TransactionalFileSink
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.sources import GeneratorSource
 
 TOTAL = 600_000

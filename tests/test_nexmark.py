@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
+from sparkjet.connectors.nexmark.source import FIRST_EVENT_TIME_MS, SCHEMAS
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.sources import NexmarkSource
-from sparkjet.sources.nexmark import FIRST_EVENT_TIME_MS, SCHEMAS
 from sparkjet.testing import nexmark_reference as ref
 
 CTX = ProcessorContext(job_id=1, execution_id=1, vertex="source", processor=0, processors=1)
@@ -495,7 +495,7 @@ def test_q11_sessions_split_at_the_gap():
 def run_killed_after_snapshots(job, store_path, after=(3, 8)):
     """Runs the supervised job and kills its member once each snapshot of ``after`` is
     complete (so that each restart restores state, rather than starting afresh)."""
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     stop, killed = threading.Event(), []
 

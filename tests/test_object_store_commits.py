@@ -17,12 +17,12 @@ from test_runtime import run_with_kills
 
 from sparkjet import verify
 from sparkjet._fs import Backend, ObjectStoreRaceWarning
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import FencedError, InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import TransactionalFileSink
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.sources import GeneratorSource
 
 ROUNDS = 6      # races per test: one round may not interleave, several in a row do

@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis_server
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 from sparkjet.sources import RedisStreamProducer, RedisStreamSource
 

@@ -15,7 +15,7 @@ from sparkjet.errors import IncompatibleSnapshotError, InvalidArgumentError, Sna
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import TransactionalFileSink
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.sources import GeneratorSource
 from sparkjet.windows import tumbling
 
@@ -215,8 +215,8 @@ def test_a_state_mapping_naming_what_is_not_there_is_refused(tmp_path):
 
 
 def test_every_refused_difference_is_listed_at_once(tmp_path):
+    from sparkjet.connectors.discard import DiscardSink
     from sparkjet.runtime.restore import StartPoint, plan_restore
-    from sparkjet.sinks.discard import DiscardSink
 
     def pipeline(partitions, aggregations, size, sink):
         src = Pipeline().read_from(GeneratorSource(total=10, partitions=partitions))
@@ -276,7 +276,7 @@ def test_store_messages_name_the_job_not_its_id(tmp_path):
 
 
 def test_a_fenced_sink_names_the_job(tmp_path):
-    from sparkjet.connectors import ProcessorContext
+    from sparkjet.connectors.base import ProcessorContext
     from sparkjet.errors import FencedError
 
     sink = TransactionalFileSink(tmp_path / "out")

@@ -92,7 +92,7 @@ def kill_member_repeatedly(job: Job, kills: int, rng: random.Random, stop: threa
 def run_killed_once(job: Job, store_path, after: int) -> None:
     """Runs the job (without restarts) and kills its member once snapshot ``after`` is
     complete: the run fails, leaving its snapshots for a run at another parallelism."""
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     stop = threading.Event()
 

@@ -21,7 +21,7 @@ from pyarrow import flight
 
 from sparkjet import verify
 from sparkjet.aligner import BarrierAligner
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -241,7 +241,7 @@ def test_refusals_reach_the_client_as_auth_errors():
 
 
 def test_snapshot_and_sink_directories_are_owner_only(tmp_path):
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     store = SnapshotStore(str(tmp_path / "snapshots"), 42)
     store.register_execution(1)
@@ -421,7 +421,7 @@ def test_a_user_certificate_chain_pins_its_leaf_only(tmp_path):
 
 
 def test_a_directory_of_another_user_is_refused(tmp_path):
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o777)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from test_snapshot_store import entries, state
 
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 
 CHILD = Path(__file__).parent / "snapshot_crash_child.py"
 

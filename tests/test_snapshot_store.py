@@ -21,7 +21,7 @@ from sparkjet.errors import (
     SnapshotIncompleteError,
     SnapshotNotFoundError,
 )
-from sparkjet.snapshot_store import Manifest, SnapshotStore
+from sparkjet.snapshot.store import Manifest, SnapshotStore
 
 
 def state(seed: int, n: int = 3000) -> pa.Table:
@@ -158,7 +158,7 @@ def test_damaged_file_is_detected(store, damage):
     victim = max(chunk_files(store), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     if damage == "truncate_boundary":
-        from sparkjet.chunks import read_chunks
+        from sparkjet.snapshot.chunks import read_chunks
 
         data = data[: read_chunks(bytes(data))[-1][0]]
     elif damage == "truncate_mid":
@@ -240,7 +240,7 @@ ZOMBIE = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[4])
     from test_snapshot_store import state
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
     from sparkjet.errors import FencedError
     root, go, done = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     store = SnapshotStore(root, job_id=42)
@@ -269,7 +269,7 @@ ZOMBIE = textwrap.dedent("""
     store._backend.makedirs(store._path("snapshots", d))
     digest = xxhash.xxh3_64_hexdigest(data)
     store._backend.write(store._path("snapshots", d, f"_validation-{digest}.json"), [data])
-    from sparkjet._snapshot_meta import CommitEvent
+    from sparkjet.snapshot.records import CommitEvent
     store._append(CommitEvent(1, 1, d, f"_validation-{digest}.json", digest, 0))
     outcome["forced"] = "appended"
     Path(done).write_text(json.dumps(outcome))

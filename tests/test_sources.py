@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.arrow_log import segment_path
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import CorruptDataError, InvalidArgumentError, UnsupportedTypeError
 from sparkjet.sources import (
     ArrowLogSource,
@@ -23,7 +24,6 @@ from sparkjet.sources import (
     LogLockedError,
     RedisStreamSource,
 )
-from sparkjet.sources.arrow_log import segment_path
 
 CTX = ProcessorContext(job_id=1, execution_id=1, vertex="source", processor=0, processors=1)
 DETERMINISTIC = ["id", "key", "value"]

@@ -18,7 +18,7 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.member import _entries_json
 from sparkjet.sinks import TransactionalFileSink
-from sparkjet.snapshot_store import SnapshotStore, content_digest
+from sparkjet.snapshot.store import SnapshotStore, content_digest
 from sparkjet.sources import GeneratorSource
 from sparkjet.table_join import (
     TABLES_VERTEX,

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from test_runtime import run_killed_once, run_with_kills
 
-from sparkjet.connectors import Sink, SinkWriter, Source, SourceReader
+from sparkjet.connectors.base import Sink, SinkWriter, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError, SnapshotMismatchError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -591,7 +591,7 @@ def test_too_late_events_go_to_the_side_output_never_lost(tmp_path):
 def test_window_state_stays_bounded_while_the_stream_runs(tmp_path):
     """Windows fire and leave the state as the watermark passes them, not at the end: every
     snapshot taken mid-run holds only the few windows still open."""
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     source = GeneratorSource(total=120_000, partitions=2, keys=20, batch_size=1_000, rate=100_000)
     config = JobConfig(name="bounded", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=0.05,
@@ -620,7 +620,7 @@ def _legacy_snapshot(store_dir, job_id, source, done: int):
     import json
 
     from sparkjet.keyed_state import KeyedAggregator
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     per = done // source.partitions
     agg = KeyedAggregator("key", {"count": "count", "sum": ("sum", "value")})

@@ -9,10 +9,10 @@ The API in brief:
 - :mod:`sparkjet.spark`: the same on Spark DataFrames.
 - :class:`Pipeline`, :class:`Job`, :class:`JobConfig`: jobs with processing guarantees
   (:mod:`sparkjet.pipeline`, :mod:`sparkjet.runtime`), over :mod:`sparkjet.sources` and
-  :mod:`sparkjet.sinks` (contracts in :mod:`sparkjet.connectors`), checked with
+  :mod:`sparkjet.sinks` (contracts in :mod:`sparkjet.connectors.base`), checked with
   :mod:`sparkjet.verify`.
 - :class:`SnapshotStore`: partition-aligned, checksummed, fenced snapshot storage
-  (:mod:`sparkjet.snapshot_store`; chunk format in :mod:`sparkjet.chunks`).
+  (:mod:`sparkjet.snapshot.store`; chunk format in :mod:`sparkjet.snapshot.chunks`).
 - :class:`MerkleTree`, :class:`MerkleForest`, :func:`sync_plan`: Merkle-tree sync of keyed
   Arrow data (:mod:`sparkjet.merkle`: also ``diff``, ``apply``, ``SyncSession``).
 - :func:`get_include`: the C headers, for extensions built against sparkjet.
@@ -50,7 +50,7 @@ from sparkjet.partitioning import (
 )
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 
 __all__ = [
     "DEFAULT_PARTITION_COUNT",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparkjet._cli_args import nonnegative_int, positive_float, positive_int
 from sparkjet._progress import ProgressLine, bar
-from sparkjet.connectors import GUARANTEES
+from sparkjet.connectors.base import GUARANTEES
 from sparkjet.errors import InvalidArgumentError
 
 
@@ -179,10 +179,10 @@ class _Display:
 
 def run(args: argparse.Namespace) -> int:
     from sparkjet import verify
+    from sparkjet.connectors.files.sink import TransactionalFileSink
+    from sparkjet.connectors.generator import GeneratorSource
     from sparkjet.pipeline import Pipeline
     from sparkjet.runtime import Job, JobConfig
-    from sparkjet.sinks import TransactionalFileSink
-    from sparkjet.sources import GeneratorSource
     from sparkjet.spark import local_session
 
     total = int(args.rate * args.duration)

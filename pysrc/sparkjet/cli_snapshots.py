@@ -8,7 +8,7 @@ import time
 
 from sparkjet._progress import ProgressLine, bar
 from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 
 
 def add_parser(commands) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkjet.connectors import Sink, Source
+from sparkjet.connectors.base import Sink, Source
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import (
     AggregateStage,

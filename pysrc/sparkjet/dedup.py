@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from sparkjet import _native
 from sparkjet._groups import Groups
-from sparkjet.connectors import Sink
+from sparkjet.connectors.base import Sink
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import OperatorStage
 from sparkjet.runtime.operators import Operator

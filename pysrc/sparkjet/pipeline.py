@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkjet.connectors import Sink, Source
+from sparkjet.connectors.base import Sink, Source
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.keyed_state import parse_aggregations
 
@@ -236,7 +236,7 @@ class Pipeline:
             None (the default) does what ``JobConfig.on_error`` says ("fail" unless set).
             ``"skip"`` splits the batch until the rows `fn` fails on are
             found alone, and drops them (counted in ``JobResult.skipped_events``); a
-            :class:`~sparkjet.connectors.Sink` receives them instead, each with the error in
+            :class:`~sparkjet.connectors.base.Sink` receives them instead, each with the error in
             a ``sparkjet_error`` column (``JobResult.dead_letters``), under the job's
             guarantee. A batch on which every row fails is not a bad record but a broken
             stage: the job fails.

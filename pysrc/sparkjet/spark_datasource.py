@@ -10,7 +10,7 @@
 **Reading committed output.** The sink names each committed file
 ``part-J-pP-eE-tT-K`` (job, processor, execution, transaction, file), and one processor of
 one job commits its files in the order of ``(E, T, K)``, recovery included (the module doc
-of :mod:`sparkjet.sinks.files`). An offset is therefore, per job and processor, the greatest
+of :mod:`sparkjet.connectors.files.sink`). An offset is therefore, per job and processor, the greatest
 committed file read: ``{"files": {"J-pP": "part-...parquet"}}``; ``partitions(start, end)``
 are the committed files between the two, one partition per file, which a query restarted
 from its checkpoint lists again to the same files (committed files never change). A file
@@ -128,7 +128,7 @@ class CommittedOutputSource(DataSource):
 
 def _committed(path: str) -> list[tuple[str, str]]:
     """(final name, readable path) of every committed Parquet file under ``path``."""
-    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.connectors.files.sink import TransactionalFileSink
 
     if not os.path.isdir(path) and "://" not in path:
         raise InvalidArgumentError(f"format({OUTPUT_FORMAT!r}): {path} does not exist")
@@ -251,7 +251,7 @@ class ArrowLogSink(DataSource):
     def streamWriter(self, schema, overwrite: bool) -> LogStreamWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from sparkjet.sources.arrow_log import read_log_info
+        from sparkjet.connectors.arrow_log import read_log_info
 
         if overwrite:
             raise InvalidArgumentError(f"format({LOG_FORMAT!r}): an Arrow log is append-only; "
@@ -370,7 +370,7 @@ class LogStreamWriter(_WriterBase):
         _remove(m.file for m in messages if m is not None and m.file is not None)
 
     def _open_log(self):
-        from sparkjet.sources.arrow_log import ArrowLogWriter, LogLockedError
+        from sparkjet.connectors.arrow_log import ArrowLogWriter, LogLockedError
 
         deadline = time.monotonic() + _LOCK_WAIT
         while True:
@@ -392,7 +392,7 @@ def _staged_batches(path: str):
 def _count_appended(root: str, start: dict) -> dict[int, int]:
     """Per partition, how many messages follow the recorded position: what a commit that
     died appended (the writer lock keeps every other appender out)."""
-    from sparkjet.sources.arrow_log import _Cursor
+    from sparkjet.connectors.arrow_log import _Cursor
 
     counts = {}
     for key, (segment, byte) in start.items():

@@ -29,7 +29,8 @@ def read_output(spark, sink):
 
     >>> read_output(spark, TransactionalFileSink("/data/out")).count()   # doctest: +SKIP
     """
-    from sparkjet.sinks import DeltaSink, TransactionalFileSink
+    from sparkjet.connectors.delta import DeltaSink
+    from sparkjet.connectors.files.sink import TransactionalFileSink
 
     if isinstance(sink, TransactionalFileSink):
         return _file_sink(spark, sink)
@@ -52,7 +53,7 @@ def _file_sink(spark, sink):
 
 
 def _delta_sink(spark, sink):
-    from sparkjet.sinks.delta import _deltalake, _open_table
+    from sparkjet.connectors.delta import _deltalake, _open_table
 
     dl = _deltalake()
     dt = _open_table(dl, sink.uri, sink.storage_options)

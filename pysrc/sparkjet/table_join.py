@@ -227,7 +227,7 @@ class TableVersion:
 
     @classmethod
     def of(cls, table: pa.Table) -> TableVersion:
-        from sparkjet.snapshot_store import content_digest
+        from sparkjet.snapshot.store import content_digest
 
         data = ipc_bytes(table)
         return cls(data, content_digest(data), table)
@@ -430,7 +430,7 @@ class TableVersions:
     """The table versions of one member's processors: loads shared by the processors that
     ask for the same moment (the start, or snapshot ``n``), versions shared by digest, and
     each one stored durably once before a snapshot records it (``store``: the job's
-    :class:`~sparkjet.snapshot_store.SnapshotStore`, None without snapshots)."""
+    :class:`~sparkjet.snapshot.store.SnapshotStore`, None without snapshots)."""
 
     def __init__(self, store=None):
         self.store = store

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkjet.connectors import GUARANTEES
+from sparkjet.connectors.base import GUARANTEES
 from sparkjet.errors import InvalidArgumentError, UnsupportedTypeError
 
 _SHOWN_RUNS = 2     # runs printed at each end of a long set, like Jepsen's "... "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sparkjet.chunks import ChunkEncoder
+from sparkjet.snapshot.chunks import ChunkEncoder
 
 HERE = Path(__file__).parent
 JOB, SNAPSHOT, VERTEX = 0x5EED, 3, 7

@@ -10,14 +10,14 @@ from msgspec import Meta
 
 from sparkjet._checks import Finite, check_fields
 from sparkjet._fs import absolute
-from sparkjet._snapshot_meta import NAME_PATTERN
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+from sparkjet.snapshot.records import NAME_PATTERN
 
 # The schema of the fields (sparkjet._checks.check_fields): an interval or a backoff must
 # be finite; a timeout may be infinite (never time out).
-Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.GUARANTEES
-Codec = Literal["lz4", "raw"]  # sparkjet.chunks.CODECS
+Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.base.GUARANTEES
+Codec = Literal["lz4", "raw"]  # sparkjet.snapshot.chunks.CODECS
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from sparkjet._schemas import check_agreement
 from sparkjet.errors import SparkjetError
 from sparkjet.runtime.config import JobConfig
-from sparkjet.snapshot_store import Manifest, SnapshotStore
+from sparkjet.snapshot.store import Manifest, SnapshotStore
 
 _POLL = 0.005
 #: How long a member's poll waits on the driver for a command before it returns empty.

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from sparkjet._checks import check_int
-from sparkjet.connectors import DriverContext
+from sparkjet.connectors.base import DriverContext
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.pipeline import Pipeline
@@ -221,7 +221,7 @@ class Job:
         ``stopped`` set. With ``snapshot``, that last snapshot is exported under this name
         (kept until deleted, restorable). A new :meth:`run` resumes the job from it."""
         if snapshot is not None:
-            from sparkjet.snapshot_store import _check_name
+            from sparkjet.snapshot.store import _check_name
 
             _check_name("export name", snapshot)
         if not self._running:
@@ -246,7 +246,7 @@ class Job:
     def _export(self, name: str | None) -> str | None:
         if name is None or self.config.processing_guarantee == "none":
             return None
-        from sparkjet.snapshot_store import SnapshotStore
+        from sparkjet.snapshot.store import SnapshotStore
 
         with SnapshotStore(self.config.snapshot_store, self.config.id,
                            name=self.config.name) as store:
@@ -267,7 +267,7 @@ class Job:
             read_fingerprint,
             start_point,
         )
-        from sparkjet.snapshot_store import SnapshotStore
+        from sparkjet.snapshot.store import SnapshotStore
 
         with SnapshotStore(self.config.snapshot_store, self.config.id,
                            name=self.config.name) as store:

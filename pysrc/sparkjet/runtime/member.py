@@ -37,7 +37,7 @@ import pyarrow as pa
 from sparkjet._schemas import SCHEMAS_VERTEX
 from sparkjet._schemas import decode as decode_schema
 from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
-from sparkjet.connectors import ProcessorContext
+from sparkjet.connectors.base import ProcessorContext
 from sparkjet.dag import SOURCE, Dag
 from sparkjet.errors import SnapshotNotFoundError, SparkjetError
 from sparkjet.runtime import failures
@@ -63,7 +63,7 @@ from sparkjet.runtime.watermarks import (
     Watermark,
     WatermarkTracker,
 )
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.table_join import TABLES_VERTEX, TableVersions
 from sparkjet.windows import EventTimeColumn, in_units
 

@@ -69,7 +69,7 @@ def initial_point(config) -> StartPoint:
     """The snapshot ``config.initial_snapshot`` names; SnapshotNotFoundError, naming the
     job, when there is no such export."""
     from sparkjet.runtime.config import JobConfig
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     job_name, export = split_initial(config.initial_snapshot)
     if job_name is None or job_name == config.name:
@@ -124,7 +124,7 @@ def open_point(config, point: StartPoint, own):
     """The store to read ``point`` from: ``own`` (the job's store) or the other job's."""
     if point.job_id == config.id:
         return own
-    from sparkjet.snapshot_store import SnapshotStore
+    from sparkjet.snapshot.store import SnapshotStore
 
     return SnapshotStore(config.snapshot_store, point.job_id, create=False, name=point.job_name)
 

@@ -56,7 +56,7 @@ from sparkjet.runtime.supervision import (
     restart_or_fail,
 )
 from sparkjet.runtime.topology import Topology
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 
 _log = logging.getLogger("sparkjet.runtime")
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from sparkjet.errors import SparkjetError
 from sparkjet.runtime.config import JobConfig
-from sparkjet.snapshot_store import SnapshotStore
+from sparkjet.snapshot.store import SnapshotStore
 
 #: The longest wait between two executions, in seconds.
 MAX_BACKOFF = 30.0

@@ -35,10 +35,13 @@ import pyarrow.compute as pc
 
 from sparkjet import verify
 from sparkjet._cli_args import nonnegative_int, positive_int
+from sparkjet.connectors.delta import DeltaSink
+from sparkjet.connectors.files.sink import TransactionalFileSink
+from sparkjet.connectors.generator import GeneratorSource
+from sparkjet.connectors.postgres import PostgresSink
+from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.sinks import DeltaSink, PostgresSink, SQLiteUpsertSink, TransactionalFileSink
-from sparkjet.sources import GeneratorSource
 from sparkjet.windows import sliding, tumbling
 
 
@@ -299,7 +302,7 @@ def _kafka_sink(bootstrap: str, topic: str, staging: Path, key: str):
     """A Kafka sink on a new 4-partition topic (created here), keyed by `key`."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from sparkjet.sinks import KafkaSink
+    from sparkjet.connectors.kafka.sink import KafkaSink
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(topic, num_partitions=4,
@@ -312,7 +315,7 @@ def _kafka_read(bootstrap: str, topic: str) -> pa.Table:
     """The JSON rows a read_committed consumer reads from `topic` now."""
     import json
 
-    from sparkjet.sinks import KafkaSink
+    from sparkjet.connectors.kafka.sink import KafkaSink
 
     values = KafkaSink.read(topic, bootstrap)
     if values.num_rows == 0:

@@ -50,7 +50,7 @@ import pyarrow as pa
 
 from sparkjet._checks import check_bool, check_distinct_ints, check_int, check_path
 from sparkjet._fs import Backend
-from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,

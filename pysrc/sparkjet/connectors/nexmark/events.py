@@ -13,7 +13,7 @@ rule can give, so a pick is uniform over lengths as NEXMark's is. A row then cos
 ``take`` (a copy) instead of generating and compacting random bytes.
 
 The rules are those of the NEXMark generator of Apache Beam and nexmark-flink (constants
-named as there); the departures are listed in :mod:`sparkjet.sources.nexmark`.
+named as there); the departures are listed in :mod:`sparkjet.connectors.nexmark.source`.
 """
 from __future__ import annotations
 

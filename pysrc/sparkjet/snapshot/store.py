@@ -58,18 +58,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import xxhash
 
-from sparkjet import _snapshot_meta as meta
 from sparkjet._checks import check_int
 from sparkjet._fs import Backend
-from sparkjet._snapshot_meta import CommitEvent, RegisterEvent, ValidationRecord
-from sparkjet.chunks import (
-    DEFAULT_CHUNK_SIZE,
-    HEADER_SIZE,
-    ChunkEncoder,
-    decode_entries,
-    decode_table,
-    read_chunks,
-)
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,
@@ -78,6 +68,16 @@ from sparkjet.errors import (
     SnapshotNotFoundError,
 )
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+from sparkjet.snapshot import records as meta
+from sparkjet.snapshot.chunks import (
+    DEFAULT_CHUNK_SIZE,
+    HEADER_SIZE,
+    ChunkEncoder,
+    decode_entries,
+    decode_table,
+    read_chunks,
+)
+from sparkjet.snapshot.records import CommitEvent, RegisterEvent, ValidationRecord
 
 RECORD_FORMAT = meta.RECORD_FORMAT
 _NAME = re.compile(meta.NAME_PATTERN)

@@ -61,7 +61,7 @@ import pyarrow.fs as pafs
 
 from sparkjet._checks import check_int, check_path
 from sparkjet._fs import Backend, absolute
-from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     ConnectorError,
     FencedError,

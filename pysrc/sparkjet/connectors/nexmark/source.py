@@ -16,7 +16,7 @@ bids on four hot channels, the others on 10,000 channels).
 Event ``i``'s time is ``first_event_time_ms + i * 1000 // events_per_second`` (an event
 clock, not the wall clock), minus a jitter uniform in ``0..out_of_order_ms``. Every column
 of event ``i`` depends on ``(seed, i)`` and the parameters only, computed with numpy from
-the index (splitmix64 draws, :mod:`sparkjet.sources._nexmark_events`).
+the index (splitmix64 draws, :mod:`sparkjet.connectors.nexmark.events`).
 
 Departures from Beam's generator, all on purpose:
 
@@ -57,10 +57,10 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet._checks import check_int, check_number
-from sparkjet.connectors import ProcessorContext, Source
+from sparkjet.connectors.base import ProcessorContext, Source
+from sparkjet.connectors.generator import GeneratorReader
+from sparkjet.connectors.nexmark import events as model
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.sources import _nexmark_events as model
-from sparkjet.sources.generator import GeneratorReader
 
 KINDS = ("bid", "auction", "person")
 SCHEMAS = dict(model.SCHEMAS)

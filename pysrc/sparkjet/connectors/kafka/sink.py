@@ -65,19 +65,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet._fs import Backend
-from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
-from sparkjet.errors import (
-    ConnectorError,
-    FencedError,
-    InvalidArgumentError,
-    SnapshotIncompleteError,
-)
-from sparkjet.sources.kafka import (
+from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors.kafka.source import (
     DEFAULT_BOOTSTRAP,
     client_config,
     kafka_module,
     partitions_of,
     read_topic,
+)
+from sparkjet.errors import (
+    ConnectorError,
+    FencedError,
+    InvalidArgumentError,
+    SnapshotIncompleteError,
 )
 
 DESCRIPTION_FORMAT = 1

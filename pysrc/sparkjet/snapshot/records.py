@@ -17,8 +17,8 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
-from sparkjet.chunks import HEADER_SIZE
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
+from sparkjet.snapshot.chunks import HEADER_SIZE
 
 RECORD_FORMAT = 1
 

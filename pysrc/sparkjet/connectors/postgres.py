@@ -80,7 +80,7 @@ import pyarrow.csv as pacsv
 
 from sparkjet._keys import refuse_nulls
 from sparkjet._redact import MASK, redact
-from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     ConnectorError,
     FencedError,

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet._checks import check_distinct_ints, check_int, check_number
-from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError
 
 _U = np.uint64

@@ -1,4 +1,4 @@
-"""Sinks that keep a job's processing guarantee end to end (see :mod:`sparkjet.connectors`).
+"""Sinks that keep a job's processing guarantee end to end (see :mod:`sparkjet.connectors.base`).
 
 - :class:`TransactionalFileSink`: Parquet or Arrow IPC files on ``pyarrow.fs``, two-phase
   commit (staged per execution and transaction, made visible by rename after the snapshot).
@@ -13,16 +13,16 @@
   at-least-once by appends (needs deltalake: ``pip install 'sparkjet[delta]'``).
 - :class:`DiscardSink`: keeps nothing (benchmarks).
 """
-from sparkjet.sinks.delta import DeltaSink, DeltaWriter
-from sparkjet.sinks.discard import DiscardSink
-from sparkjet.sinks.files import TransactionalFileSink, TransactionalFileWriter
-from sparkjet.sinks.kafka import KafkaPlainWriter, KafkaSink, KafkaWriter
-from sparkjet.sinks.postgres import (
+from sparkjet.connectors.delta import DeltaSink, DeltaWriter
+from sparkjet.connectors.discard import DiscardSink
+from sparkjet.connectors.files.sink import TransactionalFileSink, TransactionalFileWriter
+from sparkjet.connectors.kafka.sink import KafkaPlainWriter, KafkaSink, KafkaWriter
+from sparkjet.connectors.postgres import (
     PostgresSink,
     PostgresTransactionalWriter,
     PostgresUpsertWriter,
 )
-from sparkjet.sinks.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
+from sparkjet.connectors.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
 
 __all__ = [
     "DeltaSink",

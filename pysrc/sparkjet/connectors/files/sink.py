@@ -74,7 +74,7 @@ import pyarrow.parquet as pq
 
 from sparkjet._checks import check_bool, check_int, check_path
 from sparkjet._fs import Backend, absolute
-from sparkjet.connectors import GUARANTEES, ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
 
 DESCRIPTION_FORMAT = 1

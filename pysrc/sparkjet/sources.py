@@ -1,4 +1,4 @@
-"""Sources of a job (the :class:`~sparkjet.connectors.Source` contract):
+"""Sources of a job (the :class:`~sparkjet.connectors.base.Source` contract):
 
 - :class:`GeneratorSource`: deterministic events, replayable by offset, rate-limited or
   as fast as possible; computes the expected output of a failure-free run.
@@ -15,18 +15,18 @@
 - :class:`RedisStreamSource` and :class:`RedisStreamProducer`: an acknowledging source on
   Redis Streams (needs the ``redis`` package: ``pip install 'sparkjet[redis]'``).
 """
-from sparkjet.sources.arrow_log import (
+from sparkjet.connectors.arrow_log import (
     ArrowLogReader,
     ArrowLogSource,
     ArrowLogWriter,
     LogLockedError,
 )
-from sparkjet.sources.dataframe import DataFrameSource
-from sparkjet.sources.files import DirectoryReader, DirectorySource
-from sparkjet.sources.generator import GeneratorReader, GeneratorSource
-from sparkjet.sources.kafka import KafkaReader, KafkaSource, read_topic
-from sparkjet.sources.nexmark import NexmarkReader, NexmarkSource
-from sparkjet.sources.redis_stream import (
+from sparkjet.connectors.dataframe import DataFrameSource
+from sparkjet.connectors.files.source import DirectoryReader, DirectorySource
+from sparkjet.connectors.generator import GeneratorReader, GeneratorSource
+from sparkjet.connectors.kafka.source import KafkaReader, KafkaSource, read_topic
+from sparkjet.connectors.nexmark.source import NexmarkReader, NexmarkSource
+from sparkjet.connectors.redis import (
     RedisStreamProducer,
     RedisStreamReader,
     RedisStreamSource,

@@ -77,7 +77,7 @@ import pyarrow.parquet as pq
 
 from sparkjet._checks import check_distinct_ints, check_int, check_number
 from sparkjet._redact import redact_url
-from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     ConnectorError,
     CorruptDataError,

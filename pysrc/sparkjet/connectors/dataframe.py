@@ -31,9 +31,9 @@ import uuid
 
 from sparkjet._checks import check_bool, check_int, check_path
 from sparkjet._fs import Backend, absolute
-from sparkjet.connectors import DriverContext, ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import DriverContext, ProcessorContext, Source, SourceReader
+from sparkjet.connectors.files.source import DirectorySource
 from sparkjet.errors import ConnectorError, InvalidArgumentError
-from sparkjet.sources.files import DirectorySource
 from sparkjet.spark_output import spark_names, spark_path
 
 RECORD = "_sparkjet_dataframe.json"

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from sparkjet._checks import check_distinct_ints, check_int, check_number
-from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from sparkjet._checks import check_int, check_number, check_path
 from sparkjet._keys import refuse_nulls
-from sparkjet.connectors import ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors.base import ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,

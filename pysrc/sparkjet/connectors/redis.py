@@ -55,7 +55,7 @@ import pyarrow as pa
 
 from sparkjet._checks import check_distinct_ints, check_int, check_number, check_str
 from sparkjet._redact import redact, redact_url
-from sparkjet.connectors import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sparkjet.connectors import ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors.base import ProcessorContext, Sink, SinkWriter
 
 
 class DiscardSink(Sink):
