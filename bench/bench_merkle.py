@@ -264,12 +264,12 @@ def machine_summary() -> str:
 
 
 def spark_rows(w: Workload, spark) -> dict:
-    """Spark join diff vs sparkjet.merkle_spark.merkle_diff on the same DataFrames (8
+    """Spark join diff vs sparkjet.spark.merkle.merkle_diff on the same DataFrames (8
     partitions, cached, so neither pays for building them). One timed run each after a
     warm-up."""
     from pyspark.sql import functions as F
 
-    from sparkjet.merkle_spark import merkle_diff
+    from sparkjet.spark.merkle import merkle_diff
 
     # createDataFrame makes one partition per 10k rows; files would give a few big ones.
     a = spark.createDataFrame(w.stale).coalesce(8).cache()

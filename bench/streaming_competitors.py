@@ -342,7 +342,7 @@ def _flink_env() -> dict:
     if Path(FLINK_JAVA_HOME, "bin", "java").exists():
         env["JAVA_HOME"] = FLINK_JAVA_HOME
     elif "JAVA_HOME" not in env:
-        from sparkjet._java import find_java_home
+        from sparkjet.spark.java import find_java_home
 
         env["JAVA_HOME"] = find_java_home()
     return env

@@ -6,9 +6,9 @@ import pytest
 def spark():
     """One local Spark session (``local[2]``) for the whole run, started by the first test
     that needs it and stopped at the end. Without Java 17+ the requesting tests fail with
-    the message of :class:`sparkjet._java.JavaNotFoundError` (never a silent skip)."""
-    from sparkjet._java import JavaNotFoundError
+    the message of :class:`sparkjet.spark.java.JavaNotFoundError` (never a silent skip)."""
     from sparkjet.spark import local_session
+    from sparkjet.spark.java import JavaNotFoundError
 
     try:
         # A killed task's Python worker gets 60 s (not 2) before Spark kills it, so the

@@ -90,7 +90,8 @@ def test_demo_prints_the_histogram_and_the_speed():
 @pytest.mark.spark
 def test_demo_string_keys_and_histogram(spark):
     """The demo's string keys, on the shared session (a second demo JVM would cost ~10 s)."""
-    from sparkjet import cli, partition_ids
+    from sparkjet import partition_ids
+    from sparkjet.cli import main as cli
 
     frame = cli._key_frame(spark, 3_000, 1_000, "string")
     keys = frame.toArrow().sort_by("id").column("key")

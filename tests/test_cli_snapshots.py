@@ -3,7 +3,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkjet.cli import main
+from sparkjet.cli.main import main
 from sparkjet.snapshot.store import SnapshotStore
 
 

@@ -88,7 +88,7 @@ def test_stop_needs_a_running_job(tmp_path):
 
 
 def test_sparkjet_jobs_lists_each_job_by_name_with_its_state(tmp_path, capsys):
-    from sparkjet.cli import main
+    from sparkjet.cli.main import main
 
     handle = _job(tmp_path / "a", "nightly", store=tmp_path / "store").submit()
     _wait_for_snapshots(handle)

@@ -8,7 +8,7 @@ import pytest
 
 from sparkjet.errors import InvalidArgumentError, UnsupportedTypeError
 from sparkjet.merkle import MerkleForest
-from sparkjet.merkle_spark import merkle_diff, merkle_forest
+from sparkjet.spark.merkle import merkle_diff, merkle_forest
 
 pytestmark = pytest.mark.spark
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 import sparkjet
-from sparkjet._java import (
+from sparkjet.spark.java import (
     JavaNotFoundError,
     ensure_java,
     find_java_home,

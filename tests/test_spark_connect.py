@@ -10,13 +10,14 @@ import psutil
 import pytest
 from pyspark.errors import PySparkAttributeError
 
-from sparkjet import _session, verify
+from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.spark_runner import available_slots, coordinator_host
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
+from sparkjet.spark import session as _session
 from sparkjet.testing.connect_server import ConnectServer
 from sparkjet.verify import last_update_per_key
 

@@ -282,7 +282,7 @@ def test_a_streaming_query_killed_feeds_a_log_exactly_once(tmp_path):
 def test_a_commit_that_died_midway_is_finished_not_repeated(tmp_path):
     """The driver died while appending a batch: the replay appends only the rest."""
     from sparkjet.sources import ArrowLogWriter
-    from sparkjet.spark_datasource import LogStreamWriter
+    from sparkjet.spark.datasource import LogStreamWriter
 
     schema = pa.schema([("id", pa.int64())])
     writer = LogStreamWriter(str(tmp_path / "log"), 2, schema)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkjet._java import JavaNotFoundError, ensure_java
+from sparkjet.spark.java import JavaNotFoundError, ensure_java
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

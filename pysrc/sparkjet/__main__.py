@@ -1,4 +1,4 @@
 """``python -m sparkjet``: the ``sparkjet`` command."""
-from sparkjet.cli import main
+from sparkjet.cli.main import main
 
 raise SystemExit(main())

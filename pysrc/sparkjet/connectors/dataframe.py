@@ -34,7 +34,7 @@ from sparkjet._fs import Backend, absolute
 from sparkjet.connectors.base import DriverContext, ProcessorContext, Source, SourceReader
 from sparkjet.connectors.files.source import DirectorySource
 from sparkjet.errors import ConnectorError, InvalidArgumentError
-from sparkjet.spark_output import spark_names, spark_path
+from sparkjet.spark.output import spark_names, spark_path
 
 RECORD = "_sparkjet_dataframe.json"
 _WHAT = "DataFrame source"

@@ -27,7 +27,7 @@ The snapshot store (and file sinks) must be a path every executor and the driver
 any local path on ``local[N]``; a shared file system, HDFS or an object store on a cluster.
 
 A Spark Connect session (``SparkSession.builder.remote(...)``) works too: it has no
-``sparkContext``, so the runner asks only the session (:mod:`sparkjet._session`): its
+``sparkContext``, so the runner asks only the session (:mod:`sparkjet.spark.session`): its
 configuration, its tags for cancelling, the DataFrame API for the stage. Its coordinator
 runs in the client process (where ``Job.run`` is called), which the executors must reach
 (``JobConfig.coordinator_host``); the snapshot store must be reachable from the client too.
@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from sparkjet import _session
 from sparkjet.dag import Dag
 from sparkjet.observability import add_vertex_counts
 from sparkjet.runtime.config import JobConfig
@@ -57,6 +56,7 @@ from sparkjet.runtime.supervision import (
 )
 from sparkjet.runtime.topology import Topology
 from sparkjet.snapshot.store import SnapshotStore
+from sparkjet.spark import session as _session
 
 _log = logging.getLogger("sparkjet.runtime")
 

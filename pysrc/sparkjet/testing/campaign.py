@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet import verify
-from sparkjet._cli_args import nonnegative_int, positive_int
+from sparkjet.cli.args import nonnegative_int, positive_int
 from sparkjet.connectors.delta import DeltaSink
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource

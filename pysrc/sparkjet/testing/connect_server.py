@@ -86,7 +86,7 @@ class ConnectServer:
         self.stop()
 
     def start(self) -> ConnectServer:
-        from sparkjet._java import ensure_java
+        from sparkjet.spark.java import ensure_java
 
         ensure_java()
         self.directory = self._given_dir or Path(tempfile.mkdtemp(prefix="sparkjet-connect-"))

@@ -115,8 +115,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from sparkjet._checks import check_int
-from sparkjet._java import ensure_java
 from sparkjet.errors import InvalidArgumentError, SparkjetError
+from sparkjet.spark.java import ensure_java
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -34,12 +34,12 @@ from sparkjet._keys import (
 from sparkjet._keys import (
     key_names as _key_names,
 )
-from sparkjet._session import default_parallelism
 from sparkjet.errors import InvalidArgumentError, SparkjetError, UnsupportedTypeError
 from sparkjet.merkle._hashing import column_names
 from sparkjet.merkle.compare import diff, leaf_set, rows_under_leaves
 from sparkjet.merkle.forest import DEFAULT_DEPTH, MerkleForest, check_depth, check_value_hash
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+from sparkjet.spark.session import default_parallelism
 
 if TYPE_CHECKING:
     import pyarrow as pa

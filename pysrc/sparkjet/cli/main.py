@@ -1,6 +1,6 @@
 """The ``sparkjet`` command (also ``python -m sparkjet``).
 
-``sparkjet demo`` runs the main job (:mod:`sparkjet.cli_demo`): a keyed aggregation on local
+``sparkjet demo`` runs the main job (:mod:`sparkjet.cli.demo`): a keyed aggregation on local
 Spark with crashes, live progress and the checker's verdict. ``sparkjet partition-demo``
 partitions a generated DataFrame on local Spark and prints the histogram of rows per
 Hazelcast partition and the speed of the partitioning, on Spark and on the driver.
@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 
-from sparkjet._cli_args import positive_int
+from sparkjet.cli.args import positive_int
 from sparkjet.errors import InvalidArgumentError, SparkjetError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     parser.commands = commands
-    from sparkjet.cli_demo import add_parser as add_demo
+    from sparkjet.cli.demo import add_parser as add_demo
 
     add_demo(commands)
     demo = commands.add_parser(
@@ -93,8 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rounds", type=positive_int, default=2,
                       help="times each Spark job is timed; the best counts (default: 2)")
     demo.set_defaults(command="partition-demo", run=_demo)
-    from sparkjet.cli_snapshots import add_jobs_parser
-    from sparkjet.cli_snapshots import add_parser as add_snapshots
+    from sparkjet.cli.snapshots import add_jobs_parser
+    from sparkjet.cli.snapshots import add_parser as add_snapshots
 
     add_snapshots(commands)
     add_jobs_parser(commands)

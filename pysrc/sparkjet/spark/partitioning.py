@@ -2,10 +2,7 @@
 
 :func:`with_partition_id` adds the Hazelcast partition of a key as a column, computed in
 the executors on Arrow batches (``mapInArrow``), and :func:`repartition_by_partition`
-moves all rows of one Hazelcast partition into one Spark partition. :func:`local_session`
-starts a local Spark session with a Java it finds itself. :func:`merkle_diff` lists the keys
-added, removed or changed between two DataFrames, building Merkle trees in the executors and
-reading only the rows under differing leaves.
+moves all rows of one Hazelcast partition into one Spark partition.
 
 Spark types map to Hazelcast types as the Arrow types Spark hands to Python do
 (see :mod:`sparkjet.partitioning`):
@@ -21,145 +18,22 @@ BinaryType                          byte[]
 """
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from sparkjet._checks import check_int
-from sparkjet._java import JavaNotFoundError, ensure_java, find_java_home
-from sparkjet._session import default_parallelism
 from sparkjet.errors import (
     InvalidArgumentError,
     NullKeyError,
     SparkjetError,
     UnsupportedTypeError,
 )
-from sparkjet.merkle_spark import merkle_diff, merkle_forest
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, Partitioner
+from sparkjet.spark.session import default_parallelism
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
-
-__all__ = [
-    "JavaNotFoundError",
-    "find_java_home",
-    "local_session",
-    "spark_log_path",
-    "merkle_diff",
-    "read_output",
-    "register",
-    "merkle_forest",
-    "repartition_by_partition",
-    "with_partition_id",
-]
-
-#: What :func:`local_session` sets unless given otherwise: few shuffle partitions (the
-#: default 200 is for clusters), no web UI and no console progress bar (a job draws its
-#: own: ``Job.run(progress=True)``), Arrow for pandas conversions, a moderate heap.
-LOCAL_DEFAULTS = {
-    "spark.sql.shuffle.partitions": "8",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.driver.memory": "2g",
-}
-
-#: Added for ``local[...]`` masters: bind the driver to the loopback interface, so a
-#: machine whose hostname does not resolve still works.
-LOOPBACK_DEFAULTS = {
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.host": "127.0.0.1",
-}
-
-
-def local_session(master: str = "local[2]", app_name: str = "sparkjet", **conf) -> SparkSession:
-    """A Spark session on this machine (or the active one, as ``getOrCreate`` returns it).
-
-    Finds a Java 17+ runtime and sets ``JAVA_HOME`` (:func:`sparkjet._java.ensure_java`;
-    raises :class:`~sparkjet._java.JavaNotFoundError` with what to install when there is
-    none), makes Python workers use this interpreter (``PYSPARK_PYTHON`` and
-    ``PYSPARK_DRIVER_PYTHON``, unless already set), and applies :data:`LOCAL_DEFAULTS`
-    (and, for a ``local`` master, :data:`LOOPBACK_DEFAULTS` and ``SPARK_LOCAL_IP`` unless
-    set) overridden by ``conf``. Spark keys contain dots, so pass them unpacked::
-
-        spark = local_session("local[4]", **{"spark.sql.shuffle.partitions": "16"})
-    """
-    ensure_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    settings = dict(LOCAL_DEFAULTS)
-    if master.startswith("local"):
-        settings.update(LOOPBACK_DEFAULTS)
-        # Where Spark's launcher binds before it reads the configuration (it warns when the
-        # hostname resolves to loopback, and picks another interface).
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    settings.update(conf)
-    if not any("log4j" in str(v) for k, v in settings.items() if k.endswith("extraJavaOptions")):
-        # Spark's JVM logs (a killed Python worker is an ERROR with a stack trace) go to a
-        # file, not the user's terminal; sparkjet says what happened in its own errors.
-        extra = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = (
-            f"{extra} -Dlog4j2.configurationFile=file:{_log4j_config()}").strip()
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in settings.items():
-        builder = builder.config(key, _conf_value(value))
-    return builder.getOrCreate()
-
-
-def read_output(spark: SparkSession, sink) -> DataFrame:
-    """The committed rows of a job's sink (``TransactionalFileSink`` or ``DeltaSink``) as a
-    DataFrame of ``spark``; see :mod:`sparkjet.spark_output`."""
-    from sparkjet.spark_output import read_output as read
-
-    return read(spark, sink)
-
-
-def register(spark: SparkSession) -> None:
-    """Registers the Structured Streaming formats ``sparkjet`` (a job's committed output as
-    a stream) and ``sparkjet-log`` (a stream into an Arrow log); see
-    :mod:`sparkjet.spark_datasource`."""
-    from sparkjet.spark_datasource import register as register_formats
-
-    register_formats(spark)
-
-
-#: Where :func:`local_session` sends the JVM's log (``SPARKJET_SPARK_LOG`` overrides it).
-def spark_log_path() -> str:
-    """The file that Spark's JVM log goes to in sessions :func:`local_session` starts."""
-    import tempfile
-
-    return os.environ.get("SPARKJET_SPARK_LOG") or os.path.join(
-        tempfile.gettempdir(), f"sparkjet-spark-{os.getpid()}.log")
-
-
-def _log4j_config() -> str:
-    """A log4j2 configuration sending every JVM log record (INFO and up) to
-    :func:`spark_log_path` and none to the console; returns its path."""
-    import tempfile
-
-    log = spark_log_path()
-    text = "\n".join([
-        "status = error",
-        "appender.file.type = File",
-        "appender.file.name = file",
-        f"appender.file.fileName = {log}",
-        "appender.file.layout.type = PatternLayout",
-        "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
-        "rootLogger.level = info",
-        "rootLogger.appenderRef.file.ref = file",
-        # the noisiest of Spark's own loggers, even in the file
-        "logger.jetty.name = org.sparkproject.jetty",
-        "logger.jetty.level = warn",
-        "",
-    ])
-    fd, path = tempfile.mkstemp(prefix="sparkjet-log4j2-", suffix=".properties")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
+    from pyspark.sql import DataFrame
 
 
 def with_partition_id(
@@ -341,7 +215,3 @@ def _default_parallelism(df: DataFrame) -> int:
         return default_parallelism(df.sparkSession)  # also on Spark Connect
 
 
-def _conf_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

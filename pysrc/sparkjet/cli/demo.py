@@ -16,8 +16,8 @@ import time
 import warnings
 from pathlib import Path
 
-from sparkjet._cli_args import nonnegative_int, positive_float, positive_int
 from sparkjet._progress import ProgressLine, bar
+from sparkjet.cli.args import nonnegative_int, positive_float, positive_int
 from sparkjet.connectors.base import GUARANTEES
 from sparkjet.errors import InvalidArgumentError
 
