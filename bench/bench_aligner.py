@@ -16,7 +16,7 @@ snapshot, in order). Competitors, all with the same alignment rules and event or
 - ``sparkjet``: the native aligner, one item per call (``put`` / ``take``);
 - ``sparkjet bulk``: the same, ``put_many`` of whole segments between barriers and
   ``drain`` on the consumer side;
-- ``deque + Lock``: :class:`sparkjet.aligner.ReferenceAligner` (one deque per channel, one
+- ``deque + Lock``: :class:`sparkjet.runtime.aligner.ReferenceAligner` (one deque per channel, one
   lock, conditions to wait on), one item per call, and ``put_many`` / ``drain``;
 - ``queue.Queue``: one ``queue.Queue(capacity)`` per channel and the reference's state
   machine on the consumer side; a consumer with nothing to take waits up to 1 ms in
@@ -42,7 +42,7 @@ import sparkjet
 
 # The reference's private state machine and entry markers too, so that the queue.Queue
 # version differs from it in the queues only.
-from sparkjet.aligner import (
+from sparkjet.runtime.aligner import (
     _END,
     DONE,
     ITEM,

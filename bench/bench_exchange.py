@@ -46,7 +46,7 @@ import pytest
 from pyarrow import flight
 
 import sparkjet
-from sparkjet.aligner import DONE, ITEM, BarrierAligner
+from sparkjet.runtime.aligner import DONE, ITEM, BarrierAligner
 from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
 from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 

@@ -39,8 +39,8 @@ import pytest
 
 import sparkjet
 from sparkjet import _native
-from sparkjet._groups import Groups
 from sparkjet._keys import describe
+from sparkjet.operators.groups import Groups
 
 ROWS = 1_000_000
 DISTINCT = 100_000

@@ -3,7 +3,7 @@ auction over the same bids, and q3 and q8 over persons and auctions, each result
 against :mod:`sparkjet.testing.nexmark_reference`.
 The Structured Streaming side of the NEXMark comparison; sparkjet's side comes with its
 window operators (``Pipeline().read_from(NexmarkSource(...)).with_timestamps("date_time",
-max_lag=...).group_by("auction").window(sparkjet.windows.sliding(size, slide))...``).
+max_lag=...).group_by("auction").window(sparkjet.operators.windows.definitions.sliding(size, slide))...``).
 
 Feeding and measuring follow ``bench_vs_streaming.py``: the bids of
 ``NexmarkSource(kind="bid")`` (``--events`` bids, 10,000 events/s of event time) are

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from sparkjet.table_join import TableIndex
+from sparkjet.operators.table_join import TableIndex
 
 EVENTS, TABLE_ROWS, BATCH = 1_000_000, 100_000, 65_536
 

@@ -8,8 +8,8 @@ import pyarrow as pa
 
 import sparkjet
 from sparkjet import _native, hash
-from sparkjet.aligner import BarrierAligner
-from sparkjet.keyed_state import KeyedAggregator
+from sparkjet.operators.rolling import KeyedAggregator
+from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.snapshot.chunks import ChunkEncoder, decode_table, read_chunks
 
 installed = Path(sparkjet.__file__).resolve()

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkjet.aligner import (
+from sparkjet.errors import InvalidArgumentError, SparkjetError
+from sparkjet.runtime.aligner import (
     BURST,
     DONE,
     FAULT_OTHER_ID,
@@ -28,7 +29,6 @@ from sparkjet.aligner import (
     BarrierError,
     ReferenceAligner,
 )
-from sparkjet.errors import InvalidArgumentError, SparkjetError
 
 IMPLS = {"native": BarrierAligner, "reference": ReferenceAligner}
 MODES = ("exactly-once", "at-least-once")

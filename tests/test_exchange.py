@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 import pytest
 from pyarrow import flight
 
-from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.errors import FencedError, InvalidArgumentError, SparkjetError
 from sparkjet.partitioning import partition_ids
 from sparkjet.runtime import exchange
+from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.runtime.exchange import (
     PROTOCOL,
     ExchangeClient,
@@ -720,7 +720,7 @@ def test_errors_pickle_with_their_peer():
 
 _RECEIVER = """
 import sys, time
-from sparkjet.aligner import BarrierAligner
+from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.exchange import ExchangeServer
 from sparkjet.runtime.security import LinkSecurity
 from sparkjet.runtime.watermarks import IDLE, Watermark

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkjet import _native
-from sparkjet._groups import Groups
 from sparkjet._keys import describe
 from sparkjet.errors import InvalidArgumentError, NullKeyError, UnsupportedTypeError
+from sparkjet.operators.groups import Groups
 
 # ------------------------------------------------------------------ composite keys
 

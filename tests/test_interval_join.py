@@ -15,11 +15,11 @@ import pytest
 from test_runtime import run_with_kills
 
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.interval_join import IntervalJoinStage
+from sparkjet.operators.base import ORDINAL
+from sparkjet.operators.interval_join import IntervalJoinStage
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.runtime.member import MemberFailedError
-from sparkjet.runtime.outbox import ORDINAL
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME, PartitionFloors
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import sparkjet
 from sparkjet.errors import InvalidArgumentError, NullKeyError
-from sparkjet.keyed_state import KeyedAggregator
+from sparkjet.operators.rolling import KeyedAggregator
 
 AGGS = {"n": "count", "total": ("sum", "v"), "lo": ("min", "v"), "hi": ("max", "v"), "avg": ("mean", "v")}
 

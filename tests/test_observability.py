@@ -185,7 +185,7 @@ def test_lag_is_none_without_a_timestamp_event_time(tmp_path):
 
 
 def test_lags_reach_prometheus_and_the_progress_line():
-    from sparkjet.observability import JobMetrics, ProgressView, _Collector
+    from sparkjet.runtime.observability import JobMetrics, ProgressView, _Collector
 
     now = time.time_ns()
     hour = 3600 * 10**9

@@ -6,10 +6,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 
-from sparkjet._schemas import SchemaGuard, check_agreement, encode, normalize
 from sparkjet.errors import SchemaMismatchError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
+from sparkjet.runtime.schemas import SchemaGuard, check_agreement, encode, normalize
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 
@@ -180,7 +180,7 @@ _AGGS = {"n": "count", "s": ("sum", "v"), "lo": ("min", "v"), "hi": ("max", "v")
 
 
 def test_the_rolling_aggregation_skips_nulls_as_sql_does():
-    from sparkjet.keyed_state import KeyedAggregator
+    from sparkjet.operators.rolling import KeyedAggregator
 
     values = pa.array(_VALUES, pa.float64())
     agg = KeyedAggregator("k", _AGGS)
@@ -197,8 +197,7 @@ def test_the_rolling_aggregation_skips_nulls_as_sql_does():
 
 
 def test_windows_skip_nulls_as_sql_does():
-    from sparkjet.pipeline import WindowStage
-    from sparkjet.window_operator import WindowOperator
+    from sparkjet.operators.windows.operator import WindowOperator, WindowStage
     from sparkjet.windows import sliding
 
     def operator():

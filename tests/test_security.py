@@ -20,12 +20,12 @@ import pytest
 from pyarrow import flight
 
 from sparkjet import verify
-from sparkjet.aligner import BarrierAligner
 from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime import security as sec
+from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.exchange import (
     ExchangeAuthError,
     ExchangeClient,

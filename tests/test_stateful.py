@@ -14,14 +14,14 @@ import pytest
 from pyspark import cloudpickle  # noqa: E402
 from test_runtime import run_killed_once, run_with_kills
 
-from sparkjet.dedup import DeduplicateOperator, DeduplicateStage
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.operators.dedup import DeduplicateOperator, DeduplicateStage
+from sparkjet.operators.stateful import KeyedStateOperator, keyed_state_stage
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.watermarks import MAX_TIME
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
-from sparkjet.stateful import KeyedStateOperator, keyed_state_stage
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -292,7 +292,7 @@ def test_state_of_any_arrow_type(state):
 
 
 def test_map_stateful_refuses_a_state_it_cannot_snapshot():
-    from sparkjet.stateful import PER_ROW_STATE, per_row
+    from sparkjet.operators.stateful import PER_ROW_STATE, per_row
 
     def fn(state, key, row):
         state.append(lambda: None)          # a lambda cannot be pickled

@@ -14,13 +14,7 @@ from test_runtime import run_with_kills
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError, SnapshotIncompleteError
-from sparkjet.pipeline import Pipeline
-from sparkjet.runtime import Job, JobConfig
-from sparkjet.runtime.member import _entries_json
-from sparkjet.sinks import TransactionalFileSink
-from sparkjet.snapshot.store import SnapshotStore, content_digest
-from sparkjet.sources import GeneratorSource
-from sparkjet.table_join import (
+from sparkjet.operators.table_join import (
     TABLES_VERTEX,
     ReferenceTable,
     TableIndex,
@@ -28,6 +22,12 @@ from sparkjet.table_join import (
     TableVersion,
     ipc_bytes,
 )
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.runtime.member import _entries_json
+from sparkjet.sinks import TransactionalFileSink
+from sparkjet.snapshot.store import SnapshotStore, content_digest
+from sparkjet.sources import GeneratorSource
 
 KEYS = 100
 
@@ -330,7 +330,7 @@ def test_a_table_with_no_rows_or_only_null_keys_matches_nothing():
 def test_a_table_that_returns_to_an_earlier_content_is_stored_again(tmp_path):
     """Content A, then B (A's file removed by the commit), then A again: A must be written
     again before the snapshot that records it can commit."""
-    from sparkjet.table_join import TableVersion, TableVersions
+    from sparkjet.operators.table_join import TableVersion, TableVersions
 
     store = SnapshotStore(tmp_path, job_id=6)
     store.register_execution(1)

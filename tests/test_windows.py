@@ -119,8 +119,7 @@ class _Op:
     """A window operator fed by hand."""
 
     def __init__(self, window, keys=("k",), lateness=0, early=None, **aggs):
-        from sparkjet.pipeline import WindowStage
-        from sparkjet.window_operator import WindowOperator
+        from sparkjet.operators.windows.operator import WindowOperator, WindowStage
 
         stage = WindowStage(tuple(keys), window, aggs or {"n": "count", "s": ("sum", "v")},
                             early, lateness, None)
@@ -619,7 +618,7 @@ def _legacy_snapshot(store_dir, job_id, source, done: int):
     (prepared transactions by processor), and no DAG fingerprint."""
     import json
 
-    from sparkjet.keyed_state import KeyedAggregator
+    from sparkjet.operators.rolling import KeyedAggregator
     from sparkjet.snapshot.store import SnapshotStore
 
     per = done // source.partitions

@@ -16,10 +16,10 @@ import time
 import warnings
 from pathlib import Path
 
-from sparkjet._progress import ProgressLine, bar
 from sparkjet.cli.args import nonnegative_int, positive_float, positive_int
 from sparkjet.connectors.base import GUARANTEES
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.runtime.progress import ProgressLine, bar
 
 
 def add_parser(commands) -> None:

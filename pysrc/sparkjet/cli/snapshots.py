@@ -6,8 +6,8 @@ import argparse
 import sys
 import time
 
-from sparkjet._progress import ProgressLine, bar
 from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
+from sparkjet.runtime.progress import ProgressLine, bar
 from sparkjet.snapshot.store import SnapshotStore
 
 

@@ -23,9 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from sparkjet._schemas import check_agreement
 from sparkjet.errors import SparkjetError
 from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.schemas import check_agreement
 from sparkjet.snapshot.store import Manifest, SnapshotStore
 
 _POLL = 0.005
@@ -79,7 +79,7 @@ class SnapshotCoordinator:
     def ack(self, processor: str, snapshot_id: int, manifest: Manifest,
             alignment_s: float | None = None, schemas: dict | None = None) -> None:
         """A processor's phase-1 acknowledgement of snapshot ``snapshot_id``, with the
-        schemas of the outputs it has fixed (see :mod:`sparkjet._schemas`)."""
+        schemas of the outputs it has fixed (see :mod:`sparkjet.runtime.schemas`)."""
         self._acks.put((processor, snapshot_id, manifest, alignment_s, schemas))
 
     def run(self, snapshot_id: int) -> None:

@@ -5,7 +5,7 @@ coordinator):
 
 - **Data**: one Flight stream per edge channel carries Arrow batches and, in band, the
   snapshot barriers, the watermarks and the end of the stream, into the receiving processor's
-  :class:`~sparkjet.aligner.BarrierAligner` (``put`` / ``put_barrier`` / ``end`` on the
+  :class:`~sparkjet.runtime.aligner.BarrierAligner` (``put`` / ``put_barrier`` / ``end`` on the
   channel named by the stream; a watermark is put as a
   :class:`~sparkjet.runtime.watermarks.Watermark` item). Order within a stream is kept, so
   a barrier or a watermark never overtakes a batch.
@@ -13,7 +13,7 @@ coordinator):
   "commit" requests, the members' phase-1 "ack" with their manifests): a name and a JSON
   object in, a JSON object out.
 
->>> from sparkjet.aligner import BarrierAligner
+>>> from sparkjet.runtime.aligner import BarrierAligner
 >>> from sparkjet.runtime.security import LinkSecurity
 >>> security = LinkSecurity.generate(execution_id=7)
 >>> aligner = BarrierAligner(channels=1, capacity=16)
@@ -345,7 +345,7 @@ class ExchangeServer(flight.FlightServerBase):
     :param port: 0 picks a free port.
     :param inbound: where streams go: a mapping ``{(vertex, processor): aligner}`` or a
         function ``(vertex, processor) -> aligner | None``. An aligner is a
-        :class:`~sparkjet.aligner.BarrierAligner` or any object with its producer methods
+        :class:`~sparkjet.runtime.aligner.BarrierAligner` or any object with its producer methods
         (``put``, ``put_barrier``, ``end``, each taking ``timeout=``), looked up when a
         stream opens. A stream names the aligner's channel it feeds; one stream at a time
         per channel.

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from sparkjet._checks import check_int
 from sparkjet.connectors.base import DriverContext
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.lifecycle import (
@@ -28,6 +27,7 @@ from sparkjet.runtime.lifecycle import (
     record_state,
 )
 from sparkjet.runtime.local_runner import LocalRunner
+from sparkjet.runtime.observability import JobMetrics, MetricsServer, ProgressView
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
 

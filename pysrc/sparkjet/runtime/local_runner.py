@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkjet.dag import Dag
+from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.member import Member

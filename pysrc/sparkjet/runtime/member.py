@@ -5,9 +5,9 @@ driver).
 Threads: one per processor. A source processor reads its source partitions, sends each
 batch along its vertex's paths (:mod:`sparkjet.runtime.outbox`: fused stateless stages,
 then sinks or edges into other vertices) and generates watermarks. An aggregation
-processor takes the events of its :class:`~sparkjet.aligner.BarrierAligner` (batches and
+processor takes the events of its :class:`~sparkjet.runtime.aligner.BarrierAligner` (batches and
 watermarks from every processor feeding it, and barriers), runs its operator
-(:mod:`sparkjet.runtime.operators`) and sends the output along its own paths. Processors of
+(:mod:`sparkjet.operators.base`) and sends the output along its own paths. Processors of
 other members are fed over :mod:`sparkjet.runtime.exchange`. Snapshot n (Chandy-Lamport):
 
 1. the coordinator asks every source processor for barrier n; each saves its source state
@@ -34,16 +34,15 @@ import time
 
 import pyarrow as pa
 
-from sparkjet._schemas import SCHEMAS_VERTEX
-from sparkjet._schemas import decode as decode_schema
-from sparkjet.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.dag import SOURCE, Dag
 from sparkjet.errors import SnapshotNotFoundError, SparkjetError
+from sparkjet.operators.table_join import TABLES_VERTEX, TableVersions
+from sparkjet.operators.time import EventTimeColumn, in_units
+from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
+from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import SnapshotCoordinator
-from sparkjet.runtime.operators import make_operator
 from sparkjet.runtime.outbox import Outbox
 from sparkjet.runtime.restore import (
     PLAN_VERTEX,
@@ -54,6 +53,8 @@ from sparkjet.runtime.restore import (
     plan_restore,
     read_fingerprint,
 )
+from sparkjet.runtime.schemas import SCHEMAS_VERTEX
+from sparkjet.runtime.schemas import decode as decode_schema
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import (
     MAX_TIME,
@@ -64,8 +65,6 @@ from sparkjet.runtime.watermarks import (
     WatermarkTracker,
 )
 from sparkjet.snapshot.store import SnapshotStore
-from sparkjet.table_join import TABLES_VERTEX, TableVersions
-from sparkjet.windows import EventTimeColumn, in_units
 
 _POLL = 0.005
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -748,7 +747,7 @@ class _KeyedProcessor(_Processor):
     def work(self) -> None:
         m = self.member
         v = self.vertex
-        op = make_operator(v)
+        op = v.stage.make_operator(v.time_column)
         op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
         if self.restored_broadcast is not None:
             op.restore_broadcast(self.restored_broadcast)

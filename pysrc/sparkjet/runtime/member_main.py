@@ -11,9 +11,9 @@ def main(argv: list[str]) -> int:
     stop_file = rest[0] if rest else None
     from pyspark import cloudpickle
 
-    from sparkjet.observability import log_to
     from sparkjet.runtime import failures
     from sparkjet.runtime.member import Member
+    from sparkjet.runtime.observability import log_to
 
     with open(job_file, "rb") as f:
         plan, config = cloudpickle.load(f)

@@ -8,15 +8,15 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet._batches import split_by
-from sparkjet._schemas import SCHEMAS_VERTEX, SchemaGuard, encode
-from sparkjet.dag import Vertex
 from sparkjet.errors import SchemaMismatchError
+from sparkjet.operators.base import ORDINAL
+from sparkjet.operators.table_join import TABLES_VERTEX, TableJoiner, TableJoinStage
 from sparkjet.partitioning import partition_ids
-from sparkjet.pipeline import TimestampsStage
-from sparkjet.table_join import TABLES_VERTEX, TableJoiner, TableJoinStage
+from sparkjet.pipeline.dag import Vertex
+from sparkjet.pipeline.stages import TimestampsStage
+from sparkjet.runtime.schemas import SCHEMAS_VERTEX, SchemaGuard, encode
 
 #: The column telling a stage of several inputs which one a batch came from.
-ORDINAL = "__ordinal"
 
 
 class Outbox:
@@ -49,7 +49,7 @@ class Outbox:
         self._remote: dict = {}           # (vertex, k) -> OutboundChannel
         self.ended = False
         # Each output's schema (sink or edge into another vertex), fixed at its first batch
-        # or by the restored snapshot: see sparkjet._schemas.
+        # or by the restored snapshot: see sparkjet.runtime.schemas.
         restored_schemas = getattr(processor, "restored_schemas", None) or {}
         self._guards: dict[str, SchemaGuard] = {}
         for p in vertex.paths:

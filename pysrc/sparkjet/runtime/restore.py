@@ -9,7 +9,7 @@ committed nor aborted: they are the old job's).
 
 Before any execution, :func:`plan_restore` compares the pipeline that took the snapshot (the
 DAG fingerprint it recorded) with this one, vertex by vertex (vertices are matched by name,
-:mod:`sparkjet.dag`) and state schema by schema, and returns which old state each vertex
+:mod:`sparkjet.pipeline.dag`) and state schema by schema, and returns which old state each vertex
 restores. A new vertex starts empty; a vertex of the snapshot that the pipeline lacks is
 refused unless ``JobConfig.state_mapping`` drops it (``{"old": None}``) or maps it to a
 vertex of another name (``{"old": "new"}``: the mapping applies only to a snapshot that
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from sparkjet.dag import SOURCE, Dag, Vertex
 from sparkjet.errors import (
     IncompatibleSnapshotError,
     SnapshotMismatchError,
     SnapshotNotFoundError,
 )
+from sparkjet.pipeline.dag import SOURCE, Dag, Vertex
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -311,7 +311,7 @@ def conform_state(vertex: Vertex, table: pa.Table | None) -> pa.Table | None:
     schema = getattr(vertex.stage, "state", None)
     if table is None or not isinstance(schema, pa.Schema):
         return table
-    from sparkjet._state_store import STATE_PREFIX
+    from sparkjet.operators.state_store import STATE_PREFIX
 
     for f in schema:
         name = STATE_PREFIX + f.name

@@ -41,12 +41,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from sparkjet.dag import Dag
-from sparkjet.observability import add_vertex_counts
+from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.lifecycle import JobCancelledError
+from sparkjet.runtime.observability import add_vertex_counts
 from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.supervision import (
     JobFailedError,
@@ -346,9 +346,9 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from sparkjet.observability import log_to
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
+        from sparkjet.runtime.observability import log_to
 
         for _ in batches:  # one row per task; nothing to read
             pass

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparkjet.dag import SOURCE, Dag
 from sparkjet.partition_table import PartitionTable
+from sparkjet.pipeline.dag import SOURCE, Dag
 
 
 class Topology:

@@ -16,8 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-MIN_TIME = -(2**63)
-MAX_TIME = 2**63 - 1
+from sparkjet.operators.time import MAX_TIME, MIN_TIME
 
 
 class Watermark(NamedTuple):

@@ -11,7 +11,7 @@ Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://``
                                                (on object stores, in exports/NAME/d-X/, X a
                                                random id, which _export.json names)
     job-J/tables/DIGEST.arrow                  a reference table version (Arrow IPC), named by
-                                               the xxh3-128 of its bytes (sparkjet.table_join)
+                                               the xxh3-128 of its bytes (sparkjet.operators.table_join)
 
 **The log is the commit point.** Events are small JSON files named by a sequence number and
 created exclusively (a name is taken once, whole): ``register`` (execution E starts) and

@@ -32,18 +32,8 @@ import pyarrow as pa
 from sparkjet._batches import split_by
 from sparkjet._keys import join_keys
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.pipeline import (
-    FilterStage,
-    MapStage,
-    OperatorStage,
-    TimestampsStage,
-    UnionStage,
-    WindowStage,
-)
-from sparkjet.runtime.operators import Operator
-from sparkjet.runtime.outbox import ORDINAL
-from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
-from sparkjet.windows import in_units, time_values
+from sparkjet.operators.base import ORDINAL, Operator, OperatorStage
+from sparkjet.operators.time import MAX_TIME, MIN_TIME, in_units, time_values
 
 HOWS = ("inner", "left")
 LEFT, RIGHT = 0, 1
@@ -86,21 +76,23 @@ class IntervalJoinStage(OperatorStage):
         return IntervalJoinOperator(self, time_column)
 
 
-def interval_join_stage(left, right, on, between, how: str, right_suffix: str) -> IntervalJoinStage:
-    """Checks the arguments of :meth:`sparkjet.pipeline.Pipeline.join_interval` (the two
-    inputs are pipeline nodes) and builds its stage."""
+def interval_join_stage(on, between, how: str, right_suffix: str, *, same_input: bool,
+                        times: tuple) -> IntervalJoinStage:
+    """Checks the arguments of :meth:`sparkjet.pipeline.Pipeline.join_interval` and builds
+    its stage: ``same_input`` when both sides are one stream, ``times`` the event-time
+    columns of the two inputs (None: none yet; the DAG then refuses the join with its own
+    message)."""
     if how not in HOWS:
         raise InvalidArgumentError(f"join_interval(how=...) takes one of {list(HOWS)}, got {how!r}")
     left_keys, right_keys = join_keys(on, "join_interval", ("left", "right"))
     lower, upper = _parse_between(between)
     if not isinstance(right_suffix, str) or not right_suffix:
         raise InvalidArgumentError(f"right_suffix must be a non-empty string, got {right_suffix!r}")
-    if left is right:
+    if same_input:
         raise InvalidArgumentError(
             "join_interval() of a stream with itself: branch it through a stateless step "
             "first, e.g. stream.filter(...).join_interval(stream.filter(...), ...), so that "
             "each side is its own input")
-    times = [_event_time_of(left), _event_time_of(right)]
     if None not in times and times[0] != times[1]:
         raise InvalidArgumentError(
             f"join_interval(): the two inputs' event times are in columns {times[0]!r} and "
@@ -126,28 +118,6 @@ def _parse_between(between) -> tuple:
         raise InvalidArgumentError(f"join_interval(between=(lower, upper)): lower {lower!r} is "
                                    f"above upper {upper!r}; no row could ever match")
     return lower, upper
-
-
-def _event_time_of(node) -> str | None:
-    """The event-time column of a pipeline node's stream, as the DAG will find it (None:
-    none yet; the DAG then refuses the join with its own message)."""
-    while node is not None:
-        s = node.stage
-        if isinstance(s, TimestampsStage):
-            return s.column
-        if isinstance(s, WindowStage):
-            from sparkjet.dag import WINDOW_TIME
-
-            return WINDOW_TIME
-        if isinstance(s, OperatorStage):
-            if s.keeps_time and node.inputs:       # e.g. deduplicate: rows pass as they are
-                node = node.inputs[0]
-                continue
-            return s.output_time
-        if not isinstance(s, (MapStage, FilterStage, UnionStage)) or not node.inputs:
-            return None
-        node = node.inputs[0]
-    return None
 
 
 def _clip(v: int) -> int:

@@ -35,14 +35,11 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
-from sparkjet._groups import Groups
-from sparkjet._state_store import NO_TIMER, StateStore
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.pipeline import OperatorStage, _duration, _seconds
-from sparkjet.runtime.operators import Operator
-from sparkjet.runtime.outbox import ORDINAL
-from sparkjet.runtime.watermarks import MIN_TIME
-from sparkjet.windows import EventTimeColumn, in_units
+from sparkjet.operators.base import ORDINAL, Operator, OperatorStage
+from sparkjet.operators.groups import Groups
+from sparkjet.operators.state_store import NO_TIMER, StateStore
+from sparkjet.operators.time import MIN_TIME, EventTimeColumn, duration, in_units, seconds
 
 #: How many rounds of timers one watermark may fire (a timer set at or below the watermark
 #: by a timer call fires in the next round).
@@ -195,7 +192,7 @@ def keyed_state_stage(keys, fn, state, ttl, ttl_in, event_time, broadcast=False,
     if ttl_in not in ("event", "processing"):
         raise InvalidArgumentError(f"ttl_in is 'event' or 'processing', got {ttl_in!r}")
     if ttl is not None:
-        ttl = _duration("ttl", ttl, allow_zero=False) if ttl_in == "event" else _seconds("ttl", ttl)
+        ttl = duration("ttl", ttl, allow_zero=False) if ttl_in == "event" else seconds("ttl", ttl)
     label = getattr(fn, "__qualname__", type(fn).__name__)
     if isinstance(broadcast_key, str):
         broadcast_key = (broadcast_key,)

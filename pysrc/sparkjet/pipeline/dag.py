@@ -23,24 +23,21 @@ from dataclasses import dataclass, field
 
 from sparkjet.connectors.base import Sink, Source
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.pipeline import (
-    AggregateStage,
-    FilterStage,
-    MapStage,
+from sparkjet.operators.base import OperatorStage
+from sparkjet.operators.table_join import TableJoinStage
+from sparkjet.operators.windows.definitions import WINDOW_TIME
+from sparkjet.pipeline.stages import (
+    STATELESS,
     Node,
-    OperatorStage,
     SinkStage,
     SourceStage,
     TimestampsStage,
     UnionStage,
-    WindowStage,
 )
-from sparkjet.table_join import TableJoinStage
 
+#: Kinds of vertex: a source, and the kinds of the rolling aggregation and the window
+#: stages (the others are named by their stage's ``kind``).
 SOURCE, AGGREGATE, WINDOW = "source", "aggregate", "window"
-
-#: Event-time column of a windowed aggregation's output.
-WINDOW_TIME = "window_end"
 
 
 @dataclass(frozen=True)
@@ -58,8 +55,8 @@ class Path:
 @dataclass
 class Vertex:
     name: str
-    kind: str                            # SOURCE, AGGREGATE, WINDOW or an OperatorStage's kind
-    stage: object                        # SourceStage, AggregateStage, WindowStage, OperatorStage
+    kind: str                            # SOURCE or its OperatorStage's kind
+    stage: object                        # SourceStage or an OperatorStage
     inputs: list[str] = field(default_factory=list)   # upstream vertices, channel order
     paths: list[Path] = field(default_factory=list)
     timestamps: TimestampsStage | None = None          # sources: their event-time policy
@@ -77,19 +74,15 @@ class Vertex:
 
     def key_of(self, ordinal: int):
         """The key its input ``ordinal`` is partitioned by."""
-        if isinstance(self.stage, OperatorStage):
-            return self.stage.key_of(ordinal)
-        return self.stage.key
+        return self.stage.key_of(ordinal)
 
     @property
     def needs_event_time(self) -> bool:
-        return self.kind == WINDOW or getattr(self.stage, "event_time", False)
+        return getattr(self.stage, "event_time", False)
 
     @property
     def output_time(self) -> str | None:
         """The event-time column of its output (None: its output has no event time)."""
-        if self.kind == WINDOW:
-            return WINDOW_TIME
         if getattr(self.stage, "keeps_time", False):
             return self.time_column
         return getattr(self.stage, "output_time", None)
@@ -159,14 +152,8 @@ class Dag:
             if v.kind == SOURCE:
                 d["source"] = type(v.source).__name__
                 d["partitions"] = v.source.partition_count()
-            elif isinstance(v.stage, OperatorStage):
-                d["keys"] = list(v.keys)
-                d.update(v.stage.describe())
             else:
-                d["keys"] = list(v.keys)
-                d["aggregations"] = _describe_aggregations(v.stage.aggregations)
-            if v.kind == WINDOW:
-                d["window"] = v.stage.window.describe()
+                d.update(v.stage.fingerprint())
             vertices.append(d)
         sinks = [{"name": s.name, "sink": type(s.sink).__name__, "feeders": s.feeders}
                  for s in self.sinks.values()]
@@ -184,18 +171,6 @@ class Dag:
                 and all(v.kind == AGGREGATE and len(v.keys) == 1 for v in keyed))
 
 
-def _describe_aggregations(aggregations: dict) -> dict:
-    out = {}
-    for name, spec in aggregations.items():
-        if isinstance(spec, str):
-            out[name] = spec
-        elif isinstance(spec, (tuple, list)):
-            out[name] = list(spec)
-        else:                                   # a UserAggregation
-            out[name] = ["user", list(spec.columns)]
-    return out
-
-
 def _check_new_sink(sink: Sink, sinks: dict) -> None:
     for spec in sinks.values():
         if spec.sink is sink:
@@ -204,7 +179,7 @@ def _check_new_sink(sink: Sink, sinks: dict) -> None:
                 f"the branches with union() before write_to(), or give each its own sink")
 
 
-_STATELESS = (MapStage, FilterStage, TimestampsStage, UnionStage, TableJoinStage)
+_STATELESS = (*STATELESS, TableJoinStage)
 
 
 def compile_dag(ends: tuple[Node, ...]) -> Dag:
@@ -247,10 +222,6 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
             continue
         if isinstance(s, SourceStage):
             kind = SOURCE
-        elif isinstance(s, AggregateStage):
-            kind = AGGREGATE
-        elif isinstance(s, WindowStage):
-            kind = WINDOW
         elif isinstance(s, OperatorStage):
             kind = s.kind
             if len(n.inputs) != s.arity:

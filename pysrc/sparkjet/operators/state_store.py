@@ -1,6 +1,6 @@
 """Per-key state of a keyed operator, in columns indexed by the key's slot.
 
-Slots come from :class:`sparkjet._groups.Groups` (dense, in order of first appearance).
+Slots come from :class:`sparkjet.operators.groups.Groups` (dense, in order of first appearance).
 Fixed-width columns (integers, floats, booleans, timestamps, dates, durations) live in
 numpy arrays with a validity mask, so reading and writing the state of a batch's keys is a
 gather and a scatter. Other columns (strings, binaries, lists, structs) are kept as the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from sparkjet._groups import Groups
+from sparkjet.operators.groups import Groups
 
 #: A timer slot without a timer.
 NO_TIMER = 2**63 - 1

@@ -312,7 +312,7 @@ class ProgressView:
     """The job's metrics on one terminal line, redrawn as progress events come."""
 
     def __init__(self, metrics: JobMetrics, out=None):
-        from sparkjet._progress import ProgressLine
+        from sparkjet.runtime.progress import ProgressLine
 
         self.metrics = metrics
         self.line = ProgressLine(out, every=5.0)
@@ -324,7 +324,7 @@ class ProgressView:
         self.line.update(self.text(), force=kind in ("restart", "execution"))
 
     def text(self) -> str:
-        from sparkjet._progress import bar
+        from sparkjet.runtime.progress import bar
 
         m = self.metrics.as_dict()
         total = m["expected_events"]

@@ -264,7 +264,7 @@ class TableIndex:
 
     def __init__(self, table: pa.Table, keys: tuple[str, ...], prefix: str = "",
                  description: str = "the reference table"):
-        from sparkjet._groups import Groups
+        from sparkjet.operators.groups import Groups
 
         missing = [k for k in keys if k not in table.schema.names]
         if missing:

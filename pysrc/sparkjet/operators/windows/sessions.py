@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
-from sparkjet._groups import Groups
+from sparkjet.operators.groups import Groups
+from sparkjet.operators.windows.panes import Partials
 
 
 class Sessions:
@@ -25,14 +26,12 @@ class Sessions:
         self._empty()
 
     def _empty(self) -> None:
-        from sparkjet.window_operator import _Partials
-
         self.key = np.zeros(0, np.int64)
         self.start = np.zeros(0, np.int64)
         self.end = np.zeros(0, np.int64)
         self.fired = np.zeros(0, bool)
         self.dirty = np.zeros(0, bool)
-        self.partials = _Partials(self.op.layout)
+        self.partials = Partials(self.op.layout)
 
     def _ids(self, batch) -> np.ndarray:
         if self.groups is None:
@@ -42,8 +41,6 @@ class Sessions:
     # -- process -------------------------------------------------------------------------
 
     def process(self, batch: pa.RecordBatch, ts: np.ndarray):
-        from sparkjet.window_operator import _Partials
-
         op = self.op
         gap, wm = op.gap, op.watermark
         late = None
@@ -63,7 +60,7 @@ class Sessions:
         # the last instant of each, end - 1 (times are integers).
         k = _native.session_ids(ids_s, ts_s, ts_s + (gap - 1), sess)
         rows = batch.take(pa.array(order))
-        fresh = _Partials(op.layout)
+        fresh = Partials(op.layout)
         fresh.grow(k)
         fresh.add_rows(sess, rows)
         firsts = np.flatnonzero(np.concatenate(([True], sess[1:] != sess[:-1])))
@@ -81,7 +78,7 @@ class Sessions:
                                 np.ascontiguousarray(c_end[corder] - 1), merged)
         target = np.empty(len(corder), np.int64)
         target[corder] = merged
-        new = _Partials(op.layout)
+        new = Partials(op.layout)
         new.grow(m)
         old = self.partials.take(sel)
         new.add_partials(target[: len(sel)], old, len(sel))
@@ -107,10 +104,8 @@ class Sessions:
         return outputs, late
 
     def _replace(self, keep, n_key, n_start, n_end, n_fired, new_partials, m) -> None:
-        from sparkjet.window_operator import _Partials
-
         kept = np.flatnonzero(keep)
-        parts = _Partials(self.op.layout)
+        parts = Partials(self.op.layout)
         parts.grow(len(kept) + m)
         old = self.partials.take(kept)
         parts.add_partials(np.arange(len(kept), dtype=np.int64), old, len(kept))
@@ -189,8 +184,6 @@ class Sessions:
         return pa.table(cols)
 
     def restore(self, table: pa.Table) -> None:
-        from sparkjet.window_operator import _Partials
-
         op = self.op
         op._resolve(table.column("__start").type)
         n = table.num_rows
@@ -201,7 +194,7 @@ class Sessions:
             else table.column("__start").to_numpy()
         end = table.column("__end").combine_chunks().view(pa.int64()).to_numpy() \
             if pa.types.is_timestamp(table.column("__end").type) else table.column("__end").to_numpy()
-        parts = _Partials(op.layout)
+        parts = Partials(op.layout)
         parts.grow(n)
         slots = np.arange(n, dtype=np.int64)
         parts.restore_columns(slots, table)

@@ -2,7 +2,7 @@
 
 Tumbling and sliding windows are built from **panes** of ``slide`` (Jet's frames): each
 event lands in exactly one pane, ``floor(t / slide)``, whose per-key partial aggregates are
-kept in native arrays indexed by the pane's group slots (:class:`sparkjet._groups.Groups`
+kept in native arrays indexed by the pane's group slots (:class:`sparkjet.operators.groups.Groups`
 maps each pane's composite keys to dense slots). A window ``[s, s + size)`` is the
 combination of its ``size / slide`` panes: a tumbling window is one pane; a sliding window
 regroups its panes' partial aggregates (count and sum add, min and max take the least and
@@ -18,246 +18,57 @@ each already-fired window containing it that can still change (its end plus
 ``allowed_lateness`` is past the watermark) emits a correction for the keys it touched; a
 window past that point has lost its older panes and is left as it fired.
 
-Session windows keep, per key, the sessions not yet closed (:class:`_Sessions`).
+Session windows keep, per key, the sessions not yet closed
+(:class:`~sparkjet.operators.windows.sessions.Sessions`); panes and partial aggregates are in
+:mod:`~sparkjet.operators.windows.panes`.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
 from sparkjet._batches import split_by
-from sparkjet._groups import Groups
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.keyed_state import aggregate_column, float_column, for_operation
-from sparkjet.runtime.operators import Operator
-from sparkjet.runtime.watermarks import MIN_TIME
-from sparkjet.windows import Session, in_units, parse_window_aggregations, time_values
+from sparkjet.operators.base import Operator, OperatorStage
+from sparkjet.operators.rolling import (
+    describe_aggregations,
+)
+from sparkjet.operators.time import MIN_TIME, in_units, time_values
+from sparkjet.operators.windows.definitions import WINDOW_TIME, Session
+from sparkjet.operators.windows.panes import Layout, Pane
+from sparkjet.operators.windows.sessions import Sessions
 
-_FILL = {"sum": 0.0, "min": np.inf, "max": -np.inf}
+if TYPE_CHECKING:
+    from sparkjet.connectors.base import Sink
 
+@dataclass(frozen=True)
+class WindowStage(OperatorStage):
+    """A windowed aggregation by key (no key: one group, on one processor). Its output's
+    event time is the window's end."""
 
-class _Partials:
-    """Per-slot partial aggregates of one pane or window: counts, and for each (operation,
-    column) a float64 array; user aggregations keep (slots, partial table) pieces."""
+    keys: tuple[str, ...] = field()  # (field(): no default, unlike OperatorStage.keys)
+    window: object                   # a sparkjet.operators.windows.definitions window definition
+    aggregations: dict
+    early_results: float | None      # seconds between early (speculative) results, or None
+    allowed_lateness: object         # int (the event time's unit) or timedelta
+    late: Sink | None                # the side output of too-late events, or None
+    kind = "window"
+    event_time = True
+    output_time = WINDOW_TIME
 
-    def __init__(self, layout):
-        self.layout = layout
-        self.capacity = 0
-        self.counts = np.zeros(0, np.int64)
-        self.values = {k: np.zeros(0, np.float64) for k in layout.plain}
-        # per aggregated column, its nulls by slot: made when the column first has one
-        # (aggregations skip nulls, as SQL does: see sparkjet.keyed_state.float_column)
-        self.nulls: dict[str, np.ndarray] = {}
-        self.user: dict[str, list] = {name: [] for name in layout.user}
+    def fingerprint(self) -> dict:
+        return {"keys": list(self.keys),
+                "aggregations": describe_aggregations(self.aggregations),
+                "window": self.window.describe()}
 
-    def _nulls_of(self, column: str) -> np.ndarray:
-        arr = self.nulls.get(column)
-        if arr is None:
-            arr = self.nulls[column] = np.zeros(self.capacity, np.int64)
-        return arr
+    def make_operator(self, time_column: str | None) -> Operator:
+        return WindowOperator(self, time_column)
 
-    def grow(self, size: int) -> None:
-        if size <= self.capacity:
-            return
-        capacity = max(size, 2 * self.capacity, 256)
-        counts = np.zeros(capacity, np.int64)
-        counts[: self.capacity] = self.counts[: self.capacity]
-        self.counts = counts
-        for (op, c), arr in self.values.items():
-            out = np.full(capacity, _FILL[op], np.float64)
-            out[: self.capacity] = arr[: self.capacity]
-            self.values[(op, c)] = out
-        for c, arr in self.nulls.items():
-            out = np.zeros(capacity, np.int64)
-            out[: self.capacity] = arr[: self.capacity]
-            self.nulls[c] = out
-        self.capacity = capacity
-
-    def take(self, idx: np.ndarray) -> _Partials:
-        """The partials of slots ``idx``, as slots ``0..len(idx)-1`` of a new one."""
-        out = _Partials(self.layout)
-        n = len(idx)
-        out.grow(n)
-        out.counts[:n] = self.counts[idx]
-        for key, arr in self.values.items():
-            out.values[key][:n] = arr[idx]
-        for c, arr in self.nulls.items():
-            out._nulls_of(c)[:n] = arr[idx]
-        if self.user:
-            remap = np.full(max(self.capacity, 1), -1, np.int64)
-            remap[idx] = np.arange(n, dtype=np.int64)
-            for name, pieces in self.user.items():
-                for slots, table in pieces:
-                    new = remap[slots]
-                    keep = new >= 0
-                    if keep.any():
-                        out.user[name].append((new[keep], table.filter(pa.array(keep))))
-        return out
-
-    def add_rows(self, slots: np.ndarray, batch: pa.RecordBatch) -> None:
-        _native.agg_count(slots, self.counts)
-        for (op, c), arr in self.values.items():
-            values, valid = self.layout.floats(batch, c)
-            kernel = getattr(_native, f"agg_{op}")
-            kernel(slots, for_operation(values, valid, op), arr)
-        for c in self.layout.value_columns:
-            values, valid = self.layout.floats(batch, c)
-            if valid is not None:
-                _native.agg_count(np.ascontiguousarray(slots[~valid]), self._nulls_of(c))
-        for name, udaf in self.layout.user.items():
-            touched, local = np.unique(slots, return_inverse=True)
-            cols = [batch.column(c) for c in udaf.columns]
-            partial = _table(udaf.accumulate(local.astype(np.int64), len(touched), *cols),
-                             name, "accumulate", len(touched))
-            self.user[name].append((touched, partial))
-
-    def add_partials(self, slots: np.ndarray, other: _Partials, size: int) -> None:
-        """Adds ``other``'s first ``size`` slots into this one's ``slots``."""
-        _native.agg_sum_i64(slots, other.counts[:size], self.counts)
-        for (op, c), arr in self.values.items():
-            kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
-            kernel(slots, other.values[(op, c)][:size], arr)
-        for c, arr in other.nulls.items():
-            _native.agg_sum_i64(slots, arr[:size], self._nulls_of(c))
-        for name in self.user:
-            for touched, partial in other.user[name]:
-                self.user[name].append((slots[touched], partial))
-
-    def snapshot_columns(self, size: int) -> dict:
-        """The first ``size`` slots' counts and values, as snapshot columns."""
-        cols = {"__count": pa.array(self.counts[:size])}
-        for (op, c), arr in self.values.items():
-            cols[f"__{op}__{c}"] = pa.array(arr[:size])
-        for c, arr in self.nulls.items():
-            cols[f"__nulls__{c}"] = pa.array(arr[:size])
-        return cols
-
-    def restore_columns(self, slots: np.ndarray, table) -> None:
-        """Adds a snapshot's counts and values (rows of ``table``) into ``slots``."""
-        _native.agg_sum_i64(slots, np.ascontiguousarray(table.column("__count").to_numpy()),
-                            self.counts)
-        for (op, c), arr in self.values.items():
-            kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
-            kernel(slots, np.ascontiguousarray(table.column(f"__{op}__{c}").to_numpy()), arr)
-        for name in table.column_names:
-            if name.startswith("__nulls__"):
-                _native.agg_sum_i64(slots, np.ascontiguousarray(table.column(name).to_numpy()),
-                                    self._nulls_of(name[len("__nulls__"):]))
-
-    def user_state(self, name: str, udaf, size: int) -> pa.Table:
-        """The combined partial state of slots ``0..size-1`` (each slot has rows)."""
-        self.user_values(name, udaf, np.zeros(0, np.int64))  # combines the pieces
-        touched, table = self.user[name][0] if self.user[name] else (np.zeros(0, np.int64), None)
-        if len(touched) != size or (size and touched[-1] != size - 1):
-            raise InvalidArgumentError(f"user aggregation {name!r} lost the state of a group")
-        return table
-
-    def user_values(self, name: str, udaf, slots: np.ndarray) -> pa.Array:
-        """The finished user aggregation of ``slots`` (combining its pieces, which are
-        then kept combined)."""
-        pieces = self.user[name]
-        if not pieces:
-            raise InvalidArgumentError(f"user aggregation {name!r} has no partial state")
-        all_slots = np.concatenate([p[0] for p in pieces])
-        table = pa.concat_tables([p[1] for p in pieces]) if len(pieces) > 1 else pieces[0][1]
-        touched, local = np.unique(all_slots, return_inverse=True)
-        if len(pieces) > 1 or len(touched) != len(all_slots):
-            table = _table(udaf.combine(local.astype(np.int64), len(touched), table),
-                           name, "combine", len(touched))
-            self.user[name] = [(touched, table)]
-        if not len(slots):
-            return pa.array([], pa.null())
-        where = np.searchsorted(touched, slots)
-        found = touched[np.minimum(where, len(touched) - 1)] if len(touched) else slots - 1
-        if (where >= len(touched)).any() or (found != slots).any():
-            raise InvalidArgumentError(f"user aggregation {name!r} lost the state of a group")
-        finished = udaf.finish(table.take(pa.array(where)))
-        if isinstance(finished, pa.ChunkedArray):
-            finished = finished.combine_chunks()
-        if not isinstance(finished, pa.Array) or len(finished) != len(slots):
-            raise InvalidArgumentError(f"user aggregation {name!r}: finish() must return a "
-                                       f"pyarrow Array of one value per group")
-        return finished
-
-
-def _table(out, name: str, fn: str, rows: int) -> pa.Table:
-    if isinstance(out, pa.RecordBatch):
-        out = pa.Table.from_batches([out])
-    if not isinstance(out, pa.Table) or out.num_rows != rows:
-        got = f"{type(out).__name__} of {getattr(out, 'num_rows', '?')} rows"
-        raise InvalidArgumentError(f"user aggregation {name!r}: {fn}() must return a pyarrow "
-                                   f"Table of one row per group ({rows}), got {got}")
-    return out
-
-
-class _Layout:
-    """Which arrays the aggregations need, and how output columns are computed."""
-
-    def __init__(self, aggregations: dict):
-        self.aggregations = parse_window_aggregations(aggregations)
-        plain = set()
-        self.user = {}
-        for name, (op, c) in self.aggregations.items():
-            if op == "user":
-                self.user[name] = c
-            elif op in ("sum", "min", "max"):
-                plain.add((op, c))
-            elif op == "mean":
-                plain.add(("sum", c))
-        self.plain = sorted(plain)
-        self.value_columns = sorted({c for _, c in plain})
-        self._float_cache: tuple | None = None
-
-    def floats(self, batch: pa.RecordBatch, column: str) -> np.ndarray:
-        if self._float_cache is not None and self._float_cache[0] is batch \
-                and column in self._float_cache[1]:
-            return self._float_cache[1][column]
-        if column not in batch.schema.names:
-            raise InvalidArgumentError(f"aggregated column {column!r} is not in the stream; "
-                                       f"it has {batch.schema.names}")
-        values = float_column(batch.column(column), column)
-        if self._float_cache is None or self._float_cache[0] is not batch:
-            self._float_cache = (batch, {})
-        self._float_cache[1][column] = values
-        return values
-
-    def columns(self, partials: _Partials, slots: np.ndarray) -> dict:
-        out = {}
-        counts = partials.counts[slots]
-        for name, (op, c) in self.aggregations.items():
-            if op == "count":
-                out[name] = pa.array(counts)
-            elif op == "user":
-                out[name] = partials.user_values(name, c, slots)
-            else:
-                nulls = partials.nulls.get(c)
-                out[name] = aggregate_column(op, partials.values[("sum" if op == "mean" else op, c)][slots],
-                                             counts, None if nulls is None else nulls[slots])
-        return out
-
-
-class _Pane:
-    def __init__(self, keys: tuple[str, ...], layout: _Layout):
-        self.groups = Groups(list(keys)) if keys else None
-        self.partials = _Partials(layout)
-        self.size = 0
-
-    def add(self, batch: pa.RecordBatch) -> np.ndarray:
-        if self.groups is None:
-            slots = np.zeros(batch.num_rows, np.int64)
-            self.size = 1
-        else:
-            slots = self.groups.slots(batch)
-            self.size = len(self.groups)
-        self.partials.grow(self.size)
-        self.partials.add_rows(slots, batch)
-        return slots
-
-    def key_table(self, slots: np.ndarray) -> pa.Table | None:
-        return None if self.groups is None else self.groups.keys(slots)
 
 
 class WindowOperator(Operator):
@@ -267,7 +78,7 @@ class WindowOperator(Operator):
         self.stage = stage
         self.keys = tuple(stage.keys)
         self.time_column = time_column
-        self.layout = _Layout(stage.aggregations)
+        self.layout = Layout(stage.aggregations)
         self.state_key = stage.key if self.keys else None
         self.definition = stage.window
         self._resolved = False
@@ -279,11 +90,9 @@ class WindowOperator(Operator):
         self._key_types: dict | None = None
         self.session = isinstance(stage.window, Session)
         if self.session:
-            from sparkjet.session_windows import Sessions
-
             self._sessions = Sessions(self)
         else:
-            self.panes: dict[int, _Pane] = {}
+            self.panes: dict[int, Pane] = {}
             self._early_dirty: dict[int, set] = {}
 
     # -- setup ---------------------------------------------------------------------------
@@ -403,7 +212,7 @@ class WindowOperator(Operator):
         for q, rows in split_by(batch, panes):
             pane = self.panes.get(q)
             if pane is None:
-                pane = self.panes[q] = _Pane(self.keys, self.layout)
+                pane = self.panes[q] = Pane(self.keys, self.layout)
             slots = pane.add(rows)
             if self._early_every is not None:
                 self._early_dirty.setdefault(q, set()).update(np.unique(slots).tolist())
@@ -459,7 +268,7 @@ class WindowOperator(Operator):
             if only is not None:
                 slots = pane.groups.slots(only) if pane.groups is not None else slots
         else:
-            merged = _Pane(self.keys, self.layout)
+            merged = Pane(self.keys, self.layout)
             for _, pane in panes:
                 if pane.groups is None:
                     into = np.zeros(pane.size, np.int64)
@@ -556,7 +365,7 @@ class WindowOperator(Operator):
             rows = table.filter(pa.array(panes == q))
             pane = self.panes.get(q)
             if pane is None:
-                pane = self.panes[q] = _Pane(self.keys, self.layout)
+                pane = self.panes[q] = Pane(self.keys, self.layout)
             if pane.groups is None:
                 slots = np.zeros(rows.num_rows, np.int64)
                 pane.size = 1
@@ -576,4 +385,4 @@ def _distinct(keys: pa.Table) -> pa.Table:
     return keys.group_by(keys.column_names).aggregate([])
 
 
-__all__ = ["WindowOperator"]
+__all__ = ["WindowOperator", "WindowStage"]

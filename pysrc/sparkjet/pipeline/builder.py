@@ -16,7 +16,7 @@ stream may feed several steps (a branch):
 >>> job = Job(Pipeline.all(per_minute, big))
 
 and several streams of one schema may be merged (:meth:`Pipeline.union`). A pipeline
-compiles (:meth:`Pipeline.plan`) into a :class:`~sparkjet.dag.Dag`: one vertex per source
+compiles (:meth:`Pipeline.plan`) into a :class:`~sparkjet.pipeline.dag.Dag`: one vertex per source
 and per keyed stage (aggregations, windows, keyed state, deduplication, interval joins);
 stateless stages (``join_table`` among them) and sinks fused into the vertex before them
 (Jet's local edges); partitioned edges (by the Hazelcast partition of the key) into keyed
@@ -34,143 +34,19 @@ import pyarrow.compute as pc
 
 from sparkjet.connectors.base import Sink, Source
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.keyed_state import parse_aggregations
-
-
-@dataclass(frozen=True)
-class MapStage:
-    fn: Callable[[pa.RecordBatch], pa.RecordBatch]
-    on_error: object = None          # "fail", "skip", a Sink of dead letters, None: the job's
-
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
-        out = self.fn(batch)
-        if isinstance(out, pa.Table):
-            out = out.combine_chunks().to_batches()
-            out = out[0] if out else None
-        if out is not None and not isinstance(out, pa.RecordBatch):
-            raise InvalidArgumentError(
-                f"map_batches function {getattr(self.fn, '__name__', self.fn)!r} returned "
-                f"{type(out).__name__}, expected a pyarrow RecordBatch or Table")
-        return out
-
-
-@dataclass(frozen=True)
-class FilterStage:
-    expression: pc.Expression
-    on_error: object = None
-
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return batch.filter(self.expression)
-
-
-@dataclass(frozen=True)
-class SourceStage:
-    source: Source
-
-
-@dataclass(frozen=True)
-class SinkStage:
-    sink: Sink
-
-
-@dataclass(frozen=True)
-class UnionStage:
-    """Where streams merge: batches pass through unchanged."""
-
-
-@dataclass(frozen=True)
-class TimestampsStage:
-    """Event time: ``column`` holds each row's time; a source partition's watermark is the
-    greatest time it has emitted less ``max_lag``; a partition with no events for
-    ``idle_timeout`` seconds stops holding the watermark back."""
-
-    column: str
-    max_lag: object                  # int (the column's unit) or timedelta
-    idle_timeout: float
-
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return batch
-
-
-@dataclass(frozen=True)
-class AggregateStage:
-    """A rolling aggregation by key: each batch emits the touched keys' aggregates."""
-
-    keys: tuple[str, ...]
-    aggregations: dict
-
-    @property
-    def key(self):
-        """The key as the snapshot and partitioning functions take it."""
-        return self.keys[0] if len(self.keys) == 1 else list(self.keys)
-
-
-@dataclass(frozen=True)
-class WindowStage:
-    """A windowed aggregation by key (no key: one group, on one processor)."""
-
-    keys: tuple[str, ...]
-    window: object                   # a sparkjet.windows window definition
-    aggregations: dict
-    early_results: float | None      # seconds between early (speculative) results, or None
-    allowed_lateness: object         # int (the event time's unit) or timedelta
-    late: Sink | None                # the side output of too-late events, or None
-
-    @property
-    def key(self):
-        return self.keys[0] if len(self.keys) == 1 else list(self.keys)
-
-
-class OperatorStage:
-    """Base of the keyed stages that bring their own operator (keyed state, deduplication,
-    joins): each runs as a vertex of its own, reached by partitioned edges (all-to-one
-    without a key). A subclass is a frozen dataclass and sets:
-
-    - ``kind``: the vertex's kind, which also names it ("dedup", "dedup.2", ...);
-    - ``keys``: the key columns (the same on every input; see :meth:`key_of`);
-    - ``arity``: how many input streams it takes (the node's inputs, in order; each
-      batch reaches the operator with an ``__ordinal`` int8 column when ``arity > 1``);
-    - ``broadcast_inputs``: the ordinals whose rows reach every processor (a broadcast
-      edge) instead of the one owning their key;
-    - ``event_time``: True when every input must carry event time (``with_timestamps``);
-    - ``output_time``: the event-time column of its output, when it has one (a later
-      window or event-time stage may follow), else None; or ``keeps_time``: its output
-      rows keep their input's event-time column;
-
-    and implements :meth:`describe` (what a snapshot's state depends on: a changed
-    description refuses to restore) and :meth:`make_operator`.
-    """
-
-    kind: str = ""
-    keys: tuple = ()
-    arity: int = 1
-    broadcast_inputs: tuple = ()
-    event_time: bool = False
-    output_time: str | None = None
-    keeps_time: bool = False
-
-    @property
-    def key(self):
-        return self.keys[0] if len(self.keys) == 1 else list(self.keys)
-
-    def key_of(self, ordinal: int):
-        """The key column(s) of input ``ordinal`` (its rows are partitioned by them)."""
-        return self.key
-
-    def describe(self) -> dict:
-        raise NotImplementedError
-
-    def make_operator(self, time_column: str | None):
-        """The :class:`sparkjet.runtime.operators.Operator` of one processor."""
-        raise NotImplementedError
-
-
-@dataclass(frozen=True, eq=False)
-class Node:
-    """One step of a pipeline and the steps it reads from (identity is the object's)."""
-
-    stage: object
-    inputs: tuple[Node, ...] = ()
+from sparkjet.operators.rolling import AggregateStage, parse_aggregations
+from sparkjet.operators.time import duration, seconds
+from sparkjet.operators.windows.definitions import WindowDefinition, parse_window_aggregations
+from sparkjet.pipeline.stages import (
+    FilterStage,
+    MapStage,
+    Node,
+    SinkStage,
+    SourceStage,
+    TimestampsStage,
+    UnionStage,
+    event_time_of,
+)
 
 
 @dataclass(frozen=True)
@@ -254,7 +130,7 @@ class Pipeline:
 
     def join_table(self, table, *, on, how: str = "inner", prefix: str = "") -> Pipeline:
         """Enriches each event from a reference table (Jet's ``hashJoin``): ``table`` is a
-        :class:`~sparkjet.table_join.ReferenceTable` (or a pyarrow Table, or a file path);
+        :class:`~sparkjet.operators.table_join.ReferenceTable` (or a pyarrow Table, or a file path);
         ``on`` a column name, a tuple of names, or ``{"stream_col": "table_col"}``.
 
         ``how="inner"``: one row per event and matching table row (a key the table holds
@@ -265,9 +141,14 @@ class Pipeline:
 
         Stateless, it runs fused in the vertex before it, and every processor holds the
         whole table. Its version changes only at snapshot barriers, and snapshots record
-        it: a restart replays with the version recorded (see :mod:`sparkjet.table_join`).
+        it: a restart replays with the version recorded (see :mod:`sparkjet.operators.table_join`).
         """
-        from sparkjet.table_join import TableJoinStage, as_reference_table, check_how, parse_on
+        from sparkjet.operators.table_join import (
+            TableJoinStage,
+            as_reference_table,
+            check_how,
+            parse_on,
+        )
 
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"join_table(prefix=...) takes a string, got {prefix!r}")
@@ -284,8 +165,8 @@ class Pipeline:
         It must follow ``read_from`` (stateless stages may come between)."""
         if not isinstance(column, str):
             raise InvalidArgumentError(f"with_timestamps() takes a column name, got {column!r}")
-        lag = _duration("max_lag", max_lag, allow_zero=True)
-        return self._add(TimestampsStage(column, lag, _seconds("idle_timeout", idle_timeout)))
+        lag = duration("max_lag", max_lag, allow_zero=True)
+        return self._add(TimestampsStage(column, lag, seconds("idle_timeout", idle_timeout)))
 
     # -- keyed stages ------------------------------------------------------------------
 
@@ -304,9 +185,9 @@ class Pipeline:
     def deduplicate(self, *keys: str, within, late_events: Sink | None = None) -> Pipeline:
         """Passes the first event of each key and drops the later ones within ``within``
         of event time (an int in the time column's unit, or a timedelta) after it
-        (:mod:`sparkjet.dedup`). Events behind the watermark cannot be checked: they are
+        (:mod:`sparkjet.operators.dedup`). Events behind the watermark cannot be checked: they are
         counted as late and go to ``late_events`` if given. Needs ``with_timestamps``."""
-        from sparkjet.dedup import DeduplicateStage
+        from sparkjet.operators.dedup import DeduplicateStage
 
         if len(keys) == 1 and isinstance(keys[0], (list, tuple)):
             keys = tuple(keys[0])
@@ -316,7 +197,7 @@ class Pipeline:
         if late_events is not None and not isinstance(late_events, Sink):
             raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
                                        f"{type(late_events).__name__}")
-        within = _duration("within", within, allow_zero=False)
+        within = duration("within", within, allow_zero=False)
         return self._add(DeduplicateStage(tuple(keys), within, late_events))
 
     def window(self, window) -> Windowed:
@@ -336,23 +217,24 @@ class Pipeline:
         columns, once the watermark passes ``t + upper``. The output has the left columns,
         then the right ones (less a key named like its left key); a right name the left
         already has gets ``right_suffix``. Its event time is the left row's.
-        See :mod:`sparkjet.interval_join`.
+        See :mod:`sparkjet.operators.interval_join`.
 
         >>> clicks.join_interval(impressions, on="ad", between=(-600_000, 0))  # doctest: +SKIP
         """
-        from sparkjet.interval_join import interval_join_stage
+        from sparkjet.operators.interval_join import interval_join_stage
 
         if not isinstance(other, Pipeline):
             raise InvalidArgumentError(f"join_interval() takes a pipeline, got {type(other).__name__}")
         left, right = self._stream("join_interval"), other._stream("join_interval")
-        stage = interval_join_stage(left, right, on, between, how, right_suffix)
+        stage = interval_join_stage(on, between, how, right_suffix, same_input=left is right,
+                                    times=(event_time_of(left), event_time_of(right)))
         return Pipeline(Node(stage, (left, right)))
 
     # -- compiling ---------------------------------------------------------------------
 
     def plan(self):
-        """The DAG this pipeline runs as (:class:`sparkjet.dag.Dag`)."""
-        from sparkjet.dag import compile_dag
+        """The DAG this pipeline runs as (:class:`sparkjet.pipeline.dag.Dag`)."""
+        from sparkjet.pipeline.dag import compile_dag
 
         if not self._ends:
             raise InvalidArgumentError("a pipeline needs read_from(source) and write_to(sink)")
@@ -397,8 +279,8 @@ class GroupBy:
     def map_state(self, fn, *, state: pa.Schema, ttl=None, ttl_in: str = "event",
                   event_time: bool = False, broadcast: Pipeline | None = None,
                   broadcast_key=None) -> Pipeline:
-        """Keyed state of your own (:mod:`sparkjet.stateful`): ``fn`` is called once per
-        batch with a :class:`~sparkjet.stateful.KeyedBatch` (the batch's rows grouped by
+        """Keyed state of your own (:mod:`sparkjet.operators.stateful`): ``fn`` is called once per
+        batch with a :class:`~sparkjet.operators.stateful.KeyedBatch` (the batch's rows grouped by
         key, and those keys' state: a row of the ``state`` schema each) and returns its
         output, or ``(output, new_state)``; it may delete state and set timers.
 
@@ -413,7 +295,7 @@ class GroupBy:
             It is saved in snapshots with the state. With event time it needs
             ``with_timestamps`` too (its watermarks count; its time column's name may differ).
         """
-        from sparkjet.stateful import keyed_state_stage
+        from sparkjet.operators.stateful import keyed_state_stage
 
         stage = keyed_state_stage(self.keys, fn, state, ttl, ttl_in, event_time,
                                   broadcast is not None, broadcast_key)
@@ -432,7 +314,7 @@ class GroupBy:
         (``create()`` for a new key, pickled between batches) and returns an output row (a
         dict) or None. Far slower than :meth:`map_state` (Python per row); for logic that
         is hard to vectorize."""
-        from sparkjet.stateful import PER_ROW_STATE, keyed_state_stage, per_row
+        from sparkjet.operators.stateful import PER_ROW_STATE, keyed_state_stage, per_row
 
         if not callable(create) or not callable(fn):
             raise InvalidArgumentError("map_stateful(create, fn) takes two functions")
@@ -458,19 +340,19 @@ class Windowed:
         :param late_events: a sink for events later than that (counted in the job's
             metrics either way; never dropped silently).
         """
-        from sparkjet.windows import parse_window_aggregations
-
         parse_window_aggregations(aggregations)
         taken = {"window_start", "window_end", "early"} & (set(self.keys) | set(aggregations))
         if taken:
             raise InvalidArgumentError(f"{sorted(taken)}: these names are taken by the "
                                        f"window's own columns; rename the column first")
-        lateness = _duration("allowed_lateness", allowed_lateness, allow_zero=True)
-        early = None if early_results is None else _seconds("early_results", early_results)
+        lateness = duration("allowed_lateness", allowed_lateness, allow_zero=True)
+        early = None if early_results is None else seconds("early_results", early_results)
         if late_events is not None and not isinstance(late_events, Sink):
             raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
                                        f"{type(late_events).__name__}")
         head = self.pipeline._stream("aggregate")
+        from sparkjet.operators.windows.operator import WindowStage
+
         stage = WindowStage(self.keys, self.window, dict(aggregations), early, lateness, late_events)
         return Pipeline(Node(stage, (head,)))
 
@@ -486,8 +368,6 @@ def _on_error(policy):
 
 
 def _check_window(window):
-    from sparkjet.windows import WindowDefinition
-
     if not isinstance(window, WindowDefinition):
         raise InvalidArgumentError(
             f"window() takes sparkjet.windows.tumbling(...), sliding(...) or session(...), "
@@ -495,21 +375,4 @@ def _check_window(window):
     return window
 
 
-def _seconds(name: str, value) -> float:
-    """A positive wall-clock time: seconds, or a timedelta."""
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _duration(name: str, value, *, allow_zero: bool):
-    """A length of event time: an int in the time column's unit, or a timedelta (converted
-    to the column's unit once the column's type is known)."""
-    from sparkjet.windows import duration
-
-    return duration(name, value, allow_zero=allow_zero)
-
-
-__all__ = ["GroupBy", "OperatorStage", "Pipeline", "Windowed"]
+__all__ = ["GroupBy", "Pipeline", "Windowed"]

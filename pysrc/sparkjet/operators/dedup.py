@@ -25,13 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
-from sparkjet._groups import Groups
 from sparkjet.connectors.base import Sink
 from sparkjet.errors import InvalidArgumentError
-from sparkjet.pipeline import OperatorStage
-from sparkjet.runtime.operators import Operator
-from sparkjet.runtime.watermarks import MIN_TIME
-from sparkjet.windows import EventTimeColumn, in_units
+from sparkjet.operators.base import Operator, OperatorStage
+from sparkjet.operators.groups import Groups
+from sparkjet.operators.time import MIN_TIME, EventTimeColumn, in_units
 
 _NONE = MIN_TIME
 _MAX = np.iinfo(np.int64).max

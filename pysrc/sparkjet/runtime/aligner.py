@@ -9,7 +9,7 @@ per channel; one consumer thread takes *events* out of it::
     (SNAPSHOT, snapshot_id, terminal)  every live channel delivered barrier snapshot_id
     (DONE,)                            every channel ended and everything was taken
 
->>> from sparkjet.aligner import BarrierAligner, ITEM, SNAPSHOT, DONE
+>>> from sparkjet.runtime.aligner import BarrierAligner, ITEM, SNAPSHOT, DONE
 >>> a = BarrierAligner(channels=2, mode="exactly-once", capacity=8)
 >>> for entry in ("a0", "barrier", "a1"):
 ...     _ = a.offer_barrier(0, 0) if entry == "barrier" else a.offer(0, entry)

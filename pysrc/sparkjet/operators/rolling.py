@@ -3,7 +3,7 @@
 Each batch updates the state of its keys and returns one row per key it touched, with the
 key's aggregates after the batch (an *update*, as Jet's rolling aggregation emits). A single
 integer key goes through a native hash map (key -> dense slot); other keys (strings, binary,
-several columns) through the native group map of :mod:`sparkjet._groups`; the aggregates
+several columns) through the native group map of :mod:`sparkjet.operators.groups`; the aggregates
 through C kernels. Values are
 aggregated as float64 (count as int64). The state snapshots to, and restores from, an Arrow
 table keyed by the key column, so it can be split by partition and restored at any
@@ -11,12 +11,15 @@ parallelism.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
 from sparkjet._keys import refuse_nulls
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.operators.base import Operator, OperatorStage
 
 OPERATIONS = ("count", "sum", "min", "max", "mean")
 
@@ -106,7 +109,7 @@ class KeyedAggregator:
 
     def _group_slots(self, table) -> np.ndarray:
         if self._groups is None:
-            from sparkjet._groups import Groups
+            from sparkjet.operators.groups import Groups
 
             self._groups = Groups(self.key)
         slots = self._groups.slots(table)
@@ -122,7 +125,7 @@ class KeyedAggregator:
             if pa.types.is_integer(keys.type):
                 self._map = _native.KeyMap(self._expected)
             else:
-                from sparkjet._groups import Groups
+                from sparkjet.operators.groups import Groups
 
                 self._groups = Groups([self.key], expected=self._expected)
         elif keys.type != self._key_type:
@@ -247,6 +250,52 @@ class KeyedAggregator:
 
 
 _FILL = {"sum": 0.0, "min": np.inf, "max": -np.inf}
+
+
+@dataclass(frozen=True)
+class AggregateStage(OperatorStage):
+    """A rolling aggregation by key: each batch emits the touched keys' aggregates."""
+
+    keys: tuple[str, ...] = field()  # (field(): no default, unlike OperatorStage.keys)
+    aggregations: dict
+    kind = "aggregate"
+
+    def fingerprint(self) -> dict:
+        return {"keys": list(self.keys), "aggregations": describe_aggregations(self.aggregations)}
+
+    def make_operator(self, time_column: str | None) -> Operator:
+        return RollingAggregate(self)
+
+
+
+class RollingAggregate(Operator):
+    """One processor's rolling aggregates: each batch updates its keys and emits them."""
+
+    def __init__(self, stage: AggregateStage):
+        self._agg = KeyedAggregator(stage.key, stage.aggregations)
+        self.state_key = stage.key
+
+    def process(self, batch):
+        return [self._agg.update(batch)], None
+
+    def snapshot(self):
+        return self._agg.snapshot()
+
+    def restore(self, table, watermark, floors=None):
+        self._agg.restore(table)
+
+
+def describe_aggregations(aggregations: dict) -> dict:
+    """Aggregations as a snapshot's fingerprint records them."""
+    out = {}
+    for name, spec in aggregations.items():
+        if isinstance(spec, str):
+            out[name] = spec
+        elif isinstance(spec, (tuple, list)):
+            out[name] = list(spec)
+        else:                                   # a UserAggregation
+            out[name] = ["user", list(spec.columns)]
+    return out
 
 
 def float_column(column, name: str) -> tuple[np.ndarray, np.ndarray | None]:
