@@ -17,10 +17,12 @@ The API in brief:
   Arrow data (:mod:`sparkjet.merkle`: also ``diff``, ``apply``, ``SyncSession``).
 - :func:`get_include`: the C headers, for extensions built against sparkjet.
 
-Submodules load what they need (pyspark only in :mod:`sparkjet.spark`), so ``import sparkjet``
-stays cheap.
+Submodules load what they need (pyspark only in :mod:`sparkjet.spark`), and :class:`Pipeline`,
+:class:`Job`, :class:`JobConfig` and :class:`SnapshotStore` load on first use, so ``import
+sparkjet`` stays cheap: it loads neither the job runtime nor pyspark.
 """
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkjet._version import __version__
 from sparkjet.errors import (
@@ -48,9 +50,15 @@ from sparkjet.partitioning import (
     murmur3_32,
     partition_ids,
 )
-from sparkjet.pipeline import Pipeline
-from sparkjet.runtime import Job, JobConfig
-from sparkjet.snapshot.store import SnapshotStore
+
+if TYPE_CHECKING:
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.snapshot import SnapshotStore
+
+#: Names loaded on first use (PEP 562), and the module each comes from.
+_LAZY = {"Pipeline": "sparkjet.pipeline", "Job": "sparkjet.runtime",
+         "JobConfig": "sparkjet.runtime", "SnapshotStore": "sparkjet.snapshot"}
 
 __all__ = [
     "DEFAULT_PARTITION_COUNT",
@@ -87,3 +95,18 @@ def get_include() -> str:
     """The folder holding sparkjet's C headers (``sparkjet/hash.h``, ...), for the
     ``include_dirs`` of an extension that uses sparkjet's C or Cython API."""
     return str(Path(__file__).parent / "include")
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparkjet' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

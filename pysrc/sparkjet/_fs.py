@@ -32,12 +32,11 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from sparkjet.errors import ConnectorError, InvalidArgumentError
-
-
-class ObjectStoreRaceWarning(RuntimeWarning):
-    """A commit record is created on a store without a conditional create (see the module
-    doc): two committers racing for one name there can both succeed."""
+from sparkjet.errors import (
+    ConnectorError,
+    InvalidArgumentError,
+    ObjectStoreRaceWarning,  # noqa: F401 (defined there; named here too)
+)
 
 
 def absolute(uri, filesystem=None) -> str:

@@ -1,4 +1,6 @@
-"""sparkjet's exceptions: one base class, each also a builtin kind users already catch."""
+"""sparkjet's exceptions, all of them: one base class, each also a builtin kind users already
+catch. Modules that raise one may name it too (``sparkjet.runtime.JobFailedError``), but it is
+defined here."""
 import enum
 
 
@@ -197,3 +199,110 @@ def aligner_timeout_error(channel: int, timeout: float) -> TimeoutError:
 def check_aligner_timeout(timeout: float | None) -> None:
     if timeout is not None and not timeout >= 0:  # also refuses NaN
         raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+
+
+# -- Jobs, executions and members (raised by sparkjet.runtime) -----------------------------------
+
+class JobFailedError(SparkjetError, RuntimeError):
+    """The job could not finish: its member kept failing past ``max_restarts``."""
+
+
+class JobAlreadyRunningError(SparkjetError, RuntimeError):
+    """Another run of the same job holds its snapshot store."""
+
+
+class JobFinishedError(SparkjetError, RuntimeError):
+    """The job already ran to its end against this snapshot store."""
+
+
+class JobCancelledError(SparkjetError, RuntimeError):
+    """The job was cancelled (:meth:`~sparkjet.runtime.Job.cancel`): its running execution
+    ended without a snapshot; a new run resumes from the last complete one."""
+
+
+class ExecutionFailedError(SparkjetError, RuntimeError):
+    """An execution ended with a failure (a member failed, died or went silent, or a
+    snapshot could not complete). The job restarts it if its policy allows. A member's
+    failure carries its ``report`` (:func:`sparkjet.runtime.failures.report`)."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report or {}
+        self.deterministic = bool(self.report.get("deterministic"))
+
+
+class MemberFailedError(SparkjetError, RuntimeError):
+    """A processor of the member failed; the execution ends (the supervisor may restart)."""
+
+
+# -- The links between members (sparkjet.runtime.exchange) ---------------------------------------
+
+class ExchangeError(SparkjetError, ConnectionError):
+    """Talking to a peer failed: unreachable, connection lost, stream broken or cancelled.
+    ``peer`` is the peer's address (a Flight location, or ``ipv4:host:port`` for a
+    server's inbound peer)."""
+
+    def __init__(self, message: str, peer: str | None = None):
+        super().__init__(message)
+        self.peer = peer
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.peer))
+
+
+class ExchangeTimeoutError(ExchangeError, TimeoutError):
+    """A peer did not answer, or granted no credit, within the timeout."""
+
+
+class ExchangeFencedError(ExchangeError, FencedError):
+    """The peer belongs to another execution and refused the stream or action (or this
+    server refused a zombie's)."""
+
+
+class ExchangeAuthError(ExchangeError, PermissionError):
+    """The peer refused the call's credentials (no token, another execution's, a replayed
+    or forged one): see :mod:`sparkjet.runtime.security`."""
+
+
+class ExchangeRefusedError(ExchangeError):
+    """The peer is alive and refused the request: no such processor, channel or action,
+    an action handler that raised, a closed aligner, a server shutting down, or a broken
+    protocol rule."""
+
+
+# -- Placement, tables, logs and storage ---------------------------------------------------------
+
+class PartitionTableError(SparkjetError, ValueError):
+    """A partition table, its arguments or its serialized form is invalid or incompatible."""
+
+
+class TableLoadError(SparkjetError, ValueError):
+    """A reference table could not be loaded, or does not fit its join."""
+
+
+class LogLockedError(SparkjetError, RuntimeError):
+    """Another live writer holds the log: a log has one writer at a time."""
+
+
+class ObjectStoreRaceWarning(RuntimeWarning):
+    """A commit record is created on a store without a conditional create (see the module
+    doc): two committers racing for one name there can both succeed."""
+
+
+# -- Spark, and the throwaway servers of sparkjet.testing ----------------------------------------
+
+class JavaNotFoundError(SparkjetError, RuntimeError):
+    """No Java runtime of version 17 or newer was found (or ``JAVA_HOME`` names an unusable
+    one); the message says where sparkjet looked and what to install."""
+
+
+class StandaloneClusterError(SparkjetError, RuntimeError):
+    """The cluster did not start (or a worker did not come back); the message holds the
+    tail of the logs of the processes concerned."""
+
+
+class ConnectServerError(SparkjetError, RuntimeError):
+    """The Spark Connect server did not start; the message holds the tail of its log."""

@@ -27,7 +27,9 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sparkjet.errors import SparkjetError
+from sparkjet.errors import (
+    PartitionTableError,  # noqa: F401 (defined there; named here too)
+    )
 
 __all__ = [
     "DEFAULT_PARTITION_COUNT",
@@ -58,10 +60,6 @@ _HEADER = struct.Struct("<4sHHII")
 _NAME_LENGTH = struct.Struct("<H")
 _CHECKSUM = struct.Struct("<I")
 _MAX_NAME_BYTES = 0xFFFF  # a name's UTF-8 length must fit the u16 length prefix
-
-
-class PartitionTableError(SparkjetError, ValueError):
-    """A partition table, its arguments or its serialized form is invalid or incompatible."""
 
 
 @dataclass(frozen=True, slots=True)

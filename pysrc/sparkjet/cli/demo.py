@@ -178,6 +178,7 @@ class _Display:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The job runtime and Spark load when the demo runs, not for every `sparkjet` command.
     from sparkjet import verify
     from sparkjet.connectors.files.sink import TransactionalFileSink
     from sparkjet.connectors.generator import GeneratorSource

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 
 from sparkjet.cli.args import positive_int
 from sparkjet.errors import InvalidArgumentError, SparkjetError
-from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, partition_ids
+from sparkjet.spark import local_session, with_partition_id
 
 # Knuth's multiplicative constant: spreads consecutive ids over the key space, and being prime
 # it makes (id * K) % keys take min(rows, keys) distinct values unless keys is a multiple of K.
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     parser.commands = commands
+    # Each subcommand's module loads only when the parser is built for it.
     from sparkjet.cli.demo import add_parser as add_demo
 
     add_demo(commands)
@@ -93,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rounds", type=positive_int, default=2,
                       help="times each Spark job is timed; the best counts (default: 2)")
     demo.set_defaults(command="partition-demo", run=_demo)
+    # (as above)
     from sparkjet.cli.snapshots import add_jobs_parser
     from sparkjet.cli.snapshots import add_parser as add_snapshots
 
@@ -102,8 +105,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparkjet.spark import local_session
-
     rows, count = args.rows, args.partitions
     keys = args.keys or rows
     if rows * _KNUTH > 2**63 - 1:
@@ -180,8 +181,6 @@ def _time_jobs(
     :func:`with_partition_id`. All three first run on up to a million rows, so the Python
     workers and the JVM's compiled code are warm for every one of them; then the three run
     in turn, ``rounds`` times."""
-    from sparkjet.spark import with_partition_id
-
     jobs: dict[str, Callable] = {
         "Spark alone": lambda f: f,
         "Arrow round trip to Python": lambda f: f.mapInArrow(_identity, f.schema),
@@ -210,8 +209,6 @@ def _noop_write(frame) -> None:
 
 def _histogram(frame, count: int) -> list[int]:
     """Rows per partition, partitions without rows included (as 0)."""
-    from sparkjet.spark import with_partition_id
-
     loads = [0] * count
     for row in with_partition_id(frame, "key", count).groupBy("partition_id").count().collect():
         loads[row["partition_id"]] = row["count"]
@@ -223,7 +220,6 @@ def _time_driver(rows: int, keys: int, count: int, key_type: str) -> float:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from sparkjet.partitioning import partition_ids
 
     values = pa.array((np.arange(rows, dtype=np.int64) * _KNUTH) % keys)
     if key_type == "string":

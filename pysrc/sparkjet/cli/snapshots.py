@@ -44,6 +44,7 @@ def add_jobs_parser(commands) -> None:
 def _jobs(args) -> int:
     import os
 
+    # The job runtime loads only to describe a local job's run state.
     from sparkjet.runtime.lifecycle import job_info
 
     rows = [("job", "id", "state", "last snapshot", "taken", "exports")]

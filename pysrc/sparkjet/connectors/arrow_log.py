@@ -54,7 +54,7 @@ from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
-    SparkjetError,
+    LogLockedError,  # noqa: F401 (defined there; named here too)
     UnsupportedTypeError,
 )
 
@@ -67,10 +67,6 @@ _EOS = struct.pack("<Ii", _CONTINUATION, 0)
 _PREFIX = 8
 # A sanity bound on one message's metadata: a larger length prefix means garbage.
 _MAX_METADATA = 1 << 30
-
-
-class LogLockedError(SparkjetError, RuntimeError):
-    """Another live writer holds the log: a log has one writer at a time."""
 
 
 def partition_dir(root, partition: int) -> str:

@@ -20,6 +20,7 @@ from sparkjet import _native
 from sparkjet._keys import refuse_nulls
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.base import Operator, OperatorStage
+from sparkjet.operators.groups import Groups
 
 OPERATIONS = ("count", "sum", "min", "max", "mean")
 
@@ -109,8 +110,6 @@ class KeyedAggregator:
 
     def _group_slots(self, table) -> np.ndarray:
         if self._groups is None:
-            from sparkjet.operators.groups import Groups
-
             self._groups = Groups(self.key)
         slots = self._groups.slots(table)
         self._grow(len(self._groups))
@@ -125,8 +124,6 @@ class KeyedAggregator:
             if pa.types.is_integer(keys.type):
                 self._map = _native.KeyMap(self._expected)
             else:
-                from sparkjet.operators.groups import Groups
-
                 self._groups = Groups([self.key], expected=self._expected)
         elif keys.type != self._key_type:
             raise InvalidArgumentError(

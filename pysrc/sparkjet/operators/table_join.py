@@ -30,16 +30,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet._keys import join_keys
-from sparkjet.errors import InvalidArgumentError, SparkjetError
+from sparkjet.errors import (
+    InvalidArgumentError,
+    TableLoadError,  # noqa: F401 (defined there; named here too)
+)
+from sparkjet.operators.groups import Groups
+from sparkjet.snapshot.store import content_digest
 
 #: The snapshot vertex whose broadcast entries record each processor's table versions.
 TABLES_VERTEX = "table-versions"
 
 _HOWS = ("inner", "left")
-
-
-class TableLoadError(SparkjetError, ValueError):
-    """A reference table could not be loaded, or does not fit its join."""
 
 
 # -- reference tables ---------------------------------------------------------------------
@@ -227,8 +228,6 @@ class TableVersion:
 
     @classmethod
     def of(cls, table: pa.Table) -> TableVersion:
-        from sparkjet.snapshot.store import content_digest
-
         data = ipc_bytes(table)
         return cls(data, content_digest(data), table)
 
@@ -264,8 +263,6 @@ class TableIndex:
 
     def __init__(self, table: pa.Table, keys: tuple[str, ...], prefix: str = "",
                  description: str = "the reference table"):
-        from sparkjet.operators.groups import Groups
-
         missing = [k for k in keys if k not in table.schema.names]
         if missing:
             raise TableLoadError(f"{description} has no key column {missing[0]!r}; its "

@@ -34,9 +34,20 @@ import pyarrow.compute as pc
 
 from sparkjet.connectors.base import Sink, Source
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.operators.dedup import DeduplicateStage
+from sparkjet.operators.interval_join import interval_join_stage
 from sparkjet.operators.rolling import AggregateStage, parse_aggregations
+from sparkjet.operators.stateful import PER_ROW_STATE, keyed_state_stage, per_row
+from sparkjet.operators.table_join import (
+    TableJoinStage,
+    as_reference_table,
+    check_how,
+    parse_on,
+)
 from sparkjet.operators.time import duration, seconds
 from sparkjet.operators.windows.definitions import WindowDefinition, parse_window_aggregations
+from sparkjet.operators.windows.operator import WindowStage
+from sparkjet.pipeline.dag import compile_dag
 from sparkjet.pipeline.stages import (
     FilterStage,
     MapStage,
@@ -143,13 +154,6 @@ class Pipeline:
         whole table. Its version changes only at snapshot barriers, and snapshots record
         it: a restart replays with the version recorded (see :mod:`sparkjet.operators.table_join`).
         """
-        from sparkjet.operators.table_join import (
-            TableJoinStage,
-            as_reference_table,
-            check_how,
-            parse_on,
-        )
-
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"join_table(prefix=...) takes a string, got {prefix!r}")
         stream_keys, table_keys = parse_on(on)
@@ -187,8 +191,6 @@ class Pipeline:
         of event time (an int in the time column's unit, or a timedelta) after it
         (:mod:`sparkjet.operators.dedup`). Events behind the watermark cannot be checked: they are
         counted as late and go to ``late_events`` if given. Needs ``with_timestamps``."""
-        from sparkjet.operators.dedup import DeduplicateStage
-
         if len(keys) == 1 and isinstance(keys[0], (list, tuple)):
             keys = tuple(keys[0])
         if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
@@ -221,8 +223,6 @@ class Pipeline:
 
         >>> clicks.join_interval(impressions, on="ad", between=(-600_000, 0))  # doctest: +SKIP
         """
-        from sparkjet.operators.interval_join import interval_join_stage
-
         if not isinstance(other, Pipeline):
             raise InvalidArgumentError(f"join_interval() takes a pipeline, got {type(other).__name__}")
         left, right = self._stream("join_interval"), other._stream("join_interval")
@@ -234,8 +234,6 @@ class Pipeline:
 
     def plan(self):
         """The DAG this pipeline runs as (:class:`sparkjet.pipeline.dag.Dag`)."""
-        from sparkjet.pipeline.dag import compile_dag
-
         if not self._ends:
             raise InvalidArgumentError("a pipeline needs read_from(source) and write_to(sink)")
         return compile_dag(self._ends)
@@ -295,8 +293,6 @@ class GroupBy:
             It is saved in snapshots with the state. With event time it needs
             ``with_timestamps`` too (its watermarks count; its time column's name may differ).
         """
-        from sparkjet.operators.stateful import keyed_state_stage
-
         stage = keyed_state_stage(self.keys, fn, state, ttl, ttl_in, event_time,
                                   broadcast is not None, broadcast_key)
         head = self.pipeline._stream("map_state")
@@ -314,8 +310,6 @@ class GroupBy:
         (``create()`` for a new key, pickled between batches) and returns an output row (a
         dict) or None. Far slower than :meth:`map_state` (Python per row); for logic that
         is hard to vectorize."""
-        from sparkjet.operators.stateful import PER_ROW_STATE, keyed_state_stage, per_row
-
         if not callable(create) or not callable(fn):
             raise InvalidArgumentError("map_stateful(create, fn) takes two functions")
         return self.pipeline._add(keyed_state_stage(self.keys, per_row(create, fn), PER_ROW_STATE,
@@ -351,7 +345,6 @@ class Windowed:
             raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
                                        f"{type(late_events).__name__}")
         head = self.pipeline._stream("aggregate")
-        from sparkjet.operators.windows.operator import WindowStage
 
         stage = WindowStage(self.keys, self.window, dict(aggregations), early, lateness, late_events)
         return Pipeline(Node(stage, (head,)))

@@ -23,7 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from sparkjet.errors import SparkjetError
+from sparkjet.errors import (
+    ExecutionFailedError,  # noqa: F401 (defined there; named here too)
+    )
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.schemas import check_agreement
 from sparkjet.snapshot.store import Manifest, SnapshotStore
@@ -34,17 +36,6 @@ POLL_WAIT = 0.25
 #: How long a member's ``join`` waits on the driver for the other members before it
 #: returns without the peers (the member then asks again).
 JOIN_WAIT = 2.0
-
-
-class ExecutionFailedError(SparkjetError, RuntimeError):
-    """An execution ended with a failure (a member failed, died or went silent, or a
-    snapshot could not complete). The job restarts it if its policy allows. A member's
-    failure carries its ``report`` (:func:`sparkjet.runtime.failures.report`)."""
-
-    def __init__(self, message: str, report: dict | None = None):
-        super().__init__(message)
-        self.report = report or {}
-        self.deterministic = bool(self.report.get("deterministic"))
 
 
 class SnapshotCoordinator:

@@ -118,7 +118,12 @@ import pyarrow as pa
 from pyarrow import flight
 
 from sparkjet._checks import check_int, check_number
-from sparkjet.errors import (
+from sparkjet.errors import (  # noqa: F401 (defined there; named here too)
+    ExchangeAuthError,
+    ExchangeError,
+    ExchangeFencedError,
+    ExchangeRefusedError,
+    ExchangeTimeoutError,
     FencedError,
     InvalidArgumentError,
     SparkjetError,
@@ -158,42 +163,6 @@ _log = logging.getLogger("sparkjet.exchange")
 
 
 # ---- errors ------------------------------------------------------------------------------
-
-
-class ExchangeError(SparkjetError, ConnectionError):
-    """Talking to a peer failed: unreachable, connection lost, stream broken or cancelled.
-    ``peer`` is the peer's address (a Flight location, or ``ipv4:host:port`` for a
-    server's inbound peer)."""
-
-    def __init__(self, message: str, peer: str | None = None):
-        super().__init__(message)
-        self.peer = peer
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-    def __reduce__(self):
-        return (type(self), (self.args[0], self.peer))
-
-
-class ExchangeTimeoutError(ExchangeError, TimeoutError):
-    """A peer did not answer, or granted no credit, within the timeout."""
-
-
-class ExchangeFencedError(ExchangeError, FencedError):
-    """The peer belongs to another execution and refused the stream or action (or this
-    server refused a zombie's)."""
-
-
-class ExchangeAuthError(ExchangeError, PermissionError):
-    """The peer refused the call's credentials (no token, another execution's, a replayed
-    or forged one): see :mod:`sparkjet.runtime.security`."""
-
-
-class ExchangeRefusedError(ExchangeError):
-    """The peer is alive and refused the request: no such processor, channel or action,
-    an action handler that raised, a closed aligner, a server shutting down, or a broken
-    protocol rule."""
 
 
 def _flight_error(cls, message: str, tag: bytes):

@@ -28,8 +28,16 @@ from sparkjet.runtime.lifecycle import (
 )
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.observability import JobMetrics, MetricsServer, ProgressView
+from sparkjet.runtime.restore import (
+    log_plan,
+    open_point,
+    plan_restore,
+    read_fingerprint,
+    start_point,
+)
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
+from sparkjet.snapshot.store import SnapshotStore, _check_name
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -221,8 +229,6 @@ class Job:
         ``stopped`` set. With ``snapshot``, that last snapshot is exported under this name
         (kept until deleted, restorable). A new :meth:`run` resumes the job from it."""
         if snapshot is not None:
-            from sparkjet.snapshot.store import _check_name
-
             _check_name("export name", snapshot)
         if not self._running:
             raise InvalidArgumentError(f"job {self.config.name!r} is not running")
@@ -246,7 +252,6 @@ class Job:
     def _export(self, name: str | None) -> str | None:
         if name is None or self.config.processing_guarantee == "none":
             return None
-        from sparkjet.snapshot.store import SnapshotStore
 
         with SnapshotStore(self.config.snapshot_store, self.config.id,
                            name=self.config.name) as store:
@@ -260,14 +265,6 @@ class Job:
         by schema (:mod:`sparkjet.runtime.restore`); logs what differs but restores."""
         if self.config.processing_guarantee == "none":
             return
-        from sparkjet.runtime.restore import (
-            log_plan,
-            open_point,
-            plan_restore,
-            read_fingerprint,
-            start_point,
-        )
-        from sparkjet.snapshot.store import SnapshotStore
 
         with SnapshotStore(self.config.snapshot_store, self.config.id,
                            name=self.config.name) as store:

@@ -22,20 +22,12 @@ import socket
 import time
 from pathlib import Path
 
-from sparkjet.errors import SparkjetError
-
-
-class JobAlreadyRunningError(SparkjetError, RuntimeError):
-    """Another run of the same job holds its snapshot store."""
-
-
-class JobFinishedError(SparkjetError, RuntimeError):
-    """The job already ran to its end against this snapshot store."""
-
-
-class JobCancelledError(SparkjetError, RuntimeError):
-    """The job was cancelled (:meth:`~sparkjet.runtime.Job.cancel`): its running execution
-    ended without a snapshot; a new run resumes from the last complete one."""
+from sparkjet.errors import (  # noqa: F401 (defined there; named here too)
+    JobAlreadyRunningError,
+    JobCancelledError,
+    JobFinishedError,
+    SparkjetError,
+)
 
 
 def _job_dir(config) -> Path | None:

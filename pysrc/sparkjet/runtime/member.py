@@ -35,7 +35,10 @@ import time
 import pyarrow as pa
 
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.errors import SnapshotNotFoundError, SparkjetError
+from sparkjet.errors import (
+    MemberFailedError,  # noqa: F401 (defined there; named here too)
+    SnapshotNotFoundError,
+)
 from sparkjet.operators.table_join import TABLES_VERTEX, TableVersions
 from sparkjet.operators.time import EventTimeColumn, in_units
 from sparkjet.pipeline.dag import SOURCE, Dag
@@ -68,10 +71,6 @@ from sparkjet.snapshot.store import SnapshotStore
 
 _POLL = 0.005
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-
-
-class MemberFailedError(SparkjetError, RuntimeError):
-    """A processor of the member failed; the execution ends (the supervisor may restart)."""
 
 
 def merge_states(states: list) -> dict | None:

@@ -5,15 +5,15 @@ import json
 import sys
 import traceback
 
+from sparkjet.runtime import failures
+from sparkjet.runtime.member import Member
+from sparkjet.runtime.observability import log_to
+
 
 def main(argv: list[str]) -> int:
     job_file, execution, result_file, events_file, *rest = argv
     stop_file = rest[0] if rest else None
     from pyspark import cloudpickle
-
-    from sparkjet.runtime import failures
-    from sparkjet.runtime.member import Member
-    from sparkjet.runtime.observability import log_to
 
     with open(job_file, "rb") as f:
         plan, config = cloudpickle.load(f)

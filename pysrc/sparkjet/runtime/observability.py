@@ -19,6 +19,8 @@ import logging
 import threading
 import time
 
+from sparkjet.runtime.progress import ProgressLine, bar
+
 #: The fields every sparkjet log record carries ("-" where they do not apply).
 CONTEXT_FIELDS = ("job", "execution", "member")
 LOG_FORMAT = ("%(asctime)s %(levelname)s %(name)s [job=%(job)s execution=%(execution)s "
@@ -312,8 +314,6 @@ class ProgressView:
     """The job's metrics on one terminal line, redrawn as progress events come."""
 
     def __init__(self, metrics: JobMetrics, out=None):
-        from sparkjet.runtime.progress import ProgressLine
-
         self.metrics = metrics
         self.line = ProgressLine(out, every=5.0)
 
@@ -324,8 +324,6 @@ class ProgressView:
         self.line.update(self.text(), force=kind in ("restart", "execution"))
 
     def text(self) -> str:
-        from sparkjet.runtime.progress import bar
-
         m = self.metrics.as_dict()
         total = m["expected_events"]
         head = f"{m['job']} {m['state']}"

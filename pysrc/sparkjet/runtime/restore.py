@@ -31,7 +31,11 @@ from sparkjet.errors import (
     SnapshotMismatchError,
     SnapshotNotFoundError,
 )
+from sparkjet.operators.state_store import STATE_PREFIX
 from sparkjet.pipeline.dag import SOURCE, Dag, Vertex
+from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.lifecycle import job_name_of
+from sparkjet.snapshot.store import SnapshotStore
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -68,9 +72,6 @@ def split_initial(text: str) -> tuple[str | None, str]:
 def initial_point(config) -> StartPoint:
     """The snapshot ``config.initial_snapshot`` names; SnapshotNotFoundError, naming the
     job, when there is no such export."""
-    from sparkjet.runtime.config import JobConfig
-    from sparkjet.snapshot.store import SnapshotStore
-
     job_name, export = split_initial(config.initial_snapshot)
     if job_name is None or job_name == config.name:
         job_name, job_id = config.name, config.id
@@ -99,7 +100,6 @@ def _job_id_of(root: str, name: str, derived: int) -> int:
     for a job given an explicit ``job_id``, the one whose JOB.json records the name."""
     from pathlib import Path
 
-    from sparkjet.runtime.lifecycle import job_name_of
 
     if "://" in str(root) or (Path(root) / f"job-{derived:016x}").is_dir():
         return derived
@@ -124,7 +124,6 @@ def open_point(config, point: StartPoint, own):
     """The store to read ``point`` from: ``own`` (the job's store) or the other job's."""
     if point.job_id == config.id:
         return own
-    from sparkjet.snapshot.store import SnapshotStore
 
     return SnapshotStore(config.snapshot_store, point.job_id, create=False, name=point.job_name)
 
@@ -311,7 +310,6 @@ def conform_state(vertex: Vertex, table: pa.Table | None) -> pa.Table | None:
     schema = getattr(vertex.stage, "state", None)
     if table is None or not isinstance(schema, pa.Schema):
         return table
-    from sparkjet.operators.state_store import STATE_PREFIX
 
     for f in schema:
         name = STATE_PREFIX + f.name

@@ -133,7 +133,7 @@ class SparkRunner:
         self.max_members_seen = members
         coord = self.current
         if coord is not None:
-            coord.fail(RescaleRequested(f"rescale to {members} member(s) requested"))
+            coord.fail(_RescaleRequested(f"rescale to {members} member(s) requested"))
 
     @property
     def quorum(self) -> int:
@@ -263,7 +263,7 @@ class SparkRunner:
             coord.run(0 if restore_from is None else restore_from + 1)
             outcome["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
-            outcome["status"] = "rescaled" if isinstance(e, RescaleRequested) else "failed"
+            outcome["status"] = "rescaled" if isinstance(e, _RescaleRequested) else "failed"
             outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
             report = getattr(e, "report", None) or {}
             outcome.update(deterministic=is_deterministic(e), traceback=report.get("traceback"),
@@ -307,7 +307,7 @@ class SparkRunner:
                            "members": coord.member_counters()})
 
 
-class RescaleRequested(ExecutionFailedError):
+class _RescaleRequested(ExecutionFailedError):
     """Ends an execution on purpose: the next one runs on another member count."""
 
 

@@ -15,16 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sparkjet.errors import SparkjetError
+from sparkjet.errors import (
+    JobFailedError,  # noqa: F401 (defined there; named here too)
+    )
 from sparkjet.runtime.config import JobConfig
 from sparkjet.snapshot.store import SnapshotStore
 
 #: The longest wait between two executions, in seconds.
 MAX_BACKOFF = 30.0
-
-
-class JobFailedError(SparkjetError, RuntimeError):
-    """The job could not finish: its member kept failing past ``max_restarts``."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sparkjet.operators.time import MAX_TIME, MIN_TIME
+from sparkjet.partitioning import partition_ids
 
 
 class Watermark(NamedTuple):
@@ -111,8 +112,6 @@ class PartitionFloors:
     def of(self, batch, key=None) -> np.ndarray:
         """The floor of each row of ``batch``: its partition's old watermark (``key``: the
         batch's key columns, when its input has its own)."""
-        from sparkjet.partitioning import partition_ids
-
         pids = partition_ids(batch, self.partition_count,
                              key=self.key if key is None else key).to_numpy()
         return self.floors[pids]

@@ -52,6 +52,7 @@ __all__ = [
 def read_output(spark: SparkSession, sink) -> DataFrame:
     """The committed rows of a job's sink (``TransactionalFileSink`` or ``DeltaSink``) as a
     DataFrame of ``spark``; see :mod:`sparkjet.spark.output`."""
+    # Loads the Delta and file sinks only when output is read.
     from sparkjet.spark.output import read_output as read
 
     return read(spark, sink)
@@ -61,6 +62,7 @@ def register(spark: SparkSession) -> None:
     """Registers the Structured Streaming formats ``sparkjet`` (a job's committed output as
     a stream) and ``sparkjet-log`` (a stream into an Arrow log); see
     :mod:`sparkjet.spark.datasource`."""
+    # Loads pyspark's data source API only when the formats are registered.
     from sparkjet.spark.datasource import register as register_formats
 
     register_formats(spark)

@@ -62,6 +62,8 @@ from pyspark.sql.datasource import (
 )
 
 from sparkjet._fs import absolute
+from sparkjet.connectors.arrow_log import ArrowLogWriter, LogLockedError, _Cursor, read_log_info
+from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.errors import CorruptDataError, InvalidArgumentError
 
 try:  # PySpark 4.1+: the tasks get Arrow batches, not rows
@@ -128,8 +130,6 @@ class CommittedOutputSource(DataSource):
 
 def _committed(path: str) -> list[tuple[str, str]]:
     """(final name, readable path) of every committed Parquet file under ``path``."""
-    from sparkjet.connectors.files.sink import TransactionalFileSink
-
     if not os.path.isdir(path) and "://" not in path:
         raise InvalidArgumentError(f"format({OUTPUT_FORMAT!r}): {path} does not exist")
     out = []
@@ -251,7 +251,6 @@ class ArrowLogSink(DataSource):
     def streamWriter(self, schema, overwrite: bool) -> LogStreamWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from sparkjet.connectors.arrow_log import read_log_info
 
         if overwrite:
             raise InvalidArgumentError(f"format({LOG_FORMAT!r}): an Arrow log is append-only; "
@@ -370,8 +369,6 @@ class LogStreamWriter(_WriterBase):
         _remove(m.file for m in messages if m is not None and m.file is not None)
 
     def _open_log(self):
-        from sparkjet.connectors.arrow_log import ArrowLogWriter, LogLockedError
-
         deadline = time.monotonic() + _LOCK_WAIT
         while True:
             try:
@@ -392,8 +389,6 @@ def _staged_batches(path: str):
 def _count_appended(root: str, start: dict) -> dict[int, int]:
     """Per partition, how many messages follow the recorded position: what a commit that
     died appended (the writer lock keeps every other appender out)."""
-    from sparkjet.connectors.arrow_log import _Cursor
-
     counts = {}
     for key, (segment, byte) in start.items():
         cursor = _Cursor(root, int(key))

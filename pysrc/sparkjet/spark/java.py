@@ -15,7 +15,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sparkjet.errors import SparkjetError
+from sparkjet.errors import (
+    JavaNotFoundError,  # noqa: F401 (defined there; named here too)
+    )
 
 MIN_JAVA_VERSION = 17
 
@@ -34,11 +36,6 @@ _INSTALL_HINT = (
     "`brew install openjdk@17`, or https://adoptium.net) and/or set JAVA_HOME to its folder"
 )
 _VERSION_RE = re.compile(r'version "([^"]+)"')
-
-
-class JavaNotFoundError(SparkjetError, RuntimeError):
-    """No Java runtime of version 17 or newer was found (or ``JAVA_HOME`` names an unusable
-    one); the message says where sparkjet looked and what to install."""
 
 
 def java_version(java: str | os.PathLike) -> int:

@@ -19,6 +19,8 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sparkjet.connectors.delta import DeltaSink, _deltalake, _open_table
+from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.errors import InvalidArgumentError
 
 
@@ -29,9 +31,6 @@ def read_output(spark, sink):
 
     >>> read_output(spark, TransactionalFileSink("/data/out")).count()   # doctest: +SKIP
     """
-    from sparkjet.connectors.delta import DeltaSink
-    from sparkjet.connectors.files.sink import TransactionalFileSink
-
     if isinstance(sink, TransactionalFileSink):
         return _file_sink(spark, sink)
     if isinstance(sink, DeltaSink):
@@ -53,8 +52,6 @@ def _file_sink(spark, sink):
 
 
 def _delta_sink(spark, sink):
-    from sparkjet.connectors.delta import _deltalake, _open_table
-
     dl = _deltalake()
     dt = _open_table(dl, sink.uri, sink.storage_options)
     if dt is None:

@@ -38,10 +38,13 @@ from sparkjet.cli.args import nonnegative_int, positive_int
 from sparkjet.connectors.delta import DeltaSink
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
+from sparkjet.connectors.kafka.sink import KafkaSink
 from sparkjet.connectors.postgres import PostgresSink
 from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
+from sparkjet.spark import local_session
+from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 from sparkjet.windows import sliding, tumbling
 
 
@@ -302,7 +305,6 @@ def _kafka_sink(bootstrap: str, topic: str, staging: Path, key: str):
     """A Kafka sink on a new 4-partition topic (created here), keyed by `key`."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from sparkjet.connectors.kafka.sink import KafkaSink
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(topic, num_partitions=4,
@@ -315,7 +317,6 @@ def _kafka_read(bootstrap: str, topic: str) -> pa.Table:
     """The JSON rows a read_committed consumer reads from `topic` now."""
     import json
 
-    from sparkjet.connectors.kafka.sink import KafkaSink
 
     values = KafkaSink.read(topic, bootstrap)
     if values.num_rows == 0:
@@ -521,8 +522,6 @@ def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0
     """Starts a local standalone cluster (:mod:`sparkjet.testing.standalone`) and runs the quorum
     scenario (if `scenario`) and a campaign of `total_kills` kills (member Python workers and
     whole worker JVMs) on it, with as many members as there are slots."""
-    from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
-
     with StandaloneCluster(workers=workers, cores=1, memory="1g") as cluster:  # started
         spark = cluster.session("sparkjet-campaign", **{
             "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
@@ -571,8 +570,6 @@ def main(argv=None) -> int:
             scenario, results = run_standalone(work, args.kills, args.standalone, args.seed,
                                                scenario=args.standalone == 3)
         elif args.master:
-            from sparkjet.spark import local_session
-
             spark = local_session(args.master, "sparkjet-campaign",
                                   **{"spark.ui.showConsoleProgress": "false"})
             spark.sparkContext.setLogLevel("OFF")

@@ -32,7 +32,11 @@ import threading
 import time
 from pathlib import Path
 
-from sparkjet.errors import SparkjetError
+import sparkjet
+from sparkjet.errors import (
+    ConnectServerError,  # noqa: F401 (defined there; named here too)
+)
+from sparkjet.spark.java import ensure_java
 from sparkjet.testing.standalone import (
     _TRAMPOLINE,
     _conf_value,
@@ -44,10 +48,6 @@ from sparkjet.testing.standalone import (
 )
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-class ConnectServerError(SparkjetError, RuntimeError):
-    """The Spark Connect server did not start; the message holds the tail of its log."""
 
 
 class ConnectServer:
@@ -86,8 +86,6 @@ class ConnectServer:
         self.stop()
 
     def start(self) -> ConnectServer:
-        from sparkjet.spark.java import ensure_java
-
         ensure_java()
         self.directory = self._given_dir or Path(tempfile.mkdtemp(prefix="sparkjet-connect-"))
         (self.directory / "conf").mkdir(parents=True, exist_ok=True)
@@ -170,7 +168,6 @@ class ConnectServer:
 
     def _env(self) -> dict:
         assert self.directory is not None
-        import sparkjet
 
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(sparkjet.__file__)))
         env = dict(os.environ)

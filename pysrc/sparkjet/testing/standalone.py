@@ -115,7 +115,10 @@ from typing import TYPE_CHECKING
 import psutil
 
 from sparkjet._checks import check_int
-from sparkjet.errors import InvalidArgumentError, SparkjetError
+from sparkjet.errors import (
+    InvalidArgumentError,
+    StandaloneClusterError,  # noqa: F401 (defined there; named here too)
+)
 from sparkjet.spark.java import ensure_java
 
 if TYPE_CHECKING:
@@ -163,11 +166,6 @@ FAST_START_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 #: Errors of one poll of the master's /json/ while it starts or restarts: try again.
 _TRANSIENT = (OSError, ValueError, http.client.HTTPException)
-
-
-class StandaloneClusterError(SparkjetError, RuntimeError):
-    """The cluster did not start (or a worker did not come back); the message holds the
-    tail of the logs of the processes concerned."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from sparkjet.errors import InvalidArgumentError
+from sparkjet.operators.rolling import parse_aggregations
 from sparkjet.operators.time import duration, in_units
 
 #: The event-time column of a windowed aggregation's output.
@@ -155,8 +156,6 @@ WINDOW_OPERATIONS = ("count", "sum", "min", "max", "mean")
 def parse_window_aggregations(spec: dict) -> dict:
     """{name: "count" | (operation, column) | UserAggregation} -> {name: (operation, column
     or UserAggregation)}."""
-    from sparkjet.operators.rolling import parse_aggregations
-
     if not spec:
         raise InvalidArgumentError("aggregate() needs at least one aggregation, e.g. count='count'")
     plain = {k: v for k, v in spec.items() if not isinstance(v, UserAggregation)}
