@@ -255,3 +255,55 @@ def test_the_readme_has_imports_to_check():
 @pytest.mark.parametrize("statement", _readme_imports())
 def test_each_import_the_readme_uses_works(statement):
     exec(statement, {})
+
+
+def test_the_snapshot_store_reaches_storage_only_through_its_backend():
+    """snapshot/store.py may touch files only through StorageBackend: no os, shutil,
+    pathlib, pyarrow.fs or sparkjet._fs, and no builtin open()."""
+    path = PACKAGE / "snapshot" / "store.py"
+    tree = ast.parse(path.read_text())
+    banned = {"os", "shutil", "pathlib", "pyarrow.fs", "sparkjet._fs", "tempfile", "io"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name in banned]
+        elif isinstance(node, ast.ImportFrom):
+            if node.module in banned or any(f"{node.module}.{a.name}" in banned
+                                            for a in node.names):
+                found.append(node.module)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "open":
+            found.append(f"open() at line {node.lineno}")
+    assert not found, f"the store reaches storage around its backend: {found}"
+
+
+def test_a_store_runs_on_another_backend(tmp_path):
+    """The seam: a store over a StorageBackend of another kind (here one that counts the
+    operations it serves) writes, commits and restores without knowing what it is on."""
+    import collections
+
+    import pyarrow as pa
+
+    from sparkjet.snapshot import SnapshotStore
+    from sparkjet.snapshot.backend import FileSystemBackend, StorageBackend
+
+    calls = collections.Counter()
+
+    class Counting(FileSystemBackend):
+        def __getattribute__(self, name):
+            if name in StorageBackend.__abstractmethods__:
+                calls[name] += 1
+            return super().__getattribute__(name)
+
+    backend = Counting(str(tmp_path))
+    assert isinstance(backend, StorageBackend)
+    store = SnapshotStore(backend, job_id=5)
+    store.register_execution(1)
+    writer = store.writer(snapshot_id=0, execution_id=1)
+    table = pa.table({"key": pa.array(range(100), pa.int64()), "n": pa.array(range(100))})
+    writer.write_table("counts", table, key="key")
+    store.commit(0, 1, [writer.finish()])
+    restored = store.restore("counts").table
+    assert restored.sort_by("key").equals(table)
+    assert calls["create_exclusive"] >= 2 and calls["open_write"] >= 1 and calls["read"] >= 1
+    assert SnapshotStore.jobs(backend) == [5]

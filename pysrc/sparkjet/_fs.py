@@ -220,6 +220,15 @@ class Backend:
         finally:
             self.remove(tmp)
 
+    def rename_dir(self, src: str, dst: str) -> None:
+        """Renames a directory: one atomic rename on local disks (refused onto a folder
+        that is not empty) and HDFS (refused onto an existing name); a copy of every object
+        on object stores, where commits never rest on it (see :attr:`atomic_rename`)."""
+        if self.local:
+            os.rename(src, dst)
+        else:
+            self.fs.move(src, dst)
+
     def link_or_copy(self, src: str, dst: str) -> None:
         """A hard link on local disks (an export survives its source's cleanup), else a copy."""
         if self.local:

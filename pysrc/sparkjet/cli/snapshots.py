@@ -8,6 +8,7 @@ import time
 
 from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
 from sparkjet.runtime.progress import ProgressLine, bar
+from sparkjet.snapshot import layout
 from sparkjet.snapshot.store import SnapshotStore
 
 
@@ -50,7 +51,7 @@ def _jobs(args) -> int:
     rows = [("job", "id", "state", "last snapshot", "taken", "exports")]
     local = "://" not in args.uri
     for job in SnapshotStore.jobs(args.uri, must_exist=True):
-        info = job_info(os.path.join(args.uri, f"job-{job:016x}")) if local else {}
+        info = job_info(os.path.join(args.uri, layout.job_dir(job))) if local else {}
         with SnapshotStore(args.uri, job, create=False) as store:
             snaps = store.snapshots()
         latest = [s for s in snaps if s.name is None]

@@ -13,6 +13,7 @@ from sparkjet._fs import absolute
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 from sparkjet.snapshot.records import NAME_PATTERN
+from sparkjet.snapshot.store import SnapshotStore
 
 # The schema of the fields (sparkjet._checks.check_fields): an interval or a backoff must
 # be finite; a timeout may be infinite (never time out).
@@ -130,3 +131,13 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def open_store(config: JobConfig, *, job_id: int | None = None, job_name: str | None = None,
+               create: bool = True) -> SnapshotStore:
+    """The snapshot store of ``config``'s job (or of job ``job_id``, named ``job_name``, in
+    the same place: the job an ``initial_snapshot`` comes from): the one place the runtime
+    opens a store. ``create=False`` only reads (see :class:`SnapshotStore`)."""
+    if job_id is None:
+        job_id, job_name = config.id, config.name
+    return SnapshotStore(config.snapshot_store, job_id, create=create, name=job_name)

@@ -18,7 +18,7 @@ from sparkjet._checks import check_int
 from sparkjet.connectors.base import DriverContext
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.lifecycle import (
     JobCancelledError,
     RunLock,
@@ -37,7 +37,7 @@ from sparkjet.runtime.restore import (
 )
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
-from sparkjet.snapshot.store import SnapshotStore, _check_name
+from sparkjet.snapshot.store import _check_name
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -253,8 +253,7 @@ class Job:
         if name is None or self.config.processing_guarantee == "none":
             return None
 
-        with SnapshotStore(self.config.snapshot_store, self.config.id,
-                           name=self.config.name) as store:
+        with open_store(self.config) as store:
             store.export(None, name)
         return name
 
@@ -266,8 +265,7 @@ class Job:
         if self.config.processing_guarantee == "none":
             return
 
-        with SnapshotStore(self.config.snapshot_store, self.config.id,
-                           name=self.config.name) as store:
+        with open_store(self.config) as store:
             point = start_point(self.config, store)
             if point is None:
                 return

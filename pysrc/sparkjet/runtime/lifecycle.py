@@ -28,13 +28,14 @@ from sparkjet.errors import (  # noqa: F401 (defined there; named here too)
     JobFinishedError,
     SparkjetError,
 )
+from sparkjet.snapshot import layout
 
 
 def _job_dir(config) -> Path | None:
     root = config.snapshot_store
     if root is None or "://" in str(root):
         return None
-    return Path(root) / f"job-{config.id:016x}"
+    return Path(root) / layout.job_dir(config.id)
 
 
 class RunLock:
@@ -51,7 +52,7 @@ class RunLock:
         if d is None:
             return self
         d.mkdir(parents=True, exist_ok=True)
-        path = d / "RUNNING"
+        path = d / layout.RUNNING
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,9 +81,9 @@ class RunLock:
 def check_not_finished(config) -> None:
     """Raises :class:`JobFinishedError` when ``config``'s job ran to its end before."""
     d = _job_dir(config)
-    if d is None or not (d / "FINISHED").exists():
+    if d is None or not (d / layout.FINISHED).exists():
         return
-    done = _read_json(d / "FINISHED")
+    done = _read_json(d / layout.FINISHED)
     when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(done["at"]))
             if done.get("at") else "earlier")
     raise JobFinishedError(
@@ -100,10 +101,10 @@ def record_state(config, state: str, **details) -> None:
     if d is None:
         return
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".JOB.json.{os.getpid()}"
+    tmp = d / f".{layout.JOB_RECORD}.{os.getpid()}"
     tmp.write_text(json.dumps({"name": config.name, "state": state, "at": time.time(),
                                "guarantee": config.processing_guarantee, **details}))
-    os.replace(tmp, d / "JOB.json")
+    os.replace(tmp, d / layout.JOB_RECORD)
 
 
 def job_info(job_dir) -> dict:
@@ -112,8 +113,8 @@ def job_info(job_dir) -> dict:
     import fcntl
 
     d = Path(job_dir)
-    info = _read_json(d / "JOB.json")
-    lock = d / "RUNNING"
+    info = _read_json(d / layout.JOB_RECORD)
+    lock = d / layout.RUNNING
     if lock.exists():
         fd = os.open(lock, os.O_RDONLY)
         try:
@@ -129,7 +130,7 @@ def job_info(job_dir) -> dict:
 
 def job_name_of(job_dir) -> str | None:
     """The name ``job-<id>/JOB.json`` records (None: no such file, or no name in it)."""
-    name = _read_json(Path(job_dir) / "JOB.json").get("name")
+    name = _read_json(Path(job_dir) / layout.JOB_RECORD).get("name")
     return name if isinstance(name, str) else None
 
 
@@ -140,7 +141,7 @@ def mark_finished(config, events_in: int) -> None:
         return
     tmp = d / f".FINISHED.{os.getpid()}"
     tmp.write_text(json.dumps({"at": time.time(), "events_in": events_in}))
-    os.replace(tmp, d / "FINISHED")
+    os.replace(tmp, d / layout.FINISHED)
 
 
 def _read_json(path: Path) -> dict:

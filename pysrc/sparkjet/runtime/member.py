@@ -44,7 +44,7 @@ from sparkjet.operators.time import EventTimeColumn, in_units
 from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
 from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.outbox import Outbox
 from sparkjet.runtime.restore import (
@@ -67,7 +67,6 @@ from sparkjet.runtime.watermarks import (
     Watermark,
     WatermarkTracker,
 )
-from sparkjet.snapshot.store import SnapshotStore
 
 _POLL = 0.005
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -122,8 +121,7 @@ class Member:
         self.progress = progress or (lambda event: None)
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
-        self.store = (SnapshotStore(config.snapshot_store, config.id, name=config.name)
-                      if self.snapshots_on else None)
+        self.store = open_store(config) if self.snapshots_on else None
         self.table_versions = TableVersions(self.store)
         self.topology = t = topology or Topology(1, config.local_parallelism, dag,
                                                  config.partition_count)

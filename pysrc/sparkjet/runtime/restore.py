@@ -33,9 +33,9 @@ from sparkjet.errors import (
 )
 from sparkjet.operators.state_store import STATE_PREFIX
 from sparkjet.pipeline.dag import SOURCE, Dag, Vertex
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.lifecycle import job_name_of
-from sparkjet.snapshot.store import SnapshotStore
+from sparkjet.snapshot import layout
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -79,7 +79,7 @@ def initial_point(config) -> StartPoint:
         job_id = _job_id_of(config.snapshot_store, job_name,
                             JobConfig(name=job_name, processing_guarantee="none").id)
     try:
-        store = SnapshotStore(config.snapshot_store, job_id, create=False, name=job_name)
+        store = open_store(config, job_id=job_id, job_name=job_name, create=False)
     except SnapshotNotFoundError:
         raise SnapshotNotFoundError(
             f"job {config.name!r}: initial_snapshot {config.initial_snapshot!r}: job "
@@ -101,7 +101,7 @@ def _job_id_of(root: str, name: str, derived: int) -> int:
     from pathlib import Path
 
 
-    if "://" in str(root) or (Path(root) / f"job-{derived:016x}").is_dir():
+    if "://" in str(root) or (Path(root) / layout.job_dir(derived)).is_dir():
         return derived
     for d in sorted(Path(root).glob("job-" + "[0-9a-f]" * 16)):
         if job_name_of(d) == name:
@@ -125,7 +125,7 @@ def open_point(config, point: StartPoint, own):
     if point.job_id == config.id:
         return own
 
-    return SnapshotStore(config.snapshot_store, point.job_id, create=False, name=point.job_name)
+    return open_store(config, job_id=point.job_id, job_name=point.job_name, create=False)
 
 
 @dataclass

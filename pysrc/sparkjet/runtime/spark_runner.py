@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 
 from sparkjet.pipeline.dag import Dag
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.lifecycle import JobCancelledError
@@ -55,7 +55,6 @@ from sparkjet.runtime.supervision import (
     restart_or_fail,
 )
 from sparkjet.runtime.topology import Topology
-from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.spark import session as _session
 
 _log = logging.getLogger("sparkjet.runtime")
@@ -194,8 +193,7 @@ class SparkRunner:
         a failure of the execution itself)."""
         config, plan, spark = self.config, self.plan, self.spark
         started = time.monotonic()
-        store = (SnapshotStore(config.snapshot_store, config.id, name=config.name)
-                 if config.processing_guarantee != "none" else None)
+        store = open_store(config) if config.processing_guarantee != "none" else None
         restore_from = None
         if store is not None:
             store.register_execution(execution)

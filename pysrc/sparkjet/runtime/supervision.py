@@ -18,8 +18,7 @@ import numpy as np
 from sparkjet.errors import (
     JobFailedError,  # noqa: F401 (defined there; named here too)
     )
-from sparkjet.runtime.config import JobConfig
-from sparkjet.snapshot.store import SnapshotStore
+from sparkjet.runtime.config import JobConfig, open_store
 
 #: The longest wait between two executions, in seconds.
 MAX_BACKOFF = 30.0
@@ -142,7 +141,7 @@ def next_execution(config: JobConfig, attempt: int) -> int:
     store), ``attempt``, the number of executions this run has started so far."""
     if config.processing_guarantee == "none":
         return attempt
-    current = SnapshotStore(config.snapshot_store, config.id, name=config.name).current_execution()
+    current = open_store(config).current_execution()
     return 0 if current is None else current + 1
 
 

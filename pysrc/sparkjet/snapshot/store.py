@@ -59,7 +59,6 @@ import pyarrow as pa
 import xxhash
 
 from sparkjet._checks import check_int
-from sparkjet._fs import Backend
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,
@@ -68,7 +67,9 @@ from sparkjet.errors import (
     SnapshotNotFoundError,
 )
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
+from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
+from sparkjet.snapshot.backend import StorageBackend, open_backend
 from sparkjet.snapshot.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
@@ -157,15 +158,18 @@ class SnapshotStore:
 
     def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True,
                  create: bool = True, name: str | None = None):
-        """``create=False`` opens the snapshots of a job that has some, to read them:
+        """``uri``: a local path or URI, or a :class:`~sparkjet.snapshot.backend.StorageBackend`
+        (then ``filesystem`` and ``durable`` are the backend's own business).
+        ``create=False`` opens the snapshots of a job that has some, to read them:
         nothing is created, and SnapshotNotFoundError says when the store or the job's
         directory is missing. ``name``: the job's name, for messages (without it, the
         name the job's ``JOB.json`` records, else the id)."""
         job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
-        self._backend = Backend(uri, filesystem, durable)
+        self._backend = (uri if isinstance(uri, StorageBackend)
+                         else open_backend(uri, filesystem, durable))
         self.job_id = job_id
         self.name = name
-        self._job = f"job-{job_id:016x}"
+        self._job = layout.job_dir(job_id)
         self._log_lock = threading.Lock()
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
@@ -175,7 +179,7 @@ class SnapshotStore:
                 raise SnapshotNotFoundError(
                     f"no snapshots of {self.who} in {self._backend.root}")
             return
-        for d in ("log", "snapshots", "exports", "tables"):
+        for d in layout.JOB_FOLDERS:
             self._backend.makedirs(self._path(d))
 
     def __repr__(self) -> str:
@@ -188,7 +192,7 @@ class SnapshotStore:
         the name is unknown."""
         if self.name is None:
             try:
-                recorded = json.loads(bytes(self._backend.read(self._path("JOB.json"))))
+                recorded = json.loads(bytes(self._backend.read(self._path(layout.JOB_RECORD))))
                 self.name = recorded.get("name") if isinstance(recorded, dict) else None
             except (OSError, ValueError):
                 pass
@@ -218,11 +222,11 @@ class SnapshotStore:
     def jobs(uri, *, filesystem=None, must_exist: bool = False) -> list[int]:
         """The job ids that have snapshots under a URI; with ``must_exist``, a URI that is
         not a directory raises SnapshotNotFoundError rather than giving []."""
-        backend = Backend(uri, filesystem)
+        backend = uri if isinstance(uri, StorageBackend) else open_backend(uri, filesystem)
         if must_exist:
             _require_store(backend)
-        return [int(n[4:], 16) for n in backend.listdir(backend.root)
-                if re.fullmatch(r"job-[0-9a-f]{16}", n)]
+        ids = (layout.job_id_of(n) for n in backend.listdir(backend.root))
+        return [i for i in ids if i is not None]
 
     def _path(self, *parts: str) -> str:
         return self._backend.path(self._job, *parts)
@@ -231,10 +235,11 @@ class SnapshotStore:
 
     def _events(self) -> list[tuple[int, meta.LogEvent]]:
         out = []
-        for name in self._backend.listdir(self._path("log")):
-            if not re.fullmatch(r"\d{12}\.json", name):
+        for name in self._backend.listdir(self._path(layout.LOG)):
+            seq = layout.log_sequence(name)
+            if seq is None:
                 continue
-            path = self._path("log", name)
+            path = self._path(layout.LOG, name)
             try:
                 raw = self._backend.read(path)
             except OSError as e:
@@ -245,7 +250,7 @@ class SnapshotStore:
                 if isinstance(e, FileNotFoundError) or not self._backend.exists(path):
                     continue
                 raise
-            out.append((int(name[:12]), meta.decode(raw, meta.LogEvent, path, "log event")))
+            out.append((seq, meta.decode(raw, meta.LogEvent, path, "log event")))
         return out
 
     def _append(self, event: meta.LogEvent, check=None) -> int:
@@ -257,7 +262,7 @@ class SnapshotStore:
                 if check is not None:
                     check(events)
                 seq = events[-1][0] + 1 if events else 0
-                if self._backend.create_exclusive(self._path("log", f"{seq:012d}.json"), data):
+                if self._backend.create_exclusive(self._path(layout.LOG, layout.log_event(seq)), data):
                     return seq
 
     @staticmethod
@@ -317,7 +322,7 @@ class SnapshotStore:
                               chunk_size, codec)
 
     def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
-        return f"{snapshot_id:012d}-e{execution_id:012d}"
+        return layout.snapshot_dir(snapshot_id, execution_id)
 
     def commit(self, snapshot_id: int, execution_id: int,
                manifests: Iterable[Manifest]) -> SnapshotInfo:
@@ -376,10 +381,10 @@ class SnapshotStore:
         digest = xxhash.xxh3_64_hexdigest(data)
         # Named by its checksum: a refused or repeated commit can never overwrite the
         # record a valid commit points to.
-        record_name = f"_validation-{digest}.json"
-        self._backend.makedirs(self._path("snapshots", directory))
-        self._backend.write(self._path("snapshots", directory, record_name), [data])
-        self._backend.sync_dir(self._path("snapshots", directory))
+        record_name = layout.validation_record(digest)
+        self._backend.makedirs(self._path(layout.SNAPSHOTS, directory))
+        self._backend.write(self._path(layout.SNAPSHOTS, directory, record_name), [data])
+        self._backend.sync_dir(self._path(layout.SNAPSHOTS, directory))
         self.wait_for_cleanup()
         self._append(CommitEvent(snapshot_id, execution_id, directory, record_name, digest,
                                  record.created), check)
@@ -401,29 +406,29 @@ class SnapshotStore:
         last_seq, last = valid[-1]
         newest = self._newest_execution(events)
         keep = last.record
-        for name in self._backend.listdir(self._path("snapshots")):
-            m = re.fullmatch(r"(\d{12})-e(\d{12})", name)
+        for name in self._backend.listdir(self._path(layout.SNAPSHOTS)):
+            m = layout.snapshot_of(name)
             if not m or name == keep:
                 continue
-            snap, execution = int(m[1]), int(m[2])
+            snap, execution = m
             ongoing = execution == newest and snap > last.snapshot
             if not ongoing:
-                self._backend.remove_tree(self._path("snapshots", name))
+                self._backend.remove_tree(self._path(layout.SNAPSHOTS, name))
         for seq, e in events:
             if isinstance(e, CommitEvent) and seq < last_seq:
-                self._backend.remove(self._path("log", f"{seq:012d}.json"))
+                self._backend.remove(self._path(layout.LOG, layout.log_event(seq)))
         # Temporaries of appends that died before their link; a live one is seconds old.
-        for name in self._backend.listdir(self._path("log")):
-            path = self._path("log", name)
-            if name.startswith(".tmp-") and time.time() - self._backend.mtime(path) > 600:
+        for name in self._backend.listdir(self._path(layout.LOG)):
+            path = self._path(layout.LOG, name)
+            if layout.is_stale_tmp(name, time.time() - self._backend.mtime(path)):
                 self._backend.remove(path)
 
     # -- reference table versions ------------------------------------------------------
 
     def _table_path(self, digest: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{32}", digest or ""):
+        if not layout.is_table_digest(digest):
             raise InvalidArgumentError(f"a table version is 32 hex digits, got {digest!r}")
-        return self._path("tables", f"{digest}.arrow")
+        return self._path(layout.TABLES, layout.table_file(digest))
 
     def write_table_version(self, data, digest: str) -> None:
         """Stores a reference table version (Arrow IPC bytes named by
@@ -449,17 +454,17 @@ class SnapshotStore:
         nor an export uses. Synchronous: the next barrier, which may store a new version,
         is sent only after the commit returns."""
         keep = set(keep)
-        for name in self._backend.listdir(self._path("exports")):
-            if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
+        for name in self._backend.listdir(self._path(layout.EXPORTS)):
+            if _NAME.fullmatch(name) and not name.startswith(layout.TMP_PREFIX):
                 try:
                     keep.update(self._export_record(name).record.tables)
                 except (SnapshotNotFoundError, SnapshotIncompleteError, SnapshotCorruptError):
                     continue
-        for name in self._backend.listdir(self._path("tables")):
-            path = self._path("tables", name)
+        for name in self._backend.listdir(self._path(layout.TABLES)):
+            path = self._path(layout.TABLES, name)
             if name.endswith(".arrow") and name[:-6] not in keep:
                 self._backend.remove(path)
-            elif name.startswith(".tmp-") and time.time() - self._backend.mtime(path) > 600:
+            elif layout.is_stale_tmp(name, time.time() - self._backend.mtime(path)):
                 self._backend.remove(path)
 
     # -- reading -----------------------------------------------------------------------
@@ -473,7 +478,7 @@ class SnapshotStore:
 
     def _record(self, commit: CommitEvent | meta.ExportRecord,
                 base: tuple[str, ...] = ()) -> _Stored:
-        directory = base or ("snapshots", commit.record)
+        directory = base or (layout.SNAPSHOTS, commit.record)
         path = self._path(*directory, commit.record_file)
         if not self._backend.exists(path):
             raise SnapshotIncompleteError(f"{path}: validation record missing")
@@ -655,8 +660,8 @@ class SnapshotStore:
         exports racing for one name, one wins and the other raises InvalidArgumentError."""
         _check_name("export name", name)
         b = self._backend
-        final = self._path("exports", name)
-        marker = f"{final}/_export.json"
+        final = self._path(layout.EXPORTS, name)
+        marker = f"{final}/{layout.EXPORT_RECORD}"
         if b.exists(marker if not b.atomic_rename else final):
             raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
         stored = self._resolve(snapshot_id, None)
@@ -664,7 +669,7 @@ class SnapshotStore:
         if b.atomic_rename:
             # The files go to a temporary directory whose rename (refused once the name
             # exists) is the commit.
-            data_dir, base = None, self._path("exports", f".tmp-{name}")
+            data_dir, base = None, self._path(layout.EXPORTS, f"{layout.TMP_PREFIX}{name}")
             b.remove_tree(base)
         else:
             # Object stores copy a directory to rename it: each export writes its own
@@ -691,13 +696,8 @@ class SnapshotStore:
             name, stored.record.snapshot_id, stored.record.execution_id, stored.file,
             xxhash.xxh3_64_hexdigest(data), time.time(), data_dir), meta.ExportRecord)
         if b.atomic_rename:
-            b.write(f"{base}/_export.json", [export])
-            if b.local:
-                import os
-
-                os.rename(base, final)
-            else:
-                b.fs.move(base, final)
+            b.write(f"{base}/{layout.EXPORT_RECORD}", [export])
+            b.rename_dir(base, final)
         elif not b.create_exclusive(marker, export):
             b.remove_tree(base)
             raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
@@ -710,19 +710,19 @@ class SnapshotStore:
 
     def _export_record(self, name: str) -> _Stored:
         _check_name("export name", name)
-        meta_path = self._path("exports", name, "_export.json")
+        meta_path = self._path(layout.EXPORTS, name, layout.EXPORT_RECORD)
         if not self._backend.exists(meta_path):
             raise SnapshotNotFoundError(f"{self.who} has no exported snapshot {name!r}")
         export = meta.decode(bytes(self._backend.read(meta_path)), meta.ExportRecord, meta_path,
                              "export record")
-        base = ("exports", name) if export.data is None else ("exports", name, export.data)
+        base = (layout.EXPORTS, name) if export.data is None else (layout.EXPORTS, name, export.data)
         return self._record(export, base)
 
     def delete_export(self, name: str) -> None:
         self._export_record(name)
         # The record first: a reader then finds no export rather than a part of one.
-        self._backend.remove(self._path("exports", name, "_export.json"))
-        self._backend.remove_tree(self._path("exports", name))
+        self._backend.remove(self._path(layout.EXPORTS, name, layout.EXPORT_RECORD))
+        self._backend.remove_tree(self._path(layout.EXPORTS, name))
 
     def snapshots(self) -> list[SnapshotInfo]:
         """The last complete snapshot and every export, oldest first."""
@@ -730,8 +730,8 @@ class SnapshotStore:
         latest = self.latest_complete()
         if latest:
             out.append(latest)
-        for name in self._backend.listdir(self._path("exports")):
-            if _NAME.fullmatch(name) and not name.startswith(".tmp-"):
+        for name in self._backend.listdir(self._path(layout.EXPORTS)):
+            if _NAME.fullmatch(name) and not name.startswith(layout.TMP_PREFIX):
                 try:
                     stored = self._export_record(name)
                 except SnapshotNotFoundError:
@@ -804,9 +804,9 @@ class SnapshotWriter:
         if first is None:
             return
         backend = self.store._backend
-        directory = self.store._path("snapshots", self._dir, vertex)
+        directory = self.store._path(layout.SNAPSHOTS, self._dir, vertex)
         backend.makedirs(directory)
-        name = f"{self.writer}-{self._calls}.chunks"
+        name = layout.chunk_file(self.writer, self._calls)
         self._calls += 1
         out = backend.open_write(f"{directory}/{name}")
         pending: queue.Queue = queue.Queue(maxsize=64)
@@ -855,7 +855,7 @@ class SnapshotWriter:
             self._finished = True
             backend = self.store._backend
             for vertex in {f["vertex"] for f in self._files}:
-                backend.sync_dir(self.store._path("snapshots", self._dir, vertex))
+                backend.sync_dir(self.store._path(layout.SNAPSHOTS, self._dir, vertex))
         return Manifest(self.snapshot_id, self.execution_id, list(self._files),
                         list(self._tables))
 
@@ -864,7 +864,7 @@ class SnapshotWriter:
         return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
 
 
-def _require_store(backend: Backend) -> None:
+def _require_store(backend: StorageBackend) -> None:
     if not backend.is_dir(backend.root):
         what = "is not a directory" if backend.exists(backend.root) else "does not exist"
         raise SnapshotNotFoundError(f"{backend.root} {what}")

@@ -1,0 +1,94 @@
+"""Every name in a snapshot store, in one place (the layout
+:mod:`~sparkjet.snapshot.store` describes)::
+
+    job-J/                         a job's directory (J: its id, 16 hex digits)
+        JOB.json                   its name and run state (sparkjet.runtime.lifecycle)
+        RUNNING, FINISHED          the run lock and the finished marker (lifecycle)
+        log/000000000042.json      log events, by sequence number
+        snapshots/S-eE/            snapshot S written by execution E (12 digits each)
+            _validation-X.json     its validation record (X: the record's xxh3)
+            VERTEX/W-C.chunks      chunks of writer W's C-th write
+        exports/NAME/              an exported snapshot (+ _export.json; on object stores
+            d-X/                   in a folder of its own that _export.json names)
+        tables/DIGEST.arrow        a reference table version
+
+Names beginning ``.tmp-`` are files being written; leftovers older than
+:data:`STALE_TMP_SECONDS` are removed.
+"""
+from __future__ import annotations
+
+import re
+
+JOB_RECORD = "JOB.json"
+RUNNING = "RUNNING"
+FINISHED = "FINISHED"
+LOG, SNAPSHOTS, EXPORTS, TABLES = "log", "snapshots", "exports", "tables"
+#: The folders of a job's directory, made when a store is created.
+JOB_FOLDERS = (LOG, SNAPSHOTS, EXPORTS, TABLES)
+EXPORT_RECORD = "_export.json"
+TMP_PREFIX = ".tmp-"
+#: A temporary file older than this (seconds) is a leftover of a writer that died.
+STALE_TMP_SECONDS = 600
+
+_JOB_DIR = re.compile(r"job-([0-9a-f]{16})")
+_LOG_EVENT = re.compile(r"(\d{12})\.json")
+_SNAPSHOT_DIR = re.compile(r"(\d{12})-e(\d{12})")
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+def job_dir(job_id: int) -> str:
+    """The directory of job ``job_id`` in a store."""
+    return f"job-{job_id:016x}"
+
+
+def job_id_of(name: str) -> int | None:
+    """The job id a directory name stands for (None: not a job's directory)."""
+    m = _JOB_DIR.fullmatch(name)
+    return int(m.group(1), 16) if m else None
+
+
+def log_event(seq: int) -> str:
+    return f"{seq:012d}.json"
+
+
+def log_sequence(name: str) -> int | None:
+    """The sequence number of a log event's file name (None: not a log event)."""
+    m = _LOG_EVENT.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def snapshot_dir(snapshot_id: int, execution_id: int) -> str:
+    return f"{snapshot_id:012d}-e{execution_id:012d}"
+
+
+def snapshot_of(name: str) -> tuple[int, int] | None:
+    """(snapshot id, execution id) of a snapshot directory's name, or None."""
+    m = _SNAPSHOT_DIR.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def validation_record(digest: str) -> str:
+    return f"_validation-{digest}.json"
+
+
+def chunk_file(writer: int, count: int) -> str:
+    """The ``count``-th chunk file written by ``writer`` for one vertex."""
+    return f"{writer}-{count}.chunks"
+
+
+def is_table_digest(digest) -> bool:
+    return isinstance(digest, str) and _DIGEST.fullmatch(digest) is not None
+
+
+def table_file(digest: str) -> str:
+    return f"{digest}.arrow"
+
+
+def is_stale_tmp(name: str, age_seconds: float) -> bool:
+    return name.startswith(TMP_PREFIX) and age_seconds > STALE_TMP_SECONDS
+
+
+__all__ = ["EXPORTS", "EXPORT_RECORD", "FINISHED", "JOB_FOLDERS", "JOB_RECORD", "LOG", "RUNNING",
+           "SNAPSHOTS", "STALE_TMP_SECONDS", "TABLES", "TMP_PREFIX", "chunk_file",
+           "is_stale_tmp", "is_table_digest", "job_dir", "job_id_of", "log_event",
+           "log_sequence", "snapshot_dir", "snapshot_of", "table_file", "validation_record"]
