@@ -35,7 +35,7 @@ from sparkjet.errors import (
     TableLoadError,  # noqa: F401 (defined there; named here too)
 )
 from sparkjet.operators.groups import Groups
-from sparkjet.snapshot.store import content_digest
+from sparkjet.snapshot.layout import content_digest
 
 #: The snapshot vertex whose broadcast entries record each processor's table versions.
 TABLES_VERTEX = "table-versions"

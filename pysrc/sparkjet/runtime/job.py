@@ -37,7 +37,7 @@ from sparkjet.runtime.restore import (
 )
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
-from sparkjet.snapshot.store import _check_name
+from sparkjet.snapshot.layout import check_name as _check_name
 
 _log = logging.getLogger("sparkjet.job")
 

@@ -19,6 +19,13 @@ from __future__ import annotations
 
 import re
 
+import xxhash
+
+from sparkjet.errors import InvalidArgumentError
+from sparkjet.snapshot.records import NAME_PATTERN
+
+_NAME = re.compile(NAME_PATTERN)
+
 JOB_RECORD = "JOB.json"
 RUNNING = "RUNNING"
 FINISHED = "FINISHED"
@@ -88,7 +95,46 @@ def is_stale_tmp(name: str, age_seconds: float) -> bool:
     return name.startswith(TMP_PREFIX) and age_seconds > STALE_TMP_SECONDS
 
 
-__all__ = ["EXPORTS", "EXPORT_RECORD", "FINISHED", "JOB_FOLDERS", "JOB_RECORD", "LOG", "RUNNING",
-           "SNAPSHOTS", "STALE_TMP_SECONDS", "TABLES", "TMP_PREFIX", "chunk_file",
-           "is_stale_tmp", "is_table_digest", "job_dir", "job_id_of", "log_event",
-           "log_sequence", "snapshot_dir", "snapshot_of", "table_file", "validation_record"]
+def is_name(name) -> bool:
+    """Whether ``name`` is a safe path component for a vertex, export or table."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def check_name(what: str, name) -> None:
+    """Refuses a vertex, export or table name that is not a safe path component."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidArgumentError(f"{what} must match {_NAME.pattern}, got {name!r}")
+
+
+def content_digest(data) -> str:
+    """The name of content-addressed bytes: their xxh3-128, 32 hex digits."""
+    return xxhash.xxh3_128_hexdigest(memoryview(data))
+
+
+__all__ = [
+    "EXPORTS",
+    "EXPORT_RECORD",
+    "FINISHED",
+    "JOB_FOLDERS",
+    "JOB_RECORD",
+    "LOG",
+    "RUNNING",
+    "SNAPSHOTS",
+    "STALE_TMP_SECONDS",
+    "TABLES",
+    "TMP_PREFIX",
+    "check_name",
+    "chunk_file",
+    "content_digest",
+    "is_name",
+    "is_stale_tmp",
+    "is_table_digest",
+    "job_dir",
+    "job_id_of",
+    "log_event",
+    "log_sequence",
+    "snapshot_dir",
+    "snapshot_of",
+    "table_file",
+    "validation_record",
+]

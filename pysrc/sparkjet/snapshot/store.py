@@ -44,16 +44,13 @@ and nothing is returned: never partial state.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import queue
-import re
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import xxhash
@@ -73,21 +70,17 @@ from sparkjet.snapshot.backend import StorageBackend, open_backend
 from sparkjet.snapshot.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
-    ChunkEncoder,
     decode_entries,
     decode_table,
     read_chunks,
 )
+from sparkjet.snapshot.layout import check_name as _check_name
+from sparkjet.snapshot.layout import content_digest
 from sparkjet.snapshot.records import CommitEvent, RegisterEvent, ValidationRecord
+from sparkjet.snapshot.writer import Manifest, SnapshotWriter, vertex_id
 
 RECORD_FORMAT = meta.RECORD_FORMAT
-_NAME = re.compile(meta.NAME_PATTERN)
 _MAX_ID = 2**63 - 1  # snapshot and execution ids: what the log's schema accepts
-
-
-def vertex_id(vertex: str) -> int:
-    """The 32-bit id a vertex name has in chunk headers (xxh32 of its UTF-8 name)."""
-    return xxhash.xxh32_intdigest(vertex.encode())
 
 
 @dataclass(frozen=True)
@@ -124,25 +117,6 @@ class _Stored:
     record: ValidationRecord
     dir: tuple[str, ...]
     file: str
-
-
-@dataclass
-class Manifest:
-    """What a writer wrote: plain data that travels to whoever commits (the coordinator)."""
-
-    snapshot_id: int
-    execution_id: int
-    files: list[dict] = field(default_factory=list)
-    tables: list[str] = field(default_factory=list)     # digests of table versions used
-
-    def to_json(self) -> dict:
-        return {"snapshot_id": self.snapshot_id, "execution_id": self.execution_id,
-                "files": self.files, "tables": self.tables}
-
-    @classmethod
-    def from_json(cls, data: dict) -> Manifest:
-        return cls(data["snapshot_id"], data["execution_id"], list(data["files"]),
-                   list(data.get("tables", [])))
 
 
 class SnapshotStore:
@@ -455,7 +429,7 @@ class SnapshotStore:
         is sent only after the commit returns."""
         keep = set(keep)
         for name in self._backend.listdir(self._path(layout.EXPORTS)):
-            if _NAME.fullmatch(name) and not name.startswith(layout.TMP_PREFIX):
+            if layout.is_name(name) and not name.startswith(layout.TMP_PREFIX):
                 try:
                     keep.update(self._export_record(name).record.tables)
                 except (SnapshotNotFoundError, SnapshotIncompleteError, SnapshotCorruptError):
@@ -731,7 +705,7 @@ class SnapshotStore:
         if latest:
             out.append(latest)
         for name in self._backend.listdir(self._path(layout.EXPORTS)):
-            if _NAME.fullmatch(name) and not name.startswith(layout.TMP_PREFIX):
+            if layout.is_name(name) and not name.startswith(layout.TMP_PREFIX):
                 try:
                     stored = self._export_record(name)
                 except SnapshotNotFoundError:
@@ -740,144 +714,10 @@ class SnapshotStore:
         return sorted(out, key=lambda s: (s.created, s.name or ""))
 
 
-class SnapshotWriter:
-    """Writes one writer's share of a snapshot; :meth:`finish` returns its manifest."""
-
-    def __init__(self, store: SnapshotStore, snapshot_id, execution_id, writer, partition_count,
-                 chunk_size, codec):
-        self.store = store
-        self.snapshot_id = snapshot_id
-        self.execution_id = execution_id
-        self.writer = writer
-        self.partition_count = partition_count
-        self.chunk_size = chunk_size
-        self.codec = codec
-        self._dir = store._snapshot_dir(snapshot_id, execution_id)
-        self._calls = 0
-        self._files: list[dict] = []
-        self._tables: list[str] = []
-        self._finished = False
-
-    def __repr__(self) -> str:
-        return (f"SnapshotWriter(job_id={self.store.job_id}, snapshot_id={self.snapshot_id}, "
-                f"execution_id={self.execution_id}, writer={self.writer})")
-
-    def _encoder(self, vertex: str) -> ChunkEncoder:
-        _check_name("vertex name", vertex)
-        if self._finished:
-            raise InvalidArgumentError("this snapshot writer has finished")
-        return ChunkEncoder(self.store.job_id, self.snapshot_id, vertex_id(vertex),
-                            partition_count=self.partition_count, chunk_size=self.chunk_size,
-                            codec=self.codec)
-
-    def write_table(self, vertex: str, table, key, *, key_type=None) -> None:
-        """Keyed state as an Arrow table, partitioned by `key`."""
-        self._write(vertex, self._encoder(vertex).iter_table(table, key, key_type=key_type))
-
-    def write_entries(self, vertex: str, keys, values) -> None:
-        """Keyed state as opaque bytes per key."""
-        self._write(vertex, self._encoder(vertex).iter_entries(keys, values))
-
-    def write_broadcast_table(self, vertex: str, table) -> None:
-        self._write(vertex, self._encoder(vertex).broadcast_table(table))
-
-    def write_broadcast_entries(self, vertex: str, keys, values) -> None:
-        self._write(vertex, self._encoder(vertex).broadcast_entries(keys, values))
-
-    def use_table_version(self, digest: str) -> None:
-        """Records that this snapshot uses a stored table version (kept while a retained
-        snapshot uses it)."""
-        self.store._table_path(digest)
-        if digest not in self._tables:
-            self._tables.append(digest)
-
-    def _write(self, vertex: str, chunks) -> None:
-        """Writes chunks (in partition order) to one file as they are encoded.
-
-        One file per call, partitions back to back: one fsync per snapshot and writer (a
-        file per partition cost 271 fsyncs, 30x the time), while the record's byte ranges
-        still let a restore read only its partitions. A thread writes while this one
-        encodes the next chunks (compression and file writes both release the GIL)."""
-        self.store.check_fence(self.execution_id)
-        chunks = iter(chunks)
-        first = next(chunks, None)
-        if first is None:
-            return
-        backend = self.store._backend
-        directory = self.store._path(layout.SNAPSHOTS, self._dir, vertex)
-        backend.makedirs(directory)
-        name = layout.chunk_file(self.writer, self._calls)
-        self._calls += 1
-        out = backend.open_write(f"{directory}/{name}")
-        pending: queue.Queue = queue.Queue(maxsize=64)
-        failed: list[BaseException] = []
-
-        def drain():
-            while (item := pending.get()) is not None:
-                if not failed:
-                    try:
-                        for piece in item:
-                            out.write(piece)
-                    except BaseException as e:  # noqa: BLE001 - re-raised by the encoder
-                        failed.append(e)
-
-        writer = threading.Thread(target=drain, name="sparkjet-snapshot-write", daemon=True)
-        writer.start()
-        entries, offset = [], 0
-        try:
-            for c in itertools.chain((first,), chunks):
-                if failed:
-                    break
-                pending.put((c.header_bytes, *c.pieces))
-                entries.append([offset, c.header.stored_size, c.header.checksum,
-                                c.header.entry_count, c.header.partition])
-                offset += c.nbytes
-        except BaseException:
-            pending.put(None)
-            writer.join()
-            out.abort()
-            raise
-        pending.put(None)
-        writer.join()
-        if failed:
-            out.abort()
-            raise failed[0]
-        out.close()
-        self._files.append({"vertex": vertex, "path": f"{vertex}/{name}", "bytes": offset,
-                            "chunks": entries})
-
-    def finish(self) -> Manifest:
-        """Ends writing (making the files durable) and returns the manifest to commit."""
-        if not self._finished:
-            # A fenced writer's directory may already be gone (the newer execution's
-            # cleanup): say so rather than fail on a missing path.
-            self.store.check_fence(self.execution_id)
-            self._finished = True
-            backend = self.store._backend
-            for vertex in {f["vertex"] for f in self._files}:
-                backend.sync_dir(self.store._path(layout.SNAPSHOTS, self._dir, vertex))
-        return Manifest(self.snapshot_id, self.execution_id, list(self._files),
-                        list(self._tables))
-
-    def commit(self) -> SnapshotInfo:
-        """finish() and commit this writer's share alone (a single-writer snapshot)."""
-        return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
-
-
 def _require_store(backend: StorageBackend) -> None:
     if not backend.is_dir(backend.root):
         what = "is not a directory" if backend.exists(backend.root) else "does not exist"
         raise SnapshotNotFoundError(f"{backend.root} {what}")
-
-
-def _check_name(what: str, name) -> None:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidArgumentError(f"{what} must match {_NAME.pattern}, got {name!r}")
-
-
-def content_digest(data) -> str:
-    """The name of content-addressed bytes: their xxh3-128, 32 hex digits."""
-    return xxhash.xxh3_128_hexdigest(memoryview(data))
 
 
 def _concat_tables(tables: list[pa.Table], where: str) -> pa.Table | None:
@@ -898,3 +738,7 @@ def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:
     keys = pa.chunked_array([k for k, _ in pairs]).combine_chunks()
     values = pa.chunked_array([v for _, v in pairs]).combine_chunks()
     return keys, values
+
+
+__all__ = ["Manifest", "SnapshotInfo", "SnapshotStore", "SnapshotWriter", "VertexState",
+           "content_digest"]

@@ -9,17 +9,7 @@ DataFrames, and a job's committed output read back by Spark (batch or Structured
 - :mod:`~sparkjet.spark.output`: :func:`read_output`.
 - :mod:`~sparkjet.spark.datasource`: the Structured Streaming formats :func:`register` adds.
 
-Spark types map to Hazelcast types as the Arrow types Spark hands to Python do
-(see :mod:`sparkjet.partitioning`):
-
-==================================  =================
-Spark type                          Hazelcast type
-==================================  =================
-IntegerType, ShortType, ByteType    Integer
-LongType                            Long
-StringType (any collation)          String
-BinaryType                          byte[]
-==================================  =================
+Spark types map to Hazelcast types as :mod:`~sparkjet.spark.partitioning` says.
 
 Nothing here imports pyspark until a function that needs it runs.
 """
