@@ -1,6 +1,6 @@
 # Declarations only: native/include/sparkjet/aligner.h for Cython. Downstream code that
 # cimports these needs sparkjet.get_include() on its include path; the Python API is
-# sparkjet.aligner. Status codes are sparkjet/status.h's (libsparkjet.pxd).
+# sparkjet.runtime.aligner. Status codes are sparkjet/status.h's (libsparkjet.pxd).
 from libc.stdint cimport int32_t, int64_t
 
 from sparkjet.libsparkjet cimport sj_status
