@@ -175,15 +175,15 @@ def test_failing_user_code_ends_with_a_clear_error(spark, tmp_path):
 
 @pytest.mark.slow
 def test_campaign_on_spark(spark, tmp_path, capsys):
-    """2 SIGKILLs of member Python workers at random moments (mid-batch, mid-snapshot,
+    """A SIGKILL of a member's Python worker at a random moment (mid-batch, mid-snapshot,
     between prepare and commit, during restore) in every round of the Spark plan (every
     pipeline shape, keyed state, deduplication and joins included) on local Spark with 2
-    members."""
-    results = run_campaign(tmp_path, total_kills=2 * len(SPARK_PLAN), seed=5,
+    members (`python -m sparkjet.campaign --master "local[2]" --kills N` runs a longer one)."""
+    results = run_campaign(tmp_path, total_kills=len(SPARK_PLAN), seed=5,
                            progress=lambda line: None, spark=spark, plan=SPARK_PLAN)
     with capsys.disabled():
         print("\n" + summary(results))
-    assert sum(r.kills for r in results) >= 30
+    assert sum(r.kills for r in results) >= 0.9 * len(SPARK_PLAN)
     assert {(r.guarantee, r.sink, r.pipeline) for r in results} == set(SPARK_PLAN)
     for r in results:
         assert r.restarts >= r.kills
