@@ -18,6 +18,9 @@ module                 what
 ``sqlite``             SQLite upserts
 ``discard``            keeps nothing (benchmarks)
 ``_staging``           rows staged per snapshot until phase 2 (Kafka and Delta)
+``_prepared``          what every transactional writer checks of phase 1 (snapshot ids
+                       grow, the format of a restored description)
+``_upsert``            the buffered upsert writer (SQLite, PostgreSQL's upsert mode)
 =====================  ==================================================================
 
 Users import them from :mod:`sparkjet.sources` and :mod:`sparkjet.sinks`; importing this

@@ -55,6 +55,20 @@ SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int64()), ("value", pa.float6
 """The schema of every batch a :class:`GeneratorReader` returns."""
 
 
+def mix64(h: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64's finalizer on a uint64 array, in place (``t``: a scratch array of its
+    shape, or None); NEXMark's draws use it too (:mod:`sparkjet.connectors.nexmark.events`)."""
+    t = np.right_shift(h, _U(30), out=t)
+    h ^= t
+    h *= _MIX1
+    np.right_shift(h, _U(27), out=t)
+    h ^= t
+    h *= _MIX2
+    np.right_shift(h, _U(31), out=t)
+    h ^= t
+    return h
+
+
 class GeneratorSource(Source):
     """Deterministic events, replayable by offset, bounded (``total``) or not (None),
     as fast as possible or at ``rate`` events per second over all partitions.
@@ -168,17 +182,10 @@ class GeneratorSource(Source):
     def _key_value(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``key`` and ``value`` of the events ``ids`` (int64), in place on one copy."""
         h = ids.view(_U) ^ _U(self.seed)
-        # splitmix64's finalizer, with one scratch array instead of a temporary per step.
         h += _GOLDEN
+        # one scratch array instead of a temporary per step
         t = np.empty_like(h)
-        np.right_shift(h, _U(30), out=t)
-        h ^= t
-        h *= _MIX1
-        np.right_shift(h, _U(27), out=t)
-        h ^= t
-        h *= _MIX2
-        np.right_shift(h, _U(31), out=t)
-        h ^= t
+        mix64(h, t)
         np.bitwise_and(h, _U(1023), out=t)
         value = t.view(np.int64).astype(np.float64)  # int64 converts faster than uint64
         h >>= _U(32)

@@ -78,8 +78,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from sparkjet._keys import refuse_nulls
+from sparkjet._batches import record_batches
 from sparkjet._redact import MASK, redact
+from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
+from sparkjet.connectors._upsert import BufferedUpsertWriter
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import (
     ConnectorError,
@@ -770,12 +772,6 @@ class _PostgresWriter(SinkWriter):
                 con.close()
 
 
-def _batches(batch):
-    if isinstance(batch, pa.Table):
-        return batch.to_batches()
-    return [batch]
-
-
 class PostgresTransactionalWriter(_PostgresWriter):
     """One processor's writer of a transactional :class:`PostgresSink` (see the module
     doc): one transaction per snapshot epoch, prepared at the barrier, committed after it."""
@@ -802,9 +798,7 @@ class PostgresTransactionalWriter(_PostgresWriter):
     def write(self, batch: pa.RecordBatch) -> None:
         with self._lock:
             self._ensure_registered()
-            for b in _batches(batch):
-                if b.num_rows == 0:
-                    continue
+            for b in record_batches(batch):
                 self._copy_in(self._data, b)
                 self._rows += b.num_rows
                 if self.context.guarantee == "none":
@@ -830,10 +824,7 @@ class PostgresTransactionalWriter(_PostgresWriter):
         from psycopg import sql
 
         with self._lock:
-            if self._last_prepared is not None and snapshot_id <= self._last_prepared:
-                raise InvalidArgumentError(
-                    f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
-                    "snapshot ids must grow")
+            check_next_snapshot(snapshot_id, self._last_prepared)
             self._ensure_registered()
             self._last_prepared = snapshot_id
             if self.context.guarantee != "exactly-once":
@@ -877,13 +868,7 @@ class PostgresTransactionalWriter(_PostgresWriter):
         every other prepared transaction this processor owns, then registers this
         execution (see the module doc)."""
         with self._lock:
-            txns = []
-            if prepared is not None:
-                if prepared.get("format") != DESCRIPTION_FORMAT:
-                    raise InvalidArgumentError(
-                        f"{CONNECTOR}: prepared state has format {prepared.get('format')!r}, "
-                        f"expected {DESCRIPTION_FORMAT}")
-                txns = list(prepared["transactions"])
+            txns = prepared_transactions(prepared, DESCRIPTION_FORMAT, CONNECTOR)
             for txn in txns:
                 if not str(txn.get("gid", "")).startswith(self._prefix()):
                     raise InvalidArgumentError(
@@ -912,9 +897,11 @@ class PostgresTransactionalWriter(_PostgresWriter):
                 self._close_connections()
 
 
-class PostgresUpsertWriter(_PostgresWriter):
+class PostgresUpsertWriter(_PostgresWriter, BufferedUpsertWriter):
     """One processor's writer of an upsert :class:`PostgresSink`: buffered rows merged by
     key at every barrier (see the module doc)."""
+
+    connector = CONNECTOR
 
     def __init__(self, sink: PostgresSink, context: ProcessorContext):
         super().__init__(sink, context)
@@ -926,36 +913,13 @@ class PostgresUpsertWriter(_PostgresWriter):
         except BaseException:
             self._close_connections()
             raise
-        self._buffer: list[pa.RecordBatch] = []
-        self._buffered = 0
+        self._start_buffer()
         # MERGE (PostgreSQL 15+) inserts without ON CONFLICT's speculative insertion and
         # updates without its row lock (see bench/README.md). ON CONFLICT stays the
         # fallback where MERGE cannot be used.
         self._use_merge = self._data.info.server_version >= 150000
         self._merge = None
         self._upsert = None
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        for b in _batches(batch):
-            if b.num_rows == 0:
-                continue
-            for k in self.sink.key:
-                index = b.schema.get_field_index(k)
-                if index < 0:
-                    raise InvalidArgumentError(
-                        f"{CONNECTOR}: key column {k!r} is not in the batch ({b.schema.names})")
-                refuse_nulls(b.column(index), f"{CONNECTOR}: key column {k!r} for table "
-                             f"{self.sink.table!r}", " of the batch")
-            with self._lock:
-                self._buffer.append(b)
-                self._buffered += b.num_rows
-                if self._buffered >= self.sink.max_buffered_rows:
-                    self._flush()
-
-    def flush(self) -> int:
-        """Upserts the buffered rows in one transaction; returns how many."""
-        with self._lock:
-            return self._flush()
 
     def _flush(self) -> int:
         if not self._buffer:
@@ -1051,14 +1015,6 @@ class PostgresUpsertWriter(_PostgresWriter):
                 for k in keys),
             staged=sql.SQL(", ").join(sql.SQL("s.{}").format(n) for n in names))
 
-    def prepare(self, snapshot_id: int) -> None:
-        """Flushes the buffered writes (before the barrier is acknowledged). Nothing to save
-        in the snapshot: returns None."""
-        self.flush()
-
-    def commit(self, snapshot_id: int) -> None:
-        """Nothing to do: flushed rows are visible already."""
-
     def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
         """Registers this execution: the replay from the restored snapshot overwrites by
         key what the failed execution wrote after it."""
@@ -1067,11 +1023,3 @@ class PostgresUpsertWriter(_PostgresWriter):
                 self._register()
             except self._psycopg.Error as e:
                 raise self._failure(e, "registering the execution") from None
-
-    def close(self) -> None:
-        """Flushes what is buffered and closes the connections (every guarantee)."""
-        with self._lock:
-            try:
-                self._flush()
-            finally:
-                self._close_connections()

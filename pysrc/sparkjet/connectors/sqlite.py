@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet._checks import check_int, check_number, check_path
-from sparkjet._keys import refuse_nulls
-from sparkjet.connectors.base import ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors._upsert import BufferedUpsertWriter
+from sparkjet.connectors.base import ProcessorContext, Sink
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,
@@ -158,14 +158,16 @@ class SQLiteUpsertSink(Sink):
                         schema=pa.schema(fields))
 
 
-class SQLiteUpsertWriter(SinkWriter):
-    """One processor's writer of a :class:`SQLiteUpsertSink`."""
+class SQLiteUpsertWriter(BufferedUpsertWriter):
+    """One processor's writer of a :class:`SQLiteUpsertSink`: buffered rows upserted at
+    every barrier (see the module doc)."""
+
+    connector = "SQLite sink"
 
     def __init__(self, sink: SQLiteUpsertSink, context: ProcessorContext):
         self.sink = sink
         self.context = context
-        self._buffer: list[pa.RecordBatch] = []
-        self._buffered = 0
+        self._start_buffer()
         self._statement: str | None = None
         self._schema: pa.Schema | None = None
         # One connection per writer, used by whichever thread calls (never two at once).
@@ -212,30 +214,6 @@ class SQLiteUpsertWriter(SinkWriter):
                 f"{self.sink.path}: {action} of table {self.sink.table!r} by execution "
                 f"{self.context.execution_id} of {self.context.job} refused: execution "
                 f"{row[0]} is newer")
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if isinstance(batch, pa.Table):
-            for b in batch.to_batches():
-                self.write(b)
-            return
-        if batch.num_rows == 0:
-            return
-        for k in self.sink.key:
-            index = batch.schema.get_field_index(k)
-            if index < 0:
-                raise InvalidArgumentError(
-                    f"key column {k!r} is not in the batch ({batch.schema.names})")
-            refuse_nulls(batch.column(index), f"key column {k!r}")
-        with self._lock:
-            self._buffer.append(batch)
-            self._buffered += batch.num_rows
-            if self._buffered >= self.sink.max_buffered_rows:
-                self._flush()
-
-    def flush(self) -> int:
-        """Upserts the buffered rows in one transaction; returns how many."""
-        with self._lock:
-            return self._flush()
 
     def _flush(self) -> int:
         if not self._buffer:
@@ -292,22 +270,9 @@ class SQLiteUpsertWriter(SinkWriter):
         return (f"INSERT INTO {table} ({names}) VALUES ({marks}) "
                 f"ON CONFLICT({', '.join(map(_quote, keys))}) {action}")
 
-    def prepare(self, snapshot_id: int) -> None:
-        """Flushes the in-flight writes (before the barrier is acknowledged). Nothing to
-        save in the snapshot: returns None."""
-        self.flush()
-
-    def commit(self, snapshot_id: int) -> None:
-        """Nothing to do: flushed rows are visible already."""
-
     def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
         """Nothing to do: the replay from the restored snapshot overwrites by key what the
         failed execution wrote after it. (This execution is registered at open.)"""
 
-    def close(self) -> None:
-        """Flushes what is buffered and closes the connection (every guarantee)."""
-        with self._lock:
-            try:
-                self._flush()
-            finally:
-                self._con.close()
+    def _close_connections(self) -> None:
+        self._con.close()

@@ -72,8 +72,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkjet._batches import record_batches
 from sparkjet._checks import check_bool, check_int, check_path
 from sparkjet._fs import Backend, absolute
+from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
 
@@ -296,10 +298,10 @@ class TransactionalFileWriter(SinkWriter):
     # -- writing -----------------------------------------------------------------------
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if isinstance(batch, pa.Table):
-            for b in batch.to_batches():
-                self.write(b)
-            return
+        for b in record_batches(batch):
+            self._write(b)
+
+    def _write(self, batch: pa.RecordBatch) -> None:
         limit = self.sink.rows_per_file
         offset, n = 0, batch.num_rows
         while offset < n:
@@ -357,10 +359,7 @@ class TransactionalFileWriter(SinkWriter):
         """Ends the open transaction. Returns ``{"format": 1, "transactions": [...]}``: every
         prepared, not yet committed transaction of this writer (each with its snapshot id,
         ``files`` as [staged, final] names relative to the URI, and ``rows``)."""
-        if self._last_prepared is not None and snapshot_id <= self._last_prepared:
-            raise InvalidArgumentError(
-                f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
-                "snapshot ids must grow")
+        check_next_snapshot(snapshot_id, self._last_prepared)
         try:
             self._check_fence("prepare")
         except FencedError:
@@ -449,13 +448,7 @@ class TransactionalFileWriter(SinkWriter):
         their ``transactions``), then deletes every other staged file of this processor,
         and of processors >= the current parallelism that map to it (p % processors)."""
         self._register()
-        txns = []
-        if prepared is not None:
-            if prepared.get("format") != DESCRIPTION_FORMAT:
-                raise InvalidArgumentError(
-                    f"prepared state has format {prepared.get('format')!r}, "
-                    f"expected {DESCRIPTION_FORMAT}")
-            txns = list(prepared["transactions"])
+        txns = prepared_transactions(prepared, DESCRIPTION_FORMAT)
         for txn in txns:
             for staged, final in txn["files"]:
                 if not (_STAGED.fullmatch(staged) and _FINAL.fullmatch(final)):
