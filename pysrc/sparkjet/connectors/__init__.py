@@ -11,7 +11,8 @@ module                 what
 ``files``              directories of Parquet/CSV/JSON lines (``source``), transactional
                        Parquet/Arrow files (``sink``)
 ``dataframe``          a bounded Spark DataFrame, materialised once on the driver
-``kafka``              Kafka topics: ``source``, ``sink``, and the client settings both use
+``kafka``              Kafka topics: ``source``, ``sink``, and ``client`` (what both need
+                       of confluent-kafka: settings, errors, the topic check)
 ``redis``              Redis Streams, an acknowledging source
 ``postgres``           PostgreSQL, two-phase commit or upserts
 ``delta``              Delta Lake tables

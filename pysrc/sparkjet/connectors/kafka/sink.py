@@ -69,12 +69,13 @@ from sparkjet._fs import Backend
 from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
 from sparkjet.connectors._staging import DESCRIPTION_FORMAT, StagedSnapshots
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
-from sparkjet.connectors.kafka.source import (
+from sparkjet.connectors.kafka.client import (
     DEFAULT_BOOTSTRAP,
     client_config,
+    error_text,
+    kafka_error,
     kafka_module,
     partitions_of,
-    read_topic,
 )
 from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
 
@@ -138,6 +139,10 @@ class KafkaSink(Sink):
              schema: pa.Schema | None = None, timeout: float = 30.0) -> pa.Table:
         """What a ``read_committed`` consumer reads from ``topic`` now: with a ``schema``,
         the JSON values as columns, else the raw values (column ``value``)."""
+        # Reading back is the source's work (its reader and decoding): writing never loads
+        # the source module, only this checking helper does.
+        from sparkjet.connectors.kafka.source import read_topic
+
         return read_topic(topic, bootstrap_servers, value="raw" if schema is None else "json",
                           schema=schema, metadata=("partition", "offset"), timeout=timeout)
 
@@ -255,8 +260,7 @@ class _ProducerBase(SinkWriter):
     def _fail(self, action: str, e) -> None:
         """Raises the error of a failed Kafka call as sparkjet's: FencedError if a newer
         producer took over, ConnectorError otherwise."""
-        err = e.args[0] if e.args and hasattr(e.args[0], "code") else None
-        text = err.str() if err is not None else str(e)
+        err, text = kafka_error(e), error_text(e)
         fenced = (self._kafka.KafkaError._FENCED, self._kafka.KafkaError.PRODUCER_FENCED,
                   self._kafka.KafkaError.INVALID_PRODUCER_EPOCH)
         if err is not None and err.code() == self._kafka.KafkaError._FATAL:
