@@ -30,11 +30,10 @@ import json
 import uuid
 
 from sparkjet._checks import check_bool, check_int, check_path
-from sparkjet._fs import Backend, absolute
+from sparkjet._fs import Backend, absolute, spark_names, spark_path
 from sparkjet.connectors.base import DriverContext, ProcessorContext, Source, SourceReader
 from sparkjet.connectors.files.source import DirectorySource
 from sparkjet.errors import ConnectorError, InvalidArgumentError
-from sparkjet.spark.output import spark_names, spark_path
 
 RECORD = "_sparkjet_dataframe.json"
 _WHAT = "DataFrame source"
