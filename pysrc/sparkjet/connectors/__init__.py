@@ -22,6 +22,7 @@ module                 what
 ``_prepared``          what every transactional writer checks of phase 1 (snapshot ids
                        grow, the format of a restored description)
 ``_upsert``            the buffered upsert writer (SQLite, PostgreSQL's upsert mode)
+``_settings``          each connector's arguments as a typed, checked settings dataclass
 =====================  ==================================================================
 
 Users import them from :mod:`sparkjet.sources` and :mod:`sparkjet.sinks`; importing this

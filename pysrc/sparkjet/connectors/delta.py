@@ -55,14 +55,17 @@ from __future__ import annotations
 import os
 import re
 import threading
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from msgspec import Meta
 
 from sparkjet._batches import record_batches
-from sparkjet._checks import check_int, check_path
 from sparkjet._fs import Backend, absolute
 from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
+from sparkjet.connectors._settings import FileSystem, Path, PositiveInt, Settings, Text
 from sparkjet.connectors._staging import DESCRIPTION_FORMAT, StagedSnapshots
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
@@ -122,6 +125,37 @@ def _deltalake():
     return deltalake
 
 
+@dataclass(frozen=True)
+class DeltaSinkSettings(Settings):
+    """:class:`DeltaSink`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    uri: Path
+    _: KW_ONLY
+    staging: Path | None = None
+    staging_filesystem: FileSystem | None = None
+    app_id: Text | None = None
+    storage_options: Annotated[dict[str, str], Meta(description="a dict of str")] | None = None
+    rows_per_commit: PositiveInt = 1_000_000
+    durable: bool = True
+
+    def local(self) -> bool:
+        """Whether the table is on a local (or mounted) file system."""
+        return "://" not in self.uri or self.uri.startswith("file://")
+
+    def check(self) -> None:
+        self._derive("uri", absolute(self.uri))
+        staging = self.staging
+        if staging is None:
+            if not self.local():
+                raise InvalidArgumentError(
+                    f"{CONNECTOR} for table {self.uri!r}: a table on an object store needs "
+                    "staging=, a directory or pyarrow.fs URI every member reaches")
+            staging = os.path.join(self.uri.removeprefix("file://"), "_sparkjet_staging")
+        self._derive("staging", absolute(staging, self.staging_filesystem))
+        if self.storage_options is not None:
+            self._derive("storage_options", dict(self.storage_options))
+
+
 class DeltaSink(Sink):
     """Appends rows to the Delta table at ``uri`` (a local path, or an object store URI
     with ``storage_options`` as ``deltalake`` takes them); see the module doc for the
@@ -141,30 +175,9 @@ class DeltaSink(Sink):
     def __init__(self, uri, *, staging=None, staging_filesystem: pafs.FileSystem | None = None,
                  app_id: str | None = None, storage_options: dict | None = None,
                  rows_per_commit: int = 1_000_000, durable: bool = True):
-        text = os.fspath(check_path("uri", uri))
-        self.local = "://" not in text or text.startswith("file://")
-        self.uri = absolute(text)
-        if staging is None:
-            if not self.local:
-                raise InvalidArgumentError(
-                    f"{CONNECTOR} for table {self.uri!r}: a table on an object store needs "
-                    "staging=, a directory or pyarrow.fs URI every member reaches")
-            staging = os.path.join(self.uri.removeprefix("file://"), "_sparkjet_staging")
-        if staging_filesystem is not None and not isinstance(staging_filesystem,
-                                                             pafs.FileSystem):
-            raise InvalidArgumentError("staging_filesystem must be None or a "
-                                       f"pyarrow.fs.FileSystem, got {staging_filesystem!r}")
-        self.staging = absolute(check_path("staging", staging), staging_filesystem)
-        self.staging_filesystem = staging_filesystem
-        if app_id is not None and (not isinstance(app_id, str) or not app_id):
-            raise InvalidArgumentError(f"app_id must be a non-empty str, got {app_id!r}")
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise InvalidArgumentError(
-                f"storage_options must be a dict of str, got {type(storage_options).__name__}")
-        self.app_id = app_id
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.rows_per_commit = check_int("rows_per_commit", rows_per_commit, min=1)
-        self.durable = bool(durable)
+        settings = DeltaSinkSettings.of(locals())
+        settings.apply(self)
+        self.local = settings.local()
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.uri!r})"

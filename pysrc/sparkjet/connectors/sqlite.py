@@ -26,11 +26,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec import Meta
 
-from sparkjet._checks import check_int, check_number, check_path
+from sparkjet.connectors._settings import Keys, NonNegativeNumber, Path, PositiveInt, Settings
 from sparkjet.connectors._upsert import BufferedUpsertWriter
 from sparkjet.connectors.base import ProcessorContext, Sink
 from sparkjet.errors import (
@@ -38,6 +41,8 @@ from sparkjet.errors import (
     InvalidArgumentError,
     UnsupportedTypeError,
 )
+
+TABLE_NAME = "a table name (not starting with _sparkjet)"
 
 _META = """
 CREATE TABLE IF NOT EXISTS _sparkjet_fences (
@@ -96,6 +101,25 @@ def _arrow(values: list, t: pa.DataType) -> pa.Array:
     return array.cast(t)
 
 
+@dataclass(frozen=True)
+class SQLiteUpsertSinkSettings(Settings):
+    """:class:`SQLiteUpsertSink`'s arguments, checked (see
+    :mod:`sparkjet.connectors._settings`)."""
+
+    path: Path
+    table: Annotated[str, Meta(min_length=1, description=TABLE_NAME)]
+    key: Keys
+    _: KW_ONLY
+    max_buffered_rows: PositiveInt = 1_000_000
+    timeout: NonNegativeNumber = 60.0   # seconds; SQLite's busy wait
+
+    def check(self) -> None:
+        if self.table.startswith("_sparkjet"):
+            raise self._refuse("table", TABLE_NAME)
+        self._derive("path", os.path.abspath(self.path))    # the driver's, not a worker's
+        self._derive("key", [self.key] if isinstance(self.key, str) else list(self.key))
+
+
 class SQLiteUpsertSink(Sink):
     """Upserts rows into `table` of the SQLite database at `path`, by the columns `key`.
 
@@ -108,16 +132,7 @@ class SQLiteUpsertSink(Sink):
 
     def __init__(self, path, table: str, key: list[str] | str, *,
                  max_buffered_rows: int = 1_000_000, timeout: float = 60.0):
-        keys = [key] if isinstance(key, str) else list(key)
-        if not keys or not all(isinstance(k, str) and k for k in keys):
-            raise InvalidArgumentError(f"key must name one or more columns, got {key!r}")
-        if not isinstance(table, str) or not table or table.startswith("_sparkjet"):
-            raise InvalidArgumentError(f"bad table name {table!r}")
-        self.path = os.path.abspath(check_path("path", path))   # the driver's, not a Spark worker's
-        self.table = table
-        self.key = keys
-        self.max_buffered_rows = check_int("max_buffered_rows", max_buffered_rows, min=1)
-        self.timeout = check_number("timeout", timeout, min=0)  # seconds; SQLite's busy wait
+        SQLiteUpsertSinkSettings.of(locals()).apply(self)
 
     def __repr__(self) -> str:
         return f"SQLiteUpsertSink({self.path!r}, {self.table!r}, key={self.key!r})"

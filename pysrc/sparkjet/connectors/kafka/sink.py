@@ -60,13 +60,17 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec import Meta
 
 from sparkjet._batches import record_batches
 from sparkjet._fs import Backend
 from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
+from sparkjet.connectors._settings import Column, Options, Path, PositiveNumber, Settings, Text
 from sparkjet.connectors._staging import DESCRIPTION_FORMAT, StagedSnapshots
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.connectors.kafka.client import (
@@ -81,6 +85,27 @@ from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
 
 _REGISTERED = re.compile(r"e(\d{12,})-n(\d+)")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class KafkaSinkSettings(Settings):
+    """:class:`KafkaSink`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    topic: Text
+    bootstrap_servers: Text = DEFAULT_BOOTSTRAP
+    _: KW_ONLY
+    staging: Path | None = None
+    key: Column | None = None
+    value: Annotated[str, Meta(min_length=1, description='"json" or a column name')] = "json"
+    partition: Column | None = None
+    transactional_id: Text | None = None
+    timeout: PositiveNumber = 30.0
+    durable: bool = True
+    config: Options | None = None
+
+    def check(self) -> None:
+        self._derive("timeout", float(self.timeout))
+        self._derive("config", dict(self.config or {}))
 
 
 class KafkaSink(Sink):
@@ -101,21 +126,7 @@ class KafkaSink(Sink):
                  staging=None, key: str | None = None, value: str = "json",
                  partition: str | None = None, transactional_id: str | None = None,
                  timeout: float = 30.0, durable: bool = True, config: dict | None = None):
-        if not isinstance(topic, str) or not topic:
-            raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
-        for name, column in (("key", key), ("value", value), ("partition", partition)):
-            if column is not None and (not isinstance(column, str) or not column):
-                raise InvalidArgumentError(f"{name} must be a column name, got {column!r}")
-        self.topic = topic
-        self.bootstrap_servers = bootstrap_servers
-        self.staging = None if staging is None else str(staging)
-        self.key = key
-        self.value = value
-        self.partition = partition
-        self.transactional_id = transactional_id
-        self.timeout = float(timeout)
-        self.durable = durable
-        self.config = dict(config or {})
+        KafkaSinkSettings.of(locals()).apply(self)
 
     def __repr__(self) -> str:
         return (f"KafkaSink({self.topic!r}, {self.bootstrap_servers!r}, key={self.key!r}, "

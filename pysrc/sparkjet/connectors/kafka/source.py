@@ -49,11 +49,23 @@ from __future__ import annotations
 import io
 import json
 import time
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Literal
 
 import pyarrow as pa
 import pyarrow.json as pajson
+from msgspec import Meta
 
-from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._checks import check_distinct_ints, check_int
+from sparkjet.connectors._settings import (
+    Options,
+    PositiveInt,
+    PositiveNumber,
+    PositiveOrInfinite,
+    Schema,
+    Settings,
+    Text,
+)
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.connectors.kafka.client import (
     DEFAULT_BOOTSTRAP,
@@ -71,12 +83,31 @@ METADATA = ("partition", "offset", "timestamp")
 BEGINNING = -2
 
 
-def _check_decoding(name: str, value, allowed) -> str | None:
-    if value is None and name == "key":
-        return None
-    if value not in allowed:
-        raise InvalidArgumentError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class KafkaSourceSettings(Settings):
+    """:class:`KafkaSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    topic: Text
+    bootstrap_servers: Text = DEFAULT_BOOTSTRAP
+    _: KW_ONLY
+    partitions: PositiveInt | None = None
+    value: Literal["raw", "utf8", "json"] = "raw"           # DECODINGS
+    schema: Schema | None = None
+    key: Literal["raw", "utf8"] | None = None
+    metadata: Annotated[tuple[Literal["partition", "offset", "timestamp"], ...],
+                        Meta(description=f"names from {METADATA}")] = METADATA
+    start: Literal["earliest", "latest"] = "earliest"
+    bounded: bool = False
+    group: Text | None = None
+    discovery_interval: PositiveOrInfinite = 5.0
+    timeout: PositiveNumber = 10.0
+    config: Options | None = None
+
+    def check(self) -> None:
+        if (self.value == "json") != (self.schema is not None):
+            raise self._error('value="json" needs a schema (a pyarrow.Schema), and only it '
+                              "takes one")
+        self._derive("config", dict(self.config or {}))
 
 
 class KafkaSource(Source):
@@ -106,36 +137,10 @@ class KafkaSource(Source):
                  metadata=METADATA, start: str = "earliest", bounded: bool = False,
                  group: str | None = None, discovery_interval: float = 5.0,
                  timeout: float = 10.0, config: dict | None = None):
-        if not isinstance(topic, str) or not topic:
-            raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
-        self.value = _check_decoding("value", value, DECODINGS)
-        self.key = _check_decoding("key", key, ("raw", "utf8"))
-        if (value == "json") != (schema is not None):
-            raise InvalidArgumentError(
-                'Kafka source: value="json" needs a schema (a pyarrow.Schema), and only it takes one')
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(
-                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-        metadata = tuple(metadata)
-        if not set(metadata) <= set(METADATA):
-            raise InvalidArgumentError(f"metadata takes names from {METADATA}, got {metadata!r}")
-        if start not in ("earliest", "latest"):
-            raise InvalidArgumentError(f'start must be "earliest" or "latest", got {start!r}')
-        self.topic = topic
-        self.bootstrap_servers = bootstrap_servers
-        self.schema = schema
-        self.metadata = metadata
-        self.start = start
-        self.bounded = bool(bounded)
-        self.group = group
-        self.discovery_interval = check_number("discovery_interval", discovery_interval,
-                                               above=0, finite=False)
-        self.timeout = check_number("timeout", timeout, above=0)
-        self.config = dict(config or {})
-        if partitions is None:
-            partitions = len(partitions_of(topic, bootstrap_servers, self.timeout,
-                                           "Kafka source", self.config))
-        self.partitions = check_int("partitions", partitions, min=1)
+        KafkaSourceSettings.of(locals()).apply(self)
+        if self.partitions is None:     # the topic's partition count now
+            self.partitions = len(partitions_of(self.topic, self.bootstrap_servers,
+                                                self.timeout, "Kafka source", self.config))
 
     def __repr__(self) -> str:
         return (f"KafkaSource({self.topic!r}, {self.bootstrap_servers!r}, "

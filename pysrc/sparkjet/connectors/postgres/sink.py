@@ -2,12 +2,16 @@
 reading or dropping a table it wrote."""
 from __future__ import annotations
 
-import pyarrow as pa
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Annotated, Literal
 
+import pyarrow as pa
+from msgspec import Meta
+
+from sparkjet.connectors._settings import Keys, PositiveInt, PositiveNumber, Settings
 from sparkjet.connectors.base import ProcessorContext, Sink, SinkWriter
 from sparkjet.connectors.postgres.columns import read_table
 from sparkjet.connectors.postgres.connection import (
-    CONNECTOR,
     connect,
     describe,
     failure,
@@ -16,11 +20,38 @@ from sparkjet.connectors.postgres.connection import (
 )
 from sparkjet.connectors.postgres.transactional import PostgresTransactionalWriter
 from sparkjet.connectors.postgres.upsert import PostgresUpsertWriter
-from sparkjet.errors import InvalidArgumentError
 
 MODES = ("transactional", "upsert")
 # A prepared transaction's id is at most 200 bytes: the table's name gets at most 100.
 _MAX_TABLE_NAME = 100
+TABLE_NAME = (f"a table name (at most {_MAX_TABLE_NAME} bytes, not starting with _sparkjet; "
+              "'schema.table' names a schema)")
+
+
+@dataclass(frozen=True)
+class PostgresSinkSettings(Settings):
+    """:class:`PostgresSink`'s arguments, checked (see :mod:`sparkjet.connectors._settings`).
+    The connection string, which may hold a password, is never shown."""
+
+    dsn: Annotated[str, Meta(description="a connection string",
+                             extra={"secret": True})] = field(repr=False)
+    table: Annotated[str, Meta(min_length=1, description=TABLE_NAME)]
+    _: KW_ONLY
+    mode: Literal["transactional", "upsert"] = "transactional"     # MODES
+    key: Keys | None = None
+    max_buffered_rows: PositiveInt = 1_000_000
+    connect_timeout: PositiveNumber = 10.0
+
+    def check(self) -> None:
+        if self.table.startswith("_sparkjet") or len(self.table.encode()) > _MAX_TABLE_NAME:
+            raise self._refuse("table", TABLE_NAME)
+        keys = [self.key] if isinstance(self.key, str) else list(self.key or [])
+        if self.mode == "upsert" and not keys:
+            raise self._error(f"upsert mode needs key= naming one or more columns, got "
+                              f"{self.key!r}")
+        if self.mode == "transactional" and keys:
+            raise self._error("key= is for mode='upsert'; the transactional mode appends rows")
+        self._derive("key", keys)
 
 
 class PostgresSink(Sink):
@@ -39,29 +70,8 @@ class PostgresSink(Sink):
     def __init__(self, dsn: str, table: str, *, mode: str = "transactional",
                  key: list[str] | str | None = None, max_buffered_rows: int = 1_000_000,
                  connect_timeout: float = 10.0):
-        if mode not in MODES:
-            raise InvalidArgumentError(f"{CONNECTOR}: mode must be one of {MODES}, got {mode!r}")
-        keys = [key] if isinstance(key, str) else list(key or [])
-        if mode == "upsert" and (not keys or not all(isinstance(k, str) and k for k in keys)):
-            raise InvalidArgumentError(
-                f"{CONNECTOR}: upsert mode needs key= naming one or more columns, got {key!r}")
-        if mode == "transactional" and keys:
-            raise InvalidArgumentError(
-                f"{CONNECTOR}: key= is for mode='upsert'; the transactional mode appends rows")
-        if (not isinstance(table, str) or not table or table.startswith("_sparkjet")
-                or len(table.encode()) > _MAX_TABLE_NAME):
-            raise InvalidArgumentError(
-                f"{CONNECTOR}: bad table name {table!r} (at most {_MAX_TABLE_NAME} bytes, "
-                "not starting with _sparkjet; 'schema.table' names a schema)")
-        if not isinstance(dsn, str):
-            raise InvalidArgumentError(f"{CONNECTOR}: dsn must be a connection string")
-        self.dsn = dsn
-        self.table = table
-        self.mode = mode
-        self.key = keys
-        self.transactional = mode == "transactional"
-        self.max_buffered_rows = max_buffered_rows
-        self.connect_timeout = connect_timeout
+        PostgresSinkSettings.of(locals()).apply(self)
+        self.transactional = self.mode == "transactional"
 
     def __repr__(self) -> str:
         key = f", key={self.key!r}" if self.key else ""
