@@ -207,7 +207,7 @@ _CHILD = textwrap.dedent("""
     # The snapshot holding `state` is complete: the coordinator would now run phase 2.
     print(json.dumps(state), flush=True)
     if crash == "after_delta_commit":
-        w._commit_index(0, state["transactions"], w._load)    # Delta's commit, no cleanup
+        w._commit_index(0, state["transactions"], w._staged.load)  # Delta's commit, no cleanup
     print("ready", flush=True)
     sys.stdin.readline()        # killed here
 """)

@@ -330,7 +330,7 @@ def test_upsert_into_a_table_with_rules(server, table):
 def test_last_row_per_key_matches_a_python_reference(values, keys, dictionary):
     """The last row of each key in write order, in key order (no server needed). Keys equal
     for PostgreSQL are one key: -0.0 and 0.0, two NaNs."""
-    from sparkjet.connectors.postgres import _last_per_key
+    from sparkjet.connectors.postgres.upsert import _last_per_key
 
     strings = pa.array([v[1] for v in values], pa.string())
     table = pa.table({"i": pa.array([v[0] for v in values], pa.int64()),

@@ -345,17 +345,17 @@ def test_bad_arguments(tmp_path):
     assert "rows_per_file=5" in repr(TransactionalFileSink(tmp_path, rows_per_file=5))
 
 
-@pytest.mark.parametrize("make, field", [
-    (lambda d: TransactionalFileSink(""), "uri"),
-    (lambda d: TransactionalFileSink(5), "uri"),
-    (lambda d: TransactionalFileSink(d, durable="no"), "durable"),
-    (lambda d: TransactionalFileSink(d, filesystem="local"), "filesystem"),
-    (lambda d: SQLiteUpsertSink(None, "t", "k"), "path"),
-    (lambda d: SQLiteUpsertSink(d / "x.db", "t", "k", max_buffered_rows=0), "max_buffered_rows"),
-    (lambda d: SQLiteUpsertSink(d / "x.db", "t", "k", timeout=float("nan")), "timeout"),
+@pytest.mark.parametrize("make, connector, field", [
+    (lambda d: TransactionalFileSink(""), "TransactionalFileSink", "uri"),
+    (lambda d: TransactionalFileSink(5), "TransactionalFileSink", "uri"),
+    (lambda d: TransactionalFileSink(d, durable="no"), "TransactionalFileSink", "durable"),
+    (lambda d: TransactionalFileSink(d, filesystem="local"), "TransactionalFileSink", "filesystem"),
+    (lambda d: SQLiteUpsertSink(None, "t", "k"), "SQLiteUpsertSink", "path"),
+    (lambda d: SQLiteUpsertSink(d / "x.db", "t", "k", max_buffered_rows=0), "SQLiteUpsertSink", "max_buffered_rows"),
+    (lambda d: SQLiteUpsertSink(d / "x.db", "t", "k", timeout=float("nan")), "SQLiteUpsertSink", "timeout"),
 ])
-def test_sink_options_are_checked_when_constructed(tmp_path, make, field):
-    with pytest.raises(InvalidArgumentError, match=f"^{field} must be"):
+def test_sink_options_are_checked_when_constructed(tmp_path, make, connector, field):
+    with pytest.raises(InvalidArgumentError, match=f"^{connector}: {field} must be"):
         make(tmp_path)
     assert list(tmp_path.iterdir()) == []
 

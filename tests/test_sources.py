@@ -484,18 +484,18 @@ def test_log_corruption_is_reported_with_file_and_offset(tmp_path):
         reader.read(100)
 
 
-@pytest.mark.parametrize("make, field", [
-    (lambda d: ArrowLogWriter(None, 2, SCHEMA), "root"),
-    (lambda d: ArrowLogWriter(d, 2, SCHEMA, durable=1), "durable"),
-    (lambda d: ArrowLogSource(b"/tmp"), "root"),
-    (lambda d: RedisStreamSource("s", 2, url=None), "url"),
-    (lambda d: RedisStreamSource("s", 2, group=""), "group"),
-    (lambda d: RedisStreamSource("s", 2, consumer=7), "consumer"),
-    (lambda d: RedisStreamSource("s", 2, start_id=0), "start_id"),
-    (lambda d: RedisStreamSource("s", 2, password=b"secret"), "password"),
+@pytest.mark.parametrize("make, connector, field", [
+    (lambda d: ArrowLogWriter(None, 2, SCHEMA), "ArrowLogWriter", "root"),
+    (lambda d: ArrowLogWriter(d, 2, SCHEMA, durable=1), "ArrowLogWriter", "durable"),
+    (lambda d: ArrowLogSource(b"/tmp"), "ArrowLogSource", "root"),
+    (lambda d: RedisStreamSource("s", 2, url=None), "RedisStreamSource", "url"),
+    (lambda d: RedisStreamSource("s", 2, group=""), "RedisStreamSource", "group"),
+    (lambda d: RedisStreamSource("s", 2, consumer=7), "RedisStreamSource", "consumer"),
+    (lambda d: RedisStreamSource("s", 2, start_id=0), "RedisStreamSource", "start_id"),
+    (lambda d: RedisStreamSource("s", 2, password=b"secret"), "RedisStreamSource", "password"),
 ])
-def test_source_options_are_checked_when_constructed(tmp_path, make, field):
-    with pytest.raises(InvalidArgumentError, match=f"^{field} must be") as e:
+def test_source_options_are_checked_when_constructed(tmp_path, make, connector, field):
+    with pytest.raises(InvalidArgumentError, match=f"^{connector}: {field} must be") as e:
         make(tmp_path)
     assert "secret" not in str(e.value)
     assert list(tmp_path.iterdir()) == []

@@ -1,8 +1,16 @@
-"""Splitting a batch by a per-row integer: the rows of each value together, in row order."""
+"""Batches: a sink's input as record batches, and a batch split by a per-row integer (the rows
+of each value together, in row order)."""
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
+
+def record_batches(data: pa.RecordBatch | pa.Table) -> list[pa.RecordBatch]:
+    """The non-empty record batches of ``data``: a RecordBatch, or a Table (what a sink's
+    writer may be given)."""
+    batches = data.to_batches() if isinstance(data, pa.Table) else [data]
+    return [b for b in batches if b.num_rows]
 
 
 def split_by(batch: pa.RecordBatch, values: np.ndarray) -> list[tuple[int, pa.RecordBatch]]:

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import types
 import typing
 from collections.abc import Iterable
 from typing import Annotated
@@ -24,7 +25,7 @@ import numpy as np
 from sparkjet.errors import InvalidArgumentError
 
 __all__ = ["Finite", "check_bool", "check_distinct_ints", "check_fields", "check_int",
-           "check_number", "check_path", "check_str"]
+           "check_number", "check_path", "check_str", "field_message"]
 
 # A float field's annotation: NaN fails every bound, infinity this one.
 Finite = Annotated[float, msgspec.Meta(le=sys.float_info.max)]
@@ -130,11 +131,17 @@ def check_distinct_ints(name: str, values: Iterable, *, min: int | None = None,
     return [int(v) for v in items]
 
 
-def check_fields(obj) -> dict:
+def check_fields(obj, owner: str | None = None) -> dict:
     """Checks every field of a dataclass instance against its annotation (a type with
     ``msgspec.Meta`` bounds: ``Annotated[int, Meta(ge=1)]``, a ``Literal`` of the allowed
-    values, ``str | None``...) and returns the values as plain Python data (numpy scalars
-    and paths converted). The annotations are the schema: a field cannot go unchecked.
+    values, ``str | None``, a class such as ``pyarrow.Schema``...) and returns the values as
+    plain Python data (numpy scalars and paths converted). The annotations are the schema:
+    a field cannot go unchecked.
+
+    The message names ``owner`` and the field (``"KafkaSource: timeout must be ..."``;
+    without an owner, ``"Config.field must be ..."``) and the value refused. A field whose
+    annotation carries ``Meta(description=...)`` says that instead of msgspec's words for
+    the type; ``Meta(extra={"secret": True})`` keeps the value out of the message.
 
     >>> from dataclasses import dataclass
     >>> @dataclass
@@ -144,6 +151,10 @@ def check_fields(obj) -> dict:
     Traceback (most recent call last):
     ...
     sparkjet.errors.InvalidArgumentError: Config.workers must be `int` >= 1, got 0
+    >>> check_fields(Config(workers=0), "Pool")
+    Traceback (most recent call last):
+    ...
+    sparkjet.errors.InvalidArgumentError: Pool: workers must be `int` >= 1, got 0
     """
     cls = type(obj)
     values = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(cls)}
@@ -153,13 +164,54 @@ def check_fields(obj) -> dict:
         text = str(e)
         where = re.search(r" - at `\$\.(\w+)[^`]*`$", text)
         name = where[1] if where else "?"
-        expected = text[: where.start()] if where else text
-        expected = re.sub(r"^Expected (.*?)(, got `[^`]*`)?$", r"\1", expected)
-        expected = expected.replace(_FINITE_TEXT, "a finite `float`").replace("null", "None")
-        expected = re.sub(r"^Invalid enum value .*", "one of " + _choices(cls, name), expected)
-        raise InvalidArgumentError(f"{cls.__name__}.{name} must be {expected}, "
-                                   f"got {values.get(name)!r}") from None
+        description, secret = _described(cls, name)
+        if description is not None:
+            expected = description
+        else:
+            expected = text[: where.start()] if where else text
+            expected = re.sub(r"^Expected (.*?)(, got `[^`]*`)?$", r"\1", expected)
+            expected = expected.replace(_FINITE_TEXT, "a finite `float`").replace("null", "None")
+            expected = re.sub(r"^Invalid enum value .*", "one of " + _choices(cls, name),
+                              expected)
+        raise InvalidArgumentError(field_message(owner, cls, name, expected, values.get(name),
+                                                 secret)) from None
     return msgspec.structs.asdict(checked)
+
+
+def field_message(owner: str | None, cls: type, name: str, expected: str, value,
+                  secret: bool = False) -> str:
+    """The message :func:`check_fields` gives for field ``name`` of a ``cls`` (named
+    ``owner``, if given) whose ``value`` is not ``expected``; also for rules a field's
+    annotation cannot say."""
+    who = f"{owner}: {name}" if owner else f"{cls.__name__}.{name}"
+    got = (f"a value of type {type(value).__name__} (not shown)" if secret
+           else repr(value))
+    return f"{who} must be {expected}, got {got}"
+
+
+def _described(cls, name: str) -> tuple[str | None, bool]:
+    """The ``Meta`` description of field ``name`` (``"... or None"`` when the described type
+    is in a union with None) and whether its value is a secret."""
+    hint = typing.get_type_hints(cls, include_extras=True).get(name)
+    outer = _metas(hint)
+    inner = [(m, arg) for arg in typing.get_args(hint)
+             if typing.get_origin(hint) in (typing.Union, types.UnionType)
+             for m in _metas(arg)]
+    secret = any(m.extra and m.extra.get("secret") for m in outer + [m for m, _ in inner])
+    for m in outer:
+        if m.description:
+            return m.description, secret
+    for m, _ in inner:
+        if m.description:
+            optional = type(None) in typing.get_args(hint)
+            return m.description + (" or None" if optional else ""), secret
+    return None, secret
+
+
+def _metas(hint) -> list:
+    if typing.get_origin(hint) is Annotated:
+        return [m for m in hint.__metadata__ if isinstance(m, msgspec.Meta)]
+    return []
 
 
 @functools.cache
@@ -170,8 +222,19 @@ def _schema(cls) -> type:
 
 
 def _choices(cls, name: str) -> str:
+    """The values a ``Literal`` field (or one of a ``Literal`` or None) allows, for a message."""
     hint = typing.get_type_hints(cls).get(name)
-    return ", ".join(repr(a) for a in typing.get_args(hint) if a is not None)
+    values = _literals(hint)
+    optional = type(None) in typing.get_args(hint) or None in values
+    return ", ".join(repr(v) for v in values if v is not None) + (" or None" if optional else "")
+
+
+def _literals(hint) -> list:
+    if typing.get_origin(hint) is typing.Literal:
+        return list(typing.get_args(hint))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [v for arg in typing.get_args(hint) for v in _literals(arg)]
+    return []
 
 
 def _plain(value):

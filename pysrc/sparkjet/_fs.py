@@ -19,6 +19,11 @@ Whole-directory renames are copies on object stores, so commit decisions never r
 there: callers that rename on local disks and HDFS (snapshot exports, the file sink's
 commits) decide by one exclusive create of a small record on object stores (see
 :attr:`Backend.atomic_rename`).
+
+Paths as the driver and Spark name them are here too: :func:`absolute` (a relative path is
+the driver's), :func:`spark_names` and :func:`spark_path` (whether Spark reads a path under
+pyarrow's name, and that name as Spark takes it), for the connectors and the Spark
+integration alike.
 """
 from __future__ import annotations
 
@@ -47,6 +52,18 @@ def absolute(uri, filesystem=None) -> str:
     if filesystem is not None or "://" in text:
         return text
     return os.path.abspath(text)
+
+
+def spark_names(path: str) -> bool:
+    """Whether Spark reads ``path`` under the name pyarrow gave it (a local or mounted
+    path, ``file://``, ``hdfs://``)."""
+    return "://" not in path or path.startswith(("file://", "hdfs://"))
+
+
+def spark_path(path: str) -> str:
+    """``path`` as Spark names it: a local path explicitly on the local file system (a
+    cluster's default file system may be HDFS)."""
+    return f"file://{os.path.abspath(path)}" if "://" not in path else path
 
 
 class Backend:

@@ -11,13 +11,18 @@ module                 what
 ``files``              directories of Parquet/CSV/JSON lines (``source``), transactional
                        Parquet/Arrow files (``sink``)
 ``dataframe``          a bounded Spark DataFrame, materialised once on the driver
-``kafka``              Kafka topics: ``source``, ``sink``, and the client settings both use
+``kafka``              Kafka topics: ``source``, ``sink``, and ``client`` (what both need
+                       of confluent-kafka: settings, errors, the topic check)
 ``redis``              Redis Streams, an acknowledging source
 ``postgres``           PostgreSQL, two-phase commit or upserts
 ``delta``              Delta Lake tables
 ``sqlite``             SQLite upserts
 ``discard``            keeps nothing (benchmarks)
 ``_staging``           rows staged per snapshot until phase 2 (Kafka and Delta)
+``_prepared``          what every transactional writer checks of phase 1 (snapshot ids
+                       grow, the format of a restored description)
+``_upsert``            the buffered upsert writer (SQLite, PostgreSQL's upsert mode)
+``_settings``          each connector's arguments as a typed, checked settings dataclass
 =====================  ==================================================================
 
 Users import them from :mod:`sparkjet.sources` and :mod:`sparkjet.sinks`; importing this

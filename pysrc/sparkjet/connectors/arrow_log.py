@@ -45,11 +45,15 @@ import fcntl
 import json
 import os
 import struct
+from dataclasses import dataclass
+from typing import Annotated
 
 import pyarrow as pa
+from msgspec import Meta
 
-from sparkjet._checks import check_bool, check_distinct_ints, check_int, check_path
+from sparkjet._checks import check_distinct_ints, check_int
 from sparkjet._fs import Backend
+from sparkjet.connectors._settings import Path, PositiveInt, Schema, Settings
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     CorruptDataError,
@@ -98,6 +102,21 @@ def read_log_info(root) -> dict:
     return info
 
 
+@dataclass(frozen=True)
+class ArrowLogWriterSettings(Settings):
+    """:class:`ArrowLogWriter`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    root: Path
+    partitions: Annotated[int, Meta(ge=1, le=99999)]
+    schema: Schema
+    segment_bytes: PositiveInt = DEFAULT_SEGMENT_BYTES
+    durable: bool = False
+
+    def check(self) -> None:
+        _check_no_dictionary(self.schema)
+        self._derive("root", os.path.abspath(self.root))
+
+
 class ArrowLogWriter:
     """Appends record batches to the partitions of a log (creating it if needed).
 
@@ -113,18 +132,8 @@ class ArrowLogWriter:
 
     def __init__(self, root, partitions: int, schema: pa.Schema,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, durable: bool = False):
-        partitions = check_int("partitions", partitions, min=1, max=99999)
-        if not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(
-                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-        segment_bytes = check_int("segment_bytes", segment_bytes, min=1)
-        _check_no_dictionary(schema)
-        self.root = os.path.abspath(check_path("root", root))
-        self.partitions = partitions
-        self.schema = schema
-        self.segment_bytes = segment_bytes
-        self.durable = check_bool("durable", durable)
-        self._backend = Backend(root, durable=durable)  # directory syncs, atomic creates
+        ArrowLogWriterSettings.of(locals()).apply(self)
+        self._backend = Backend(self.root, durable=self.durable)  # directory syncs, atomic creates
         self._schema_bytes = schema.serialize().to_pybytes()
         self._fds: dict[int, int] = {}
         self._segments: dict[int, int] = {}
@@ -293,6 +302,16 @@ class ArrowLogWriter:
             self._lock_fd = None
 
 
+@dataclass(frozen=True)
+class ArrowLogSourceSettings(Settings):
+    """:class:`ArrowLogSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    root: Path
+
+    def check(self) -> None:
+        self._derive("root", os.path.abspath(self.root))
+
+
 class ArrowLogSource(Source):
     """The log at ``root`` as a replayable source: one source partition per log
     partition. Bounded once the writer closes the log, unbounded until then."""
@@ -302,7 +321,7 @@ class ArrowLogSource(Source):
     acknowledging = False
 
     def __init__(self, root):
-        self.root = os.path.abspath(check_path("root", root))
+        ArrowLogSourceSettings.of(locals()).apply(self)
         self._partitions: int | None = None
 
     def partition_count(self) -> int:

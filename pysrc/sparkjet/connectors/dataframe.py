@@ -28,16 +28,42 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
-from sparkjet._checks import check_bool, check_int, check_path
-from sparkjet._fs import Backend, absolute
+from sparkjet._fs import Backend, absolute, spark_names, spark_path
+from sparkjet.connectors._settings import Count, Path, PositiveInt, Settings
 from sparkjet.connectors.base import DriverContext, ProcessorContext, Source, SourceReader
 from sparkjet.connectors.files.source import DirectorySource
 from sparkjet.errors import ConnectorError, InvalidArgumentError
-from sparkjet.spark.output import spark_names, spark_path
 
 RECORD = "_sparkjet_dataframe.json"
 _WHAT = "DataFrame source"
+
+
+@dataclass(frozen=True)
+class DataFrameSourceSettings(Settings):
+    """:class:`DataFrameSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    df: Any     # a bounded Spark DataFrame: checked by check(), without importing pyspark
+    _: KW_ONLY
+    partitions: Count = 4
+    path: Path | None = None
+    batch_size: PositiveInt = 65536
+    keep: bool = False
+
+    def check(self) -> None:
+        if not _is_dataframe(self.df):
+            raise InvalidArgumentError(
+                f"{_WHAT}: df must be a Spark DataFrame, got {type(self.df).__name__}")
+        if self.df.isStreaming:
+            raise InvalidArgumentError(
+                f"{_WHAT}: the DataFrame is a streaming one (df.isStreaming); a job reads a "
+                "bounded DataFrame once. Feed a stream into an Arrow log instead: "
+                "df.writeStream.format('sparkjet-log') (sparkjet.spark.register), read by "
+                "ArrowLogSource")
+        if self.path is not None:
+            self._derive("path", absolute(self.path))
 
 
 class DataFrameSource(Source):
@@ -53,20 +79,8 @@ class DataFrameSource(Source):
 
     def __init__(self, df, *, partitions: int = 4, path=None, batch_size: int = 65536,
                  keep: bool = False):
-        if not _is_dataframe(df):
-            raise InvalidArgumentError(
-                f"{_WHAT}: df must be a Spark DataFrame, got {type(df).__name__}")
-        if df.isStreaming:
-            raise InvalidArgumentError(
-                f"{_WHAT}: the DataFrame is a streaming one (df.isStreaming); a job reads a "
-                "bounded DataFrame once. Feed a stream into an Arrow log instead: "
-                "df.writeStream.format('sparkjet-log') (sparkjet.spark.register), read by "
-                "ArrowLogSource")
-        self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
-        self.batch_size = check_int("batch_size", batch_size, min=1)
-        self.path = None if path is None else absolute(check_path("path", path))
-        self.keep = check_bool("keep", keep)
-        self._df = df
+        DataFrameSourceSettings.of(locals()).apply(self, skip=("df",))
+        self._df = df   # not shipped to the members (see __getstate__)
         self._files: DirectorySource | None = None
 
     def __getstate__(self) -> dict:

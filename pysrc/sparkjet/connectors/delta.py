@@ -55,24 +55,22 @@ from __future__ import annotations
 import os
 import re
 import threading
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from msgspec import Meta
 
-from sparkjet._checks import check_int, check_path
+from sparkjet._batches import record_batches
 from sparkjet._fs import Backend, absolute
+from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
+from sparkjet.connectors._settings import FileSystem, Path, PositiveInt, Settings, Text
+from sparkjet.connectors._staging import DESCRIPTION_FORMAT, StagedSnapshots
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
-from sparkjet.errors import (
-    ConnectorError,
-    FencedError,
-    InvalidArgumentError,
-    SnapshotIncompleteError,
-)
+from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
 
-DESCRIPTION_FORMAT = 1
 CONNECTOR = "Delta Lake sink"
-_STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
-_PROCESSOR_DIR = re.compile(r"p(\d{5,})")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TEXT = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view")
 # Commits refused because a concurrent commit of another processor created the table or
@@ -127,6 +125,37 @@ def _deltalake():
     return deltalake
 
 
+@dataclass(frozen=True)
+class DeltaSinkSettings(Settings):
+    """:class:`DeltaSink`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    uri: Path
+    _: KW_ONLY
+    staging: Path | None = None
+    staging_filesystem: FileSystem | None = None
+    app_id: Text | None = None
+    storage_options: Annotated[dict[str, str], Meta(description="a dict of str")] | None = None
+    rows_per_commit: PositiveInt = 1_000_000
+    durable: bool = True
+
+    def local(self) -> bool:
+        """Whether the table is on a local (or mounted) file system."""
+        return "://" not in self.uri or self.uri.startswith("file://")
+
+    def check(self) -> None:
+        self._derive("uri", absolute(self.uri))
+        staging = self.staging
+        if staging is None:
+            if not self.local():
+                raise InvalidArgumentError(
+                    f"{CONNECTOR} for table {self.uri!r}: a table on an object store needs "
+                    "staging=, a directory or pyarrow.fs URI every member reaches")
+            staging = os.path.join(self.uri.removeprefix("file://"), "_sparkjet_staging")
+        self._derive("staging", absolute(staging, self.staging_filesystem))
+        if self.storage_options is not None:
+            self._derive("storage_options", dict(self.storage_options))
+
+
 class DeltaSink(Sink):
     """Appends rows to the Delta table at ``uri`` (a local path, or an object store URI
     with ``storage_options`` as ``deltalake`` takes them); see the module doc for the
@@ -146,30 +175,9 @@ class DeltaSink(Sink):
     def __init__(self, uri, *, staging=None, staging_filesystem: pafs.FileSystem | None = None,
                  app_id: str | None = None, storage_options: dict | None = None,
                  rows_per_commit: int = 1_000_000, durable: bool = True):
-        text = os.fspath(check_path("uri", uri))
-        self.local = "://" not in text or text.startswith("file://")
-        self.uri = absolute(text)
-        if staging is None:
-            if not self.local:
-                raise InvalidArgumentError(
-                    f"{CONNECTOR} for table {self.uri!r}: a table on an object store needs "
-                    "staging=, a directory or pyarrow.fs URI every member reaches")
-            staging = os.path.join(self.uri.removeprefix("file://"), "_sparkjet_staging")
-        if staging_filesystem is not None and not isinstance(staging_filesystem,
-                                                             pafs.FileSystem):
-            raise InvalidArgumentError("staging_filesystem must be None or a "
-                                       f"pyarrow.fs.FileSystem, got {staging_filesystem!r}")
-        self.staging = absolute(check_path("staging", staging), staging_filesystem)
-        self.staging_filesystem = staging_filesystem
-        if app_id is not None and (not isinstance(app_id, str) or not app_id):
-            raise InvalidArgumentError(f"app_id must be a non-empty str, got {app_id!r}")
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise InvalidArgumentError(
-                f"storage_options must be a dict of str, got {type(storage_options).__name__}")
-        self.app_id = app_id
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.rows_per_commit = check_int("rows_per_commit", rows_per_commit, min=1)
-        self.durable = bool(durable)
+        settings = DeltaSinkSettings.of(locals())
+        settings.apply(self)
+        self.local = settings.local()
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.uri!r})"
@@ -203,12 +211,13 @@ class DeltaWriter(SinkWriter):
         self.context = context
         self._prefix = sink.app_prefix(context.job_id)
         self._exactly_once = context.guarantee == "exactly-once"
-        self._backend = None
+        self._staged = None
         if self._exactly_once:
-            self._backend = Backend(sink.staging, sink.staging_filesystem, sink.durable)
-            self._staging_rel = f"{context.job_id:016x}"
+            backend = Backend(sink.staging, sink.staging_filesystem, sink.durable)
+            self._staged = StagedSnapshots(backend, f"{context.job_id:016x}", context,
+                                           self._what(), "the table says it is not committed")
             try:
-                self._backend.makedirs(self._backend.path(self._dir(context.processor)))
+                backend.makedirs(backend.path(self._staged.processor_dir(context.processor)))
             except OSError as e:
                 raise ConnectorError(f"{self._what()}: cannot create the staging directory "
                                      f"{sink.staging!r}: {e}") from None
@@ -222,9 +231,6 @@ class DeltaWriter(SinkWriter):
         self._schema: pa.Schema | None = None     # what every batch is conformed to
         self._open: list[pa.RecordBatch] = []
         self._open_rows = 0
-        self._pending: list[dict] = []            # staged, not yet committed; oldest first
-        self._memory: dict[int, list] = {}        # snapshot -> its batches, while in memory
-        self._lock = threading.Lock()             # commit may run beside write and prepare
         self._table_lock = threading.RLock()      # one user of self._dt at a time
         self._last_prepared: int | None = None
         self._table()       # reachable, and readable as a Delta table if it exists
@@ -246,9 +252,6 @@ class DeltaWriter(SinkWriter):
     def _fence_app(self, processor: int) -> str:
         """The application id whose version is the newest execution owning `processor`."""
         return f"{self._prefix}-p{processor}-execution"
-
-    def _dir(self, processor: int) -> str:
-        return f"{self._staging_rel}/p{processor:05d}"
 
     def _table(self):
         """The table at its newest version, or None if there is none yet."""
@@ -320,16 +323,11 @@ class DeltaWriter(SinkWriter):
     # -- writing ---------------------------------------------------------------------------
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if isinstance(batch, pa.Table):
-            for b in batch.to_batches():
-                self.write(b)
-            return
-        if batch.num_rows == 0:
-            return
-        self._open.append(self._conform(batch))
-        self._open_rows += batch.num_rows
-        if self.context.guarantee == "none" and self._open_rows >= self.sink.rows_per_commit:
-            self._append_open()
+        for b in record_batches(batch):
+            self._open.append(self._conform(b))
+            self._open_rows += b.num_rows
+            if self.context.guarantee == "none" and self._open_rows >= self.sink.rows_per_commit:
+                self._append_open()
 
     def _append_open(self) -> None:
         batches, self._open, self._open_rows = self._open, [], 0
@@ -341,43 +339,14 @@ class DeltaWriter(SinkWriter):
         "processors": N, "transactions": [{"processor", "execution", "snapshot", "file",
         "rows"}, ...]}``, every staged, not yet committed snapshot of this processor.
         At-least-once: appends the epoch's rows (returns None). None: nothing."""
-        if self._last_prepared is not None and snapshot_id <= self._last_prepared:
-            raise InvalidArgumentError(
-                f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
-                "snapshot ids must grow")
+        check_next_snapshot(snapshot_id, self._last_prepared)
         self._last_prepared = snapshot_id
         if not self._exactly_once:
             if self.context.guarantee == "at-least-once":
                 self._append_open()
             return None
         batches, self._open, self._open_rows = self._open, [], 0
-        c = self.context
-        with self._lock:
-            if batches:
-                rel = f"{self._dir(c.processor)}/e{c.execution_id:012d}-s{snapshot_id}.arrow"
-                self._stage(rel, batches)
-                self._pending.append({"processor": c.processor, "execution": c.execution_id,
-                                      "snapshot": snapshot_id, "file": rel,
-                                      "rows": sum(b.num_rows for b in batches)})
-                self._memory[snapshot_id] = batches
-            pending = [dict(t) for t in self._pending]
-        return {"format": DESCRIPTION_FORMAT, "processors": c.processors,
-                "transactions": pending}
-
-    def _stage(self, rel: str, batches: list) -> None:
-        b = self._backend
-        out = b.open_write(b.path(rel))
-        try:
-            buffer = pa.BufferOutputStream()
-            with pa.ipc.new_file(buffer, batches[0].schema) as w:
-                for batch in batches:
-                    w.write_batch(batch)
-            out.write(buffer.getvalue())
-        except BaseException:
-            out.abort()
-            raise
-        out.close()
-        b.sync_dir(b.path(rel.rsplit("/", 1)[0]))
+        return self._staged.stage(snapshot_id, batches)
 
     # -- phase 2 ---------------------------------------------------------------------------
 
@@ -385,19 +354,9 @@ class DeltaWriter(SinkWriter):
         """Appends the staged snapshots up to `snapshot_id` not yet in the table, in one
         Delta commit with this processor's application transactions. Idempotent;
         FencedError (final) if a newer execution owns this processor's index."""
-        if not self._exactly_once:
-            return
-        with self._lock:
-            due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
-        if not due:
-            return
-        self._commit_index(self.context.processor, due,
-                           lambda t: self._memory.get(t["snapshot"]) or self._load(t))
-        with self._lock:
-            for t in due:
-                self._memory.pop(t["snapshot"], None)
-                self._backend.remove(self._backend.path(t["file"]))
-            self._pending = [t for t in self._pending if t["snapshot"] > snapshot_id]
+        if self._exactly_once:
+            self._staged.commit(snapshot_id, lambda due, batches_of: self._commit_index(
+                self.context.processor, due, batches_of))
 
     def _commit_index(self, processor: int, items: list, batches_of) -> bool:
         """One Delta commit for processor index `processor`: with `batches_of`, the staged
@@ -467,61 +426,28 @@ class DeltaWriter(SinkWriter):
                 f"{self._what()}: cannot write the table: {_message(e)}") from None
         return True
 
-    def _load(self, txn: dict) -> list:
-        b = self._backend
-        path = b.path(txn["file"])
-        if not b.exists(path):
-            raise SnapshotIncompleteError(
-                f"{self._what()}: staged snapshot {txn['snapshot']} of processor "
-                f"{txn['processor']} ({path}) is gone and the table says it is not committed")
-        table = pa.ipc.open_file(b.read(path)).read_all()
-        if table.num_rows != txn["rows"]:
-            raise SnapshotIncompleteError(
-                f"{self._what()}: staged file {path} has {table.num_rows} rows, "
-                f"the snapshot says {txn['rows']}")
-        return table.to_batches()
-
     # -- recovery --------------------------------------------------------------------------
 
     def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
         """Commits the restored snapshot's staged transactions that the table does not hold
         yet, fences every index that maps to this processor and deletes leftovers."""
         c = self.context
-        txns = []
-        if prepared is not None:
-            if prepared.get("format") != DESCRIPTION_FORMAT:
-                raise InvalidArgumentError(
-                    f"{self._what()}: prepared state has format {prepared.get('format')!r}, "
-                    f"expected {DESCRIPTION_FORMAT}")
-            txns = list(prepared.get("transactions", []))
+        txns = prepared_transactions(prepared, DESCRIPTION_FORMAT, self._what())
         mine = {i for i in range(c.processors) if i % c.processors == c.processor}
         mine |= {t["processor"] for t in txns}
-        if self._exactly_once:
-            mine |= {i for i in self._staged_indexes() if i % c.processors == c.processor}
+        staged = self._staged
+        if staged is not None:
+            mine |= {i for i in staged.staged_processors() if i % c.processors == c.processor}
         for i in sorted(mine):
             theirs = [t for t in txns if t["processor"] == i]
-            if not (theirs and self._commit_index(i, theirs, self._load)):
+            if not (theirs and self._commit_index(i, theirs, staged.load)):
                 self._commit_index(i, [], None)     # the fence alone
-            if self._exactly_once:
-                self._remove_leftovers(i)
-        with self._lock:
-            self._pending, self._memory = [], {}
+            if staged is not None:
+                staged.remove_leftovers(i)   # in the table now, or never completed
+        if staged is not None:
+            staged.reset()
         self._open, self._open_rows = [], 0
         self._last_prepared = snapshot_id
-
-    def _staged_indexes(self) -> list:
-        b = self._backend
-        return [int(m[1]) for n in b.listdir(b.path(self._staging_rel))
-                if (m := _PROCESSOR_DIR.fullmatch(n))]
-
-    def _remove_leftovers(self, processor: int) -> None:
-        """Deletes the staged files of `processor` from this or older executions: every
-        snapshot they hold is in the table now, or never completed."""
-        b = self._backend
-        for name in b.listdir(b.path(self._dir(processor))):
-            m = _STAGED.fullmatch(name)
-            if m is not None and int(m[1]) <= self.context.execution_id:
-                b.remove(b.path(self._dir(processor), name))
 
     def close(self) -> None:
         """At-least-once and none: appends what is buffered. Exactly-once: discards the

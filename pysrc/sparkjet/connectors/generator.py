@@ -32,11 +32,15 @@ at any parallelism.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
+from msgspec import Meta
 
-from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._checks import check_distinct_ints, check_int
+from sparkjet.connectors._settings import BySettings, Count, PositiveNumber, Settings
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError
 
@@ -50,12 +54,44 @@ _COUNT_CHUNK = 1 << 22
 # Up to this many keys expected_counts uses dense per-key arrays (numpy bincount).
 _DENSE_KEYS = 1 << 24
 
+SEED = "an int in 0..2**64 - 1"
+
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int64()), ("value", pa.float64()),
                     ("ts", _TS)])
 """The schema of every batch a :class:`GeneratorReader` returns."""
 
 
-class GeneratorSource(Source):
+def mix64(h: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64's finalizer on a uint64 array, in place (``t``: a scratch array of its
+    shape, or None); NEXMark's draws use it too (:mod:`sparkjet.connectors.nexmark.events`)."""
+    t = np.right_shift(h, _U(30), out=t)
+    h ^= t
+    h *= _MIX1
+    np.right_shift(h, _U(27), out=t)
+    h ^= t
+    h *= _MIX2
+    np.right_shift(h, _U(31), out=t)
+    h ^= t
+    return h
+
+
+@dataclass(frozen=True)
+class GeneratorSourceSettings(Settings):
+    """:class:`GeneratorSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    total: Annotated[int, Meta(ge=0, le=2**62)] | None = None
+    partitions: Count = 4
+    keys: Annotated[int, Meta(ge=1, le=2**32)] = 1_000_000
+    rate: PositiveNumber | None = None      # events per second
+    batch_size: Count = 65536
+    seed: Annotated[int, Meta(ge=0, description=SEED)] = 0
+
+    def check(self) -> None:
+        if self.seed > 2**64 - 1:
+            raise self._refuse("seed", SEED)
+
+
+class GeneratorSource(BySettings, Source):
     """Deterministic events, replayable by offset, bounded (``total``) or not (None),
     as fast as possible or at ``rate`` events per second over all partitions.
 
@@ -70,30 +106,11 @@ class GeneratorSource(Source):
     replayable = True
     acknowledging = False
 
+    settings_type = GeneratorSourceSettings
+
     def __init__(self, total: int | None = None, partitions: int = 4, keys: int = 1_000_000,
                  rate: float | None = None, batch_size: int = 65536, seed: int = 0):
-        self.total = check_int("total", total, min=0, max=2**62, none_ok=True)
-        self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
-        self.keys = check_int("keys", keys, min=1, max=2**32)
-        self.rate = check_number("rate", rate, above=0, none_ok=True)  # events per second
-        self.batch_size = check_int("batch_size", batch_size, min=1, max=2**31 - 1)
-        self.seed = check_int("seed", seed, min=0, max=2**64 - 1)
-
-    @property
-    def config(self) -> dict:
-        """The configuration as JSON-able data; ``GeneratorSource(**config)`` rebuilds it."""
-        return {"total": self.total, "partitions": self.partitions, "keys": self.keys,
-                "rate": self.rate, "batch_size": self.batch_size, "seed": self.seed}
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
-        return f"GeneratorSource({args})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GeneratorSource) and self.config == other.config
-
-    def __hash__(self) -> int:
-        return hash(tuple(self.config.items()))
+        GeneratorSourceSettings.of(locals()).apply(self)
 
     def partition_count(self) -> int:
         return self.partitions
@@ -168,17 +185,10 @@ class GeneratorSource(Source):
     def _key_value(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``key`` and ``value`` of the events ``ids`` (int64), in place on one copy."""
         h = ids.view(_U) ^ _U(self.seed)
-        # splitmix64's finalizer, with one scratch array instead of a temporary per step.
         h += _GOLDEN
+        # one scratch array instead of a temporary per step
         t = np.empty_like(h)
-        np.right_shift(h, _U(30), out=t)
-        h ^= t
-        h *= _MIX1
-        np.right_shift(h, _U(27), out=t)
-        h ^= t
-        h *= _MIX2
-        np.right_shift(h, _U(31), out=t)
-        h ^= t
+        mix64(h, t)
         np.bitwise_and(h, _U(1023), out=t)
         value = t.view(np.int64).astype(np.float64)  # int64 converts faster than uint64
         h >>= _U(32)

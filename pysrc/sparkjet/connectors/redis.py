@@ -46,15 +46,26 @@ Needs the ``redis`` package (``pip install 'sparkjet[redis]'``).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Any
 
 import pyarrow as pa
+from msgspec import Meta
 
-from sparkjet._checks import check_distinct_ints, check_int, check_number, check_str
+from sparkjet._checks import check_distinct_ints, check_int
 from sparkjet._redact import redact, redact_url
+from sparkjet.connectors._settings import (
+    NonNegativeOrInfinite,
+    PositiveInt,
+    Schema,
+    Settings,
+    Text,
+)
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 
@@ -89,6 +100,36 @@ def _redis():
     return redis
 
 
+# A password: never shown, not even in the error about it.
+Secret = Annotated[str | None, Meta(description="a str or None", extra={"secret": True})]
+
+
+@dataclass(frozen=True)
+class RedisStreamSourceSettings(Settings):
+    """:class:`RedisStreamSource`'s arguments, checked (see
+    :mod:`sparkjet.connectors._settings`). The password is never shown."""
+
+    stream: Text
+    partitions: PositiveInt
+    url: Text = DEFAULT_URL
+    _: KW_ONLY
+    group: Text | None = None
+    consumer: Text = DEFAULT_CONSUMER
+    start_id: Text = "0"
+    schema: Schema | None = None
+    decoder: Any = None                 # a callable: checked by check()
+    block_ms: PositiveInt | None = None
+    # Seconds; infinite: never reclaim another consumer's pending messages.
+    reclaim_interval: NonNegativeOrInfinite = 2.0
+    password: Secret = dataclasses.field(default=None, repr=False)
+
+    def check(self) -> None:
+        if self.schema is not None and self.decoder is not None:
+            raise self._error("give a schema or a decoder, not both")
+        if self.decoder is not None and not callable(self.decoder):
+            raise self._refuse("decoder", "a callable or None")
+
+
 class RedisStreamSource(Source):
     """Streams ``{stream}:0`` .. ``{stream}:{partitions-1}`` at ``url`` as an
     acknowledging source. ``start_id`` is where a new consumer group starts (``"0"``:
@@ -113,33 +154,10 @@ class RedisStreamSource(Source):
                  decoder: Callable[[list], pa.RecordBatch] | None = None,
                  block_ms: int | None = None, reclaim_interval: float = 2.0,
                  password: str | None = None):
-        if not isinstance(stream, str) or not stream:
-            raise InvalidArgumentError(f"stream must be a non-empty str, got {stream!r}")
-        partitions = check_int("partitions", partitions, min=1)
-        if schema is not None and decoder is not None:
-            raise InvalidArgumentError("give a schema or a decoder, not both")
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(
-                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-        if decoder is not None and not callable(decoder):
-            raise InvalidArgumentError(f"decoder must be callable, got {decoder!r}")
-        block_ms = check_int("block_ms", block_ms, min=1, none_ok=True)
-        self.stream = stream
-        self.partitions = partitions
-        self.url = check_str("url", url)
-        if password is not None and not isinstance(password, str):
-            raise InvalidArgumentError("password must be None or a str")  # never echoed
-        self._password = password if password is not None else os.environ.get(
+        settings = RedisStreamSourceSettings.of(locals())
+        settings.apply(self, skip=("password",))
+        self._password = settings.password if settings.password is not None else os.environ.get(
             "SPARKJET_REDIS_PASSWORD")
-        self.group = check_str("group", group, none_ok=True)
-        self.consumer = check_str("consumer", consumer)
-        self.start_id = check_str("start_id", start_id)
-        self.schema = schema
-        self.decoder = decoder
-        self.block_ms = block_ms
-        # Seconds; infinite: never reclaim another consumer's pending messages.
-        self.reclaim_interval = check_number("reclaim_interval", reclaim_interval, min=0,
-                                             finite=False)
 
     def partition_count(self) -> int:
         return self.partitions
@@ -449,14 +467,25 @@ def _text(entries: list, name: bytes, key: str) -> pa.Array:
             "for it") from None
 
 
+@dataclass(frozen=True)
+class RedisStreamProducerSettings(Settings):
+    """:class:`RedisStreamProducer`'s arguments, checked (see
+    :mod:`sparkjet.connectors._settings`). The password is never shown."""
+
+    stream: Text
+    partitions: PositiveInt
+    url: Text = DEFAULT_URL
+    _: KW_ONLY
+    password: Secret = dataclasses.field(default=None, repr=False)
+
+
 class RedisStreamProducer:
     """Appends messages (XADD) to the streams of a :class:`RedisStreamSource`: for tests,
     demos and feeding a job. Field values are str, bytes, int or float."""
 
     def __init__(self, stream: str, partitions: int, url: str = DEFAULT_URL, *,
                  password: str | None = None):
-        self.stream = stream
-        self.partitions = check_int("partitions", partitions, min=1)
+        RedisStreamProducerSettings.of(locals()).apply(self, skip=("url", "password"))
         # The same credentials as the source's: the argument, else the environment.
         self._client = RedisStreamSource(stream, self.partitions, url,
                                          password=password).client()

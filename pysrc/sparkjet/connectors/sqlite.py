@@ -26,18 +26,23 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec import Meta
 
-from sparkjet._checks import check_int, check_number, check_path
-from sparkjet._keys import refuse_nulls
-from sparkjet.connectors.base import ProcessorContext, Sink, SinkWriter
+from sparkjet.connectors._settings import Keys, NonNegativeNumber, Path, PositiveInt, Settings
+from sparkjet.connectors._upsert import BufferedUpsertWriter
+from sparkjet.connectors.base import ProcessorContext, Sink
 from sparkjet.errors import (
     FencedError,
     InvalidArgumentError,
     UnsupportedTypeError,
 )
+
+TABLE_NAME = "a table name (not starting with _sparkjet)"
 
 _META = """
 CREATE TABLE IF NOT EXISTS _sparkjet_fences (
@@ -96,6 +101,25 @@ def _arrow(values: list, t: pa.DataType) -> pa.Array:
     return array.cast(t)
 
 
+@dataclass(frozen=True)
+class SQLiteUpsertSinkSettings(Settings):
+    """:class:`SQLiteUpsertSink`'s arguments, checked (see
+    :mod:`sparkjet.connectors._settings`)."""
+
+    path: Path
+    table: Annotated[str, Meta(min_length=1, description=TABLE_NAME)]
+    key: Keys
+    _: KW_ONLY
+    max_buffered_rows: PositiveInt = 1_000_000
+    timeout: NonNegativeNumber = 60.0   # seconds; SQLite's busy wait
+
+    def check(self) -> None:
+        if self.table.startswith("_sparkjet"):
+            raise self._refuse("table", TABLE_NAME)
+        self._derive("path", os.path.abspath(self.path))    # the driver's, not a worker's
+        self._derive("key", [self.key] if isinstance(self.key, str) else list(self.key))
+
+
 class SQLiteUpsertSink(Sink):
     """Upserts rows into `table` of the SQLite database at `path`, by the columns `key`.
 
@@ -108,16 +132,7 @@ class SQLiteUpsertSink(Sink):
 
     def __init__(self, path, table: str, key: list[str] | str, *,
                  max_buffered_rows: int = 1_000_000, timeout: float = 60.0):
-        keys = [key] if isinstance(key, str) else list(key)
-        if not keys or not all(isinstance(k, str) and k for k in keys):
-            raise InvalidArgumentError(f"key must name one or more columns, got {key!r}")
-        if not isinstance(table, str) or not table or table.startswith("_sparkjet"):
-            raise InvalidArgumentError(f"bad table name {table!r}")
-        self.path = os.path.abspath(check_path("path", path))   # the driver's, not a Spark worker's
-        self.table = table
-        self.key = keys
-        self.max_buffered_rows = check_int("max_buffered_rows", max_buffered_rows, min=1)
-        self.timeout = check_number("timeout", timeout, min=0)  # seconds; SQLite's busy wait
+        SQLiteUpsertSinkSettings.of(locals()).apply(self)
 
     def __repr__(self) -> str:
         return f"SQLiteUpsertSink({self.path!r}, {self.table!r}, key={self.key!r})"
@@ -158,14 +173,16 @@ class SQLiteUpsertSink(Sink):
                         schema=pa.schema(fields))
 
 
-class SQLiteUpsertWriter(SinkWriter):
-    """One processor's writer of a :class:`SQLiteUpsertSink`."""
+class SQLiteUpsertWriter(BufferedUpsertWriter):
+    """One processor's writer of a :class:`SQLiteUpsertSink`: buffered rows upserted at
+    every barrier (see the module doc)."""
+
+    connector = "SQLite sink"
 
     def __init__(self, sink: SQLiteUpsertSink, context: ProcessorContext):
         self.sink = sink
         self.context = context
-        self._buffer: list[pa.RecordBatch] = []
-        self._buffered = 0
+        self._start_buffer()
         self._statement: str | None = None
         self._schema: pa.Schema | None = None
         # One connection per writer, used by whichever thread calls (never two at once).
@@ -212,30 +229,6 @@ class SQLiteUpsertWriter(SinkWriter):
                 f"{self.sink.path}: {action} of table {self.sink.table!r} by execution "
                 f"{self.context.execution_id} of {self.context.job} refused: execution "
                 f"{row[0]} is newer")
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if isinstance(batch, pa.Table):
-            for b in batch.to_batches():
-                self.write(b)
-            return
-        if batch.num_rows == 0:
-            return
-        for k in self.sink.key:
-            index = batch.schema.get_field_index(k)
-            if index < 0:
-                raise InvalidArgumentError(
-                    f"key column {k!r} is not in the batch ({batch.schema.names})")
-            refuse_nulls(batch.column(index), f"key column {k!r}")
-        with self._lock:
-            self._buffer.append(batch)
-            self._buffered += batch.num_rows
-            if self._buffered >= self.sink.max_buffered_rows:
-                self._flush()
-
-    def flush(self) -> int:
-        """Upserts the buffered rows in one transaction; returns how many."""
-        with self._lock:
-            return self._flush()
 
     def _flush(self) -> int:
         if not self._buffer:
@@ -292,22 +285,9 @@ class SQLiteUpsertWriter(SinkWriter):
         return (f"INSERT INTO {table} ({names}) VALUES ({marks}) "
                 f"ON CONFLICT({', '.join(map(_quote, keys))}) {action}")
 
-    def prepare(self, snapshot_id: int) -> None:
-        """Flushes the in-flight writes (before the barrier is acknowledged). Nothing to
-        save in the snapshot: returns None."""
-        self.flush()
-
-    def commit(self, snapshot_id: int) -> None:
-        """Nothing to do: flushed rows are visible already."""
-
     def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
         """Nothing to do: the replay from the restored snapshot overwrites by key what the
         failed execution wrote after it. (This execution is registered at open.)"""
 
-    def close(self) -> None:
-        """Flushes what is buffered and closes the connection (every guarantee)."""
-        with self._lock:
-            try:
-                self._flush()
-            finally:
-                self._con.close()
+    def _close_connections(self) -> None:
+        self._con.close()

@@ -14,11 +14,10 @@ timestamps are cut to Spark's microseconds).
 """
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sparkjet._fs import spark_names, spark_path
 from sparkjet.connectors.delta import DeltaSink, _deltalake, _open_table
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.errors import InvalidArgumentError
@@ -77,18 +76,6 @@ def _leaf_types(field: pa.Field) -> list[pa.DataType]:
     if t.num_fields:
         return [x for i in range(t.num_fields) for x in _leaf_types(t.field(i))]
     return [t]
-
-
-def spark_names(path: str) -> bool:
-    """Whether Spark reads ``path`` under the name pyarrow gave it (a local or mounted
-    path, ``file://``, ``hdfs://``)."""
-    return "://" not in path or path.startswith(("file://", "hdfs://"))
-
-
-def spark_path(path: str) -> str:
-    """``path`` as Spark names it: a local path explicitly on the local file system (a
-    cluster's default file system may be HDFS)."""
-    return f"file://{os.path.abspath(path)}" if "://" not in path else path
 
 
 def _empty(spark):

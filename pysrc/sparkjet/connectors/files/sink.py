@@ -67,13 +67,17 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import KW_ONLY, dataclass
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sparkjet._checks import check_bool, check_int, check_path
+from sparkjet._batches import record_batches
 from sparkjet._fs import Backend, absolute
+from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
+from sparkjet.connectors._settings import FileSystem, Path, PositiveInt, Settings
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
 from sparkjet.errors import FencedError, InvalidArgumentError, SnapshotIncompleteError
 
@@ -85,6 +89,22 @@ _FINAL = re.compile(r"part-[0-9a-f]{16}-p\d{5,}-e\d{12,}-t\d{6,}-\d{5,}\.(?:parq
 _REGISTERED = re.compile(r"e(\d{12,})\.json")
 _STAGED_PARTS = re.compile(
     r"_staging/([0-9a-f]{16})/p(\d{5,})/e(\d{12,})-t(\d{6,})-(\d{5,})-[0-9a-f]{16}\.(?:parquet|arrow)")
+
+
+@dataclass(frozen=True)
+class TransactionalFileSinkSettings(Settings):
+    """:class:`TransactionalFileSink`'s arguments, checked (see
+    :mod:`sparkjet.connectors._settings`)."""
+
+    uri: Path
+    format: Literal["parquet", "arrow"] = "parquet"     # FORMATS
+    rows_per_file: PositiveInt | None = None
+    _: KW_ONLY
+    filesystem: FileSystem | None = None
+    durable: bool = True
+
+    def check(self) -> None:
+        self._derive("uri", absolute(self.uri, self.filesystem))
 
 
 class TransactionalFileSink(Sink):
@@ -100,17 +120,7 @@ class TransactionalFileSink(Sink):
 
     def __init__(self, uri, format: str = "parquet", rows_per_file: int | None = None, *,
                  filesystem: pafs.FileSystem | None = None, durable: bool = True):
-        if format not in FORMATS:
-            raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
-        rows_per_file = check_int("rows_per_file", rows_per_file, min=1, none_ok=True)
-        if filesystem is not None and not isinstance(filesystem, pafs.FileSystem):
-            raise InvalidArgumentError(
-                f"filesystem must be None or a pyarrow.fs.FileSystem, got {filesystem!r}")
-        self.uri = absolute(check_path("uri", uri), filesystem)
-        self.format = format
-        self.rows_per_file = rows_per_file
-        self.filesystem = filesystem
-        self.durable = check_bool("durable", durable)
+        TransactionalFileSinkSettings.of(locals()).apply(self)
 
     def __repr__(self) -> str:
         return (f"TransactionalFileSink({self.uri!r}, format={self.format!r}, "
@@ -296,10 +306,10 @@ class TransactionalFileWriter(SinkWriter):
     # -- writing -----------------------------------------------------------------------
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if isinstance(batch, pa.Table):
-            for b in batch.to_batches():
-                self.write(b)
-            return
+        for b in record_batches(batch):
+            self._write(b)
+
+    def _write(self, batch: pa.RecordBatch) -> None:
         limit = self.sink.rows_per_file
         offset, n = 0, batch.num_rows
         while offset < n:
@@ -357,10 +367,7 @@ class TransactionalFileWriter(SinkWriter):
         """Ends the open transaction. Returns ``{"format": 1, "transactions": [...]}``: every
         prepared, not yet committed transaction of this writer (each with its snapshot id,
         ``files`` as [staged, final] names relative to the URI, and ``rows``)."""
-        if self._last_prepared is not None and snapshot_id <= self._last_prepared:
-            raise InvalidArgumentError(
-                f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
-                "snapshot ids must grow")
+        check_next_snapshot(snapshot_id, self._last_prepared)
         try:
             self._check_fence("prepare")
         except FencedError:
@@ -449,13 +456,7 @@ class TransactionalFileWriter(SinkWriter):
         their ``transactions``), then deletes every other staged file of this processor,
         and of processors >= the current parallelism that map to it (p % processors)."""
         self._register()
-        txns = []
-        if prepared is not None:
-            if prepared.get("format") != DESCRIPTION_FORMAT:
-                raise InvalidArgumentError(
-                    f"prepared state has format {prepared.get('format')!r}, "
-                    f"expected {DESCRIPTION_FORMAT}")
-            txns = list(prepared["transactions"])
+        txns = prepared_transactions(prepared, DESCRIPTION_FORMAT)
         for txn in txns:
             for staged, final in txn["files"]:
                 if not (_STAGED.fullmatch(staged) and _FINAL.fullmatch(final)):

@@ -68,15 +68,27 @@ import hashlib
 import heapq
 import os
 import time
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Literal
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
+from msgspec import Meta
 
-from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._checks import check_distinct_ints, check_int
 from sparkjet._redact import redact_url
+from sparkjet.connectors._settings import (
+    Count,
+    FileSystem,
+    NonNegativeNumber,
+    Path,
+    Schema,
+    Settings,
+    Text,
+)
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     ConnectorError,
@@ -110,6 +122,37 @@ def partition_of(relative_path: str, partitions: int) -> int:
     return int.from_bytes(digest, "little") % partitions
 
 
+@dataclass(frozen=True)
+class DirectorySourceSettings(Settings):
+    """:class:`DirectorySource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    path: Path
+    format: Literal["parquet", "csv", "jsonl"] = "parquet"     # FORMATS
+    _: KW_ONLY
+    schema: Schema | None = None
+    partitions: Count = 4
+    filesystem: FileSystem | None = None
+    watch: bool = False
+    poll_interval: NonNegativeNumber = 1.0
+    end_marker: Annotated[str, Meta(min_length=1, description="a file name")] | None = None
+    batch_size: Count = 65536
+    suffixes: Annotated[tuple[Text, ...], Meta(description="a tuple of file name suffixes")] \
+        | None = None
+    ordered_names: bool = False
+
+    def check(self) -> None:
+        if self.end_marker is not None and not self.watch:
+            raise self._error("end_marker ends a watching source: give watch=True")
+        if self.filesystem is None and "://" not in self.path:
+            self._derive("path", os.path.abspath(self.path))  # members may run elsewhere
+        if self.schema is not None:
+            self._derive("schema", self.schema.remove_metadata())
+        if self.end_marker is not None:
+            self._derive("end_marker", self.end_marker.strip("/"))
+        if self.suffixes is None:
+            self._derive("suffixes", SUFFIXES[self.format])
+
+
 class DirectorySource(Source):
     """The ``format`` files under ``path`` as a replayable source of ``partitions`` source
     partitions (see the module doc for the replay protocol and the writer's contract).
@@ -133,32 +176,7 @@ class DirectorySource(Source):
                  watch: bool = False, poll_interval: float = 1.0,
                  end_marker: str | None = None, batch_size: int = 65536,
                  suffixes: tuple[str, ...] | None = None, ordered_names: bool = False):
-        if format not in FORMATS:
-            raise InvalidArgumentError(f"format must be one of {FORMATS}, got {format!r}")
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(
-                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-        if filesystem is not None and not isinstance(filesystem, pafs.FileSystem):
-            raise InvalidArgumentError(
-                f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
-        if end_marker is not None and not watch:
-            raise InvalidArgumentError("end_marker ends a watching source: give watch=True")
-        if end_marker is not None and (not isinstance(end_marker, str) or not end_marker):
-            raise InvalidArgumentError(f"end_marker must be a file name, got {end_marker!r}")
-        path = os.fspath(path)
-        if filesystem is None and "://" not in path:
-            path = os.path.abspath(path)    # here: members may run in another directory
-        self.path = path
-        self.format = format
-        self.schema = schema.remove_metadata() if schema is not None else None
-        self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
-        self.filesystem = filesystem
-        self.watch = bool(watch)
-        self.poll_interval = check_number("poll_interval", poll_interval, min=0)
-        self.end_marker = end_marker.strip("/") if end_marker is not None else None
-        self.batch_size = check_int("batch_size", batch_size, min=1, max=2**31 - 1)
-        self.suffixes = tuple(suffixes) if suffixes is not None else SUFFIXES[format]
-        self.ordered_names = bool(ordered_names)
+        DirectorySourceSettings.of(locals()).apply(self)
 
     def __repr__(self) -> str:
         return (f"DirectorySource({self.where!r}, format={self.format!r}, "

@@ -60,30 +60,52 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec import Meta
 
+from sparkjet._batches import record_batches
 from sparkjet._fs import Backend
+from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
+from sparkjet.connectors._settings import Column, Options, Path, PositiveNumber, Settings, Text
+from sparkjet.connectors._staging import DESCRIPTION_FORMAT, StagedSnapshots
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
-from sparkjet.connectors.kafka.source import (
+from sparkjet.connectors.kafka.client import (
     DEFAULT_BOOTSTRAP,
     client_config,
+    error_text,
+    kafka_error,
     kafka_module,
     partitions_of,
-    read_topic,
 )
-from sparkjet.errors import (
-    ConnectorError,
-    FencedError,
-    InvalidArgumentError,
-    SnapshotIncompleteError,
-)
+from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
 
-DESCRIPTION_FORMAT = 1
 _REGISTERED = re.compile(r"e(\d{12,})-n(\d+)")
-_STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class KafkaSinkSettings(Settings):
+    """:class:`KafkaSink`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    topic: Text
+    bootstrap_servers: Text = DEFAULT_BOOTSTRAP
+    _: KW_ONLY
+    staging: Path | None = None
+    key: Column | None = None
+    value: Annotated[str, Meta(min_length=1, description='"json" or a column name')] = "json"
+    partition: Column | None = None
+    transactional_id: Text | None = None
+    timeout: PositiveNumber = 30.0
+    durable: bool = True
+    config: Options | None = None
+
+    def check(self) -> None:
+        self._derive("timeout", float(self.timeout))
+        self._derive("config", dict(self.config or {}))
 
 
 class KafkaSink(Sink):
@@ -104,21 +126,7 @@ class KafkaSink(Sink):
                  staging=None, key: str | None = None, value: str = "json",
                  partition: str | None = None, transactional_id: str | None = None,
                  timeout: float = 30.0, durable: bool = True, config: dict | None = None):
-        if not isinstance(topic, str) or not topic:
-            raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
-        for name, column in (("key", key), ("value", value), ("partition", partition)):
-            if column is not None and (not isinstance(column, str) or not column):
-                raise InvalidArgumentError(f"{name} must be a column name, got {column!r}")
-        self.topic = topic
-        self.bootstrap_servers = bootstrap_servers
-        self.staging = None if staging is None else str(staging)
-        self.key = key
-        self.value = value
-        self.partition = partition
-        self.transactional_id = transactional_id
-        self.timeout = float(timeout)
-        self.durable = durable
-        self.config = dict(config or {})
+        KafkaSinkSettings.of(locals()).apply(self)
 
     def __repr__(self) -> str:
         return (f"KafkaSink({self.topic!r}, {self.bootstrap_servers!r}, key={self.key!r}, "
@@ -142,6 +150,10 @@ class KafkaSink(Sink):
              schema: pa.Schema | None = None, timeout: float = 30.0) -> pa.Table:
         """What a ``read_committed`` consumer reads from ``topic`` now: with a ``schema``,
         the JSON values as columns, else the raw values (column ``value``)."""
+        # Reading back is the source's work (its reader and decoding): writing never loads
+        # the source module, only this checking helper does.
+        from sparkjet.connectors.kafka.source import read_topic
+
         return read_topic(topic, bootstrap_servers, value="raw" if schema is None else "json",
                           schema=schema, metadata=("partition", "offset"), timeout=timeout)
 
@@ -259,8 +271,7 @@ class _ProducerBase(SinkWriter):
     def _fail(self, action: str, e) -> None:
         """Raises the error of a failed Kafka call as sparkjet's: FencedError if a newer
         producer took over, ConnectorError otherwise."""
-        err = e.args[0] if e.args and hasattr(e.args[0], "code") else None
-        text = err.str() if err is not None else str(e)
+        err, text = kafka_error(e), error_text(e)
         fenced = (self._kafka.KafkaError._FENCED, self._kafka.KafkaError.PRODUCER_FENCED,
                   self._kafka.KafkaError.INVALID_PRODUCER_EPOCH)
         if err is not None and err.code() == self._kafka.KafkaError._FATAL:
@@ -361,10 +372,9 @@ class KafkaWriter(_ProducerBase):
         job = f"{context.job_id:016x}"
         sink_dir = _SAFE.sub("_", self._prefix)
         self._registry = self._backend.path("_executions", job, sink_dir)
-        self._staging_rel = f"_staging/{job}/{sink_dir}"
+        self._staged = StagedSnapshots(self._backend, f"_staging/{job}/{sink_dir}", context,
+                                       self._what(), "its marker says it is not in Kafka")
         self._open: list[pa.RecordBatch] = []
-        self._pending: list[dict] = []          # staged, not yet committed; oldest first
-        self._memory: dict[int, list] = {}      # snapshot -> its batches, while in memory
         self._last_prepared: int | None = None
         self._producer = None
         self._marker_consumer = None
@@ -379,9 +389,6 @@ class KafkaWriter(_ProducerBase):
     def _id(self, processor: int) -> str:
         """The transactional id, and marker group, of processor index `processor`."""
         return f"{self._prefix}-p{processor}"
-
-    def _dir(self, processor: int) -> str:
-        return f"{self._staging_rel}/p{processor:05d}"
 
     def _transactional_producer(self, processor: int):
         """A producer of `processor`'s id, initialised: fences older holders of the id and
@@ -410,62 +417,25 @@ class KafkaWriter(_ProducerBase):
     # -- phase 1 ---------------------------------------------------------------------------
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if isinstance(batch, pa.Table):
-            self._open.extend(batch.to_batches())
-        elif batch.num_rows:
-            self._open.append(batch)
+        self._open.extend(record_batches(batch))
 
     def prepare(self, snapshot_id: int) -> dict:
         """Stages the epoch's rows durably. Returns ``{"format": 1, "processors": N,
         "transactions": [{"processor", "execution", "snapshot", "file", "rows"}, ...]}``:
         every staged, not yet committed snapshot of this processor."""
-        if self._last_prepared is not None and snapshot_id <= self._last_prepared:
-            raise InvalidArgumentError(
-                f"prepare({snapshot_id}) after prepare({self._last_prepared}): "
-                "snapshot ids must grow")
+        check_next_snapshot(snapshot_id, self._last_prepared)
         batches, self._open = self._open, []
-        if batches:
-            c = self.context
-            rel = f"{self._dir(c.processor)}/e{c.execution_id:012d}-s{snapshot_id}.arrow"
-            self._stage(rel, batches)
-            self._pending.append({"processor": c.processor, "execution": c.execution_id,
-                                  "snapshot": snapshot_id, "file": rel,
-                                  "rows": sum(b.num_rows for b in batches)})
-            self._memory[snapshot_id] = batches
+        description = self._staged.stage(snapshot_id, batches)
         self._last_prepared = snapshot_id
-        return {"format": DESCRIPTION_FORMAT, "processors": self.context.processors,
-                "transactions": [dict(t) for t in self._pending]}
-
-    def _stage(self, rel: str, batches: list) -> None:
-        b = self._backend
-        out = b.open_write(b.path(rel))
-        try:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_file(sink, batches[0].schema) as w:
-                for batch in batches:
-                    w.write_batch(batch if batch.schema.equals(batches[0].schema)
-                                  else batch.cast(batches[0].schema))
-            out.write(sink.getvalue())
-        except BaseException:
-            out.abort()
-            raise
-        out.close()
-        b.sync_dir(b.path(rel.rsplit("/", 1)[0]))
+        return description
 
     # -- phase 2 ---------------------------------------------------------------------------
 
     def commit(self, snapshot_id: int) -> None:
         """Produces the staged snapshots up to `snapshot_id` and commits them with the
         marker in one Kafka transaction. FencedError if a newer execution took the id."""
-        due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
-        if not due:
-            return
-        self._transaction(self._producer, self._marker_group(), due,
-                          lambda t: self._memory.get(t["snapshot"]) or self._load(t))
-        for t in due:
-            self._memory.pop(t["snapshot"], None)
-            self._backend.remove(self._backend.path(t["file"]))
-        self._pending = [t for t in self._pending if t["snapshot"] > snapshot_id]
+        self._staged.commit(snapshot_id, lambda due, batches_of: self._transaction(
+            self._producer, self._marker_group(), due, batches_of))
 
     def _marker_group(self):
         if self._marker_consumer is None:
@@ -496,19 +466,6 @@ class KafkaWriter(_ProducerBase):
                     pass    # the restart's init_transactions aborts it
             self._fail("commit_transaction", e)
 
-    def _load(self, txn: dict) -> list:
-        path = self._backend.path(txn["file"])
-        if not self._backend.exists(path):
-            raise SnapshotIncompleteError(
-                f"{self._what()}: staged snapshot {txn['snapshot']} of processor "
-                f"{txn['processor']} ({path}) is gone and its marker says it is not in Kafka")
-        table = pa.ipc.open_file(self._backend.read(path)).read_all()
-        if table.num_rows != txn["rows"]:
-            raise SnapshotIncompleteError(
-                f"{self._what()}: staged file {path} has {table.num_rows} rows, "
-                f"the snapshot says {txn['rows']}")
-        return table.to_batches()
-
     # -- recovery --------------------------------------------------------------------------
 
     def recover(self, snapshot_id: int | None, prepared: dict | None) -> None:
@@ -517,15 +474,9 @@ class KafkaWriter(_ProducerBase):
         c = self.context
         b = self._backend
         b.makedirs(self._registry)
-        b.makedirs(b.path(self._dir(c.processor)))
+        b.makedirs(b.path(self._staged.processor_dir(c.processor)))
         b.create_exclusive(f"{self._registry}/e{c.execution_id:012d}-n{c.processors}", b"{}")
-        txns = []
-        if prepared is not None:
-            if prepared.get("format") != DESCRIPTION_FORMAT:
-                raise InvalidArgumentError(
-                    f"{self._what()}: prepared state has format {prepared.get('format')!r}, "
-                    f"expected {DESCRIPTION_FORMAT}")
-            txns = list(prepared.get("transactions", []))
+        txns = prepared_transactions(prepared, DESCRIPTION_FORMAT, self._what())
         newest = max((int(m[1]) for n in b.listdir(self._registry)
                       if (m := _REGISTERED.fullmatch(n))), default=c.execution_id)
         if newest > c.execution_id:
@@ -546,7 +497,7 @@ class KafkaWriter(_ProducerBase):
                     consumer = self._kafka.Consumer(self._config(**{"group.id": self._id(i)}))
                     try:
                         self._transaction(producer, consumer.consumer_group_metadata(), due,
-                                          self._load)
+                                          self._staged.load)
                     finally:
                         consumer.close()
             if i == c.processor:
@@ -554,18 +505,10 @@ class KafkaWriter(_ProducerBase):
                 self._producer = producer
             else:
                 producer.flush(self.sink.timeout)
-            self._remove_leftovers(i)
-        self._pending, self._memory, self._open = [], {}, []
+            self._staged.remove_leftovers(i)     # in Kafka now, or never completed
+        self._staged.reset()
+        self._open = []
         self._last_prepared = snapshot_id
-
-    def _remove_leftovers(self, processor: int) -> None:
-        """Deletes the staged files of `processor` from this or older executions: every
-        snapshot they hold is in Kafka now, or never completed."""
-        b = self._backend
-        for name in b.listdir(b.path(self._dir(processor))):
-            m = _STAGED.fullmatch(name)
-            if m is not None and int(m[1]) <= self.context.execution_id:
-                b.remove(b.path(self._dir(processor), name))
 
     def close(self) -> None:
         """Discards the open, unprepared rows (a replay writes them again); staged snapshots

@@ -49,83 +49,65 @@ from __future__ import annotations
 import io
 import json
 import time
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Literal
 
 import pyarrow as pa
 import pyarrow.json as pajson
+from msgspec import Meta
 
-from sparkjet._checks import check_distinct_ints, check_int, check_number
+from sparkjet._checks import check_distinct_ints, check_int
+from sparkjet.connectors._settings import (
+    Options,
+    PositiveInt,
+    PositiveNumber,
+    PositiveOrInfinite,
+    Schema,
+    Settings,
+    Text,
+)
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.kafka.client import (
+    DEFAULT_BOOTSTRAP,
+    client_config,
+    error_text,
+    kafka_module,
+    partitions_of,
+    topic_partitions,
+)
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DECODINGS = ("raw", "utf8", "json")
 METADATA = ("partition", "offset", "timestamp")
 #: Kafka's "the partition's beginning" (``confluent_kafka.OFFSET_BEGINNING``).
 BEGINNING = -2
 
 
-def kafka_module():
-    """``confluent_kafka``, or an ImportError that says how to install it."""
-    try:
-        import confluent_kafka
-    except ImportError:
-        raise ImportError(
-            "Kafka sources and sinks need confluent-kafka: pip install 'sparkjet[kafka]'"
-        ) from None
-    return confluent_kafka
+@dataclass(frozen=True)
+class KafkaSourceSettings(Settings):
+    """:class:`KafkaSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
 
+    topic: Text
+    bootstrap_servers: Text = DEFAULT_BOOTSTRAP
+    _: KW_ONLY
+    partitions: PositiveInt | None = None
+    value: Literal["raw", "utf8", "json"] = "raw"           # DECODINGS
+    schema: Schema | None = None
+    key: Literal["raw", "utf8"] | None = None
+    metadata: Annotated[tuple[Literal["partition", "offset", "timestamp"], ...],
+                        Meta(description=f"names from {METADATA}")] = METADATA
+    start: Literal["earliest", "latest"] = "earliest"
+    bounded: bool = False
+    group: Text | None = None
+    discovery_interval: PositiveOrInfinite = 5.0
+    timeout: PositiveNumber = 10.0
+    config: Options | None = None
 
-def client_config(bootstrap_servers: str, timeout: float, extra: dict | None) -> dict:
-    """librdkafka settings shared by consumers and producers: connection attempts bounded by
-    ``timeout`` so an unreachable broker is an error, not a hang."""
-    ms = max(1000, int(timeout * 1000))
-    config = {"bootstrap.servers": bootstrap_servers,
-              "socket.connection.setup.timeout.ms": ms,
-              "socket.timeout.ms": max(ms, 10_000),
-              "client.id": "sparkjet"}
-    config.update(extra or {})
-    return config
-
-
-def topic_partitions(client, topic: str, timeout: float, connector: str,
-                     bootstrap_servers: str) -> list[int]:
-    """The partition ids of `topic`, through any client's ``list_topics``; ConnectorError
-    (naming the connector) if the broker is unreachable or the topic does not exist."""
-    kafka = kafka_module()
-    try:
-        metadata = client.list_topics(topic, timeout=timeout)
-    except kafka.KafkaException as e:
-        raise ConnectorError(
-            f"{connector} for topic {topic!r}: cannot reach the broker(s) at "
-            f"{bootstrap_servers} within {timeout:g} s: {e.args[0].str()}") from None
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        why = found.error.str() if found is not None and found.error is not None else "no partitions"
-        raise ConnectorError(
-            f"{connector}: topic {topic!r} is not usable at {bootstrap_servers}: {why}")
-    return sorted(found.partitions)
-
-
-def partitions_of(topic: str, bootstrap_servers: str, timeout: float, connector: str,
-                  config: dict | None = None) -> list[int]:
-    """The partition ids of `topic` (see :func:`topic_partitions`), asked by a consumer:
-    a consumer's metadata request never creates the topic (a producer's or an admin
-    client's may, where the broker auto-creates topics)."""
-    kafka = kafka_module()
-    consumer = kafka.Consumer({**client_config(bootstrap_servers, timeout, config),
-                               "group.id": "sparkjet-metadata"})
-    try:
-        return topic_partitions(consumer, topic, timeout, connector, bootstrap_servers)
-    finally:
-        consumer.close()
-
-
-def _check_decoding(name: str, value, allowed) -> str | None:
-    if value is None and name == "key":
-        return None
-    if value not in allowed:
-        raise InvalidArgumentError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
+    def check(self) -> None:
+        if (self.value == "json") != (self.schema is not None):
+            raise self._error('value="json" needs a schema (a pyarrow.Schema), and only it '
+                              "takes one")
+        self._derive("config", dict(self.config or {}))
 
 
 class KafkaSource(Source):
@@ -155,36 +137,10 @@ class KafkaSource(Source):
                  metadata=METADATA, start: str = "earliest", bounded: bool = False,
                  group: str | None = None, discovery_interval: float = 5.0,
                  timeout: float = 10.0, config: dict | None = None):
-        if not isinstance(topic, str) or not topic:
-            raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
-        self.value = _check_decoding("value", value, DECODINGS)
-        self.key = _check_decoding("key", key, ("raw", "utf8"))
-        if (value == "json") != (schema is not None):
-            raise InvalidArgumentError(
-                'Kafka source: value="json" needs a schema (a pyarrow.Schema), and only it takes one')
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError(
-                f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-        metadata = tuple(metadata)
-        if not set(metadata) <= set(METADATA):
-            raise InvalidArgumentError(f"metadata takes names from {METADATA}, got {metadata!r}")
-        if start not in ("earliest", "latest"):
-            raise InvalidArgumentError(f'start must be "earliest" or "latest", got {start!r}')
-        self.topic = topic
-        self.bootstrap_servers = bootstrap_servers
-        self.schema = schema
-        self.metadata = metadata
-        self.start = start
-        self.bounded = bool(bounded)
-        self.group = group
-        self.discovery_interval = check_number("discovery_interval", discovery_interval,
-                                               above=0, finite=False)
-        self.timeout = check_number("timeout", timeout, above=0)
-        self.config = dict(config or {})
-        if partitions is None:
-            partitions = len(partitions_of(topic, bootstrap_servers, self.timeout,
-                                           "Kafka source", self.config))
-        self.partitions = check_int("partitions", partitions, min=1)
+        KafkaSourceSettings.of(locals()).apply(self)
+        if self.partitions is None:     # the topic's partition count now
+            self.partitions = len(partitions_of(self.topic, self.bootstrap_servers,
+                                                self.timeout, "Kafka source", self.config))
 
     def __repr__(self) -> str:
         return (f"KafkaSource({self.topic!r}, {self.bootstrap_servers!r}, "
@@ -276,7 +232,7 @@ class KafkaReader(SourceReader):
         except self._kafka.KafkaException as e:
             raise ConnectorError(
                 f"Kafka source: cannot read the offsets of topic {self._topic!r} partition {k} "
-                f"at {self._source.bootstrap_servers}: {e.args[0].str()}") from None
+                f"at {self._source.bootstrap_servers}: {error_text(e)}") from None
 
     def _discover(self) -> None:
         """Assigns owned partitions that appeared since the last look, from their beginning."""

@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkjet.connectors.generator import mix64
+
 PROPORTION_DENOMINATOR = 50
 PERSON_PROPORTION = 1
 AUCTION_PROPORTION = 3
@@ -81,7 +83,6 @@ KIND_OFFSETS = {"person": (0, PERSON_PROPORTION),
 _U = np.uint64
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_MIX1, _MIX2 = _U(0xBF58476D1CE4E5B9), _U(0x94D049BB133111EB)
 _LOW32 = _U(0xFFFFFFFF)
 _STREAMS = 16
 _S_TIME, _S_A, _S_B, _S_C, _S_D, _S_E, _S_F = range(7)   # draw streams; each kind uses its own
@@ -102,26 +103,13 @@ def empty(n: int, dtype=np.int64) -> np.ndarray:
     return np.frombuffer(pa.allocate_buffer(n * dtype.itemsize), dtype=dtype)
 
 
-def _mix(h: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
-    """splitmix64's finalizer on a uint64 array, in place (``t``: a scratch array)."""
-    t = np.right_shift(h, _U(30), out=t)
-    h ^= t
-    h *= _MIX1
-    np.right_shift(h, _U(27), out=t)
-    h ^= t
-    h *= _MIX2
-    np.right_shift(h, _U(31), out=t)
-    h ^= t
-    return h
-
-
 def draw(ids: np.ndarray, seed: int, stream: int, out: np.ndarray | None = None,
          scratch: np.ndarray | None = None) -> np.ndarray:
     """64 random bits per event index (int64 array): element ``i * 16 + stream`` of the
     splitmix64 sequence seeded with ``seed`` (into ``out`` if given)."""
     h = np.multiply(ids.view(_U), _U(_STREAMS * _GOLDEN & _M64), out=out)
     h += _U((seed + (stream + 1) * _GOLDEN) & _M64)
-    return _mix(h, scratch)
+    return mix64(h, scratch)
 
 
 def _low(h: np.ndarray) -> np.ndarray:
@@ -180,7 +168,7 @@ def _strings(keys: np.ndarray, lengths: np.ndarray, special: int | None = None,
                                            pa.py_buffer(b""))
     words = -(-width // 8)
     h = keys[:, None] + (_U(_GOLDEN) * np.arange(1, words + 1, dtype=_U))[None, :]
-    v = _mix(h).view(np.uint8).reshape(n, words * 8)[:, :width]
+    v = mix64(h).view(np.uint8).reshape(n, words * 8)[:, :width]
     if special is None:
         chars = (v.astype(np.uint16) * 26 >> 8).astype(np.uint8) + np.uint8(ord("a"))
     else:

@@ -52,13 +52,17 @@ about 3 M auctions/s and 2 M persons/s (16 and 46 times rarer than bids in the s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
+from msgspec import Meta
 
-from sparkjet._checks import check_int, check_number
+from sparkjet._checks import check_int
+from sparkjet.connectors._settings import BySettings, Count, PositiveNumber, Settings
 from sparkjet.connectors.base import ProcessorContext, Source
-from sparkjet.connectors.generator import GeneratorReader
+from sparkjet.connectors.generator import SEED, GeneratorReader
 from sparkjet.connectors.nexmark import events as model
 from sparkjet.errors import InvalidArgumentError
 
@@ -71,7 +75,31 @@ FIRST_EVENT_TIME_MS = 1_767_225_600_000
 MAX_INDEX = 2**53
 
 
-class NexmarkSource(Source):
+@dataclass(frozen=True)
+class NexmarkSourceSettings(Settings):
+    """:class:`NexmarkSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
+
+    kind: Literal["bid", "auction", "person"] = "bid"   # KINDS
+    total: Annotated[int, Meta(ge=0, le=MAX_INDEX)] | None = None
+    partitions: Count = 4
+    events_per_second: Annotated[int, Meta(ge=1, le=10**9)] = 10_000
+    first_event_time_ms: Annotated[int, Meta(ge=-2**47, le=2**47)] = FIRST_EVENT_TIME_MS
+    out_of_order_ms: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
+    batch_size: Count = 65536
+    rate: PositiveNumber | None = None
+    seed: Annotated[int, Meta(ge=0, description=SEED)] = 0
+    people: Count = 1000
+    auctions: Count = 1000
+    hot_auction_ratio: Count = 2
+    hot_bidder_ratio: Count = 4
+    hot_seller_ratio: Count = 4
+
+    def check(self) -> None:
+        if self.seed > 2**64 - 1:
+            raise self._refuse("seed", SEED)
+
+
+class NexmarkSource(BySettings, Source):
     """NEXMark's ``kind`` events ("bid", "auction" or "person") of the global sequence,
     bounded by ``total`` global events (None: unbounded), in ``partitions`` partitions;
     replayable by offset, as fast as possible or at ``rate`` rows per second (wall clock)
@@ -89,61 +117,20 @@ class NexmarkSource(Source):
     replayable = True
     acknowledging = False
 
+    settings_type = NexmarkSourceSettings
+
     def __init__(self, kind: str = "bid", total: int | None = None, partitions: int = 4,
                  events_per_second: int = 10_000,
                  first_event_time_ms: int = FIRST_EVENT_TIME_MS, out_of_order_ms: int = 0,
                  batch_size: int = 65536, rate: float | None = None, seed: int = 0,
                  people: int = 1000, auctions: int = 1000, hot_auction_ratio: int = 2,
                  hot_bidder_ratio: int = 4, hot_seller_ratio: int = 4):
-        if kind not in KINDS:
-            raise InvalidArgumentError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        self.kind = kind
-        self.total = check_int("total", total, min=0, max=MAX_INDEX, none_ok=True)
-        self.partitions = check_int("partitions", partitions, min=1, max=2**31 - 1)
-        self.events_per_second = check_int("events_per_second", events_per_second, min=1,
-                                           max=10**9)
-        self.first_event_time_ms = check_int("first_event_time_ms", first_event_time_ms,
-                                             min=-2**47, max=2**47)
-        self.out_of_order_ms = check_int("out_of_order_ms", out_of_order_ms, min=0,
-                                         max=2**31 - 1)
-        self.batch_size = check_int("batch_size", batch_size, min=1, max=2**31 - 1)
-        self.rate = check_number("rate", rate, above=0, none_ok=True)
-        self.seed = check_int("seed", seed, min=0, max=2**64 - 1)
-        self.people = check_int("people", people, min=1, max=2**31 - 1)
-        self.auctions = check_int("auctions", auctions, min=1, max=2**31 - 1)
-        self.hot_auction_ratio = check_int("hot_auction_ratio", hot_auction_ratio, min=1,
-                                           max=2**31 - 1)
-        self.hot_bidder_ratio = check_int("hot_bidder_ratio", hot_bidder_ratio, min=1,
-                                          max=2**31 - 1)
-        self.hot_seller_ratio = check_int("hot_seller_ratio", hot_seller_ratio, min=1,
-                                          max=2**31 - 1)
-
-    @property
-    def config(self) -> dict:
-        """The configuration as JSON-able data; ``NexmarkSource(**config)`` rebuilds it."""
-        return {"kind": self.kind, "total": self.total, "partitions": self.partitions,
-                "events_per_second": self.events_per_second,
-                "first_event_time_ms": self.first_event_time_ms,
-                "out_of_order_ms": self.out_of_order_ms, "batch_size": self.batch_size,
-                "rate": self.rate, "seed": self.seed, "people": self.people,
-                "auctions": self.auctions, "hot_auction_ratio": self.hot_auction_ratio,
-                "hot_bidder_ratio": self.hot_bidder_ratio,
-                "hot_seller_ratio": self.hot_seller_ratio}
+        NexmarkSourceSettings.of(locals()).apply(self)
 
     @property
     def schema(self) -> pa.Schema:
         """The schema of this source's batches."""
         return SCHEMAS[self.kind]
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
-        return f"NexmarkSource({args})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NexmarkSource) and self.config == other.config
-
-    def __hash__(self) -> int:
-        return hash(tuple(self.config.items()))
 
     def partition_count(self) -> int:
         return self.partitions

@@ -1,0 +1,149 @@
+"""Rows staged per snapshot until phase 2: what the Kafka and Delta Lake sinks share.
+
+Both sinks make a snapshot's rows visible in one transaction of their system (a Kafka
+transaction, a Delta commit), which a restarted execution must be able to redo from the
+snapshot alone. So at phase 1 a writer stages the epoch's rows durably, one Arrow IPC file
+per processor and snapshot::
+
+    {staging}/{directory}/p{P:05d}/e{execution:012d}-s{snapshot}.arrow      (fsynced)
+
+and the snapshot saves the description of every staged, not yet committed snapshot of the
+processor: ``{"format": 1, "processors": N, "transactions": [{"processor", "execution",
+"snapshot", "file", "rows"}, ...]}``. Phase 2 and recovery hand the rows (from memory while
+the writer that staged them lives, else from their file) to the sink's one transaction,
+then delete the files. What says that a snapshot is in the system already (Kafka's marker,
+Delta's application transaction version) is the sink's own.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from sparkjet._fs import Backend
+from sparkjet.connectors.base import ProcessorContext
+from sparkjet.errors import SnapshotIncompleteError
+
+DESCRIPTION_FORMAT = 1
+_STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
+_PROCESSOR_DIR = re.compile(r"p(\d{5,})")
+
+
+class StagedSnapshots:
+    """One writer's staged, not yet committed snapshots, under ``directory`` (relative to
+    the root of ``backend``). ``what`` names the writer in errors; ``not_committed`` ends
+    the error of a staged file gone while its snapshot is not committed (what the sink's
+    system says). Thread-safe: phase 2 may run beside the next epoch's phase 1."""
+
+    def __init__(self, backend: Backend, directory: str, context: ProcessorContext,
+                 what: str, not_committed: str):
+        self.backend = backend
+        self.directory = directory
+        self.context = context
+        self._what = what
+        self._not_committed = not_committed
+        self._pending: list[dict] = []          # staged, not yet committed; oldest first
+        self._memory: dict[int, list] = {}      # snapshot -> its batches, while in memory
+        self._lock = threading.Lock()
+
+    def processor_dir(self, processor: int) -> str:
+        """Where processor index `processor` stages its files (relative to the root)."""
+        return f"{self.directory}/p{processor:05d}"
+
+    # -- phase 1 ---------------------------------------------------------------------------
+
+    def stage(self, snapshot_id: int, batches: list) -> dict:
+        """Stages `batches` (the epoch's rows; none: nothing) as snapshot `snapshot_id`
+        and returns the description of every staged, not yet committed snapshot."""
+        c = self.context
+        with self._lock:
+            if batches:
+                rel = (f"{self.processor_dir(c.processor)}/"
+                       f"e{c.execution_id:012d}-s{snapshot_id}.arrow")
+                self._write(rel, batches)
+                self._pending.append({"processor": c.processor, "execution": c.execution_id,
+                                      "snapshot": snapshot_id, "file": rel,
+                                      "rows": sum(b.num_rows for b in batches)})
+                self._memory[snapshot_id] = batches
+            pending = [dict(t) for t in self._pending]
+        return {"format": DESCRIPTION_FORMAT, "processors": c.processors,
+                "transactions": pending}
+
+    def _write(self, rel: str, batches: list) -> None:
+        b = self.backend
+        out = b.open_write(b.path(rel))
+        try:
+            buffer = pa.BufferOutputStream()
+            schema = batches[0].schema
+            with pa.ipc.new_file(buffer, schema) as w:
+                for batch in batches:
+                    w.write_batch(batch if batch.schema.equals(schema) else batch.cast(schema))
+            out.write(buffer.getvalue())
+        except BaseException:
+            out.abort()
+            raise
+        out.close()
+        b.sync_dir(b.path(rel.rsplit("/", 1)[0]))
+
+    # -- phase 2 ---------------------------------------------------------------------------
+
+    def commit(self, snapshot_id: int, commit: Callable[[list, Callable], object]) -> None:
+        """Phase 2: hands the staged snapshots up to `snapshot_id` to ``commit(due,
+        batches_of)``, the sink's one transaction (``batches_of(t)``: the rows of staged
+        snapshot ``t``), then forgets them and deletes their files."""
+        with self._lock:
+            due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
+        if not due:
+            return
+        commit(due, self.batches)
+        with self._lock:
+            for t in due:
+                self._memory.pop(t["snapshot"], None)
+                self.backend.remove(self.backend.path(t["file"]))
+            self._pending = [t for t in self._pending if t["snapshot"] > snapshot_id]
+
+    def batches(self, txn: dict) -> list:
+        """The rows of staged snapshot `txn`: in memory if this writer staged them, else
+        read back from their file."""
+        return self._memory.get(txn["snapshot"]) or self.load(txn)
+
+    def load(self, txn: dict) -> list:
+        """The rows of staged snapshot `txn`, read back from their file (checked against
+        the row count the snapshot saved)."""
+        b = self.backend
+        path = b.path(txn["file"])
+        if not b.exists(path):
+            raise SnapshotIncompleteError(
+                f"{self._what}: staged snapshot {txn['snapshot']} of processor "
+                f"{txn['processor']} ({path}) is gone and {self._not_committed}")
+        table = pa.ipc.open_file(b.read(path)).read_all()
+        if table.num_rows != txn["rows"]:
+            raise SnapshotIncompleteError(
+                f"{self._what}: staged file {path} has {table.num_rows} rows, "
+                f"the snapshot says {txn['rows']}")
+        return table.to_batches()
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forgets every staged snapshot (after a recovery committed or dropped them)."""
+        with self._lock:
+            self._pending, self._memory = [], {}
+
+    def staged_processors(self) -> list[int]:
+        """The processor indexes that have a staging directory."""
+        b = self.backend
+        return [int(m[1]) for n in b.listdir(b.path(self.directory))
+                if (m := _PROCESSOR_DIR.fullmatch(n))]
+
+    def remove_leftovers(self, processor: int) -> None:
+        """Deletes the staged files of processor index `processor` from this or older
+        executions: at recovery every snapshot they hold is committed now, or never
+        completed. (A newer execution's files are not ours to judge.)"""
+        b = self.backend
+        for name in b.listdir(b.path(self.processor_dir(processor))):
+            m = _STAGED.fullmatch(name)
+            if m is not None and int(m[1]) <= self.context.execution_id:
+                b.remove(b.path(self.processor_dir(processor), name))
