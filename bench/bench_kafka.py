@@ -41,7 +41,7 @@ def record(i: int) -> bytes:
 
 
 def broker():
-    """A noida-db broker, started like the tests' (tests/kafka_broker.py)."""
+    """A noida-db broker, started like the tests' (tests/helpers/kafka_broker.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import kafka_broker
 

@@ -48,7 +48,7 @@ id -1, and an auction, seller -2, which match nothing).
 
 Run: ``python bench/bench_nexmark_streaming.py --events 200000`` (a table of events/s per
 query; ``--queries q5,q7`` for some), or ``python -m pytest bench/bench_nexmark_streaming.py
---benchmark-only`` (one round per query, 100k bids). ``tests/test_nexmark.py`` runs q5,
+--benchmark-only`` (one round per query, 100k bids). ``tests/connectors/test_nexmark.py`` runs q5,
 q7, q11, q3 and q8 on a few thousand events against the reference (marked ``spark`` and
 ``slow``).
 """

@@ -19,7 +19,7 @@ Rows: (id int64, key int64, value float64, name string of 8-12 characters), N of
   it in pipeline mode) of the same tuples, on the first ``--sample`` rows (default 200,000;
   it is slower), one transaction.
 
-The server: by default a throwaway one (tests/postgres_server.py: Debian's binaries,
+The server: by default a throwaway one (tests/helpers/postgres_server.py: Debian's binaries,
 ``initdb`` in a temporary directory) with its durable defaults (``fsync``, full page writes,
 synchronous commit), or ``--dsn``. Each method runs into a fresh table; the median of
 ``--rounds`` runs is reported.

@@ -29,9 +29,9 @@ def spark():
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 API on 127.0.0.1 (a free port) for one test module, with the bucket
-    ``lake``; yields a pyarrow filesystem on it and its endpoint (tests/s3_server.py)."""
+    ``lake``; yields a pyarrow filesystem on it and its endpoint (tests/helpers/s3_server.py)."""
     pytest.importorskip("moto.server")
-    import s3_server
+    from helpers import s3_server
 
     server, endpoint = s3_server.start()
     yield s3_server.s3_filesystem(endpoint), endpoint

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-import reference as ref
+from helpers import reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
-import reference as ref
+from helpers import reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

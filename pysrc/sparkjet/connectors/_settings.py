@@ -1,7 +1,7 @@
 """The connectors' settings as typed data, as :class:`~sparkjet.runtime.config.JobConfig` is.
 
 Each source and sink has a frozen dataclass of its constructor's arguments (same names,
-order and defaults; ``tests/test_connector_settings.py`` holds them to the signature) whose
+order and defaults; ``tests/connectors/test_connector_settings.py`` holds them to the signature) whose
 annotations are their schema, checked by :func:`sparkjet._checks.check_fields`. A bad
 argument raises :class:`~sparkjet.errors.InvalidArgumentError` naming the connector, the
 argument and the value (``"KafkaSource: timeout must be a finite number > 0, got -1"``);

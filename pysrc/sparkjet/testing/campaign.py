@@ -295,7 +295,7 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
 
 
 WINDOWED = ("windowed", "union", "branching")
-#: The PostgreSQL sink kinds (not in the plans: they need a server; tests/test_postgres_sink.py
+#: The PostgreSQL sink kinds (not in the plans: they need a server; tests/connectors/test_postgres_sink.py
 #: runs them) and their modes.
 POSTGRES = {"postgres": lambda key: {},
             "postgres-upsert": lambda key: {"mode": "upsert", "key": key}}

@@ -14,7 +14,7 @@ from sparkjet import _native as native
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 from sparkjet.snapshot.chunks import ChunkEncoder, decode_entries, decode_table, read_chunks
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 import sys  # noqa: E402
 
@@ -159,7 +159,7 @@ def _boundaries(data: bytes) -> set[int]:
 
 def test_every_truncation_and_bit_flip_is_detected():
     # A cut at a chunk boundary leaves a valid, shorter chunk file: the validation record's
-    # per-file size and chunk count catch those (tests/test_snapshot_store.py).
+    # per-file size and chunk count catch those (tests/snapshot/test_snapshot_store.py).
     data = (GOLDEN / "entries-lz4.v1.chunks").read_bytes()
     boundaries = _boundaries(data)
     assert len(boundaries) > 3

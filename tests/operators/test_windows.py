@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from test_runtime import run_killed_once, run_with_kills
+from helpers.jobs import run_killed_once, run_with_kills
 
 from sparkjet.connectors.base import Sink, SinkWriter, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError, SnapshotMismatchError
@@ -637,7 +637,7 @@ def _legacy_snapshot(store_dir, job_id, source, done: int):
 
 
 def test_a_snapshot_from_before_dags_restores_or_is_refused(tmp_path):
-    from test_runtime import final_state, keyed_pipeline
+    from helpers.jobs import final_state, keyed_pipeline
 
     from sparkjet import verify
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from test_runtime import run_with_kills
+from helpers.jobs import run_with_kills
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError, SnapshotIncompleteError

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import reference as ref
+from helpers import reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

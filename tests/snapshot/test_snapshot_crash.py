@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_snapshot_store import entries, state
+from helpers.snapshot_data import entries, state
 
 from sparkjet.snapshot.store import SnapshotStore
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from test_runtime import run_with_kills
+from helpers.jobs import run_with_kills
 
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.base import ORDINAL

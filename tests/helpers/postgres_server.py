@@ -42,7 +42,7 @@ def find_bindir() -> str | None:
 
 def _install() -> str | None:
     """Installs Debian's PostgreSQL when running as root where apt-get exists (CI and fresh
-    machines of this project's kind), like tests/redis_server.py does for Redis."""
+    machines of this project's kind), like tests/helpers/redis_server.py does for Redis."""
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return None
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}

@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers.jobs import run_with_kills
 from pyspark import cloudpickle
-from test_runtime import run_with_kills
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers.snapshot_data import entries, state
 
 import sparkjet
 from sparkjet.errors import (
@@ -22,18 +23,6 @@ from sparkjet.errors import (
     SnapshotNotFoundError,
 )
 from sparkjet.snapshot.store import Manifest, SnapshotStore
-
-
-def state(seed: int, n: int = 3000) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table({"key": pa.array(rng.permutation(n * 3)[:n], pa.int64()),
-                     "count": rng.integers(0, 100, n), "sum": rng.random(n)})
-
-
-def entries(seed: int, n: int = 500):
-    rng = np.random.default_rng(seed)
-    keys = [f"k{seed}-{i}".encode() for i in range(n)]
-    return keys, [rng.bytes(int(rng.integers(0, 60))) for _ in range(n)]
 
 
 def snapshot(store, sid, execution, seed, *, codec="lz4", commit=True, **kw):
@@ -239,7 +228,7 @@ ZOMBIE = textwrap.dedent("""
     import sys, time, json
     from pathlib import Path
     sys.path.insert(0, sys.argv[4])
-    from test_snapshot_store import state
+    from helpers.snapshot_data import state
     from sparkjet.snapshot.store import SnapshotStore
     from sparkjet.errors import FencedError
     root, go, done = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
@@ -280,7 +269,7 @@ def test_zombie_process_cannot_make_anything_visible(store, tmp_path):
     snapshot(store, 0, 1, seed=1)
     go, done = tmp_path / "go", tmp_path / "done"
     zombie = subprocess.Popen([sys.executable, "-c", ZOMBIE, store._backend.root, str(go), str(done),
-                               str(Path(__file__).parent)])
+                               str(Path(__file__).resolve().parents[1])])
     try:
         for _ in range(3000):
             if done.exists():

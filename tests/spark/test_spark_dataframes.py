@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
+from helpers.jobs import run_killed_once
 from pyspark import cloudpickle
-from test_runtime import run_killed_once
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError

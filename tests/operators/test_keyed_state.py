@@ -107,7 +107,7 @@ def test_errors():
     a = KeyedAggregator("k", {"s": ("sum", "v")})
     with pytest.raises(NullKeyError, match="row 1"):
         a.update(pa.record_batch({"k": [1, None], "v": [1.0, 2.0]}))
-    # a null value is skipped, as SQL skips it (tests/test_schemas.py has the details)
+    # a null value is skipped, as SQL skips it (tests/runtime/test_schemas.py has the details)
     assert a.update(pa.record_batch({"k": [1, 2], "v": [1.0, None]})).to_pylist() == [
         {"k": 1, "s": 1.0}, {"k": 2, "s": None}]
     with pytest.raises(InvalidArgumentError, match="not numeric"):

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from s3_server import s3_filesystem
-from test_runtime import run_killed_once, run_with_kills
+from helpers.jobs import run_killed_once, run_with_kills
+from helpers.s3_server import s3_filesystem
 
 from sparkjet import verify
 from sparkjet.connectors.base import ProcessorContext

@@ -1,7 +1,7 @@
 """The fault campaign, CI-sized: a real SIGKILL of a job member in every (guarantee, sink,
 pipeline) round of the plan, all three guarantees, both sinks and every pipeline shape (42
 rounds). The long one is a script: `python -m sparkjet.campaign --kills 1000`; each
-operator's own kill tests (tests/test_stateful.py, test_windows.py, ...) kill several times
+operator's own kill tests (tests/operators/test_stateful.py, test_windows.py, ...) kill several times
 in one run. Exactly-once: nothing lost, nothing duplicated, no window emitted twice, final
 state equal to a failure-free run. At-least-once: nothing lost. None: reported as it is."""
 import pytest

@@ -1,15 +1,11 @@
 """The job runtime end to end: pipelines on the generator into real sinks, snapshots, restarts
 from the last snapshot, and the output checked against a failure-free computation."""
-import os
-import random
-import signal
 import threading
-import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers.jobs import final_state, keyed_pipeline, run_with_kills
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError
@@ -17,21 +13,6 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import DiscardSink, TransactionalFileSink
 from sparkjet.sources import GeneratorSource
-
-
-def final_state(out) -> pa.Table:
-    """The last update per key of a rolling count: counts only grow, so the largest wins."""
-    t = TransactionalFileSink.read(out)
-    t = t.sort_by([("key", "ascending"), ("count", "descending")])
-    keys = t.column("key").to_numpy()
-    first = np.concatenate([[True], keys[1:] != keys[:-1]]) if len(keys) else np.array([], bool)
-    return t.filter(pa.array(first)).select(["key", "count", "sum"])
-
-
-def keyed_pipeline(source, out):
-    return (Pipeline().read_from(source)
-            .group_by("key").aggregate(count="count", sum=("sum", "value"))
-            .write_to(TransactionalFileSink(out)))
 
 
 def test_keyed_aggregation_exactly_once_in_process(tmp_path):
@@ -73,63 +54,6 @@ def test_guarantee_none_runs_without_snapshots(tmp_path):
     report = verify.check_aggregates(source.expected_counts(), final_state(tmp_path / "out"),
                                      key="key", columns=["count", "sum"])
     assert report.valid, str(report)
-
-
-def kill_member_repeatedly(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list):
-    """Kills the job's member process `kills` times at random moments."""
-    while len(done) < kills and not stop.is_set():
-        time.sleep(rng.uniform(0.3, 1.2))
-        pid = job.member_pid
-        if pid is None:
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-            done.append(pid)
-        except ProcessLookupError:
-            pass
-
-
-def run_killed_once(job: Job, store_path, after: int) -> None:
-    """Runs the job (without restarts) and kills its member once snapshot ``after`` is
-    complete: the run fails, leaving its snapshots for a run at another parallelism."""
-    from sparkjet.snapshot.store import SnapshotStore
-
-    stop = threading.Event()
-
-    def kill_after_snapshots():
-        store = SnapshotStore(str(store_path), job.config.id)
-        while not stop.is_set():
-            latest = store.latest_complete()
-            if latest is not None and latest.snapshot_id >= after and job.member_pid:
-                os.kill(job.member_pid, signal.SIGKILL)
-                return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_after_snapshots, daemon=True)
-    killer.start()
-    try:
-        with pytest.raises(JobFailedError, match="SIGKILL"):
-            job.run()
-    finally:
-        stop.set()
-        killer.join()
-
-
-def run_with_kills(job: Job, kills: int, seed: int):
-    """Runs the supervised job while its member is killed `kills` times at random moments;
-    checks that a kill ended at least one execution (else the test would prove nothing)."""
-    stop, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_member_repeatedly,
-                              args=(job, kills, random.Random(seed), stop, killed), daemon=True)
-    killer.start()
-    try:
-        result = job.run()
-    finally:
-        stop.set()
-        killer.join()
-    assert [e for e in result.executions if "SIGKILL" in (e.get("error") or "")], \
-        "the killer must have killed at least one member"
-    return result
 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])

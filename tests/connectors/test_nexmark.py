@@ -380,7 +380,7 @@ def test_structured_streaming_equals_the_reference(spark, tmp_path, monkeypatch)
     """The Spark side of the NEXMark comparison computes what the references do, on a few
     thousand bids (16 s of event time, events up to 200 ms late) with the bench's plans, and
     on as many persons and auctions (q3, q8: 75 s of event time)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
     sss = importlib.import_module("bench_nexmark_streaming")
     bids = sss.write_bids(tmp_path, events=3000, files=3, events_per_second=200,
                           out_of_order_ms=200, files_per_trigger=2)
@@ -400,7 +400,7 @@ def test_structured_streaming_equals_the_reference(spark, tmp_path, monkeypatch)
 
 
 def _bench(monkeypatch, name):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
     return importlib.import_module(name)
 
 

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import time
 
-from local_server import LocalServer
+from helpers.local_server import LocalServer
 
 
 class RedisServerMissing(RuntimeError):

@@ -28,7 +28,7 @@ from sparkjet.snapshot.chunks import (
 )
 from sparkjet.snapshot.store import SnapshotStore
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 HEADER_SEED = 0x53434B31  # native/include/sparkjet/chunk.h
 FUZZ = settings(max_examples=250, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pytest
-from s3_server import s3_filesystem, s3_uri
-from test_runtime import run_with_kills
+from helpers.jobs import run_with_kills
+from helpers.s3_server import s3_filesystem, s3_uri
 
 from sparkjet import verify
 from sparkjet._fs import Backend, ObjectStoreRaceWarning

@@ -1,4 +1,4 @@
-"""The PostgreSQL sink against a real server (tests/postgres_server.py: Debian's binaries,
+"""The PostgreSQL sink against a real server (tests/helpers/postgres_server.py: Debian's binaries,
 ``initdb`` in a temporary directory): two-phase commit visible only after phase 2,
 recovery by the snapshot's record (also after a rescale), zombie fencing, upserts by key,
 clear errors for bad input, and fault-campaign rounds with real SIGKILLs of the member,
@@ -6,10 +6,10 @@ checked with :mod:`sparkjet.verify` against what the server holds afterwards."""
 import os
 import random
 
-import postgres_server
 import psycopg
 import pyarrow as pa
 import pytest
+from helpers import postgres_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

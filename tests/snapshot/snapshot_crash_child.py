@@ -1,6 +1,6 @@
 """A snapshot writer that kills itself (SIGKILL, as kill -9) at one chosen I/O call.
 
-Run by tests/test_snapshot_crash.py: `python snapshot_crash_child.py ROOT SNAPSHOT EXECUTION
+Run by tests/snapshot/test_snapshot_crash.py: `python snapshot_crash_child.py ROOT SNAPSHOT EXECUTION
 PHASE:INDEX MODE`. Every os.write / os.fsync / os.link / os.rename / os.replace counts as one
 call of the phase it happens in (register event, chunk files, finish, validation record,
 commit event, cleanup); at call INDEX of PHASE the process dies before the call (MODE
@@ -13,9 +13,9 @@ import signal
 import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from test_snapshot_store import entries, state  # noqa: E402
+from helpers.snapshot_data import entries, state  # noqa: E402
 
 from sparkjet.snapshot import store as snapshot_store  # noqa: E402
 

@@ -9,7 +9,7 @@ import subprocess
 import time
 from importlib import resources
 
-from local_server import LocalServer
+from helpers.local_server import LocalServer
 
 
 class KafkaBroker(LocalServer):

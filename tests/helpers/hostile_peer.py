@@ -4,7 +4,7 @@ no id, a null id and guessed ids, a forged ack, a poll, a replayed captured requ
 data stream into a keyed processor), over plain TCP and over TLS (accepting any
 certificate, so that what answers is the authentication, not the handshake).
 
-    python tests/hostile_peer.py --pids 123,456 --report out.json [--captured FILE]
+    python tests/helpers/hostile_peer.py --pids 123,456 --report out.json [--captured FILE]
 
 Writes a JSON list of attempts {port, scheme, attack, accepted, error}; an attempt is
 accepted only if the server ran it and answered. Exit code 0 whatever the outcome: the

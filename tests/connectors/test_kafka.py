@@ -10,11 +10,11 @@ import random
 import time
 import uuid
 
-import kafka_broker
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
+from helpers import kafka_broker
 
 from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import ConnectorError, CorruptDataError, FencedError, InvalidArgumentError

@@ -8,11 +8,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers.jobs import run_killed_once, run_with_kills
 
 # The jobs' functions live in this module, which a member process or a Spark worker cannot
 # import (tests/ is not on their path): they travel by value.
 from pyspark import cloudpickle  # noqa: E402
-from test_runtime import run_killed_once, run_with_kills
 
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.dedup import DeduplicateOperator, DeduplicateStage

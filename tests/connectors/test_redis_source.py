@@ -11,7 +11,7 @@ import uuid
 import pyarrow as pa
 import pytest
 import redis
-import redis_server
+from helpers import redis_server
 
 from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError

@@ -2,7 +2,7 @@
 
 Tokens and their checks on their own; then real ExchangeServers refusing calls without
 credentials, with another execution's, replayed or forged, over TCP and TLS; then a
-hostile process (tests/hostile_peer.py) attacking every listening port of a running
+hostile process (tests/helpers/hostile_peer.py) attacking every listening port of a running
 job's driver and members on local[2], with TLS off and on, while the job must finish
 with no restart and exactly-once output.
 """
@@ -36,7 +36,7 @@ from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.verify import last_update_per_key
 
-HERE = Path(__file__).parent
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +300,7 @@ def _run_hostile(spark, tmp_path, with_tls: bool):
     secret = coordinator.security.secret.hex()
     report = tmp_path / "report.json"
     attacker = subprocess.run(
-        [sys.executable, str(HERE / "hostile_peer.py"), "--pids", ",".join(map(str, pids)),
+        [sys.executable, str(HELPERS / "hostile_peer.py"), "--pids", ",".join(map(str, pids)),
          "--report", str(report), "--captured", str(captured)],
         capture_output=True, text=True, timeout=300, check=False)
     assert attacker.returncode == 0, attacker.stderr[-3000:]
