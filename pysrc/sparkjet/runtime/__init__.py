@@ -11,7 +11,10 @@ The modules, each depending only on those listed before it:
 - :mod:`~sparkjet.runtime.topology`: which member runs which processor and owns which
   Hazelcast partition.
 - :mod:`~sparkjet.runtime.coordinator`: takes and commits snapshots for one execution.
-- :mod:`~sparkjet.runtime.member`: runs one member's processors (sources, keyed processors).
+- :mod:`~sparkjet.runtime.processors`: the processor threads: source processors and keyed
+  processors (which run an operator).
+- :mod:`~sparkjet.runtime.member`: runs one member's processors and wires them to the
+  coordinator and to the other members.
 - :mod:`~sparkjet.runtime.member_main`: the entry point of a member child process.
 - :mod:`~sparkjet.runtime.supervision`: what both supervisors share: :class:`JobResult`,
   :class:`JobFailedError` and the restart policy.
