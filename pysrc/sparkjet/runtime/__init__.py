@@ -11,6 +11,8 @@ The modules, each depending only on those listed before it:
 - :mod:`~sparkjet.runtime.topology`: which member runs which processor and owns which
   Hazelcast partition.
 - :mod:`~sparkjet.runtime.coordinator`: takes and commits snapshots for one execution.
+- :mod:`~sparkjet.runtime.snapshotting`: what a processor writes into a snapshot at a
+  barrier and reads back at restore.
 - :mod:`~sparkjet.runtime.processors`: the processor threads: source processors and keyed
   processors (which run an operator).
 - :mod:`~sparkjet.runtime.member`: runs one member's processors and wires them to the

@@ -7,25 +7,17 @@ source processors, and keyed processors fed by a
 :class:`~sparkjet.runtime.aligner.BarrierAligner` each), keeps their metrics, wires them to
 the coordinator (on a thread of its own alone, through a :class:`RemoteLink` on Spark) and to
 the processors of other members (:mod:`sparkjet.runtime.exchange`), and fails the whole
-execution when any of them fails. Snapshot n (Chandy-Lamport):
+execution when any of them fails. The coordinator's commands ("barrier", "commit", "end")
+reach the processors through :meth:`Member.command`; what each writes at a barrier and reads
+back at restore is :mod:`sparkjet.runtime.snapshotting`'s.
 
-1. the coordinator asks every source processor for barrier n; each saves its source state
-   and watermarks, prepares the transactions of the sinks it writes, then puts barrier n
-   into every channel it feeds;
-2. each aggregation processor's aligner emits "snapshot n" once aligned (exactly-once: held
-   channels; at-least-once: the last barrier); the processor saves its state (by
-   partition) and watermark, prepares its sinks' transactions and forwards barrier n;
-3. every processor hands its manifest to the coordinator (phase-1 acknowledgement); the
-   coordinator commits the snapshot in the store (the commit point), then tells every
-   processor to run phase 2 (sinks commit, acknowledging sources ack) on its own thread.
-
-A member that starts from a snapshot restores the source state of every source partition,
-the state of the partitions its processors own, and recovers the sink transactions
-prepared in that snapshot. Every execution has an id, the fencing token of store and sinks.
+A member that starts from a snapshot (alone: the last complete one; on Spark: the one the
+driver names; else the job's initial snapshot, if any) checks it against the pipeline
+(:mod:`sparkjet.runtime.restore`) and hands each processor its share of it. Every
+execution has an id, the fencing token of store and sinks.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -33,54 +25,24 @@ import time
 import pyarrow as pa
 
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.errors import (
-    MemberFailedError,  # noqa: F401 (defined there; named here too)
-    SnapshotNotFoundError,
-)
-from sparkjet.operators.table_join import TABLES_VERTEX, TableVersions
+from sparkjet.errors import MemberFailedError  # noqa: F401 (defined there; named here too)
+from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
 from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
-from sparkjet.runtime.restore import (
-    StartPoint,
-    conform_state,
-    initial_point,
-    open_point,
-    plan_restore,
+from sparkjet.runtime.restore import StartPoint, initial_point, open_point, plan_restore
+from sparkjet.runtime.snapshotting import (
+    merge_states,  # noqa: F401 (defined there; named here too: connectors.base names it here)
     read_fingerprint,
+    restore_processors,
 )
-from sparkjet.runtime.schemas import SCHEMAS_VERTEX
-from sparkjet.runtime.schemas import decode as decode_schema
 from sparkjet.runtime.topology import Topology
-from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME, PartitionFloors
+from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
 
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-
-
-def merge_states(states: list) -> dict | None:
-    """Deep merge of JSON-able per-processor states (dicts are united, lists concatenated):
-    how state saved by N processors is handed to M readers after a rescale."""
-    out: dict = {}
-    found = False
-    for state in states:
-        if state is None:
-            continue
-        found = True
-        _merge_into(out, state)
-    return out if found else None
-
-
-def _merge_into(out: dict, state: dict) -> None:
-    for k, v in state.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            _merge_into(out[k], v)
-        elif isinstance(v, list) and isinstance(out.get(k), list):
-            out[k] = out[k] + v
-        else:
-            out[k] = v
 
 
 class Member:
@@ -315,7 +277,6 @@ class Member:
             point = initial_point(self.config)
         else:
             return 0
-        t = self.topology
         store = open_point(self.config, point, self.store)
         plan = plan_restore(self.dag, read_fingerprint(store, point), point,
                             self.config.state_mapping)
@@ -323,60 +284,7 @@ class Member:
             self.metrics["initial_snapshot"] = str(point)
         else:
             self.metrics["restored_from"] = snapshot_id
-        at = {"snapshot_id": None, "name": point.export} if point.export else \
-            {"snapshot_id": point.snapshot_id}
-        tables = {}
-        if self.dag.table_joins and not point.initial:
-            # (another job's table versions are in its own directory: an initial
-            # snapshot's joins load their tables afresh)
-            try:
-                tables = _entries_json(store.restore(TABLES_VERTEX, [], **at).broadcast_entries)
-            except SnapshotNotFoundError:
-                pass    # a snapshot from before table joins: they load their tables afresh
-        schemas = {}
-        if plan.same and not point.initial:
-            # a changed pipeline's outputs may have other schemas: they are fixed afresh
-            try:
-                schemas = {k: decode_schema(v.decode()) for k, v in
-                           _raw_entries(store.restore(SCHEMAS_VERTEX, [], **at)
-                                        .broadcast_entries).items()}
-            except SnapshotNotFoundError:
-                schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
-        sinks_prepared: dict[str, dict] = {}
-        for name in self.dag.sinks:
-            old = plan.sinks.get(name)
-            sinks_prepared[name] = {} if old is None else _entries_json(
-                store.restore(old, [], **at).broadcast_entries)
-        for p in self.processors:
-            v = p.vertex
-            old = plan.vertices.get(v.name)
-            p.restored_schemas = schemas
-            if old is None:
-                pass        # a new vertex: it starts empty
-            elif v.kind == SOURCE:
-                p.restored_tables = _tables_of(tables, old, p.index)
-                entries = _entries_json(store.restore(old, [], **at).broadcast_entries)
-                p.restored_source_state = merge_states(
-                    [s for k, s in entries.items() if not k.startswith("wm:")])
-                p.restored_times = _max_times([s for k, s in entries.items() if k.startswith("wm:")])
-            else:
-                p.restored_tables = _tables_of(tables, old, p.index)
-                state = store.restore(old, t.partitions_of(v.name, p.index), **at)
-                p.restored_table = conform_state(
-                    v, state.table if not v.single else state.broadcast_table)
-                p.restored_broadcast = None if v.single else state.broadcast_table
-                marks = [s for k, s in _entries_json(state.broadcast_entries).items()
-                         if k.startswith("wm:")]
-                p.restored_watermark, p.restored_floors = PartitionFloors.from_saved(
-                    marks, t.partitions_of(v.name, p.index), self.config.partition_count,
-                    None if v.single else v.stage.key)
-            # An old sink instance's prepared transactions go to instance (old index %
-            # total), the rule by which sinks find the leftovers they own after a rescale.
-            for sink in p.sink_names:
-                total = t.sink_instances[sink]
-                mine = t.sink_offset[sink][v.name] + p.index
-                p.prepared[sink] = merge_states([s for i, s in sinks_prepared[sink].items()
-                                                 if int(i) % total == mine])
+        restore_processors(self, store, point, plan)
         if store is not self.store:
             store.close()
         self.progress({"event": "restored", "snapshot": point.snapshot_id,
@@ -502,43 +410,3 @@ class RemoteLink:
                 pass
         self._thread.join(2.0)
         self.client.close()
-
-
-def _tables_of(entries: dict, vertex: str, index: int) -> dict:
-    """The table versions processor ``index`` of ``vertex`` recorded (join name -> entry).
-    After a rescale a processor the snapshot did not have takes those of the vertex's
-    lowest-numbered processor."""
-    mine: dict = {}
-    for key in sorted(entries, key=lambda k: (int(k.split("/")[1]), k)):
-        v, i, name = key.split("/", 2)
-        if v != vertex:
-            continue
-        if int(i) == index:
-            mine[name] = entries[key]
-        else:
-            mine.setdefault(name, entries[key])
-    return mine
-
-
-def _max_times(states: list) -> dict:
-    out: dict = {}
-    for s in states:
-        for p, t in (s or {}).items():
-            out[p] = t if p not in out else max(out[p], t)
-    return out
-
-
-def _raw_entries(entries) -> dict:
-    """Broadcast entries as a dict of bytes (str key -> bytes value)."""
-    if entries is None:
-        return {}
-    keys, values = entries
-    return {k.decode(): v for k, v in zip(keys.to_pylist(), values.to_pylist())}
-
-
-def _entries_json(entries) -> dict:
-    """Broadcast entries (processor index -> JSON) as a dict."""
-    if entries is None:
-        return {}
-    keys, values = entries
-    return {k.decode(): json.loads(v) for k, v in zip(keys.to_pylist(), values.to_pylist())}

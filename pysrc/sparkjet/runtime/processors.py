@@ -5,15 +5,16 @@ paths (:mod:`sparkjet.runtime.outbox`: fused stateless stages, then sinks or edg
 other vertices) and generates watermarks. A :class:`KeyedProcessor` takes the events of
 its :class:`~sparkjet.runtime.aligner.BarrierAligner` (batches and watermarks from every
 processor feeding it, and barriers), runs its vertex's operator
-(:mod:`sparkjet.operators.base`) and sends the output along its own paths. Both hand
-their sinks' transactions through the two phases of a snapshot (prepare at the barrier,
-commit when the coordinator says so), and count what they see in their
-:class:`~sparkjet.runtime.member.Member`'s metrics, which owns them and wires them to the
-coordinator and to the processors of other members.
+(:mod:`sparkjet.operators.base`) and sends the output along its own paths. At a snapshot
+barrier each saves its state and forwards the barrier (:mod:`sparkjet.runtime.snapshotting`
+says what it writes, and what it reads back at restore); both hand their sinks'
+transactions through the two phases of a snapshot (prepare at the barrier, commit when the
+coordinator says so), and count what they see in the metrics of their
+:class:`~sparkjet.runtime.member.Member`, which owns them and wires them to the coordinator
+and to the processors of other members.
 """
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -24,7 +25,13 @@ import pyarrow as pa
 from sparkjet.operators.time import EventTimeColumn, in_units
 from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT
 from sparkjet.runtime.outbox import Outbox
-from sparkjet.runtime.restore import PLAN_VERTEX
+from sparkjet.runtime.snapshotting import (
+    finish_barrier,
+    open_writer,
+    write_keyed,
+    write_prepared,
+    write_source,
+)
 from sparkjet.runtime.watermarks import (
     MAX_TIME,
     MIN_TIME,
@@ -119,8 +126,7 @@ class Processor(threading.Thread):
         for name, sink in self.sinks.items():
             prepared = sink.prepare(snapshot_id)
             instance = t.sink_offset[name][self.vertex.name] + self.index
-            writer.write_broadcast_entries(name, [str(instance).encode()],
-                                           [json.dumps(prepared).encode()])
+            write_prepared(writer, name, instance, prepared)
         self._pending_latency[snapshot_id] = self._ts_samples
         self._ts_samples = []
 
@@ -131,17 +137,6 @@ class Processor(threading.Thread):
         for sid in [s for s in self._pending_latency if s <= snapshot_id]:
             samples = self._pending_latency.pop(sid)
             self.member.add_latencies("latencies_ns", [now - t for t in samples])
-
-    def new_writer(self, snapshot_id: int):
-        m = self.member
-        writer = m.topology.offset[self.vertex.name] + self.index
-        w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                           partition_count=m.config.partition_count,
-                           codec=m.config.snapshot_codec)
-        if writer == 0:
-            w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
-                                      [json.dumps(m.dag.fingerprint()).encode()])
-        return w
 
 
 class SourceProcessor(Processor):
@@ -225,7 +220,6 @@ class SourceProcessor(Processor):
 
     def _control(self, reader) -> bool:
         """Handles the coordinator's requests; True when this processor is done."""
-        m = self.member
         while True:
             try:
                 msg = self.control.get_nowait()
@@ -233,20 +227,10 @@ class SourceProcessor(Processor):
                 return False
             if msg[0] == "barrier":
                 _, sid, terminal = msg
-                writer = self.new_writer(sid)
-                keys, values = [str(self.index).encode()], [json.dumps(reader.snapshot_state()).encode()]
-                if self.watermarks is not None:
-                    keys.append(f"wm:{self.index}".encode())
-                    values.append(json.dumps(self.watermarks.state()).encode())
-                writer.write_broadcast_entries(self.vertex.name, keys, values)
-                self.outbox.record_tables(writer, sid)
-                self.prepare_sinks(writer, sid)
-                schemas = self.outbox.schemas()
-                self.outbox.record_schemas(writer, schemas)
-                self.outbox.barrier(sid, terminal)
-                if terminal:
-                    self.outbox.end()
-                m.ack(self.label, sid, writer.finish(), schemas=schemas)
+                writer = open_writer(self.member, self.vertex.name, self.index, sid)
+                write_source(writer, self.vertex.name, self.index, reader.snapshot_state(),
+                             None if self.watermarks is None else self.watermarks.state())
+                finish_barrier(self, writer, sid, terminal)
                 self._terminal = sid if terminal else None
             elif msg[0] == "commit":
                 sid = msg[1]
@@ -312,30 +296,14 @@ class KeyedProcessor(Processor):
                     self.emitted(samples)
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
-                    writer = self.new_writer(sid)
-                    table = op.snapshot()
-                    if table is not None:
-                        if v.single:
-                            writer.write_broadcast_table(v.name, table)
-                        else:
-                            writer.write_table(v.name, table, key=op.state_key)
-                    shared = op.snapshot_broadcast() if self.index == 0 and not v.single else None
-                    if shared is not None:
-                        writer.write_broadcast_table(v.name, shared)
-                    mark = {"time": tracker.current,
-                            "partitions": m.topology.partitions_of(v.name, self.index)}
-                    writer.write_broadcast_entries(v.name, [f"wm:{self.index}".encode()],
-                                                   [json.dumps(mark).encode()])
-                    self.outbox.record_tables(writer, sid)
-                    self.prepare_sinks(writer, sid)
-                    schemas = self.outbox.schemas()
-                    self.outbox.record_schemas(writer, schemas)
-                    self.outbox.barrier(sid, terminal)
-                    if terminal:
-                        self.outbox.end()
+                    writer = open_writer(m, v.name, self.index, sid)
+                    write_keyed(writer, v, self.index, op, tracker.current,
+                                m.topology.partitions_of(v.name, self.index))
+                    # (this thread is the aligner's consumer: its alignment of this
+                    # snapshot is the last one recorded until it takes again)
                     records = aligner.alignments  # a copy of the history: read it once
                     aligned = records[-1]["duration_s"] if records else None
-                    m.ack(self.label, sid, writer.finish(), aligned, schemas=schemas)
+                    finish_barrier(self, writer, sid, terminal, aligned)
                     if terminal:
                         terminal_sid = sid
                 elif kind == DONE:

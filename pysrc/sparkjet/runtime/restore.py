@@ -39,9 +39,6 @@ from sparkjet.snapshot import layout
 
 _log = logging.getLogger("sparkjet.job")
 
-#: The snapshot vertex holding the DAG's fingerprint.
-PLAN_VERTEX = "plan"
-
 #: Fingerprint fields whose change makes a vertex's old state meaningless.
 _STATE_FIELDS = ("kind", "keys", "aggregations", "window", "source", "on")
 
@@ -138,23 +135,6 @@ class RestorePlan:
     sinks: dict[str, str | None]
     same: bool
     notes: list[str]
-
-
-def read_fingerprint(store, point: StartPoint) -> dict | None:
-    """The DAG fingerprint recorded in ``point`` (None: a snapshot from before them)."""
-    import json
-
-    try:
-        entries = store.restore(PLAN_VERTEX, [], snapshot_id=None if point.export else
-                                point.snapshot_id, name=point.export).broadcast_entries
-    except SnapshotNotFoundError:
-        return None
-    if entries is None:
-        return None
-    for key, value in zip(entries[0].to_pylist(), entries[1].to_pylist()):
-        if key == b"dag":
-            return json.loads(value)
-    return None
 
 
 def plan_restore(dag: Dag, saved: dict | None, point: StartPoint,
@@ -325,5 +305,5 @@ def log_plan(config, point: StartPoint, plan: RestorePlan) -> None:
                   extra={"job": config.name, "execution": "-", "member": "-"})
 
 
-__all__ = ["PLAN_VERTEX", "RestorePlan", "StartPoint", "conform_state", "initial_point",
-           "open_point", "plan_restore", "read_fingerprint", "split_initial", "start_point"]
+__all__ = ["RestorePlan", "StartPoint", "conform_state", "initial_point", "open_point",
+           "plan_restore", "split_initial", "start_point"]
