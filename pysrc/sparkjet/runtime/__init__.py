@@ -25,7 +25,9 @@ The modules, each depending only on those listed before it:
 - :mod:`~sparkjet.runtime.job`: :class:`Job`, which picks a runner and runs the pipeline.
 
 :mod:`~sparkjet.runtime.exchange` (Arrow Flight streams between members and to the
-coordinator) is loaded only where members talk to each other.
+coordinator: its wire protocol, server and client, and the links' security) loads its
+server and client only where members talk to each other; the driver uses its
+:mod:`~sparkjet.runtime.exchange.security` to make each execution's credentials.
 """
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.job import Job, JobFailedError, JobHandle, JobResult

@@ -117,7 +117,7 @@ class Member:
     def connect(self, peers: list[str], coordinator: str, security) -> None:
         """Sets the exchange locations of every member (by index) and of the coordinator,
         reached with the execution's credentials
-        (:class:`~sparkjet.runtime.security.LinkSecurity`)."""
+        (:class:`~sparkjet.runtime.exchange.security.LinkSecurity`)."""
         # Lazy: the exchange loads pyarrow.flight, which a member alone never needs.
         from sparkjet.runtime.exchange import ExchangeClient
 
