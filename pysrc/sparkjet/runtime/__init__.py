@@ -24,6 +24,14 @@ The modules, each depending only on those listed before it:
 - :mod:`~sparkjet.runtime.spark_runner`: supervises the members of a Spark barrier stage.
 - :mod:`~sparkjet.runtime.job`: :class:`Job`, which picks a runner and runs the pipeline.
 
+Beside them, the pieces they are made of: :mod:`~sparkjet.runtime.aligner` (barrier
+alignment of a processor's input channels), :mod:`~sparkjet.runtime.watermarks`,
+:mod:`~sparkjet.runtime.outbox` (a processor's output), :mod:`~sparkjet.runtime.schemas`
+(each output's fixed schema), :mod:`~sparkjet.runtime.restore` (where a job starts from, and
+whether the snapshot fits the pipeline), :mod:`~sparkjet.runtime.lifecycle`,
+:mod:`~sparkjet.runtime.failures`, :mod:`~sparkjet.runtime.observability` and
+:mod:`~sparkjet.runtime.progress`.
+
 :mod:`~sparkjet.runtime.exchange` (Arrow Flight streams between members and to the
 coordinator: its wire protocol, server and client, and the links' security) loads its
 server and client only where members talk to each other; the driver uses its

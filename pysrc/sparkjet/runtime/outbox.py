@@ -14,8 +14,6 @@ from sparkjet.pipeline.dag import Vertex
 from sparkjet.pipeline.stages import TimestampsStage
 from sparkjet.runtime.schemas import SchemaGuard, encode
 
-#: The column telling a stage of several inputs which one a batch came from.
-
 
 class Outbox:
     """Sends one processor's output along its vertex's paths.

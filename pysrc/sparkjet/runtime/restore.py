@@ -8,16 +8,16 @@ from the export's offsets; its sinks start clean (the old job's transactions are
 committed nor aborted: they are the old job's).
 
 Before any execution, :func:`plan_restore` compares the pipeline that took the snapshot (the
-DAG fingerprint it recorded) with this one, vertex by vertex (vertices are matched by name,
-:mod:`sparkjet.pipeline.dag`) and state schema by schema, and returns which old state each vertex
-restores. A new vertex starts empty; a vertex of the snapshot that the pipeline lacks is
-refused unless ``JobConfig.state_mapping`` drops it (``{"old": None}``) or maps it to a
-vertex of another name (``{"old": "new"}``: the mapping applies only to a snapshot that
-another pipeline took, so one left in the configuration does nothing once the job has
-snapshots of its own); a declared state schema (``map_state``) may
-gain nullable columns (old rows get nulls), but a changed type or a removed column is
-refused, as is any change of kind, key, aggregation, window or a source's partition count.
-The error lists every difference at once.
+DAG fingerprint it recorded, :func:`~sparkjet.runtime.snapshotting.read_fingerprint`) with
+this one, vertex by vertex (vertices are matched by name, :mod:`sparkjet.pipeline.dag`) and
+state schema by schema, and returns which old state each vertex restores. A new vertex
+starts empty; a vertex of the snapshot that the pipeline lacks is refused unless
+``JobConfig.state_mapping`` drops it (``{"old": None}``) or maps it to a vertex of another
+name (``{"old": "new"}``: the mapping applies only to a snapshot that another pipeline took,
+so one left in the configuration does nothing once the job has snapshots of its own); a
+declared state schema (``map_state``) may gain nullable columns (old rows get nulls), but a
+changed type or a removed column is refused, as is any change of kind, key, aggregation,
+window or a source's partition count. The error lists every difference at once.
 """
 from __future__ import annotations
 
