@@ -48,7 +48,7 @@ from pyarrow import flight
 import sparkjet
 from sparkjet.runtime.aligner import DONE, ITEM, BarrierAligner
 from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
-from sparkjet.runtime.security import LinkSecurity, TLSIdentity
+from sparkjet.runtime.exchange.security import LinkSecurity, TLSIdentity
 
 ROWS = 10_000_000
 BATCH_ROWS = 65_536

@@ -264,7 +264,7 @@ class ExchangeFencedError(ExchangeError, FencedError):
 
 class ExchangeAuthError(ExchangeError, PermissionError):
     """The peer refused the call's credentials (no token, another execution's, a replayed
-    or forged one): see :mod:`sparkjet.runtime.security`."""
+    or forged one): see :mod:`sparkjet.runtime.exchange.security`."""
 
 
 class ExchangeRefusedError(ExchangeError):

@@ -26,7 +26,7 @@ from sparkjet.errors import (
 )
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.runtime.member import merge_states
+from sparkjet.runtime.snapshotting import merge_states
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import DirectorySource
 

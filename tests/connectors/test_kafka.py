@@ -18,7 +18,7 @@ from helpers import kafka_broker
 
 from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import ConnectorError, CorruptDataError, FencedError, InvalidArgumentError
-from sparkjet.runtime.member import merge_states
+from sparkjet.runtime.snapshotting import merge_states
 from sparkjet.sinks import KafkaSink
 from sparkjet.sources import KafkaSource, read_topic
 from sparkjet.testing.campaign import run_round

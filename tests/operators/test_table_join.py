@@ -24,7 +24,7 @@ from sparkjet.operators.table_join import (
 )
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.runtime.member import _entries_json
+from sparkjet.runtime.snapshotting import entries_json
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.snapshot.store import SnapshotStore, content_digest
 from sparkjet.sources import GeneratorSource
@@ -277,7 +277,7 @@ def run_twice(tmp_path, reload_every):
     pq.write_table(reference("v2"), path)
     Job(pipeline, config).run(isolated=False)
     out = TransactionalFileSink.read(tmp_path / "out").to_pandas()
-    recorded = _entries_json(store.restore(TABLES_VERTEX, []).broadcast_entries)
+    recorded = entries_json(store.restore(TABLES_VERTEX, []).broadcast_entries)
     return source, out, restored, recorded, store
 
 

@@ -21,7 +21,6 @@ from pyarrow import flight
 
 from sparkjet.errors import FencedError, InvalidArgumentError, SparkjetError
 from sparkjet.partitioning import partition_ids
-from sparkjet.runtime import exchange
 from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
 from sparkjet.runtime.exchange import (
     PROTOCOL,
@@ -31,8 +30,9 @@ from sparkjet.runtime.exchange import (
     ExchangeRefusedError,
     ExchangeServer,
     ExchangeTimeoutError,
+    protocol,
 )
-from sparkjet.runtime.security import LinkSecurity
+from sparkjet.runtime.exchange.security import LinkSecurity
 from sparkjet.runtime.watermarks import IDLE, Watermark
 from sparkjet.snapshot.store import Manifest
 
@@ -666,12 +666,13 @@ def test_an_unreachable_peer_is_reported_at_once(make_client):
 
 
 def test_the_documented_wire_format(make_server):
-    """A plain pyarrow.flight client that follows the module docstring's conventions."""
+    """A plain pyarrow.flight client that follows the conventions of the protocol module's
+    docstring."""
     aligner = BarrierAligner(1, capacity=8)
     server = make_server({("v", 2): aligner}, execution_id=4)
-    assert exchange._control(exchange._BARRIER, 1, 7) == \
+    assert protocol.control(protocol.BARRIER, 1, 7) == \
         b"SJX1\x01\x01\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00"
-    # Without the sparkjet-auth header (the module's "Authentication"), nothing is heard.
+    # Without the sparkjet-auth header (the package's "Authentication"), nothing is heard.
     with pytest.raises(flight.FlightUnauthenticatedError, match="call refused"):
         flight.FlightClient(server.location).list_actions()
     client = flight.FlightClient(server.location)
@@ -722,7 +723,7 @@ _RECEIVER = """
 import sys, time
 from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.exchange import ExchangeServer
-from sparkjet.runtime.security import LinkSecurity
+from sparkjet.runtime.exchange.security import LinkSecurity
 from sparkjet.runtime.watermarks import IDLE, Watermark
 aligner = BarrierAligner(1, capacity=2)  # nobody takes: the sender fills it and blocks
 security = LinkSecurity(1, (1).to_bytes(8, "little") * 4)  # the tests' credentials(1)
@@ -735,7 +736,7 @@ _SENDER = """
 import sys, time
 import pyarrow as pa
 from sparkjet.runtime.exchange import ExchangeClient
-from sparkjet.runtime.security import LinkSecurity
+from sparkjet.runtime.exchange.security import LinkSecurity
 from sparkjet.runtime.watermarks import IDLE, Watermark
 security = LinkSecurity(1, (1).to_bytes(8, "little") * 4)  # the tests' credentials(1)
 ch = ExchangeClient(sys.argv[1], security=security).channel("agg", 0, 0, 1)

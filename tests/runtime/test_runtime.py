@@ -171,7 +171,7 @@ def test_config_keeps_plain_values():
 
 def _coordinator(members: int):
     from sparkjet.runtime.coordinator import ExecutionCoordinator
-    from sparkjet.runtime.security import LinkSecurity
+    from sparkjet.runtime.exchange.security import LinkSecurity
     from sparkjet.runtime.topology import Topology
     from sparkjet.sinks import DiscardSink
     from sparkjet.sources import GeneratorSource

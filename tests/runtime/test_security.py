@@ -24,14 +24,14 @@ from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.runtime import security as sec
 from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.exchange import (
     ExchangeAuthError,
     ExchangeClient,
     ExchangeServer,
 )
-from sparkjet.runtime.security import LinkSecurity, ServerAuth, TLSIdentity
+from sparkjet.runtime.exchange import security as sec
+from sparkjet.runtime.exchange.security import LinkSecurity, ServerAuth, TLSIdentity
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.verify import last_update_per_key

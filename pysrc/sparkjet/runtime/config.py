@@ -46,7 +46,7 @@ class JobConfig:
     - ``tls``: encrypt the links between members and the coordinator on Spark: True,
       False, or None (the default) for on with a cluster master and off on ``local[N]``,
       where every link stays on one machine. Every call is authenticated either way
-      (:mod:`sparkjet.runtime.security`).
+      (:mod:`sparkjet.runtime.exchange.security`).
     - ``tls_certificate`` and ``tls_private_key``: PEM files of the certificate to use
       instead of the one the driver makes per execution; ``tls_server_name``: a name that
       certificate holds (clients check it, not the host name).

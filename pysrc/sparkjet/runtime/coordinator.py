@@ -142,8 +142,8 @@ class ExecutionCoordinator:
     :param topology: the execution's :class:`~sparkjet.runtime.topology.Topology`.
     :param host: the interface to listen on (the driver's host, reachable by executors).
     :param security: the execution's credentials
-        (:class:`~sparkjet.runtime.security.LinkSecurity`), which every member's call
-        must carry.
+        (:class:`~sparkjet.runtime.exchange.security.LinkSecurity`), which every member's
+        call must carry.
     """
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,

@@ -28,13 +28,8 @@ from sparkjet.runtime.lifecycle import (
 )
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.observability import JobMetrics, MetricsServer, ProgressView
-from sparkjet.runtime.restore import (
-    log_plan,
-    open_point,
-    plan_restore,
-    read_fingerprint,
-    start_point,
-)
+from sparkjet.runtime.restore import log_plan, open_point, plan_restore, start_point
+from sparkjet.runtime.snapshotting import read_fingerprint
 from sparkjet.runtime.spark_runner import SparkRunner
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
 from sparkjet.snapshot.layout import check_name as _check_name

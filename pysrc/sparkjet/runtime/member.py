@@ -2,97 +2,47 @@
 snapshot coordinator of :mod:`sparkjet.runtime.coordinator`, which on Spark runs on the
 driver).
 
-Threads: one per processor. A source processor reads its source partitions, sends each
-batch along its vertex's paths (:mod:`sparkjet.runtime.outbox`: fused stateless stages,
-then sinks or edges into other vertices) and generates watermarks. An aggregation
-processor takes the events of its :class:`~sparkjet.runtime.aligner.BarrierAligner` (batches and
-watermarks from every processor feeding it, and barriers), runs its operator
-(:mod:`sparkjet.operators.base`) and sends the output along its own paths. Processors of
-other members are fed over :mod:`sparkjet.runtime.exchange`. Snapshot n (Chandy-Lamport):
+The :class:`Member` makes one thread per processor (:mod:`sparkjet.runtime.processors`:
+source processors, and keyed processors fed by a
+:class:`~sparkjet.runtime.aligner.BarrierAligner` each), keeps their metrics, wires them to
+the coordinator (on a thread of its own alone, through a :class:`RemoteLink` on Spark) and to
+the processors of other members (:mod:`sparkjet.runtime.exchange`), and fails the whole
+execution when any of them fails. The coordinator's commands ("barrier", "commit", "end")
+reach the processors through :meth:`Member.command`; what each writes at a barrier and reads
+back at restore is :mod:`sparkjet.runtime.snapshotting`'s.
 
-1. the coordinator asks every source processor for barrier n; each saves its source state
-   and watermarks, prepares the transactions of the sinks it writes, then puts barrier n
-   into every channel it feeds;
-2. each aggregation processor's aligner emits "snapshot n" once aligned (exactly-once: held
-   channels; at-least-once: the last barrier); the processor saves its state (by
-   partition) and watermark, prepares its sinks' transactions and forwards barrier n;
-3. every processor hands its manifest to the coordinator (phase-1 acknowledgement); the
-   coordinator commits the snapshot in the store (the commit point), then tells every
-   processor to run phase 2 (sinks commit, acknowledging sources ack) on its own thread.
-
-A member that starts from a snapshot restores the source state of every source partition,
-the state of the partitions its processors own, and recovers the sink transactions
-prepared in that snapshot. Every execution has an id, the fencing token of store and sinks.
+A member that starts from a snapshot (alone: the last complete one; on Spark: the one the
+driver names; else the job's initial snapshot, if any) checks it against the pipeline
+(:mod:`sparkjet.runtime.restore`) and hands each processor its share of it. Every
+execution has an id, the fencing token of store and sinks.
 """
 from __future__ import annotations
 
-import json
 import os
-import queue
 import threading
 import time
 
 import pyarrow as pa
 
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.errors import (
-    MemberFailedError,  # noqa: F401 (defined there; named here too)
-    SnapshotNotFoundError,
-)
-from sparkjet.operators.table_join import TABLES_VERTEX, TableVersions
-from sparkjet.operators.time import EventTimeColumn, in_units
+from sparkjet.errors import MemberFailedError  # noqa: F401 (defined there; named here too)
+from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
-from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT, BarrierAligner
+from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
-from sparkjet.runtime.outbox import Outbox
-from sparkjet.runtime.restore import (
-    PLAN_VERTEX,
-    StartPoint,
-    conform_state,
-    initial_point,
-    open_point,
-    plan_restore,
+from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
+from sparkjet.runtime.restore import StartPoint, initial_point, open_point, plan_restore
+from sparkjet.runtime.snapshotting import (
+    merge_states,  # noqa: F401 (defined there; named here too: connectors.base names it here)
     read_fingerprint,
+    restore_processors,
 )
-from sparkjet.runtime.schemas import SCHEMAS_VERTEX
-from sparkjet.runtime.schemas import decode as decode_schema
 from sparkjet.runtime.topology import Topology
-from sparkjet.runtime.watermarks import (
-    MAX_TIME,
-    MIN_TIME,
-    PartitionFloors,
-    SourceWatermarks,
-    Watermark,
-    WatermarkTracker,
-)
+from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
 
-_POLL = 0.005
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-
-
-def merge_states(states: list) -> dict | None:
-    """Deep merge of JSON-able per-processor states (dicts are united, lists concatenated):
-    how state saved by N processors is handed to M readers after a rescale."""
-    out: dict = {}
-    found = False
-    for state in states:
-        if state is None:
-            continue
-        found = True
-        _merge_into(out, state)
-    return out if found else None
-
-
-def _merge_into(out: dict, state: dict) -> None:
-    for k, v in state.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            _merge_into(out[k], v)
-        elif isinstance(v, list) and isinstance(out.get(k), list):
-            out[k] = out[k] + v
-        else:
-            out[k] = v
 
 
 class Member:
@@ -142,18 +92,18 @@ class Member:
         self._ns_per_unit: int | None = None
         self.n_sources = t.n_sources
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
-        self.processors: list[_Processor] = []
+        self.processors: list[Processor] = []
         #: (vertex, processor index) -> the aligner of a processor of this member
         self.aligners: dict[tuple[str, int], BarrierAligner] = {}
         for v in dag.vertices.values():
             for k in t.processors_of(v.name, index):
                 if v.kind == SOURCE:
                     parts = t.source_partitions_of(v.name, k, v.source.partition_count())
-                    self.processors.append(_SourceProcessor(self, v, k, parts))
+                    self.processors.append(SourceProcessor(self, v, k, parts))
                 else:
                     self.aligners[(v.name, k)] = BarrierAligner(
                         t.channels[v.name], mode=mode, capacity=config.queue_capacity)
-                    self.processors.append(_KeyedProcessor(self, v, k))
+                    self.processors.append(KeyedProcessor(self, v, k))
         self._sources_ended: set[str] = set()
         self._ended = threading.Event()
 
@@ -167,7 +117,7 @@ class Member:
     def connect(self, peers: list[str], coordinator: str, security) -> None:
         """Sets the exchange locations of every member (by index) and of the coordinator,
         reached with the execution's credentials
-        (:class:`~sparkjet.runtime.security.LinkSecurity`)."""
+        (:class:`~sparkjet.runtime.exchange.security.LinkSecurity`)."""
         # Lazy: the exchange loads pyarrow.flight, which a member alone never needs.
         from sparkjet.runtime.exchange import ExchangeClient
 
@@ -217,6 +167,11 @@ class Member:
     def count_vertex(self, vertex: str, direction: str, n: int) -> None:
         with self._lock:
             self.metrics["vertices"][vertex][direction] += n
+
+    def add_latencies(self, key: str, latencies: list) -> None:
+        """Adds samples (ns) to ``latencies_ns`` or ``emit_latencies_ns``."""
+        with self._lock:
+            self.metrics[key].extend(latencies)
 
     def watermark_of(self, vertex: str, time: int) -> None:
         with self._lock:
@@ -322,7 +277,6 @@ class Member:
             point = initial_point(self.config)
         else:
             return 0
-        t = self.topology
         store = open_point(self.config, point, self.store)
         plan = plan_restore(self.dag, read_fingerprint(store, point), point,
                             self.config.state_mapping)
@@ -330,60 +284,7 @@ class Member:
             self.metrics["initial_snapshot"] = str(point)
         else:
             self.metrics["restored_from"] = snapshot_id
-        at = {"snapshot_id": None, "name": point.export} if point.export else \
-            {"snapshot_id": point.snapshot_id}
-        tables = {}
-        if self.dag.table_joins and not point.initial:
-            # (another job's table versions are in its own directory: an initial
-            # snapshot's joins load their tables afresh)
-            try:
-                tables = _entries_json(store.restore(TABLES_VERTEX, [], **at).broadcast_entries)
-            except SnapshotNotFoundError:
-                pass    # a snapshot from before table joins: they load their tables afresh
-        schemas = {}
-        if plan.same and not point.initial:
-            # a changed pipeline's outputs may have other schemas: they are fixed afresh
-            try:
-                schemas = {k: decode_schema(v.decode()) for k, v in
-                           _raw_entries(store.restore(SCHEMAS_VERTEX, [], **at)
-                                        .broadcast_entries).items()}
-            except SnapshotNotFoundError:
-                schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
-        sinks_prepared: dict[str, dict] = {}
-        for name in self.dag.sinks:
-            old = plan.sinks.get(name)
-            sinks_prepared[name] = {} if old is None else _entries_json(
-                store.restore(old, [], **at).broadcast_entries)
-        for p in self.processors:
-            v = p.vertex
-            old = plan.vertices.get(v.name)
-            p.restored_schemas = schemas
-            if old is None:
-                pass        # a new vertex: it starts empty
-            elif v.kind == SOURCE:
-                p.restored_tables = _tables_of(tables, old, p.index)
-                entries = _entries_json(store.restore(old, [], **at).broadcast_entries)
-                p.restored_source_state = merge_states(
-                    [s for k, s in entries.items() if not k.startswith("wm:")])
-                p.restored_times = _max_times([s for k, s in entries.items() if k.startswith("wm:")])
-            else:
-                p.restored_tables = _tables_of(tables, old, p.index)
-                state = store.restore(old, t.partitions_of(v.name, p.index), **at)
-                p.restored_table = conform_state(
-                    v, state.table if not v.single else state.broadcast_table)
-                p.restored_broadcast = None if v.single else state.broadcast_table
-                marks = [s for k, s in _entries_json(state.broadcast_entries).items()
-                         if k.startswith("wm:")]
-                p.restored_watermark, p.restored_floors = PartitionFloors.from_saved(
-                    marks, t.partitions_of(v.name, p.index), self.config.partition_count,
-                    None if v.single else v.stage.key)
-            # An old sink instance's prepared transactions go to instance (old index %
-            # total), the rule by which sinks find the leftovers they own after a rescale.
-            for sink in p.sink_names:
-                total = t.sink_instances[sink]
-                mine = t.sink_offset[sink][v.name] + p.index
-                p.prepared[sink] = merge_states([s for i, s in sinks_prepared[sink].items()
-                                                 if int(i) % total == mine])
+        restore_processors(self, store, point, plan)
         if store is not self.store:
             store.close()
         self.progress({"event": "restored", "snapshot": point.snapshot_id,
@@ -509,378 +410,3 @@ class RemoteLink:
                 pass
         self._thread.join(2.0)
         self.client.close()
-
-
-class _Processor(threading.Thread):
-    def __init__(self, member: Member, vertex, index: int):
-        super().__init__(name=f"sparkjet-{vertex.name}-{index}", daemon=True)
-        self.label = f"{vertex.name}-{index}"
-        self.member = member
-        self.vertex = vertex
-        self.index = index
-        self.control: queue.Queue = queue.Queue()
-        self.sink_names = list(dict.fromkeys(p.sink for p in vertex.paths if p.sink is not None))
-        late = [s.name for s in member.dag.sinks.values() if s.late and vertex.name in s.feeders]
-        self.late_sink = late[0] if late else None
-        if self.late_sink is not None:
-            self.sink_names.append(self.late_sink)
-        self.sink_names += [s.name for s in member.dag.sinks.values()
-                            if s.dead_letters and vertex.name in s.feeders]
-        self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
-        self.restored_tables: dict = {}  # join_table stage -> its restored version entry
-        self.restored_schemas: dict = {}  # output -> the schema the snapshot recorded
-        self.sinks: dict = {}           # sink name -> SinkWriter
-        self.outbox: Outbox | None = None
-        self._ts_samples: list = []
-        self._pending_latency: dict[int, list] = {}
-
-    def run(self) -> None:
-        try:
-            self.work()
-        except BaseException as e:  # noqa: BLE001 - reported to the member, which ends the execution
-            self.member.fail(e)
-
-    def open_outputs(self, on_timestamps=None) -> None:
-        m, t = self.member, self.member.topology
-        for name in self.sink_names:
-            spec = m.dag.sinks[name]
-            writer = spec.sink.open(m.context(spec.sink.name,
-                                              t.sink_offset[name][self.vertex.name] + self.index,
-                                              t.sink_instances[name]))
-            writer.recover(m.metrics["restored_from"], self.prepared.get(name))
-            self.sinks[name] = writer
-        self.outbox = Outbox(self, self.vertex, self.sinks, on_timestamps)
-
-    def close_sinks(self) -> None:
-        if not self.member.failed:
-            for writer in self.sinks.values():
-                writer.close()
-
-    def emit(self, batch: pa.RecordBatch) -> None:
-        written = self.outbox.emit(batch)
-        self.member.count_vertex(self.vertex.name, "out", batch.num_rows)
-        if written:
-            self.member.count("events_out", written)
-
-    def write_late(self, batch: pa.RecordBatch | None) -> None:
-        if batch is None or batch.num_rows == 0:
-            return
-        self.member.count("late_events", batch.num_rows)
-        if self.late_sink is not None:
-            self.outbox.write_sink(self.late_sink, batch)
-
-    def sample_ts(self, batch: pa.RecordBatch) -> list:
-        """Samples the event times (``ts``, ns) of a batch on its way to the output: their
-        latency is measured when the output is committed (``latencies_ns``) and, by
-        :meth:`emitted`, when it is handed to the sinks (``emit_latencies_ns``)."""
-        if "ts" in batch.schema.names and batch.num_rows and self.sinks:
-            ts = batch.column("ts")
-            step = max(1, batch.num_rows // 16)
-            samples = ts.cast(pa.int64()).to_numpy()[::step].tolist()
-            self._ts_samples.extend(samples)
-            return samples
-        return []
-
-    def emitted(self, samples: list) -> None:
-        if samples:
-            now = time.time_ns()
-            with self.member._lock:
-                self.member.metrics["emit_latencies_ns"].extend(now - t for t in samples)
-
-    def prepare_sinks(self, writer, snapshot_id: int) -> None:
-        t = self.member.topology
-        for name, sink in self.sinks.items():
-            prepared = sink.prepare(snapshot_id)
-            instance = t.sink_offset[name][self.vertex.name] + self.index
-            writer.write_broadcast_entries(name, [str(instance).encode()],
-                                           [json.dumps(prepared).encode()])
-        self._pending_latency[snapshot_id] = self._ts_samples
-        self._ts_samples = []
-
-    def commit_sinks(self, snapshot_id: int) -> None:
-        for sink in self.sinks.values():
-            sink.commit(snapshot_id)
-        now = time.time_ns()
-        for sid in [s for s in self._pending_latency if s <= snapshot_id]:
-            samples = self._pending_latency.pop(sid)
-            with self.member._lock:
-                self.member.metrics["latencies_ns"].extend(now - t for t in samples)
-
-    def new_writer(self, snapshot_id: int):
-        m = self.member
-        writer = m.topology.offset[self.vertex.name] + self.index
-        w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                           partition_count=m.config.partition_count,
-                           codec=m.config.snapshot_codec)
-        if writer == 0:
-            w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
-                                      [json.dumps(m.dag.fingerprint()).encode()])
-        return w
-
-
-class _SourceProcessor(_Processor):
-    def __init__(self, member: Member, vertex, index: int, partitions: list[int]):
-        super().__init__(member, vertex, index)
-        self.partitions = partitions
-        self.restored_source_state = None
-        self.restored_times: dict = {}
-        self._reader = None
-        self._partition = None
-        self._terminal = None
-        ts = vertex.timestamps
-        self.watermarks = None
-        if ts is not None:
-            self.watermarks = SourceWatermarks(list(partitions) or [None], 0, ts.idle_timeout)
-            self._lag = ts.max_lag
-            self._time = EventTimeColumn(ts.column)
-
-    def _observe(self, batch: pa.RecordBatch) -> None:
-        """At the path's with_timestamps stage: the batch's greatest event time."""
-        first = self._time.type is None
-        times = self._time.values(batch)
-        if first:
-            self.watermarks.max_lag = in_units("max_lag", self._lag, self._time.type)
-        self.watermarks.observe(self._partition, times)
-        self.member.event_time_of(self.vertex.name, self.watermarks.newest(), self._time.type)
-
-    def work(self) -> None:
-        m = self.member
-        v = self.vertex
-        reader = self._reader = v.source.open(self.partitions,
-                                              m.context(v.source.name, self.index,
-                                                        m.topology.parallelism[v.name]))
-        reader.restore_state(self.restored_source_state)
-        if self.watermarks is not None:
-            self.watermarks.restore(self.restored_times)
-        self.open_outputs(self._observe if self.watermarks is not None else None)
-        ended = finished = False
-        try:
-            while not m.failed and not finished:
-                finished = self._control(reader)
-                if finished or m.failed:
-                    break
-                if ended or self._terminal is not None:
-                    # read to its end, or stopped: after the terminal barrier nothing more
-                    # is read (a resumed job reads on from the snapshot's offsets)
-                    time.sleep(_POLL)
-                    continue
-                if reader.at_end():
-                    ended = True
-                    if self.watermarks is not None:
-                        self.watermarks.ended = True
-                        self._send_watermark()
-                    m.source_ended(self.label)
-                    continue
-                batch = reader.read(m.config.batch_size)
-                if batch is None:
-                    self._send_watermark()
-                    time.sleep(_POLL)
-                    continue
-                self._partition = reader.last_partition()
-                m.count("events_in", batch.num_rows)
-                m.count_vertex(v.name, "in", batch.num_rows)
-                samples = self.sample_ts(batch)
-                self.emit(batch)
-                self.emitted(samples)
-                self._send_watermark()
-        finally:
-            if m.failed and self.outbox is not None:
-                self.outbox.abort()
-            reader.close()
-            self.close_sinks()
-
-    def _send_watermark(self) -> None:
-        if self.watermarks is not None:
-            mark = self.watermarks.due()
-            if mark is not None:
-                self.outbox.watermark(mark)
-                if not mark.idle:
-                    self.member.watermark_of(self.vertex.name, mark.time)
-
-    def _control(self, reader) -> bool:
-        """Handles the coordinator's requests; True when this processor is done."""
-        m = self.member
-        while True:
-            try:
-                msg = self.control.get_nowait()
-            except queue.Empty:
-                return False
-            if msg[0] == "barrier":
-                _, sid, terminal = msg
-                writer = self.new_writer(sid)
-                keys, values = [str(self.index).encode()], [json.dumps(reader.snapshot_state()).encode()]
-                if self.watermarks is not None:
-                    keys.append(f"wm:{self.index}".encode())
-                    values.append(json.dumps(self.watermarks.state()).encode())
-                writer.write_broadcast_entries(self.vertex.name, keys, values)
-                self.outbox.record_tables(writer, sid)
-                self.prepare_sinks(writer, sid)
-                schemas = self.outbox.schemas()
-                self.outbox.record_schemas(writer, schemas)
-                self.outbox.barrier(sid, terminal)
-                if terminal:
-                    self.outbox.end()
-                m.ack(self.label, sid, writer.finish(), schemas=schemas)
-                self._terminal = sid if terminal else None
-            elif msg[0] == "commit":
-                sid = msg[1]
-                self.commit_sinks(sid)
-                reader.ack(sid)
-                if self._terminal == sid:
-                    return True
-            elif msg[0] == "end":
-                self.outbox.end()
-                return True
-
-
-class _KeyedProcessor(_Processor):
-    def __init__(self, member: Member, vertex, index: int):
-        super().__init__(member, vertex, index)
-        self.restored_table = None
-        self.restored_watermark = MIN_TIME
-        self.restored_floors = None
-        self.restored_broadcast = None
-
-    def work(self) -> None:
-        m = self.member
-        v = self.vertex
-        op = v.stage.make_operator(v.time_column)
-        op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
-        if self.restored_broadcast is not None:
-            op.restore_broadcast(self.restored_broadcast)
-        self.restored_broadcast = None
-        self.restored_table = None
-        self.open_outputs()
-        aligner = m.aligners[(v.name, self.index)]
-        tracker = WatermarkTracker(m.topology.channels[v.name], self.restored_watermark)
-        terminal_sid = None
-        done = False
-        try:
-            while not m.failed:
-                if self._control(terminal_sid):
-                    return
-                if done:
-                    if not m.snapshots_on:
-                        return
-                    time.sleep(_POLL)
-                    continue
-                event = aligner.take(timeout=0.02)
-                for out in op.tick():
-                    self.emit(out)
-                if event is None:
-                    continue
-                kind = event[0]
-                if kind == ITEM:
-                    item = event[2]
-                    if isinstance(item, Watermark):
-                        mark = tracker.update(event[1], item)
-                        if mark is not None:
-                            self._advance(op, mark)
-                        continue
-                    samples = self.sample_ts(item)
-                    m.count_vertex(v.name, "in", item.num_rows)
-                    outputs, late = op.process(item)
-                    for out in outputs:
-                        self.emit(out)
-                    self.write_late(late)
-                    self.emitted(samples)
-                elif kind == SNAPSHOT:
-                    sid, terminal = event[1], event[2]
-                    writer = self.new_writer(sid)
-                    table = op.snapshot()
-                    if table is not None:
-                        if v.single:
-                            writer.write_broadcast_table(v.name, table)
-                        else:
-                            writer.write_table(v.name, table, key=op.state_key)
-                    shared = op.snapshot_broadcast() if self.index == 0 and not v.single else None
-                    if shared is not None:
-                        writer.write_broadcast_table(v.name, shared)
-                    mark = {"time": tracker.current,
-                            "partitions": m.topology.partitions_of(v.name, self.index)}
-                    writer.write_broadcast_entries(v.name, [f"wm:{self.index}".encode()],
-                                                   [json.dumps(mark).encode()])
-                    self.outbox.record_tables(writer, sid)
-                    self.prepare_sinks(writer, sid)
-                    schemas = self.outbox.schemas()
-                    self.outbox.record_schemas(writer, schemas)
-                    self.outbox.barrier(sid, terminal)
-                    if terminal:
-                        self.outbox.end()
-                    records = aligner.alignments  # a copy of the history: read it once
-                    aligned = records[-1]["duration_s"] if records else None
-                    m.ack(self.label, sid, writer.finish(), aligned, schemas=schemas)
-                    if terminal:
-                        terminal_sid = sid
-                elif kind == DONE:
-                    # Every input ended. Without snapshots the end of the input is the end
-                    # of time (with them, the terminal barrier has ended the outputs).
-                    done = True
-                    if not self.outbox.ended:
-                        if tracker.current < MAX_TIME:
-                            self._advance(op, Watermark(MAX_TIME))
-                        self.outbox.end()
-        finally:
-            if m.failed and self.outbox is not None:
-                self.outbox.abort()
-            self.close_sinks()
-
-    def _advance(self, op, mark: Watermark) -> None:
-        if not mark.idle:
-            self.member.watermark_of(self.vertex.name, mark.time)
-            for out in op.advance(mark.time):
-                self.emit(out)
-            # an operator whose output may trail its input's event time holds it back
-            mark = Watermark(op.output_watermark(mark.time))
-        self.outbox.watermark(mark)
-
-    def _control(self, terminal_sid) -> bool:
-        while True:
-            try:
-                msg = self.control.get_nowait()
-            except queue.Empty:
-                return False
-            if msg[0] == "commit":
-                self.commit_sinks(msg[1])
-                if msg[1] == terminal_sid:
-                    return True
-
-
-def _tables_of(entries: dict, vertex: str, index: int) -> dict:
-    """The table versions processor ``index`` of ``vertex`` recorded (join name -> entry).
-    After a rescale a processor the snapshot did not have takes those of the vertex's
-    lowest-numbered processor."""
-    mine: dict = {}
-    for key in sorted(entries, key=lambda k: (int(k.split("/")[1]), k)):
-        v, i, name = key.split("/", 2)
-        if v != vertex:
-            continue
-        if int(i) == index:
-            mine[name] = entries[key]
-        else:
-            mine.setdefault(name, entries[key])
-    return mine
-
-
-def _max_times(states: list) -> dict:
-    out: dict = {}
-    for s in states:
-        for p, t in (s or {}).items():
-            out[p] = t if p not in out else max(out[p], t)
-    return out
-
-
-def _raw_entries(entries) -> dict:
-    """Broadcast entries as a dict of bytes (str key -> bytes value)."""
-    if entries is None:
-        return {}
-    keys, values = entries
-    return {k.decode(): v for k, v in zip(keys.to_pylist(), values.to_pylist())}
-
-
-def _entries_json(entries) -> dict:
-    """Broadcast entries (processor index -> JSON) as a dict."""
-    if entries is None:
-        return {}
-    keys, values = entries
-    return {k.decode(): json.loads(v) for k, v in zip(keys.to_pylist(), values.to_pylist())}

@@ -2,21 +2,17 @@
 channels of its edges into other vertices (local aligners or exchange streams)."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow as pa
 
 from sparkjet._batches import split_by
 from sparkjet.errors import SchemaMismatchError
 from sparkjet.operators.base import ORDINAL
-from sparkjet.operators.table_join import TABLES_VERTEX, TableJoiner, TableJoinStage
+from sparkjet.operators.table_join import TableJoiner, TableJoinStage
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline.dag import Vertex
 from sparkjet.pipeline.stages import TimestampsStage
-from sparkjet.runtime.schemas import SCHEMAS_VERTEX, SchemaGuard, encode
-
-#: The column telling a stage of several inputs which one a batch came from.
+from sparkjet.runtime.schemas import SchemaGuard, encode
 
 
 class Outbox:
@@ -146,11 +142,6 @@ class Outbox:
         carries for the coordinator to compare across processors."""
         return {k: encode(g.schema) for k, g in self._guards.items() if g.schema is not None}
 
-    def record_schemas(self, writer, schemas: dict) -> None:
-        if schemas:
-            writer.write_broadcast_entries(SCHEMAS_VERTEX, [k.encode() for k in schemas],
-                                           [v.encode() for v in schemas.values()])
-
     def _route(self, target: str, batch: pa.RecordBatch, ordinal: int = 0) -> None:
         if target in self._tagged:
             batch = batch.append_column(ORDINAL, pa.array(np.full(batch.num_rows, ordinal, np.int8)))
@@ -170,18 +161,12 @@ class Outbox:
 
     # -- in-band control -----------------------------------------------------------------
 
-    def record_tables(self, writer, snapshot_id: int) -> None:
+    def table_versions(self, snapshot_id: int) -> list[tuple[str, dict]]:
         """At barrier ``snapshot_id``, before it is forwarded: each table join reloads if
-        due, and the snapshot records (and keeps) the version it uses from now on."""
-        if not self._joiners:
-            return
-        keys, values = [], []
-        for joiner in self._joiners.values():
-            entry = joiner.at_barrier(snapshot_id)
-            writer.use_table_version(entry["version"])
-            keys.append(f"{self.vertex.name}/{self.processor.index}/{joiner.name}".encode())
-            values.append(json.dumps(entry).encode())
-        writer.write_broadcast_entries(TABLES_VERTEX, keys, values)
+        due; returns the version each uses from now on (join name, entry), which the
+        snapshot records (:func:`sparkjet.runtime.snapshotting.write_tables`)."""
+        return [(joiner.name, joiner.at_barrier(snapshot_id))
+                for joiner in self._joiners.values()]
 
     def barrier(self, snapshot_id: int, terminal: bool) -> None:
         for w in self.targets:

@@ -8,16 +8,16 @@ from the export's offsets; its sinks start clean (the old job's transactions are
 committed nor aborted: they are the old job's).
 
 Before any execution, :func:`plan_restore` compares the pipeline that took the snapshot (the
-DAG fingerprint it recorded) with this one, vertex by vertex (vertices are matched by name,
-:mod:`sparkjet.pipeline.dag`) and state schema by schema, and returns which old state each vertex
-restores. A new vertex starts empty; a vertex of the snapshot that the pipeline lacks is
-refused unless ``JobConfig.state_mapping`` drops it (``{"old": None}``) or maps it to a
-vertex of another name (``{"old": "new"}``: the mapping applies only to a snapshot that
-another pipeline took, so one left in the configuration does nothing once the job has
-snapshots of its own); a declared state schema (``map_state``) may
-gain nullable columns (old rows get nulls), but a changed type or a removed column is
-refused, as is any change of kind, key, aggregation, window or a source's partition count.
-The error lists every difference at once.
+DAG fingerprint it recorded, :func:`~sparkjet.runtime.snapshotting.read_fingerprint`) with
+this one, vertex by vertex (vertices are matched by name, :mod:`sparkjet.pipeline.dag`) and
+state schema by schema, and returns which old state each vertex restores. A new vertex
+starts empty; a vertex of the snapshot that the pipeline lacks is refused unless
+``JobConfig.state_mapping`` drops it (``{"old": None}``) or maps it to a vertex of another
+name (``{"old": "new"}``: the mapping applies only to a snapshot that another pipeline took,
+so one left in the configuration does nothing once the job has snapshots of its own); a
+declared state schema (``map_state``) may gain nullable columns (old rows get nulls), but a
+changed type or a removed column is refused, as is any change of kind, key, aggregation,
+window or a source's partition count. The error lists every difference at once.
 """
 from __future__ import annotations
 
@@ -38,9 +38,6 @@ from sparkjet.runtime.lifecycle import job_name_of
 from sparkjet.snapshot import layout
 
 _log = logging.getLogger("sparkjet.job")
-
-#: The snapshot vertex holding the DAG's fingerprint.
-PLAN_VERTEX = "plan"
 
 #: Fingerprint fields whose change makes a vertex's old state meaningless.
 _STATE_FIELDS = ("kind", "keys", "aggregations", "window", "source", "on")
@@ -138,23 +135,6 @@ class RestorePlan:
     sinks: dict[str, str | None]
     same: bool
     notes: list[str]
-
-
-def read_fingerprint(store, point: StartPoint) -> dict | None:
-    """The DAG fingerprint recorded in ``point`` (None: a snapshot from before them)."""
-    import json
-
-    try:
-        entries = store.restore(PLAN_VERTEX, [], snapshot_id=None if point.export else
-                                point.snapshot_id, name=point.export).broadcast_entries
-    except SnapshotNotFoundError:
-        return None
-    if entries is None:
-        return None
-    for key, value in zip(entries[0].to_pylist(), entries[1].to_pylist()):
-        if key == b"dag":
-            return json.loads(value)
-    return None
 
 
 def plan_restore(dag: Dag, saved: dict | None, point: StartPoint,
@@ -325,5 +305,5 @@ def log_plan(config, point: StartPoint, plan: RestorePlan) -> None:
                   extra={"job": config.name, "execution": "-", "member": "-"})
 
 
-__all__ = ["PLAN_VERTEX", "RestorePlan", "StartPoint", "conform_state", "initial_point",
-           "open_point", "plan_restore", "read_fingerprint", "split_initial", "start_point"]
+__all__ = ["RestorePlan", "StartPoint", "conform_state", "initial_point", "open_point",
+           "plan_restore", "split_initial", "start_point"]

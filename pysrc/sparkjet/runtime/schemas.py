@@ -12,8 +12,8 @@ reaches a sink or another vertex: nothing of it is committed.
 An output's schema is fixed by the first batch of any processor. Each processor reports the
 schemas it has fixed with its snapshot acknowledgement; the coordinator refuses to commit a
 snapshot whose processors disagree (:func:`check_agreement`), and the snapshot records them
-(:data:`SCHEMAS_VERTEX`), so a restarted or rescaled execution starts with the committed
-schemas instead of fixing new ones.
+(:data:`~sparkjet.runtime.snapshotting.SCHEMAS_VERTEX`), so a restarted or rescaled
+execution starts with the committed schemas instead of fixing new ones.
 """
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ import base64
 import pyarrow as pa
 
 from sparkjet.errors import SchemaMismatchError
-
-#: The pseudo-vertex whose broadcast entries hold the outputs' schemas in a snapshot.
-SCHEMAS_VERTEX = "__schemas"
 
 
 def normalize_type(t: pa.DataType) -> pa.DataType:
@@ -132,5 +129,4 @@ def check_agreement(reports: list[dict]) -> dict:
     return agreed
 
 
-__all__ = ["SCHEMAS_VERTEX", "SchemaGuard", "check_agreement", "decode", "encode", "normalize",
-           "normalize_type"]
+__all__ = ["SchemaGuard", "check_agreement", "decode", "encode", "normalize", "normalize_type"]

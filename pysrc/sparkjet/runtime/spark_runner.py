@@ -44,10 +44,10 @@ from collections.abc import Callable
 from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
+from sparkjet.runtime.exchange.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import add_vertex_counts
-from sparkjet.runtime.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,

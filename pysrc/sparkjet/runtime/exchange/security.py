@@ -60,7 +60,7 @@ from pyarrow import flight
 from sparkjet.errors import InvalidArgumentError
 
 __all__ = ["HEADER", "REFUSAL", "SERVER_NAME", "TOKEN_WINDOW", "CallAuth", "LinkSecurity",
-           "ServerAuth", "TLSIdentity", "action_digest"]
+           "ServerAuth", "TLSIdentity", "action_digest", "check_link_security"]
 
 #: The header that carries a call's token.
 HEADER = "sparkjet-auth"
@@ -256,6 +256,14 @@ class _Seen:
 def action_digest(action: str, body: bytes) -> str:
     """The SHA-256 of an action's type and body, which its token is bound to."""
     return hashlib.sha256(action.encode() + b"\0" + bytes(body)).hexdigest()
+
+
+def check_link_security(security) -> None:
+    """Refuses (:class:`~sparkjet.errors.InvalidArgumentError`) a ``security`` that is not
+    a :class:`LinkSecurity`: what every exchange server and client must be given."""
+    if not isinstance(security, LinkSecurity):
+        raise InvalidArgumentError(
+            f"security must be a LinkSecurity, not {type(security).__name__}")
 
 
 class CallAuth(flight.ServerMiddleware):

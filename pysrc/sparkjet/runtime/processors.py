@@ -1,0 +1,343 @@
+"""A member's processors: one thread each, running one vertex's share of a DAG.
+
+A :class:`SourceProcessor` reads its source partitions, sends each batch along its vertex's
+paths (:mod:`sparkjet.runtime.outbox`: fused stateless stages, then sinks or edges into
+other vertices) and generates watermarks. A :class:`KeyedProcessor` takes the events of
+its :class:`~sparkjet.runtime.aligner.BarrierAligner` (batches and watermarks from every
+processor feeding it, and barriers), runs its vertex's operator
+(:mod:`sparkjet.operators.base`) and sends the output along its own paths. At a snapshot
+barrier each saves its state and forwards the barrier (:mod:`sparkjet.runtime.snapshotting`
+says what it writes, and what it reads back at restore); both hand their sinks'
+transactions through the two phases of a snapshot (prepare at the barrier, commit when the
+coordinator says so), and count what they see in the metrics of their
+:class:`~sparkjet.runtime.member.Member`, which owns them and wires them to the coordinator
+and to the processors of other members.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from sparkjet.operators.time import EventTimeColumn, in_units
+from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT
+from sparkjet.runtime.outbox import Outbox
+from sparkjet.runtime.snapshotting import (
+    finish_barrier,
+    open_writer,
+    write_keyed,
+    write_prepared,
+    write_source,
+)
+from sparkjet.runtime.watermarks import (
+    MAX_TIME,
+    MIN_TIME,
+    SourceWatermarks,
+    Watermark,
+    WatermarkTracker,
+)
+
+if TYPE_CHECKING:
+    from sparkjet.runtime.member import Member
+
+_POLL = 0.005
+
+
+class Processor(threading.Thread):
+    def __init__(self, member: Member, vertex, index: int):
+        super().__init__(name=f"sparkjet-{vertex.name}-{index}", daemon=True)
+        self.label = f"{vertex.name}-{index}"
+        self.member = member
+        self.vertex = vertex
+        self.index = index
+        self.control: queue.Queue = queue.Queue()
+        self.sink_names = list(dict.fromkeys(p.sink for p in vertex.paths if p.sink is not None))
+        late = [s.name for s in member.dag.sinks.values() if s.late and vertex.name in s.feeders]
+        self.late_sink = late[0] if late else None
+        if self.late_sink is not None:
+            self.sink_names.append(self.late_sink)
+        self.sink_names += [s.name for s in member.dag.sinks.values()
+                            if s.dead_letters and vertex.name in s.feeders]
+        self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
+        self.restored_tables: dict = {}  # join_table stage -> its restored version entry
+        self.restored_schemas: dict = {}  # output -> the schema the snapshot recorded
+        self.sinks: dict = {}           # sink name -> SinkWriter
+        self.outbox: Outbox | None = None
+        self._ts_samples: list = []
+        self._pending_latency: dict[int, list] = {}
+
+    def run(self) -> None:
+        try:
+            self.work()
+        except BaseException as e:  # noqa: BLE001 - reported to the member, which ends the execution
+            self.member.fail(e)
+
+    def open_outputs(self, on_timestamps=None) -> None:
+        m, t = self.member, self.member.topology
+        for name in self.sink_names:
+            spec = m.dag.sinks[name]
+            writer = spec.sink.open(m.context(spec.sink.name,
+                                              t.sink_offset[name][self.vertex.name] + self.index,
+                                              t.sink_instances[name]))
+            writer.recover(m.metrics["restored_from"], self.prepared.get(name))
+            self.sinks[name] = writer
+        self.outbox = Outbox(self, self.vertex, self.sinks, on_timestamps)
+
+    def close_sinks(self) -> None:
+        if not self.member.failed:
+            for writer in self.sinks.values():
+                writer.close()
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        written = self.outbox.emit(batch)
+        self.member.count_vertex(self.vertex.name, "out", batch.num_rows)
+        if written:
+            self.member.count("events_out", written)
+
+    def write_late(self, batch: pa.RecordBatch | None) -> None:
+        if batch is None or batch.num_rows == 0:
+            return
+        self.member.count("late_events", batch.num_rows)
+        if self.late_sink is not None:
+            self.outbox.write_sink(self.late_sink, batch)
+
+    def sample_ts(self, batch: pa.RecordBatch) -> list:
+        """Samples the event times (``ts``, ns) of a batch on its way to the output: their
+        latency is measured when the output is committed (``latencies_ns``) and, by
+        :meth:`emitted`, when it is handed to the sinks (``emit_latencies_ns``)."""
+        if "ts" in batch.schema.names and batch.num_rows and self.sinks:
+            ts = batch.column("ts")
+            step = max(1, batch.num_rows // 16)
+            samples = ts.cast(pa.int64()).to_numpy()[::step].tolist()
+            self._ts_samples.extend(samples)
+            return samples
+        return []
+
+    def emitted(self, samples: list) -> None:
+        if samples:
+            now = time.time_ns()
+            self.member.add_latencies("emit_latencies_ns", [now - t for t in samples])
+
+    def prepare_sinks(self, writer, snapshot_id: int) -> None:
+        t = self.member.topology
+        for name, sink in self.sinks.items():
+            prepared = sink.prepare(snapshot_id)
+            instance = t.sink_offset[name][self.vertex.name] + self.index
+            write_prepared(writer, name, instance, prepared)
+        self._pending_latency[snapshot_id] = self._ts_samples
+        self._ts_samples = []
+
+    def commit_sinks(self, snapshot_id: int) -> None:
+        for sink in self.sinks.values():
+            sink.commit(snapshot_id)
+        now = time.time_ns()
+        for sid in [s for s in self._pending_latency if s <= snapshot_id]:
+            samples = self._pending_latency.pop(sid)
+            self.member.add_latencies("latencies_ns", [now - t for t in samples])
+
+
+class SourceProcessor(Processor):
+    def __init__(self, member: Member, vertex, index: int, partitions: list[int]):
+        super().__init__(member, vertex, index)
+        self.partitions = partitions
+        self.restored_source_state = None
+        self.restored_times: dict = {}
+        self._reader = None
+        self._partition = None
+        self._terminal = None
+        ts = vertex.timestamps
+        self.watermarks = None
+        if ts is not None:
+            self.watermarks = SourceWatermarks(list(partitions) or [None], 0, ts.idle_timeout)
+            self._lag = ts.max_lag
+            self._time = EventTimeColumn(ts.column)
+
+    def _observe(self, batch: pa.RecordBatch) -> None:
+        """At the path's with_timestamps stage: the batch's greatest event time."""
+        first = self._time.type is None
+        times = self._time.values(batch)
+        if first:
+            self.watermarks.max_lag = in_units("max_lag", self._lag, self._time.type)
+        self.watermarks.observe(self._partition, times)
+        self.member.event_time_of(self.vertex.name, self.watermarks.newest(), self._time.type)
+
+    def work(self) -> None:
+        m = self.member
+        v = self.vertex
+        reader = self._reader = v.source.open(self.partitions,
+                                              m.context(v.source.name, self.index,
+                                                        m.topology.parallelism[v.name]))
+        reader.restore_state(self.restored_source_state)
+        if self.watermarks is not None:
+            self.watermarks.restore(self.restored_times)
+        self.open_outputs(self._observe if self.watermarks is not None else None)
+        ended = finished = False
+        try:
+            while not m.failed and not finished:
+                finished = self._control(reader)
+                if finished or m.failed:
+                    break
+                if ended or self._terminal is not None:
+                    # read to its end, or stopped: after the terminal barrier nothing more
+                    # is read (a resumed job reads on from the snapshot's offsets)
+                    time.sleep(_POLL)
+                    continue
+                if reader.at_end():
+                    ended = True
+                    if self.watermarks is not None:
+                        self.watermarks.ended = True
+                        self._send_watermark()
+                    m.source_ended(self.label)
+                    continue
+                batch = reader.read(m.config.batch_size)
+                if batch is None:
+                    self._send_watermark()
+                    time.sleep(_POLL)
+                    continue
+                self._partition = reader.last_partition()
+                m.count("events_in", batch.num_rows)
+                m.count_vertex(v.name, "in", batch.num_rows)
+                samples = self.sample_ts(batch)
+                self.emit(batch)
+                self.emitted(samples)
+                self._send_watermark()
+        finally:
+            if m.failed and self.outbox is not None:
+                self.outbox.abort()
+            reader.close()
+            self.close_sinks()
+
+    def _send_watermark(self) -> None:
+        if self.watermarks is not None:
+            mark = self.watermarks.due()
+            if mark is not None:
+                self.outbox.watermark(mark)
+                if not mark.idle:
+                    self.member.watermark_of(self.vertex.name, mark.time)
+
+    def _control(self, reader) -> bool:
+        """Handles the coordinator's requests; True when this processor is done."""
+        while True:
+            try:
+                msg = self.control.get_nowait()
+            except queue.Empty:
+                return False
+            if msg[0] == "barrier":
+                _, sid, terminal = msg
+                writer = open_writer(self.member, self.vertex.name, self.index, sid)
+                write_source(writer, self.vertex.name, self.index, reader.snapshot_state(),
+                             None if self.watermarks is None else self.watermarks.state())
+                finish_barrier(self, writer, sid, terminal)
+                self._terminal = sid if terminal else None
+            elif msg[0] == "commit":
+                sid = msg[1]
+                self.commit_sinks(sid)
+                reader.ack(sid)
+                if self._terminal == sid:
+                    return True
+            elif msg[0] == "end":
+                self.outbox.end()
+                return True
+
+
+class KeyedProcessor(Processor):
+    def __init__(self, member: Member, vertex, index: int):
+        super().__init__(member, vertex, index)
+        self.restored_table = None
+        self.restored_watermark = MIN_TIME
+        self.restored_floors = None
+        self.restored_broadcast = None
+
+    def work(self) -> None:
+        m = self.member
+        v = self.vertex
+        op = v.stage.make_operator(v.time_column)
+        op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
+        if self.restored_broadcast is not None:
+            op.restore_broadcast(self.restored_broadcast)
+        self.restored_broadcast = None
+        self.restored_table = None
+        self.open_outputs()
+        aligner = m.aligners[(v.name, self.index)]
+        tracker = WatermarkTracker(m.topology.channels[v.name], self.restored_watermark)
+        terminal_sid = None
+        done = False
+        try:
+            while not m.failed:
+                if self._control(terminal_sid):
+                    return
+                if done:
+                    if not m.snapshots_on:
+                        return
+                    time.sleep(_POLL)
+                    continue
+                event = aligner.take(timeout=0.02)
+                for out in op.tick():
+                    self.emit(out)
+                if event is None:
+                    continue
+                kind = event[0]
+                if kind == ITEM:
+                    item = event[2]
+                    if isinstance(item, Watermark):
+                        mark = tracker.update(event[1], item)
+                        if mark is not None:
+                            self._advance(op, mark)
+                        continue
+                    samples = self.sample_ts(item)
+                    m.count_vertex(v.name, "in", item.num_rows)
+                    outputs, late = op.process(item)
+                    for out in outputs:
+                        self.emit(out)
+                    self.write_late(late)
+                    self.emitted(samples)
+                elif kind == SNAPSHOT:
+                    sid, terminal = event[1], event[2]
+                    writer = open_writer(m, v.name, self.index, sid)
+                    write_keyed(writer, v, self.index, op, tracker.current,
+                                m.topology.partitions_of(v.name, self.index))
+                    # (this thread is the aligner's consumer: its alignment of this
+                    # snapshot is the last one recorded until it takes again)
+                    records = aligner.alignments  # a copy of the history: read it once
+                    aligned = records[-1]["duration_s"] if records else None
+                    finish_barrier(self, writer, sid, terminal, aligned)
+                    if terminal:
+                        terminal_sid = sid
+                elif kind == DONE:
+                    # Every input ended. Without snapshots the end of the input is the end
+                    # of time (with them, the terminal barrier has ended the outputs).
+                    done = True
+                    if not self.outbox.ended:
+                        if tracker.current < MAX_TIME:
+                            self._advance(op, Watermark(MAX_TIME))
+                        self.outbox.end()
+        finally:
+            if m.failed and self.outbox is not None:
+                self.outbox.abort()
+            self.close_sinks()
+
+    def _advance(self, op, mark: Watermark) -> None:
+        if not mark.idle:
+            self.member.watermark_of(self.vertex.name, mark.time)
+            for out in op.advance(mark.time):
+                self.emit(out)
+            # an operator whose output may trail its input's event time holds it back
+            mark = Watermark(op.output_watermark(mark.time))
+        self.outbox.watermark(mark)
+
+    def _control(self, terminal_sid) -> bool:
+        while True:
+            try:
+                msg = self.control.get_nowait()
+            except queue.Empty:
+                return False
+            if msg[0] == "commit":
+                self.commit_sinks(msg[1])
+                if msg[1] == terminal_sid:
+                    return True
+
+
+__all__ = ["KeyedProcessor", "Processor", "SourceProcessor"]
