@@ -307,3 +307,49 @@ def test_a_store_runs_on_another_backend(tmp_path):
     assert restored.sort_by("key").equals(table)
     assert calls["create_exclusive"] >= 2 and calls["open_write"] >= 1 and calls["read"] >= 1
     assert SnapshotStore.jobs(backend) == [5]
+
+
+#: Dotted names the docs may show that are not Python objects: a logger, and the names
+#: under which Cython code cimports the C API.
+NOT_PYTHON = {"sparkjet.job", "sparkjet._merkle", "sparkjet.libsparkjet"}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "ARCHITECTURE.md", "bench/README.md"])
+def test_every_module_and_name_the_docs_show_exists(doc):
+    """A name like `sparkjet.snapshot.store.SnapshotStore` in the docs resolves to a module
+    and attribute of the package (docs that name moved code mislead)."""
+    import importlib
+
+    text = (README.parent / doc).read_text()
+    missing = []
+    # (a name followed by "→" is an old name, shown with its new one)
+    for name in sorted(set(re.findall(r"`(sparkjet(?:\.[A-Za-z_]\w*)+)`(?! →)", text)) - NOT_PYTHON):
+        parts = name.split(".")
+        for k in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:k]))
+                break
+            except ImportError:
+                continue
+        try:
+            for attr in parts[k:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            missing.append(name)
+    assert not missing, f"{doc} names what does not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "ARCHITECTURE.md"])
+def test_every_source_file_the_docs_name_exists(doc):
+    root = README.parent
+    text = (root / doc).read_text()
+    named = set(re.findall(r"`((?:pysrc/sparkjet/|native/|bindings/|bench/|tests/)[\w/.-]+\.\w+)`", text))
+    for p in re.findall(r"`([\w/]+\.py)`", text):
+        if p.startswith("sparkjet/"):
+            named.add(f"pysrc/{p}")
+        elif "/" in p and not p.startswith(("pysrc/", "tests/", "bench/")):
+            named.add(f"pysrc/sparkjet/{p}")    # ARCHITECTURE.md names modules by package path
+        elif "/" not in p and not (root / p).exists() and not any(PACKAGE.rglob(p)):
+            named.add(p)
+    missing = sorted(p for p in named if not (root / p).exists())
+    assert not missing, f"{doc} names files that do not exist: {missing}"

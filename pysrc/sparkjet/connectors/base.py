@@ -155,7 +155,7 @@ class SinkWriter(ABC):
         commit what `prepared` describes and abort every other leftover transaction of this
         processor. After a rescale, `prepared` merges the states of the old processors
         mapped to this one (old index % new parallelism): dicts united, lists concatenated
-        (``sparkjet.runtime.member.merge_states``)."""
+        (``sparkjet.runtime.snapshotting.merge_states``)."""
 
     def close(self) -> None:  # noqa: B027 - optional: a writer may hold nothing to end
         """Ends writing. With guarantee "none", makes what was written visible."""

@@ -27,6 +27,7 @@ from sparkjet.errors import (
     ExecutionFailedError,  # noqa: F401 (defined there; named here too)
     )
 from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.exchange.server import ExchangeServer
 from sparkjet.runtime.schemas import check_agreement
 from sparkjet.snapshot.store import Manifest, SnapshotStore
 
@@ -148,9 +149,6 @@ class ExecutionCoordinator:
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
                  security, store: SnapshotStore | None, progress: Callable[[dict], None]):
-        # Lazy: the exchange loads pyarrow.flight, needed only by distributed executions.
-        from sparkjet.runtime.exchange import ExchangeServer
-
         self.config = config
         self.execution_id = execution_id
         self.topology = topology

@@ -25,17 +25,20 @@ import time
 import pyarrow as pa
 
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.errors import MemberFailedError  # noqa: F401 (defined there; named here too)
+from sparkjet.errors import (
+    ExchangeFencedError,
+    MemberFailedError,  # noqa: F401 (defined there; named here too)
+)
 from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
 from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
+from sparkjet.runtime.exchange.client import ExchangeClient
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
 from sparkjet.runtime.restore import StartPoint, initial_point, open_point, plan_restore
 from sparkjet.runtime.snapshotting import (
-    merge_states,  # noqa: F401 (defined there; named here too: connectors.base names it here)
     read_fingerprint,
     restore_processors,
 )
@@ -118,9 +121,6 @@ class Member:
         """Sets the exchange locations of every member (by index) and of the coordinator,
         reached with the execution's credentials
         (:class:`~sparkjet.runtime.exchange.security.LinkSecurity`)."""
-        # Lazy: the exchange loads pyarrow.flight, which a member alone never needs.
-        from sparkjet.runtime.exchange import ExchangeClient
-
         self.peers = {i: ExchangeClient(loc, security=security)
                       for i, loc in enumerate(peers) if i != self.index}
         self.link = RemoteLink(self, ExchangeClient(coordinator, security=security,
@@ -129,8 +129,6 @@ class Member:
     def on_exchange_error(self, error) -> None:
         """An inbound stream broke: its sender's member died or gave up, so this execution
         cannot go on. A zombie refused by the fence is no reason to fail."""
-        from sparkjet.runtime.exchange import ExchangeFencedError  # lazy: see connect()
-
         if not isinstance(error, ExchangeFencedError):
             self.fail(error)
 

@@ -72,7 +72,7 @@ class ExchangeServer(flight.FlightServerBase):
         per channel.
     :param execution_id: the execution this server belongs to; streams and actions of any
         other execution are refused.
-    :param security: the execution's :class:`~sparkjet.runtime.security.LinkSecurity`:
+    :param security: the execution's :class:`~sparkjet.runtime.exchange.security.LinkSecurity`:
         every call must carry a token signed with its secret (checked before any handler
         runs), and with a TLS identity the server speaks TLS only.
     :param on_error: called with an :class:`ExchangeError` (naming the peer) when an
