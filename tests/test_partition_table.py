@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparkjet.partition_table as partition_table_module
+from sparkjet import _placement
 from sparkjet.partition_table import Migration, PartitionTable, PartitionTableError, migrations
 
 P = 271
@@ -575,5 +575,5 @@ def test_column_overflows_rather_than_leaving_a_slot_empty():
     # must take all three backup slots although balance allows one each.
     placed = [[0, -1], [0, -1], [0, -1]]
     rows = [[-1, -1] for _ in range(3)]
-    column = partition_table_module._Column(3, 1, 2, rows, placed, [3, 0, 0], None).solve()
+    column = _placement._Column(3, 1, 2, rows, placed, [3, 0, 0], None).solve()
     assert sorted(column) == [1, 1, 2]
