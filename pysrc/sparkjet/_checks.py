@@ -141,7 +141,10 @@ def check_fields(obj, owner: str | None = None) -> dict:
     The message names ``owner`` and the field (``"KafkaSource: timeout must be ..."``;
     without an owner, ``"Config.field must be ..."``) and the value refused. A field whose
     annotation carries ``Meta(description=...)`` says that instead of msgspec's words for
-    the type; ``Meta(extra={"secret": True})`` keeps the value out of the message.
+    the type; ``Meta(extra={"secret": True})`` keeps the value out of the message; a
+    number above a field's upper bound (``le``) whose ``Meta`` says why in
+    ``extra={"limit": "..."}`` (what the limit protects, how to scale instead) has that
+    said after the bound.
 
     >>> from dataclasses import dataclass
     >>> @dataclass
@@ -173,6 +176,9 @@ def check_fields(obj, owner: str | None = None) -> dict:
             expected = expected.replace(_FINITE_TEXT, "a finite `float`").replace("null", "None")
             expected = re.sub(r"^Invalid enum value .*", "one of " + _choices(cls, name),
                               expected)
+        why = _over_limit(cls, name, values.get(name))
+        if why:
+            expected += f" ({why})"
         raise InvalidArgumentError(field_message(owner, cls, name, expected, values.get(name),
                                                  secret)) from None
     return msgspec.structs.asdict(checked)
@@ -206,6 +212,21 @@ def _described(cls, name: str) -> tuple[str | None, bool]:
             optional = type(None) in typing.get_args(hint)
             return m.description + (" or None" if optional else ""), secret
     return None, secret
+
+
+def _over_limit(cls, name: str, value) -> str | None:
+    """Why field ``name`` has its upper bound (``Meta(le=..., extra={"limit": why})``), if
+    ``value`` is a number above it."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    hint = typing.get_type_hints(cls, include_extras=True).get(name)
+    metas = _metas(hint) + [m for arg in typing.get_args(hint)
+                            if typing.get_origin(hint) in (typing.Union, types.UnionType)
+                            for m in _metas(arg)]
+    for m in metas:
+        if m.le is not None and value > m.le and m.extra and m.extra.get("limit"):
+            return m.extra["limit"]
+    return None
 
 
 def _metas(hint) -> list:

@@ -20,6 +20,11 @@ there: callers that rename on local disks and HDFS (snapshot exports, the file s
 commits) decide by one exclusive create of a small record on object stores (see
 :attr:`Backend.atomic_rename`).
 
+Every failure of storage (a read-only or full filesystem, a file where a folder should be,
+refused permission) raises :class:`~sparkjet.errors.StorageError`, naming the operation and
+the path (:func:`storage_error`); ``FileNotFoundError`` and ``FileExistsError``, which
+callers test for, keep their types.
+
 Paths as the driver and Spark name them are here too: :func:`absolute` (a relative path is
 the driver's), :func:`spark_names` and :func:`spark_path` (whether Spark reads a path under
 pyarrow's name, and that name as Spark takes it), for the connectors and the Spark
@@ -41,7 +46,21 @@ from sparkjet.errors import (
     ConnectorError,
     InvalidArgumentError,
     ObjectStoreRaceWarning,  # noqa: F401 (defined there; named here too)
+    StorageError,
 )
+
+
+def storage_error(operation: str, path: str, error: OSError) -> OSError:
+    """``error``, raised by ``operation`` on ``path``, as the error to raise: a
+    :class:`StorageError` naming both (the path the system names, where it says which:
+    a parent that could not be made, say), unless it is one already, or a
+    ``FileNotFoundError`` or ``FileExistsError`` (what callers test for; those name their
+    path already)."""
+    if isinstance(error, (StorageError, FileNotFoundError, FileExistsError)):
+        return error
+    where = error.filename if isinstance(error.filename, str) and error.filename else path
+    reason = f"[Errno {error.errno}] {error.strerror}" if error.strerror else str(error)
+    return StorageError(operation, where, error.errno, reason)
 
 
 def absolute(uri, filesystem=None) -> str:
@@ -102,13 +121,16 @@ class Backend:
         """Creates ``path`` and its missing parents; on a local disk each new directory is
         its owner's only (mode 0700: a job's state and output are nobody else's to read).
         On shared or object storage, access is the storage's permissions to set."""
-        if self.local:
-            if not self._root_checked:
-                check_owned(self.root)
-                self._root_checked = True
-            private_dirs(path)
-        else:
-            self.fs.create_dir(path, recursive=True)
+        try:
+            if self.local:
+                if not self._root_checked:
+                    check_owned(self.root)
+                    self._root_checked = True
+                private_dirs(path)
+            else:
+                self.fs.create_dir(path, recursive=True)
+        except OSError as e:
+            raise storage_error("create directory", path, e) from None
 
     def write(self, path: str, pieces) -> None:
         """Writes a file from byte pieces (fsynced on local disks when durable)."""
@@ -128,15 +150,18 @@ class Backend:
 
     def read(self, path: str):
         """The whole file, as a buffer (memory-mapped on local disks)."""
-        if self.local:
-            import pyarrow as pa
+        try:
+            if self.local:
+                import pyarrow as pa
 
-            size = os.path.getsize(path)
-            if size == 0:
-                return b""
-            return pa.memory_map(path, "r").read_buffer(size)
-        with self.fs.open_input_file(path) as f:
-            return f.read_buffer()
+                size = os.path.getsize(path)
+                if size == 0:
+                    return b""
+                return pa.memory_map(path, "r").read_buffer(size)
+            with self.fs.open_input_file(path) as f:
+                return f.read_buffer()
+        except OSError as e:
+            raise storage_error("read", path, e) from None
 
     def range_reader(self, path: str):
         """A function (offset, length) -> bytes of the file; on local disks a memory map,
@@ -144,38 +169,62 @@ class Backend:
         if self.local:
             buf = self.read(path)
             return lambda offset, length: buf.slice(offset, length) if length else b""
-        f = self.fs.open_input_file(path)
-        return lambda offset, length: f.read_at(length, offset)
+        try:
+            f = self.fs.open_input_file(path)
+        except OSError as e:
+            raise storage_error("read", path, e) from None
+
+        def read_at(offset, length):
+            try:
+                return f.read_at(length, offset)
+            except OSError as e:
+                raise storage_error("read", path, e) from None
+        return read_at
 
     def exists(self, path: str) -> bool:
         if self.local:
             return os.path.exists(path)
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+        return self._info(path).type != pafs.FileType.NotFound
 
     def is_dir(self, path: str) -> bool:
         if self.local:
             return os.path.isdir(path)
-        return self.fs.get_file_info(path).type == pafs.FileType.Directory
+        return self._info(path).type == pafs.FileType.Directory
+
+    def _info(self, path: str) -> pafs.FileInfo:
+        try:
+            return self.fs.get_file_info(path)
+        except OSError as e:
+            raise storage_error("look up", path, e) from None
 
     def listdir(self, path: str) -> list[str]:
         """Names in a directory ([] if it does not exist)."""
-        if self.local:
-            try:
-                return sorted(os.listdir(path))
-            except FileNotFoundError:
-                return []
-        infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        try:
+            if self.local:
+                try:
+                    return sorted(os.listdir(path))
+                except FileNotFoundError:
+                    return []
+            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except OSError as e:
+            raise storage_error("list", path, e) from None
         return sorted(Path(i.path).name for i in infos)
 
     def size(self, path: str) -> int:
         if self.local:
-            return os.path.getsize(path)
-        return self.fs.get_file_info(path).size
+            try:
+                return os.path.getsize(path)
+            except OSError as e:
+                raise storage_error("look up", path, e) from None
+        return self._info(path).size
 
     def mtime(self, path: str) -> float:
         if self.local:
-            return os.path.getmtime(path)
-        info = self.fs.get_file_info(path)
+            try:
+                return os.path.getmtime(path)
+            except OSError as e:
+                raise storage_error("look up", path, e) from None
+        info = self._info(path)
         return info.mtime.timestamp() if info.mtime else 0.0
 
     def remove_tree(self, path: str) -> None:
@@ -188,6 +237,8 @@ class Backend:
                 self.fs.delete_dir(path)
             except FileNotFoundError:
                 pass    # removed by another process since (object stores: a prefix)
+            except OSError as e:
+                raise storage_error("remove", path, e) from None
 
     def remove(self, path: str) -> None:
         try:
@@ -201,11 +252,14 @@ class Backend:
     def sync_dir(self, path: str) -> None:
         """Makes a directory's entries durable (local disks only; a no-op elsewhere)."""
         if self.local and self.durable:
-            fd = os.open(path, os.O_RDONLY)
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise storage_error("sync directory", path, e) from None
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Makes `path` appear with `data`, whole, unless it exists: True if created."""
@@ -215,7 +269,12 @@ class Backend:
             return self._put_if_absent(path, bytes(data))
         directory = path.rsplit("/", 1)[0]
         tmp = f"{directory}/.tmp-{uuid.uuid4().hex}"
-        self.write(tmp, [data])
+        try:
+            self.write(tmp, [data])
+        except StorageError as e:
+            # named by the file it was to create, not the random temporary one: a retry that
+            # fails the same way says the same (the restart policy compares the messages)
+            raise StorageError("create", path, e.errno, e.reason) from None
         try:
             if self.local:
                 try:
@@ -225,14 +284,17 @@ class Backend:
                 except OSError as e:
                     if e.errno == errno.EEXIST:
                         return False
-                    raise
+                    raise storage_error("create", path, e) from None
                 self.sync_dir(directory)
                 return True
             if not self.atomic_rename:
                 _warn_racy(self.fs.type_name)
             if self.exists(path):
                 return False
-            self.fs.move(tmp, path)
+            try:
+                self.fs.move(tmp, path)
+            except OSError as e:
+                raise storage_error("create", path, e) from None
             return True
         finally:
             self.remove(tmp)
@@ -241,10 +303,13 @@ class Backend:
         """Renames a directory: one atomic rename on local disks (refused onto a folder
         that is not empty) and HDFS (refused onto an existing name); a copy of every object
         on object stores, where commits never rest on it (see :attr:`atomic_rename`)."""
-        if self.local:
-            os.rename(src, dst)
-        else:
-            self.fs.move(src, dst)
+        try:
+            if self.local:
+                os.rename(src, dst)
+            else:
+                self.fs.move(src, dst)
+        except OSError as e:
+            raise storage_error("rename", f"{src} to {dst}", e) from None
 
     def link_or_copy(self, src: str, dst: str) -> None:
         """A hard link on local disks (an export survives its source's cleanup), else a copy."""
@@ -254,7 +319,10 @@ class Backend:
                 return
             except OSError:
                 pass
-        self.fs.copy_file(src, dst)
+        try:
+            self.fs.copy_file(src, dst)
+        except OSError as e:
+            raise storage_error("copy", f"{src} to {dst}", e) from None
 
 
 def _warn_racy(kind: str) -> None:
@@ -389,32 +457,41 @@ class StreamWriter:
     def __init__(self, backend: Backend, path: str):
         self.backend, self.path = backend, path
         self._unsynced = 0
-        if backend.local:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        else:
-            self._out = backend.fs.open_output_stream(path)
+        try:
+            if backend.local:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            else:
+                self._out = backend.fs.open_output_stream(path)
+        except OSError as e:
+            raise storage_error("create", path, e) from None
 
     def write(self, piece) -> None:
-        if self.backend.local:
-            view = memoryview(piece).cast("B")
-            self._unsynced += len(view)
-            while view:
-                view = view[os.write(self._fd, view):]
-            if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
-                os.fdatasync(self._fd)
-                self._unsynced = 0
-        else:
-            self._out.write(piece)
+        try:
+            if self.backend.local:
+                view = memoryview(piece).cast("B")
+                self._unsynced += len(view)
+                while view:
+                    view = view[os.write(self._fd, view):]
+                if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
+                    os.fdatasync(self._fd)
+                    self._unsynced = 0
+            else:
+                self._out.write(piece)
+        except OSError as e:
+            raise storage_error("write", self.path, e) from None
 
     def close(self) -> None:
-        if self.backend.local:
-            try:
-                if self.backend.durable:
-                    os.fsync(self._fd)
-            finally:
-                os.close(self._fd)
-        else:
-            self._out.close()
+        try:
+            if self.backend.local:
+                try:
+                    if self.backend.durable:
+                        os.fsync(self._fd)
+                finally:
+                    os.close(self._fd)
+            else:
+                self._out.close()
+        except OSError as e:
+            raise storage_error("write", self.path, e) from None
 
     def abort(self) -> None:
         try:
@@ -443,7 +520,8 @@ def private_dirs(path: str) -> None:
             os.mkdir(directory, 0o700)
         except FileExistsError:
             if not os.path.isdir(directory):
-                raise
+                raise NotADirectoryError(errno.ENOTDIR, "a file where a directory is expected",
+                                         directory) from None
 
 
 def check_owned(path: str) -> None:

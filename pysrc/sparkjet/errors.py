@@ -2,6 +2,7 @@
 catch. Modules that raise one may name it too (``sparkjet.runtime.JobFailedError``), but it is
 defined here."""
 import enum
+import errno
 
 
 class SparkjetError(Exception):
@@ -281,6 +282,37 @@ class PartitionTableError(SparkjetError, ValueError):
 
 class TableLoadError(SparkjetError, ValueError):
     """A reference table could not be loaded, or does not fit its join."""
+
+
+class StorageError(SparkjetError, OSError):
+    """The storage of a snapshot store or a sink refused an operation: ``operation`` (``"write"``,
+    ``"create directory"``, ...) on ``path`` failed (a read-only or full filesystem, a file
+    where a folder should be, refused permission, a lost connection). Still an ``OSError``
+    (``errno`` is the cause's), so code that catches those still does.
+
+    ``deterministic`` says whether a replay would repeat it, for the restart policy
+    (:mod:`sparkjet.runtime.failures`): a read-only filesystem, refused permission, a file
+    where a folder is expected or a name too long do (the job fails at once); a full disk or
+    quota, an I/O error or an object store's error may clear (the store's cleanup frees
+    space, an operator makes room), so they are retried like a lost member, and a second
+    failure the same way ends the job."""
+
+    #: The errnos a replay repeats.
+    REPEATED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                          errno.EISDIR, errno.ENAMETOOLONG})
+
+    def __init__(self, operation: str, path: str, code: int | None = None, reason: str = ""):
+        super().__init__(code, f"cannot {operation} {path}: {reason}")
+        self.operation = operation
+        self.path = path
+        self.reason = reason
+        self.deterministic = code in self.REPEATED
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):
+        return (type(self), (self.operation, self.path, self.errno, self.reason))
 
 
 class LogLockedError(SparkjetError, RuntimeError):

@@ -178,6 +178,30 @@ def test_rules_between_arguments_name_the_connector(tmp_path, make, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
+SOURCES_WITH_PARTITIONS = [c for c in CONNECTORS if c[0] in (
+    GeneratorSource, NexmarkSource, DirectorySource, DataFrameSource, KafkaSource,
+    RedisStreamSource, RedisStreamProducer)]
+
+
+@pytest.mark.parametrize("connector, settings, valid", SOURCES_WITH_PARTITIONS,
+                         ids=[c.__name__ for c, _, _ in SOURCES_WITH_PARTITIONS])
+def test_source_partitions_are_bounded(tmp_path, connector, settings, valid):
+    """A source of a million partitions reads, watermarks and snapshots each on its own for
+    minutes: the bound names the connector, the limit and why, and lets the limit itself in."""
+    from sparkjet.connectors._settings import MAX_SOURCE_PARTITIONS
+
+    arguments = _args(valid, tmp_path)
+    if connector is not DataFrameSource:        # (its df=None fails after the fields)
+        assert settings(**{**arguments, "partitions": MAX_SOURCE_PARTITIONS}).partitions == \
+            MAX_SOURCE_PARTITIONS
+    with pytest.raises(InvalidArgumentError) as e:
+        connector(**{**arguments, "partitions": MAX_SOURCE_PARTITIONS + 1})
+    message = str(e.value)
+    assert message.startswith(f"{connector.__name__}: partitions must be `int` <= "
+                              f"{MAX_SOURCE_PARTITIONS} (each source partition"), message
+    assert message.endswith(f", got {MAX_SOURCE_PARTITIONS + 1}"), message
+
+
 @pytest.mark.parametrize("connector, settings, valid",
                          [c for c in CONNECTORS if c[0] is not DataFrameSource],
                          ids=[c.__name__ for c, _, _ in CONNECTORS if c is not DataFrameSource])

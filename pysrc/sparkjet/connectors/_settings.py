@@ -41,6 +41,13 @@ Path = Annotated[str, Meta(min_length=1,
                            description="a path (a non-empty str or os.PathLike)")]
 #: A count of partitions, rows per batch and the like: 1 .. 2**31 - 1.
 Count = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+#: A source's partitions: 1 .. MAX_SOURCE_PARTITIONS. Each is read, watermarked and saved
+#: in every snapshot on its own; far more than any topic or stream has, the bound stops a
+#: slip of the keyboard that would run for minutes.
+MAX_SOURCE_PARTITIONS = 100_000
+SourcePartitions = Annotated[int, Meta(ge=1, le=MAX_SOURCE_PARTITIONS, extra={"limit": (
+    "each source partition is read, watermarked and saved in every snapshot on its own; a "
+    "source needs no more of them than the processors reading it")})]
 #: An int >= 1 (no upper bound but int64's).
 PositiveInt = Annotated[int, Meta(ge=1)]
 #: A number (an int, or a finite float: ints stay ints) > 0, and one >= 0: seconds, rates.

@@ -32,7 +32,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from sparkjet._fs import Backend, absolute, spark_names, spark_path
-from sparkjet.connectors._settings import Count, Path, PositiveInt, Settings
+from sparkjet.connectors._settings import Path, PositiveInt, Settings, SourcePartitions
 from sparkjet.connectors.base import DriverContext, ProcessorContext, Source, SourceReader
 from sparkjet.connectors.files.source import DirectorySource
 from sparkjet.errors import ConnectorError, InvalidArgumentError
@@ -47,7 +47,7 @@ class DataFrameSourceSettings(Settings):
 
     df: Any     # a bounded Spark DataFrame: checked by check(), without importing pyspark
     _: KW_ONLY
-    partitions: Count = 4
+    partitions: SourcePartitions = 4
     path: Path | None = None
     batch_size: PositiveInt = 65536
     keep: bool = False

@@ -40,7 +40,13 @@ import pyarrow as pa
 from msgspec import Meta
 
 from sparkjet._checks import check_distinct_ints, check_int
-from sparkjet.connectors._settings import BySettings, Count, PositiveNumber, Settings
+from sparkjet.connectors._settings import (
+    BySettings,
+    Count,
+    PositiveNumber,
+    Settings,
+    SourcePartitions,
+)
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import InvalidArgumentError
 
@@ -80,7 +86,7 @@ class GeneratorSourceSettings(Settings):
     """:class:`GeneratorSource`'s arguments, checked (see :mod:`sparkjet.connectors._settings`)."""
 
     total: Annotated[int, Meta(ge=0, le=2**62)] | None = None
-    partitions: Count = 4
+    partitions: SourcePartitions = 4
     keys: Annotated[int, Meta(ge=1, le=2**32)] = 1_000_000
     rate: PositiveNumber | None = None      # events per second
     batch_size: Count = 65536

@@ -64,6 +64,7 @@ from sparkjet.connectors._settings import (
     PositiveInt,
     Schema,
     Settings,
+    SourcePartitions,
     Text,
 )
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
@@ -110,7 +111,7 @@ class RedisStreamSourceSettings(Settings):
     :mod:`sparkjet.connectors._settings`). The password is never shown."""
 
     stream: Text
-    partitions: PositiveInt
+    partitions: SourcePartitions
     url: Text = DEFAULT_URL
     _: KW_ONLY
     group: Text | None = None
@@ -473,7 +474,7 @@ class RedisStreamProducerSettings(Settings):
     :mod:`sparkjet.connectors._settings`). The password is never shown."""
 
     stream: Text
-    partitions: PositiveInt
+    partitions: SourcePartitions
     url: Text = DEFAULT_URL
     _: KW_ONLY
     password: Secret = dataclasses.field(default=None, repr=False)

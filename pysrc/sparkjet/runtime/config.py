@@ -17,6 +17,29 @@ from sparkjet.snapshot.store import SnapshotStore
 
 # The schema of the fields (sparkjet._checks.check_fields): an interval or a backoff must
 # be finite; a timeout may be infinite (never time out).
+#: Upper bounds of the sizes a job is given: far above what one machine or cluster runs
+#: well, they stop a slip of the keyboard (``local_parallelism=10000``: ten thousand
+#: threads per vertex on one machine, which runs for many minutes instead of seconds) with
+#: a message that says how to scale instead.
+MAX_LOCAL_PARALLELISM = 256
+MAX_MEMBERS = 4096
+MAX_PARTITION_COUNT = 100_000
+MAX_QUEUE_CAPACITY = 4096
+
+_SCALE_OUT = "to scale further, add members (JobConfig.members, on a Spark cluster)"
+LocalParallelism = Annotated[int, Meta(ge=1, le=MAX_LOCAL_PARALLELISM, extra={"limit": (
+    "the processors of a vertex in one member are threads on one machine; "
+    f"{_SCALE_OUT}")})]
+Members = Annotated[int, Meta(ge=1, le=MAX_MEMBERS, extra={"limit": (
+    "each member is a Spark barrier task, and every execution waits for all of them; for more "
+    "throughput per member raise local_parallelism")})]
+PartitionCount = Annotated[int, Meta(ge=1, le=MAX_PARTITION_COUNT, extra={"limit": (
+    "every processor keeps arrays and every snapshot writes entries per partition; the "
+    "partitions only need to outnumber the processors (members x local_parallelism)")})]
+QueueCapacity = Annotated[int, Meta(ge=1, le=MAX_QUEUE_CAPACITY, extra={"limit": (
+    "each channel into a processor holds up to this many batches (of up to batch_size rows) "
+    "in memory; backpressure needs no deeper queue")})]
+
 Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.base.GUARANTEES
 Codec = Literal["lz4", "raw"]  # sparkjet.snapshot.chunks.CODECS
 
@@ -32,9 +55,12 @@ class JobConfig:
     - ``max_restarts`` and ``restart_backoff``: a failed execution (on Spark, or of the
       member process without it) is restarted at most this many times over the job's run,
       waiting ``restart_backoff * 2**(k-1)`` seconds (capped at 30 s) before restart k.
-    - ``local_parallelism``: processors per vertex in a member.
-    - ``members``: on Spark, how many members (barrier tasks) an execution has; None (the
-      default) takes every task slot the cluster has (``local[N]``: N). With fewer slots
+    - ``local_parallelism``: processors per vertex in a member (at most 256: to scale
+      further, add members on a Spark cluster).
+    - ``partition_count``: the Hazelcast partitions keyed state is spread over (271, at most
+      100000); ``queue_capacity``: batches each channel into a processor holds (at most 4096).
+    - ``members``: on Spark, how many members (barrier tasks) an execution has (at most
+      4096); None (the default) takes every task slot the cluster has (``local[N]``: N). With fewer slots
       than asked, an execution runs on the slots there are (see ``quorum_timeout``).
     - ``heartbeat_timeout``: on Spark, a member silent this long (no poll reaches the
       coordinator) is declared failed, and the execution restarts.
@@ -75,13 +101,13 @@ class JobConfig:
     snapshot_store: Annotated[str, Meta(min_length=1)] | None = None
     max_restarts: Annotated[int, Meta(ge=0)] = 3
     restart_backoff: Annotated[Finite, Meta(ge=0)] = 0.5
-    local_parallelism: Annotated[int, Meta(ge=1)] = 2
-    partition_count: Annotated[int, Meta(ge=1, le=2**31 - 1)] = DEFAULT_PARTITION_COUNT
+    local_parallelism: LocalParallelism = 2
+    partition_count: PartitionCount = DEFAULT_PARTITION_COUNT
     batch_size: Annotated[int, Meta(ge=1, le=2**31 - 1)] = 65536
-    queue_capacity: Annotated[int, Meta(ge=1)] = 16
+    queue_capacity: QueueCapacity = 16
     snapshot_codec: Codec = "lz4"
     job_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
-    members: Annotated[int, Meta(ge=1)] | None = None
+    members: Members | None = None
     heartbeat_timeout: Annotated[float, Meta(ge=0.5)] = 10.0
     start_timeout: Annotated[float, Meta(ge=1)] = 120.0
     quorum_timeout: Annotated[float, Meta(ge=0)] = 300.0

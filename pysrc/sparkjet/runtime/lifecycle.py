@@ -16,12 +16,14 @@ lock and no marker, and running a job twice at once is the user's to avoid.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
 from pathlib import Path
 
+from sparkjet._fs import storage_error
 from sparkjet.errors import (  # noqa: F401 (defined there; named here too)
     JobAlreadyRunningError,
     JobCancelledError,
@@ -51,9 +53,12 @@ class RunLock:
         d = _job_dir(self.config)
         if d is None:
             return self
-        d.mkdir(parents=True, exist_ok=True)
         path = d / layout.RUNNING
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise storage_error("create", str(path), e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -66,9 +71,13 @@ class RunLock:
                 f"job {self.config.name!r} is already running against snapshot store "
                 f"{self.config.snapshot_store!r} ({who}); two runs of one job would fence "
                 f"each other. Wait for it, stop it, or give this run another name") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.time()}).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.time()}).encode())
+        except OSError as e:
+            os.close(fd)
+            raise storage_error("write", str(path), e) from None
         self._fd = fd
         return self
 
@@ -96,15 +105,23 @@ def check_not_finished(config) -> None:
 
 def record_state(config, state: str, **details) -> None:
     """Writes ``job-<id>/JOB.json``: the job's name and how its last run stands (running,
-    finished, stopped, cancelled, failed), for ``sparkjet jobs``."""
+    finished, stopped, cancelled, failed), for ``sparkjet jobs``. A store that refuses it
+    raises :class:`~sparkjet.errors.StorageError`, except for "failed": the run's own error,
+    being raised, says more (a full store fails the run, then this record too)."""
     d = _job_dir(config)
     if d is None:
         return
-    d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{layout.JOB_RECORD}.{os.getpid()}"
-    tmp.write_text(json.dumps({"name": config.name, "state": state, "at": time.time(),
-                               "guarantee": config.processing_guarantee, **details}))
-    os.replace(tmp, d / layout.JOB_RECORD)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"name": config.name, "state": state, "at": time.time(),
+                                   "guarantee": config.processing_guarantee, **details}))
+        os.replace(tmp, d / layout.JOB_RECORD)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if state != "failed":
+            raise storage_error("write", str(d / layout.JOB_RECORD), e) from None
 
 
 def job_info(job_dir) -> dict:
@@ -140,8 +157,13 @@ def mark_finished(config, events_in: int) -> None:
     if d is None:
         return
     tmp = d / f".FINISHED.{os.getpid()}"
-    tmp.write_text(json.dumps({"at": time.time(), "events_in": events_in}))
-    os.replace(tmp, d / layout.FINISHED)
+    try:
+        tmp.write_text(json.dumps({"at": time.time(), "events_in": events_in}))
+        os.replace(tmp, d / layout.FINISHED)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise storage_error("write", str(d / layout.FINISHED), e) from None
 
 
 def _read_json(path: Path) -> dict:

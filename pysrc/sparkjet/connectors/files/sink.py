@@ -75,7 +75,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sparkjet._batches import record_batches
-from sparkjet._fs import Backend, absolute
+from sparkjet._fs import Backend, absolute, storage_error
 from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
 from sparkjet.connectors._settings import FileSystem, Path, PositiveInt, Settings
 from sparkjet.connectors.base import GUARANTEES, ProcessorContext, Sink, SinkWriter
@@ -202,36 +202,52 @@ class _StagedFile:
     def __init__(self, backend: Backend, path: str, fmt: str, schema: pa.Schema):
         self.schema = schema
         self.rows = 0
-        if backend.local:
-            # "x": two writers given the same processor and execution fail loudly here
-            # instead of overwriting each other.
-            self._file = open(path, "xb")
-            self._stream = None
-            sink = self._file
-        else:
-            self._file = None
-            self._stream = backend.fs.open_output_stream(path)
-            sink = self._stream
+        self.path = path
+        try:
+            if backend.local:
+                # "x": two writers given the same processor and execution fail loudly here
+                # instead of overwriting each other.
+                self._file = open(path, "xb")
+                self._stream = None
+                sink = self._file
+            else:
+                self._file = None
+                self._stream = backend.fs.open_output_stream(path)
+                sink = self._stream
+        except OSError as e:
+            raise storage_error("create", path, e) from None
         try:
             if fmt == "parquet":
                 self._writer = pq.ParquetWriter(sink, schema)
             else:
                 self._writer = pa.ipc.new_file(sink, schema)
-        except BaseException:
+        except BaseException as e:
             self._release()
+            if isinstance(e, OSError):
+                raise storage_error("write", path, e) from None
             raise
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._writer.write_batch(batch)
+        try:
+            self._writer.write_batch(batch)
+        except OSError as e:
+            raise storage_error("write", self.path, e) from None
         self.rows += batch.num_rows
 
     def close(self, durable: bool) -> None:
         """Writes the footer and makes the bytes durable."""
-        self._writer.close()
-        if self._file is not None:
-            self._file.flush()
-            if durable:
-                os.fsync(self._file.fileno())
+        try:
+            self._writer.close()
+            if self._file is not None:
+                self._file.flush()
+                if durable:
+                    os.fsync(self._file.fileno())
+        except OSError as e:
+            try:
+                self._release()
+            except OSError:
+                pass    # the same failure again: the first one says it
+            raise storage_error("write", self.path, e) from None
         self._release()
 
     def _release(self) -> None:
@@ -440,9 +456,9 @@ class TransactionalFileWriter(SinkWriter):
                 # moves again (the same bytes: a name belongs to one transaction).
                 b.fs.move(src, dst)
             return
-        except OSError:
+        except OSError as e:
             if b.exists(src):
-                raise
+                raise storage_error("rename", f"{src} to {dst}", e) from None
         if not b.exists(dst):
             raise SnapshotIncompleteError(
                 f"{b.root}: prepared file {staged} is neither staged nor committed as {final}; "

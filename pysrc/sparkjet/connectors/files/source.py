@@ -87,6 +87,7 @@ from sparkjet.connectors._settings import (
     Path,
     Schema,
     Settings,
+    SourcePartitions,
     Text,
 )
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
@@ -130,7 +131,7 @@ class DirectorySourceSettings(Settings):
     format: Literal["parquet", "csv", "jsonl"] = "parquet"     # FORMATS
     _: KW_ONLY
     schema: Schema | None = None
-    partitions: Count = 4
+    partitions: SourcePartitions = 4
     filesystem: FileSystem | None = None
     watch: bool = False
     poll_interval: NonNegativeNumber = 1.0

@@ -59,11 +59,11 @@ from msgspec import Meta
 from sparkjet._checks import check_distinct_ints, check_int
 from sparkjet.connectors._settings import (
     Options,
-    PositiveInt,
     PositiveNumber,
     PositiveOrInfinite,
     Schema,
     Settings,
+    SourcePartitions,
     Text,
 )
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
@@ -90,7 +90,7 @@ class KafkaSourceSettings(Settings):
     topic: Text
     bootstrap_servers: Text = DEFAULT_BOOTSTRAP
     _: KW_ONLY
-    partitions: PositiveInt | None = None
+    partitions: SourcePartitions | None = None
     value: Literal["raw", "utf8", "json"] = "raw"           # DECODINGS
     schema: Schema | None = None
     key: Literal["raw", "utf8"] | None = None

@@ -60,7 +60,13 @@ import pyarrow as pa
 from msgspec import Meta
 
 from sparkjet._checks import check_int
-from sparkjet.connectors._settings import BySettings, Count, PositiveNumber, Settings
+from sparkjet.connectors._settings import (
+    BySettings,
+    Count,
+    PositiveNumber,
+    Settings,
+    SourcePartitions,
+)
 from sparkjet.connectors.base import ProcessorContext, Source
 from sparkjet.connectors.generator import SEED, GeneratorReader
 from sparkjet.connectors.nexmark import events as model
@@ -81,7 +87,7 @@ class NexmarkSourceSettings(Settings):
 
     kind: Literal["bid", "auction", "person"] = "bid"   # KINDS
     total: Annotated[int, Meta(ge=0, le=MAX_INDEX)] | None = None
-    partitions: Count = 4
+    partitions: SourcePartitions = 4
     events_per_second: Annotated[int, Meta(ge=1, le=10**9)] = 10_000
     first_event_time_ms: Annotated[int, Meta(ge=-2**47, le=2**47)] = FIRST_EVENT_TIME_MS
     out_of_order_ms: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0

@@ -1,0 +1,72 @@
+"""Storage that refuses a write: a read-only filesystem, a full one, a file where a folder
+should be. Every failure of the snapshot store's storage (and of the file sink's) is a
+StorageError naming the operation and the path, still an OSError, and says whether a
+replay would repeat it."""
+import errno
+import pickle
+
+import pyarrow as pa
+import pytest
+from helpers.mounts import tmpfs
+from helpers.snapshot_data import state
+
+from sparkjet.connectors.base import ProcessorContext
+from sparkjet.errors import SparkjetError, StorageError
+from sparkjet.sinks import TransactionalFileSink
+from sparkjet.snapshot.store import SnapshotStore
+
+
+def _refused(excinfo, operation: str, under) -> StorageError:
+    e = excinfo.value
+    assert isinstance(e, StorageError) and isinstance(e, SparkjetError) and isinstance(e, OSError)
+    assert e.operation == operation and e.path.startswith(str(under)), (e.operation, e.path)
+    assert str(e).startswith(f"cannot {operation} {e.path}: "), str(e)
+    copy = pickle.loads(pickle.dumps(e))        # crosses from a member to its supervisor
+    assert (str(copy), copy.errno, copy.deterministic) == (str(e), e.errno, e.deterministic)
+    return e
+
+
+def test_a_read_only_store_names_the_path_and_is_not_retried(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+        with pytest.raises(OSError) as e:         # callers catching OSError still do
+            SnapshotStore(ro / "snaps", job_id=42)
+        error = _refused(e, "create directory", ro)
+        assert error.errno == errno.EROFS and error.deterministic
+        assert "Read-only file system" in str(error)
+
+
+def test_a_file_where_the_store_directory_should_be(tmp_path):
+    (tmp_path / "snaps").write_bytes(b"not a directory")
+    with pytest.raises(StorageError) as e:
+        SnapshotStore(tmp_path / "snaps", job_id=42)
+    error = _refused(e, "create directory", tmp_path / "snaps")
+    assert error.errno == errno.ENOTDIR and error.deterministic
+
+
+def test_a_full_disk_names_the_file_being_written_and_may_clear(tmp_path):
+    with tmpfs(tmp_path / "small", "64k") as small:
+        store = SnapshotStore(small / "snaps", job_id=42)
+        store.register_execution(0)
+        w = store.writer(1, 0)
+        with pytest.raises(StorageError) as e:
+            w.write_table("agg", state(1, n=50_000), key="key")
+            w.commit()
+        error = _refused(e, "write", small / "snaps")
+        assert error.errno == errno.ENOSPC and not error.deterministic   # cleanup may free space
+        assert "No space left on device" in str(error)
+        store.close()
+
+
+def test_the_file_sink_on_a_full_disk_names_the_file(tmp_path):
+    with tmpfs(tmp_path / "small", "64k") as small:
+        sink = TransactionalFileSink(small / "out", format="arrow")
+        writer = sink.open(ProcessorContext(job_id=7, execution_id=0, vertex="source", processor=0,
+                                            processors=1,
+                                            guarantee="exactly-once"))
+        batch = pa.record_batch(state(2, n=20_000).to_batches()[0])
+        with pytest.raises(StorageError) as e:
+            for _ in range(10):
+                writer.write(batch)
+            writer.prepare(1)
+        error = _refused(e, "write", small / "out")
+        assert error.errno == errno.ENOSPC
