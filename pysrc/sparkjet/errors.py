@@ -78,6 +78,14 @@ class SnapshotNotFoundError(SparkjetError, LookupError):
     """No complete snapshot matches what was asked for."""
 
 
+class SnapshotStoreLostError(SnapshotNotFoundError):
+    """A job's snapshot log vanished while the job ran (its store deleted or replaced):
+    nothing can be restored or fenced there any more, and a new execution id from it could
+    repeat one a zombie still holds. A replay would find the same: deterministic."""
+
+    deterministic = True
+
+
 class SnapshotIncompleteError(SparkjetError, ValueError):
     """A snapshot's data does not match its validation record (a missing or extra
     chunk, a wrong count, job or checksum): it is refused whole, never restored in part."""

@@ -42,3 +42,63 @@ def test_a_job_on_a_full_store_fails_naming_the_file(tmp_path):
     assert 1 <= len(restarts) <= 5
     assert all(r.startswith("StorageError: cannot ") and f" {small}/snaps/" in r
                for r in restarts), restarts
+
+
+def test_a_store_deleted_while_the_job_runs_stops_it_and_never_reuses_an_execution_id(tmp_path):
+    """The store's directory removed under a running job (an operator's rm -rf, a cleanup
+    cron): the job stops with an error naming the store, and no execution id repeats (a
+    zombie of execution 0 would otherwise share the fencing token of a new execution 0)."""
+    import shutil
+    import threading
+
+    from sparkjet.errors import SnapshotStoreLostError
+
+    store = tmp_path / "snaps"
+    events, started = [], threading.Event()
+
+    def on_progress(event):
+        events.append(event)
+        if event["event"] == "snapshot" and event.get("snapshot", 0) >= 2:
+            started.set()
+
+    def delete_when_running():
+        if started.wait(60):
+            # as rm -rf does: files the job removes or adds meanwhile do not stop it
+            for _ in range(100):
+                shutil.rmtree(store, ignore_errors=True)
+                if not any(store.glob("job-*/log")):
+                    break
+
+    deleter = threading.Thread(target=delete_when_running, daemon=True)
+    deleter.start()
+    with pytest.raises((JobFailedError, SnapshotStoreLostError)) as e:
+        _job(store, tmp_path / "out").run(on_progress=on_progress)
+    deleter.join()
+    assert started.is_set(), "the job ended before the store could be deleted under it"
+    message = str(e.value)
+    assert "SnapshotStoreLostError" in message or isinstance(e.value, SnapshotStoreLostError)
+    assert str(store) in message and "deleted" in message, message[:2000]
+    executions = [x["execution"] for x in events if x["event"] == "execution"]
+    assert len(executions) == len(set(executions)), executions
+    assert not [x for x in events if x["event"] == "execution" and x["execution"] == 0][1:]
+
+
+def test_the_supervisor_hands_out_no_execution_id_a_deleted_store_forgot(tmp_path):
+    import shutil
+
+    from sparkjet.errors import SnapshotStoreLostError
+    from sparkjet.runtime.config import open_store
+    from sparkjet.runtime.supervision import next_execution
+
+    config = JobConfig(name="ids", snapshot_store=str(tmp_path / "snaps"))
+    assert next_execution(config, 0) == 0
+    store = open_store(config)
+    store.register_execution(0)
+    assert next_execution(config, 1, previous=0) == 1
+    store.register_execution(1)
+    # execution 2 failed before it registered (a full disk): its id may be handed out again
+    assert next_execution(config, 2, previous=1) == 2
+    assert next_execution(config, 3, previous=2) == 2
+    shutil.rmtree(tmp_path / "snaps")
+    with pytest.raises(SnapshotStoreLostError, match="no longer holds execution 1"):
+        next_execution(config, 3, previous=2)

@@ -76,9 +76,9 @@ class LocalRunner:
         with tempfile.TemporaryDirectory(prefix="sparkjet-job-") as work:
             work = Path(work)
             (work / "job.pkl").write_bytes(cloudpickle.dumps((self.plan, self.config)))
-            attempt = 0
+            attempt, execution = 0, None
             while True:
-                execution = next_execution(self.config, attempt)
+                execution = next_execution(self.config, attempt, execution)
                 outcome = self._run_member(work, execution)
                 result.executions.append(outcome)
                 if outcome.get("status") == "ok":

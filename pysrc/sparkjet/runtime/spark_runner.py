@@ -170,10 +170,10 @@ class SparkRunner:
         config = self.config
         result = JobResult(config.id)
         start = time.monotonic()
-        attempt = 0
+        attempt, execution = 0, None
         while True:
             members = self.members_for_next_execution()
-            execution = next_execution(config, len(result.executions))
+            execution = next_execution(config, len(result.executions), execution)
             outcome = self.execute(execution, members)
             result.executions.append(outcome)
             if outcome["status"] == "ok":

@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sparkjet.errors import (
-    JobFailedError,  # noqa: F401 (defined there; named here too)
-    )
+from sparkjet.errors import JobFailedError, SnapshotStoreLostError
 from sparkjet.runtime.config import JobConfig, open_store
 
 #: The longest wait between two executions, in seconds.
@@ -135,13 +133,27 @@ def _detail(outcome: dict) -> str:
     return out
 
 
-def next_execution(config: JobConfig, attempt: int) -> int:
+def next_execution(config: JobConfig, attempt: int, previous: int | None = None) -> int:
     """The id of the next execution (the fencing token of store and sinks): one more than
     the newest execution registered in the snapshot store; with guarantee "none" (no
-    store), ``attempt``, the number of executions this run has started so far."""
+    store), ``attempt``, the number of executions this run has started so far.
+
+    ``previous``: the execution this run started last, whose id came from the store's
+    newest registered execution, ``previous - 1`` (``previous`` itself may have failed before
+    it registered). A store that no longer holds that one (its log was deleted while the job
+    ran) raises SnapshotStoreLostError rather than hand out an id that a zombie of an
+    earlier execution may still hold."""
     if config.processing_guarantee == "none":
         return attempt
-    current = open_store(config).current_execution()
+    store = open_store(config)
+    current = store.current_execution()
+    seen = None if previous is None or previous == 0 else previous - 1
+    if seen is not None and (current is None or current < seen):
+        raise SnapshotStoreLostError(
+            f"{store.who}: the snapshot store {config.snapshot_store} no longer holds execution "
+            f"{seen}, which this run saw registered: its snapshots were deleted (or replaced) "
+            f"while the job ran. Nothing can be restored or fenced there, so the job stops; restore "
+            f"the store from a copy, or start the job again with a new snapshot store")
     return 0 if current is None else current + 1
 
 

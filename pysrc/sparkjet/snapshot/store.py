@@ -62,6 +62,7 @@ from sparkjet.errors import (
     SnapshotCorruptError,
     SnapshotIncompleteError,
     SnapshotNotFoundError,
+    SnapshotStoreLostError,
 )
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 from sparkjet.snapshot import layout
@@ -145,6 +146,7 @@ class SnapshotStore:
         self.name = name
         self._job = layout.job_dir(job_id)
         self._log_lock = threading.Lock()
+        self._registered: int | None = None  # the newest execution this object registered
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
         if not create:
@@ -257,6 +259,7 @@ class SnapshotStore:
                                   f"registered execution {newest}")
 
         self._append(RegisterEvent(execution_id, time.time()), check)
+        self._registered = execution_id
 
     def current_execution(self) -> int | None:
         """The newest registered execution, or None."""
@@ -264,9 +267,17 @@ class SnapshotStore:
 
     def check_fence(self, execution_id: int) -> None:
         """Raises FencedError if a newer execution than `execution_id` is registered, or
-        if `execution_id` was never registered."""
+        if `execution_id` was never registered; SnapshotStoreLostError if the log no longer
+        holds the execution this store registered (deleted under a running job)."""
         events = self._events()
         newest = self._newest_execution(events)
+        if self._registered is not None and (newest is None or newest < self._registered):
+            raise SnapshotStoreLostError(
+                f"{self.who}: the snapshot log in {self._backend.root} no longer holds execution "
+                f"{self._registered}, which this process registered: the job's snapshots were "
+                f"deleted (or replaced) while it ran. Nothing written now could be restored or "
+                f"fenced, so the job stops; restore the store from a copy, or start the job "
+                f"again with a new snapshot store")
         if newest is None or newest > execution_id:
             raise FencedError(f"{self.who}: execution {execution_id} is fenced off by "
                               f"execution {newest}")
