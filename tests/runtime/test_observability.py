@@ -211,3 +211,45 @@ def test_lags_reach_prometheus_and_the_progress_line():
     text = ProgressView(metrics).text()
     assert " lag 3.0 h watermark lag 2.0 h" in text
     assert "lag" not in ProgressView(JobMetrics("no-time")).text()
+
+
+def _millisecond_ts(batch):
+    """The generator's ``ts`` as int64 milliseconds since the epoch."""
+    ms = pc.divide(batch.column("ts").cast(pa.int64()), pa.scalar(1_000_000, pa.int64()))
+    return batch.set_column(batch.schema.get_field_index("ts"), "ts", ms)
+
+
+@pytest.mark.parametrize("unit", ["ms", None])
+def test_latency_of_integer_millisecond_event_times_is_in_their_unit(tmp_path, unit):
+    src = GeneratorSource(total=40_000, partitions=2, keys=20, batch_size=2_000, rate=200_000)
+    pipeline = (Pipeline().read_from(src).map_batches(_millisecond_ts)
+                .with_timestamps("ts", max_lag=1_000, unit=unit)
+                .group_by("key").aggregate(count="count")
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name=f"ms-{unit}", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.05, local_parallelism=2)
+    job = Job(pipeline, config)
+    result = job.run(isolated=False)
+    p50, p99 = result.latency_percentiles(50, 99)
+    e50, e99 = result.latency_percentiles(50, 99, until="emit")
+    if unit == "ms":
+        # ms since the epoch read as ms: latencies of seconds, not 57 years
+        assert 0 <= p50 <= p99 < 60 and 0 <= e50 <= e99 < 60, (p50, p99, e50, e99)
+        assert 0 <= job.metrics["source_lag_s"] < 60
+    else:
+        # an integer of no declared unit has no wall time: no latency rather than nonsense
+        assert all(x != x for x in (p50, p99, e50, e99)), (p50, p99, e50, e99)
+        assert job.metrics["source_lag_s"] is None
+
+
+def test_with_timestamps_refuses_an_unknown_unit_and_a_mismatched_timestamp(tmp_path):
+    from sparkjet.errors import InvalidArgumentError, SparkjetError
+
+    with pytest.raises(InvalidArgumentError, match="unit must be one of"):
+        Pipeline().read_from(GeneratorSource(total=1)).with_timestamps("ts", unit="days")
+    pipeline = (Pipeline().read_from(GeneratorSource(total=1_000, partitions=1))
+                .with_timestamps("ts", unit="ms").group_by("key").aggregate(count="count")
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    with pytest.raises(SparkjetError, match="a timestamp column's unit is its own"):
+        Job(pipeline, JobConfig(name="mismatch", snapshot_store=str(tmp_path / "s"),
+                                max_restarts=0)).run(isolated=False)

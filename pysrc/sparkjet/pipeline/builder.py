@@ -161,16 +161,25 @@ class Pipeline:
                                         check_how(how), prefix))
 
     def with_timestamps(self, column: str, *, max_lag=0,
-                        idle_timeout: float | datetime.timedelta = 60.0) -> Pipeline:
+                        idle_timeout: float | datetime.timedelta = 60.0,
+                        unit: str | None = None) -> Pipeline:
         """Gives the stream event time: ``column`` (an integer or timestamp column) holds
         each row's time. Watermarks trail the greatest time seen in each source partition
         by ``max_lag`` (in the column's unit, or a ``timedelta`` for timestamp columns);
         a source partition silent for ``idle_timeout`` seconds stops holding them back.
+        ``unit`` ("s", "ms", "us" or "ns") declares what an integer column counts since the
+        epoch, so that the wall-clock metrics (latency of a ``ts`` column, source and
+        watermark lag) can read it; without it an integer column has no wall time and
+        reports none (a timestamp column carries its unit: ``unit`` must match it).
         It must follow ``read_from`` (stateless stages may come between)."""
         if not isinstance(column, str):
             raise InvalidArgumentError(f"with_timestamps() takes a column name, got {column!r}")
+        if unit is not None and unit not in ("s", "ms", "us", "ns"):
+            raise InvalidArgumentError(f"with_timestamps() unit must be one of 's', 'ms', 'us', "
+                                       f"'ns' or None, got {unit!r}")
         lag = duration("max_lag", max_lag, allow_zero=True)
-        return self._add(TimestampsStage(column, lag, seconds("idle_timeout", idle_timeout)))
+        return self._add(TimestampsStage(column, lag, seconds("idle_timeout", idle_timeout),
+                                         unit))
 
     # -- keyed stages ------------------------------------------------------------------
 

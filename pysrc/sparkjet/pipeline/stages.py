@@ -62,11 +62,14 @@ class UnionStage:
 class TimestampsStage:
     """Event time: ``column`` holds each row's time; a source partition's watermark is the
     greatest time it has emitted less ``max_lag``; a partition with no events for
-    ``idle_timeout`` seconds stops holding the watermark back."""
+    ``idle_timeout`` seconds stops holding the watermark back. ``unit`` ("s", "ms", "us",
+    "ns" or None) says what an integer column counts since the epoch: only the wall-clock
+    metrics (latency, lags) read it; a timestamp column has its own."""
 
     column: str
     max_lag: object                  # int (the column's unit) or timedelta
     idle_timeout: float
+    unit: str | None = None
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch

@@ -93,6 +93,10 @@ class Member:
         self._lock = threading.Lock()
         #: ns per unit of the event time, once a source has read a timestamp column
         self._ns_per_unit: int | None = None
+        #: ns per unit of the integer event-time columns whose unit with_timestamps declared
+        self._declared_units = {v.timestamps.column: _NS_PER_UNIT[v.timestamps.unit]
+                                for v in dag.vertices.values()
+                                if v.timestamps is not None and v.timestamps.unit is not None}
         self.n_sources = t.n_sources
         mode = "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
         self.processors: list[Processor] = []
@@ -181,13 +185,26 @@ class Member:
                 elif self._ns_per_unit is not None:
                     v["watermark_ns"] = time * self._ns_per_unit
 
+    def wall_ns_per_unit(self, column: str, time_type) -> int | None:
+        """ns per unit of a time column named ``column`` of type ``time_type``, read as time
+        since the epoch: a timestamp's own unit, an integer's as ``with_timestamps(column,
+        unit=...)`` declared it; None when it has no wall time (an undeclared integer)."""
+        if pa.types.is_timestamp(time_type):
+            return _NS_PER_UNIT[time_type.unit]
+        if pa.types.is_integer(time_type):
+            return self._declared_units.get(column)
+        return None
+
     def event_time_of(self, vertex: str, newest: int | None, time_type) -> None:
         """A source vertex has read events up to event time ``newest`` (in the units of
         its event-time column, of ``time_type``): kept in ns since the epoch when the
-        column is a timestamp (an integer column's unit is the user's: no wall time)."""
+        column is a timestamp or an integer of a declared unit (otherwise an integer
+        column's unit is the user's: no wall time)."""
         with self._lock:
-            if self._ns_per_unit is None and pa.types.is_timestamp(time_type):
-                self._ns_per_unit = _NS_PER_UNIT[time_type.unit]
+            if self._ns_per_unit is None:
+                ts = self.dag.vertices[vertex].timestamps
+                self._ns_per_unit = self.wall_ns_per_unit(
+                    ts.column if ts is not None else "", time_type)
             if newest is None or self._ns_per_unit is None:
                 return
             v = self.metrics["vertices"][vertex]

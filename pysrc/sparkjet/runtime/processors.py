@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.time import EventTimeColumn, in_units
 from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT
 from sparkjet.runtime.outbox import Outbox
@@ -105,13 +106,18 @@ class Processor(threading.Thread):
             self.outbox.write_sink(self.late_sink, batch)
 
     def sample_ts(self, batch: pa.RecordBatch) -> list:
-        """Samples the event times (``ts``, ns) of a batch on its way to the output: their
-        latency is measured when the output is committed (``latencies_ns``) and, by
-        :meth:`emitted`, when it is handed to the sinks (``emit_latencies_ns``)."""
+        """Samples the event times (``ts``, as ns since the epoch) of a batch on its way to
+        the output: their latency is measured when the output is committed
+        (``latencies_ns``) and, by :meth:`emitted`, when it is handed to the sinks
+        (``emit_latencies_ns``). A ``ts`` column with no wall time (an integer whose unit
+        ``with_timestamps`` did not declare) gives no samples."""
         if "ts" in batch.schema.names and batch.num_rows and self.sinks:
             ts = batch.column("ts")
+            per_unit = self.member.wall_ns_per_unit("ts", ts.type)
+            if per_unit is None:
+                return []
             step = max(1, batch.num_rows // 16)
-            samples = ts.cast(pa.int64()).to_numpy()[::step].tolist()
+            samples = (ts.cast(pa.int64()).to_numpy()[::step] * per_unit).tolist()
             self._ts_samples.extend(samples)
             return samples
         return []
@@ -161,6 +167,11 @@ class SourceProcessor(Processor):
         times = self._time.values(batch)
         if first:
             self.watermarks.max_lag = in_units("max_lag", self._lag, self._time.type)
+            unit, t = self.vertex.timestamps.unit, self._time.type
+            if unit is not None and pa.types.is_timestamp(t) and t.unit != unit:
+                raise InvalidArgumentError(
+                    f"with_timestamps({self._time.name!r}, unit={unit!r}) but the column is "
+                    f"{t}: a timestamp column's unit is its own")
         self.watermarks.observe(self._partition, times)
         self.member.event_time_of(self.vertex.name, self.watermarks.newest(), self._time.type)
 
