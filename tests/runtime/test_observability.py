@@ -253,3 +253,45 @@ def test_with_timestamps_refuses_an_unknown_unit_and_a_mismatched_timestamp(tmp_
     with pytest.raises(SparkjetError, match="a timestamp column's unit is its own"):
         Job(pipeline, JobConfig(name="mismatch", snapshot_store=str(tmp_path / "s"),
                                 max_restarts=0)).run(isolated=False)
+
+
+def test_latency_histogram_percentiles_match_a_known_distribution():
+    import pickle
+
+    import numpy as np
+
+    from sparkjet.runtime.observability import LatencyHistogram
+
+    rng = np.random.default_rng(3)
+    samples = rng.lognormal(np.log(50e6), 1.0, 200_000).astype(np.int64)   # ~50 ms median
+    a, b = LatencyHistogram(), LatencyHistogram()
+    a.record(samples[:120_000].tolist())
+    b.record(samples[120_000:].tolist())
+    merged = LatencyHistogram.merged([a, b.encode(), None])      # as members hand them over
+    assert merged.count == 200_000
+    for q in (1, 50, 90, 99, 99.9):
+        want = float(np.percentile(samples, q))
+        assert merged.percentile(q) == pytest.approx(want, rel=0.01), q
+    assert pickle.loads(pickle.dumps(merged)).percentile(99) == merged.percentile(99)
+    assert len(repr(merged)) < 120 and "p99=" in repr(merged)
+    assert LatencyHistogram().percentile(50) != LatencyHistogram().percentile(50)   # NaN
+    clamped = LatencyHistogram()
+    clamped.record([-5, 2**63 - 1])             # a clock ahead of ours; absurdly late
+    assert clamped.count == 2 and clamped.percentile(0) == 0
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_job_result_repr_stays_short_with_many_events(tmp_path, isolated):
+    source = GeneratorSource(total=400_000, partitions=2, keys=100, batch_size=500)
+    pipeline = (Pipeline().read_from(source).group_by("key").aggregate(count="count")
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="many", snapshot_store=str(tmp_path / "snaps"), snapshot_interval=30,
+                       local_parallelism=2)
+    result = Job(pipeline, config).run(isolated=isolated)
+    assert result.events_in == 400_000
+    # 16 samples a batch were kept in lists: 12,800 here (2M events: 8M characters)
+    assert len(repr(result)) < 4_000, len(repr(result))
+    p50, p99 = result.latency_percentiles(50, 99)
+    assert 0 <= p50 <= p99 < 60
+    e50, = result.latency_percentiles(50, until="emit")
+    assert 0 <= e50 < 60

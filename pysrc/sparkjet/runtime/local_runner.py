@@ -25,6 +25,7 @@ from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.member import Member
+from sparkjet.runtime.observability import latencies_decoded
 from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_fail
 
 
@@ -133,13 +134,13 @@ class LocalRunner:
         stderr_tail = log_path.read_text(errors="replace")[-4000:]
         _forward(events, seen, self.progress)
         if proc.returncode == 0 and out.exists():
-            return {"status": "ok", **json.loads(out.read_text())}
+            return {"status": "ok", **latencies_decoded(json.loads(out.read_text()))}
         why = (f"killed by signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                else f"exit code {proc.returncode}")
         metrics = {}
         partial = work / f"result-{execution}.partial.json"
         if partial.exists():
-            metrics = json.loads(partial.read_text())
+            metrics = latencies_decoded(json.loads(partial.read_text()))
         failure = metrics.pop("failure", None) or {}
         # The work directory goes when the run ends: a failed member's log is kept.
         if self.logs is None:

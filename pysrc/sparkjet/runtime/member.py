@@ -36,6 +36,7 @@ from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.exchange.client import ExchangeClient
+from sparkjet.runtime.observability import LatencyHistogram, latencies_encoded
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
 from sparkjet.runtime.restore import StartPoint, initial_point, open_point, plan_restore
 from sparkjet.runtime.snapshotting import (
@@ -87,7 +88,8 @@ class Member:
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
                         "events_out": 0, "late_events": 0, "skipped_events": 0, "dead_letters": 0,
                         "snapshots": [], "restored_from": None,
-                        "latencies_ns": [], "emit_latencies_ns": [],
+                        "latencies_ns": LatencyHistogram(),
+                        "emit_latencies_ns": LatencyHistogram(),
                         # per vertex: rows in and out, and the watermark it has reached
                         "vertices": {v: {"in": 0, "out": 0} for v in dag.vertices}}
         self._lock = threading.Lock()
@@ -173,7 +175,7 @@ class Member:
     def add_latencies(self, key: str, latencies: list) -> None:
         """Adds samples (ns) to ``latencies_ns`` or ``emit_latencies_ns``."""
         with self._lock:
-            self.metrics[key].extend(latencies)
+            self.metrics[key].record(latencies)
 
     def watermark_of(self, vertex: str, time: int) -> None:
         with self._lock:
@@ -263,7 +265,7 @@ class Member:
                 if t.ident is not None:
                     t.join(max(0.0, deadline - time.monotonic()))
         if self.link is not None:
-            self.link.stop(self.metrics if not self.failed else None)
+            self.link.stop(latencies_encoded(self.metrics) if not self.failed else None)
         for client in self.peers.values():
             client.close()
         if self.store:

@@ -7,7 +7,7 @@ import traceback
 
 from sparkjet.runtime import failures
 from sparkjet.runtime.member import Member
-from sparkjet.runtime.observability import log_to
+from sparkjet.runtime.observability import latencies_encoded, log_to
 
 
 def main(argv: list[str]) -> int:
@@ -30,10 +30,10 @@ def main(argv: list[str]) -> int:
     except BaseException as e:  # noqa: BLE001 - the supervisor decides; report and exit non-zero
         traceback.print_exc()
         with open(result_file.replace(".json", ".partial.json"), "w") as f:
-            json.dump({**member.metrics, "failure": failures.report(member.failure or e)}, f)
+            json.dump({**latencies_encoded(member.metrics), "failure": failures.report(member.failure or e)}, f)
         return 1
     with open(result_file, "w") as f:
-        json.dump(metrics, f)
+        json.dump(latencies_encoded(metrics), f)
     return 0
 
 

@@ -47,7 +47,7 @@ from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedEr
 from sparkjet.runtime.exchange.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.lifecycle import JobCancelledError
-from sparkjet.runtime.observability import add_vertex_counts
+from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,
@@ -291,8 +291,8 @@ class SparkRunner:
             vertices=functools.reduce(add_vertex_counts,
                                       (d.get("vertices") or {} for d in done), {}),
             dead_letters=sum(d.get("dead_letters", 0) for d in done),
-            latencies_ns=[x for d in done for x in d.get("latencies_ns", [])],
-            emit_latencies_ns=[x for d in done for x in d.get("emit_latencies_ns", [])],
+            latencies_ns=LatencyHistogram.merged(d.get("latencies_ns") for d in done),
+            emit_latencies_ns=LatencyHistogram.merged(d.get("emit_latencies_ns") for d in done),
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started,
             refused_calls=sum(coord.server.refused.values()) + sum(member_refusals))
         return outcome

@@ -13,10 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from sparkjet.errors import JobFailedError, SnapshotStoreLostError
 from sparkjet.runtime.config import JobConfig, open_store
+from sparkjet.runtime.observability import LatencyHistogram
 
 #: The longest wait between two executions, in seconds.
 MAX_BACKOFF = 30.0
@@ -77,12 +76,12 @@ class JobResult:
         """Latency percentiles in seconds, from an event's creation (its ``ts``) to the
         commit of the output it led to (``until="commit"``: when a transactional sink
         makes it visible) or to the moment the output is handed to the sink
-        (``until="emit"``: what an idempotent or at-least-once sink sees)."""
+        (``until="emit"``: what an idempotent or at-least-once sink sees). Each member
+        keeps its samples in a :class:`~sparkjet.runtime.observability.LatencyHistogram`
+        (within 1 %); NaN without samples."""
         field = {"commit": "latencies_ns", "emit": "emit_latencies_ns"}[until]
-        samples = [x for e in self.executions for x in e.get(field, [])]
-        if not samples:
-            return [float("nan")] * len(qs)
-        return [float(np.percentile(samples, q)) / 1e9 for q in qs]
+        merged = LatencyHistogram.merged(e.get(field) for e in self.executions)
+        return [merged.percentile(q) / 1e9 for q in qs]
 
 
 def backoff(config: JobConfig, attempt: int) -> float:
