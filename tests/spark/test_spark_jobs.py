@@ -113,6 +113,30 @@ def test_kill_a_member_mid_run(spark, tmp_path):
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_member_is_the_one_named_failed(spark, tmp_path, victim):
+    """Its peer's inbound stream breaks first and the peer reports that: the restart must
+    still name the member whose worker died, not the survivor that lost its link."""
+    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=400_000)
+    job = keyed_job(tmp_path, source, max_restarts=2)
+    killed = []
+
+    def progress(event):
+        if event["event"] == "snapshot" and event["snapshot"] == 1 and not killed:
+            killed.append(job.member_pids[victim])
+            os.kill(killed[0], signal.SIGKILL)
+
+    events = []
+    result = job.run(spark, on_progress=lambda e: (events.append(e), progress(e)))
+    assert killed and result.restarts == 1
+    failed = result.executions[0]
+    assert failed["status"] == "failed" and failed["failed_member"] == victim, failed["error"]
+    assert failed["error"].startswith(f"member {victim} (pid {killed[0]})"), failed["error"]
+    restart, = [e for e in events if e["event"] == "restart"]
+    assert restart["member"] == victim and restart["error"] == failed["error"]
+
+
 def test_zombie_member_is_fenced(spark, tmp_path):
     """SIGSTOP the only member right as a snapshot commits (its sink transaction is prepared,
     maybe not committed); the coordinator declares it silent, restarts the job on the other

@@ -34,6 +34,9 @@ from sparkjet.snapshot.store import Manifest, SnapshotStore
 _POLL = 0.005
 #: How long a member's poll waits on the driver for a command before it returns empty.
 POLL_WAIT = 0.25
+#: How long a member's broken link to a peer waits for the peer to show it is alive (it
+#: polls every POLL_WAIT s) before the execution fails, naming whichever is gone.
+LINK_VERDICT_WAIT = 4 * POLL_WAIT + 0.5
 #: How long a member's ``join`` waits on the driver for the other members before it
 #: returns without the peers (the member then asks again).
 JOIN_WAIT = 2.0
@@ -165,6 +168,10 @@ class ExecutionCoordinator:
         self._ended: dict[int, set] = {}
         self.done: dict[int, dict] = {}
         self.failure: BaseException | None = None
+        #: members that reported a failure, and when; the first link failure awaiting its
+        #: verdict (reporter, error, when)
+        self._reported: dict[int, float] = {}
+        self._link_failure: tuple[int, ExecutionFailedError, float] | None = None
         self._failed = threading.Event()
         self._finished = threading.Event()
         self.stage_error: BaseException | None = None
@@ -243,11 +250,47 @@ class ExecutionCoordinator:
         return {}
 
     def _member_failed(self, body: dict) -> dict:
+        """A member failed. When its failure is a broken link to a peer (``link``), the
+        peer is the likelier culprit (its worker died, so its streams broke): the verdict
+        waits :data:`LINK_VERDICT_WAIT` s for the member that then neither reported nor
+        polled, and names it; else the reporter."""
         i = self._member(body)
         report = {k: body.get(k) for k in ("error", "traceback", "deterministic", "exception")}
-        self.fail(ExecutionFailedError(
-            f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}", report))
+        error = ExecutionFailedError(
+            f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}",
+            {**report, "member": i})
+        with self._cv:
+            self._reported.setdefault(i, time.monotonic())
+            if not body.get("link"):
+                self._link_failure = None
+            elif self.failure is None and self._link_failure is None:
+                self._link_failure = (i, error, time.monotonic())
+                verdict = threading.Timer(LINK_VERDICT_WAIT, self._link_verdict)
+                verdict.daemon = True
+                verdict.start()
+                return {}
+            elif self._link_failure is not None:
+                return {}
+        self.fail(error)
         return {}
+
+    def _link_verdict(self) -> None:
+        """Fails the execution for the link failure reported first: naming the member that
+        neither reported a failure nor polled since (its worker is gone) if there is one."""
+        with self._cv:
+            if self._link_failure is None or self.failure is not None:
+                return
+            i, error, when = self._link_failure
+            gone = [j for j in range(self.members) if j not in self._reported
+                    and j not in self.done and self.seen.get(j, 0.0) < when]
+        if len(gone) == 1:
+            j = gone[0]
+            error = ExecutionFailedError(
+                f"member {j} (pid {self.pids.get(j)}) died or stopped answering: member {i} "
+                f"lost its link to it ({error.report.get('error')})",
+                {**error.report, "member": j, "traceback": None, "exception": False,
+                 "deterministic": False})
+        self.fail(error)
 
     def _done(self, body: dict) -> dict:
         i = self._member(body)
@@ -298,6 +341,8 @@ class ExecutionCoordinator:
         early, or a member has been silent past the heartbeat timeout."""
         if self.failure is not None:
             raise self.failure
+        if self._link_failure is not None:
+            return          # a member lost a link: the verdict names who failed, shortly
         if self.stage_ended.is_set() and len(self.done) < self.members:
             raise ExecutionFailedError(
                 f"the Spark stage of execution {self.execution_id} ended before its members did: "
@@ -310,7 +355,8 @@ class ExecutionCoordinator:
         if silent:
             i, quiet = silent[0]
             raise ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) silent for "
-                                       f"{quiet:.1f} s (heartbeat_timeout={timeout} s)")
+                                       f"{quiet:.1f} s (heartbeat_timeout={timeout} s)",
+                                       {"member": i})
 
     def wait_started(self, timeout: float) -> None:
         """Waits until every member has polled once (it restored its state and runs)."""

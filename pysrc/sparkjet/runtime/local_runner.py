@@ -152,7 +152,7 @@ class LocalRunner:
         else:
             last = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
             error = f"member {why}" + (f": {last}" if last else "")
-        return {**metrics, **failure, "status": "failed", "execution_id": execution,
+        return {**metrics, **failure, "status": "failed", "execution_id": execution, "failed_member": 0,
                 "error": error, "cause": failure.get("error"), "log": str(kept)}
 
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import (
+    ExchangeError,
     ExchangeFencedError,
     MemberFailedError,  # noqa: F401 (defined there; named here too)
 )
@@ -413,8 +414,8 @@ class RemoteLink:
         """Tells the coordinator at once (it would also notice the task fail, later), with
         the traceback and whether a replay would repeat the error."""
         try:
-            self._call("failed", {"member": self.member.index, **failures.report(error)},
-                       timeout=2.0)
+            self._call("failed", {"member": self.member.index, **failures.report(error),
+                                  "link": _is_link_failure(error)}, timeout=2.0)
         except Exception:  # noqa: BLE001 - best effort: the coordinator may be gone already
             pass
 
@@ -427,3 +428,14 @@ class RemoteLink:
                 pass
         self._thread.join(2.0)
         self.client.close()
+
+
+def _is_link_failure(error: BaseException | None) -> bool:
+    """Whether a member failed because a link to a peer broke (an exchange error, or one
+    caused by it): then the peer, not this member, is the likelier culprit."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, ExchangeError):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False

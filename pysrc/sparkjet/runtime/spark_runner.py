@@ -265,7 +265,8 @@ class SparkRunner:
             outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
             report = getattr(e, "report", None) or {}
             outcome.update(deterministic=is_deterministic(e), traceback=report.get("traceback"),
-                           exception=bool(report.get("exception")), cause=report.get("error"))
+                           exception=bool(report.get("exception")), cause=report.get("error"),
+                           failed_member=report.get("member"))
         finally:
             self.current = None
             ticker_stop.set()

@@ -116,7 +116,8 @@ def restart_or_fail(config: JobConfig, result: JobResult, attempt: int, outcome:
     result.restarts += 1
     delay = backoff(config, attempt)
     progress({"event": "restart", "attempt": attempt, "after_s": delay,
-              "error": outcome.get("error"), "guarantee": config.processing_guarantee,
+              "error": outcome.get("error"), "member": outcome.get("failed_member"),
+              "guarantee": config.processing_guarantee,
               "note": None if config.processing_guarantee != "none" else
               "guarantee 'none': no snapshot; the sources restart from their start"})
     time.sleep(delay)
