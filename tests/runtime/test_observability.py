@@ -295,3 +295,26 @@ def test_job_result_repr_stays_short_with_many_events(tmp_path, isolated):
     assert 0 <= p50 <= p99 < 60
     e50, = result.latency_percentiles(50, until="emit")
     assert 0 <= e50 < 60
+
+
+def test_a_submitted_job_has_metrics_at_once(tmp_path):
+    job, _ = _job(tmp_path, "submitted", total=100_000, rate=100_000)
+    handle = job.submit(isolated=False)
+    m = handle.metrics       # right after submit: before the run's first event
+    assert m is not None and m["state"] in ("starting", "running"), m
+    assert m["job"] == "submitted" and m["expected_events"] == 100_000
+    assert handle.status == m["state"] or handle.status == "running"
+    handle.result(timeout=60)
+    assert handle.metrics["state"] == "finished" and handle.metrics["events_in"] == 100_000
+
+
+def test_a_run_refused_before_it_starts_shows_as_failed(tmp_path):
+    from sparkjet.runtime.lifecycle import JobFinishedError
+
+    job, _ = _job(tmp_path, "refused")
+    job.run(isolated=False)
+    again = _job(tmp_path, "refused")[0]
+    handle = again.submit(isolated=False)
+    with pytest.raises(JobFinishedError):
+        handle.result(timeout=30)
+    assert handle.status == "failed"

@@ -46,6 +46,7 @@ class Job:
         self.requested_members: int | None = None
         self._runner: LocalRunner | SparkRunner | None = None
         self._metrics: JobMetrics | None = None
+        self._next_metrics: JobMetrics | None = None    # made by submit() for its run
         self._stop: tuple[bool, str | None] | None = None   # (requested, export name)
         self._running = False
         #: while run(metrics_port=...) serves Prometheus: the port it listens on
@@ -109,10 +110,17 @@ class Job:
         run of a job that already ran to its end there
         (:class:`~sparkjet.runtime.lifecycle.JobFinishedError`).
         """
-        self._check_snapshot()
-        check_not_finished(self.config)
+        # submit() made this run's metrics already, so that its handle shows them at once
+        metrics = self._next_metrics or JobMetrics(self.config.name, _bounded_total(self.plan))
+        self._next_metrics = None
+        self._metrics = metrics
+        try:
+            self._check_snapshot()
+            check_not_finished(self.config)
+        except BaseException:
+            metrics.finish("failed")
+            raise
         self._running = True
-        metrics = self._metrics = JobMetrics(self.config.name, _bounded_total(self.plan))
         view = ProgressView(metrics) if progress else None
         server = None
         if metrics_port is not None:
@@ -293,6 +301,8 @@ class JobHandle:
         self._result: JobResult | None = None
         self._error: BaseException | None = None
         job._running = True     # stop() right after submit() reaches the run
+        # the metrics exist from now on ("starting"), not from the run's first event
+        job._next_metrics = job._metrics = JobMetrics(job.config.name, _bounded_total(job.plan))
         self._thread = threading.Thread(target=self._run, name=f"sparkjet-{job.config.name}",
                                         daemon=True)
         self._thread.start()
@@ -312,7 +322,8 @@ class JobHandle:
         return "starting" if m is None else m["state"]
 
     @property
-    def metrics(self) -> dict | None:
+    def metrics(self) -> dict:
+        """The job's metrics (:attr:`Job.metrics`), from the moment it was submitted."""
         return self.job.metrics
 
     def done(self) -> bool:
