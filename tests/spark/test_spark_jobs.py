@@ -137,6 +137,25 @@ def test_a_killed_member_is_the_one_named_failed(spark, tmp_path, victim):
     assert restart["member"] == victim and restart["error"] == failed["error"]
 
 
+@pytest.mark.parametrize("on_spark", [True, False])
+def test_a_start_from_initial_snapshot_reports_restored(spark, tmp_path, on_spark):
+    from sparkjet.runtime.config import open_store
+
+    source = GeneratorSource(total=40_000, partitions=4, keys=100, batch_size=5_000)
+    first = keyed_job(tmp_path, source, name="first")
+    first.run(spark)
+    with open_store(first.config) as store:
+        store.export(None, "v1")
+    second = keyed_job(tmp_path, source, name="second", initial_snapshot="first/v1")
+    events = []
+    result = second.run(spark if on_spark else None, on_progress=events.append)
+    restored = [e for e in events if e["event"] == "restored"]
+    assert restored, [e["event"] for e in events]
+    assert {(e["job"], e["export"], e["execution"]) for e in restored} == {
+        ("first", "v1", result.executions[0]["execution_id"])}
+    assert result.events_in == 0          # it resumed at the export's offsets: the end
+
+
 def test_zombie_member_is_fenced(spark, tmp_path):
     """SIGSTOP the only member right as a snapshot commits (its sink transaction is prepared,
     maybe not committed); the coordinator declares it silent, restarts the job on the other
