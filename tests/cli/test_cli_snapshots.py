@@ -94,3 +94,32 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err and "--help" in err, argv
     assert list(tmp_path.iterdir()) == []
+
+
+def test_job_names_as_sparkjet_jobs_prints_them(tmp_path, capsys):
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import DiscardSink
+    from sparkjet.sources import GeneratorSource
+
+    store = str(tmp_path / "snaps")
+    for name, job_id in (("counts", None), ("given-id", 0x5EED)):
+        pipeline = (Pipeline().read_from(GeneratorSource(total=2_000, partitions=1, keys=10))
+                    .group_by("key").aggregate(count="count").write_to(DiscardSink()))
+        Job(pipeline, JobConfig(name=name, job_id=job_id, snapshot_store=store)).run(isolated=False)
+    assert main(["jobs", store]) == 0
+    listed = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(listed) == {"counts", "given-id"} and listed["given-id"] == "0x5eed"
+    for name, job_id in listed.items():
+        for action in ("list", "show", "verify"):
+            assert main(["snapshots", action, store, "--job", name]) == 0, (action, name)
+            by_name = capsys.readouterr().out
+            assert main(["snapshots", action, store, "--job", job_id]) == 0
+            if action != "verify":         # (verify prints its speed)
+                assert by_name == capsys.readouterr().out
+            capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["snapshots", "show", store, "--job", "nope"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no job of that name" in err and "counts, given-id" in err

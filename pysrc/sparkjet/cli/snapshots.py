@@ -25,12 +25,13 @@ def add_parser(commands) -> None:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("uri", help="the store: a directory, or s3://, hdfs://, gs:// ...")
         p.add_argument("--job", type=_job_id, default=None,
-                       help="job id (decimal or 0x hex); default: every job in the store")
+                       help="job name (as `sparkjet jobs` prints it) or id (decimal or 0x "
+                            "hex); default: every job in the store")
         if name != "list":
             p.add_argument("--name", default=None, help="an exported snapshot, by name")
         if name == "show":
             p.add_argument("--partitions", action="store_true", help="one line per partition")
-        p.set_defaults(command=f"snapshots {name}", run=run)
+        p.set_defaults(command=f"snapshots {name}", run=run, parser=p)
 
 
 def add_jobs_parser(commands) -> None:
@@ -71,14 +72,45 @@ def _jobs(args) -> int:
     return 0
 
 
-def _job_id(text: str) -> int:
+def _job_id(text: str) -> int | str:
+    """A job id (decimal or 0x hex), else a job's name (resolved against the store)."""
     try:
         return int(text, 0)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"not a job name or id: {text!r}") from None
+        return text
+
+
+def _named_job(args, name: str) -> int:
+    """The id of the job called ``name`` in the store: the one its name derives (as
+    JobConfig does), else, on a local path, the one whose JOB.json records the name (a job
+    given an explicit job_id); a usage error when there is none."""
+    import os
+
+    # The runtime loads only to derive a job's id from its name and read its JOB.json.
+    from sparkjet.runtime.config import JobConfig
+    from sparkjet.runtime.lifecycle import job_name_of
+
+    jobs = SnapshotStore.jobs(args.uri, must_exist=True)
+    derived = JobConfig(name=name, processing_guarantee="none").id
+    if derived in jobs:
+        return derived
+    names = {}
+    if "://" not in args.uri:
+        names = {j: job_name_of(os.path.join(args.uri, layout.job_dir(j))) for j in jobs}
+        named = [j for j, n in names.items() if n == name]
+        if len(named) == 1:
+            return named[0]
+    known = sorted(n for n in names.values() if n)
+    args.parser.error(f"--job {name!r}: no job of that name or id in {args.uri} "
+                      f"(its jobs: {', '.join(known) or 'none by name'})")
+    raise AssertionError("unreachable")  # parser.error exits
 
 
 def _stores(args) -> list[SnapshotStore]:
+    if isinstance(args.job, str):
+        args.job = _named_job(args, args.job)
     if args.job is not None:
         return [SnapshotStore(args.uri, args.job, create=False)]
     jobs = SnapshotStore.jobs(args.uri, must_exist=True)
