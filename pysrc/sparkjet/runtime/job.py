@@ -111,16 +111,17 @@ class Job:
         (:class:`~sparkjet.runtime.lifecycle.JobFinishedError`).
         """
         # submit() made this run's metrics already, so that its handle shows them at once
-        metrics = self._next_metrics or JobMetrics(self.config.name, _bounded_total(self.plan))
-        self._next_metrics = None
-        self._metrics = metrics
+        submitted, self._next_metrics = self._next_metrics, None
         try:
             self._check_snapshot()
             check_not_finished(self.config)
         except BaseException:
-            metrics.finish("failed")
+            if submitted is not None:       # the handle's run ends here
+                submitted.finish("failed")
             raise
         self._running = True
+        metrics = self._metrics = submitted or JobMetrics(self.config.name,
+                                                          _bounded_total(self.plan))
         view = ProgressView(metrics) if progress else None
         server = None
         if metrics_port is not None:
