@@ -34,9 +34,11 @@ from sparkjet.snapshot.store import Manifest, SnapshotStore
 _POLL = 0.005
 #: How long a member's poll waits on the driver for a command before it returns empty.
 POLL_WAIT = 0.25
-#: How long a member's broken link to a peer waits for the peer to show it is alive (it
-#: polls every POLL_WAIT s) before the execution fails, naming whichever is gone.
-LINK_VERDICT_WAIT = 4 * POLL_WAIT + 0.5
+#: How long a member's broken link to a peer waits for the peer to show it is alive (a live
+#: member polls at least every POLL_WAIT s; one poll in the window clears it) before the
+#: execution fails, naming whichever is gone. It delays every restart after a lost member:
+#: keep it to a few polls.
+LINK_VERDICT_WAIT = 3 * POLL_WAIT
 #: How long a member's ``join`` waits on the driver for the other members before it
 #: returns without the peers (the member then asks again).
 JOIN_WAIT = 2.0
