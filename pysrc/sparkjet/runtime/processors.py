@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -41,14 +41,36 @@ from sparkjet.runtime.watermarks import (
     WatermarkTracker,
 )
 
-if TYPE_CHECKING:
-    from sparkjet.runtime.member import Member
+
+class MemberLink(Protocol):
+    """What a processor asks of the member that runs it (:class:`sparkjet.runtime.member.Member`
+    is the one implementation; a protocol here, so that this module needs no import of it)."""
+
+    dag: Any
+    topology: Any
+
+    @property
+    def failed(self) -> bool: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+    def count(self, key: str, n: int) -> None: ...
+
+    def count_vertex(self, vertex: str, direction: str, n: int) -> None: ...
+
+    def add_latencies(self, key: str, latencies: Any) -> None: ...
+
+    def watermark_of(self, vertex: str, time: int) -> None: ...
+
+    def event_time_of(self, vertex: str, newest: int | None, time_type: Any) -> None: ...
+
+    def wall_ns_per_unit(self, column: str, time_type: Any) -> int | None: ...
 
 _POLL = 0.005
 
 
 class Processor(threading.Thread):
-    def __init__(self, member: Member, vertex, index: int):
+    def __init__(self, member: MemberLink, vertex, index: int):
         super().__init__(name=f"sparkjet-{vertex.name}-{index}", daemon=True)
         self.label = f"{vertex.name}-{index}"
         self.member = member
@@ -146,7 +168,7 @@ class Processor(threading.Thread):
 
 
 class SourceProcessor(Processor):
-    def __init__(self, member: Member, vertex, index: int, partitions: list[int]):
+    def __init__(self, member: MemberLink, vertex, index: int, partitions: list[int]):
         super().__init__(member, vertex, index)
         self.partitions = partitions
         self.restored_source_state = None
@@ -255,7 +277,7 @@ class SourceProcessor(Processor):
 
 
 class KeyedProcessor(Processor):
-    def __init__(self, member: Member, vertex, index: int):
+    def __init__(self, member: MemberLink, vertex, index: int):
         super().__init__(member, vertex, index)
         self.restored_table = None
         self.restored_watermark = MIN_TIME

@@ -7,16 +7,32 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import xxhash
 
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.snapshot import layout
+from sparkjet.snapshot.backend import StorageBackend
 from sparkjet.snapshot.chunks import ChunkEncoder
 
-if TYPE_CHECKING:
-    from sparkjet.snapshot.store import SnapshotInfo, SnapshotStore
+
+class StoreLink(Protocol):
+    """What a writer asks of its :class:`~sparkjet.snapshot.store.SnapshotStore` (a protocol,
+    so that this module needs no import of the store's)."""
+
+    job_id: int
+    _backend: StorageBackend
+
+    def _path(self, *parts: str) -> str: ...
+
+    def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str: ...
+
+    def _table_path(self, digest: str) -> str: ...
+
+    def check_fence(self, execution_id: int) -> None: ...
+
+    def commit(self, snapshot_id: int, execution_id: int, manifests: Any) -> Any: ...
 
 
 def vertex_id(vertex: str) -> int:
@@ -46,7 +62,7 @@ class Manifest:
 class SnapshotWriter:
     """Writes one writer's share of a snapshot; :meth:`finish` returns its manifest."""
 
-    def __init__(self, store: SnapshotStore, snapshot_id, execution_id, writer, partition_count,
+    def __init__(self, store: StoreLink, snapshot_id, execution_id, writer, partition_count,
                  chunk_size, codec):
         self.store = store
         self.snapshot_id = snapshot_id
@@ -162,7 +178,7 @@ class SnapshotWriter:
         return Manifest(self.snapshot_id, self.execution_id, list(self._files),
                         list(self._tables))
 
-    def commit(self) -> SnapshotInfo:
+    def commit(self):
         """finish() and commit this writer's share alone (a single-writer snapshot)."""
         return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
 

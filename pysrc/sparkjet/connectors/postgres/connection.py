@@ -5,6 +5,8 @@ Needs psycopg 3 (``pip install 'sparkjet[postgres]'``), loaded when first used.
 """
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from sparkjet._redact import MASK, redact
 from sparkjet.errors import ConnectorError, InvalidArgumentError
 
@@ -110,3 +112,13 @@ def identifier(table: str):
     from psycopg import sql
 
     return sql.Identifier(*table.split(".", 1))
+
+
+class SinkTarget(Protocol):
+    """What the writers read of their :class:`~sparkjet.connectors.postgres.sink.PostgresSink`
+    (a protocol, so that the writers' modules need no import of the sink's)."""
+
+    dsn: str
+    table: str
+    key: Any
+    connect_timeout: float

@@ -25,28 +25,24 @@ barrier (and, under "none", at every batch), so a replay may repeat them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pyarrow as pa
 
 from sparkjet._batches import record_batches
 from sparkjet.connectors._prepared import check_next_snapshot, prepared_transactions
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.connectors.postgres.connection import CONNECTOR, where
+from sparkjet.connectors.postgres.connection import CONNECTOR, SinkTarget, where
 from sparkjet.connectors.postgres.writer import PostgresWriter
 from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
-
-if TYPE_CHECKING:
-    from sparkjet.connectors.postgres.sink import PostgresSink
 
 DESCRIPTION_FORMAT = 1
 
 
 class PostgresTransactionalWriter(PostgresWriter):
-    """One processor's writer of a transactional :class:`PostgresSink` (see the module
-    doc): one transaction per snapshot epoch, prepared at the barrier, committed after it."""
+    """One processor's writer of a transactional
+    :class:`~sparkjet.connectors.postgres.sink.PostgresSink` (see the module doc): one
+    transaction per snapshot epoch, prepared at the barrier, committed after it."""
 
-    def __init__(self, sink: PostgresSink, context: ProcessorContext):
+    def __init__(self, sink: SinkTarget, context: ProcessorContext):
         super().__init__(sink, context)
         try:
             if context.guarantee == "exactly-once":

@@ -18,28 +18,24 @@ the execution.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet.connectors._upsert import BufferedUpsertWriter
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.connectors.postgres.connection import CONNECTOR
+from sparkjet.connectors.postgres.connection import CONNECTOR, SinkTarget
 from sparkjet.connectors.postgres.writer import PostgresWriter
-
-if TYPE_CHECKING:
-    from sparkjet.connectors.postgres.sink import PostgresSink
 
 
 class PostgresUpsertWriter(PostgresWriter, BufferedUpsertWriter):
-    """One processor's writer of an upsert :class:`PostgresSink`: buffered rows merged by
-    key at every barrier (see the module doc)."""
+    """One processor's writer of an upsert
+    :class:`~sparkjet.connectors.postgres.sink.PostgresSink`: buffered rows merged by key at
+    every barrier (see the module doc)."""
 
     connector = CONNECTOR
 
-    def __init__(self, sink: PostgresSink, context: ProcessorContext):
+    def __init__(self, sink: SinkTarget, context: ProcessorContext):
         super().__init__(sink, context)
         try:
             # The staging table lives in the session's temporary buffers (8 MB by default,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -38,6 +37,7 @@ from sparkjet.connectors.postgres.columns import (
 )
 from sparkjet.connectors.postgres.connection import (
     CONNECTOR,
+    SinkTarget,
     connect,
     describe,
     failure,
@@ -50,9 +50,6 @@ from sparkjet.errors import (
     InvalidArgumentError,
     UnsupportedTypeError,
 )
-
-if TYPE_CHECKING:
-    from sparkjet.connectors.postgres.sink import PostgresSink
 
 _GID = re.compile(r"e(\d+):s(\d+):p(\d+)")
 # How long a registration waits for older prepared transactions before it rolls back the
@@ -73,7 +70,7 @@ CREATE TABLE IF NOT EXISTS _sparkjet_tables (name text PRIMARY KEY, arrow_schema
 class PostgresWriter(SinkWriter):
     """What both modes share: connections, the fence, the table and ``COPY``."""
 
-    def __init__(self, sink: PostgresSink, context: ProcessorContext):
+    def __init__(self, sink: SinkTarget, context: ProcessorContext):
         if context.guarantee not in GUARANTEES:
             raise InvalidArgumentError(
                 f"guarantee must be one of {GUARANTEES}, got {context.guarantee!r}")
