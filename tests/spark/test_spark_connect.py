@@ -8,9 +8,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.jobs import exact, keyed_spark_job
 from pyspark.errors import PySparkAttributeError
 
-from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -44,18 +44,7 @@ def connect(connect_server):
 
 
 def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
-    pipeline = (Pipeline().read_from(source)
-                .group_by("key").aggregate(count="count", sum=("sum", "value"))
-                .write_to(TransactionalFileSink(tmp_path / "out")))
-    defaults = dict(name=f"connect-{tmp_path.name}", snapshot_store=str(tmp_path / "snapshots"),
-                    snapshot_interval=0.3, local_parallelism=1, members=2, restart_backoff=0.0)
-    return Job(pipeline, JobConfig(**{**defaults, **config}))
-
-
-def exact(tmp_path: Path, source: GeneratorSource) -> verify.Report:
-    out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
-    return verify.check_aggregates(source.expected_counts(), out, key="key",
-                                   columns=["count", "sum"], guarantee="exactly-once")
+    return keyed_spark_job(tmp_path, source, "connect", **config)
 
 
 def in_server(server: ConnectServer, pid: int) -> bool:

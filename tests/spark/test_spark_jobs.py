@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.jobs import exact, keyed_spark_job
 
 from sparkjet import verify
 from sparkjet.pipeline import Pipeline
@@ -18,22 +19,10 @@ from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.testing.campaign import SPARK_PLAN, run_campaign, summary
-from sparkjet.verify import last_update_per_key
 
 
 def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
-    pipeline = (Pipeline().read_from(source)
-                .group_by("key").aggregate(count="count", sum=("sum", "value"))
-                .write_to(TransactionalFileSink(tmp_path / "out")))
-    defaults = dict(name=f"spark-{tmp_path.name}", snapshot_store=str(tmp_path / "snapshots"),
-                    snapshot_interval=0.3, local_parallelism=1, members=2, restart_backoff=0.0)
-    return Job(pipeline, JobConfig(**{**defaults, **config}))
-
-
-def exact(tmp_path: Path, source: GeneratorSource) -> verify.Report:
-    out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
-    return verify.check_aggregates(source.expected_counts(), out, key="key",
-                                   columns=["count", "sum"], guarantee="exactly-once")
+    return keyed_spark_job(tmp_path, source, "spark", **config)
 
 
 def test_two_members_exactly_once(spark, tmp_path):

@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 from sparkjet._fs import storage_error
-from sparkjet.errors import (  # noqa: F401 (defined there; named here too)
+from sparkjet.errors import (
     JobAlreadyRunningError,
-    JobCancelledError,
+    JobCancelledError,  # noqa: F401 (defined there; named here too)
     JobFinishedError,
-    SparkjetError,
 )
 from sparkjet.snapshot import layout
 

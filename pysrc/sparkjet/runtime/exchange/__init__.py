@@ -87,7 +87,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkjet.errors import (  # noqa: F401 (defined there; named here too)
+from sparkjet.errors import (
     ExchangeAuthError,
     ExchangeError,
     ExchangeFencedError,
