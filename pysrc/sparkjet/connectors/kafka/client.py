@@ -6,9 +6,44 @@ Needs ``confluent-kafka`` (``pip install 'sparkjet[kafka]'``), loaded when first
 """
 from __future__ import annotations
 
+import collections
+import logging
+import re
+
 from sparkjet.errors import ConnectorError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+#: Where librdkafka's own log lines go, at DEBUG: a broker that is down makes it log every
+#: connection attempt (about a hundred lines in five seconds), which belongs in the one error.
+CLIENT_LOG = logging.getLogger("sparkjet.kafka.client")
+
+
+class ClientLog:
+    """A client's librdkafka log (its ``logger`` setting): each line to :data:`CLIENT_LOG`
+    at DEBUG, the last few distinct ones kept for the error that ends the wait."""
+
+    def __init__(self, keep: int = 3):
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._keep = keep
+
+    #: What differs between two lines that say the same: the thread, the time it took.
+    _NOISE = re.compile(r"\[thrd:[^\]]*\]: | \(after \d+ms in state [^)]*\)")
+
+    def log(self, level: int, fmt: str, *args) -> None:
+        line = fmt % args if args else fmt
+        CLIENT_LOG.debug("%s", line)
+        line = self._NOISE.sub("", line)
+        self._recent.pop(line, None)
+        self._recent[line] = None
+        while len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+
+    def recent(self) -> str:
+        """The last distinct lines, for an error message ("" if none)."""
+        if not self._recent:
+            return ""
+        return "; the client logged: " + " | ".join(self._recent)
 
 
 def kafka_module():
@@ -29,7 +64,8 @@ def client_config(bootstrap_servers: str, timeout: float, extra: dict | None) ->
     config = {"bootstrap.servers": bootstrap_servers,
               "socket.connection.setup.timeout.ms": ms,
               "socket.timeout.ms": max(ms, 10_000),
-              "client.id": "sparkjet"}
+              "client.id": "sparkjet",
+              "logger": ClientLog()}
     config.update(extra or {})
     return config
 
@@ -48,16 +84,20 @@ def error_text(e: Exception) -> str:
 
 
 def topic_partitions(client, topic: str, timeout: float, connector: str,
-                     bootstrap_servers: str) -> list[int]:
+                     bootstrap_servers: str, log: ClientLog | None = None) -> list[int]:
     """The partition ids of `topic`, through any client's ``list_topics``; ConnectorError
-    (naming the connector) if the broker is unreachable or the topic does not exist."""
+    (naming the connector, with the last lines of the client's `log`) if the broker is
+    unreachable or the topic does not exist."""
     kafka = kafka_module()
     try:
         metadata = client.list_topics(topic, timeout=timeout)
     except kafka.KafkaException as e:
+        if isinstance(log, ClientLog):
+            client.poll(0)  # serves the log lines queued while it waited
         raise ConnectorError(
             f"{connector} for topic {topic!r}: cannot reach the broker(s) at "
-            f"{bootstrap_servers} within {timeout:g} s: {error_text(e)}") from None
+            f"{bootstrap_servers} within {timeout:g} s: {error_text(e)}"
+            f"{log.recent() if isinstance(log, ClientLog) else ''}") from None
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         why = found.error.str() if found is not None and found.error is not None else "no partitions"
@@ -72,9 +112,10 @@ def partitions_of(topic: str, bootstrap_servers: str, timeout: float, connector:
     a consumer's metadata request never creates the topic (a producer's or an admin
     client's may, where the broker auto-creates topics)."""
     kafka = kafka_module()
-    consumer = kafka.Consumer({**client_config(bootstrap_servers, timeout, config),
-                               "group.id": "sparkjet-metadata"})
+    settings = {**client_config(bootstrap_servers, timeout, config), "group.id": "sparkjet-metadata"}
+    consumer = kafka.Consumer(settings)
     try:
-        return topic_partitions(consumer, topic, timeout, connector, bootstrap_servers)
+        return topic_partitions(consumer, topic, timeout, connector, bootstrap_servers,
+                                settings.get("logger"))
     finally:
         consumer.close()

@@ -185,7 +185,8 @@ class KafkaReader(SourceReader):
         self._to_ack: dict[int, int] | None = None
         try:
             self._known = topic_partitions(self._consumer, self._topic, source.timeout,
-                                           "Kafka source", source.bootstrap_servers)
+                                           "Kafka source", source.bootstrap_servers,
+                                           config.get("logger"))
         except BaseException:
             self._consumer.close()
             raise
