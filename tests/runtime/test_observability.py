@@ -2,6 +2,8 @@
 import datetime
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -318,3 +320,24 @@ def test_a_run_refused_before_it_starts_shows_as_failed(tmp_path):
     with pytest.raises(JobFinishedError):
         handle.result(timeout=30)
     assert handle.status == "failed"
+
+
+@pytest.mark.spark
+def test_a_new_spark_session_prints_nothing_to_the_terminal(tmp_path):
+    """The JVM's start-up lines (the JDK's incubator warning, Spark's "Setting default log
+    level" banner) and its Python workers' stderr (PySpark's pandas warnings) go to the log
+    file, not the terminal. A session of its own, in a child: this run's JVM is up already."""
+    log = tmp_path / "spark.log"
+    code = ("from sparkjet.spark import local_session\n"
+            "spark = local_session('local[1]')\n"
+            "rows = spark.range(100).mapInArrow(lambda it: it, 'id long').count()\n"
+            "print('rows', rows)\n"
+            "spark.stop()\n")
+    env = {**os.environ, "SPARKJET_SPARK_LOG": str(log),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "rows 100"
+    assert done.stderr == ""
+    assert "Setting default log level" in log.read_text()  # it went to the file

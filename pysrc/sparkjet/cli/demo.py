@@ -5,6 +5,7 @@ verdict (:mod:`sparkjet.verify`) against the output a failure-free run gives."""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import random
@@ -13,7 +14,6 @@ import signal
 import tempfile
 import threading
 import time
-import warnings
 from pathlib import Path
 
 from sparkjet.cli.args import nonnegative_int, positive_float, positive_int
@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     from sparkjet.connectors.generator import GeneratorSource
     from sparkjet.pipeline import Pipeline
     from sparkjet.runtime import Job, JobConfig
-    from sparkjet.spark import local_session
+    from sparkjet.runtime.observability import LOG_FORMAT
+    from sparkjet.spark import local_session, spark_log_path
 
     total = int(args.rate * args.duration)
     master = args.master or f"local[{args.members}]"
@@ -206,8 +207,12 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print("starting Spark (about 10 s)...", flush=True)
-    warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
     spark = local_session(master, "sparkjet-demo", **{"spark.ui.showConsoleProgress": "false"})
+    # The display shows restarts and their causes; the job's log records (which Python would
+    # print to stderr, having no handler) join the JVM's and the members' in the log file.
+    log = logging.FileHandler(spark_log_path())
+    log.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger("sparkjet").addHandler(log)
     spark.sparkContext.setLogLevel("OFF")  # killed members make Spark log stack traces
     try:
         source = GeneratorSource(total=total, partitions=max(4, 2 * args.members), keys=args.keys,
@@ -289,6 +294,9 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
                  f"{args.guarantee}: {report.attempted_count:,} events over {args.keys:,} keys; "
                  f"lost {report.lost_count}, duplicated {report.duplicated_count}, unexpected "
                  f"{report.unexpected_count}, mismatched {len(report.mismatched)} -> {verdict}"))
+    from sparkjet.spark import spark_log_path
+
+    rows.append(("log (job, members, JVM)", spark_log_path()))
     width = max(len(r[0]) for r in rows)
     print("\nreport")
     for name, value in rows:

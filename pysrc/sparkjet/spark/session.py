@@ -6,6 +6,7 @@ the DataFrame API, the session's configuration (``spark.conf``) and its tags; an
 log in a file."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -149,7 +150,32 @@ def local_session(master: str = "local[2]", app_name: str = "sparkjet", **conf) 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, _conf_value(value))
-    return builder.getOrCreate()
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:  # the JVM runs already: nothing to launch
+        return builder.getOrCreate()
+    # The JVM inherits this process's stderr: what it writes there before log4j takes over
+    # (the JDK's "Using incubator modules" warning, Spark's "Setting default log level"
+    # banner) and what its Python workers print go to the JVM's log file too.
+    with _stderr_to(spark_log_path()):
+        return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """File descriptor 2 sent to `path` (appended) inside the block, so a child process
+    started there writes its stderr to the file; restored after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
 
 
 #: Where :func:`local_session` sends the JVM's log (``SPARKJET_SPARK_LOG`` overrides it).
