@@ -294,7 +294,7 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
                  f"{args.guarantee}: {report.attempted_count:,} events over {args.keys:,} keys; "
                  f"lost {report.lost_count}, duplicated {report.duplicated_count}, unexpected "
                  f"{report.unexpected_count}, mismatched {len(report.mismatched)} -> {verdict}"))
-    from sparkjet.spark import spark_log_path
+    from sparkjet.spark import spark_log_path  # loaded with the session, as in run()
 
     rows.append(("log (job, members, JVM)", spark_log_path()))
     width = max(len(r[0]) for r in rows)

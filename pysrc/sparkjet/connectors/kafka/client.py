@@ -16,7 +16,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 #: Where librdkafka's own log lines go, at DEBUG: a broker that is down makes it log every
 #: connection attempt (about a hundred lines in five seconds), which belongs in the one error.
-CLIENT_LOG = logging.getLogger("sparkjet.kafka.client")
+CLIENT_LOG = logging.getLogger(__name__)
 
 
 class ClientLog:
