@@ -323,6 +323,15 @@ class StorageError(SparkjetError, OSError):
         return (type(self), (self.operation, self.path, self.errno, self.reason))
 
 
+class StorageSlotError(SparkjetError, RuntimeError):
+    """A member's storage slot cannot be used as it is: a slot of another host in a
+    ``storage_dir`` (which must be host-local), a ``MEMBER.json`` or a file of the slot that
+    does not parse, a slot written after it was released. Names the path and what to do; a
+    replay would find the same."""
+
+    deterministic = True
+
+
 class LogLockedError(SparkjetError, RuntimeError):
     """Another live writer holds the log: a log has one writer at a time."""
 

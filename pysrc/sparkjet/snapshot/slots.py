@@ -1,0 +1,400 @@
+"""Storage slots: where a member keeps snapshot data on its own host (seeds 003 and 004).
+
+A Spark barrier task is a new process at every execution and may land on any executor of a
+host, so a task cannot own storage; a *slot* can. A slot is a folder under a host-local
+``storage_dir`` (tmpfs for the memory tier, a local disk fsynced for persistence)::
+
+    storage_dir/
+      slot-<uuid>/
+        LOCK            flock-ed by the task that claimed the slot; the kernel frees it when
+                        that process dies, so the next task on the host reclaims the slot
+        MEMBER.json     {"format", "uuid", "host", "created"}: whose slot this is
+        jobs/job-<id>/  one job's data: FENCE (the newest execution seen), records/ (copies
+                        of committed snapshot records), TABLE.json (its last partition table)
+                        and replicas/ (the chunk files this slot holds)
+
+A task claims one slot before it joins the execution (:meth:`StorageSlot.claim`): a free
+slot of its host holding this job's data first (a killed worker's slot, restored locally),
+then any free slot of its host, else a new one. ``local[N]`` ends up with N slots on one
+host. The host is ``SPARKJET_HOST_ID`` when set (the standalone harness gives each worker
+its own), else the host name. A slot of another host in ``storage_dir`` is refused: the
+folder is shared between hosts, and a lock over a network file system proves nothing.
+"""
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+import uuid as uuidlib
+from dataclasses import dataclass
+
+from sparkjet._fs import storage_error
+from sparkjet.errors import FencedError, StorageSlotError
+from sparkjet.snapshot.backend import FileSystemBackend
+from sparkjet.snapshot.layout import job_dir as job_folder
+
+#: Format of ``MEMBER.json`` this code writes and reads.
+SLOT_FORMAT = 1
+SLOT_PREFIX = "slot-"
+LOCK = "LOCK"
+MEMBER = "MEMBER.json"
+JOBS = "jobs"
+FENCE = "FENCE"
+RECORDS = "records"
+TABLE = "TABLE.json"
+REPLICAS = "replicas"
+
+
+def host_id() -> str:
+    """This host's name for slots: ``SPARKJET_HOST_ID``, else the host name."""
+    return os.environ.get("SPARKJET_HOST_ID") or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class SlotIdentity:
+    """What ``MEMBER.json`` says: the slot's UUID and the host it belongs to."""
+
+    uuid: str
+    host: str
+    created: str
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": SLOT_FORMAT, "uuid": self.uuid, "host": self.host,
+                           "created": self.created}, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, path: str) -> SlotIdentity:
+        """The identity in ``data`` (read from ``path``); StorageSlotError naming the file
+        and what is wrong with it."""
+        try:
+            doc = json.loads(bytes(data))
+        except ValueError as e:
+            raise StorageSlotError(f"{path} is not a slot's MEMBER.json ({e}): remove the "
+                                   "slot folder if it holds nothing you need") from None
+        if not isinstance(doc, dict) or doc.get("format") != SLOT_FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise StorageSlotError(f"{path} has format {found!r}; this sparkjet reads format "
+                                   f"{SLOT_FORMAT}")
+        try:
+            uuidlib.UUID(str(doc.get("uuid")))
+        except ValueError:
+            raise StorageSlotError(f"{path}: {doc.get('uuid')!r} is not a UUID") from None
+        if not isinstance(doc.get("host"), str) or not doc["host"]:
+            raise StorageSlotError(f"{path}: no host name")
+        return cls(str(doc["uuid"]), doc["host"], str(doc.get("created", "")))
+
+
+class StorageSlot:
+    """One claimed slot: its :class:`SlotIdentity`, its folder, and the lock that makes it
+    this process's until :meth:`release` (or the process's death)."""
+
+    def __init__(self, path: str, identity: SlotIdentity, lock_fd: int, durable: bool):
+        self.path = path
+        self.identity = identity
+        self.durable = durable
+        self._lock_fd: int | None = lock_fd
+        self.backend = FileSystemBackend(path, durable=durable)
+
+    @property
+    def uuid(self) -> str:
+        return self.identity.uuid
+
+    @property
+    def host(self) -> str:
+        return self.identity.host
+
+    def __repr__(self) -> str:
+        return f"StorageSlot({self.uuid} of host {self.host!r} at {self.path})"
+
+    # -- claim and release -----------------------------------------------------------------
+
+    @classmethod
+    def claim(cls, storage_dir: str, *, job_id: int | None = None, host: str | None = None,
+              durable: bool = False) -> StorageSlot:
+        """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
+        process: a free one holding ``job_id``'s data first, then any free one, else a new
+        one. ``durable``: writes are fsynced (persistence). StorageSlotError when
+        ``storage_dir`` holds a slot of another host; StorageError when it cannot be used."""
+        host = host or host_id()
+        storage_dir = os.path.abspath(storage_dir)
+        try:
+            os.makedirs(storage_dir, mode=0o700, exist_ok=True)
+            names = sorted(n for n in os.listdir(storage_dir) if n.startswith(SLOT_PREFIX))
+        except OSError as e:
+            raise storage_error("create directory", storage_dir, e) from None
+        mine, first = [], []
+        for name in names:
+            folder = os.path.join(storage_dir, name)
+            identity = _read_identity(folder)
+            if identity is None:          # a slot whose creator died before MEMBER.json
+                mine.append(folder)
+                continue
+            if identity.host != host:
+                raise StorageSlotError(
+                    f"storage_dir {storage_dir} holds {name} of host {identity.host!r}, and this "
+                    f"is host {host!r}: a storage_dir must be local to one host (tmpfs or a local "
+                    f"disk), never shared. If this host was renamed, set SPARKJET_HOST_ID="
+                    f"{identity.host} for its members, or remove {folder} to give its data up")
+            holds = job_id is not None and os.path.isdir(
+                os.path.join(folder, JOBS, job_folder(job_id)))
+            (first if holds else mine).append(folder)
+        for folder in first + mine:
+            fd = _try_lock(folder)
+            if fd is None:
+                continue
+            identity = _read_identity(folder)
+            if identity is None:          # ours now: finish what its creator began
+                identity = _new_identity(host)
+                _write_atomic(folder, MEMBER, identity.to_json(), durable)
+            return cls(folder, identity, fd, durable)
+        identity = _new_identity(host)
+        folder = os.path.join(storage_dir, SLOT_PREFIX + identity.uuid)
+        try:
+            os.mkdir(folder, 0o700)
+        except OSError as e:
+            raise storage_error("create directory", folder, e) from None
+        fd = _try_lock(folder)
+        if fd is None:  # cannot happen: nobody else knows the new UUID
+            raise StorageSlotError(f"{folder}: a new slot was locked by someone else")
+        _write_atomic(folder, MEMBER, identity.to_json(), durable)
+        if durable:
+            _sync_dir(storage_dir)
+        return cls(folder, identity, fd, durable)
+
+    def release(self) -> None:
+        """Unlocks the slot (its data stays for the next task on this host)."""
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            os.close(fd)  # closing the only descriptor of the open file drops the flock
+
+    @property
+    def claimed(self) -> bool:
+        return self._lock_fd is not None
+
+    def __enter__(self) -> StorageSlot:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    # -- one job's data --------------------------------------------------------------------
+
+    def job_path(self, job_id: int, *parts: str) -> str:
+        return os.path.join(self.path, JOBS, job_folder(job_id), *parts)
+
+    def jobs(self) -> list[int]:
+        """The ids of the jobs this slot holds data of."""
+        folder = os.path.join(self.path, JOBS)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise storage_error("list", folder, e) from None
+        return sorted(int(n[4:], 16) for n in names if _is_job_folder(n))
+
+    def fence(self, job_id: int, execution: int) -> None:
+        """Records ``execution`` as the newest of ``job_id`` this slot has seen; FencedError
+        if it has seen a newer one (this task belongs to an execution that was replaced)."""
+        self._check_claimed()
+        newest = self.newest_execution(job_id)
+        if newest is not None and newest > execution:
+            raise FencedError(f"{self}: execution {execution} of job {job_id:016x} is fenced "
+                              f"off by execution {newest}, which this slot has seen")
+        if newest != execution:
+            _write_atomic(self._job_dir(job_id), FENCE, str(execution).encode(), self.durable)
+
+    def newest_execution(self, job_id: int) -> int | None:
+        """The newest execution of ``job_id`` this slot has seen (None: none)."""
+        path = self.job_path(job_id, FENCE)
+        text = _read(path)
+        if text is None:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise StorageSlotError(f"{path} holds {text[:40]!r}, not an execution id") from None
+
+    def write_record(self, job_id: int, snapshot_id: int, record: bytes) -> None:
+        """Keeps a copy of a committed snapshot's record (phase 2 hands every slot one)."""
+        self._check_claimed()
+        folder = self._job_dir(job_id, RECORDS)
+        _write_atomic(folder, f"{snapshot_id:020d}", record, self.durable)
+
+    def records(self, job_id: int) -> list[int]:
+        """The snapshot ids whose records this slot holds, oldest first."""
+        folder = self.job_path(job_id, RECORDS)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise storage_error("list", folder, e) from None
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def read_record(self, job_id: int, snapshot_id: int) -> bytes:
+        path = self.job_path(job_id, RECORDS, f"{snapshot_id:020d}")
+        data = _read_bytes(path)
+        if data is None:
+            raise StorageSlotError(f"{self} holds no record of snapshot {snapshot_id} of job "
+                                   f"{job_id:016x}")
+        return data
+
+    def drop_records_before(self, job_id: int, snapshot_id: int) -> None:
+        """Removes the record copies older than ``snapshot_id``."""
+        self._check_claimed()
+        for old in self.records(job_id):
+            if old < snapshot_id:
+                path = self.job_path(job_id, RECORDS, f"{old:020d}")
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise storage_error("remove", path, e) from None
+
+    def write_table(self, job_id: int, table: dict) -> None:
+        """Keeps the job's last partition table (as its JSON document)."""
+        self._check_claimed()
+        _write_atomic(self._job_dir(job_id), TABLE,
+                      json.dumps(table, sort_keys=True).encode(), self.durable)
+
+    def read_table(self, job_id: int) -> dict | None:
+        path = self.job_path(job_id, TABLE)
+        text = _read(path)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise StorageSlotError(f"{path} is not a partition table ({e})") from None
+
+    def replicas(self, job_id: int) -> FileSystemBackend:
+        """The backend of the chunk files this slot holds for ``job_id``."""
+        self._check_claimed()
+        folder = self._job_dir(job_id, REPLICAS)
+        return FileSystemBackend(folder, durable=self.durable)
+
+    def remove_job(self, job_id: int) -> None:
+        """Gives up everything this slot holds of ``job_id``."""
+        self._check_claimed()
+        FileSystemBackend(self.path, durable=self.durable).remove_tree(self.job_path(job_id))
+
+    def report(self) -> dict:
+        """What the slot tells the driver at join: identity and, per job it holds, the
+        newest execution seen and the records kept."""
+        return {"uuid": self.uuid, "host": self.host, "path": self.path,
+                "durable": self.durable,
+                "jobs": {f"{j:016x}": {"execution": self.newest_execution(j),
+                                       "records": self.records(j)} for j in self.jobs()}}
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_claimed(self) -> None:
+        if self._lock_fd is None:
+            raise StorageSlotError(f"{self} was released: claim it again to write")
+
+    def _job_dir(self, job_id: int, *parts: str) -> str:
+        folder = self.job_path(job_id, *parts)
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise storage_error("create directory", folder, e) from None
+        return folder
+
+
+def _is_job_folder(name: str) -> bool:
+    if not name.startswith("job-") or len(name) != 20:
+        return False
+    try:
+        int(name[4:], 16)
+    except ValueError:
+        return False
+    return True
+
+
+def _new_identity(host: str) -> SlotIdentity:
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return SlotIdentity(str(uuidlib.uuid4()), host, now)
+
+
+def _read_identity(folder: str) -> SlotIdentity | None:
+    path = os.path.join(folder, MEMBER)
+    data = _read_bytes(path)
+    return None if data is None else SlotIdentity.parse(data, path)
+
+
+def _try_lock(folder: str) -> int | None:
+    """A descriptor of ``folder``/LOCK holding an exclusive flock, or None if another
+    process (or another claim in this one) holds it."""
+    path = os.path.join(folder, LOCK)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise storage_error("open", path, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise storage_error("lock", path, e) from None
+    return fd
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise storage_error("read", path, e) from None
+
+
+def _read(path: str) -> str | None:
+    data = _read_bytes(path)
+    return None if data is None else data.decode("utf-8", "replace").strip()
+
+
+def _write_atomic(folder: str, name: str, data: bytes, durable: bool) -> None:
+    """``folder``/``name`` replaced whole by ``data`` (a temporary file renamed over it;
+    fsynced, file and folder, when ``durable``)."""
+    path = os.path.join(folder, name)
+    temp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except OSError as e:
+        try:
+            os.remove(temp)
+        except OSError:
+            pass
+        raise storage_error("write", path, e) from None
+    if durable:
+        _sync_dir(folder)
+
+
+def _sync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise storage_error("sync", folder, e) from None
+
+
+__all__ = ["SLOT_FORMAT", "SlotIdentity", "StorageSlot", "host_id"]

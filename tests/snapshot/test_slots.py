@@ -1,0 +1,163 @@
+"""Storage slots (sparkjet.snapshot.slots): claimed by one process at a time with flock,
+freed by the kernel when that process dies, a slot with the job's data preferred, slots of
+another host refused, fencing by the newest execution seen, and clear errors for a slot that
+does not parse or a storage_dir that cannot be written."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import mounts
+
+from sparkjet.errors import FencedError, StorageError, StorageSlotError
+from sparkjet.snapshot.slots import MEMBER, StorageSlot
+
+JOB = 0x5EED
+
+
+def test_each_claim_gets_a_slot_of_its_own_and_a_released_one_is_reused(tmp_path):
+    a = StorageSlot.claim(tmp_path, host="h1")
+    b = StorageSlot.claim(tmp_path, host="h1")
+    assert a.uuid != b.uuid and a.path != b.path
+    assert {a.host, b.host} == {"h1"}
+    a.release()
+    c = StorageSlot.claim(tmp_path, host="h1")
+    assert c.uuid == a.uuid                     # no third slot while one is free
+    assert len([n for n in os.listdir(tmp_path) if n.startswith("slot-")]) == 2
+    b.release()
+    c.release()
+
+
+def test_a_slot_holding_the_jobs_data_is_claimed_first(tmp_path):
+    slots = [StorageSlot.claim(tmp_path, host="h1") for _ in range(3)]
+    holder = slots[2]
+    holder.fence(JOB, 4)
+    holder.write_record(JOB, 9, b"record 9")
+    for s in slots:
+        s.release()
+    again = StorageSlot.claim(tmp_path, job_id=JOB, host="h1")
+    assert again.uuid == holder.uuid
+    assert again.newest_execution(JOB) == 4
+    assert again.records(JOB) == [9] and again.read_record(JOB, 9) == b"record 9"
+    other = StorageSlot.claim(tmp_path, job_id=0x1234, host="h1")
+    assert other.uuid != holder.uuid and other.newest_execution(0x1234) is None
+
+
+CHILD = """
+import sys, time
+from sparkjet.snapshot.slots import StorageSlot
+slot = StorageSlot.claim(sys.argv[1], job_id=int(sys.argv[2]), host="h1")
+slot.fence(int(sys.argv[2]), 7)
+print(slot.uuid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_kernel_frees_the_slot_of_a_killed_process(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(JOB)],
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        held = child.stdout.readline().strip()
+        assert held, "the child claimed no slot"
+        # while it lives, its slot is not ours even though it holds the job's data
+        mine = StorageSlot.claim(tmp_path, job_id=JOB, host="h1")
+        assert mine.uuid != held
+        mine.release()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        reclaimed = StorageSlot.claim(tmp_path, job_id=JOB, host="h1")
+        assert reclaimed.uuid == held
+        assert reclaimed.newest_execution(JOB) == 7
+        reclaimed.release()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_slot_of_another_host_is_refused(tmp_path):
+    theirs = StorageSlot.claim(tmp_path, host="worker-a")
+    theirs.release()
+    with pytest.raises(StorageSlotError, match=r"holds slot-\S+ of host 'worker-a', and this is "
+                                                r"host 'worker-b'.*SPARKJET_HOST_ID=worker-a"):
+        StorageSlot.claim(tmp_path, host="worker-b")
+
+
+def test_the_host_comes_from_sparkjet_host_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKJET_HOST_ID", "rack1-node3")
+    with StorageSlot.claim(tmp_path) as slot:
+        assert slot.host == "rack1-node3"
+        doc = json.loads((tmp_path / os.path.basename(slot.path) / MEMBER).read_text())
+        assert doc["host"] == "rack1-node3" and doc["uuid"] == slot.uuid
+
+
+def test_an_older_execution_is_fenced_off(tmp_path):
+    with StorageSlot.claim(tmp_path, host="h1") as slot:
+        slot.fence(JOB, 3)
+        slot.fence(JOB, 3)                      # the same execution again: fine
+        slot.fence(JOB, 5)
+        with pytest.raises(FencedError, match="execution 4 of job 0000000000005eed is fenced "
+                                              "off by execution 5"):
+            slot.fence(JOB, 4)
+        assert slot.newest_execution(JOB) == 5
+
+
+def test_a_released_slot_refuses_writes(tmp_path):
+    slot = StorageSlot.claim(tmp_path, host="h1")
+    slot.release()
+    with pytest.raises(StorageSlotError, match="was released"):
+        slot.fence(JOB, 1)
+
+
+def test_a_slot_whose_creator_died_before_member_json_is_completed(tmp_path):
+    (tmp_path / "slot-half").mkdir()
+    with StorageSlot.claim(tmp_path, host="h1") as slot:
+        assert slot.path == str(tmp_path / "slot-half")
+        assert json.loads((tmp_path / "slot-half" / MEMBER).read_text())["uuid"] == slot.uuid
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{not json", "is not a slot's MEMBER.json"),
+    ('{"format": 99, "uuid": "x", "host": "h1"}', "has format 99"),
+    ('{"format": 1, "uuid": "nope", "host": "h1"}', "'nope' is not a UUID"),
+])
+def test_a_member_json_that_does_not_parse_is_named(tmp_path, text, match):
+    (tmp_path / "slot-bad").mkdir()
+    (tmp_path / "slot-bad" / MEMBER).write_text(text)
+    with pytest.raises(StorageSlotError, match=match) as caught:
+        StorageSlot.claim(tmp_path, host="h1")
+    assert str(tmp_path / "slot-bad" / MEMBER) in str(caught.value)
+
+
+def test_table_records_and_report(tmp_path):
+    with StorageSlot.claim(tmp_path, host="h1", durable=True) as slot:
+        slot.fence(JOB, 2)
+        for sid in (1, 2, 3):
+            slot.write_record(JOB, sid, f"r{sid}".encode())
+        slot.drop_records_before(JOB, 3)
+        slot.write_table(JOB, {"version": 4, "owners": [0, 1]})
+        assert slot.read_table(JOB) == {"version": 4, "owners": [0, 1]}
+        report = slot.report()
+        assert report["uuid"] == slot.uuid and report["durable"] is True
+        assert report["jobs"] == {f"{JOB:016x}": {"execution": 2, "records": [3]}}
+        slot.remove_job(JOB)
+        assert slot.jobs() == [] and slot.read_table(JOB) is None
+
+
+def test_a_read_only_storage_dir_is_a_storage_error_naming_it(tmp_path):
+    root = tmp_path / "ro"
+    with mounts.tmpfs(root, read_only=True):
+        with pytest.raises(StorageError, match=r"cannot create directory .*ro/slot-") as caught:
+            StorageSlot.claim(root, host="h1")
+        assert caught.value.deterministic
+
+
+def test_a_full_storage_dir_is_a_storage_error_naming_the_file(tmp_path):
+    root = tmp_path / "full"
+    with mounts.tmpfs(root, size="64k"), StorageSlot.claim(root, host="h1") as slot:
+        with pytest.raises(StorageError, match=r"cannot write .*records/0+1: .*No space") as caught:
+            slot.write_record(JOB, 1, b"x" * 200_000)
+        assert not caught.value.deterministic  # a full disk may clear
+        assert os.listdir(slot.job_path(JOB, "records")) == []  # no temporary file left
