@@ -473,8 +473,8 @@ def test_corruption_messages_name_the_problem():
     data = PartitionTable.create(["a", "b"], 3, 1).to_bytes()
     with pytest.raises(PartitionTableError, match=r"not a partition table: magic b'XXXX'"):
         PartitionTable.from_bytes(b"XXXX" + data[4:])
-    future = data[:4] + struct.pack("<H", 2) + data[6:]
-    with pytest.raises(PartitionTableError, match="unsupported partition table format version 2"):
+    future = data[:4] + struct.pack("<H", 3) + data[6:]
+    with pytest.raises(PartitionTableError, match="unsupported partition table format version 3"):
         PartitionTable.from_bytes(future)
     flipped = data[:-6] + bytes([data[-6] ^ 0x40]) + data[-5:]
     with pytest.raises(PartitionTableError, match="checksum mismatch: stored 0x"):
@@ -577,3 +577,126 @@ def test_column_overflows_rather_than_leaving_a_slot_empty():
     rows = [[-1, -1] for _ in range(3)]
     column = _placement._Column(3, 1, 2, rows, placed, [3, 0, 0], None).solve()
     assert sorted(column) == [1, 1, 2]
+
+
+# -- member groups (hosts) -----------------------------------------------------------------------
+
+
+def check_groups(table, balanced=True):
+    """Replicas of a partition in distinct groups, as many filled as there are groups (up to
+    the width), and per replica index each member within one slot of P // n when
+    ``balanced`` (groups of equal size)."""
+    groups = table.groups
+    width = table.backup_count + 1
+    filled = min(width, len(set(groups.values())))
+    for p in range(table.partition_count):
+        row = table.replicas(p)
+        assert all(m is not None for m in row[:filled]) and all(m is None for m in row[filled:])
+        assert len({groups[m] for m in row[:filled]}) == filled, (p, row)
+    if balanced:
+        n = len(table.members)
+        low, high = table.partition_count // n, -(-table.partition_count // n)
+        for r in range(filled):
+            counts = [len(table.partitions_of(m, r)) for m in table.members]
+            assert all(low <= c <= high for c in counts), (r, counts)
+
+
+HOSTS = {f"s{h}{k}": f"host{h}" for h in range(3) for k in range(2)}
+
+
+@pytest.mark.parametrize("backup_count", [1, 2, 3])
+def test_replicas_sit_on_distinct_hosts_and_stay_balanced(backup_count):
+    table = PartitionTable.create(list(HOSTS), P, backup_count, groups=HOSTS)
+    check_groups(table)
+    assert table.group_of("s10") == "host1"
+    # a host's two members fail one after the other: each partition keeps a replica elsewhere
+    for gone in ("s00", "s01"):
+        before, table = table, table.with_member_removed(gone)
+        for p in before.partitions_of(gone):
+            assert table.owner(p) == before.replicas(p)[1]   # the first backup is promoted
+        check_groups(table, balanced=False)
+        simulate(before, table, migrations(before, table))
+    back = table.with_member_added("s00", "host0").with_member_added("s01", "host0")
+    check_groups(back)
+
+
+def test_unequal_groups_still_keep_replicas_apart():
+    groups = {"a": "h1", "b": "h2", "c": "h2", "d": "h2"}
+    table = PartitionTable.create(list(groups), P, 1, groups=groups)
+    check_groups(table, balanced=False)
+    # the lone member of h1 backs every partition h2 owns: as balanced as the groups allow
+    assert len(table.partitions_of("a", 1)) == P - len(table.partitions_of("a"))
+
+
+def test_one_group_holds_primaries_only():
+    table = PartitionTable.create(["a", "b", "c"], 12, 2, groups=dict.fromkeys("abc", "one"))
+    assert all(table.replicas(p)[1:] == (None, None) for p in range(12))
+    check_groups(table)
+
+
+def test_groups_round_trip_and_tables_without_keep_format_1():
+    table = PartitionTable.create(list(HOSTS), 31, 1, groups=HOSTS)
+    data = table.to_bytes()
+    assert struct.unpack_from("<H", data, 4)[0] == 2
+    back = PartitionTable.from_bytes(data)
+    assert back == table and back.groups == HOSTS
+    assert pickle.loads(pickle.dumps(table)) == table
+    plain = PartitionTable.create(list(HOSTS), 31, 1)
+    assert struct.unpack_from("<H", plain.to_bytes(), 4)[0] == 1 and plain.groups is None
+    assert plain != PartitionTable.create(list(HOSTS), 31, 1, groups=dict.fromkeys(HOSTS, "x"))
+    for cut in range(len(data) - 1):
+        with pytest.raises(PartitionTableError):
+            PartitionTable.from_bytes(data[:cut])
+
+
+def test_decoding_refuses_two_replicas_in_one_group():
+    table = PartitionTable.create(["a", "b"], 1, 1, groups={"a": "h1", "b": "h2"})
+    body = bytearray(table.to_bytes()[:-4])
+    # the group indices (one u16 per member) sit just before the one partition record
+    record = struct.calcsize("<Q2i")
+    struct.pack_into("<H", body, len(body) - record - 2, 0)   # b now in h1 as well
+    with pytest.raises(PartitionTableError, match="places two replicas in one group"):
+        PartitionTable.from_bytes(reseal(bytes(body)))
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: PartitionTable.create(["a", "b"], 4, 1, groups={"a": "h"}),
+     r"no group for member\(s\) \['b'\]"),
+    (lambda: PartitionTable.create(["a"], 4, 1, groups={"a": "h", "z": "h"}),
+     r"not in the table: \['z'\]"),
+    (lambda: PartitionTable.create(["a"], 4, 1, groups={"a": ""}), "must be a non-empty str"),
+    (lambda: PartitionTable.create(["a"], 4, 1, groups=["h"]), "must map each member"),
+    (lambda: PartitionTable.create(["a"], 4, 1, groups={"a": "h"}).with_member_added("b"),
+     "needs a group"),
+    (lambda: PartitionTable.create(["a"], 4, 1).with_member_added("b", "h"),
+     "the table's members have none"),
+])
+def test_bad_groups_are_named(call, message):
+    with pytest.raises(PartitionTableError, match=message):
+        call()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    partition_count=st.integers(min_value=1, max_value=60),
+    backup_count=st.integers(min_value=0, max_value=4),
+    hosts=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=8),
+    ops=operations,
+)
+def test_random_histories_with_groups_keep_replicas_apart(partition_count, backup_count, hosts,
+                                                          ops):
+    groups = {f"m{i}": f"h{h}" for i, h in enumerate(hosts)}
+    table = PartitionTable.create(list(groups), partition_count, backup_count, groups=groups)
+    check_groups(table, balanced=False)
+    joined = len(hosts)
+    for remove, pick in ops:
+        if remove and len(table.members) > 1:
+            new = table.with_member_removed(table.members[pick % len(table.members)])
+        else:
+            new = table.with_member_added(f"m{joined}", f"h{pick % 4}")
+            joined += 1
+        check_groups(new, balanced=False)
+        check_versions(table, new)
+        simulate(table, new, migrations(table, new))
+        assert PartitionTable.from_bytes(new.to_bytes()) == new
+        table = new

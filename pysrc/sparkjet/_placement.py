@@ -13,15 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def place(member_count: int, rows: list[list[int]], pinned_owner: list[bool]) -> list[list[int]]:
-    """New slots for ``rows``; ``pinned_owner[p]`` asks to keep partition p's owner."""
+def place(member_count: int, rows: list[list[int]], pinned_owner: list[bool],
+          groups: list[int] | None = None) -> list[list[int]]:
+    """New slots for ``rows``; ``pinned_owner[p]`` asks to keep partition p's owner.
+
+    ``groups`` (a group number per member, e.g. its host): the replicas of a partition go to
+    members of distinct groups, so only as many replica indices are filled as there are
+    groups. Balance is then within one slot when the groups are of equal size, and as close
+    as the groups allow otherwise."""
     width = len(rows[0])
-    filled = min(width, member_count)
+    filled = min(width, member_count if groups is None else len(set(groups)))
     placed = [[-1] * width for _ in rows]
     load = [0] * member_count  # slots per member over the replica indices placed so far
     for r in range(filled):
         pinned = pinned_owner if r == 0 else None
-        column = _Column(member_count, r, filled, rows, placed, load, pinned)
+        column = _Column(member_count, r, filled, rows, placed, load, pinned, groups)
         for p, m in enumerate(column.solve()):
             placed[p][r] = m
             load[m] += 1
@@ -40,11 +46,20 @@ class _Column:
         placed: list[list[int]],
         load: list[int],
         pinned: list[bool] | None,
+        groups: list[int] | None = None,
     ) -> None:
         count_p = len(rows)
         self.n = n
         self.pinned = pinned
-        self.blocked = [row[:r] for row in placed]
+        if groups is None or r == 0:
+            self.blocked: list = [row[:r] for row in placed]
+        else:
+            # every member of a group that holds a lower replica of p
+            members_of: dict[int, list[int]] = {}
+            for m, g in enumerate(groups):
+                members_of.setdefault(g, []).append(m)
+            self.blocked = [{x for m in row[:r] for x in members_of[groups[m]]}
+                            for row in placed]
         # A member holding a higher replica of p would vacate that slot if it took this one.
         self.later = [row[r + 1 :] for row in rows]
         self.current: list[list[int]] = [[] for _ in range(n)]
@@ -52,7 +67,10 @@ class _Column:
             m = row[r]
             if m >= 0 and m not in self.blocked[p]:
                 self.current[m].append(p)
-        self.low, self.high = _bounds(n, count_p, r, filled, load)
+        if groups is None or r == 0:
+            self.low, self.high = _bounds(n, count_p, r, filled, load)
+        else:
+            self.low, self.high = _group_bounds(groups, placed, r, load)
         self.target = _targets(count_p, load, self.current, pinned, self.low, self.high)
         # Pair each slot with the owner; while placing owners, with the current first backup.
         partners: list[int] | None = None
@@ -190,6 +208,113 @@ def _bounds(
     low = [max(base, count_p - load[m] - rest * top) for m in range(n)]
     high = [min(top, count_p - load[m] - rest * base) for m in range(n)]
     return low, high
+
+
+def _group_bounds(groups: list[int], placed: list[list[int]], r: int, load: list[int]
+                  ) -> tuple[list[int], list[int]]:
+    """Least and most slots each member may take at backup index r when the replicas of a
+    partition must sit in distinct groups.
+
+    A group can take only the partitions none of whose lower replicas it holds, so groups of
+    unequal size cannot all be balanced, and what one index takes decides what the next ones
+    can (with as many groups as replicas, the last index has no choice left). Each group's
+    share is a maximum flow (partitions by the groups their lower replicas use -> the groups
+    still open to them) under capacities that keep the group's slots over indices 0..r at
+    most ``ceil((r + 1) * t * size / n)``, with ``t`` the least that carries every partition:
+    the most even shares that exist, here and for the indices after. A member may take
+    ``ceil(share / size)`` (its group's members are interchangeable: the same groups block
+    them) and should take ``P // n`` (the solver's chains raise members toward it where the
+    groups allow). Groups of equal size give ``P // n`` or one more."""
+    n, count_p = len(groups), len(placed)
+    size: dict[int, int] = {}
+    for g in groups:
+        size[g] = size.get(g, 0) + 1
+    kinds: dict[frozenset, int] = {}
+    for row in placed:
+        used = frozenset(groups[m] for m in row[:r])
+        kinds[used] = kinds.get(used, 0) + 1
+
+    held = dict.fromkeys(size, 0)                 # slots each group holds at indices < r
+    for m, g in enumerate(groups):
+        held[g] += load[m]
+
+    def shares(t: int) -> dict[int, int] | None:
+        caps = {g: max(0, -(-(r + 1) * t * k // n) - held[g]) for g, k in size.items()}
+        return _group_flow(kinds, caps, count_p)
+
+    lo, hi = count_p, count_p * n        # at hi every group could take every partition
+    best = shares(hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = shares(mid)
+        if found is None:
+            lo = mid + 1
+        else:
+            hi, best = mid, found
+    assert best is not None
+    high = [-(-best[g] // size[g]) for g in groups]
+    low = [min(count_p // n, h) for h in high]
+    return low, high
+
+
+def _group_flow(kinds: dict[frozenset, int], caps: dict[int, int], total: int
+                ) -> dict[int, int] | None:
+    """How many partitions each group takes in a maximum flow from ``kinds`` (the groups a
+    partition's lower replicas use -> how many partitions) to the groups open to them, each
+    group at most ``caps[g]``; None if not all ``total`` partitions fit."""
+    kind_list = list(kinds)
+    left = [kinds[k] for k in kind_list]           # partitions of each kind not yet placed
+    room = dict(caps)                              # what each group can still take
+    flow: dict[tuple[int, int], int] = {}          # (kind, group) -> partitions
+    carried = 0
+    while True:
+        # shortest augmenting path: a kind with partitions left -> ... -> a group with room,
+        # through (group -> kind) edges that undo earlier flow
+        parent: dict = {}
+        queue = []
+        for i, n_left in enumerate(left):
+            if n_left > 0:
+                parent[("k", i)] = None
+                queue.append(("k", i))
+        end = None
+        for node in queue:  # the queue grows while it is walked
+            side, x = node
+            if side == "k":
+                for g in caps:
+                    if g not in kind_list[x] and ("g", g) not in parent:
+                        parent[("g", g)] = node
+                        if room[g] > 0:
+                            end = ("g", g)
+                            break
+                        queue.append(("g", g))
+            else:
+                for i in range(len(kind_list)):
+                    if flow.get((i, x), 0) > 0 and ("k", i) not in parent:
+                        parent[("k", i)] = node
+                        queue.append(("k", i))
+            if end is not None:
+                break
+        if end is None:
+            break
+        path = [end]
+        while parent[path[-1]] is not None:
+            path.append(parent[path[-1]])
+        path.reverse()                             # kind, group, kind, group, ...
+        amount = min(left[path[0][1]], room[end[1]])
+        for a, b in zip(path, path[1:]):
+            if a[0] == "g":                        # undo: group a gives back to kind b
+                amount = min(amount, flow[(b[1], a[1])])
+        for a, b in zip(path, path[1:]):
+            if a[0] == "k":
+                flow[(a[1], b[1])] = flow.get((a[1], b[1]), 0) + amount
+            else:
+                flow[(b[1], a[1])] -= amount
+        left[path[0][1]] -= amount
+        room[end[1]] -= amount
+        carried += amount
+    if carried < total:
+        return None
+    return {g: caps[g] - room[g] for g in caps}
 
 
 def _targets(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sparkjet._placement import place
@@ -50,8 +50,10 @@ MAX_PARTITION_COUNT = 2**31 - 1
 MAX_BACKUP_COUNT = 6
 """Hazelcast allows at most 6 backups (replica indices 1..6)."""
 
-FORMAT_VERSION = 1
-"""Version of the binary format written by :meth:`PartitionTable.to_bytes`."""
+FORMAT_VERSION = 2
+"""Newest version of the binary format written by :meth:`PartitionTable.to_bytes`: 2 for a
+table with member groups; a table without groups is written in format 1, as before groups
+existed, so its bytes (and what older readers accept) do not change."""
 
 _MAGIC = b"SJPT"
 # magic, format version, backup_count, partition_count, member count
@@ -59,6 +61,7 @@ _HEADER = struct.Struct("<4sHHII")
 _NAME_LENGTH = struct.Struct("<H")
 _CHECKSUM = struct.Struct("<I")
 _MAX_NAME_BYTES = 0xFFFF  # a name's UTF-8 length must fit the u16 length prefix
+_GROUP_INDEX = struct.Struct("<H")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,36 @@ def _require_member_name(name: object) -> str:
     return name
 
 
+def _require_group_name(member: str, group: object) -> str:
+    if not isinstance(group, str) or not group:
+        raise PartitionTableError(f"the group of member {member!r} must be a non-empty str, "
+                                  f"got {group!r}")
+    if len(group.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES:
+        raise PartitionTableError(f"the group of member {member!r} is longer than "
+                                  f"{_MAX_NAME_BYTES} UTF-8 bytes")
+    try:
+        group.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PartitionTableError(f"group {group!r} is not valid UTF-8: {exc.reason}") from None
+    return group
+
+
+def _require_groups(members: tuple[str, ...], groups: object) -> tuple[str, ...] | None:
+    """The group of each of ``members`` from the mapping ``groups`` (None: no groups)."""
+    if groups is None:
+        return None
+    if not isinstance(groups, Mapping):
+        raise PartitionTableError(f"groups must map each member to its group, got "
+                                  f"{type(groups).__name__}")
+    missing = [m for m in members if m not in groups]
+    if missing:
+        raise PartitionTableError(f"groups names no group for member(s) {missing[:5]}")
+    unknown = [m for m in groups if m not in set(members)]
+    if unknown:
+        raise PartitionTableError(f"groups names member(s) not in the table: {unknown[:5]}")
+    return tuple(_require_group_name(m, groups[m]) for m in members)
+
+
 class PartitionTable:
     """Immutable, versioned placement of ``backup_count + 1`` replicas of every partition.
 
@@ -128,13 +161,19 @@ class PartitionTable:
       ``0..n-1`` are filled, every member holds every partition once, and slots ``n..`` are
       ``None``;
     - placement depends only on the inputs (no randomness, no salted ``hash()``), so the same
-      sequence of calls gives equal tables and equal bytes.
+      sequence of calls gives equal tables and equal bytes;
+    - with member **groups** (Hazelcast's partition groups; sparkjet's are hosts), the replicas
+      of one partition sit in distinct groups, so a host that fails takes at most one replica
+      of each partition; only as many replica indices as there are groups are filled, and
+      balance is within one slot when the groups are of equal size (as close as they allow
+      otherwise).
 
     Each partition has a version that grows by one for every replica slot (partition, replica
     index) whose member changes; :attr:`version` sums them and :attr:`stamp` hashes them.
     """
 
-    __slots__ = ("_members", "_positions", "_rows", "_versions", "_backup_count", "_stamp", "_hash")
+    __slots__ = ("_members", "_positions", "_rows", "_versions", "_backup_count", "_stamp",
+                 "_hash", "_groups")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use PartitionTable.create() or PartitionTable.from_bytes()")
@@ -146,8 +185,10 @@ class PartitionTable:
         backup_count: int,
         rows: tuple[tuple[str | None, ...], ...],
         versions: tuple[int, ...],
+        groups: tuple[str, ...] | None = None,
     ) -> PartitionTable:
         table = object.__new__(cls)
+        table._groups = groups
         table._members = members
         table._positions = {name: i for i, name in enumerate(members)}
         table._backup_count = backup_count
@@ -155,7 +196,7 @@ class PartitionTable:
         table._versions = versions
         packed = struct.pack(f"<{len(versions)}Q", *versions)
         table._stamp = int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")
-        table._hash = hash((members, backup_count, rows, versions))
+        table._hash = hash((members, backup_count, rows, versions, groups))
         return table
 
     # -- construction ----------------------------------------------------------------------
@@ -166,12 +207,14 @@ class PartitionTable:
         members: Iterable[str],
         partition_count: int = DEFAULT_PARTITION_COUNT,
         backup_count: int = 1,
+        groups: Mapping[str, str] | None = None,
     ) -> PartitionTable:
         """Place every replica of ``partition_count`` partitions on ``members``.
 
         ``members`` (unique, non-empty names) keep their order as the join order, which breaks
-        ties in placement. Raises :class:`PartitionTableError` (a ``ValueError``) naming the bad
-        argument.
+        ties in placement. ``groups`` maps every member to its group (its host, say): replicas
+        of a partition then sit in distinct groups. Raises :class:`PartitionTableError` (a
+        ``ValueError``) naming the bad argument.
 
         >>> PartitionTable.create(["a", "b"], partition_count=4, backup_count=1).replicas(1)
         ('b', 'a')
@@ -190,10 +233,12 @@ class PartitionTable:
             if name in seen:
                 raise PartitionTableError(f"duplicate member {name!r}")
             seen[name] = None
+        group_names = _require_groups(names, groups)
         width = backup_count + 1
         empty_rows = ((None,) * width,) * partition_count
-        empty = cls._make(names, backup_count, empty_rows, (0,) * partition_count)
-        return empty._rebalanced(names, [[-1] * width for _ in range(partition_count)], [])
+        empty = cls._make(names, backup_count, empty_rows, (0,) * partition_count, group_names)
+        return empty._rebalanced(names, [[-1] * width for _ in range(partition_count)], [],
+                                 group_names)
 
     # -- properties and lookups ------------------------------------------------------------
 
@@ -211,6 +256,17 @@ class PartitionTable:
     def members(self) -> tuple[str, ...]:
         """Member names in the order they joined."""
         return self._members
+
+    @property
+    def groups(self) -> dict[str, str] | None:
+        """Each member's group, or None for a table without groups."""
+        return None if self._groups is None else dict(zip(self._members, self._groups))
+
+    def group_of(self, member: str) -> str | None:
+        """``member``'s group (None in a table without groups)."""
+        if member not in self._positions:
+            raise PartitionTableError(f"unknown member {member!r}")
+        return None if self._groups is None else self._groups[self._positions[member]]
 
     @property
     def version(self) -> int:
@@ -247,8 +303,9 @@ class PartitionTable:
 
     # -- membership changes ----------------------------------------------------------------
 
-    def with_member_added(self, member: str) -> PartitionTable:
-        """A new table with ``member`` joined (last in join order), rebalanced.
+    def with_member_added(self, member: str, group: str | None = None) -> PartitionTable:
+        """A new table with ``member`` joined (last in join order), rebalanced; ``group`` is
+        its group, required in a table with groups and refused in one without.
 
         Every existing assignment stays unless its member must give up slots to reach balance.
         From a balanced table the primaries that change owner are exactly those the new member
@@ -257,9 +314,15 @@ class PartitionTable:
         _require_member_name(member)
         if member in self._positions:
             raise PartitionTableError(f"duplicate member {member!r}: already in the table")
+        if (group is None) != (self._groups is None):
+            raise PartitionTableError(
+                f"member {member!r} needs a group: the table's members have groups"
+                if group is None else
+                f"member {member!r} has group {group!r}, but the table's members have none")
+        groups = None if group is None else self._groups + (_require_group_name(member, group),)
         positions = self._positions
         rows = [[-1 if name is None else positions[name] for name in row] for row in self._rows]
-        return self._rebalanced(self._members + (member,), rows, [])
+        return self._rebalanced(self._members + (member,), rows, [], groups)
 
     def with_member_removed(self, member: str) -> PartitionTable:
         """A new table without ``member``, as after that member failed.
@@ -275,6 +338,8 @@ class PartitionTable:
         if len(self._members) == 1:
             raise PartitionTableError(f"cannot remove {member!r}: it is the last member")
         members = tuple(name for name in self._members if name != member)
+        groups = None if self._groups is None else tuple(
+            g for name, g in zip(self._members, self._groups) if name != member)
         positions = {name: i for i, name in enumerate(members)}
         rows = []
         promoted = []
@@ -287,23 +352,29 @@ class PartitionTable:
                 if survivors:
                     promoted.append(p)
             rows.append(slots)
-        return self._rebalanced(members, rows, promoted)
+        return self._rebalanced(members, rows, promoted, groups)
 
     def _rebalanced(
-        self, members: tuple[str, ...], rows: list[list[int]], promoted: list[int]
+        self, members: tuple[str, ...], rows: list[list[int]], promoted: list[int],
+        groups: tuple[str, ...] | None,
     ) -> PartitionTable:
         """The table placing ``rows`` (member numbers into ``members``, -1 empty) in balance,
-        keeping the owners of the ``promoted`` partitions where balance allows."""
+        keeping the owners of the ``promoted`` partitions where balance allows; replicas in
+        distinct ``groups`` (one per member) when given."""
         pinned = [False] * len(rows)
         for p in promoted:
             pinned[p] = True
-        placed = place(len(members), rows, pinned)
+        numbers = None
+        if groups is not None:
+            index: dict[str, int] = {}
+            numbers = [index.setdefault(g, len(index)) for g in groups]
+        placed = place(len(members), rows, pinned, numbers)
         new_rows = tuple(tuple(None if m < 0 else members[m] for m in row) for row in placed)
         versions = tuple(
             version + sum(a != b for a, b in zip(old, new))
             for version, old, new in zip(self._versions, self._rows, new_rows)
         )
-        return PartitionTable._make(members, self._backup_count, new_rows, versions)
+        return PartitionTable._make(members, self._backup_count, new_rows, versions, groups)
 
     # -- comparison between tables ---------------------------------------------------------
 
@@ -334,20 +405,32 @@ class PartitionTable:
     def to_bytes(self) -> bytes:
         """Serialize to the versioned binary format read by :meth:`from_bytes`.
 
-        Layout, all little-endian: magic ``b"SJPT"``; u16 format version (1); u16
-        backup_count; u32 partition_count; u32 member count; per member (join order) a u16
-        byte length and the UTF-8 name; per partition a u64 version and ``backup_count + 1``
-        i32 member indices (``-1`` for an empty slot); finally the u32 CRC-32
-        (``zlib.crc32``) of all preceding bytes.
+        Layout, all little-endian: magic ``b"SJPT"``; u16 format version (1 without groups,
+        2 with); u16 backup_count; u32 partition_count; u32 member count; per member (join
+        order) a u16 byte length and the UTF-8 name; in format 2, a u32 group count, per group
+        (order of first appearance) a u16 byte length and the UTF-8 name, and per member its
+        u16 group index; per partition a u64 version and ``backup_count + 1`` i32 member
+        indices (``-1`` for an empty slot); finally the u32 CRC-32 (``zlib.crc32``) of all
+        preceding bytes.
         """
         header = _HEADER.pack(
-            _MAGIC, FORMAT_VERSION, self._backup_count, len(self._rows), len(self._members)
+            _MAGIC, 1 if self._groups is None else 2, self._backup_count, len(self._rows),
+            len(self._members)
         )
         parts = [header]
         for name in self._members:
             encoded = name.encode("utf-8")
             parts.append(_NAME_LENGTH.pack(len(encoded)))
             parts.append(encoded)
+        if self._groups is not None:
+            index: dict[str, int] = {}
+            numbers = [index.setdefault(g, len(index)) for g in self._groups]
+            parts.append(struct.pack("<I", len(index)))
+            for group in index:
+                encoded = group.encode("utf-8")
+                parts.append(_NAME_LENGTH.pack(len(encoded)))
+                parts.append(encoded)
+            parts.extend(_GROUP_INDEX.pack(n) for n in numbers)
         record = struct.Struct(f"<Q{self._backup_count + 1}i")
         positions = self._positions
         for version, row in zip(self._versions, self._rows):
@@ -366,8 +449,8 @@ class PartitionTable:
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"expected bytes, got {type(data).__name__}")
-        members, backup_count, rows, versions = _decode(bytes(data))
-        return cls._make(members, backup_count, rows, versions)
+        members, backup_count, rows, versions, groups = _decode(bytes(data))
+        return cls._make(members, backup_count, rows, versions, groups)
 
     # -- object protocol -------------------------------------------------------------------
 
@@ -379,6 +462,7 @@ class PartitionTable:
             and self._backup_count == other._backup_count
             and self._versions == other._versions
             and self._rows == other._rows
+            and self._groups == other._groups
         )
 
     def __hash__(self) -> int:
@@ -441,8 +525,10 @@ def migrations(old: PartitionTable, new: PartitionTable) -> list[Migration]:
 
 def _decode(
     data: bytes,
-) -> tuple[tuple[str, ...], int, tuple[tuple[str | None, ...], ...], tuple[int, ...]]:
-    """Members, backup count, rows and versions from :meth:`PartitionTable.to_bytes` output.
+) -> tuple[tuple[str, ...], int, tuple[tuple[str | None, ...], ...], tuple[int, ...],
+           tuple[str, ...] | None]:
+    """Members, backup count, rows, versions and groups from :meth:`PartitionTable.to_bytes`
+    output.
 
     First every length is checked against the data and the checksum verified; then the content
     is checked against the table's rules.
@@ -458,10 +544,10 @@ def _decode(
         raise PartitionTableError(
             f"not a partition table: magic {magic!r} at offset 0, expected {_MAGIC!r}"
         )
-    if fmt != FORMAT_VERSION:
+    if fmt not in (1, FORMAT_VERSION):
         raise PartitionTableError(
             f"unsupported partition table format version {fmt} at offset 4 "
-            f"(this build reads {FORMAT_VERSION})"
+            f"(this build reads 1 and {FORMAT_VERSION})"
         )
     end = size - _CHECKSUM.size
     offset = _HEADER.size
@@ -486,6 +572,36 @@ def _decode(
             )
         raw_names.append((offset, data[offset : offset + length]))
         offset += length
+    raw_groups: list[tuple[int, bytes]] = []
+    group_numbers: list[tuple[int, int]] = []
+    if fmt == 2:
+        if offset + 4 > end:
+            raise PartitionTableError(f"truncated partition table: group count at offset {offset}")
+        (group_count,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if group_count * _NAME_LENGTH.size + member_count * _GROUP_INDEX.size > end - offset:
+            raise PartitionTableError(
+                f"truncated partition table: {group_count} groups announced at offset "
+                f"{offset - 4} but only {end - offset} bytes follow")
+        for i in range(group_count):
+            if offset + _NAME_LENGTH.size > end:
+                raise PartitionTableError(
+                    f"truncated partition table: length of group {i} at offset {offset}")
+            (length,) = _NAME_LENGTH.unpack_from(data, offset)
+            offset += _NAME_LENGTH.size
+            if offset + length > end:
+                raise PartitionTableError(
+                    f"truncated partition table: group {i} needs {length} bytes at offset "
+                    f"{offset}, {end - offset} left")
+            raw_groups.append((offset, data[offset : offset + length]))
+            offset += length
+        if offset + member_count * _GROUP_INDEX.size > end:
+            raise PartitionTableError(
+                f"truncated partition table: group indices of {member_count} members at "
+                f"offset {offset}")
+        for _ in range(member_count):
+            group_numbers.append((offset, _GROUP_INDEX.unpack_from(data, offset)[0]))
+            offset += _GROUP_INDEX.size
     record = struct.Struct(f"<Q{backup_count + 1}i")
     needed = partition_count * record.size
     if end - offset != needed:
@@ -523,6 +639,22 @@ def _decode(
             raise invalid(f"duplicate member {name!r} at offset {at}")
         names[name] = None
     members = tuple(names)
+    groups: tuple[str, ...] | None = None
+    if fmt == 2:
+        group_names = []
+        for i, (at, raw) in enumerate(raw_groups):
+            try:
+                group = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise invalid(f"group {i} at offset {at} is not UTF-8") from None
+            if not group or group in group_names:
+                raise invalid(f"group {i} at offset {at} is empty or repeated")
+            group_names.append(group)
+        for at, number in group_numbers:
+            if number >= len(group_names):
+                raise invalid(f"group index {number} at offset {at}, table has "
+                              f"{len(group_names)} groups")
+        groups = tuple(group_names[n] for _, n in group_numbers)
     rows = []
     versions = []
     for p, (version, *row) in enumerate(record.iter_unpack(data[offset:end])):
@@ -533,6 +665,8 @@ def _decode(
         holders = [m for m in row if m >= 0]
         if len(set(holders)) != len(holders):
             raise invalid(f"{where} places two replicas on one member")
+        if groups is not None and len({groups[m] for m in holders}) != len(holders):
+            raise invalid(f"{where} places two replicas in one group")
         rows.append(tuple(None if m < 0 else members[m] for m in row))
         versions.append(version)
-    return members, backup_count, tuple(rows), tuple(versions)
+    return members, backup_count, tuple(rows), tuple(versions), groups
