@@ -8,7 +8,7 @@ import pytest
 from helpers.jobs import final_state, keyed_pipeline, run_with_kills
 
 from sparkjet import verify
-from sparkjet.errors import InvalidArgumentError
+from sparkjet.errors import InvalidArgumentError, StorageSlotError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sinks import DiscardSink, TransactionalFileSink
@@ -188,19 +188,86 @@ def test_config_keeps_plain_values():
 # -- how the members of a Spark execution find each other -----------------------------------
 
 
-def _coordinator(members: int):
+def _coordinator(members: int, config: JobConfig | None = None, progress=lambda e: None):
     from sparkjet.runtime.coordinator import ExecutionCoordinator
     from sparkjet.runtime.exchange.security import LinkSecurity
     from sparkjet.runtime.topology import Topology
     from sparkjet.sinks import DiscardSink
     from sparkjet.sources import GeneratorSource
 
-    plan = Pipeline().read_from(GeneratorSource(total=10, partitions=2)).write_to(DiscardSink()).plan()
+    plan = (Pipeline().read_from(GeneratorSource(total=10, partitions=2)).group_by("key")
+            .aggregate(n="count").write_to(DiscardSink()).plan())
     security = LinkSecurity.generate(7)
-    coord = ExecutionCoordinator(JobConfig(name="join", processing_guarantee="none"), 7,
-                                 Topology(members, 1, plan, 271), host="127.0.0.1",
-                                 security=security, store=None, progress=lambda e: None)
+    config = config or JobConfig(name="join", processing_guarantee="none")
+    coord = ExecutionCoordinator(config, 7, Topology(members, 1, plan, 271),
+                                 host="127.0.0.1", security=security, store=None,
+                                 progress=progress)
     return coord, security
+
+
+def test_with_members_storage_the_driver_places_partitions_over_the_joined_slots():
+    """storage="members": each member joins with its slot's report; every answer carries the
+    same table over the slots' UUIDs (replicas on distinct hosts) and the topology follows
+    its primaries. The next execution's table, from the one a slot kept, leaves the
+    partitions of the slots that came back where they were."""
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.exchange import ExchangeClient, ExchangeRefusedError
+    from sparkjet.runtime.spark_runner import join
+    from sparkjet.runtime.storage import decode_table, encode_table, table_for
+
+    config = JobConfig(name="slots", processing_guarantee="none", storage="members")
+    events = []
+    coord, security = _coordinator(3, config, events.append)
+    slots = [{"uuid": f"00000000-0000-4000-8000-00000000000{i}", "host": f"h{i % 2}",
+              "path": f"/s/{i}", "execution": None, "table": None} for i in range(3)]
+    try:
+        client = ExchangeClient(coord.location, security=security)
+        with pytest.raises(ExchangeRefusedError, match="joined without its storage slot"):
+            client.action("join", {"member": 0, "location": "grpc://a:1"})
+        got = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, join(
+            ExchangeClient(coord.location, security=security), i, f"grpc://m{i}:1", 30,
+            slots[i]))) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert got[0] == got[1] == got[2]
+        table = decode_table(got[0]["table"], "answer")
+        assert got[0]["slots"] == [s["uuid"] for s in slots]
+        assert table.groups == {s["uuid"]: s["host"] for s in slots}
+        for p in range(271):
+            hosts = [table.group_of(m) for m in table.replicas(p)]
+            assert len(set(hosts)) == 2                  # primary and backup on two hosts
+            owner = slots.index(next(s for s in slots if s["uuid"] == table.owner(p)))
+            assert coord.topology.owner[p] == owner      # local_parallelism 1
+        assert [e["event"] for e in events] == ["placed"]
+    finally:
+        coord.close()
+    # the next execution with the same slots (their tasks reclaimed them): nothing moves
+    kept = [dict(s, table=encode_table(table)) for s in slots]
+    assert table_for(config, kept) == table
+    # slot 2 is gone and a new slot 3 joins: its partitions go to their backups (or the new
+    # slot); of the others only what balance needs moves
+    new = {"uuid": "00000000-0000-4000-8000-000000000003", "host": "h1", "path": "/s/3",
+           "execution": None, "table": None}
+    after = table_for(config, kept[:2] + [new])
+    gone = slots[2]["uuid"]
+    lost = table.partitions_of(gone)
+    for p in lost:
+        assert after.owner(p) in (table.replicas(p)[1], new["uuid"])
+    moved = sum(after.owner(p) != table.owner(p) for p in range(271) if p not in lost)
+    assert moved <= len(lost) + len(after.partitions_of(new["uuid"]))
+    assert set(after.members) == {slots[0]["uuid"], slots[1]["uuid"], new["uuid"]}
+    # a table for another partition count is replaced, and a table that does not read is
+    # left out (logged)
+    other = PartitionTable.create([s["uuid"] for s in slots[:2]], 31, 1,
+                                  groups={s["uuid"]: s["host"] for s in slots[:2]})
+    fresh = table_for(config, [dict(slots[0], table=encode_table(other)),
+                               dict(slots[1], table="not base64!")])
+    assert fresh.partition_count == 271 and fresh.version == table_for(config, slots[:2]).version
+    with pytest.raises(StorageSlotError, match="two members joined with the same storage slot"):
+        table_for(config, [slots[0], slots[0]])
 
 
 def test_members_join_through_the_coordinator_and_learn_every_location(monkeypatch):
@@ -219,11 +286,13 @@ def test_members_join_through_the_coordinator_and_learn_every_location(monkeypat
         assert client.action("join", {"member": 0, "location": "grpc://a:1"}) == {"peers": None}
         got = {}
         threads = [threading.Thread(target=lambda i=i: got.__setitem__(
-            i, join(ExchangeClient(coord.location, security=security), i, f"grpc://m{i}:1", 30)))
+            i, join(ExchangeClient(coord.location, security=security), i, f"grpc://m{i}:1",
+                    30)["peers"]))
             for i in (1, 2)]
         for t in threads:
             t.start()
-        assert join(client, 0, "grpc://a:1", 30) == ["grpc://a:1", "grpc://m1:1", "grpc://m2:1"]
+        assert join(client, 0, "grpc://a:1", 30) == {
+            "peers": ["grpc://a:1", "grpc://m1:1", "grpc://m2:1"]}
         for t in threads:
             t.join(30)
         assert got == {1: ["grpc://a:1", "grpc://m1:1", "grpc://m2:1"],

@@ -137,8 +137,9 @@ def test_table_records_and_report(tmp_path):
         for sid in (1, 2, 3):
             slot.write_record(JOB, sid, f"r{sid}".encode())
         slot.drop_records_before(JOB, 3)
-        slot.write_table(JOB, {"version": 4, "owners": [0, 1]})
-        assert slot.read_table(JOB) == {"version": 4, "owners": [0, 1]}
+        slot.write_table(JOB, b"SJPT table bytes")
+        assert slot.read_table(JOB) == b"SJPT table bytes"
+        assert slot.join_report(JOB)["table"] == "U0pQVCB0YWJsZSBieXRlcw=="
         report = slot.report()
         assert report["uuid"] == slot.uuid and report["durable"] is True
         assert report["jobs"] == {f"{JOB:016x}": {"execution": 2, "records": [3]}}

@@ -102,6 +102,36 @@ def test_kill_a_member_mid_run(spark, tmp_path):
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+def test_with_members_storage_a_killed_members_slot_is_reclaimed_with_its_partitions(
+        spark, tmp_path):
+    """storage="members": each member task claims a slot under storage_dir and the driver
+    places the partitions over the slots after join. A killed member's slot is freed by the
+    kernel and reclaimed by the next task on the host, so the restarted execution has the
+    same slots and the same table: every partition stays where it was."""
+    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=400_000)
+    job = keyed_job(tmp_path, source, max_restarts=2, storage="members",
+                    storage_dir=str(tmp_path / "slots"))
+    killed, events = [], []
+
+    def progress(event):
+        events.append(event)
+        if event["event"] == "snapshot" and event["snapshot"] == 2 and not killed:
+            killed.append(job.member_pids[1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    result = job.run(spark, on_progress=progress)
+    assert killed and result.restarts == 1
+    placed = [e for e in events if e["event"] == "placed"]
+    assert [e["execution"] for e in placed] == [e["execution_id"] for e in result.executions]
+    first, second = ({s["uuid"] for s in e["slots"]} for e in placed)
+    assert first == second and len(first) == 2
+    assert placed[0]["table_version"] == placed[1]["table_version"]
+    assert len(os.listdir(tmp_path / "slots")) == 2
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_killed_member_is_the_one_named_failed(spark, tmp_path, victim):
     """Its peer's inbound stream breaks first and the peer reports that: the restart must

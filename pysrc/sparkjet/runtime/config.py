@@ -1,7 +1,9 @@
 """JobConfig: how a job runs, as plain data."""
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 
@@ -93,6 +95,18 @@ class JobConfig:
       vertex ``new``, ``{"old": None}`` drops it. It applies only to a snapshot that another
       pipeline took (so, left in place, it does nothing once the job has snapshots of its
       own). See :mod:`sparkjet.runtime.restore`.
+    - ``storage``: where a job keeps its state between executions. "shared" (the default):
+      every snapshot in ``snapshot_store``. "members" (being built, issue 24): each member
+      task claims a storage slot, a folder under ``storage_dir`` on its host
+      (:mod:`sparkjet.snapshot.slots`), and the driver places the partitions over the slots
+      after they join (a ``PartitionTable`` over slot UUIDs with ``backup_count`` backups on
+      other hosts), keeping the table from one execution to the next so a slot keeps its
+      partitions; snapshots still go to ``snapshot_store`` for now.
+    - ``backup_count``: backups of each partition on other hosts' slots (1; 0..6).
+    - ``persistence``: slots on disk, every write fsynced (False: tmpfs is enough).
+    - ``storage_dir``: the host-local folder of the slots; None: ``/dev/shm/sparkjet-storage``
+      (memory) where there is one, else ``sparkjet-storage`` in the temporary folder. Must
+      be given with ``persistence``. ``SPARKJET_STORAGE_DIR`` on a host overrides it there.
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
@@ -120,6 +134,10 @@ class JobConfig:
     state_mapping: dict[Annotated[str, Meta(min_length=1)],
                         Annotated[str, Meta(min_length=1)] | None] | None = None
     coordinator_host: Annotated[str, Meta(min_length=1)] | None = None
+    storage: Literal["shared", "members"] = "shared"
+    backup_count: Annotated[int, Meta(ge=0, le=6)] = 1
+    persistence: bool = False
+    storage_dir: Annotated[str, Meta(min_length=1)] | None = None
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python
@@ -147,6 +165,23 @@ class JobConfig:
             if self.processing_guarantee == "none":
                 raise InvalidArgumentError("JobConfig.initial_snapshot needs snapshots: "
                                            "processing_guarantee is 'none'")
+        if self.persistence and self.storage_dir is None:
+            raise InvalidArgumentError(
+                "JobConfig.persistence needs storage_dir: a folder on a local disk of every "
+                "host (the default is in memory, which a restart of the host empties)")
+        if self.storage_dir is not None:
+            object.__setattr__(self, "storage_dir", os.path.abspath(self.storage_dir))
+
+    def storage_root(self) -> str:
+        """The folder of this host's storage slots (evaluated where a member runs):
+        ``SPARKJET_STORAGE_DIR``, else ``storage_dir``, else in memory where there is
+        ``/dev/shm``, else in the temporary folder."""
+        given = os.environ.get("SPARKJET_STORAGE_DIR") or self.storage_dir
+        if given:
+            return given
+        if os.path.isdir("/dev/shm"):
+            return "/dev/shm/sparkjet-storage"
+        return os.path.join(tempfile.gettempdir(), "sparkjet-storage")
 
     @property
     def id(self) -> int:

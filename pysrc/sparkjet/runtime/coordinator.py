@@ -29,6 +29,7 @@ from sparkjet.errors import (
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.exchange.server import ExchangeServer
 from sparkjet.runtime.schemas import check_agreement
+from sparkjet.runtime.storage import encode_table, table_for
 from sparkjet.snapshot.store import Manifest, SnapshotStore
 
 _POLL = 0.005
@@ -165,6 +166,9 @@ class ExecutionCoordinator:
         self.pids: dict[int, int] = {}
         #: each member's exchange location, as it joined
         self.locations: dict[int, str] = {}
+        #: with the members' storage: each member's slot report, as it joined
+        self.slots: dict[int, dict] = {}
+        self._placement: dict | None = None
         self._counters: dict[int, tuple[int, int]] = {}
         self._member_counters: dict[int, dict] = {}
         self._ended: dict[int, set] = {}
@@ -210,11 +214,18 @@ class ExecutionCoordinator:
         location = body.get("location")
         if not isinstance(location, str) or not location:
             raise ValueError(f"member {i} joined without an exchange location")
+        slot = body.get("slot")
+        members_storage = self.config.storage == "members"
+        if members_storage and not (isinstance(slot, dict) and isinstance(slot.get("uuid"), str)
+                                    and isinstance(slot.get("host"), str)):
+            raise ValueError(f"member {i} joined without its storage slot")
         deadline = time.monotonic() + JOIN_WAIT
         with self._cv:
             if self.locations.setdefault(i, location) != location:
                 raise ValueError(f"member {i} joined twice, from {self.locations[i]} and "
                                  f"{location}")
+            if members_storage:
+                self.slots.setdefault(i, slot)
             self._cv.notify_all()
             while len(self.locations) < self.members and not self._failed.is_set():
                 left = deadline - time.monotonic()
@@ -224,7 +235,29 @@ class ExecutionCoordinator:
             if self._failed.is_set():
                 raise ExecutionFailedError(f"execution {self.execution_id} has ended: "
                                            f"{self.failure}")
-            return {"peers": [self.locations[m] for m in range(self.members)]}
+            answer = {"peers": [self.locations[m] for m in range(self.members)]}
+            if members_storage:
+                answer.update(self._place())
+            return answer
+
+    def _place(self) -> dict:
+        """The partition table over the joined members' slots (built once, by the first
+        join answered after all joined), as the join answer carries it."""
+        if self._placement is None:
+            reports = [self.slots[m] for m in range(self.members)]
+            try:
+                table = table_for(self.config, reports)
+            except Exception as e:  # noqa: BLE001 - ends the execution, named
+                self.fail(e)
+                raise
+            slots = [r["uuid"] for r in reports]
+            self.topology = self.topology.with_placement(table, slots)
+            self._placement = {"table": encode_table(table), "slots": slots}
+            self.progress({"event": "placed", "execution": self.execution_id,
+                           "table_version": table.version, "backup_count": table.backup_count,
+                           "slots": [{"member": m, "uuid": r["uuid"], "host": r["host"]}
+                                     for m, r in enumerate(reports)]})
+        return self._placement
 
     def _poll(self, body: dict) -> dict:
         i = self._member(body)

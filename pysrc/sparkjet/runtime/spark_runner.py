@@ -355,6 +355,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
+        from sparkjet.runtime.storage import claim_slot, decode_table
 
         for _ in batches:  # one row per task; nothing to read
             pass
@@ -362,17 +363,34 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         index = ctx.partitionId()
         log_to(sys.stderr, job=config.name, execution=execution, member=index)
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
-        member = Member(plan, config, execution, topology=topology, index=index,
-                        restore_from=restore_from)
-        server = ExchangeServer(host, inbound=member.inbound, execution_id=execution,
-                                security=security, on_error=member.on_exchange_error)
+        slot = claim_slot(config, execution)   # None: the state is in the shared store
+        late = _LateMember(config.start_timeout)
         try:
-            peers = join(ExchangeClient(coordinator, security=security, action_timeout=30.0),
-                         index, server.location, config.start_timeout)
-            member.connect(peers, coordinator, security)
-            member.run()  # its metrics reach the driver with the "done" action
+            if slot is None:
+                late.set(Member(plan, config, execution, topology=topology, index=index,
+                                restore_from=restore_from))
+            server = ExchangeServer(host, inbound=late.inbound, execution_id=execution,
+                                    security=security, on_error=late.on_exchange_error)
+            try:
+                client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
+                answer = join(client, index, server.location, config.start_timeout,
+                              None if slot is None else slot.join_report(config.id))
+                if slot is not None:
+                    # placed after join: the driver's table over the members' slots
+                    table = decode_table(answer["table"], "the driver's join answer")
+                    slot.write_table(config.id, table.to_bytes())
+                    late.set(Member(plan, config, execution,
+                                    topology=topology.with_placement(table, answer["slots"]),
+                                    index=index, restore_from=restore_from))
+                member = late.member
+                member.connect(answer["peers"], coordinator, security)
+                member.run()  # its metrics reach the driver with the "done" action
+            finally:
+                server.close(timeout=5.0)
         finally:
-            server.close(timeout=5.0)
+            late.abandon()
+            if slot is not None:
+                slot.release()  # a reused Python worker must not keep it
         refused = sum(server.refused.values())
         yield pa.RecordBatch.from_pydict({"member": pa.array([index], pa.int64()),
                                           "refused": pa.array([refused], pa.int64())})
@@ -380,16 +398,51 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
     return task
 
 
-def join(coordinator, index: int, location: str, timeout: float) -> list[str]:
-    """Member ``index``'s exchange ``location`` to the ``coordinator`` (an
-    :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns every member's, by index,
-    once all have joined. Gives up after ``timeout`` s (the driver's ``start_timeout``
-    fails the execution by then)."""
+class _LateMember:
+    """The member of a task, set once it is built: with the members' storage that is after
+    join (its topology comes with the join answer), while its exchange server must listen
+    before. A peer's stream that arrives in between waits for it (up to ``timeout`` s)."""
+
+    def __init__(self, timeout: float):
+        self.member = None
+        self._timeout = timeout
+        self._ready = threading.Event()
+
+    def set(self, member) -> None:
+        self.member = member
+        self._ready.set()
+
+    def abandon(self) -> None:
+        self._ready.set()   # streams still waiting find no member and are refused
+
+    def inbound(self, vertex: str, processor: int):
+        if not self._ready.wait(self._timeout) or self.member is None:
+            return None
+        return self.member.inbound(vertex, processor)
+
+    def on_exchange_error(self, error) -> None:
+        if self.member is not None:
+            self.member.on_exchange_error(error)
+        else:
+            _log.warning("inbound stream broke before the member was built: %s", error)
+
+
+def join(coordinator, index: int, location: str, timeout: float,
+         slot: dict | None = None) -> dict:
+    """Member ``index``'s exchange ``location`` (and, with the members' storage, its
+    ``slot`` report) to the ``coordinator`` (an
+    :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns the answer once all have
+    joined: ``peers``, every member's location by index (and ``table`` and ``slots``, the
+    placement over the slots). Gives up after ``timeout`` s (the driver's
+    ``start_timeout`` fails the execution by then)."""
     deadline = time.monotonic() + timeout
+    body = {"member": index, "location": location}
+    if slot is not None:
+        body["slot"] = slot
     while True:
-        peers = coordinator.action("join", {"member": index, "location": location})["peers"]
-        if peers is not None:
-            return peers
+        answer = coordinator.action("join", body)
+        if answer["peers"] is not None:
+            return answer
         if time.monotonic() > deadline:
             raise ExecutionFailedError(f"member {index}: the other members did not join "
                                        f"within {timeout:.0f} s (start_timeout)")

@@ -7,6 +7,8 @@ member.
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from sparkjet.partition_table import PartitionTable
@@ -28,9 +30,15 @@ class Topology:
     processors; every keyed vertex uses the same placement, so consecutive stages keyed
     alike exchange nothing between members. State is stored by partition, so a snapshot
     taken at any member count restores at any other.
+
+    With the members' storage (``storage="members"``) the table is the execution's own,
+    built by the driver after the members joined over their storage slots: ``table`` and
+    ``slots`` (slot ``slots[i]`` is member ``i``'s), and a partition's processor is on the
+    member whose slot holds its primary.
     """
 
-    def __init__(self, members: int, local_parallelism: int, dag: Dag, partition_count: int):
+    def __init__(self, members: int, local_parallelism: int, dag: Dag, partition_count: int,
+                 table: PartitionTable | None = None, slots: list[str] | None = None):
         self.members = members
         self.local_parallelism = local_parallelism
         self.partition_count = partition_count
@@ -70,16 +78,37 @@ class Topology:
                 self.sink_offset[s.name][u] = c
                 c += self.parallelism[u]
             self.sink_instances[s.name] = c
-        owner = np.zeros(partition_count, dtype=np.int64)
-        if dag.keyed:
-            table = PartitionTable.create([f"member-{i}" for i in range(members)],
-                                          partition_count, backup_count=0)
-            for i in range(members):
-                for rank, p in enumerate(table.partitions_of(f"member-{i}")):
-                    owner[p] = i * local_parallelism + rank % local_parallelism
+        self.keyed = dag.keyed
+        self.source_vertices = [v.name for v in dag.sources]
+        self._place(table, slots)
+
+    def _place(self, table: PartitionTable | None, slots: list[str] | None) -> None:
+        members, count = self.members, self.partition_count
+        if table is not None and (slots is None or len(slots) != members
+                                  or sorted(slots) != sorted(table.members)
+                                  or table.partition_count != count):
+            raise ValueError(f"the partition table ({table!r}) does not place {count} "
+                             f"partitions on these {members} members' slots")
+        self.table = table
+        self.slots = list(slots) if slots is not None else None
+        owner = np.zeros(count, dtype=np.int64)
+        if self.keyed:
+            lp = self.local_parallelism
+            names = self.slots or [f"member-{i}" for i in range(members)]
+            if table is None:
+                table = PartitionTable.create(names, count, backup_count=0)
+            for i, name in enumerate(names):
+                for rank, p in enumerate(table.partitions_of(name)):
+                    owner[p] = i * lp + rank % lp
         #: Hazelcast partition -> the index of the keyed processor that owns it.
         self.owner = owner
-        self.source_vertices = [v.name for v in dag.sources]
+
+    def with_placement(self, table: PartitionTable, slots: list[str]) -> Topology:
+        """This topology with the partitions where ``table`` puts their primaries, member
+        ``i`` being slot ``slots[i]`` (placement after join, ``storage="members"``)."""
+        placed = copy.copy(self)
+        placed._place(table, slots)
+        return placed
 
     def __repr__(self) -> str:
         return (f"Topology(members={self.members}, processors={self.parallelism}, "

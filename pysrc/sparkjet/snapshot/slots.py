@@ -22,6 +22,7 @@ folder is shared between hosts, and a lock over a network file system proves not
 """
 from __future__ import annotations
 
+import base64
 import datetime
 import errno
 import fcntl
@@ -256,21 +257,15 @@ class StorageSlot:
                 except OSError as e:
                     raise storage_error("remove", path, e) from None
 
-    def write_table(self, job_id: int, table: dict) -> None:
-        """Keeps the job's last partition table (as its JSON document)."""
+    def write_table(self, job_id: int, table: bytes) -> None:
+        """Keeps the job's last partition table (``PartitionTable.to_bytes()``, which
+        carries its own checksum)."""
         self._check_claimed()
-        _write_atomic(self._job_dir(job_id), TABLE,
-                      json.dumps(table, sort_keys=True).encode(), self.durable)
+        _write_atomic(self._job_dir(job_id), TABLE, table, self.durable)
 
-    def read_table(self, job_id: int) -> dict | None:
-        path = self.job_path(job_id, TABLE)
-        text = _read(path)
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as e:
-            raise StorageSlotError(f"{path} is not a partition table ({e})") from None
+    def read_table(self, job_id: int) -> bytes | None:
+        """The job's last partition table as written (None: none)."""
+        return _read_bytes(self.job_path(job_id, TABLE))
 
     def replicas(self, job_id: int) -> FileSystemBackend:
         """The backend of the chunk files this slot holds for ``job_id``."""
@@ -290,6 +285,14 @@ class StorageSlot:
                 "durable": self.durable,
                 "jobs": {f"{j:016x}": {"execution": self.newest_execution(j),
                                        "records": self.records(j)} for j in self.jobs()}}
+
+    def join_report(self, job_id: int) -> dict:
+        """What a member tells the driver at join about its slot for ``job_id``: identity,
+        the newest execution seen and the job's last partition table (base64), if any."""
+        table = self.read_table(job_id)
+        return {"uuid": self.uuid, "host": self.host, "path": self.path,
+                "execution": self.newest_execution(job_id),
+                "table": None if table is None else base64.b64encode(table).decode()}
 
     # -- internals -------------------------------------------------------------------------
 
