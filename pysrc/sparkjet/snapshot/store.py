@@ -638,6 +638,10 @@ class SnapshotStore:
             return info, sorted(newer, key=lambda u: u.seq, reverse=True)
         return None, sorted(failed + unreadable, key=lambda u: u.seq, reverse=True)
 
+    def rollbacks(self) -> list[int]:
+        """The snapshot ids the log's rollback events went back to, oldest first."""
+        return [e.snapshot for _, e in self._events() if isinstance(e, RollbackEvent)]
+
     def rollback(self, snapshot_id: int, *, reason: str,
                  execution_id: int | None = None) -> list[int]:
         """Sets aside every complete snapshot newer than ``snapshot_id`` (a complete one
