@@ -86,6 +86,26 @@ class SnapshotStoreLostError(SnapshotNotFoundError):
     deterministic = True
 
 
+class SnapshotUnrestorableError(SparkjetError, ValueError):
+    """The newest complete snapshot failed to verify, and no older one may be restored in
+    its place: none verifies, or falling back would replay output a sink already committed
+    (``replayed``: the sink transactions or acknowledged messages, one line each) past the
+    older snapshot (``fallback``: its id, or None). ``unusable``: the snapshots (and log
+    events) that failed, and why. A replay repeats it: the job fails at once."""
+
+    deterministic = True
+
+    def __init__(self, message: str, unusable: list[str], replayed: list[str],
+                 fallback: int | None):
+        super().__init__(message)
+        self.unusable = list(unusable)
+        self.replayed = list(replayed)
+        self.fallback = fallback
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.unusable, self.replayed, self.fallback))
+
+
 class SnapshotIncompleteError(SparkjetError, ValueError):
     """A snapshot's data does not match its validation record (a missing or extra
     chunk, a wrong count, job or checksum): it is refused whole, never restored in part."""

@@ -85,8 +85,31 @@ def test_only_last_complete_snapshot_is_kept_and_previous_survives_until_then(st
     assert sorted_table(store.restore("agg").table).equals(sorted_table(state(1)))
     w.commit()
     store.wait_for_cleanup()
-    assert dirs() == ["000000000001-e000000000001"]
+    # retained=2 by default: the previous complete snapshot stays, a way back
+    assert dirs() == ["000000000000-e000000000001", "000000000001-e000000000001"]
     assert sorted_table(store.restore("agg").table).equals(sorted_table(state(2)))
+    assert sorted_table(store.restore("agg", snapshot_id=0).table).equals(sorted_table(state(1)))
+    snapshot(store, 2, 1, seed=3)
+    store.wait_for_cleanup()
+    assert dirs() == ["000000000001-e000000000001", "000000000002-e000000000001"]
+    assert [s.snapshot_id for s in store.complete()] == [1, 2]
+    with pytest.raises(SnapshotNotFoundError, match=r"snapshot 0 is not a complete snapshot "
+                                                    r"it keeps \(it keeps \[1, 2\]"):
+        store.restore("agg", snapshot_id=0)
+
+
+def test_retained_1_keeps_only_the_last_complete_snapshot(tmp_path):
+    store = SnapshotStore(tmp_path, job_id=42, durable=False, retained=1)
+    store.register_execution(1)
+    snapshot(store, 0, 1, seed=1)
+    snapshot(store, 1, 1, seed=2)
+    store.wait_for_cleanup()
+    assert os.listdir(tmp_path / "job-000000000000002a" / "snapshots") == \
+        ["000000000001-e000000000001"]
+    assert [s.snapshot_id for s in store.snapshots()] == [1]
+    for bad in (0, 101, "2"):
+        with pytest.raises(InvalidArgumentError, match="retained"):
+            SnapshotStore(tmp_path, job_id=42, retained=bad)
 
 
 def test_multiple_writers_commit_one_snapshot(store):
@@ -304,17 +327,18 @@ def test_exports_survive_cleanup_and_restore_by_name(store):
     for sid in (1, 2):
         snapshot(store, sid, 1, seed=sid + 1)
     listing = store.snapshots()
-    assert [(s.name, s.snapshot_id) for s in listing] == [("before-upgrade", 0), (None, 2)]
+    assert [(s.name, s.snapshot_id) for s in listing] == [("before-upgrade", 0), (None, 1),
+                                                          (None, 2)]
     assert all(s.bytes > 0 and s.created > 0 and s.job_id == 42 for s in listing)
     got = store.restore("agg", name="before-upgrade")
     assert sorted_table(got.table).equals(sorted_table(state(1)))
     assert store.verify(name="before-upgrade").name == "before-upgrade"
     with pytest.raises(SnapshotNotFoundError):
         store.restore("agg", name="nope")
-    with pytest.raises(SnapshotNotFoundError, match="not the last complete"):
+    with pytest.raises(SnapshotNotFoundError, match="not a complete snapshot it keeps"):
         store.restore("agg", snapshot_id=0)
     store.delete_export("before-upgrade")
-    assert [s.name for s in store.snapshots()] == [None]
+    assert [s.name for s in store.snapshots()] == [None, None]
 
 
 def test_describe_and_verify_progress(store):
@@ -368,10 +392,16 @@ def job_dir(store) -> Path:
 def test_hostile_log_event_is_a_snapshot_corrupt_error(store, event, field):
     snapshot(store, 0, 1, seed=1)
     (job_dir(store) / "log" / "000000000099.json").write_bytes(event)
-    for read in (store.latest_complete, store.current_execution, lambda: store.restore("agg")):
+    for read in (store.latest_complete, store.snapshots, lambda: store.restore("agg")):
         with pytest.raises(SnapshotCorruptError, match="000000000099.json") as e:
             read()
         assert field in str(e.value)
+    # It may have been a registration: a new execution takes an id past it.
+    assert store.current_execution() == 2
+    # Or the commit of a newer snapshot: the restore's way back names it.
+    info, unusable = store.newest_verified()
+    assert info.snapshot_id == 0 and len(unusable) == 1 and unusable[0].snapshot is None
+    assert "000000000099.json" in str(unusable[0]) and field in str(unusable[0])
 
 
 def tamper(store, edit):

@@ -70,3 +70,29 @@ def test_the_file_sink_on_a_full_disk_names_the_file(tmp_path):
             writer.prepare(1)
         error = _refused(e, "write", small / "out")
         assert error.errno == errno.ENOSPC
+
+
+def test_the_arrow_log_on_a_full_disk_names_the_segment(tmp_path):
+    from sparkjet.connectors.arrow_log import ArrowLogWriter
+
+    schema = pa.schema([("x", pa.int64())])
+    batch = pa.record_batch([pa.array(range(20_000), pa.int64())], schema=schema)
+    with tmpfs(tmp_path / "small", "64k") as small:
+        log = ArrowLogWriter(small / "log", 1, schema)
+        with pytest.raises(StorageError) as e:
+            for _ in range(10):
+                log.append(0, batch)
+        error = _refused(e, "append to", small / "log" / "partition-00000")
+        assert error.errno == errno.ENOSPC and not error.deterministic
+        assert error.path.endswith(".arrows")
+        log.close(seal=False)
+
+
+def test_the_arrow_log_on_a_read_only_disk_names_the_directory(tmp_path):
+    from sparkjet.connectors.arrow_log import ArrowLogWriter
+
+    with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+        with pytest.raises(StorageError) as e:
+            ArrowLogWriter(ro / "log", 1, pa.schema([("x", pa.int64())]))
+        error = _refused(e, "create directory", ro)
+        assert error.errno == errno.EROFS and error.deterministic

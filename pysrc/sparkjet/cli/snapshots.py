@@ -1,12 +1,18 @@
 """``sparkjet snapshots list|show|verify URI``: look inside a snapshot store, without
-changing it: a missing store or job is an error, never created."""
+changing it: a missing store or job is an error, never created. ``sparkjet snapshots
+rollback URI --job NAME --to ID`` is the one action that changes a store: it makes one of
+the job's retained snapshots the one it resumes from, and the newer ones unusable."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
 
-from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
+from sparkjet.errors import (
+    JobAlreadyRunningError,
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
+)
 from sparkjet.runtime.progress import ProgressLine, bar
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.store import SnapshotStore
@@ -32,6 +38,18 @@ def add_parser(commands) -> None:
         if name == "show":
             p.add_argument("--partitions", action="store_true", help="one line per partition")
         p.set_defaults(command=f"snapshots {name}", run=run, parser=p)
+    help_ = ("make a retained snapshot of a job the one it resumes from: the newer ones are "
+             "set aside for good, and output the sinks committed after it is written again")
+    p = sub.add_parser("rollback", help=help_, description=help_ + (
+        ". The job must not be running. Use it when the newest snapshot is damaged and the "
+        "job refuses to fall back on its own (a sink committed past the older one), "
+        "accepting those duplicates; or to replay from an older point on purpose."))
+    p.add_argument("uri", help="the store: a directory, or s3://, hdfs://, gs:// ...")
+    p.add_argument("--job", type=_job_id, required=True,
+                   help="job name (as `sparkjet jobs` prints it) or id (decimal or 0x hex)")
+    p.add_argument("--to", type=int, required=True, metavar="SNAPSHOT_ID",
+                   help="the snapshot id to go back to (`sparkjet snapshots list` shows them)")
+    p.set_defaults(command="snapshots rollback", run=_rollback, parser=p)
 
 
 def add_jobs_parser(commands) -> None:
@@ -176,6 +194,36 @@ def _verify(args) -> int:
         print(f"{label}: snapshot {info.snapshot_id} ok: {info.chunk_count:,} chunks, "
               f"{info.entries:,} entries, {_size(info.bytes)}, every checksum verified")
     return 1 if failed else 0
+
+
+def _rollback(args) -> int:
+    import fcntl
+    import os
+
+    store, = _stores(args)
+    with store:
+        lock = None
+        if "://" not in args.uri:
+            # the run lock (sparkjet.runtime.lifecycle.RunLock), held while a run goes on
+            path = os.path.join(args.uri, layout.job_dir(store.job_id), layout.RUNNING)
+            if os.path.exists(path):
+                lock = os.open(path, os.O_RDWR)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(lock)
+                    raise JobAlreadyRunningError(
+                        f"{store.who} is running; stop it before rolling it back") from None
+        try:
+            replaced = store.rollback(args.to, reason="sparkjet snapshots rollback")
+        finally:
+            if lock is not None:
+                os.close(lock)
+    print(f"{store.who}: rolled back to snapshot {args.to}; "
+          + (f"snapshots {replaced} set aside (no longer restorable). " if replaced else "")
+          + f"The next run resumes from snapshot {args.to}: output its sinks committed after "
+            f"it is written again.")
+    return 0
 
 
 def _size(n: float) -> str:

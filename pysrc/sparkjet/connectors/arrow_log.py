@@ -45,6 +45,7 @@ import fcntl
 import json
 import os
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -52,7 +53,7 @@ import pyarrow as pa
 from msgspec import Meta
 
 from sparkjet._checks import check_distinct_ints, check_int
-from sparkjet._fs import Backend
+from sparkjet._fs import Backend, storage_error
 from sparkjet.connectors._settings import Path, PositiveInt, Schema, Settings
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
@@ -138,8 +139,9 @@ class ArrowLogWriter:
         self._fds: dict[int, int] = {}
         self._segments: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
-        os.makedirs(self.root, exist_ok=True)
-        self._lock_fd = _lock(os.path.join(self.root, "log.lock"))
+        with _storage("create directory", self.root):
+            os.makedirs(self.root, exist_ok=True)
+            self._lock_fd = _lock(os.path.join(self.root, "log.lock"))
         try:
             self._init_info()
             for p in range(partitions):
@@ -182,10 +184,11 @@ class ArrowLogWriter:
             return
         try:
             for p, fd in list(self._fds.items()):
-                if seal:
-                    _write_all(fd, _EOS)
-                if self.durable:
-                    os.fsync(fd)
+                with _storage("seal", segment_path(self.root, p, self._segments[p])):
+                    if seal:
+                        _write_all(fd, _EOS)
+                    if self.durable:
+                        os.fsync(fd)
                 os.close(fd)
                 del self._fds[p]
         finally:
@@ -203,9 +206,10 @@ class ArrowLogWriter:
 
     def _write(self, partition: int, message) -> None:
         fd = self._fds[partition]
-        _write_all(fd, message)
-        if self.durable:
-            os.fsync(fd)
+        with _storage("append to", segment_path(self.root, partition, self._segments[partition])):
+            _write_all(fd, message)
+            if self.durable:
+                os.fsync(fd)
         self._sizes[partition] += message.size
         if self._sizes[partition] >= self.segment_bytes:
             self._roll(partition)
@@ -213,19 +217,26 @@ class ArrowLogWriter:
     def _roll(self, partition: int) -> None:
         # The successor exists before the seal, so no reader ever sees a sealed last
         # segment (which would mean "closed") while the writer is still going.
-        old = self._fds[partition]
-        self._new_segment(partition, self._segments[partition] + 1)
-        _write_all(old, _EOS)
-        if self.durable:
-            os.fsync(old)
+        old, segment = self._fds[partition], self._segments[partition]
+        self._new_segment(partition, segment + 1)
+        with _storage("seal", segment_path(self.root, partition, segment)):
+            _write_all(old, _EOS)
+            if self.durable:
+                os.fsync(old)
         os.close(old)
 
     def _new_segment(self, partition: int, segment: int) -> None:
         path = segment_path(self.root, partition, segment)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        _write_all(fd, self._schema_bytes)
+        with _storage("create", path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            try:
+                _write_all(fd, self._schema_bytes)
+                if self.durable:
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
         if self.durable:
-            os.fsync(fd)
             # The new name must survive a crash before the previous segment's seal does:
             # a sealed segment with no successor means "closed" to readers.
             self._backend.sync_dir(partition_dir(self.root, partition))
@@ -235,7 +246,8 @@ class ArrowLogWriter:
 
     def _open_partition(self, p: int) -> None:
         directory = partition_dir(self.root, p)
-        os.makedirs(directory, exist_ok=True)
+        with _storage("create directory", directory):
+            os.makedirs(directory, exist_ok=True)
         segments = _list_segments(directory)
         if not segments:
             self._new_segment(p, 0)
@@ -252,15 +264,17 @@ class ArrowLogWriter:
         if sealed:
             self._new_segment(p, last + 1)
             return
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        # Cut a half-written message left by a writer that died: no reader has consumed
-        # it (readers never return incomplete messages), so nothing seen is lost.
-        os.truncate(path, end)
-        if self.durable:
-            os.fsync(fd)
-        if schema is None:
-            _write_all(fd, self._schema_bytes)
-            end = len(self._schema_bytes)
+        with _storage("continue", path):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            # Cut a half-written message left by a writer that died: no reader has
+            # consumed it (readers never return incomplete messages), so nothing seen is
+            # lost.
+            os.truncate(path, end)
+            if self.durable:
+                os.fsync(fd)
+            if schema is None:
+                _write_all(fd, self._schema_bytes)
+                end = len(self._schema_bytes)
         self._fds[p] = fd
         self._segments[p] = last
         self._sizes[p] = end
@@ -271,14 +285,15 @@ class ArrowLogWriter:
         with open(path, "rb") as f:
             _, end, sealed = _scan(f.fileno(), path)
         if not sealed:
-            os.truncate(path, end)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-            try:
-                _write_all(fd, (b"" if end else self._schema_bytes) + _EOS)
-                if self.durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            with _storage("seal", path):
+                os.truncate(path, end)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    _write_all(fd, (b"" if end else self._schema_bytes) + _EOS)
+                    if self.durable:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _init_info(self) -> None:
         path = os.path.join(self.root, "log.json")
@@ -634,6 +649,19 @@ def _lock(path: str) -> int:
                 f"{os.path.dirname(path)} is held by another writer (lock {path})") from None
         raise
     return fd
+
+
+@contextmanager
+def _storage(operation: str, path: str):
+    """The OS errors of ``operation`` on ``path`` as a StorageError naming both (a
+    read-only or full disk, refused permission)."""
+    try:
+        yield
+    except OSError as e:
+        error = storage_error(operation, path, e)
+        if error is e:
+            raise
+        raise error from e
 
 
 def _write_all(fd: int, data) -> None:

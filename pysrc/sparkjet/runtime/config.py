@@ -15,7 +15,7 @@ from sparkjet._fs import absolute
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT
 from sparkjet.snapshot.records import NAME_PATTERN
-from sparkjet.snapshot.store import SnapshotStore
+from sparkjet.snapshot.store import DEFAULT_RETAINED, MAX_RETAINED, SnapshotStore
 
 # The schema of the fields (sparkjet._checks.check_fields): an interval or a backoff must
 # be finite; a timeout may be infinite (never time out).
@@ -38,6 +38,9 @@ Members = Annotated[int, Meta(ge=1, le=MAX_MEMBERS, extra={"limit": (
 PartitionCount = Annotated[int, Meta(ge=1, le=MAX_PARTITION_COUNT, extra={"limit": (
     "every processor keeps arrays and every snapshot writes entries per partition; the "
     "partitions only need to outnumber the processors (members x local_parallelism)")})]
+RetainedSnapshots = Annotated[int, Meta(ge=1, le=MAX_RETAINED, extra={"limit": (
+    "each retained snapshot is a full copy of the job's state in the snapshot store; to keep "
+    "one for longer, export it (Job.stop(snapshot=...))")})]
 QueueCapacity = Annotated[int, Meta(ge=1, le=MAX_QUEUE_CAPACITY, extra={"limit": (
     "each channel into a processor holds up to this many batches (of up to batch_size rows) "
     "in memory; backpressure needs no deeper queue")})]
@@ -86,10 +89,17 @@ class JobConfig:
     - ``on_error``: what ``map_batches`` and ``filter`` stages that do not say otherwise do
       with the rows they fail on: "fail" (the default) or "skip" (see
       :meth:`sparkjet.pipeline.Pipeline.map_batches`).
+    - ``retained_snapshots``: how many complete snapshots the store keeps (2, at most
+      100). When the newest fails to verify at a restore, the job falls back to the newest
+      older one that verifies, unless a sink committed output past it (see
+      :mod:`sparkjet.runtime.restore`).
     - ``initial_snapshot``: Jet's initial snapshot name: a job with no snapshot of its own
       starts from this exported snapshot, of this job (``"v1"``) or of another job in the
       same snapshot store (``"other-job/v1"``). Its sources resume from the export's
-      offsets; its sinks start clean (the old job's transactions are left alone).
+      offsets; its sinks start clean (the old job's transactions are left alone). An
+      integer picks one of the job's own retained snapshots by id: the job rolls back to
+      it once (as ``sparkjet snapshots rollback`` does; output committed after it is
+      written again), and left in the configuration does nothing after that.
     - ``state_mapping``: for a pipeline that changed since its snapshot, what becomes of the
       state of a vertex (or sink) of the snapshot: ``{"old": "new"}`` restores it into
       vertex ``new``, ``{"old": None}`` drops it. It applies only to a snapshot that another
@@ -130,10 +140,12 @@ class JobConfig:
     tls_private_key: str | None = None
     tls_server_name: Annotated[str, Meta(min_length=1)] = "sparkjet"
     on_error: Literal["fail", "skip"] = "fail"
-    initial_snapshot: Annotated[str, Meta(min_length=1)] | None = None
+    initial_snapshot: Annotated[int, Meta(ge=0, le=2**63 - 1)] | \
+        Annotated[str, Meta(min_length=1)] | None = None
     state_mapping: dict[Annotated[str, Meta(min_length=1)],
                         Annotated[str, Meta(min_length=1)] | None] | None = None
     coordinator_host: Annotated[str, Meta(min_length=1)] | None = None
+    retained_snapshots: RetainedSnapshots = DEFAULT_RETAINED
     storage: Literal["shared", "members"] = "shared"
     backup_count: Annotated[int, Meta(ge=0, le=6)] = 1
     persistence: bool = False
@@ -156,12 +168,13 @@ class JobConfig:
                 "tls_certificate and tls_private_key go together: give both or neither")
         if self.tls_certificate is not None and self.tls is False:
             raise InvalidArgumentError("tls_certificate was given, but tls=False")
-        if self.initial_snapshot is not None:
+        if isinstance(self.initial_snapshot, str):
             export = self.initial_snapshot.rpartition("/")[2]
             if not re.fullmatch(NAME_PATTERN, export):
                 raise InvalidArgumentError(
                     f"JobConfig.initial_snapshot is an export name ({NAME_PATTERN}), or a job "
                     f"name, a slash and an export name, got {self.initial_snapshot!r}")
+        if self.initial_snapshot is not None:
             if self.processing_guarantee == "none":
                 raise InvalidArgumentError("JobConfig.initial_snapshot needs snapshots: "
                                            "processing_guarantee is 'none'")
@@ -201,4 +214,5 @@ def open_store(config: JobConfig, *, job_id: int | None = None, job_name: str | 
     opens a store. ``create=False`` only reads (see :class:`SnapshotStore`)."""
     if job_id is None:
         job_id, job_name = config.id, config.name
-    return SnapshotStore(config.snapshot_store, job_id, create=create, name=job_name)
+    return SnapshotStore(config.snapshot_store, job_id, create=create, name=job_name,
+                         retained=config.retained_snapshots)

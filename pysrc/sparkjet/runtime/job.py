@@ -95,7 +95,9 @@ class Job:
         way to try a pipeline without Spark (:mod:`sparkjet.runtime.local_runner`).
 
         ``on_progress(event)`` receives dicts with an ``"event"`` key: ``execution``,
-        ``started`` (with the members' ``pids``), ``restored``, ``snapshot``, ``progress``
+        ``started`` (with the members' ``pids``), ``restored``, ``fallback`` (the newest
+        snapshot failed to verify and an older one is restored, or ``initial_snapshot``
+        rolled the job back), ``snapshot``, ``progress``
         (counters, twice a second), ``restart``, ``waiting`` (quorum).
 
         ``progress=True`` draws the job's state on one terminal line (a bar when the
@@ -264,13 +266,15 @@ class Job:
     def _check_snapshot(self) -> None:
         """Before any execution starts (every restart would fail the same way): checks
         that the snapshot the job starts from, its own last complete one or
-        ``config.initial_snapshot``, fits this pipeline, vertex by vertex and state schema
-        by schema (:mod:`sparkjet.runtime.restore`); logs what differs but restores."""
+        ``config.initial_snapshot``, verifies (or may be fallen back from, see
+        :func:`~sparkjet.runtime.restore.own_start`) and fits this pipeline, vertex by
+        vertex and state schema by schema (:mod:`sparkjet.runtime.restore`); logs what
+        differs but restores."""
         if self.config.processing_guarantee == "none":
             return
 
         with open_store(self.config) as store:
-            point = start_point(self.config, store)
+            point = start_point(self.config, store, self.plan)
             if point is None:
                 return
             source = open_point(self.config, point, store)

@@ -39,7 +39,14 @@ from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.exchange.client import ExchangeClient
 from sparkjet.runtime.observability import LatencyHistogram, latencies_encoded
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
-from sparkjet.runtime.restore import StartPoint, initial_point, open_point, plan_restore
+from sparkjet.runtime.restore import (
+    StartPoint,
+    initial_point,
+    open_point,
+    own_start,
+    plan_restore,
+    report_fallback,
+)
 from sparkjet.runtime.snapshotting import (
     read_fingerprint,
     restore_processors,
@@ -285,13 +292,16 @@ class Member:
             return 0
         if self.restore_from == "latest":
             self.store.register_execution(self.execution_id)
-            latest = self.store.latest_complete()
-            snapshot_id = None if latest is None else latest.snapshot_id
+            snapshot_id, fallback = own_start(self.config, self.store, self.dag,
+                                              self.execution_id)
+            if fallback is not None:
+                self.metrics["fallback"] = report_fallback(
+                    self.config, fallback, self.progress, self.execution_id)
         else:
             snapshot_id = self.restore_from
         if snapshot_id is not None:
             point = StartPoint(self.config.id, self.config.name, snapshot_id)
-        elif self.config.initial_snapshot:
+        elif isinstance(self.config.initial_snapshot, str):
             point = initial_point(self.config)
         else:
             return 0

@@ -1,6 +1,23 @@
 """Where a job's state comes from when it starts, and whether it fits the pipeline.
 
-A job resumes from its own last complete snapshot. A job that has none starts from
+A job resumes from its own last complete snapshot, once every chunk of it has been read
+and checked (:func:`own_start`). When it fails to verify (a flipped byte, a missing or
+truncated file, a log event that no longer reads), the job falls back to the newest older
+snapshot the store keeps (``JobConfig.retained_snapshots``) that verifies, **only when no
+sink has committed output past it**: a transactional sink (files, Kafka, PostgreSQL,
+Delta) records in each snapshot the transactions it prepared, which phase 2 commits once
+that snapshot is complete; restoring an older snapshot would write their rows again. So
+when a newer snapshot holds transactions of a later snapshot than the fallback (or they
+cannot be read), or an acknowledging source acknowledged what a newer snapshot covered,
+:class:`~sparkjet.errors.SnapshotUnrestorableError` names the snapshots, the transactions
+that would be replayed, and the ways on: restore the damaged files from a copy, or roll
+back explicitly accepting the duplicates (``sparkjet snapshots rollback``). Idempotent
+sinks (SQLite, PostgreSQL upserts) overwrite what a replay writes again, and under
+at-least-once duplicates are allowed, so neither stands in the way. A fallback is recorded
+in the log (a rollback event: the newer snapshots no longer count) and reported loudly: a
+warning, a ``fallback`` progress event, and ``JobResult.fallbacks``.
+
+A job that has none starts from
 ``JobConfig.initial_snapshot`` when it is set (Jet's ``setInitialSnapshotName``): an exported
 snapshot of this job (``"v1"``) or of another job in the same snapshot store
 (``"other-job/v1"``: the other job's name, a slash, the export's name). Its sources resume
@@ -21,6 +38,7 @@ window or a source's partition count. The error lists every difference at once.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -28,8 +46,11 @@ import pyarrow as pa
 
 from sparkjet.errors import (
     IncompatibleSnapshotError,
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
     SnapshotMismatchError,
     SnapshotNotFoundError,
+    SnapshotUnrestorableError,
 )
 from sparkjet.operators.state_store import STATE_PREFIX
 from sparkjet.pipeline.dag import SOURCE, Dag, Vertex
@@ -106,13 +127,150 @@ def _job_id_of(root: str, name: str, derived: int) -> int:
     return derived
 
 
-def start_point(config, store) -> StartPoint | None:
-    """Where ``config``'s job starts: its own last complete snapshot in ``store``, else
-    its initial snapshot, else nowhere (None)."""
-    latest = store.latest_complete()
-    if latest is not None:
-        return StartPoint(config.id, config.name, latest.snapshot_id)
-    if config.initial_snapshot:
+@dataclass(frozen=True)
+class Fallback:
+    """A start from an older snapshot than the newest: ``to`` (its id), ``unusable`` (the
+    newer snapshots and log events that failed, and why), ``replaced`` (the snapshot ids
+    set aside), ``explicit`` (asked for by ``JobConfig.initial_snapshot``, not forced by a
+    failed verification)."""
+
+    to: int
+    unusable: tuple[str, ...]
+    replaced: tuple[int, ...] = ()
+    explicit: bool = False
+
+    def as_dict(self) -> dict:
+        return {"to": self.to, "unusable": list(self.unusable), "replaced": list(self.replaced),
+                "explicit": self.explicit}
+
+    def message(self, job: str) -> str:
+        if self.explicit:
+            return (f"job {job!r} rolls back to its snapshot {self.to} (JobConfig."
+                    f"initial_snapshot); snapshots {list(self.replaced)} are set aside")
+        return (f"job {job!r} falls back to snapshot {self.to}: the newer ones failed to "
+                f"verify: " + "; ".join(self.unusable))
+
+
+def own_start(config, store, dag, execution_id: int | None = None
+              ) -> tuple[int | None, Fallback | None]:
+    """The job's own snapshot to start from (None: it has none) and the fallback that
+    takes it there, if any (see the module doc). With ``execution_id`` (the execution
+    that restores, registered in ``store``), a fallback or an explicit rollback is recorded
+    in the log; without, it is only decided (to fail before any execution starts)."""
+    explicit = config.initial_snapshot
+    if isinstance(explicit, int) and explicit not in store.rollbacks():
+        return explicit, _roll_back(config, store, explicit, execution_id)
+    info, unusable = store.newest_verified()
+    if not unusable:
+        return (None if info is None else info.snapshot_id), None
+    failed = [str(u) for u in unusable]
+    name = store.who
+    if info is None:
+        raise SnapshotUnrestorableError(
+            f"{name}: no complete snapshot it keeps verifies:\n  " + "\n  ".join(failed) +
+            "\nRestore the damaged files from a copy, or start the job afresh under a new "
+            "name (or in a new snapshot store)", failed, [], None)
+    replayed = replay_hazards(config, dag, store, info.snapshot_id, unusable)
+    if replayed:
+        newest = next((u.snapshot for u in unusable if u.snapshot is not None), None)
+        raise SnapshotUnrestorableError(
+            f"{name}: its newest snapshot{'' if newest is None else f' {newest}'} failed to "
+            f"verify, and falling back to snapshot {info.snapshot_id} would replay output "
+            f"already committed past it:\n  " + "\n  ".join(replayed) +
+            "\nWhat failed:\n  " + "\n  ".join(failed) +
+            f"\nTo go on: restore the damaged files from a copy and run again; or roll back "
+            f"accepting that this output is written again (duplicates): `sparkjet snapshots "
+            f"rollback {config.snapshot_store} --job {config.name} --to {info.snapshot_id}`",
+            failed, replayed, info.snapshot_id)
+    fallback = Fallback(info.snapshot_id, tuple(failed))
+    if execution_id is not None:
+        replaced = store.rollback(info.snapshot_id, execution_id=execution_id,
+                                  reason="fell back: " + "; ".join(failed)[:2000])
+        fallback = Fallback(info.snapshot_id, tuple(failed), tuple(replaced))
+    return info.snapshot_id, fallback
+
+
+def _roll_back(config, store, snapshot_id: int, execution_id: int | None) -> Fallback:
+    """``JobConfig.initial_snapshot`` as a snapshot id of the job's own: verified, and
+    with ``execution_id`` recorded as a rollback."""
+    keeps = [s.snapshot_id for s in store.complete()]
+    if snapshot_id not in keeps:
+        raise SnapshotNotFoundError(
+            f"job {config.name!r}: initial_snapshot {snapshot_id} is not a complete snapshot "
+            f"of the job's that its store keeps (it keeps {keeps or 'none'})")
+    if execution_id is None:
+        store.verify(snapshot_id)
+        return Fallback(snapshot_id, (), tuple(i for i in keeps if i > snapshot_id), True)
+    replaced = store.rollback(snapshot_id, execution_id=execution_id,
+                              reason="JobConfig.initial_snapshot")
+    return Fallback(snapshot_id, (), tuple(replaced), True)
+
+
+def report_fallback(config, fallback, progress, execution_id: int) -> dict:
+    """A start from an older snapshot than the newest, said loudly: a warning and a
+    ``fallback`` progress event; returns it as plain data (for ``JobResult.fallbacks``)."""
+    _log.warning("%s", fallback.message(config.name),
+                 extra={"job": config.name, "execution": execution_id, "member": "-"})
+    progress({"event": "fallback", "execution": execution_id, **fallback.as_dict(),
+              "message": fallback.message(config.name)})
+    return fallback.as_dict()
+
+
+def replay_hazards(config, dag, store, fallback: int, unusable) -> list[str]:
+    """What a restore from snapshot ``fallback`` would replay that is already committed
+    past it, one line each: the transactions of later snapshots that the unusable newer
+    snapshots list for a transactional sink (committed when those completed), what could
+    not be read of them, and the acknowledgements of acknowledging sources."""
+    if config.processing_guarantee != "exactly-once":
+        return []   # at-least-once allows duplicates
+    sinks = [n for n, s in dag.sinks.items() if getattr(s.sink, "transactional", False)]
+    acking = [v.name for v in dag.sources if getattr(v.source, "acknowledging", False)]
+    if not sinks and not acking:
+        return []
+    out = []
+    for u in unusable:
+        if u.snapshot is None:
+            out.append(f"{u}: if it was, the sinks {sinks} committed its transactions"
+                       + (f" and the sources {acking} acknowledged what it covers"
+                          if acking else ""))
+            continue
+        for name in sinks:
+            try:
+                entries = store.restore(name, [], snapshot_id=u.snapshot).broadcast_entries
+                described = [] if entries is None else \
+                    [json.loads(v) for v in entries[1].to_pylist()]
+            except (SnapshotCorruptError, SnapshotIncompleteError, SnapshotNotFoundError,
+                    ValueError) as e:
+                out.append(f"sink {name!r}: the transactions it prepared in snapshot "
+                           f"{u.snapshot} do not read ({type(e).__name__}: {e}); they were "
+                           f"committed when snapshot {u.snapshot} completed")
+                continue
+            txns = [t for d in described if isinstance(d, dict)
+                    for t in d.get("transactions") or [] if isinstance(t, dict)
+                    and t.get("snapshot", fallback + 1) > fallback]
+            if txns:
+                rows = sum(t.get("rows", 0) for t in txns if isinstance(t.get("rows"), int))
+                out.append(f"sink {name!r}: {len(txns)} transaction(s) of snapshot(s) "
+                           f"{sorted({t.get('snapshot') for t in txns})} ({rows} rows), "
+                           f"committed when snapshot {u.snapshot} completed")
+        for name in acking:
+            out.append(f"source {name!r} acknowledged the messages snapshot {u.snapshot} "
+                       f"covers: a replay from snapshot {fallback} would not read them again")
+    return out
+
+
+def start_point(config, store, dag=None) -> StartPoint | None:
+    """Where ``config``'s job starts: its own snapshot in ``store`` (the newest that
+    verifies, see :func:`own_start`; with ``dag`` None, the last complete one), else its
+    initial snapshot, else nowhere (None)."""
+    if dag is not None:
+        snapshot_id, _ = own_start(config, store, dag)
+    else:
+        latest = store.latest_complete()
+        snapshot_id = None if latest is None else latest.snapshot_id
+    if snapshot_id is not None:
+        return StartPoint(config.id, config.name, snapshot_id)
+    if isinstance(config.initial_snapshot, str):
         return initial_point(config)
     return None
 
@@ -305,5 +463,6 @@ def log_plan(config, point: StartPoint, plan: RestorePlan) -> None:
                   extra={"job": config.name, "execution": "-", "member": "-"})
 
 
-__all__ = ["RestorePlan", "StartPoint", "conform_state", "initial_point", "open_point",
-           "plan_restore", "split_initial", "start_point"]
+__all__ = ["Fallback", "RestorePlan", "StartPoint", "conform_state", "initial_point",
+           "open_point", "own_start", "plan_restore", "replay_hazards", "report_fallback",
+           "split_initial", "start_point"]

@@ -48,7 +48,7 @@ from sparkjet.runtime.exchange.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
-from sparkjet.runtime.restore import initial_point
+from sparkjet.runtime.restore import initial_point, own_start, report_fallback
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,
@@ -195,11 +195,10 @@ class SparkRunner:
         config, plan, spark = self.config, self.plan, self.spark
         started = time.monotonic()
         store = open_store(config) if config.processing_guarantee != "none" else None
-        restore_from = None
+        restore_from, fallback = None, None
         if store is not None:
             store.register_execution(execution)
-            latest = store.latest_complete()
-            restore_from = None if latest is None else latest.snapshot_id
+            restore_from, fallback = own_start(config, store, plan, execution)
         topology = Topology(members, config.local_parallelism, plan, config.partition_count)
         # A fresh secret (and certificate) per execution: a zombie of an older one cannot
         # even be heard.
@@ -249,6 +248,8 @@ class SparkRunner:
         # cancelled on the way out, and the interrupt goes on to the caller
         outcome = {"execution_id": execution, "members": members, "restored_from": restore_from,
                    "status": "interrupted"}
+        if fallback is not None:
+            outcome["fallback"] = report_fallback(config, fallback, self.progress, execution)
         try:
             coord.wait_started(config.start_timeout)
             self.max_members_seen = max(self.max_members_seen, members)
@@ -258,7 +259,7 @@ class SparkRunner:
             if restore_from is not None:
                 self.progress({"event": "restored", "snapshot": restore_from,
                                "execution": execution})
-            elif store is not None and config.initial_snapshot:
+            elif store is not None and isinstance(config.initial_snapshot, str):
                 # the members started from the job's initial snapshot (they found it alike)
                 point = initial_point(config)
                 self.progress({"event": "restored", "snapshot": point.snapshot_id,

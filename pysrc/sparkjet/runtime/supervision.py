@@ -69,6 +69,13 @@ class JobResult:
         return sum(e.get("refused_calls", 0) for e in self.executions)
 
     @property
+    def fallbacks(self) -> list[dict]:
+        """The executions that started from an older snapshot than the newest: each
+        ``{"to", "unusable", "replaced", "explicit"}`` (see
+        :func:`sparkjet.runtime.restore.own_start`). Empty on a run that needed none."""
+        return [e["fallback"] for e in self.executions if e.get("fallback")]
+
+    @property
     def snapshots(self) -> list[dict]:
         return [s for e in self.executions for s in e.get("snapshots", [])]
 

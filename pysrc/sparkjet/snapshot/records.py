@@ -132,7 +132,20 @@ class CommitEvent(msgspec.Struct, frozen=True, tag_field="type", tag="commit"):
     time: Seconds
 
 
-LogEvent = RegisterEvent | CommitEvent
+class RollbackEvent(msgspec.Struct, frozen=True, tag_field="type", tag="rollback"):
+    """Every complete snapshot newer than ``snapshot`` committed before this event is set
+    aside (``replaced``, for people): restore takes ``snapshot`` again, and snapshots
+    committed after this event count as usual. Appended by an explicit rollback (``sparkjet
+    snapshots rollback``, ``JobConfig.initial_snapshot``) or by a restore that fell back
+    past snapshots that failed to verify (``reason`` says which)."""
+
+    snapshot: Int64
+    replaced: list[Int64]
+    reason: str
+    time: Seconds
+
+
+LogEvent = RegisterEvent | CommitEvent | RollbackEvent
 
 
 class ExportRecord(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -29,13 +29,23 @@ folder and the exclusive create of ``_export.json`` naming it is the commit, so 
 exports racing for one name one wins whole and the other raises. GCS and other stores
 without a conditional create keep a check-then-write window, and warn.
 
-**Jet's two alternating data sets**, on a filesystem: a directory per snapshot and execution;
-the last complete snapshot is kept while the next is written, and older ones (and leftovers
-of failed attempts) are removed only after a newer one is complete. Exports are never
-removed by cleanup. A snapshot's validation record lists the table versions it uses
-(``tables``); a commit refuses one whose version is missing, and removes the versions that
-neither it nor an export lists. Versions are written only at barriers, and barrier n + 1
+**Retention** (Jet's two alternating data sets, and more): a directory per snapshot and
+execution; the last ``retained`` complete snapshots (2 by default) are kept while the next is
+written, and older ones (with their commit events, and leftovers of failed attempts) are
+removed only after a newer one is complete. Exports are never removed by cleanup. A
+snapshot's validation record lists the table versions it uses (``tables``); a commit
+refuses one whose version is missing, and removes the versions that neither a retained
+snapshot nor an export lists. Versions are written only at barriers, and barrier n + 1
 follows the commit of n, so none of them is in flight while a commit removes the others.
+
+**A way back**: :meth:`SnapshotStore.newest_verified` reads every chunk of the newest
+complete snapshot and, when it fails (a flipped byte, a missing file, a log event that no
+longer reads), of the older retained ones in turn; :meth:`SnapshotStore.rollback` appends a
+``rollback`` event, after which the snapshots newer than its target committed before it
+no longer count (restore takes the target, and snapshot ids continue from it). Whether a
+fallback is *safe* (no sink committed output past the older snapshot) is the runtime's
+question (:mod:`sparkjet.runtime.restore`). A log event that does not read is never
+skipped silently: reads of "the last snapshot" raise until a rollback event settles it.
 
 **Restore trusts nothing**: the validation record must match the commit's checksum, job,
 snapshot and execution; the files of the requested partitions must be exactly those the
@@ -77,11 +87,15 @@ from sparkjet.snapshot.chunks import (
 )
 from sparkjet.snapshot.layout import check_name as _check_name
 from sparkjet.snapshot.layout import content_digest
-from sparkjet.snapshot.records import CommitEvent, RegisterEvent, ValidationRecord
+from sparkjet.snapshot.records import CommitEvent, RegisterEvent, RollbackEvent, ValidationRecord
 from sparkjet.snapshot.writer import Manifest, SnapshotWriter, vertex_id
 
 RECORD_FORMAT = meta.RECORD_FORMAT
 _MAX_ID = 2**63 - 1  # snapshot and execution ids: what the log's schema accepts
+#: Complete snapshots a job's store keeps by default (``JobConfig.retained_snapshots``).
+DEFAULT_RETAINED = 2
+#: The most a store keeps (each is a full copy of the job's state).
+MAX_RETAINED = 100
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,29 @@ class VertexState:
 
 
 @dataclass(frozen=True)
+class Unusable:
+    """A complete snapshot restore cannot use, and why: ``snapshot`` is None for a log
+    event that does not read (it may have been the commit of a newer snapshot); ``seq``
+    is the log event's sequence number."""
+
+    snapshot: int | None
+    reason: str
+    seq: int
+
+    def __str__(self) -> str:
+        return (f"snapshot {self.snapshot}: {self.reason}" if self.snapshot is not None
+                else self.reason)
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """A log event that does not decode (truncated, overwritten): kept in its place."""
+
+    path: str
+    error: SnapshotCorruptError
+
+
+@dataclass(frozen=True)
 class _Stored:
     """A checked validation record and where it is: ``dir`` under the job, ``file`` in it."""
 
@@ -132,14 +169,17 @@ class SnapshotStore:
     """
 
     def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True,
-                 create: bool = True, name: str | None = None):
+                 create: bool = True, name: str | None = None,
+                 retained: int = DEFAULT_RETAINED):
         """``uri``: a local path or URI, or a :class:`~sparkjet.snapshot.backend.StorageBackend`
         (then ``filesystem`` and ``durable`` are the backend's own business).
         ``create=False`` opens the snapshots of a job that has some, to read them:
         nothing is created, and SnapshotNotFoundError says when the store or the job's
         directory is missing. ``name``: the job's name, for messages (without it, the
-        name the job's ``JOB.json`` records, else the id)."""
+        name the job's ``JOB.json`` records, else the id). ``retained``: how many complete
+        snapshots a commit keeps (1 to :data:`MAX_RETAINED`)."""
         job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
+        self.retained = check_int("retained", retained, min=1, max=MAX_RETAINED)
         self._backend = (uri if isinstance(uri, StorageBackend)
                          else open_backend(uri, filesystem, durable))
         self.job_id = job_id
@@ -209,8 +249,10 @@ class SnapshotStore:
 
     # -- the log -----------------------------------------------------------------------
 
-    def _events(self) -> list[tuple[int, meta.LogEvent]]:
-        out = []
+    def _events(self) -> list[tuple[int, meta.LogEvent | _Unreadable]]:
+        """Every log event in order; one that does not decode is an :class:`_Unreadable`
+        in its place (see :meth:`_readable`)."""
+        out: list = []
         for name in self._backend.listdir(self._path(layout.LOG)):
             seq = layout.log_sequence(name)
             if seq is None:
@@ -226,8 +268,22 @@ class SnapshotStore:
                 if isinstance(e, FileNotFoundError) or not self._backend.exists(path):
                     continue
                 raise
-            out.append((seq, meta.decode(raw, meta.LogEvent, path, "log event")))
+            try:
+                out.append((seq, meta.decode(raw, meta.LogEvent, path, "log event")))
+            except SnapshotCorruptError as e:
+                out.append((seq, _Unreadable(path, e)))
         return out
+
+    @staticmethod
+    def _readable(events):
+        """``events``, once no unreadable one is left unsettled (followed by a rollback
+        event); otherwise its SnapshotCorruptError: what is "the last snapshot" is not
+        known while a log event that may be a newer commit does not read."""
+        settled = max((s for s, e in events if isinstance(e, RollbackEvent)), default=-1)
+        for seq, e in events:
+            if isinstance(e, _Unreadable) and seq > settled:
+                raise e.error
+        return events
 
     def _append(self, event: meta.LogEvent, check=None) -> int:
         """Appends an event at the next free sequence number; `check(events)` may refuse."""
@@ -253,7 +309,7 @@ class SnapshotStore:
         execution_id = check_int("execution_id", execution_id, min=0, max=_MAX_ID)
 
         def check(events):
-            newest = self._newest_execution(events)
+            newest = self._newest_possible(events)
             if newest is not None and newest >= execution_id:
                 raise FencedError(f"{self.who}: execution {execution_id} is not newer than "
                                   f"registered execution {newest}")
@@ -262,8 +318,21 @@ class SnapshotStore:
         self._registered = execution_id
 
     def current_execution(self) -> int | None:
-        """The newest registered execution, or None."""
-        return self._newest_execution(self._events())
+        """The newest registered execution, or None. Log events that do not read count
+        as registrations of the next ids (executions are numbered one after the other), so
+        a new execution never takes an id a lost event may have given."""
+        return self._newest_possible(self._events())
+
+    @classmethod
+    def _newest_possible(cls, events) -> int | None:
+        newest, last = None, -1
+        for seq, e in events:
+            if isinstance(e, RegisterEvent) and (newest is None or e.execution >= newest):
+                newest, last = e.execution, seq
+        unread = sum(1 for s, e in events if isinstance(e, _Unreadable) and s > last)
+        if unread == 0:
+            return newest
+        return (-1 if newest is None else newest) + unread
 
     def check_fence(self, execution_id: int) -> None:
         """Raises FencedError if a newer execution than `execution_id` is registered, or
@@ -286,12 +355,15 @@ class SnapshotStore:
             raise FencedError(f"{self.who}: execution {execution_id} was never registered")
 
     def _valid_commits(self, events) -> list[tuple[int, CommitEvent]]:
-        valid = []
+        """The commits that count, oldest first: by the execution registered last before
+        them, and not set aside by a later rollback event. (A commit after a log event that
+        no longer reads was checked against it when it was appended.)"""
+        valid: list[tuple[int, CommitEvent]] = []
         for seq, e in events:
-            if not isinstance(e, CommitEvent):
-                continue
-            newest = self._newest_execution(events, before=seq)
-            if newest == e.execution:
+            if isinstance(e, RollbackEvent):
+                valid = [(s, c) for s, c in valid if c.snapshot <= e.snapshot]
+            elif isinstance(e, CommitEvent) and \
+                    self._newest_execution(events, before=seq) == e.execution:
                 valid.append((seq, e))
         return valid
 
@@ -373,7 +445,7 @@ class SnapshotStore:
         self.wait_for_cleanup()
         self._append(CommitEvent(snapshot_id, execution_id, directory, record_name, digest,
                                  record.created), check)
-        self._remove_table_versions(tables)
+        self._remove_table_versions(tables | self._retained_tables())
         # The snapshot is complete now; removing the previous one (and freeing its page
         # cache) takes longer than writing it, so it runs in the background.
         self._cleaner = threading.Thread(target=self._cleanup, name="sparkjet-snapshot-cleanup",
@@ -381,26 +453,42 @@ class SnapshotStore:
         self._cleaner.start()
         return self._info(record)
 
+    def _retained(self, events=None) -> list[tuple[int, CommitEvent]]:
+        """The valid commits a commit keeps: the last ``retained``, oldest first."""
+        valid = self._valid_commits(self._events() if events is None else events)
+        return valid[-self.retained:]
+
+    def _retained_tables(self) -> set[str]:
+        out: set[str] = set()
+        for _, commit in self._retained():
+            try:
+                out.update(self._record(commit).record.tables)
+            except (SnapshotIncompleteError, SnapshotCorruptError):
+                continue    # a snapshot that cannot restore needs no table
+        return out
+
     def _cleanup(self) -> None:
-        """Removes snapshot directories other than the last complete one and the newest
-        execution's ongoing ones, and commit events before the last valid commit."""
+        """Removes snapshot directories other than the retained complete ones and the
+        newest execution's ongoing ones, and commit events before the oldest retained
+        commit (rollback events stay: they are small, and say what was set aside)."""
         events = self._events()
-        valid = self._valid_commits(events)
-        if not valid:
+        kept = self._retained(events)
+        if not kept:
             return
-        last_seq, last = valid[-1]
+        first_seq = kept[0][0]
+        last = kept[-1][1]
         newest = self._newest_execution(events)
-        keep = last.record
+        keep = {c.record for _, c in kept}
         for name in self._backend.listdir(self._path(layout.SNAPSHOTS)):
             m = layout.snapshot_of(name)
-            if not m or name == keep:
+            if not m or name in keep:
                 continue
             snap, execution = m
             ongoing = execution == newest and snap > last.snapshot
             if not ongoing:
                 self._backend.remove_tree(self._path(layout.SNAPSHOTS, name))
         for seq, e in events:
-            if isinstance(e, CommitEvent) and seq < last_seq:
+            if isinstance(e, CommitEvent) and seq < first_seq:
                 self._backend.remove(self._path(layout.LOG, layout.log_event(seq)))
         # Temporaries of appends that died before their link; a live one is seconds old.
         for name in self._backend.listdir(self._path(layout.LOG)):
@@ -455,8 +543,9 @@ class SnapshotStore:
     # -- reading -----------------------------------------------------------------------
 
     def latest_complete(self) -> SnapshotInfo | None:
-        """The last complete snapshot, or None."""
-        valid = self._valid_commits(self._events())
+        """The last complete snapshot, or None (SnapshotCorruptError while a log event
+        that may be a newer commit does not read: see :meth:`newest_verified`)."""
+        valid = self._valid_commits(self._readable(self._events()))
         if not valid:
             return None
         return self._info(self._record(valid[-1][1]).record)
@@ -493,17 +582,99 @@ class SnapshotStore:
                             r.entries, tuple(r.vertices), r.created, name)
 
     def _resolve(self, snapshot_id: int | None, name: str | None) -> _Stored:
+        """The record of export ``name``, of retained snapshot ``snapshot_id``, or (both
+        None) of the last complete snapshot."""
         if name is not None:
             return self._export_record(name)
-        valid = self._valid_commits(self._events())
+        return self._record(self._commit_of(snapshot_id))
+
+    def _commit_of(self, snapshot_id: int | None) -> CommitEvent:
+        events = self._events()
+        valid = self._valid_commits(events if snapshot_id is not None else self._readable(events))
         if not valid:
             raise SnapshotNotFoundError(f"{self.who} has no complete snapshot")
-        commit = valid[-1][1]
-        if snapshot_id is not None and commit.snapshot != snapshot_id:
-            raise SnapshotNotFoundError(
-                f"{self.who}: snapshot {snapshot_id} is not the last complete one "
-                f"({commit.snapshot}); export a snapshot to keep it")
-        return self._record(commit)
+        if snapshot_id is None:
+            return valid[-1][1]
+        for _, commit in valid:
+            if commit.snapshot == snapshot_id:
+                return commit
+        raise SnapshotNotFoundError(
+            f"{self.who}: snapshot {snapshot_id} is not a complete snapshot it keeps (it "
+            f"keeps {[c.snapshot for _, c in valid]}; JobConfig.retained_snapshots says how "
+            f"many); export a snapshot to keep it")
+
+    def complete(self, *, strict: bool = False) -> list[SnapshotInfo]:
+        """The complete snapshots the store keeps (and restore may use), oldest first;
+        those whose validation record no longer reads are left out (``strict``: raise)."""
+        out = []
+        for _, commit in self._valid_commits(self._events()):
+            try:
+                out.append(self._info(self._record(commit).record))
+            except (SnapshotIncompleteError, SnapshotCorruptError):
+                if strict:
+                    raise
+        return out
+
+    def newest_verified(self) -> tuple[SnapshotInfo | None, list[Unusable]]:
+        """The newest complete snapshot whose every chunk reads and checks (None: none
+        does, or there is none), and the newer ones that do not, newest first: snapshots
+        that failed to verify (a flipped byte, a missing or truncated file, a validation
+        record that does not read), and log events after it that no longer read (each may
+        have been the commit of a newer snapshot). Other errors of the storage (a lost
+        connection) raise: they say nothing about the snapshot."""
+        events = self._events()
+        settled = max((s for s, e in events if isinstance(e, RollbackEvent)), default=-1)
+        unreadable = [Unusable(None, f"log event {e.path} does not read ({e.error}); it may be "
+                                     f"the commit of a newer snapshot", seq)
+                      for seq, e in events if isinstance(e, _Unreadable) and seq > settled]
+        failed: list[Unusable] = []
+        for seq, commit in reversed(self._valid_commits(events)):
+            try:
+                info = self.verify(commit.snapshot)
+            except (SnapshotCorruptError, SnapshotIncompleteError, FileNotFoundError) as e:
+                failed.append(Unusable(commit.snapshot, f"{type(e).__name__}: {e}", seq))
+                continue
+            newer = failed + [u for u in unreadable if u.seq > seq]
+            return info, sorted(newer, key=lambda u: u.seq, reverse=True)
+        return None, sorted(failed + unreadable, key=lambda u: u.seq, reverse=True)
+
+    def rollbacks(self) -> list[int]:
+        """The snapshot ids the log's rollback events went back to, oldest first."""
+        return [e.snapshot for _, e in self._events() if isinstance(e, RollbackEvent)]
+
+    def rollback(self, snapshot_id: int, *, reason: str,
+                 execution_id: int | None = None) -> list[int]:
+        """Sets aside every complete snapshot newer than ``snapshot_id`` (a complete one
+        the store keeps): restore takes ``snapshot_id`` from now on, and snapshot ids go on
+        from it. Returns the ids set aside. ``execution_id``: the execution doing it (a
+        restore), refused with FencedError if a newer one is registered; without one (an
+        operator's rollback) a new execution is registered first, so that no execution
+        that ran before the rollback can commit after it. Settles the log events before
+        it that do not read."""
+        snapshot_id = check_int("snapshot_id", snapshot_id, min=-_MAX_ID - 1, max=_MAX_ID)
+        if execution_id is None:
+            newest = self.current_execution()
+            self.register_execution(0 if newest is None else newest + 1)
+            execution_id = self._registered
+        replaced: list[int] = []
+
+        def check(events):
+            newest = self._newest_possible(events)
+            if newest != execution_id:
+                raise FencedError(f"{self.who}: rollback to snapshot {snapshot_id} by "
+                                  f"execution {execution_id} refused: execution {newest} is "
+                                  f"newer")
+            ids = [c.snapshot for _, c in self._valid_commits(events)]
+            if snapshot_id not in ids:
+                raise SnapshotNotFoundError(
+                    f"{self.who}: cannot roll back to snapshot {snapshot_id}: it is not a "
+                    f"complete snapshot the store keeps (it keeps {ids or 'none'})")
+            replaced[:] = [i for i in ids if i > snapshot_id]
+
+        check(self._events())
+        self.verify(snapshot_id)
+        self._append(RollbackEvent(snapshot_id, list(replaced), reason, time.time()), check)
+        return list(replaced)
 
     def restore(self, vertex: str, partitions: Sequence[int] | None = None, *,
                 snapshot_id: int | None = None, name: str | None = None) -> VertexState:
@@ -710,11 +881,9 @@ class SnapshotStore:
         self._backend.remove_tree(self._path(layout.EXPORTS, name))
 
     def snapshots(self) -> list[SnapshotInfo]:
-        """The last complete snapshot and every export, oldest first."""
-        out = []
-        latest = self.latest_complete()
-        if latest:
-            out.append(latest)
+        """The complete snapshots the store keeps and every export, oldest first."""
+        self._readable(self._events())
+        out = self.complete(strict=True)
         for name in self._backend.listdir(self._path(layout.EXPORTS)):
             if layout.is_name(name) and not name.startswith(layout.TMP_PREFIX):
                 try:
@@ -751,5 +920,5 @@ def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:
     return keys, values
 
 
-__all__ = ["Manifest", "SnapshotInfo", "SnapshotStore", "SnapshotWriter", "VertexState",
-           "content_digest"]
+__all__ = ["DEFAULT_RETAINED", "MAX_RETAINED", "Manifest", "SnapshotInfo", "SnapshotStore",
+           "SnapshotWriter", "Unusable", "VertexState", "content_digest"]
