@@ -8,6 +8,7 @@ the process instead of passing silently. The Merkle bindings have their own sect
 test_merkle.py.
 """
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -335,6 +336,70 @@ def test_int64_combines_refuse_bad_slots_and_overflow():
         with pytest.raises(TypeError):
             kernel(None, i64(1), sums)
     assert sums.tolist() == [5, 2**63 - 1]
+
+
+def test_first_and_last_kernels_keep_row_order_and_refuse_bad_input():
+    firsts, lasts = i64(0, 0, 0), i64(0, 0, 0)
+    seen = np.array([0, 0, 1], np.uint8)                 # slot 2 already has its first
+    _native.agg_first_i64(i64(1, 0, 1, 2), i64(2**62 + 1, -5, 7, 9), firsts, seen)
+    _native.agg_last_i64(i64(1, 0, 1, 2), i64(2**62 + 1, -5, 7, 9), lasts)
+    assert firsts.tolist() == [-5, 2**62 + 1, 0] and seen.tolist() == [1, 1, 1]
+    assert lasts.tolist() == [-5, 7, 9]
+    ffirsts, fseen = np.zeros(2), np.zeros(2, np.uint8)
+    _native.agg_first(i64(1, 1), np.array([1.5, 2.5]), ffirsts, fseen)
+    flasts = np.zeros(2)
+    _native.agg_last(i64(1, 1), np.array([1.5, 2.5]), flasts)
+    assert ffirsts.tolist() == [0.0, 1.5] and flasts.tolist() == [0.0, 2.5]
+    for kernel, out, vals in ((_native.agg_first_i64, firsts, i64(1)),
+                              (_native.agg_first, ffirsts, np.array([1.0]))):
+        with pytest.raises(InvalidArgumentError, match="slot 3 at index 0 is outside"):
+            kernel(i64(3), vals, out, np.zeros(len(out), np.uint8))
+        with pytest.raises(InvalidArgumentError, match="seen holds 1 values"):
+            kernel(i64(0), vals, out, np.zeros(1, np.uint8))
+        with pytest.raises(InvalidArgumentError, match="2 values for 1 slots"):
+            kernel(i64(0), np.concatenate([vals, vals]), out, np.zeros(len(out), np.uint8))
+        with pytest.raises(TypeError):
+            kernel(i64(0), vals, out, None)
+    for kernel, out, vals in ((_native.agg_last_i64, lasts, i64(1)),
+                              (_native.agg_last, flasts, np.array([1.0]))):
+        with pytest.raises(InvalidArgumentError, match="slot -1 at index 0 is outside"):
+            kernel(i64(-1), vals, out)
+        with pytest.raises(ValueError, match="read-only"):
+            kernel(i64(0), vals, _readonly(out.copy()))
+    assert firsts.tolist() == [-5, 2**62 + 1, 0] and lasts.tolist() == [-5, 7, 9]
+
+
+def test_128_bit_sums_are_exact_and_all_or_nothing():
+    sums = np.zeros((2, 2), np.int64)
+    _native.agg_sum_i128(i64(0, 0, 0, 1), i64(2**63 - 1, 2**63 - 1, 3, -1), sums)
+    as_int = [int(lo) % 2**64 + int(hi) * 2**64 for lo, hi in sums]
+    assert as_int == [2 * (2**63 - 1) + 3, -1]
+    # (n, 2) values add 128-bit partials; decimal128's layout, so Arrow reads them back
+    wide = np.array([[-2, -1]], np.int64)                 # -2
+    _native.agg_sum_i128(i64(0), wide, sums)
+    read = pa.Array.from_buffers(pa.decimal128(38, 0), 2, [None, pa.py_buffer(sums)])
+    assert [int(x) for x in read.to_pylist()] == [2 * (2**63 - 1) + 1, -1]
+    limit = 10**38 - 1
+    top = np.array([[limit % 2**64 - 2**64 * (limit % 2**64 >= 2**63), limit >> 64]], np.int64)
+    before = sums.copy()
+    with pytest.raises(InvalidArgumentError, match="index 1 takes the sum of slot 0 past") as e:
+        _native.agg_sum_i128(i64(1, 0), np.array([[5, 0], top[0]], np.int64), sums)
+    assert e.value.index == 1 and (sums == before).all()     # slot 1's +5 was undone
+    with pytest.raises(InvalidArgumentError, match="slot 2 at index 0 is outside 0..1"):
+        _native.agg_sum_i128(i64(2), i64(1), sums)
+    with pytest.raises(InvalidArgumentError, match="2 values for 1 slots"):
+        _native.agg_sum_i128(i64(0), np.zeros((2, 2), np.int64), sums)
+    with pytest.raises(InvalidArgumentError, match=r"shape \(n, 3\)"):
+        _native.agg_sum_i128(i64(0), np.zeros((1, 3), np.int64), sums)
+    with pytest.raises(InvalidArgumentError, match=r"sums of shape \(n, 1\)"):
+        _native.agg_sum_i128(i64(0), i64(1), np.zeros((2, 1), np.int64))
+    with pytest.raises(ValueError):
+        _native.agg_sum_i128(i64(0), np.array([1.0]), sums)
+    with pytest.raises(ValueError):
+        _native.agg_sum_i128(i64(0), i64(1), np.zeros(4, np.int64))
+    with pytest.raises(TypeError):
+        _native.agg_sum_i128(i64(0), None, sums)
+    assert (sums == before).all()
 
 
 # ------------------------------------------------------------------ windows

@@ -118,8 +118,9 @@ def agg_max(const int64_t[::1] slots, const double[::1] values, double[::1] maxs
 # aggregates of panes and sessions).
 def agg_sum_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
                 int64_t[::1] sums not None):
-    """sums[slots[i]] += values[i], all or nothing: InvalidArgumentError if a sum would
-    overflow int64, with every sum left as it was."""
+    """sums[slots[i]] += values[i], all or nothing: AggregateOverflowError (an
+    InvalidArgumentError; ``index`` the row) if a sum would overflow int64, with every sum
+    left as it was."""
     _keyed_check_values(values.shape[0], slots.shape[0])
     _keyed_check_slots(slots, sums.shape[0], "slot")
     cdef int64_t n = slots.shape[0], err = -1
@@ -128,9 +129,9 @@ def agg_sum_i64(const int64_t[::1] slots not None, const int64_t[::1] values not
         with nogil:
             st = sj_agg_sum_i64(&slots[0], &values[0], n, &sums[0], &err)
     if st != SJ_OK:
-        raise InvalidArgumentError(
+        raise AggregateOverflowError(
             f"agg_sum_i64: adding {values[err]} at index {err} overflows the int64 sum of "
-            f"slot {slots[err]}; no sum was changed")
+            f"slot {slots[err]}; no sum was changed", err)
 
 
 def agg_min_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
@@ -153,6 +154,92 @@ def agg_max_i64(const int64_t[::1] slots not None, const int64_t[::1] values not
     if n:
         with nogil:
             sj_agg_max_i64(&slots[0], &values[0], n, &maxs[0])
+
+
+def agg_first(const int64_t[::1] slots not None, const double[::1] values not None,
+              double[::1] firsts not None, uint8_t[::1] seen not None):
+    """firsts[slots[i]] = values[i] where seen[slots[i]] is 0, which then becomes 1."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, firsts.shape[0], "slot")
+    check_len(seen.shape[0], firsts.shape[0], "seen")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_first(&slots[0], &values[0], n, &firsts[0], &seen[0])
+
+
+def agg_last(const int64_t[::1] slots not None, const double[::1] values not None,
+             double[::1] lasts not None):
+    """lasts[slots[i]] = values[i], in row order."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, lasts.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_last(&slots[0], &values[0], n, &lasts[0])
+
+
+def agg_first_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
+                  int64_t[::1] firsts not None, uint8_t[::1] seen not None):
+    """firsts[slots[i]] = values[i] where seen[slots[i]] is 0, which then becomes 1."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, firsts.shape[0], "slot")
+    check_len(seen.shape[0], firsts.shape[0], "seen")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_first_i64(&slots[0], &values[0], n, &firsts[0], &seen[0])
+
+
+def agg_last_i64(const int64_t[::1] slots not None, const int64_t[::1] values not None,
+                 int64_t[::1] lasts not None):
+    """lasts[slots[i]] = values[i], in row order."""
+    _keyed_check_values(values.shape[0], slots.shape[0])
+    _keyed_check_slots(slots, lasts.shape[0], "slot")
+    cdef int64_t n = slots.shape[0]
+    if n:
+        with nogil:
+            sj_agg_last_i64(&slots[0], &values[0], n, &lasts[0])
+
+
+def agg_sum_i128(const int64_t[::1] slots not None, values not None,
+                 int64_t[:, ::1] sums not None):
+    """Exact sums in 128 bits: sums has shape (slots, 2), each row the low then the high
+    64 bits of a two's-complement integer (decimal128(38, 0)'s layout); values is int64,
+    one per slot (shape (n,)) or one 128-bit integer per slot (shape (n, 2)). All or
+    nothing: AggregateOverflowError (``index`` the row) if a sum would pass
+    +-(10^38 - 1), with every sum left as it was."""
+    cdef const int64_t[::1] narrow
+    cdef const int64_t[:, ::1] wide
+    cdef const int64_t *v = NULL
+    cdef int is_wide = 0
+    cdef int64_t n = slots.shape[0], err = -1
+    if getattr(values, "ndim", 1) == 2:
+        wide = values
+        if wide.shape[1] != 2:
+            raise InvalidArgumentError(f"values of shape (n, {wide.shape[1]}); 128-bit "
+                                       f"values have shape (n, 2)")
+        _keyed_check_values(wide.shape[0], n)
+        if n:
+            v = &wide[0, 0]
+        is_wide = 1
+    else:
+        narrow = values
+        _keyed_check_values(narrow.shape[0], n)
+        if n:
+            v = &narrow[0]
+    if sums.shape[1] != 2:
+        raise InvalidArgumentError(f"sums of shape (n, {sums.shape[1]}); 128-bit sums have "
+                                   f"shape (n, 2)")
+    _keyed_check_slots(slots, sums.shape[0], "slot")
+    cdef sj_status st = SJ_OK
+    if n:
+        with nogil:
+            st = sj_agg_sum_i128(&slots[0], v, is_wide, n, &sums[0, 0], &err)
+    if st != SJ_OK:
+        raise AggregateOverflowError(
+            f"agg_sum_i128: adding the value at index {err} takes the sum of slot "
+            f"{slots[err]} past +-(10^38 - 1); no sum was changed", err)
 
 
 def distinct_slots(const int64_t[::1] slots, uint8_t[::1] marks, int64_t[::1] out):

@@ -3,6 +3,7 @@ from sparkjet.libsparkjet cimport *
 from sparkjet.libsparkjet_aligner cimport SJ_ALIGNER_MAX_SNAPSHOT_ID
 
 from sparkjet.errors import (
+    AggregateOverflowError,
     AlignerClosedError,
     BarrierError,
     CorruptDataError,

@@ -135,5 +135,13 @@ cdef extern from "sparkjet/keyed.h" nogil:
                              int64_t *sums, int64_t *err_index)
     void sj_agg_min_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *mins)
     void sj_agg_max_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *maxs)
+    void sj_agg_first(const int64_t *slots, const double *values, int64_t n, double *firsts,
+                      uint8_t *seen)
+    void sj_agg_last(const int64_t *slots, const double *values, int64_t n, double *lasts)
+    void sj_agg_first_i64(const int64_t *slots, const int64_t *values, int64_t n,
+                          int64_t *firsts, uint8_t *seen)
+    void sj_agg_last_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *lasts)
+    sj_status sj_agg_sum_i128(const int64_t *slots, const int64_t *values, int wide, int64_t n,
+                              int64_t *sums, int64_t *err_index)
     void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
                            int64_t *count)

@@ -155,6 +155,71 @@ void sj_agg_max_i64(const int64_t *slots, const int64_t *values, int64_t n, int6
         if (values[i] > maxs[slots[i]]) maxs[slots[i]] = values[i];
 }
 
+void sj_agg_first(const int64_t *slots, const double *values, int64_t n, double *firsts,
+                  uint8_t *seen) {
+    for (int64_t i = 0; i < n; i++)
+        if (!seen[slots[i]]) {
+            firsts[slots[i]] = values[i];
+            seen[slots[i]] = 1;
+        }
+}
+
+void sj_agg_last(const int64_t *slots, const double *values, int64_t n, double *lasts) {
+    for (int64_t i = 0; i < n; i++) lasts[slots[i]] = values[i];
+}
+
+void sj_agg_first_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *firsts,
+                      uint8_t *seen) {
+    for (int64_t i = 0; i < n; i++)
+        if (!seen[slots[i]]) {
+            firsts[slots[i]] = values[i];
+            seen[slots[i]] = 1;
+        }
+}
+
+void sj_agg_last_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *lasts) {
+    for (int64_t i = 0; i < n; i++) lasts[slots[i]] = values[i];
+}
+
+/* (GCC and Clang's 128-bit integers; __extension__ keeps -pedantic quiet under C99.) */
+__extension__ typedef __int128 sj_i128;
+__extension__ typedef unsigned __int128 sj_u128;
+
+static inline sj_i128 load_i128(const int64_t *p) {
+    return (sj_i128)(((sj_u128)(uint64_t)p[1] << 64) | (sj_u128)(uint64_t)p[0]);
+}
+
+static inline void store_i128(int64_t *p, sj_i128 v) {
+    p[0] = (int64_t)(uint64_t)(sj_u128)v;
+    p[1] = (int64_t)(uint64_t)((sj_u128)v >> 64);
+}
+
+sj_status sj_agg_sum_i128(const int64_t *slots, const int64_t *values, int wide, int64_t n,
+                          int64_t *sums, int64_t *err_index) {
+    /* 10^38 - 1: the largest decimal128(38, 0). Every sum and value stays within
+     * +-(10^38 - 1) < 2^127, so no addition below overflows sj_i128 itself. */
+    const sj_i128 limit = (sj_i128)10000000000000000000ull * (sj_i128)10000000000000000000ull - 1;
+    *err_index = -1;
+    for (int64_t i = 0; i < n; i++) {
+        sj_i128 v = wide ? load_i128(values + 2 * i) : (sj_i128)values[i];
+        sj_i128 sum;
+        if (v <= limit && v >= -limit) {
+            sum = load_i128(sums + 2 * slots[i]) + v;
+            if (sum <= limit && sum >= -limit) {
+                store_i128(sums + 2 * slots[i], sum);
+                continue;
+            }
+        }
+        for (int64_t j = i - 1; j >= 0; j--) {
+            sj_i128 u = wide ? load_i128(values + 2 * j) : (sj_i128)values[j];
+            store_i128(sums + 2 * slots[j], load_i128(sums + 2 * slots[j]) - u);
+        }
+        *err_index = i;
+        return SJ_ERANGE;
+    }
+    return SJ_OK;
+}
+
 void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,
                        int64_t *count) {
     int64_t k = 0;

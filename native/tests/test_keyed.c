@@ -69,6 +69,30 @@ int main(void) {
     sj_agg_min(fslots, fvals, 4, fmins);
     sj_agg_max(fslots, fvals, 4, fmaxs);
     CHECK(isnan(fmins[0]) && isnan(fmins[1]) && isnan(fmaxs[0]) && isnan(fmaxs[1]), "NaN kept");
+    /* first and last in row order; first only where not seen */
+    int64_t fl_slots[] = {1, 0, 1, 0}, fl_vals[] = {10, 20, 30, 40};
+    int64_t firsts[2] = {0, 0}, lasts[2] = {0, 0};
+    uint8_t seen[2] = {0, 1};
+    sj_agg_first_i64(fl_slots, fl_vals, 4, firsts, seen);
+    sj_agg_last_i64(fl_slots, fl_vals, 4, lasts);
+    CHECK(firsts[0] == 20 && firsts[1] == 0 && seen[0] == 1, "first i64 (slot 1 seen before)");
+    CHECK(lasts[0] == 40 && lasts[1] == 30, "last i64");
+    double dfirst[2] = {0, 0}, dlast[2] = {0, 0};
+    uint8_t dseen[2] = {0, 0};
+    sj_agg_first(fslots, fvals, 4, dfirst, dseen);
+    sj_agg_last(fslots, fvals, 4, dlast);
+    CHECK(dfirst[0] == 1.0 && isnan(dfirst[1]) && isnan(dlast[0]) && dlast[1] == 2.0, "first/last");
+    /* 128-bit sums: exact past int64, all or nothing at +-(10^38 - 1) */
+    int64_t wsums[4] = {0, 0, 0, 0}, wslots[] = {0, 0, 1}, wvals[] = {INT64_MAX, INT64_MAX, -1};
+    CHECK(sj_agg_sum_i128(wslots, wvals, 0, 3, wsums, &err) == SJ_OK, "sum i128");
+    CHECK((uint64_t)wsums[0] == UINT64_MAX - 1 && wsums[1] == 0, "2 * INT64_MAX");
+    CHECK(wsums[2] == -1 && wsums[3] == -1, "-1 sign-extended");
+    /* 10^38 - 1 = 0x4b3b4ca85a86c47a098a223fffffffff */
+    int64_t big[] = {(int64_t)0x098a223fffffffffull, (int64_t)0x4b3b4ca85a86c47aull, 1, 0};
+    int64_t bslots[] = {1, 1}, bsums[4] = {0, 0, 0, 0};
+    CHECK(sj_agg_sum_i128(bslots, big, 1, 1, bsums, &err) == SJ_OK, "10^38 - 1 fits");
+    CHECK(sj_agg_sum_i128(bslots, big + 2, 1, 1, bsums, &err) == SJ_ERANGE && err == 0, "10^38");
+    CHECK(bsums[2] == big[0] && bsums[3] == big[1], "sum left as it was");
     free(counts); free(sums); free(vals); free(marks); free(distinct);
     printf("%s: keyed, %d failed\n", failures ? "FAIL" : "ok", failures);
     return failures != 0;

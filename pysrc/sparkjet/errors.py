@@ -41,6 +41,21 @@ class KeyRangeError(SparkjetError, ValueError):
         self.index = index
 
 
+class AggregateOverflowError(InvalidArgumentError):
+    """An exact integer aggregate left the type that holds it: a ``sum`` past int64 (with
+    ``aggregate(..., overflow="fail")``, the default) or past decimal128(38, 0). The message
+    names the stage, the column and the key; ``index`` is the input row that overflowed
+    (-1 when not known), ``column`` and ``key`` (a dict of key columns to values, or None
+    when not known) say where."""
+
+    def __init__(self, message: str, index: int = -1, column: str | None = None,
+                 key: dict | None = None):
+        super().__init__(message)
+        self.index = index
+        self.column = column
+        self.key = key
+
+
 class CorruptDataError(SparkjetError, ValueError):
     """Input bytes fail a structural check: an Arrow offset outside its buffer, a bad
     length, a failed checksum. ``index`` names the offending item where known, else -1."""

@@ -47,6 +47,24 @@ sj_status sj_agg_sum_i64(const int64_t *slots, const int64_t *values, int64_t n,
 void sj_agg_min_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *mins);
 void sj_agg_max_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *maxs);
 
+/* First and last values in row order. sj_agg_first* takes a value only for a slot whose
+ * seen byte is 0, and sets it to 1; sj_agg_last* always takes it. The caller leaves out
+ * the rows that are null. */
+void sj_agg_first(const int64_t *slots, const double *values, int64_t n, double *firsts,
+                  uint8_t *seen);
+void sj_agg_last(const int64_t *slots, const double *values, int64_t n, double *lasts);
+void sj_agg_first_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *firsts,
+                      uint8_t *seen);
+void sj_agg_last_i64(const int64_t *slots, const int64_t *values, int64_t n, int64_t *lasts);
+
+/* Exact sums wider than int64: sums holds two int64 per slot, the low 64 bits then the
+ * high 64 bits of a two's-complement 128-bit integer (Arrow's decimal128 layout on a
+ * little-endian machine). values holds one int64 per row (wide = 0) or two, in the same
+ * layout (wide = 1). A sum is kept within +-(10^38 - 1), what decimal128(38, 0) holds:
+ * SJ_ERANGE (*err_index = the row) past it, with sums as they were before the call. */
+sj_status sj_agg_sum_i128(const int64_t *slots, const int64_t *values, int wide, int64_t n,
+                          int64_t *sums, int64_t *err_index);
+
 /* The distinct slots of slots[0..n) in first-appearance order into out
  * (*count of them). marks has one byte per slot, all 0 on entry and on return. */
 void sj_distinct_slots(const int64_t *slots, int64_t n, uint8_t *marks, int64_t *out,

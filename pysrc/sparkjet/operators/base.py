@@ -109,5 +109,8 @@ class Operator:
     #: The key column(s) the snapshot table is partitioned by (None: one group).
     state_key: str | list | None = None
 
+    #: The vertex's name, for errors about the data (set by the processor that runs it).
+    name: str = ""
+
 
 __all__ = ["ORDINAL", "Operator", "OperatorStage"]

@@ -4,10 +4,12 @@ Each batch updates the state of its keys and returns one row per key it touched,
 key's aggregates after the batch (an *update*, as Jet's rolling aggregation emits). A single
 integer key goes through a native hash map (key -> dense slot); other keys (strings, binary,
 several columns) through the native group map of :mod:`sparkjet.operators.groups`; the aggregates
-through C kernels. Values are
-aggregated as float64 (count as int64). The state snapshots to, and restores from, an Arrow
-table keyed by the key column, so it can be split by partition and restored at any
-parallelism.
+through C kernels. Integer columns are aggregated exactly (``sum`` in int64, overflow
+reported, or in decimal128 with ``overflow="decimal"``), and ``min``, ``max``, ``first`` and
+``last`` keep the type of integer, timestamp and duration columns; other columns are
+aggregated as float64 (:mod:`sparkjet.operators.values` has the rules); ``count`` is int64.
+The state snapshots to, and restores from, an Arrow table keyed by the key column, so it can
+be split by partition and restored at any parallelism.
 """
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ from sparkjet._keys import refuse_nulls
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.base import Operator, OperatorStage
 from sparkjet.operators.groups import Groups
+from sparkjet.operators.values import ValueColumns, check_overflow
 
-OPERATIONS = ("count", "sum", "min", "max", "mean")
+OPERATIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 
 
 def parse_aggregations(spec: dict) -> dict[str, tuple[str, str | None]]:
-    """{output name: "count" | (operation, value column)} -> {name: (operation, column)}."""
+    """{output name: "count" | (operation, value column)} -> {name: (operation, column)}.
+    The operations are ``count``, ``sum``, ``min``, ``max``, ``mean``, ``first`` and
+    ``last`` (:mod:`sparkjet.operators.values` says what each gives for each column type)."""
     if not spec:
         raise InvalidArgumentError("aggregate() needs at least one aggregation, e.g. count='count'")
     out = {}
@@ -56,17 +61,16 @@ class KeyedAggregator:
     [{'k': 1, 'n': 2, 'total': 4.0}, {'k': 2, 'n': 1, 'total': 2.0}]
     """
 
-    def __init__(self, key: str | list[str], aggregations: dict, *, expected_keys: int = 0):
+    def __init__(self, key: str | list[str], aggregations: dict, *, expected_keys: int = 0,
+                 overflow: str = "fail", stage: str = "aggregate"):
         if isinstance(key, (list, tuple)) and len(key) == 1:
             key = key[0]
         self.key = key
         self._groups = None          # composite keys: a native group map
         self.aggregations = parse_aggregations(aggregations)
-        self._columns = sorted({c for _, c in self.aggregations.values() if c is not None})
-        self._ops = {c: sorted({op for op, col in self.aggregations.values() if col == c}
-                               | ({"sum"} if any(op == "mean" and col == c for op, col in
-                                                 self.aggregations.values()) else set()))
-                     for c in self._columns}
+        self.values = ValueColumns(self.aggregations, overflow, stage)
+        self._columns = self.values.columns
+        self._seen: dict[str, np.ndarray] = {}     # column -> has a first value, by slot
         self._key_type: pa.DataType | None = None
         self._map = None            # native KeyMap for integer keys
         self._size = 0
@@ -87,26 +91,47 @@ class KeyedAggregator:
 
     def update(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Adds a batch's rows; returns the touched keys' aggregates after it."""
-        if isinstance(self.key, list):
-            if batch.num_rows == 0:
+        for c in self._columns:
+            if c not in batch.schema.names:
+                raise InvalidArgumentError(f"stage {self.values.stage!r}: aggregated column "
+                                           f"{c!r} is not in the stream; it has "
+                                           f"{batch.schema.names}")
+        if batch.num_rows == 0:
+            self.values.lock_schema(batch.schema)
+            if isinstance(self.key, list):
                 return self._output(np.zeros(0, np.int64), batch)
+            return self._empty_output(batch.schema.field(self.key).type)
+        columns = {c: self.values.values(batch.column(c), c) for c in self._columns}
+        if isinstance(self.key, list):
             slots = self._group_slots(batch)
         else:
-            if batch.num_rows == 0:
-                return self._empty_output(batch.schema.field(self.key).type)
             slots = self._slots(batch.column(self.key))
+        self._arrays()
         _native.agg_count(slots, self._counts)
-        for c in self._columns:
-            values, valid = float_column(batch.column(c), c)
-            for op in self._ops[c]:
-                if op in ("sum", "min", "max"):
-                    kernel = getattr(_native, f"agg_{op}")
-                    kernel(slots, for_operation(values, valid, op), self._state[(op, c)])
+        for c, (values, valid) in columns.items():
+            self.values.add_rows(c, slots, values, valid, self._state, self._seen,
+                                 lambda i: self._row_key(batch, i))
             if valid is not None:
                 _native.agg_count(np.ascontiguousarray(slots[~valid]), self._nulls_of(c))
         touched = np.empty(len(slots), np.int64)
         count = _native.distinct_slots(slots, self._marks, touched)
         return self._output(touched[:count])
+
+    def _row_key(self, batch, i: int) -> dict:
+        keys = self.key if isinstance(self.key, list) else [self.key]
+        return {k: batch.column(k)[i].as_py() for k in keys}
+
+    def _slot_key(self, slot: int) -> dict:
+        keys = self._key_columns(np.array([slot], np.int64))
+        return {k: v[0].as_py() for k, v in keys.items()}
+
+    def _arrays(self) -> None:
+        """The state arrays of columns whose kind became known, at the capacity."""
+        for op, c in self.values.keys():
+            if (op, c) not in self._state:
+                self._state[(op, c)] = self.values.new_array(op, c, self._capacity)
+            if op == "first" and c not in self._seen:
+                self._seen[c] = np.zeros(self._capacity, np.uint8)
 
     def _group_slots(self, table) -> np.ndarray:
         if self._groups is None:
@@ -154,12 +179,10 @@ class KeyedAggregator:
         capacity = max(size, 2 * self._capacity, 1024)
         self._counts = _resized(self._counts, capacity, 0)
         self._marks = _resized(self._marks, capacity, 0)
-        for c in self._columns:
-            for op in self._ops[c]:
-                if op in ("sum", "min", "max"):
-                    fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[op]
-                    arr = self._state.get((op, c), np.zeros(0, np.float64))
-                    self._state[(op, c)] = _resized(arr, capacity, fill)
+        for (op, c), arr in self._state.items():
+            self._state[(op, c)] = self.values.resized(arr, op, c, capacity)
+        for c, arr in self._seen.items():
+            self._seen[c] = _resized(arr, capacity, 0)
         for c, arr in self._nulls.items():
             self._nulls[c] = _resized(arr, capacity, 0)
         self._capacity = capacity
@@ -176,8 +199,8 @@ class KeyedAggregator:
 
     def _empty_output(self, key_type: pa.DataType) -> pa.RecordBatch:
         fields = [pa.field(self.key, self._key_type or key_type)]
-        fields += [pa.field(name, pa.int64() if op == "count" else pa.float64())
-                   for name, (op, _) in self.aggregations.items()]
+        fields += [pa.field(name, self.values.output_type(op, c))
+                   for name, (op, c) in self.aggregations.items()]
         return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in fields],
                                           schema=pa.schema(fields))
 
@@ -195,11 +218,12 @@ class KeyedAggregator:
         for name, (op, c) in self.aggregations.items():
             if op == "count":
                 columns[name] = pa.array(self._counts[slots])
+            elif (state := self._state.get(("sum" if op == "mean" else op, c))) is None:
+                columns[name] = pa.array([], self.values.output_type(op, c))
             else:
                 nulls = self._nulls.get(c)
-                columns[name] = aggregate_column(
-                    op, self._state[("sum" if op == "mean" else op, c)][slots], self._counts[slots],
-                    None if nulls is None else nulls[slots])
+                columns[name] = self.values.output(op, c, state[slots], self._counts[slots],
+                                                   None if nulls is None else nulls[slots])
         return pa.RecordBatch.from_pydict(columns)
 
     def snapshot(self) -> pa.Table:
@@ -212,9 +236,12 @@ class KeyedAggregator:
         else:
             columns = {self.key: self._keys(slots) if self._key_type is not None
                        else pa.array([], pa.int64())}
-        columns["__count"] = pa.array(self._counts[: self._size])
+        counts = self._counts[: self._size]
+        columns["__count"] = pa.array(counts)
         for (op, c), arr in sorted(self._state.items()):
-            columns[f"__{op}__{c}"] = pa.array(arr[: self._size])
+            nulls = self._nulls.get(c)
+            columns[f"__{op}__{c}"] = self.values.snapshot_column(
+                op, c, arr[: self._size], None if nulls is None else counts > nulls[: self._size])
         for c, arr in sorted(self._nulls.items()):
             columns[f"__nulls__{c}"] = pa.array(arr[: self._size])
         return pa.table(columns)
@@ -223,30 +250,31 @@ class KeyedAggregator:
         """Adds a snapshot's state (of some partitions) to this (usually empty) state."""
         if table is None or table.num_rows == 0:
             return
+        for c in self._columns:
+            for op in self.values.ops[c]:
+                if f"__{op}__{c}" not in table.column_names:
+                    raise InvalidArgumentError(f"snapshot state lacks column {f'__{op}__{c}'!r}")
+        self.values.adopt(table)
         if isinstance(self.key, list):
             slots = self._group_slots(table.select(self.key))
         else:
             slots = self._slots(table.column(self.key).combine_chunks())
-        counts = table.column("__count").to_numpy()
-        np.add.at(self._counts, slots, counts)
-        for (op, c), arr in self._state.items():
-            name = f"__{op}__{c}"
-            if name not in table.column_names:
-                raise InvalidArgumentError(f"snapshot state lacks column {name!r}")
-            values = table.column(name).to_numpy()
-            if op == "sum":
-                np.add.at(arr, slots, values)
-            elif op == "min":
-                np.minimum.at(arr, slots, values)
-            else:
-                np.maximum.at(arr, slots, values)
+        self._arrays()
+        counts = np.ascontiguousarray(table.column("__count").to_numpy())
+        nulls = {}
         for name in table.column_names:
             if name.startswith("__nulls__"):
-                np.add.at(self._nulls_of(name[len("__nulls__"):]), slots,
-                          table.column(name).to_numpy())
-
-
-_FILL = {"sum": 0.0, "min": np.inf, "max": -np.inf}
+                nulls[name[len("__nulls__"):]] = np.ascontiguousarray(
+                    table.column(name).to_numpy())
+        for c in self._columns:
+            other = {(op, c): self.values.restored(op, c, table.column(f"__{op}__{c}"))
+                     for op in self.values.ops[c]}
+            present = None if c not in nulls else counts > nulls[c]
+            self.values.combine(c, slots, other, present, len(slots), self._state, self._seen,
+                                self._slot_key)
+        _native.agg_sum_i64(slots, counts, self._counts)
+        for c, n in nulls.items():
+            _native.agg_sum_i64(slots, n, self._nulls_of(c))
 
 
 @dataclass(frozen=True)
@@ -255,10 +283,14 @@ class AggregateStage(OperatorStage):
 
     keys: tuple[str, ...] = field()  # (field(): no default, unlike OperatorStage.keys)
     aggregations: dict
+    overflow: str = "fail"           # an integer sum past int64: "fail" or "decimal"
     kind = "aggregate"
 
     def fingerprint(self) -> dict:
-        return {"keys": list(self.keys), "aggregations": describe_aggregations(self.aggregations)}
+        out = {"keys": list(self.keys), "aggregations": describe_aggregations(self.aggregations)}
+        if self.overflow != "fail":      # (absent by default: older fingerprints stay equal)
+            out["overflow"] = self.overflow
+        return out
 
     def make_operator(self, time_column: str | None) -> Operator:
         return RollingAggregate(self)
@@ -269,8 +301,17 @@ class RollingAggregate(Operator):
     """One processor's rolling aggregates: each batch updates its keys and emits them."""
 
     def __init__(self, stage: AggregateStage):
-        self._agg = KeyedAggregator(stage.key, stage.aggregations)
+        self._agg = KeyedAggregator(stage.key, stage.aggregations, overflow=stage.overflow,
+                                    stage=stage.kind)
         self.state_key = stage.key
+
+    @property
+    def name(self) -> str:
+        return self._agg.values.stage
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self._agg.values.stage = name
 
     def process(self, batch):
         return [self._agg.update(batch)], None
@@ -293,43 +334,6 @@ def describe_aggregations(aggregations: dict) -> dict:
         else:                                   # a UserAggregation
             out[name] = ["user", list(spec.columns)]
     return out
-
-
-def float_column(column, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """An aggregated column as float64 values, and the mask of its valid rows when it has
-    nulls (None when it has none). Nulls are skipped, as SQL skips them: they count for
-    ``count`` (every row) but not for sum, min, max or mean, which are null for a group
-    whose values are all null. NaN is a value: it makes sum, mean, min and max NaN."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    try:
-        values = column.cast(pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise InvalidArgumentError(f"aggregated column {name!r} is not numeric: {e}") from None
-    if not values.null_count:
-        return np.ascontiguousarray(values.to_numpy(zero_copy_only=False)), None
-    valid = values.is_valid().to_numpy(zero_copy_only=False)
-    return np.ascontiguousarray(values.fill_null(0.0).to_numpy()), valid
-
-
-def for_operation(values: np.ndarray, valid: np.ndarray | None, op: str) -> np.ndarray:
-    """``values`` with the null rows set to what leaves ``op``'s aggregate unchanged."""
-    if valid is None or op == "sum":      # float_column filled nulls with 0
-        return values
-    return np.where(valid, values, _FILL[op])
-
-
-def aggregate_column(op: str, values: np.ndarray, counts: np.ndarray,
-                     nulls: np.ndarray | None) -> pa.Array:
-    """The output of ``op`` ("sum", "min", "max" or "mean", whose ``values`` are sums) for
-    groups of ``counts`` rows of which ``nulls`` were null: null where all were."""
-    if nulls is None:
-        return pa.array(values / counts if op == "mean" else values)
-    present = counts - nulls
-    empty = present == 0
-    if op == "mean":
-        values = values / np.where(empty, 1, present)
-    return pa.array(values, mask=empty)
 
 
 def _resized(arr: np.ndarray, capacity: int, fill) -> np.ndarray:

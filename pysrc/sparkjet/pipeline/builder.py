@@ -37,6 +37,7 @@ from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.dedup import DeduplicateStage
 from sparkjet.operators.interval_join import interval_join_stage
 from sparkjet.operators.rolling import AggregateStage, parse_aggregations
+from sparkjet.operators.values import check_overflow
 from sparkjet.operators.stateful import PER_ROW_STATE, keyed_state_stage, per_row
 from sparkjet.operators.table_join import (
     TableJoinStage,
@@ -270,11 +271,17 @@ class GroupBy:
     def key(self) -> str:
         return self.keys[0]
 
-    def aggregate(self, **aggregations) -> Pipeline:
+    def aggregate(self, *, overflow: str = "fail", **aggregations) -> Pipeline:
         """Rolling aggregation emitting, per batch, the updated aggregates of the keys it
-        touched: ``aggregate(n="count", total=("sum", "v"), avg=("mean", "v"))``."""
+        touched: ``aggregate(n="count", total=("sum", "v"), avg=("mean", "v"))``.
+        Operations: count, sum, min, max, mean, first, last. An integer column's sum is
+        exact int64; ``overflow`` says what a sum past int64 does: ``"fail"`` (the job fails
+        naming the stage, column and key) or ``"decimal"`` (every integer sum of the stage
+        is a decimal128(38, 0)). min, max, first and last keep the type of integer,
+        timestamp and duration columns."""
         parse_aggregations(aggregations)
-        return self.pipeline._add(AggregateStage(self.keys, dict(aggregations)))
+        check_overflow(overflow)
+        return self.pipeline._add(AggregateStage(self.keys, dict(aggregations), overflow))
 
     def count(self) -> Pipeline:
         return self.aggregate(count="count")
@@ -332,7 +339,7 @@ class Windowed:
     window: object
 
     def aggregate(self, *, early_results=None, allowed_lateness=0, late_events: Sink | None = None,
-                  **aggregations) -> Pipeline:
+                  overflow: str = "fail", **aggregations) -> Pipeline:
         """Aggregates each window and key; a row per window and key when the watermark
         passes the window's end, with ``window_start`` and ``window_end``.
 
@@ -342,8 +349,11 @@ class Windowed:
             late events; each one updates it and emits a correction.
         :param late_events: a sink for events later than that (counted in the job's
             metrics either way; never dropped silently).
+        :param overflow: an integer sum past int64: ``"fail"`` or ``"decimal"`` (as for
+            :meth:`GroupBy.aggregate`).
         """
         parse_window_aggregations(aggregations)
+        check_overflow(overflow)
         taken = {"window_start", "window_end", "early"} & (set(self.keys) | set(aggregations))
         if taken:
             raise InvalidArgumentError(f"{sorted(taken)}: these names are taken by the "
@@ -355,7 +365,8 @@ class Windowed:
                                        f"{type(late_events).__name__}")
         head = self.pipeline._stream("aggregate")
 
-        stage = WindowStage(self.keys, self.window, dict(aggregations), early, lateness, late_events)
+        stage = WindowStage(self.keys, self.window, dict(aggregations), early, lateness,
+                            late_events, overflow)
         return Pipeline(Node(stage, (head,)))
 
     def count(self) -> Pipeline:

@@ -288,6 +288,7 @@ class KeyedProcessor(Processor):
         m = self.member
         v = self.vertex
         op = v.stage.make_operator(v.time_column)
+        op.name = v.name
         op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
         if self.restored_broadcast is not None:
             op.restore_broadcast(self.restored_broadcast)

@@ -150,7 +150,7 @@ def user_aggregation(columns, accumulate, combine, finish) -> UserAggregation:
     return UserAggregation(columns, accumulate, combine, finish)
 
 
-WINDOW_OPERATIONS = ("count", "sum", "min", "max", "mean")
+WINDOW_OPERATIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 
 
 def parse_window_aggregations(spec: dict) -> dict:

@@ -57,14 +57,18 @@ class WindowStage(OperatorStage):
     early_results: float | None      # seconds between early (speculative) results, or None
     allowed_lateness: object         # int (the event time's unit) or timedelta
     late: Sink | None                # the side output of too-late events, or None
+    overflow: str = "fail"           # an integer sum past int64: "fail" or "decimal"
     kind = "window"
     event_time = True
     output_time = WINDOW_TIME
 
     def fingerprint(self) -> dict:
-        return {"keys": list(self.keys),
-                "aggregations": describe_aggregations(self.aggregations),
-                "window": self.window.describe()}
+        out = {"keys": list(self.keys),
+               "aggregations": describe_aggregations(self.aggregations),
+               "window": self.window.describe()}
+        if self.overflow != "fail":      # (absent by default: older fingerprints stay equal)
+            out["overflow"] = self.overflow
+        return out
 
     def make_operator(self, time_column: str | None) -> Operator:
         return WindowOperator(self, time_column)
@@ -78,7 +82,7 @@ class WindowOperator(Operator):
         self.stage = stage
         self.keys = tuple(stage.keys)
         self.time_column = time_column
-        self.layout = Layout(stage.aggregations)
+        self.layout = Layout(stage.aggregations, stage.overflow, stage.kind)
         self.state_key = stage.key if self.keys else None
         self.definition = stage.window
         self._resolved = False
@@ -94,6 +98,14 @@ class WindowOperator(Operator):
         else:
             self.panes: dict[int, Pane] = {}
             self._early_dirty: dict[int, set] = {}
+
+    @property
+    def name(self) -> str:
+        return self.layout.value_columns.stage
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self.layout.value_columns.stage = name
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -277,7 +289,7 @@ class WindowOperator(Operator):
                     into = merged.groups.slots(pane.groups.keys(np.arange(pane.size, dtype=np.int64)))
                     merged.size = len(merged.groups)
                 merged.partials.grow(merged.size)
-                merged.partials.add_partials(into, pane.partials, pane.size)
+                merged.partials.add_partials(into, pane.partials, pane.size, merged.key_of_slot)
             partials, size, keys_of = merged.partials, merged.size, merged.key_table
             slots = np.arange(size, dtype=np.int64)
             if only is not None and merged.groups is not None:

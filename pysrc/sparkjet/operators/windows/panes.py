@@ -1,12 +1,15 @@
 """Panes and their partial aggregates, shared by tumbling, sliding and session windows.
 
 A :class:`Pane` holds the keys of one slice of event time (:class:`~sparkjet.operators.groups.Groups`
-maps them to dense slots) and their :class:`Partials`: counts, float64 sums, minima and
-maxima per (operation, column), and the partial tables of user aggregations. A
-:class:`Layout` says which of those arrays the window's aggregations need and turns partials
-into output columns.
+maps them to dense slots) and their :class:`Partials`: counts, and per (operation, column)
+an array of sums, minima, maxima, first or last values (float64, int64 or 128-bit sums, by
+the column's kind: :mod:`sparkjet.operators.values`), and the partial tables of user
+aggregations. A :class:`Layout` says which of those arrays the window's aggregations need and
+turns partials into output columns.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -14,23 +17,22 @@ import pyarrow as pa
 from sparkjet import _native
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.groups import Groups
-from sparkjet.operators.rolling import aggregate_column, float_column, for_operation
+from sparkjet.operators.values import ValueColumns
 from sparkjet.operators.windows.definitions import parse_window_aggregations
-
-_FILL = {"sum": 0.0, "min": np.inf, "max": -np.inf}
 
 
 class Partials:
     """Per-slot partial aggregates of one pane or window: counts, and for each (operation,
-    column) a float64 array; user aggregations keep (slots, partial table) pieces."""
+    column) an array; user aggregations keep (slots, partial table) pieces."""
 
     def __init__(self, layout):
         self.layout = layout
         self.capacity = 0
         self.counts = np.zeros(0, np.int64)
-        self.values = {k: np.zeros(0, np.float64) for k in layout.plain}
+        self.values: dict[tuple[str, str], np.ndarray] = {}   # made once the kind is known
+        self.seen: dict[str, np.ndarray] = {}                  # a first value, by slot
         # per aggregated column, its nulls by slot: made when the column first has one
-        # (aggregations skip nulls, as SQL does: see sparkjet.operators.rolling.float_column)
+        # (aggregations skip nulls, as SQL does: see sparkjet.operators.values)
         self.nulls: dict[str, np.ndarray] = {}
         self.user: dict[str, list] = {name: [] for name in layout.user}
 
@@ -40,6 +42,21 @@ class Partials:
             arr = self.nulls[column] = np.zeros(self.capacity, np.int64)
         return arr
 
+    def _arrays(self) -> None:
+        """The arrays of the columns whose kind became known, at the capacity."""
+        vc = self.layout.value_columns
+        for op, c in vc.keys():
+            if (op, c) not in self.values:
+                self.values[(op, c)] = vc.new_array(op, c, self.capacity)
+            if op == "first" and c not in self.seen:
+                self.seen[c] = np.zeros(self.capacity, np.uint8)
+
+    def present(self, column: str, size: int) -> np.ndarray | None:
+        """Which of the first ``size`` slots have a value of ``column`` (None: all that
+        have rows)."""
+        nulls = self.nulls.get(column)
+        return None if nulls is None else self.counts[:size] > nulls[:size]
+
     def grow(self, size: int) -> None:
         if size <= self.capacity:
             return
@@ -47,10 +64,13 @@ class Partials:
         counts = np.zeros(capacity, np.int64)
         counts[: self.capacity] = self.counts[: self.capacity]
         self.counts = counts
+        vc = self.layout.value_columns
         for (op, c), arr in self.values.items():
-            out = np.full(capacity, _FILL[op], np.float64)
+            self.values[(op, c)] = vc.resized(arr, op, c, capacity)
+        for c, arr in self.seen.items():
+            out = np.zeros(capacity, np.uint8)
             out[: self.capacity] = arr[: self.capacity]
-            self.values[(op, c)] = out
+            self.seen[c] = out
         for c, arr in self.nulls.items():
             out = np.zeros(capacity, np.int64)
             out[: self.capacity] = arr[: self.capacity]
@@ -62,9 +82,12 @@ class Partials:
         out = Partials(self.layout)
         n = len(idx)
         out.grow(n)
+        out._arrays()
         out.counts[:n] = self.counts[idx]
         for key, arr in self.values.items():
             out.values[key][:n] = arr[idx]
+        for c, arr in self.seen.items():
+            out.seen[c][:n] = arr[idx]
         for c, arr in self.nulls.items():
             out._nulls_of(c)[:n] = arr[idx]
         if self.user:
@@ -78,14 +101,14 @@ class Partials:
                         out.user[name].append((new[keep], table.filter(pa.array(keep))))
         return out
 
-    def add_rows(self, slots: np.ndarray, batch: pa.RecordBatch) -> None:
+    def add_rows(self, slots: np.ndarray, batch: pa.RecordBatch,
+                 key_of_row: Callable[[int], dict] | None = None) -> None:
+        vc = self.layout.value_columns
+        columns = {c: self.layout.column_values(batch, c) for c in vc.columns}
+        self._arrays()
         _native.agg_count(slots, self.counts)
-        for (op, c), arr in self.values.items():
-            values, valid = self.layout.floats(batch, c)
-            kernel = getattr(_native, f"agg_{op}")
-            kernel(slots, for_operation(values, valid, op), arr)
-        for c in self.layout.value_columns:
-            values, valid = self.layout.floats(batch, c)
+        for c, (values, valid) in columns.items():
+            vc.add_rows(c, slots, values, valid, self.values, self.seen, key_of_row)
             if valid is not None:
                 _native.agg_count(np.ascontiguousarray(slots[~valid]), self._nulls_of(c))
         for name, udaf in self.layout.user.items():
@@ -95,12 +118,16 @@ class Partials:
                              name, "accumulate", len(touched))
             self.user[name].append((touched, partial))
 
-    def add_partials(self, slots: np.ndarray, other: Partials, size: int) -> None:
+    def add_partials(self, slots: np.ndarray, other: Partials, size: int,
+                     key_of_slot: Callable[[int], dict] | None = None) -> None:
         """Adds ``other``'s first ``size`` slots into this one's ``slots``."""
+        vc = self.layout.value_columns
+        self._arrays()
+        for c in vc.columns:
+            if c in vc.kinds and (vc.ops[c][0], c) in other.values:
+                vc.combine(c, slots, other.values, other.present(c, size), size, self.values,
+                           self.seen, key_of_slot)
         _native.agg_sum_i64(slots, other.counts[:size], self.counts)
-        for (op, c), arr in self.values.items():
-            kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
-            kernel(slots, other.values[(op, c)][:size], arr)
         for c, arr in other.nulls.items():
             _native.agg_sum_i64(slots, arr[:size], self._nulls_of(c))
         for name in self.user:
@@ -110,23 +137,34 @@ class Partials:
     def snapshot_columns(self, size: int) -> dict:
         """The first ``size`` slots' counts and values, as snapshot columns."""
         cols = {"__count": pa.array(self.counts[:size])}
-        for (op, c), arr in self.values.items():
-            cols[f"__{op}__{c}"] = pa.array(arr[:size])
+        vc = self.layout.value_columns
+        for (op, c), arr in sorted(self.values.items()):
+            cols[f"__{op}__{c}"] = vc.snapshot_column(op, c, arr[:size], self.present(c, size))
         for c, arr in self.nulls.items():
             cols[f"__nulls__{c}"] = pa.array(arr[:size])
         return cols
 
     def restore_columns(self, slots: np.ndarray, table) -> None:
         """Adds a snapshot's counts and values (rows of ``table``) into ``slots``."""
-        _native.agg_sum_i64(slots, np.ascontiguousarray(table.column("__count").to_numpy()),
-                            self.counts)
-        for (op, c), arr in self.values.items():
-            kernel = getattr(_native, "agg_sum" if op == "sum" else f"agg_{op}")
-            kernel(slots, np.ascontiguousarray(table.column(f"__{op}__{c}").to_numpy()), arr)
-        for name in table.column_names:
-            if name.startswith("__nulls__"):
-                _native.agg_sum_i64(slots, np.ascontiguousarray(table.column(name).to_numpy()),
-                                    self._nulls_of(name[len("__nulls__"):]))
+        vc = self.layout.value_columns
+        for c in vc.columns:
+            for op in vc.ops[c]:
+                if f"__{op}__{c}" not in table.column_names:
+                    raise InvalidArgumentError(f"snapshot state lacks column "
+                                               f"{f'__{op}__{c}'!r}")
+        vc.adopt(table)
+        self._arrays()
+        counts = np.ascontiguousarray(table.column("__count").to_numpy())
+        nulls = {name[len("__nulls__"):]: np.ascontiguousarray(table.column(name).to_numpy())
+                 for name in table.column_names if name.startswith("__nulls__")}
+        for c in vc.columns:
+            other = {(op, c): vc.restored(op, c, table.column(f"__{op}__{c}"))
+                     for op in vc.ops[c]}
+            vc.combine(c, slots, other, counts > nulls[c] if c in nulls else None, len(slots),
+                       self.values, self.seen, None)
+        _native.agg_sum_i64(slots, counts, self.counts)
+        for c, n in nulls.items():
+            _native.agg_sum_i64(slots, n, self._nulls_of(c))
 
     def user_state(self, name: str, udaf, size: int) -> pa.Table:
         """The combined partial state of slots ``0..size-1`` (each slot has rows)."""
@@ -177,37 +215,32 @@ def _user_table(out, name: str, fn: str, rows: int) -> pa.Table:
 class Layout:
     """Which arrays the aggregations need, and how output columns are computed."""
 
-    def __init__(self, aggregations: dict):
+    def __init__(self, aggregations: dict, overflow: str = "fail", stage: str = "window"):
         self.aggregations = parse_window_aggregations(aggregations)
-        plain = set()
-        self.user = {}
-        for name, (op, c) in self.aggregations.items():
-            if op == "user":
-                self.user[name] = c
-            elif op in ("sum", "min", "max"):
-                plain.add((op, c))
-            elif op == "mean":
-                plain.add(("sum", c))
-        self.plain = sorted(plain)
-        self.value_columns = sorted({c for _, c in plain})
-        self._float_cache: tuple | None = None
+        self.user = {name: c for name, (op, c) in self.aggregations.items() if op == "user"}
+        plain = {name: spec for name, spec in self.aggregations.items() if spec[0] != "user"}
+        self.value_columns = ValueColumns(plain, overflow, stage)
+        self._cache: tuple | None = None
 
-    def floats(self, batch: pa.RecordBatch, column: str) -> np.ndarray:
-        if self._float_cache is not None and self._float_cache[0] is batch \
-                and column in self._float_cache[1]:
-            return self._float_cache[1][column]
+    def column_values(self, batch: pa.RecordBatch, column: str):
+        """``column`` of ``batch`` as :meth:`ValueColumns.values` gives it (cached for the
+        batch: several panes' rows come from one)."""
+        if self._cache is not None and self._cache[0] is batch and column in self._cache[1]:
+            return self._cache[1][column]
         if column not in batch.schema.names:
-            raise InvalidArgumentError(f"aggregated column {column!r} is not in the stream; "
-                                       f"it has {batch.schema.names}")
-        values = float_column(batch.column(column), column)
-        if self._float_cache is None or self._float_cache[0] is not batch:
-            self._float_cache = (batch, {})
-        self._float_cache[1][column] = values
+            raise InvalidArgumentError(f"stage {self.value_columns.stage!r}: aggregated column "
+                                       f"{column!r} is not in the stream; it has "
+                                       f"{batch.schema.names}")
+        values = self.value_columns.values(batch.column(column), column)
+        if self._cache is None or self._cache[0] is not batch:
+            self._cache = (batch, {})
+        self._cache[1][column] = values
         return values
 
     def columns(self, partials: Partials, slots: np.ndarray) -> dict:
         out = {}
         counts = partials.counts[slots]
+        vc = self.value_columns
         for name, (op, c) in self.aggregations.items():
             if op == "count":
                 out[name] = pa.array(counts)
@@ -215,13 +248,14 @@ class Layout:
                 out[name] = partials.user_values(name, c, slots)
             else:
                 nulls = partials.nulls.get(c)
-                out[name] = aggregate_column(op, partials.values[("sum" if op == "mean" else op, c)][slots],
-                                             counts, None if nulls is None else nulls[slots])
+                out[name] = vc.output(op, c, partials.values[("sum" if op == "mean" else op, c)][slots],
+                                      counts, None if nulls is None else nulls[slots])
         return out
 
 
 class Pane:
     def __init__(self, keys: tuple[str, ...], layout: Layout):
+        self.keys = tuple(keys)
         self.groups = Groups(list(keys)) if keys else None
         self.partials = Partials(layout)
         self.size = 0
@@ -234,11 +268,21 @@ class Pane:
             slots = self.groups.slots(batch)
             self.size = len(self.groups)
         self.partials.grow(self.size)
-        self.partials.add_rows(slots, batch)
+        self.partials.add_rows(slots, batch, lambda i: _row_key(batch, self.keys, i))
         return slots
+
+    def key_of_slot(self, slot: int) -> dict | None:
+        if self.groups is None:
+            return None
+        return {k: v[0] for k, v in self.groups.keys(np.array([slot], np.int64)).to_pydict().items()}
 
     def key_table(self, slots: np.ndarray) -> pa.Table | None:
         return None if self.groups is None else self.groups.keys(slots)
+
+
+def _row_key(batch: pa.RecordBatch, keys, i: int) -> dict | None:
+    """Row ``i``'s key, for an error about it."""
+    return {k: batch.column(k)[i].as_py() for k in keys} if keys else None
 
 
 __all__ = ["Layout", "Pane", "Partials"]

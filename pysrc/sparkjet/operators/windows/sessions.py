@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from sparkjet import _native
 from sparkjet.operators.groups import Groups
-from sparkjet.operators.windows.panes import Partials
+from sparkjet.operators.windows.panes import Partials, _row_key
 
 
 class Sessions:
@@ -62,12 +62,14 @@ class Sessions:
         rows = batch.take(pa.array(order))
         fresh = Partials(op.layout)
         fresh.grow(k)
-        fresh.add_rows(sess, rows)
+        fresh.add_rows(sess, rows, lambda i: _row_key(rows, op.keys, i))
         firsts = np.flatnonzero(np.concatenate(([True], sess[1:] != sess[:-1])))
         lasts = np.concatenate((firsts[1:] - 1, [len(sess) - 1]))
         b_key, b_start, b_end = ids_s[firsts], ts_s[firsts], ts_s[lasts] + gap
         # The open sessions of the batch's keys merge with the batch's sessions.
         sel = np.flatnonzero(np.isin(self.key, np.unique(b_key)))
+        # (in the order they began: first and last combine in that order)
+        sel = sel[np.argsort(self.start[sel], kind="stable")]
         c_key = np.concatenate((self.key[sel], b_key))
         c_start = np.concatenate((self.start[sel], b_start))
         c_end = np.concatenate((self.end[sel], b_end))
@@ -78,13 +80,18 @@ class Sessions:
                                 np.ascontiguousarray(c_end[corder] - 1), merged)
         target = np.empty(len(corder), np.int64)
         target[corder] = merged
+        n_key = np.zeros(m, np.int64)
+        n_key[target] = c_key
         new = Partials(op.layout)
         new.grow(m)
         old = self.partials.take(sel)
-        new.add_partials(target[: len(sel)], old, len(sel))
-        new.add_partials(target[len(sel):], fresh, k)
-        n_key = np.zeros(m, np.int64)
-        n_key[target] = c_key
+
+        def key_of(session: int) -> dict | None:
+            return None if self.groups is None else {
+                k: v[0] for k, v in self.groups.keys(n_key[[session]]).to_pydict().items()}
+
+        new.add_partials(target[: len(sel)], old, len(sel), key_of)
+        new.add_partials(target[len(sel):], fresh, k, key_of)
         n_start = np.full(m, np.iinfo(np.int64).max, np.int64)
         np.minimum.at(n_start, target, c_start)
         n_end = np.full(m, np.iinfo(np.int64).min, np.int64)
