@@ -332,7 +332,7 @@ def test_a_table_that_returns_to_an_earlier_content_is_stored_again(tmp_path):
     again before the snapshot that records it can commit."""
     from sparkjet.operators.table_join import TableVersion, TableVersions
 
-    store = SnapshotStore(tmp_path, job_id=6)
+    store = SnapshotStore(tmp_path, job_id=6, retained=1)  # A's file goes at once
     store.register_execution(1)
     versions = TableVersions(store)
     a, b = TableVersion.of(reference("v1")), TableVersion.of(reference("v2"))
