@@ -8,28 +8,31 @@ directory about once a second: a SIGKILL loses what came after the last save, as
 that lost its tail. :func:`saved_copy` and :func:`lose_tail` make that loss exact (the
 file saved once it holds given offsets is put back after the kill).
 
-**A defect of noida-db 0.2.3** (``test_kafka_broker_defects.py``, marked
+**A defect of noida-db 0.2.3** (``tests/connectors/test_kafka_broker_defects.py``, marked
 ``broker_defect``): a ``read_committed`` fetch that *starts after* one of a producer's
 aborted transactions skips that producer's later committed records (the broker lists every
 aborted transaction of the partition in the fetch response, where Kafka lists only those
 whose last offset is at or after the fetch offset, so the client takes the later records for
-part of the aborted one). A fetch that starts before the abort marker, or that the marker
-ends, is right. So on this broker no test may rely on a ``read_committed`` read that starts,
-or continues in a new fetch, after an abort by a producer that commits again later:
+part of the aborted one). A fetch that starts at or before the abort marker is right. So on
+this broker no test may rely on a ``read_committed`` fetch that starts after an abort by a
+producer that commits again later; that rules out:
 
-- restoring a Kafka source at a saved offset past such an abort (a job reading another
-  sparkjet job's exactly-once Kafka output after that job restarted: recovery aborts the
+- restoring a Kafka source at a saved offset past such an abort: a job reading another
+  sparkjet job's exactly-once Kafka output after that job restarted (its recovery aborts the
   open transaction, and the same transactional id commits again later);
-- reading such a topic in more than one fetch: a topic holding more than one fetch's worth
-  (``max.partition.fetch.bytes``, 1 MiB) after such an abort, or a consumer that polls
-  while the producer is still writing.
+- a reader that follows such a topic while it is written: once it has read up to an abort
+  marker, its next fetch starts after it and skips the producer's next transactions (a
+  Kafka-to-Kafka pipeline downstream of a job that restarted, a live lag check).
 
-Our tests keep out of both: the sink's crash tests read their small topics from offset 0 in
-one fetch (:func:`sparkjet.sources.read_topic`); the Kafka source's tests of transactional
-input have no aborts; the Kafka fault campaigns read a non-transactional input topic, and
-check their exactly-once output with one read from offset 0 after the job ended (a defect
-would show as lost events, so a campaign can fail because of it but never pass because of
-it). A test that meets the defect is marked ``broker_defect`` and ``xfail(strict=True)``.
+What our tests do is safe: they read such topics only once the writer is done, from offset
+0 (:func:`sparkjet.sources.read_topic`, ``KafkaSink.read``: the sink's crash tests, the
+fault campaigns' check of their exactly-once output), and noida-db answers a fetch with the
+whole partition whatever ``max.partition.fetch.bytes`` says, so that read is one fetch from
+before every abort (``test_a_read_from_the_start_is_one_fetch`` holds the broker to that,
+so a broker that starts splitting fetches while keeping the defect is noticed). The Kafka
+source's own tests of transactional input have no aborts. Were a check to meet the defect
+anyway, it would see records missing (lost events, a short count): a failure, not a pass.
+A test that meets it on purpose is marked ``broker_defect`` and ``xfail(strict=True)``.
 """
 from __future__ import annotations
 
