@@ -89,6 +89,41 @@ class ConnectorError(SparkjetError, ConnectionError):
     credentials); the message names the connector and never holds a credential."""
 
 
+class SourceChangedError(SparkjetError, RuntimeError):
+    """A replayable source's input no longer holds what the job read, or where it stands:
+    a Kafka partition whose log now ends before (or starts after) the job's offset, a file
+    changed or deleted after it was read. Replaying from the snapshot would read other data
+    than the job's state was built from, so the job fails instead of rewinding silently; a
+    replay would find the same (``deterministic``)."""
+
+    deterministic = True  # a replay repeats it (see sparkjet.runtime.failures)
+
+
+class OffsetOutOfRangeError(SourceChangedError):
+    """A Kafka partition no longer holds the job's position: ``expected`` is the offset the
+    job reads next, ``found`` what the broker has (the offset a fetch returned, or the log's
+    start or end; None when the partition itself is gone), ``reason`` says which. Raised
+    under ``on_offset_reset="fail"`` (the default) of the Kafka source."""
+
+    def __init__(self, topic: str, partition: int, expected: int, found: int | None,
+                 reason: str):
+        found_text = "no such partition" if found is None else f"offset {found}"
+        super().__init__(
+            f"Kafka source: topic {topic!r} partition {partition}: expected offset {expected}, "
+            f"found {found_text}: {reason}. The job stops rather than read records twice or "
+            f"skip them; KafkaSource(on_offset_reset='earliest' or 'latest') continues from "
+            f"the partition's start or end instead")
+        self.topic = topic
+        self.partition = partition
+        self.expected = expected
+        self.found = found
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (self.topic, self.partition, self.expected, self.found,
+                             self.reason))
+
+
 class SnapshotNotFoundError(SparkjetError, LookupError):
     """No complete snapshot matches what was asked for."""
 

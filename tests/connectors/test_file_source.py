@@ -23,9 +23,11 @@ from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
     SchemaMismatchError,
+    SourceChangedError,
 )
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
+from sparkjet.runtime.failures import is_deterministic
 from sparkjet.runtime.snapshotting import merge_states
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import DirectorySource
@@ -221,8 +223,11 @@ def test_new_files_are_picked_up_and_restored_over(tmp_path):
     got += ids_of([reader.read(100)])
     state = roundtrip(reader.snapshot_state())
     # a.csv is returned whole, but it is done only once a read finds its end.
+    stamp = state["files"]["0"].pop("stamp")
     assert state["files"]["0"] == {"done": ["b.csv"], "watermark": None, "file": "a.csv",
                                    "row": 10}
+    assert stamp == [os.path.getsize(root / "a.csv"), os.stat(root / "a.csv").st_mtime_ns]
+    state["files"]["0"]["stamp"] = stamp
     write_file(root, "c.csv", "csv", rows_of(range(20, 30)))
     (root / "_DONE").write_text("")
     again = source.open([0], CTX)
@@ -243,6 +248,84 @@ def test_files_removed_after_they_are_read_leave_the_state(tmp_path):
     assert ids_of([reader.read(100)]) == list(range(10, 20))
     assert reader.read(100) is None
     assert reader.snapshot_state()["files"]["0"]["done"] == ["b.parquet"]
+
+
+# -- files that change under the job (issue 26) ------------------------------------------------
+
+
+def read_40(root, fmt):
+    """A reader that returned rows 0..39 of ``a.<fmt>`` (100 rows), its state, its source."""
+    write_file(root, f"a.{fmt}", fmt, rows_of(range(100)), row_group_size=30)
+    source = DirectorySource(root, fmt, schema=SCHEMA, partitions=1, batch_size=40)
+    reader = source.open([0], CTX)
+    assert ids_of([reader.read(1000)]) == list(range(40))
+    return reader, roundtrip(reader.snapshot_state()), source
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("change", [range(1000, 1100), range(20), range(150)],
+                         ids=["rewritten", "truncated", "appended"])
+def test_a_file_changed_under_a_resumed_job(tmp_path, fmt, change):
+    """Before, a restore skipped 40 rows of whatever the file held now and went on."""
+    root = tmp_path / "in"
+    reader, state, source = read_40(root, fmt)
+    reader.close()
+    write_file(root, f"a.{fmt}", fmt, rows_of(change), row_group_size=30)
+    again = source.open([0], CTX)
+    again.restore_state(state)
+    with pytest.raises(SourceChangedError, match=rf"directory source: .*/in/a\.{fmt} changed "
+                                                 r"since the job read its first 40 rows \("):
+        drain(again)
+    again.close()
+
+
+def test_a_file_deleted_under_a_resumed_job(tmp_path):
+    root = tmp_path / "in"
+    reader, state, source = read_40(root, "parquet")
+    reader.close()
+    os.remove(root / "a.parquet")
+    again = source.open([0], CTX)
+    again.restore_state(state)
+    with pytest.raises(SourceChangedError, match=r"a\.parquet is gone after the job read 40 of "
+                                                 r"its rows: files must not be removed") as e:
+        drain(again)
+    assert is_deterministic(e.value)
+
+
+def test_a_listed_file_deleted_before_it_is_read(tmp_path):
+    root = tmp_path / "in"
+    reader, _, _ = read_40(root, "csv")
+    reader.close()
+    write_file(root, "b.csv", "csv", rows_of(range(100, 110)))
+    source = DirectorySource(root, "csv", schema=SCHEMA, partitions=1, batch_size=40)
+    reader = source.open([0], CTX)
+    reader.read(10)                     # lists a.csv and b.csv
+    os.remove(root / "b.csv")
+    with pytest.raises(SourceChangedError, match=r"b\.csv is gone before the job read it"):
+        drain(reader)
+    reader.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_file_replaced_while_it_is_read(tmp_path, fmt):
+    root = tmp_path / "in"
+    reader, _, _ = read_40(root, fmt)
+    write_file(root, f"a.{fmt}", fmt, rows_of(range(1000, 1100)), row_group_size=30)
+    with pytest.raises(SourceChangedError, match=rf"a\.{fmt} changed while the job read its "
+                                                 r"rows \(size"):
+        drain(reader)
+    reader.close()
+
+
+def test_a_file_shorter_than_an_older_state_says(tmp_path):
+    """A state saved before the stamp existed: the row count still tells a shrunk file."""
+    write_file(tmp_path / "in", "a.parquet", "parquet", rows_of(range(50)), row_group_size=7)
+    reader = DirectorySource(tmp_path / "in", partitions=1).open([0], CTX)
+    reader.restore_state({"files": {"0": {"done": [], "watermark": None,
+                                          "file": "a.parquet", "row": 80}}})
+    with pytest.raises(SourceChangedError, match=r"a\.parquet holds fewer rows than the 80 the "
+                                                 r"job had read of it"):
+        drain(reader)
 
 
 def test_a_reader_without_partitions_is_at_its_end(tmp_path):

@@ -16,7 +16,12 @@ import pytest
 
 from sparkjet.connectors.arrow_log import segment_path
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.errors import CorruptDataError, InvalidArgumentError, UnsupportedTypeError
+from sparkjet.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    SourceChangedError,
+    UnsupportedTypeError,
+)
 from sparkjet.sources import (
     ArrowLogSource,
     ArrowLogWriter,
@@ -265,6 +270,38 @@ def test_log_round_trip(tmp_path):
     # A segment is a plain Arrow IPC stream any Arrow reader opens.
     whole = pa.ipc.open_stream(segment_path(tmp_path, 2, 0)).read_all()
     assert whole.column("n").to_pylist() == got[2]
+
+
+@pytest.mark.parametrize("change", ["truncated", "deleted", "recreated"])
+def test_log_changed_under_a_resumed_job(tmp_path, change):
+    """Before, a truncated segment left the restored reader waiting forever at an offset
+    past its end, and a deleted log was a CorruptDataError a restart tried again."""
+    with ArrowLogWriter(tmp_path, 1, SCHEMA) as log:
+        for i in range(5):
+            log.append(0, make_batch(0, i * 10, 10))
+    source = ArrowLogSource(tmp_path)
+    reader = source.open([0], CTX)
+    assert len(rows(drain(reader, max_rows=10))) == 50
+    state = json.loads(json.dumps(reader.snapshot_state()))
+    reader.close()
+    segment = segment_path(tmp_path, 0, 0)
+    if change == "truncated":
+        os.truncate(segment, os.path.getsize(segment) // 2)
+    else:
+        import shutil
+        shutil.rmtree(tmp_path / "partition-00000")
+        os.remove(tmp_path / "log.json")
+        if change == "recreated":
+            with ArrowLogWriter(tmp_path, 1, SCHEMA) as log:
+                log.append(0, make_batch(0, 0, 3))
+    again = source.open([0], CTX)
+    again.restore_state(state)
+    what = "fewer than the offset's byte" if change != "deleted" else "missing"
+    with pytest.raises(SourceChangedError, match=rf"segment-000000000000.arrows: the segment "
+                                                 rf".*{what}"):
+        for _ in range(100):
+            again.read(10)
+    again.close()
 
 
 def test_log_rolls_segments_and_seals_them(tmp_path):

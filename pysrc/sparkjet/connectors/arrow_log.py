@@ -30,10 +30,13 @@ the file and byte offset.
 the next row to read is row ``row`` of the record batch whose message starts at byte
 ``byte`` of segment ``segment`` (its ``batch``-th record batch, for people and checkers;
 ``byte`` is what a restore seeks to). Segments are immutable once written, so an offset
-stays valid as long as its segment exists. ``next`` is the partition whose turn is next,
-so that a replay repeats the same batches. Partition keys are strings, so the state
-survives a JSON round trip; states of several readers merge by uniting their
-``offsets``.
+stays valid as long as its segment exists. A restore that finds its segment missing, or
+shorter than the offset's byte (the log deleted, truncated or recreated under the job),
+raises :class:`~sparkjet.errors.SourceChangedError` instead of waiting or reading other
+data; a log recreated with segments at least as long cannot be told from the old one.
+``next`` is the partition whose turn is next, so that a replay repeats the same batches.
+Partition keys are strings, so the state survives a JSON round trip; states of several
+readers merge by uniting their ``offsets``.
 
 Dictionary-encoded columns are not supported (a dictionary travels in messages of its
 own, which the framing above does not replay). Local directories only.
@@ -60,6 +63,7 @@ from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
     LogLockedError,  # noqa: F401 (defined there; named here too)
+    SourceChangedError,
     UnsupportedTypeError,
 )
 
@@ -478,9 +482,17 @@ class _Cursor:
             except FileNotFoundError:
                 if self._segment == 0 and self._pos == 0:
                     return False  # the writer has not created the partition yet
-                raise CorruptDataError(
+                raise SourceChangedError(
                     f"{segment_path(self.root, self.partition, self._segment)}: the segment "
-                    "an offset points into is missing") from None
+                    "an offset points into is missing: the log was deleted or recreated "
+                    "under the job") from None
+            size = os.fstat(self._fd).st_size
+            if size < self._pos:
+                # Segments only grow, and an offset is always at a complete message.
+                raise SourceChangedError(
+                    f"{segment_path(self.root, self.partition, self._segment)}: the segment "
+                    f"holds {size} bytes, fewer than the offset's byte {self._pos}: it was "
+                    "truncated, or the log recreated, under the job")
         path = segment_path(self.root, self.partition, self._segment)
         if self._schema is None:
             # Always read from byte 0: a restored offset points past the schema.

@@ -10,8 +10,18 @@ listing comes in. Names whose path has a part starting with ``.`` or ``_`` are n
 **The contract with the writer of the directory.** A file is complete when its name
 appears and is never modified or removed afterwards: write it under a temporary name
 (``.part-0001.parquet``, ``_tmp/...``) and rename it, or upload it whole (an S3 ``PUT`` or a
-completed multipart upload appears whole). A file modified after it was read is not read
-again; one modified while it is read gives undefined rows.
+completed multipart upload appears whole). A file modified after it was read whole is not
+read again (its rows are already in the job's state: nothing is replayed from it).
+
+**A file that changes under the job** is never read again silently. The reader notes the
+size and modification time of the file it starts, and saves them with its position; when
+it reopens that file after a restore, and when it reaches the file's end, it compares them.
+A file modified, replaced or truncated since (or one that now holds fewer rows than the
+position says were read), and a listed file that vanished before it was read whole, stop the
+job with :class:`~sparkjet.errors.SourceChangedError` naming the file and what changed: a
+restore would otherwise skip the saved number of rows of *other* data, or lose the rest. A
+replay repeats it, so no restart is tried. A rewrite that keeps both the size and the
+modification time (to the file system's precision: a second on S3) cannot be told.
 
 **Replay.** Each partition reads its files one at a time, the smallest path first among
 those it knows and has not read. A reader's :meth:`~DirectoryReader.snapshot_state` is, per
@@ -19,7 +29,10 @@ partition, the files it has read completely, the file it is reading and how many
 rows it has returned::
 
     {"files": {"3": {"done": ["2026/01/a.csv", ...], "watermark": null,
-                     "file": "2026/01/b.csv", "row": 4096}, ...}, "next": 3}
+                     "file": "2026/01/b.csv", "row": 4096,
+                     "stamp": [<size>, <mtime ns>]}, ...}, "next": 3}
+
+(``stamp``, the size and modification time of ``file``, only once the file was opened.)
 
 A restore reopens ``file``, skips ``row`` rows (Parquet seeks to the row group holding the
 row; CSV and JSON-lines parse the rows before it again) and goes on with every listed file
@@ -96,6 +109,7 @@ from sparkjet.errors import (
     CorruptDataError,
     InvalidArgumentError,
     SchemaMismatchError,
+    SourceChangedError,
 )
 
 FORMATS = ("parquet", "csv", "jsonl")
@@ -384,9 +398,11 @@ class DirectoryReader(SourceReader):
                     if not part.queue:
                         return None
                     part.start(heapq.heappop(part.queue))
+                self._check_unchanged(part, opening=True)
                 part.batches = self._open(part.file, part.row)
             batch = self._pull(part)
             if batch is None:
+                self._check_unchanged(part, opening=False)
                 part.finish(self._source.ordered_names)
             elif batch.num_rows:
                 part.pending = batch
@@ -404,13 +420,52 @@ class DirectoryReader(SourceReader):
         except SchemaMismatchError:
             raise
         except FileNotFoundError:
-            raise CorruptDataError(
-                f"{_WHAT}: {self._name(part.file)} is gone: files must not be removed "
-                "until the job has read them") from None
+            raise self._gone(part) from None
         except (pa.ArrowInvalid, pa.ArrowKeyError, pa.ArrowTypeError) as e:
             raise self._parse_error(part.file, part.row, e) from None
         except OSError as e:
             raise ConnectorError(f"{_WHAT}: cannot read {self._name(part.file)}: {e}") from None
+
+    def _stamp(self, rel: str) -> list | None:
+        """``[size, modification time in ns]`` of a file (None: it does not exist)."""
+        fs, root = self._filesystem()
+        try:
+            info = fs.get_file_info(f"{root.rstrip('/')}/{rel}")
+        except OSError as e:
+            raise ConnectorError(f"{_WHAT}: cannot read {self._name(rel)}: {e}") from None
+        if info.type == pafs.FileType.NotFound:
+            return None
+        return [info.size, info.mtime_ns]
+
+    def _check_unchanged(self, part: _Partition, opening: bool) -> None:
+        """The partition's file is as it was when the reader started it (its stamp, saved
+        with the position); SourceChangedError if not. Opening it for the first time notes
+        the stamp; at its end a file already gone was read whole, and is no error."""
+        now = self._stamp(part.file)
+        if now is None and opening:
+            raise self._gone(part)
+        if part.stamp is None:
+            part.stamp = now
+            return
+        if now is None or now == part.stamp:
+            return
+        size, mtime = part.stamp
+        what = [f"size {size} -> {now[0]} bytes"] if now[0] != size else []
+        if now[1] != mtime:
+            what.append(f"modified at {now[1]} ns, not {mtime}")
+        when = "since the job read its first " if opening else "while the job read "
+        raise SourceChangedError(
+            f"{_WHAT}: {self._name(part.file)} changed {when}"
+            f"{part.row if opening else 'its'} rows ({', '.join(what)}): files must not be "
+            "modified or replaced once they appear; the job stops rather than read other "
+            "data from the saved position")
+
+    def _gone(self, part: _Partition) -> SourceChangedError:
+        done = f"after the job read {part.row} of its rows" if part.row else \
+            "before the job read it"
+        return SourceChangedError(
+            f"{_WHAT}: {self._name(part.file)} is gone {done}: files must not be removed "
+            "until the job has read them")
 
     def _open(self, rel: str, skip: int):
         """The batches of one file from row ``skip`` on, in the source's schema."""
@@ -424,7 +479,7 @@ class DirectoryReader(SourceReader):
         else:
             batches = self._text(fs, path, rel, fmt)
             if skip:
-                batches = _skip_rows(batches, skip)
+                batches = _skip_rows(batches, skip, self._name(rel))
         return batches
 
     def _parquet(self, fs, path: str, rel: str, skip: int):
@@ -443,7 +498,7 @@ class DirectoryReader(SourceReader):
                                       row_groups=range(group, meta.num_row_groups),
                                       columns=schema.names)
             if skip > before:
-                batches = _skip_rows(batches, skip - before)
+                batches = _skip_rows(batches, skip - before, self._name(rel), skip)
             for batch in batches:
                 yield _conform(batch, schema, self._name(rel))
 
@@ -513,6 +568,7 @@ class _Partition:
         self._queued: set[str] = set()
         self.file: str | None = None
         self.row = 0                    # rows of `file` returned
+        self.stamp: list | None = None  # `file`'s [size, mtime_ns] when started
         self.batches = None             # the open file's batches
         self.pending: pa.RecordBatch | None = None
 
@@ -529,11 +585,16 @@ class _Partition:
         part.watermark = position["watermark"]
         part.file = position["file"]
         part.row = check_int(f"'row' of {_WHAT} partition {index}", position["row"], min=0)
+        stamp = position.get("stamp")   # absent in states of older versions: not checked
+        part.stamp = list(stamp) if isinstance(stamp, list) and len(stamp) == 2 else None
         return part
 
     def state(self) -> dict:
-        return {"done": sorted(self.done), "watermark": self.watermark, "file": self.file,
-                "row": self.row}
+        state = {"done": sorted(self.done), "watermark": self.watermark, "file": self.file,
+                 "row": self.row}
+        if self.stamp is not None:
+            state["stamp"] = self.stamp
+        return state
 
     def knows(self, rel: str) -> bool:
         return (rel in self.done or rel in self._queued or rel == self.file
@@ -558,7 +619,7 @@ class _Partition:
 
     def start(self, rel: str) -> None:
         self._queued.discard(rel)
-        self.file, self.row = rel, 0
+        self.file, self.row, self.stamp = rel, 0, None
 
     def finish(self, ordered: bool) -> None:
         if ordered:
@@ -567,7 +628,7 @@ class _Partition:
         else:
             self.done.add(self.file)
         self.close()
-        self.file, self.row = None, 0
+        self.file, self.row, self.stamp = None, 0, None
 
     def idle(self) -> bool:
         return self.file is None and not self.queue
@@ -578,13 +639,20 @@ class _Partition:
         self.batches = self.pending = None
 
 
-def _skip_rows(batches, skip: int):
+def _skip_rows(batches, skip: int, name: str, position: int | None = None):
+    """The rows of ``batches`` after the first ``skip``; SourceChangedError if there are
+    fewer (the file shrank since the position ``position``, default ``skip``, was saved)."""
+    wanted = skip if position is None else position
     for batch in batches:
         if skip >= batch.num_rows:
             skip -= batch.num_rows
             continue
         yield batch.slice(skip) if skip else batch
         skip = 0
+    if skip:
+        raise SourceChangedError(
+            f"{_WHAT}: {name} holds fewer rows than the {wanted} the job had read of it: it "
+            "changed since; files must not be modified once they appear")
 
 
 def _open_json(stream, schema: pa.Schema | None):

@@ -16,6 +16,9 @@ of all old readers is merged, so a rescale finds every partition's offset). A pa
 state does not name is new since the snapshot and is read from its beginning. Once a snapshot
 is complete, :meth:`KafkaReader.ack` commits its offsets to the consumer group
 (``sparkjet-job-{job_id}`` unless named) for monitoring tools only: they are never read back.
+A saved offset is the consumer's position where every record before it was returned, so it
+passes transaction markers and aborted records at the end of a partition: a lag tool shows 0
+once a job has read everything, on transactional input too.
 
 State::
 
@@ -39,6 +42,23 @@ job with :class:`~sparkjet.errors.CorruptDataError` naming its topic, partition 
 A read returns the records of one source partition, so event time has a watermark per
 source partition.
 
+**Never a silent rewind.** The consumer's ``auto.offset.reset`` is ``error``: when a
+partition no longer holds the job's position the reader is told, and so is it when a fetch
+returns a record below the offset it expects, or when a partition it reads (or a restored
+state names) no longer exists. That happens when the broker lost records it had
+acknowledged (a single broker's disk, an unclean leader election: the log now ends before
+the job's offset), when retention or ``delete-records`` removed records the job had not read
+yet (the log now starts after it), or when the topic was deleted and recreated (fewer
+partitions, shorter logs). Under ``on_offset_reset="fail"`` (the default) the job fails with
+:class:`~sparkjet.errors.OffsetOutOfRangeError`, naming the topic, the partition, the
+offset expected and the one found; a replay would repeat it, so no restart is tried.
+``"earliest"`` or ``"latest"`` continue that partition from its log's start or end (a
+vanished partition is dropped) with a warning on the ``sparkjet.kafka`` logger, counted in
+the reader's ``offset_resets``: records may then be read twice or never, which the user
+chose. A topic recreated with as many partitions and at least as many records as the job
+had read cannot be told from the old one by a broker without topic ids (the tests' broker
+has none): it is read on from the saved offsets.
+
 **Bounded.** With ``bounded=True`` a reader ends every partition at the end offset it had
 when first seen (saved in the state, so a restart ends at the same place).
 
@@ -48,6 +68,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from dataclasses import KW_ONLY, dataclass
 from typing import Annotated, Literal
@@ -75,12 +96,21 @@ from sparkjet.connectors.kafka.client import (
     partitions_of,
     topic_partitions,
 )
-from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
+from sparkjet.errors import (
+    ConnectorError,
+    CorruptDataError,
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+)
 
 DECODINGS = ("raw", "utf8", "json")
 METADATA = ("partition", "offset", "timestamp")
 #: Kafka's "the partition's beginning" (``confluent_kafka.OFFSET_BEGINNING``).
 BEGINNING = -2
+#: What to do when a partition no longer holds the job's position (see the module doc).
+OFFSET_RESETS = ("fail", "earliest", "latest")
+
+log = logging.getLogger("sparkjet.kafka")
 
 
 @dataclass(frozen=True)
@@ -102,11 +132,17 @@ class KafkaSourceSettings(Settings):
     discovery_interval: PositiveOrInfinite = 5.0
     timeout: PositiveNumber = 10.0
     config: Options | None = None
+    on_offset_reset: Literal["fail", "earliest", "latest"] = "fail"     # OFFSET_RESETS
 
     def check(self) -> None:
         if (self.value == "json") != (self.schema is not None):
             raise self._error('value="json" needs a schema (a pyarrow.Schema), and only it '
                               "takes one")
+        if self.config and "auto.offset.reset" in self.config:
+            raise self._error(
+                f"config sets auto.offset.reset={self.config['auto.offset.reset']!r}: the "
+                "source handles a lost position itself; choose on_offset_reset='fail', "
+                "'earliest' or 'latest' instead")
         self._derive("config", dict(self.config or {}))
 
 
@@ -120,7 +156,13 @@ class KafkaSource(Source):
     :param start: where partitions known at the job's first start begin: ``"earliest"``
         or ``"latest"``; partitions found later always begin at their earliest record.
     :param bounded: end each partition at its end offset when first seen.
-    :param config: further librdkafka consumer settings (security, fetch sizes, ...).
+    :param config: further librdkafka consumer settings (security, fetch sizes, ...;
+        not ``auto.offset.reset``: see ``on_offset_reset``).
+    :param on_offset_reset: when a partition no longer holds the job's position (the
+        broker lost records, retention removed unread ones, the topic was recreated):
+        ``"fail"`` (default: :class:`~sparkjet.errors.OffsetOutOfRangeError`),
+        ``"earliest"`` or ``"latest"`` (continue from the log's start or end, with a
+        warning).
 
     >>> schema = pa.schema([("user", pa.string()), ("amount", pa.float64())])
     >>> KafkaSource("orders", "127.0.0.1:9092", value="json", schema=schema,
@@ -136,7 +178,8 @@ class KafkaSource(Source):
                  schema: pa.Schema | None = None, key: str | None = None,
                  metadata=METADATA, start: str = "earliest", bounded: bool = False,
                  group: str | None = None, discovery_interval: float = 5.0,
-                 timeout: float = 10.0, config: dict | None = None):
+                 timeout: float = 10.0, config: dict | None = None,
+                 on_offset_reset: str = "fail"):
         KafkaSourceSettings.of(locals()).apply(self)
         if self.partitions is None:     # the topic's partition count now
             self.partitions = len(partitions_of(self.topic, self.bootstrap_servers,
@@ -169,9 +212,10 @@ class KafkaReader(SourceReader):
         config.update({"group.id": source.group_name(context),
                        "enable.auto.commit": False,
                        "enable.auto.offset.store": False,
-                       "isolation.level": "read_committed",
-                       "auto.offset.reset": "earliest"})
+                       "isolation.level": "read_committed"})
         config.update(source.config)
+        # A lost position is reported (an _AUTO_OFFSET_RESET event), never reset silently.
+        config["auto.offset.reset"] = "error"
         self._consumer = kafka.Consumer(config)
         self._topic = source.topic
         self._next: dict[int, int] = {}     # owned Kafka partition -> next offset to return
@@ -183,6 +227,8 @@ class KafkaReader(SourceReader):
         self._next_discovery = 0.0
         self._acked: dict[int, int] = {}
         self._to_ack: dict[int, int] | None = None
+        #: How many times a partition was moved under on_offset_reset "earliest"/"latest".
+        self.offset_resets = 0
         try:
             self._known = topic_partitions(self._consumer, self._topic, source.timeout,
                                            "Kafka source", source.bootstrap_servers,
@@ -204,6 +250,10 @@ class KafkaReader(SourceReader):
         offsets = restored.get("offsets", {})
         ends = restored.get("ends", {})
         first_start = self._restored is None
+        known = set(self._known)
+        for k in self._owned(sorted(int(k) for k in offsets)):
+            if k not in known:
+                self._vanished(k, int(offsets[str(k)]))
         for k in self._owned(self._known):
             if str(k) in offsets:
                 self._next[k] = int(offsets[str(k)])
@@ -243,13 +293,75 @@ class KafkaReader(SourceReader):
         except self._kafka.KafkaException:
             return      # the next read or look tells; a slow metadata answer is not an error
         topic = md.topics.get(self._topic)
-        if topic is None or topic.error is not None:
+        if topic is None or topic.error is not None or not topic.partitions:
             return
+        self._known = sorted(topic.partitions)
+        for k in [k for k in self._next if k not in topic.partitions]:
+            self._vanished(k, self._next[k])
         new = [k for k in self._owned(sorted(topic.partitions)) if k not in self._next]
         for k in new:
             self._next[k] = BEGINNING
-        self._known = sorted(topic.partitions)
         self._add(new)
+
+    # -- a lost position ---------------------------------------------------------------------
+
+    def _out_of_range(self, k: int, requested: int) -> None:
+        """The broker refused to fetch partition ``k`` at ``requested``: its log no longer
+        holds the job's position."""
+        expected = self._next.get(k, requested)
+        if expected < 0:
+            expected = requested
+        low, high = self._watermarks(k)
+        if expected < low:
+            found, reason = low, (
+                f"the partition's log now starts at offset {low}: records the job had not "
+                "read were deleted (retention, delete-records) or the topic was recreated")
+        elif expected > high:
+            found, reason = high, (
+                f"the partition's log now ends at offset {high}, before the job's position: "
+                "the broker lost records it had acknowledged (a broker that lost its tail, an "
+                "unclean leader election) or the topic was deleted and recreated")
+        else:
+            found, reason = high, (
+                f"the broker refused the offset as out of range (its log now holds offsets "
+                f"{low} to {high}): it changed under the job")
+        self._rewound(k, expected, found, reason, low, high)
+
+    def _rewound(self, k: int, expected: int, found: int, reason: str,
+                 low: int | None = None, high: int | None = None) -> None:
+        """Partition ``k`` no longer holds offset ``expected``: fails, or follows
+        ``on_offset_reset``."""
+        policy = self._source.on_offset_reset
+        if policy == "fail":
+            raise OffsetOutOfRangeError(self._topic, k, expected, found, reason)
+        if low is None or high is None:
+            low, high = self._watermarks(k)
+        to = low if policy == "earliest" else high
+        log.warning("Kafka source: topic %r partition %d: expected offset %d, found offset %d: "
+                    "%s; on_offset_reset=%r: continuing from offset %d (records may be read "
+                    "twice or never)", self._topic, k, expected, found, reason, policy, to)
+        self.offset_resets += 1
+        tp = self._kafka.TopicPartition
+        self._consumer.incremental_unassign([tp(self._topic, k)])
+        self._stash = [m for m in self._stash if m.partition() != k]
+        self._next[k] = to
+        self._add([k])
+
+    def _vanished(self, k: int, expected: int) -> None:
+        """Partition ``k``, which the job reads (or its restored state names), is gone."""
+        reason = (f"the topic has {len(self._known)} partitions now: it was deleted and "
+                  "recreated with fewer")
+        if self._source.on_offset_reset == "fail":
+            raise OffsetOutOfRangeError(self._topic, k, expected, None, reason)
+        log.warning("Kafka source: topic %r partition %d: expected offset %d, found no such "
+                    "partition: %s; on_offset_reset=%r: the partition is no longer read",
+                    self._topic, k, expected, reason, self._source.on_offset_reset)
+        self.offset_resets += 1
+        if k in self._next:
+            self._consumer.incremental_unassign([self._kafka.TopicPartition(self._topic, k)])
+            del self._next[k]
+            self._ends.pop(k, None)
+        self._stash = [m for m in self._stash if m.partition() != k]
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -280,10 +392,23 @@ class KafkaReader(SourceReader):
             if err is not None:
                 if err.code() == self._kafka.KafkaError._PARTITION_EOF:
                     continue
+                if err.code() == self._kafka.KafkaError._AUTO_OFFSET_RESET and \
+                        m.partition() in self._next:
+                    self._stash = take + rest + stash[i + 1:]
+                    self._out_of_range(m.partition(), m.offset())
+                    return self._take(max_rows) if self._stash else None
                 self._stash = stash[i + 1:]
                 if err.fatal() or not err.retriable():
                     raise ConnectorError(f"Kafka source: topic {self._topic!r}: {err.str()}")
                 continue
+            expected = self._next.get(m.partition(), BEGINNING)
+            if 0 <= m.offset() < expected:
+                # A fetch below the position: the client or the broker rewound.
+                self._stash = take + rest + stash[i:]
+                self._rewound(m.partition(), expected, m.offset(),
+                              "a fetch returned a record below the job's position: the "
+                              "partition's log changed under the job (or the client reset it)")
+                return self._take(max_rows) if self._stash else None
             if slot is None:
                 slot = m.partition() % n
             if m.partition() % n == slot and len(take) < max_rows:
@@ -389,20 +514,30 @@ class KafkaReader(SourceReader):
             return False
         if all(self._next[k] >= e for k, e in self._ends.items()):
             return True
-        # Transaction markers and aborted records take offsets no record is returned from:
-        # once nothing is waiting, the consumer's position says how far it really is.
-        tp = self._kafka.TopicPartition
-        waiting = [k for k, e in self._ends.items() if self._next[k] < e]
-        for p in self._consumer.position([tp(self._topic, k) for k in waiting]):
-            if p.offset >= 0 and p.offset > self._next[p.partition]:
-                self._next[p.partition] = p.offset
+        self._catch_up([k for k, e in self._ends.items() if self._next[k] < e])
         return all(self._next[k] >= e for k, e in self._ends.items())
+
+    def _catch_up(self, partitions: list[int]) -> None:
+        """Moves the next offset of each of ``partitions`` none of whose fetched records
+        waits in the stash to the consumer's position, if that is further: transaction
+        markers and aborted records take offsets no record is returned from, and once
+        nothing is waiting the position says how far the reader really is."""
+        stashed = {m.partition() for m in self._stash}
+        waiting = [k for k in partitions if k not in stashed]
+        if not waiting:
+            return
+        tp = self._kafka.TopicPartition
+        for p in self._consumer.position([tp(self._topic, k) for k in waiting]):
+            if p.offset >= 0 and p.offset > self._next.get(p.partition, p.offset):
+                self._next[p.partition] = p.offset
 
     # -- snapshots -------------------------------------------------------------------------
 
     def snapshot_state(self) -> dict:
         if not self._assigned:
             self._assign()
+        # Past trailing transaction markers: the group offsets ack commits then show no lag.
+        self._catch_up(list(self._next))
         offsets = {str(k): v for k, v in self._next.items()}
         self._to_ack = dict(self._next)
         state = {"offsets": offsets}
