@@ -391,6 +391,8 @@ class KafkaReader(SourceReader):
         record that does not parse or fit the schema, and names it."""
         schema = self._source.schema
         lines = [b"{}" if v is None else v for v in values]
+        # JSON is UTF-8, and Arrow's reader would pass bad bytes on into string columns
+        self._text_or_raw(lines, "utf8", messages, "value")
         if any(b"\n" in v for v in lines):
             # Arrow reads one document per line: take pretty-printed ones apart first.
             lines = [json.dumps(json.loads(v)).encode() if b"\n" in v else v for v in lines]
