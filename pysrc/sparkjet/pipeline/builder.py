@@ -132,9 +132,9 @@ class Pipeline:
             None (the default) does what ``JobConfig.on_error`` says ("fail" unless set).
             ``"skip"`` splits the batch until the rows `fn` fails on are
             found alone, and drops them (counted in ``JobResult.skipped_events``); a
-            :class:`~sparkjet.connectors.base.Sink` receives them instead, each with the error in
-            a ``sparkjet_error`` column (``JobResult.dead_letters``), under the job's
-            guarantee. A batch on which every row fails is not a bad record but a broken
+            :class:`~sparkjet.connectors.base.Sink` receives them instead, as dead letters
+            (the row as JSON and the error: :mod:`sparkjet.connectors.dead_letters`;
+            ``JobResult.dead_letters``), under the job's guarantee. A batch on which every row fails is not a bad record but a broken
             stage: the job fails.
         """
         if not callable(fn):
