@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from sparkjet._version import __version__
 from sparkjet.errors import (
+    BadRecordError,
     CorruptDataError,
     InvalidArgumentError,
     KeyRangeError,
@@ -63,6 +64,7 @@ _LAZY = {"Pipeline": "sparkjet.pipeline", "Job": "sparkjet.runtime",
 __all__ = [
     "DEFAULT_PARTITION_COUNT",
     "HAZELCAST_SEED",
+    "BadRecordError",
     "CorruptDataError",
     "InvalidArgumentError",
     "Job",

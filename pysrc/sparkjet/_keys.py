@@ -52,6 +52,14 @@ def refuse_nulls(column, what: str, suffix: str = "") -> None:
         raise NullKeyError(f"{what} has a null at row {first}{suffix}", first)
 
 
+def is_key_type(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` can be a key (see ``SUPPORTED``)."""
+    value = t.value_type if pa.types.is_dictionary(t) else t
+    return (pa.types.is_integer(value) or pa.types.is_fixed_size_binary(value)
+            or value in (pa.string(), pa.large_string(), pa.string_view(), pa.binary(),
+                         pa.large_binary(), pa.binary_view()))
+
+
 def is_integer(t: pa.DataType) -> bool:
     return pa.types.is_integer(t.value_type if pa.types.is_dictionary(t) else t)
 

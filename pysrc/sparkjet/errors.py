@@ -22,13 +22,20 @@ class UnsupportedTypeError(SparkjetError, TypeError):
 
 
 class NullKeyError(SparkjetError, ValueError):
-    """A key column holds a null; ``index`` is the first one."""
+    """A key column holds a null; ``index`` is the first one (its row in the batch),
+    ``column`` the key column and ``stage`` the stage keyed by it, where known."""
 
     deterministic = True
 
-    def __init__(self, message: str, index: int):
+    def __init__(self, message: str, index: int, column: str | None = None,
+                 stage: str | None = None):
         super().__init__(message)
         self.index = index
+        self.column = column
+        self.stage = stage
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.index, self.column, self.stage)
 
 
 class KeyRangeError(SparkjetError, ValueError):
@@ -63,6 +70,26 @@ class CorruptDataError(SparkjetError, ValueError):
     def __init__(self, message: str, index: int = -1):
         super().__init__(message)
         self.index = index
+
+
+class BadRecordError(CorruptDataError):
+    """A record a stage cannot take (its ``on_error`` is "fail"): one a source cannot
+    decode, a key a keyed stage cannot key by, a row a sink refuses. ``stage`` names the
+    stage (a vertex or sink name), ``column`` the column at fault (None: the whole record),
+    ``position`` where the record came from (topic, partition and offset; file and line;
+    stream and id) or its row in the batch. A replay meets the same record: deterministic."""
+
+    deterministic = True
+
+    def __init__(self, message: str, stage: str | None = None, column: str | None = None,
+                 position: str | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.column = column
+        self.position = position
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.stage, self.column, self.position)
 
 
 class SnapshotCorruptError(CorruptDataError):

@@ -12,7 +12,11 @@
   appending them in one Delta commit with idempotent application transactions, or
   at-least-once by appends (needs deltalake: ``pip install 'sparkjet[delta]'``).
 - :class:`DiscardSink`: keeps nothing (benchmarks).
+
+A sink given as a stage's ``on_error`` receives dead letters of one schema,
+:data:`DEAD_LETTER_SCHEMA` (:mod:`sparkjet.connectors.dead_letters`).
 """
+from sparkjet.connectors.dead_letters import DEAD_LETTER_SCHEMA
 from sparkjet.connectors.delta import DeltaSink, DeltaWriter
 from sparkjet.connectors.discard import DiscardSink
 from sparkjet.connectors.files.sink import TransactionalFileSink, TransactionalFileWriter
@@ -25,6 +29,7 @@ from sparkjet.connectors.postgres import (
 from sparkjet.connectors.sqlite import SQLiteUpsertSink, SQLiteUpsertWriter
 
 __all__ = [
+    "DEAD_LETTER_SCHEMA",
     "DeltaSink",
     "DeltaWriter",
     "DiscardSink",

@@ -7,6 +7,7 @@ what a ``read_committed`` consumer reads afterwards.
 Needs ``confluent-kafka`` and ``noida-db`` (both in the ``test`` extra)."""
 import json
 import random
+import re
 import time
 import uuid
 import zlib
@@ -91,7 +92,7 @@ def test_source_decodes_raw_utf8_and_metadata(broker):
     assert all(ts is not None for ts in t.column("_timestamp").to_pylist())
 
     utf8 = KafkaSource(topic, broker.bootstrap, value="utf8", metadata=()).open([0], context())
-    with pytest.raises(CorruptDataError, match=rf"Kafka source: topic '{topic}' partition 0 "
+    with pytest.raises(CorruptDataError, match=rf"topic '{topic}' partition 0 "
                                                r"offset 1: the value is not UTF-8"):
         read_all(utf8)
     utf8.close()
@@ -113,7 +114,7 @@ def test_source_json_with_schema_and_poison_record(broker):
 
     produce(broker, topic, [(None, b'{"user": "x", "amount": "not a number"}')], partition=0)
     with pytest.raises(CorruptDataError,
-                       match=rf"Kafka source: topic '{topic}' partition 0 offset 51: the value "
+                       match=rf"topic '{topic}' partition 0 offset 51: the value "
                              r"does not match the JSON schema \(user: string, amount: double"):
         read_all(reader)
     reader.close()
@@ -341,6 +342,127 @@ def test_read_topic_skips_aborted_transactions(broker):
     p.produce(topic, b"kept")
     p.commit_transaction(10)
     assert read_topic(topic, broker.bootstrap).column("value").to_pylist() == [b"kept"]
+
+
+# -- poison records: on_error of the source ---------------------------------------------------
+
+POISON_SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.float64())])
+#: (partition, index in it) -> a malformed record: not JSON, a wrong type, not UTF-8
+POISON = {(0, 7): b"{not json", (1, 3): b'{"user": "x", "amount": "lots"}',
+          (1, 20): b'{"user": "\xff\xfe", "amount": 1}'}
+
+
+def poisoned_topic(broker, per_partition=40):
+    """Two partitions of JSON records, three of them malformed (``POISON``); returns the
+    topic and the good records' (user, amount, partition, offset)."""
+    topic = new_topic(broker, partitions=2)
+    good = []
+    for k in range(2):
+        records = []
+        for i in range(per_partition):
+            bad = POISON.get((k, i))
+            if bad is None:
+                value = {"user": f"u{k}-{i}", "amount": float(i)}
+                good.append((value["user"], value["amount"], k, i))
+                records.append((None, json.dumps(value).encode()))
+            else:
+                records.append((None, bad))
+        produce(broker, topic, records, partition=k)
+    return topic, sorted(good)
+
+
+def poison_job(broker, tmp_path, topic, on_error, name, **config):
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import TransactionalFileSink
+
+    source = KafkaSource(topic, broker.bootstrap, value="json", schema=POISON_SCHEMA,
+                         metadata=("partition", "offset"), bounded=True)
+    pipeline = (Pipeline().read_from(source, on_error=on_error)
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    return Job(pipeline, JobConfig(name=name, snapshot_store=str(tmp_path / "snaps"),
+                                   local_parallelism=2, **config))
+
+
+def test_a_malformed_message_fails_the_job_naming_source_topic_partition_and_offset(broker, tmp_path):
+    from sparkjet.errors import BadRecordError, MemberFailedError
+
+    topic, _ = poisoned_topic(broker)
+    with pytest.raises(MemberFailedError) as e:
+        poison_job(broker, tmp_path, topic, "fail", "kafka-poison-fail").run(isolated=False)
+    assert isinstance(e.value.__cause__, BadRecordError) and e.value.__cause__.deterministic
+    message = str(e.value)
+    assert re.search(rf"source \(KafkaSource\('{topic}'.*\): topic '{topic}' partition "
+                     rf"(0 offset 7|1 offset 3|1 offset 20): the value (does not match the "
+                     rf"JSON schema|is not UTF-8)", message), message
+
+
+def test_a_skipped_malformed_message_leaves_the_good_ones(broker, tmp_path):
+    from sparkjet.sinks import TransactionalFileSink
+
+    topic, good = poisoned_topic(broker)
+    result = poison_job(broker, tmp_path, topic, "skip", "kafka-poison-skip").run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out")
+    got = sorted(zip(*(out.column(c).to_pylist() for c in ("user", "amount", "_partition",
+                                                            "_offset"))))
+    assert got == good
+    assert result.skipped_events == len(POISON) and result.dead_letters == 0
+
+
+def test_malformed_messages_go_to_the_dead_letters_raw_with_their_offsets(broker, tmp_path):
+    from sparkjet.sinks import DEAD_LETTER_SCHEMA, TransactionalFileSink
+
+    topic, good = poisoned_topic(broker)
+    dead = TransactionalFileSink(tmp_path / "dead")
+    result = poison_job(broker, tmp_path, topic, dead, "kafka-poison-dead").run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out")
+    assert sorted(zip(out.column("user").to_pylist(), out.column("amount").to_pylist(),
+                      out.column("_partition").to_pylist(), out.column("_offset").to_pylist())) == good
+    letters = TransactionalFileSink.read(tmp_path / "dead")
+    assert letters.schema.equals(DEAD_LETTER_SCHEMA, check_metadata=False)
+    rows = sorted(letters.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
+    assert [(r["partition"], r["offset"], r["record"]) for r in rows] == \
+        [(k, i, v) for (k, i), v in sorted(POISON.items())]
+    for r in rows:
+        assert r["stage"] == "source" and r["column"] == "value" and r["format"] == "raw"
+        assert r["position"] == f"topic '{topic}' partition {r['partition']} offset {r['offset']}"
+        want = ("the value is not UTF-8" if (r["partition"], r["offset"]) == (1, 20) else
+                "the value does not match the JSON schema (user: string, amount: double)")
+        assert r["reason"].startswith(want), r["reason"]
+    assert result.dead_letters == len(POISON)
+
+
+def test_a_null_key_after_kafka_names_its_partition_and_offset(broker, tmp_path):
+    """A record that decodes but has a null key (``user`` missing) reaches group_by: its
+    dead letter and its error carry the Kafka partition and offset it came from."""
+    from sparkjet.errors import MemberFailedError
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import TransactionalFileSink
+
+    topic = new_topic(broker, partitions=1)
+    records = [{"user": f"u{i % 3}", "amount": 1.0} if i != 5 else {"amount": 2.0}
+               for i in range(12)]
+    produce(broker, topic, [(None, json.dumps(r).encode()) for r in records], partition=0)
+
+    def job(on_error, name):
+        source = KafkaSource(topic, broker.bootstrap, value="json", schema=POISON_SCHEMA,
+                             metadata=("partition", "offset"), bounded=True)
+        pipeline = (Pipeline().read_from(source)
+                    .group_by("user").aggregate(n="count", on_error=on_error)
+                    .write_to(TransactionalFileSink(tmp_path / name / "out")))
+        return Job(pipeline, JobConfig(name=name, snapshot_store=str(tmp_path / name / "snaps")))
+
+    with pytest.raises(MemberFailedError, match=r"aggregate: key column 'user' is null at "
+                                                r"partition 0 offset 5 "):
+        job(None, "fail").run(isolated=False)
+    dead = TransactionalFileSink(tmp_path / "dead")
+    job(dead, "dead").run(isolated=False)
+    [letter] = TransactionalFileSink.read(tmp_path / "dead").to_pylist()
+    assert (letter["stage"], letter["column"], letter["partition"], letter["offset"]) == \
+        ("aggregate", "user", 0, 5)
+    assert json.loads(letter["record"]) == {"user": None, "amount": 2.0, "_partition": 0,
+                                            "_offset": 5}
 
 
 # -- fault campaigns: real SIGKILLs ------------------------------------------------------------

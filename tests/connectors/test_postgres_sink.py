@@ -5,6 +5,7 @@ clear errors for bad input, and fault-campaign rounds with real SIGKILLs of the 
 checked with :mod:`sparkjet.verify` against what the server holds afterwards."""
 import os
 import random
+import re
 
 import psycopg
 import pyarrow as pa
@@ -437,6 +438,84 @@ def test_a_poison_record_names_the_row_and_column(server, table):
     assert message.startswith("PostgreSQL sink")
     assert "out of range" in message and "line 2, column id" in message
     w.close()
+
+
+def test_the_writer_finds_the_rows_postgres_would_refuse(server, table):
+    with psycopg.connect(server.dsn) as con:
+        con.execute(f'CREATE TABLE "{table}" (k text PRIMARY KEY, small smallint, v bigint)')
+    w = opened(PostgresSink(server.dsn, table, mode="upsert", key="k"), ctx(1))
+    batch = pa.record_batch({"k": ["a", "b\x00c", None, "d"],
+                             "small": pa.array([1, 2, 3, 40_000], pa.int32()),
+                             "v": pa.array([1, 2, 3, 4], pa.int64())})
+    refused = sorted((r.row, r.column, r.reason) for r in w.refused(batch))
+    assert refused == [
+        (1, "k", "value 'b\\x00c' holds a NUL character (\\x00), which PostgreSQL text cannot hold"),
+        (2, "k", "a null in a key column, which an upsert cannot key by"),
+        (3, "small", "value 40000 is out of the range of the table's int2 column")]
+    assert w.refused(batch.slice(0, 1)) == []
+    w.close()
+
+
+def nul_keys(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Events keyed by a text ``name``; one in 499 has a NUL character in it."""
+    ids = batch["id"].to_numpy()
+    names = [f"n{i}\x00x" if i % 499 == 7 else f"n{i}" for i in ids.tolist()]
+    return pa.RecordBatch.from_arrays([pa.array(names), batch["id"]], ["name", "id"])
+
+
+NUL_TOTAL = 6_000
+
+
+def nul_job(server, table, tmp_path, on_error, name, **config):
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sources import GeneratorSource
+
+    source = GeneratorSource(total=NUL_TOTAL, partitions=2, keys=10, batch_size=1_000)
+    pipeline = (Pipeline().read_from(source).map_batches(nul_keys)
+                .write_to(PostgresSink(server.dsn, table, mode="upsert", key="name"),
+                          on_error=on_error))
+    return Job(pipeline, JobConfig(name=name, snapshot_store=str(tmp_path / "snaps"),
+                                   local_parallelism=2, **config))
+
+
+def _bad_nul_ids():
+    return [i for i in range(NUL_TOTAL) if i % 499 == 7]
+
+
+def test_a_nul_character_in_a_key_fails_naming_sink_column_and_row(server, table, tmp_path):
+    from sparkjet.errors import BadRecordError, MemberFailedError
+
+    with pytest.raises(MemberFailedError) as e:
+        nul_job(server, table, tmp_path, None, "pg-nul-fail").run(isolated=False)
+    assert isinstance(e.value.__cause__, BadRecordError) and e.value.__cause__.deterministic
+    message = str(e.value)
+    assert re.search(r"sink \(PostgresSink\(.*\): row \d+ of its batch: column 'name': value "
+                     r"'n\d+\\x00x' holds a NUL character", message), message
+
+
+def test_skipped_nul_keys_leave_the_good_rows_in_postgres(server, table, tmp_path):
+    result = nul_job(server, table, tmp_path, "skip", "pg-nul-skip").run(isolated=False)
+    got = PostgresSink.read(server.dsn, table)
+    bad = set(_bad_nul_ids())
+    assert sorted(got.column("id").to_pylist()) == [i for i in range(NUL_TOTAL) if i not in bad]
+    assert result.skipped_events == len(bad)
+
+
+def test_nul_keys_go_to_the_dead_letters(server, table, tmp_path):
+    import json
+
+    from sparkjet.sinks import TransactionalFileSink
+
+    dead = TransactionalFileSink(tmp_path / "dead")
+    result = nul_job(server, table, tmp_path, dead, "pg-nul-dead").run(isolated=False)
+    assert len(PostgresSink.read(server.dsn, table)) == NUL_TOTAL - len(_bad_nul_ids())
+    letters = TransactionalFileSink.read(tmp_path / "dead").to_pylist()
+    assert sorted(json.loads(r["record"])["id"] for r in letters) == _bad_nul_ids()
+    for r in letters:
+        assert (r["stage"], r["column"], r["format"]) == ("sink", "name", "json")
+        assert "holds a NUL character" in r["reason"]
+    assert result.dead_letters == len(_bad_nul_ids())
 
 
 def test_unsupported_type_names_the_column(server, table):

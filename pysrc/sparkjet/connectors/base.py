@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from sparkjet.errors import BadRecordError
+
 GUARANTEES = ("none", "at-least-once", "exactly-once")
 
 
@@ -67,8 +69,40 @@ class DriverContext:
     snapshot_store: str | None      # the job's snapshot store (None under guarantee none)
 
 
+@dataclass(frozen=True)
+class BadRecord:
+    """A record a source cannot decode, or a row a sink refuses (``on_error``): ``reason``
+    says why, ``column`` which column (None: the whole record), ``record`` its bytes as
+    read (a source) or None; ``partition`` and ``offset`` where it is (a Kafka partition
+    and offset, a file's line), ``position`` the same in words ("topic 'orders'
+    partition 2 offset 17"), and ``row`` its row in the batch (a sink's refusal)."""
+
+    reason: str
+    column: str | None = None
+    record: bytes | None = None
+    partition: int | None = None
+    offset: int | None = None
+    position: str | None = None
+    row: int | None = None
+
+
 class SourceReader(ABC):
-    """Reads some partitions of a source."""
+    """Reads some partitions of a source.
+
+    A reader that meets a record it cannot decode hands it to :meth:`bad_record` and reads
+    on: the runtime sets ``on_bad_record`` to apply the source's ``on_error`` (fail, skip,
+    or a dead-letter sink); without it (a reader used on its own) the record raises."""
+
+    #: Set by the runtime: called with each :class:`BadRecord` (it raises to fail).
+    on_bad_record = None
+
+    def bad_record(self, record: BadRecord) -> None:
+        """Reports a record that does not decode (the reader leaves it out of its batch;
+        its offset counts as read)."""
+        if self.on_bad_record is None:
+            where = f"{record.position}: " if record.position else ""
+            raise BadRecordError(f"{where}{record.reason}", None, record.column, record.position)
+        self.on_bad_record(record)
 
     @abstractmethod
     def read(self, max_rows: int) -> pa.RecordBatch | None:
@@ -156,6 +190,12 @@ class SinkWriter(ABC):
         processor. After a rescale, `prepared` merges the states of the old processors
         mapped to this one (old index % new parallelism): dicts united, lists concatenated
         (``sparkjet.runtime.snapshotting.merge_states``)."""
+
+    def refused(self, batch: pa.RecordBatch) -> list[BadRecord]:
+        """The rows of ``batch`` the sink's system would refuse (each a :class:`BadRecord`
+        with its ``row`` and ``column``), found before :meth:`write`: the runtime applies
+        the sink's ``on_error`` to them and writes the rest. None found by default."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional: a writer may hold nothing to end
         """Ends writing. With guarantee "none", makes what was written visible."""

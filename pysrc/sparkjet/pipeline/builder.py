@@ -70,22 +70,31 @@ class Pipeline:
 
     # -- sources and sinks -------------------------------------------------------------
 
-    def read_from(self, source: Source) -> Pipeline:
-        """Starts a stream from ``source``."""
+    def read_from(self, source: Source, *, on_error=None) -> Pipeline:
+        """Starts a stream from ``source``.
+
+        :param on_error: what a record the source cannot decode (a Kafka value that is
+            not UTF-8 or does not fit the JSON schema, a file's malformed line, a Redis
+            entry without its fields) does: ``"fail"``, ``"skip"`` or a dead-letter Sink;
+            None (the default): ``JobConfig.on_error``. See :mod:`sparkjet.connectors.dead_letters`.
+        """
         if not isinstance(source, Source):
             raise InvalidArgumentError(f"read_from() takes a sparkjet Source, got {type(source).__name__}")
         if self._head is not None or self._ends:
             raise InvalidArgumentError("this pipeline already has a source; start another with "
                                        "Pipeline().read_from(...) and merge them with union()")
-        return Pipeline(Node(SourceStage(source)))
+        return Pipeline(Node(SourceStage(source), on_error=_on_error(on_error)))
 
-    def write_to(self, sink: Sink) -> Pipeline:
+    def write_to(self, sink: Sink, *, on_error=None) -> Pipeline:
         """Ends the stream in ``sink``; the result can be run by a Job or combined with
-        other ended pipelines by :meth:`Pipeline.all`."""
+        other ended pipelines by :meth:`Pipeline.all`. ``on_error``: what the rows the
+        sink's system would refuse (which the sink finds before writing, such as a NUL
+        character in PostgreSQL text) do: ``"fail"``, ``"skip"``, a dead-letter Sink, or
+        None for ``JobConfig.on_error``."""
         if not isinstance(sink, Sink):
             raise InvalidArgumentError(f"write_to() takes a sparkjet Sink, got {type(sink).__name__}")
         head = self._stream("write_to")
-        return Pipeline(None, (Node(SinkStage(sink), (head,)),))
+        return Pipeline(None, (Node(SinkStage(sink), (head,), _on_error(on_error)),))
 
     @staticmethod
     def all(*pipelines: Pipeline) -> Pipeline:
@@ -124,9 +133,9 @@ class Pipeline:
             None (the default) does what ``JobConfig.on_error`` says ("fail" unless set).
             ``"skip"`` splits the batch until the rows `fn` fails on are
             found alone, and drops them (counted in ``JobResult.skipped_events``); a
-            :class:`~sparkjet.connectors.base.Sink` receives them instead, each with the error in
-            a ``sparkjet_error`` column (``JobResult.dead_letters``), under the job's
-            guarantee. A batch on which every row fails is not a bad record but a broken
+            :class:`~sparkjet.connectors.base.Sink` receives them instead, as dead letters
+            (the row as JSON and the error: :mod:`sparkjet.connectors.dead_letters`;
+            ``JobResult.dead_letters``), under the job's guarantee. A batch on which every row fails is not a bad record but a broken
             stage: the job fails.
         """
         if not callable(fn):
@@ -196,11 +205,13 @@ class Pipeline:
         self._stream("group_by")
         return GroupBy(self, tuple(keys))
 
-    def deduplicate(self, *keys: str, within, late_events: Sink | None = None) -> Pipeline:
+    def deduplicate(self, *keys: str, within, late_events: Sink | None = None,
+                    on_error=None) -> Pipeline:
         """Passes the first event of each key and drops the later ones within ``within``
         of event time (an int in the time column's unit, or a timedelta) after it
         (:mod:`sparkjet.operators.dedup`). Events behind the watermark cannot be checked: they are
-        counted as late and go to ``late_events`` if given. Needs ``with_timestamps``."""
+        counted as late and go to ``late_events`` if given. Needs ``with_timestamps``.
+        ``on_error``: what rows with a null key do (as for :meth:`GroupBy.aggregate`)."""
         if len(keys) == 1 and isinstance(keys[0], (list, tuple)):
             keys = tuple(keys[0])
         if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
@@ -210,7 +221,7 @@ class Pipeline:
             raise InvalidArgumentError(f"late_events takes a sparkjet Sink, got "
                                        f"{type(late_events).__name__}")
         within = duration("within", within, allow_zero=False)
-        return self._add(DeduplicateStage(tuple(keys), within, late_events))
+        return self._add(DeduplicateStage(tuple(keys), within, late_events), on_error)
 
     def window(self, window) -> Windowed:
         """A windowed aggregation over the whole stream (no key: it runs on one processor)."""
@@ -218,7 +229,7 @@ class Pipeline:
         return Windowed(self, (), _check_window(window))
 
     def join_interval(self, other: Pipeline, *, on, between, how: str = "inner",
-                      right_suffix: str = "_right") -> Pipeline:
+                      right_suffix: str = "_right", on_error=None) -> Pipeline:
         """Joins this stream (left) with ``other`` (right) by key and event time: a left
         row at ``t`` meets every right row of an equal key at ``s`` with ``t + lower <= s
         <= t + upper`` (``between=(lower, upper)``, inclusive; ints in the time column's
@@ -229,7 +240,8 @@ class Pipeline:
         columns, once the watermark passes ``t + upper``. The output has the left columns,
         then the right ones (less a key named like its left key); a right name the left
         already has gets ``right_suffix``. Its event time is the left row's.
-        See :mod:`sparkjet.operators.interval_join`.
+        See :mod:`sparkjet.operators.interval_join`. ``on_error``: what rows of either
+        side with a null key do (as for :meth:`GroupBy.aggregate`).
 
         >>> clicks.join_interval(impressions, on="ad", between=(-600_000, 0))  # doctest: +SKIP
         """
@@ -238,7 +250,7 @@ class Pipeline:
         left, right = self._stream("join_interval"), other._stream("join_interval")
         stage = interval_join_stage(on, between, how, right_suffix, same_input=left is right,
                                     times=(event_time_of(left), event_time_of(right)))
-        return Pipeline(Node(stage, (left, right)))
+        return Pipeline(Node(stage, (left, right), _on_error(on_error)))
 
     # -- compiling ---------------------------------------------------------------------
 
@@ -257,9 +269,9 @@ class Pipeline:
             raise InvalidArgumentError(f"call read_from(source) before {what}()")
         return self._head
 
-    def _add(self, stage) -> Pipeline:
+    def _add(self, stage, on_error=None) -> Pipeline:
         head = self._stream(type(stage).__name__)
-        return Pipeline(Node(stage, (head,)))
+        return Pipeline(Node(stage, (head,), _on_error(on_error)))
 
 
 @dataclass(frozen=True)
@@ -271,17 +283,25 @@ class GroupBy:
     def key(self) -> str:
         return self.keys[0]
 
-    def aggregate(self, *, overflow: str = "fail", **aggregations) -> Pipeline:
+    def aggregate(self, *, overflow: str = "fail", on_error=None, **aggregations) -> Pipeline:
         """Rolling aggregation emitting, per batch, the updated aggregates of the keys it
         touched: ``aggregate(n="count", total=("sum", "v"), avg=("mean", "v"))``.
         Operations: count, sum, min, max, mean, first, last. An integer column's sum is
         exact int64; ``overflow`` says what a sum past int64 does: ``"fail"`` (the job fails
         naming the stage, column and key) or ``"decimal"`` (every integer sum of the stage
         is a decimal128(38, 0)). min, max, first and last keep the type of integer,
-        timestamp and duration columns."""
+        timestamp and duration columns.
+
+        :param on_error: what a row whose key is null does (here and in every keyed
+            stage: windows, ``map_state``, ``deduplicate``, ``join_interval``):
+            ``"fail"`` fails the job with :class:`~sparkjet.errors.NullKeyError` naming
+            the stage, the column and the row; ``"skip"`` drops it (counted in
+            ``skipped_events``); a Sink gets it as a dead letter
+            (:mod:`sparkjet.connectors.dead_letters`); None: ``JobConfig.on_error``."""
         parse_aggregations(aggregations)
         check_overflow(overflow)
-        return self.pipeline._add(AggregateStage(self.keys, dict(aggregations), overflow))
+        return self.pipeline._add(AggregateStage(self.keys, dict(aggregations), overflow),
+                                  on_error)
 
     def count(self) -> Pipeline:
         return self.aggregate(count="count")
@@ -292,7 +312,7 @@ class GroupBy:
 
     def map_state(self, fn, *, state: pa.Schema, ttl=None, ttl_in: str = "event",
                   event_time: bool = False, broadcast: Pipeline | None = None,
-                  broadcast_key=None) -> Pipeline:
+                  broadcast_key=None, on_error=None) -> Pipeline:
         """Keyed state of your own (:mod:`sparkjet.operators.stateful`): ``fn`` is called once per
         batch with a :class:`~sparkjet.operators.stateful.KeyedBatch` (the batch's rows grouped by
         key, and those keys' state: a row of the ``state`` schema each) and returns its
@@ -308,28 +328,31 @@ class GroupBy:
             ``KeyedBatch.broadcast``: every row so far, or the latest per ``broadcast_key``.
             It is saved in snapshots with the state. With event time it needs
             ``with_timestamps`` too (its watermarks count; its time column's name may differ).
+        :param on_error: what rows with a null key do (as for :meth:`aggregate`).
         """
         stage = keyed_state_stage(self.keys, fn, state, ttl, ttl_in, event_time,
                                   broadcast is not None, broadcast_key)
         head = self.pipeline._stream("map_state")
+        on_error = _on_error(on_error)
         if broadcast is None:
-            return Pipeline(Node(stage, (head,)))
+            return Pipeline(Node(stage, (head,), on_error))
         if not isinstance(broadcast, Pipeline):
             raise InvalidArgumentError(f"map_state(broadcast=...) takes a pipeline, got "
                                        f"{type(broadcast).__name__}")
-        return Pipeline(Node(stage, (head, broadcast._stream("map_state(broadcast=...)"))))
+        return Pipeline(Node(stage, (head, broadcast._stream("map_state(broadcast=...)")),
+                             on_error))
 
     def map_stateful(self, create: Callable[[], object], fn: Callable, *, ttl=None,
-                     ttl_in: str = "event") -> Pipeline:
+                     ttl_in: str = "event", on_error=None) -> Pipeline:
         """The per-row form of :meth:`map_state` (Jet's ``mapStateful``): ``fn(state, key,
         row)`` runs for every row, in arrival order per key, with a Python object per key
         (``create()`` for a new key, pickled between batches) and returns an output row (a
         dict) or None. Far slower than :meth:`map_state` (Python per row); for logic that
-        is hard to vectorize."""
+        is hard to vectorize. ``on_error``: as for :meth:`map_state`."""
         if not callable(create) or not callable(fn):
             raise InvalidArgumentError("map_stateful(create, fn) takes two functions")
         return self.pipeline._add(keyed_state_stage(self.keys, per_row(create, fn), PER_ROW_STATE,
-                                                    ttl, ttl_in, False))
+                                                    ttl, ttl_in, False), on_error)
 
 
 @dataclass(frozen=True)
@@ -339,7 +362,7 @@ class Windowed:
     window: object
 
     def aggregate(self, *, early_results=None, allowed_lateness=0, late_events: Sink | None = None,
-                  overflow: str = "fail", **aggregations) -> Pipeline:
+                  overflow: str = "fail", on_error=None, **aggregations) -> Pipeline:
         """Aggregates each window and key; a row per window and key when the watermark
         passes the window's end, with ``window_start`` and ``window_end``.
 
@@ -351,6 +374,7 @@ class Windowed:
             metrics either way; never dropped silently).
         :param overflow: an integer sum past int64: ``"fail"`` or ``"decimal"`` (as for
             :meth:`GroupBy.aggregate`).
+        :param on_error: what rows with a null key do (as for :meth:`GroupBy.aggregate`).
         """
         parse_window_aggregations(aggregations)
         check_overflow(overflow)
@@ -367,7 +391,7 @@ class Windowed:
 
         stage = WindowStage(self.keys, self.window, dict(aggregations), early, lateness,
                             late_events, overflow)
-        return Pipeline(Node(stage, (head,)))
+        return Pipeline(Node(stage, (head,), _on_error(on_error)))
 
     def count(self) -> Pipeline:
         return self.aggregate(count="count")

@@ -61,6 +61,9 @@ class Vertex:
     paths: list[Path] = field(default_factory=list)
     timestamps: TimestampsStage | None = None          # sources: their event-time policy
     time_column: str | None = None       # windows: the event-time column of their input
+    #: bad records (a source: undecodable; a keyed stage: null keys): "fail", "skip", a
+    #: dead-letter Sink, or None for the job's ``on_error``
+    on_error: object = None
 
     @property
     def arity(self) -> int:
@@ -117,6 +120,7 @@ class SinkSpec:
     feeders: list[str]                   # the vertices whose processors write to it
     late: bool = False                   # the late-event side output of a window
     dead_letters: bool = False           # the failed rows of a stage's on_error
+    on_error: object = None              # the rows this sink refuses (as Vertex.on_error)
 
 
 @dataclass
@@ -127,10 +131,10 @@ class Dag:
     #: recorded under these names in snapshots
     table_joins: dict[str, TableJoinStage] = field(default_factory=dict)
 
-    def dead_letter_sink(self, stage) -> str:
-        """The name of the sink a stage's failed rows go to (``stage.on_error``)."""
+    def dead_letter_sink(self, policy: Sink) -> str:
+        """The name of the sink of dead letters ``policy`` (an ``on_error`` Sink) is."""
         return next(name for name, s in self.sinks.items()
-                    if s.dead_letters and s.sink is stage.on_error)
+                    if s.dead_letters and s.sink is policy)
 
     def table_join_name(self, stage: TableJoinStage) -> str:
         return next(name for name, s in self.table_joins.items() if s is stage)
@@ -180,6 +184,12 @@ def _check_new_sink(sink: Sink, sinks: dict) -> None:
 
 
 _STATELESS = (*STATELESS, TableJoinStage)
+
+
+def _add_feeders(spec: SinkSpec, feeders: list[str]) -> None:
+    for f in feeders:
+        if f not in spec.feeders:
+            spec.feeders.append(f)
 
 
 def compile_dag(ends: tuple[Node, ...]) -> Dag:
@@ -232,25 +242,33 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
                                            f"through a stateless step (filter, map_batches) first")
         elif isinstance(s, SinkStage):
             _check_new_sink(s.sink, sinks)
-            spec = SinkSpec(name_for("sink"), s.sink, [])
+            spec = SinkSpec(name_for("sink"), s.sink, [], on_error=n.on_error)
             sink_of[id(n)] = sinks[spec.name] = spec
             continue
         else:
             continue
-        v = Vertex(name_for(kind), kind, s)
+        v = Vertex(name_for(kind), kind, s, on_error=n.on_error)
         vertex_of[id(n)] = vertices[v.name] = v
         if getattr(s, "late", None) is not None:
             _check_new_sink(s.late, sinks)
             spec = SinkSpec(name_for("sink"), s.late, [v.name], late=True)
             sinks[spec.name] = spec
-    # The dead-letter sinks of stateless stages (fed by the vertices whose paths pass them).
-    dead_letters: dict[int, SinkSpec] = {}
+    # The dead-letter sinks of on_error policies (one sink may take the dead letters of
+    # several stages: they share one schema). A stateless stage's is fed by the vertices
+    # whose paths pass it; a source's by its vertex; a keyed stage's by the vertices feeding
+    # it (their outputs check its keys); a sink's by the sink's feeders.
+    letters: dict[int, SinkSpec] = {}       # id(Sink) -> its spec
+    dead_letters: dict[int, SinkSpec] = {}  # id(stateless stage) -> the spec of its policy
     for n in order:
         s = n.stage
-        if isinstance(getattr(s, "on_error", None), Sink) and id(s) not in dead_letters:
-            _check_new_sink(s.on_error, sinks)
-            spec = SinkSpec(name_for("sink"), s.on_error, [], dead_letters=True)
-            dead_letters[id(s)] = sinks[spec.name] = spec
+        policy = n.on_error if n.on_error is not None else getattr(s, "on_error", None)
+        if isinstance(policy, Sink):
+            if id(policy) not in letters:
+                _check_new_sink(policy, sinks)
+                spec = SinkSpec(name_for("sink"), policy, [], dead_letters=True)
+                letters[id(policy)] = sinks[spec.name] = spec
+            if isinstance(s, _STATELESS):
+                dead_letters[id(s)] = letters[id(policy)]
 
     # Paths: from each vertex through stateless nodes to sinks and other vertices.
     for n in order:
@@ -293,6 +311,14 @@ def compile_dag(ends: tuple[Node, ...]) -> Dag:
                     stack.append((c, nxt, timed, node))
             else:
                 raise InvalidArgumentError(f"unknown pipeline stage {s!r}")
+
+    for v in vertices.values():
+        if isinstance(v.on_error, Sink):
+            feeders = [v.name] if v.kind == SOURCE else v.inputs
+            _add_feeders(letters[id(v.on_error)], feeders)
+    for spec in list(sinks.values()):
+        if isinstance(spec.on_error, Sink):
+            _add_feeders(letters[id(spec.on_error)], spec.feeders)
 
     # Event time: every path into a window (or a stage that needs it) must carry it; other
     # keyed stages get it (for their timers) when every input has it in one column.

@@ -81,6 +81,9 @@ class Node:
 
     stage: object
     inputs: tuple[Node, ...] = ()
+    #: a source's, keyed stage's or sink's ``on_error``: "fail", "skip", a Sink of dead
+    #: letters, or None for the job's (stateless stages hold theirs)
+    on_error: object = None
 
 
 def event_time_of(node: Node) -> str | None:

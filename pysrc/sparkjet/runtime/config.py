@@ -86,9 +86,11 @@ class JobConfig:
       ``spark.driver.host`` on a classic session; on a Spark Connect session (whose
       coordinator runs in the client, not on the server's driver), this machine's address
       on the route to the Connect server. Every executor must reach it.
-    - ``on_error``: what ``map_batches`` and ``filter`` stages that do not say otherwise do
-      with the rows they fail on: "fail" (the default) or "skip" (see
-      :meth:`sparkjet.pipeline.Pipeline.map_batches`).
+    - ``on_error``: what every stage that does not say otherwise does with a bad record
+      (a source's undecodable record, a null key in a keyed stage, a row a
+      ``map_batches`` or ``filter`` stage fails on, a row a sink refuses): "fail" (the
+      default) or "skip" (see the README's "Bad records" and
+      :mod:`sparkjet.connectors.dead_letters`).
     - ``retained_snapshots``: how many complete snapshots the store keeps (2, at most
       100). When the newest fails to verify at a restore, the job falls back to the newest
       older one that verifies, unless a sink committed output past it (see

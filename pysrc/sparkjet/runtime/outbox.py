@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkjet._batches import split_by
-from sparkjet.errors import SchemaMismatchError
+from sparkjet._keys import SUPPORTED, is_key_type
+from sparkjet.connectors import dead_letters
+from sparkjet.connectors.base import Sink
+from sparkjet.errors import BadRecordError, NullKeyError, SchemaMismatchError, UnsupportedTypeError
 from sparkjet.operators.base import ORDINAL
 from sparkjet.operators.table_join import TableJoiner, TableJoinStage
 from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline.dag import Vertex
-from sparkjet.pipeline.stages import TimestampsStage
+from sparkjet.pipeline.stages import FilterStage, MapStage, TimestampsStage
 from sparkjet.runtime.schemas import SchemaGuard, encode
 
 
@@ -43,6 +47,7 @@ class Outbox:
         self._channel_of = {w: t.channel_offset[(w, vertex.name)] + processor.index
                             for w in self.targets}
         self._remote: dict = {}           # (vertex, k) -> OutboundChannel
+        self._key_types_checked: set = set()   # (target, ordinal) whose key types were checked
         self.ended = False
         # Each output's schema (sink or edge into another vertex), fixed at its first batch
         # or by the restored snapshot: see sparkjet.runtime.schemas.
@@ -89,6 +94,12 @@ class Outbox:
                     break
             if out is None or out.num_rows == 0:
                 continue
+            if path.sink is not None:
+                out = self._refused_by_sink(path.sink, out)
+            elif (path.target, path.ordinal) in self._keys:
+                out = self._check_keys(path.target, path.ordinal, out)
+            if out is None or out.num_rows == 0:
+                continue
             out = self._guards[_output(path)].check(out)
             if path.sink is not None:
                 self.sinks[path.sink].write(out)
@@ -96,6 +107,88 @@ class Outbox:
             else:
                 self._route(path.target, out, path.ordinal)
         return written
+
+    # -- bad records (on_error) ----------------------------------------------------------
+
+    def resolve(self, policy):
+        """An ``on_error`` policy, or the job's when it is None."""
+        return self.member.config.on_error if policy is None else policy
+
+    def refuse(self, policy, letters: pa.RecordBatch, error: BaseException) -> None:
+        """Applies ``policy`` (resolved) to bad records: "fail" raises ``error``, "skip"
+        counts them, a Sink gets ``letters`` (:mod:`sparkjet.connectors.dead_letters`)."""
+        policy = self.resolve(policy)
+        m = self.member
+        if policy == "skip":
+            m.count("skipped_events", letters.num_rows)
+        elif isinstance(policy, Sink):
+            self.write_sink(m.dag.dead_letter_sink(policy), letters)
+            m.count("dead_letters", letters.num_rows)
+        else:
+            raise error
+
+    def _check_keys(self, target: str, ordinal: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The rows of ``batch`` whose keys stage ``target`` can key by; the others (a null
+        in a key column) go to its ``on_error``. A key column of a type no key can have
+        fails the job: every row would fail."""
+        key = self._keys[(target, ordinal)]
+        names = [key] if isinstance(key, str) else list(key)
+        present = [n for n in names if n in batch.schema.names]
+        if (target, ordinal) not in self._key_types_checked and len(present) == len(names):
+            for n in names:
+                t = batch.schema.field(n).type
+                if not is_key_type(t):
+                    raise UnsupportedTypeError(
+                        f"{target}: key column {n!r} has type {t}, which cannot be a key: "
+                        f"keys are {SUPPORTED}")
+            self._key_types_checked.add((target, ordinal))
+        if not any(batch.column(n).null_count for n in present):
+            return batch
+        null = None
+        for n in present:
+            col = batch.column(n).is_null()
+            null = col if null is None else pc.or_(null, col)
+        rows = np.flatnonzero(null.to_numpy(zero_copy_only=False))
+        bad = batch.take(pa.array(rows))
+        columns = [next(n for n in present if not batch.column(n)[int(r)].is_valid)
+                   for r in rows]
+        first, column = int(rows[0]), columns[0]
+        where = dead_letters.position_of(batch, first)
+        fed = f" (input {ordinal})" if self.member.dag.vertices[target].arity > 1 else ""
+        error = NullKeyError(
+            f"{target}: key column {column!r} is null at {where} of the stream from "
+            f"{self.vertex.name!r} into it{fed}; keys cannot be null (on_error='skip' or a "
+            f"dead-letter sink keeps the job going)", first, column=column, stage=target)
+        letters = dead_letters.from_rows(target, bad, columns,
+                                         [f"NullKeyError: key column {c!r} is null"
+                                          for c in columns])
+        self.refuse(self.member.dag.vertices[target].on_error, letters, error)
+        good = np.ones(batch.num_rows, bool)
+        good[rows] = False
+        return batch.filter(pa.array(good))
+
+    def _refused_by_sink(self, name: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The rows of ``batch`` sink ``name`` takes; the ones it says its system would
+        refuse go to its ``on_error``."""
+        refused = self.sinks[name].refused(batch)
+        if not refused:
+            return batch
+        refused = sorted(refused, key=lambda r: r.row)
+        rows = [r.row for r in refused]
+        first = refused[0]
+        where = dead_letters.position_of(batch, first.row)
+        spec = self.member.dag.sinks[name]
+        column = f"column {first.column!r}: " if first.column is not None else ""
+        error = BadRecordError(
+            f"{name} ({spec.sink!r}): {where}: {column}{first.reason} (on_error='skip' or a "
+            f"dead-letter sink keeps the job going)", name, first.column, where)
+        letters = dead_letters.from_rows(name, batch.take(pa.array(rows)),
+                                         [r.column for r in refused],
+                                         [r.reason for r in refused])
+        self.refuse(spec.on_error, letters, error)
+        good = np.ones(batch.num_rows, bool)
+        good[rows] = False
+        return batch.filter(pa.array(good))
 
     def _policy(self, stage):
         """A stage's on_error, or the job's when the stage leaves it to the job."""
@@ -114,14 +207,11 @@ class Outbox:
         if len(failed) == batch.num_rows:
             # every row fails: a broken stage (a missing column, a bug), not bad records
             raise failed[0][1]
-        m = self.member
-        if self._policy(stage) == "skip":
-            m.count("skipped_events", len(failed))
-        else:
-            rows = pa.concat_batches([row for row, _ in failed])
-            errors = pa.array([f"{type(e).__name__}: {e}" for _, e in failed], pa.string())
-            self.write_sink(m.dag.dead_letter_sink(stage), rows.append_column("sparkjet_error", errors))
-            m.count("dead_letters", len(failed))
+        rows = pa.concat_batches([row for row, _ in failed])
+        label = f"{self.vertex.name}/{_STAGE_NAMES.get(type(stage), type(stage).__name__)}"
+        letters = dead_letters.from_rows(label, rows, [None] * len(failed),
+                                         [f"{type(e).__name__}: {e}" for _, e in failed])
+        self.refuse(self._policy(stage), letters, failed[0][1])
         outputs = [o for o in outputs if o is not None and o.num_rows]
         if not outputs:
             return None
@@ -251,6 +341,9 @@ def _bisect(stage, batch: pa.RecordBatch, outputs: list, failed: list, error=Non
     half = batch.num_rows // 2
     _bisect(stage, batch.slice(0, half), outputs, failed)
     _bisect(stage, batch.slice(half), outputs, failed)
+
+
+_STAGE_NAMES = {MapStage: "map_batches", FilterStage: "filter"}
 
 
 def _output(path) -> str:

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from sparkjet.errors import InvalidArgumentError
+from sparkjet.connectors import dead_letters
+from sparkjet.errors import BadRecordError, InvalidArgumentError
 from sparkjet.operators.time import EventTimeColumn, in_units
 from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT
 from sparkjet.runtime.outbox import Outbox
@@ -207,6 +208,7 @@ class SourceProcessor(Processor):
         if self.watermarks is not None:
             self.watermarks.restore(self.restored_times)
         self.open_outputs(self._observe if self.watermarks is not None else None)
+        reader.on_bad_record = self._bad_record
         ended = finished = False
         try:
             while not m.failed and not finished:
@@ -242,6 +244,15 @@ class SourceProcessor(Processor):
                 self.outbox.abort()
             reader.close()
             self.close_sinks()
+
+    def _bad_record(self, record) -> None:
+        """A record the reader could not decode: the source's ``on_error`` applies."""
+        v = self.vertex
+        where = f"{record.position}: " if record.position else ""
+        error = BadRecordError(
+            f"{v.name} ({v.source!r}): {where}{record.reason} (on_error='skip' or a "
+            f"dead-letter sink keeps the job going)", v.name, record.column, record.position)
+        self.outbox.refuse(v.on_error, dead_letters.from_records(v.name, [record]), error)
 
     def _send_watermark(self) -> None:
         if self.watermarks is not None:

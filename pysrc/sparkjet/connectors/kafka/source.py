@@ -37,8 +37,11 @@ only once committed, so exactly-once holds from Kafka to Kafka.
 field, parsed by Arrow's JSON reader; fields not in the schema are ignored, missing ones are
 null). ``metadata`` adds ``_partition`` (int32), ``_offset`` (int64) and ``_timestamp``
 (``timestamp[ms]``, the record's timestamp: give it to ``with_timestamps`` for event time
-from Kafka, or name a field of the value instead). A record that does not decode stops the
-job with :class:`~sparkjet.errors.CorruptDataError` naming its topic, partition and offset.
+from Kafka, or name a field of the value instead). A record that does not decode (a key or
+value that is not UTF-8, a value that does not fit the JSON schema) goes to the source's
+``on_error`` (``read_from(source, on_error=...)``, else ``JobConfig.on_error``): "fail" stops
+the job with :class:`~sparkjet.errors.BadRecordError` naming its topic, partition and offset;
+"skip" drops it; a dead-letter sink gets its raw bytes (:mod:`sparkjet.connectors.dead_letters`).
 A read returns the records of one source partition, so event time has a watermark per
 source partition.
 
@@ -87,7 +90,7 @@ from sparkjet.connectors._settings import (
     SourcePartitions,
     Text,
 )
-from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import BadRecord, ProcessorContext, Source, SourceReader
 from sparkjet.connectors.kafka.client import (
     DEFAULT_BOOTSTRAP,
     client_config,
@@ -427,7 +430,43 @@ class KafkaReader(SourceReader):
         self._last = slot
         return self._decode(take)
 
-    def _decode(self, messages: list) -> pa.RecordBatch:
+    def _decode(self, messages: list) -> pa.RecordBatch | None:
+        """The records as a batch; one that does not decode goes to :meth:`bad_record`
+        (the source's ``on_error``) and the others are decoded without it."""
+        try:
+            return self._decode_all(messages)
+        except (CorruptDataError, ValueError):
+            pass
+        good = []
+        for m in messages:
+            problem = self._problem(m)
+            if problem is None:
+                good.append(m)
+                continue
+            column, reason = problem
+            self.bad_record(BadRecord(
+                reason, column, m.key() if column == "_key" else m.value(), m.partition(),
+                m.offset(), f"topic {self._topic!r} partition {m.partition()} offset {m.offset()}"))
+        return self._decode_all(good) if good else None
+
+    def _problem(self, m) -> tuple[str, str] | None:
+        """Why record ``m`` does not decode (its column and the reason), or None."""
+        src, prefix = self._source, f"Kafka source: {self._where(m)}: "
+        try:
+            if src.key is not None:
+                try:
+                    self._text_or_raw([m.key()], src.key, [m], "key")
+                except CorruptDataError as e:
+                    return "_key", str(e).removeprefix(prefix)
+            if src.value == "json":
+                self._json([m.value()], [m])
+            else:
+                self._text_or_raw([m.value()], src.value, [m], "value")
+        except (CorruptDataError, ValueError) as e:
+            return "value", str(e).removeprefix(prefix)
+        return None
+
+    def _decode_all(self, messages: list) -> pa.RecordBatch:
         src = self._source
         columns, names = [], []
         if src.key is not None:
@@ -478,6 +517,8 @@ class KafkaReader(SourceReader):
         record that does not parse or fit the schema, and names it."""
         schema = self._source.schema
         lines = [b"{}" if v is None else v for v in values]
+        # JSON is UTF-8, and Arrow's reader would pass bad bytes on into string columns
+        self._text_or_raw(lines, "utf8", messages, "value")
         if any(b"\n" in v for v in lines):
             # Arrow reads one document per line: take pretty-printed ones apart first.
             lines = [json.dumps(json.loads(v)).encode() if b"\n" in v else v for v in lines]

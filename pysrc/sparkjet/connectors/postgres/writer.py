@@ -25,9 +25,11 @@ import re
 import threading
 import time
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from sparkjet.connectors.base import GUARANTEES, ProcessorContext, SinkWriter
+from sparkjet.connectors.base import GUARANTEES, BadRecord, ProcessorContext, SinkWriter
 from sparkjet.connectors.postgres.columns import (
     accepts,
     copy_csv,
@@ -58,6 +60,9 @@ _LOCK_WAIT = "2s"
 _REGISTER_DEADLINE = 120.0
 # Rows per CSV slice of one COPY.
 _COPY_ROWS = 65_536
+#: The integers an existing column of these types holds (bigint: all of int64).
+_INT_RANGES = {"int2": (-2**15, 2**15 - 1), "int4": (-2**31, 2**31 - 1),
+               "int8": (-2**63, 2**63 - 1)}
 
 _META = """
 CREATE TABLE IF NOT EXISTS _sparkjet_fences (
@@ -81,6 +86,7 @@ class PostgresWriter(SinkWriter):
         self._table = identifier(sink.table)
         self._schema: pa.Schema | None = None
         self._copy = None
+        self._pg_types: dict[str, str] = {}   # column -> pg_type.typname of an existing table
         self._lock = threading.RLock()
         self._registered = False
         name = f"sparkjet {self._job} e{context.execution_id} p{context.processor}"
@@ -256,6 +262,7 @@ class PostgresWriter(SinkWriter):
 
     def _check_table(self, schema: pa.Schema, existing: list) -> None:
         found = {name: (typname, category) for name, typname, category in existing}
+        self._pg_types = {name: typname for name, (typname, _) in found.items()}
         for f in schema:
             if f.name not in found:
                 raise InvalidArgumentError(
@@ -276,6 +283,40 @@ class PostgresWriter(SinkWriter):
     def _target(self):
         return self._table
 
+    def refused(self, batch: pa.RecordBatch) -> list[BadRecord]:
+        """The rows PostgreSQL would refuse, found before ``COPY``: a text value with a NUL
+        character (PostgreSQL text cannot hold one), an integer out of the range of an
+        existing smallint, integer or bigint column, a null in a key column (upserts)."""
+        if self._schema is None or not self._schema.equals(batch.schema):
+            self._prepare_table(batch.schema)
+        out: list[BadRecord] = []
+        keys = set(self.sink.key or ())
+        for name, column in zip(batch.schema.names, batch.columns):
+            if pa.types.is_dictionary(column.type):
+                column = column.dictionary_decode()
+            t = column.type
+            bad, why = None, None
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                bad = pc.match_substring(column, "\x00")
+                why = "a NUL character (\\x00), which PostgreSQL text cannot hold"
+            elif pa.types.is_integer(t) and self._pg_types.get(name) in _INT_RANGES:
+                lo, hi = _INT_RANGES[self._pg_types[name]]
+                bad = pc.greater(column, pa.scalar(hi).cast(t)) if hi < _max(t) else None
+                if pa.types.is_signed_integer(t) and lo > -_max(t) - 1:
+                    low = pc.less(column, pa.scalar(lo).cast(t))
+                    bad = low if bad is None else pc.or_(bad, low)
+                why = f"out of the range of the table's {self._pg_types[name]} column"
+            if bad is not None:
+                for i in np.flatnonzero(bad.fill_null(False).to_numpy(zero_copy_only=False)):
+                    value = column[int(i)].as_py()
+                    out.append(BadRecord(f"value {_short(value)} holds {why}" if "NUL" in why
+                                         else f"value {value} is {why}", name, row=int(i)))
+            if name in keys and column.null_count:
+                for i in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)):
+                    out.append(BadRecord("a null in a key column, which an upsert cannot "
+                                         "key by", name, row=int(i)))
+        return out
+
     def _copy_in(self, con, batch: pa.RecordBatch) -> None:
         """Copies `batch` in (into the open transaction of `con`)."""
         if self._schema is None or not self._schema.equals(batch.schema):
@@ -293,3 +334,14 @@ class PostgresWriter(SinkWriter):
         for con in (getattr(self, "_data", None), getattr(self, "_control", None)):
             if con is not None:
                 con.close()
+
+
+def _max(t: pa.DataType) -> int:
+    """The greatest value of integer type ``t``."""
+    return int(np.iinfo(t.to_pandas_dtype()).max)
+
+
+def _short(value) -> str:
+    """A value for a message: its repr, cut at 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
