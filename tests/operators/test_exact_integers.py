@@ -73,7 +73,8 @@ def _check(rows: list[dict], ref: dict, key="k") -> None:
         assert r["m"] == pytest.approx(want["m"], rel=1e-15)
 
 
-def _assert_types(schema: pa.Schema, sum_type=pa.int64()) -> None:
+def _assert_types(schema: pa.Schema, sum_type: pa.DataType | None = None) -> None:
+    sum_type = sum_type or pa.int64()
     assert schema.field("s").type == sum_type
     for name in ("lo", "hi", "f", "l"):
         assert schema.field(name).type == pa.int64()

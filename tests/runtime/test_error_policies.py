@@ -13,10 +13,9 @@ from pyspark import cloudpickle
 
 from sparkjet import verify
 from sparkjet.errors import InvalidArgumentError, MemberFailedError, NullKeyError
-from sparkjet.sinks import DEAD_LETTER_SCHEMA
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig, JobFailedError
-from sparkjet.sinks import TransactionalFileSink
+from sparkjet.sinks import DEAD_LETTER_SCHEMA, TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.windows import session, tumbling
 

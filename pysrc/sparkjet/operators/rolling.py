@@ -23,7 +23,7 @@ from sparkjet._keys import refuse_nulls
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.base import Operator, OperatorStage
 from sparkjet.operators.groups import Groups
-from sparkjet.operators.values import ValueColumns, check_overflow
+from sparkjet.operators.values import ValueColumns
 
 OPERATIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 

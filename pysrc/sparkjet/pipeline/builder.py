@@ -37,7 +37,6 @@ from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.dedup import DeduplicateStage
 from sparkjet.operators.interval_join import interval_join_stage
 from sparkjet.operators.rolling import AggregateStage, parse_aggregations
-from sparkjet.operators.values import check_overflow
 from sparkjet.operators.stateful import PER_ROW_STATE, keyed_state_stage, per_row
 from sparkjet.operators.table_join import (
     TableJoinStage,
@@ -46,6 +45,7 @@ from sparkjet.operators.table_join import (
     parse_on,
 )
 from sparkjet.operators.time import duration, seconds
+from sparkjet.operators.values import check_overflow
 from sparkjet.operators.windows.definitions import WindowDefinition, parse_window_aggregations
 from sparkjet.operators.windows.operator import WindowStage
 from sparkjet.pipeline.dag import compile_dag
@@ -135,8 +135,8 @@ class Pipeline:
             found alone, and drops them (counted in ``JobResult.skipped_events``); a
             :class:`~sparkjet.connectors.base.Sink` receives them instead, as dead letters
             (the row as JSON and the error: :mod:`sparkjet.connectors.dead_letters`;
-            ``JobResult.dead_letters``), under the job's guarantee. A batch on which every row fails is not a bad record but a broken
-            stage: the job fails.
+            ``JobResult.dead_letters``), under the job's guarantee. A batch on which every
+            row fails is not a bad record but a broken stage: the job fails.
         """
         if not callable(fn):
             raise InvalidArgumentError("map_batches() takes a function of a RecordBatch")
