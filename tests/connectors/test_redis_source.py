@@ -14,7 +14,12 @@ import redis
 from helpers import redis_server
 
 from sparkjet.connectors.base import ProcessorContext
-from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
+from sparkjet.errors import (
+    ConnectorError,
+    CorruptDataError,
+    InvalidArgumentError,
+    SourceChangedError,
+)
 from sparkjet.sources import RedisStreamProducer, RedisStreamSource
 
 
@@ -94,7 +99,8 @@ def test_a_reader_without_partitions_is_at_its_end(server):
     source, _ = setup(server)
     reader = source.open([], context())
     assert reader.at_end() and reader.read(10) is None
-    assert reader.snapshot_state() == {"unacked": {}, "ended": []}
+    assert reader.snapshot_state() == {"unacked": {}, "ended": [], "group": "sparkjet-job-1",
+                                       "delivered": {}}
 
 
 def test_the_source_is_picklable(server):
@@ -158,6 +164,77 @@ def test_redelivery_after_a_crash_drops_what_the_snapshot_covers(server, client)
     assert pending(client, source) == 0
 
 
+def _read_and_commit(source, producer, n, acked):
+    """A reader that read ``n`` of 10 entries, a snapshot of it, and (``acked``) the ack
+    that follows the snapshot's completion."""
+    ids = producer.add_many(0, [{"v": i} for i in range(10)])
+    reader = source.open([0], context())
+    got = []
+    while len(got) < n:
+        got += reader.read(n - len(got)).column("_id").to_pylist()
+    state = reader.snapshot_state()
+    if acked:
+        reader.ack(1)
+    reader.close()
+    return ids, state
+
+
+@pytest.mark.parametrize("how", ["stream deleted and written again", "group destroyed",
+                                 "server lost its data"])
+def test_a_restore_never_rewinds_a_group_that_went_back(server, client, how):
+    """The job's group delivered 6 entries, a snapshot holds them and they were acked.
+    Then the group (or its stream) is gone: a new reader would make the group again from
+    start_id and deliver the 6 again, duplicates the job's state already counts. The
+    restore refuses, naming the stream, the group and both ids."""
+    source, producer = setup(server)
+    ids, state = _read_and_commit(source, producer, 6, acked=True)
+    key = f"{source.stream}:0"
+    if how == "group destroyed":
+        client.xgroup_destroy(key, "sparkjet-job-1")
+    elif how == "stream deleted and written again":
+        client.delete(key)
+        producer.add_many(0, [{"v": i} for i in range(10)])
+    else:
+        client.flushall()
+    again = source.open([0], context(execution_id=2))   # makes the group again, from "0"
+    with pytest.raises(SourceChangedError, match=rf"consumer group 'sparkjet-job-1' of stream "
+                                                 rf"'{key}' has delivered up to .* but the "
+                                                 rf"job's snapshot had read up to {ids[5]}"):
+        again.restore_state(state)
+    assert SourceChangedError.deterministic
+
+
+def test_a_group_deleted_while_the_job_reads_is_named(server, client):
+    source, producer = setup(server)
+    producer.add_many(0, [{"v": i} for i in range(4)])
+    reader = source.open([0], context())
+    read_available(reader)
+    client.xgroup_destroy(f"{source.stream}:0", "sparkjet-job-1")
+    with pytest.raises(SourceChangedError, match="was deleted while the job read it"):
+        reader.read(10)
+
+
+def test_a_state_of_another_group_moves_the_new_group_to_its_position(server, client):
+    """An initial snapshot of another job (its own group): this job's new group starts where
+    that one stood, not at start_id, so nothing the export covers is read again."""
+    source, producer = setup(server)
+    ids, state = _read_and_commit(source, producer, 6, acked=True)
+    other = RedisStreamSource(source.stream, 1, server.url, group="job-two")
+    reader = other.open([0], context(job_id=2))
+    reader.restore_state(state)
+    assert read_available(reader) == ids[6:]
+
+
+def test_a_restore_after_a_healthy_crash_still_replays_what_was_lost(server, client):
+    """The check does not get in the way of the ordinary recovery: snapshot taken, not yet
+    acknowledged, reader crashed; the group is where it was."""
+    source, producer = setup(server)
+    ids, state = _read_and_commit(source, producer, 6, acked=False)
+    again = source.open([0], context(execution_id=2))
+    again.restore_state(state)
+    assert read_available(again) == ids[6:]
+
+
 def test_what_a_zombie_reads_is_claimed_by_the_live_reader(server, client):
     """A reader of execution 1 that lives on after execution 2 took over (a zombie) reads
     new messages: they go pending under its consumer, where the live reader, which reads
@@ -213,7 +290,9 @@ def test_guarantee_none_acknowledges_on_delivery(server, client):
     reader = source.open([0], context(guarantee="none"))
     assert len(read_available(reader)) == 5
     assert pending(client, source) == 0
-    assert reader.snapshot_state() == {"unacked": {}, "ended": []}
+    state = reader.snapshot_state()
+    assert (state["unacked"], state["ended"]) == ({}, [])
+    assert list(state["delivered"]) == ["0"]  # where the group stood, all the same
 
 
 def test_each_job_has_its_own_consumer_group(server):

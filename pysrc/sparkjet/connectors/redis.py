@@ -25,7 +25,18 @@ never claims from a newer execution's consumer. The exactly-once protocol:
 
 State::
 
-    {"unacked": {"<partition>": ["1700000000000-0", ...], ...}, "ended": [<partition>, ...]}
+    {"unacked": {"<partition>": ["1700000000000-0", ...], ...}, "ended": [<partition>, ...],
+     "group": "sparkjet-job-7", "delivered": {"<partition>": "1700000000000-5", ...}}
+
+**Never a silent rewind.** ``delivered`` is the newest id the reader had returned of each
+partition at the snapshot. A restore checks that the job's consumer group has delivered at
+least that far (``XINFO GROUPS``): a group behind it was deleted and made again (by this
+reader's ``XGROUP CREATE ... MKSTREAM``, from ``start_id``), lost with its stream, or
+brought back from an older copy of the server's data, and reading from it would deliver
+again entries the state already holds. That is a :class:`~sparkjet.errors.SourceChangedError`
+naming the stream, the group and both ids, and so is a group or stream deleted while the
+job reads it (``NOGROUP``). A state saved under another group (an ``initial_snapshot`` of
+another job) moves this job's new group to where that one stood (``XGROUP SETID``).
 
 With guarantee ``"none"`` messages are read with NOACK (acknowledged on delivery, lost
 if the job dies) and the state holds no ids.
@@ -68,7 +79,12 @@ from sparkjet.connectors._settings import (
     Text,
 )
 from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
-from sparkjet.errors import ConnectorError, CorruptDataError, InvalidArgumentError
+from sparkjet.errors import (
+    ConnectorError,
+    CorruptDataError,
+    InvalidArgumentError,
+    SourceChangedError,
+)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_CONSUMER = "sparkjet"
@@ -251,8 +267,10 @@ class RedisStreamReader(SourceReader):
         return len(self._ended) == len(self._parts)
 
     def snapshot_state(self) -> dict:
+        delivered = {str(p): i for p, i in self._delivered.items() if i is not None}
         if self._noack:
-            return {"unacked": {}, "ended": sorted(self._ended)}
+            return {"unacked": {}, "ended": sorted(self._ended), "group": self._group,
+                    "delivered": delivered}
         self._generations.append(self._returned)
         self._returned = {p: [] for p in self._parts}
         unacked = {}
@@ -261,7 +279,8 @@ class RedisStreamReader(SourceReader):
             ids.extend(sorted(self._processed[p]))
             if ids:
                 unacked[str(p)] = ids
-        return {"unacked": unacked, "ended": sorted(self._ended)}
+        return {"unacked": unacked, "ended": sorted(self._ended), "group": self._group,
+                "delivered": delivered}
 
     def restore_state(self, state: dict | None) -> None:
         """Takes the ids in ``state`` as processed and re-reads every pending entry first
@@ -282,6 +301,9 @@ class RedisStreamReader(SourceReader):
                         f"unacked ids of partition {p} must be a list of str, got {ids!r}")
                 processed[p] = set(ids)
             ended = {p for p in self._parts if p in ends}
+        self._delivered: dict[int, str | None] = dict.fromkeys(self._parts)
+        if state is not None:
+            self._check_position(state)
         self._processed = processed
         self._ended = ended
         # Recovery: the position in each partition's pending entries list, from the start
@@ -290,6 +312,58 @@ class RedisStreamReader(SourceReader):
         self._buffers = {p: deque() for p in self._parts}
         self._returned = {p: [] for p in self._parts}
         self._generations: list[dict] = []
+
+    def _check_position(self, state: dict) -> None:
+        """Refuses a restore whose group has delivered less than the state says it had
+        (see the module's "Never a silent rewind"); moves a new group to a state saved
+        under another group."""
+        delivered = state.get("delivered")
+        if not isinstance(delivered, dict):
+            return  # a state from before positions were saved: nothing to check against
+        own = state.get("group", self._group) == self._group
+        for p in self._parts:
+            want = delivered.get(str(p))
+            if not isinstance(want, str):
+                continue
+            self._delivered[p] = want
+            key = self._keys[p]
+            found = self._group_position(key)
+            if found is not None and _id_order(found.encode()) >= _id_order(want.encode()):
+                continue
+            if not own:
+                self._client.xgroup_setid(key, self._group, want)
+                continue
+            raise SourceChangedError(self._source.redact(
+                f"redis-stream source: the consumer group {self._group!r} of stream {key!r} "
+                f"has delivered up to {found or 'nothing'}, but the job's snapshot had read up "
+                f"to {want}: the stream or its group was deleted and made again, or the "
+                f"server came back with an older copy of its data. Reading on would deliver "
+                f"again entries whose effects the job's state already holds, so the job "
+                f"stops. To start over, run the job with a new snapshot store (or a new "
+                f"group); to go on from where the group stands, move it with XGROUP SETID "
+                f"{key} {self._group} {want} if the entries are the same"))
+
+    def _group_position(self, key: str) -> str | None:
+        """The id this reader's group last delivered of ``key`` (None: no such group)."""
+        try:
+            groups = self._client.xinfo_groups(key)
+        except _redis().ResponseError:  # no such key
+            return None
+        for group in groups:
+            name = group.get("name")
+            name = name.decode() if isinstance(name, bytes) else name
+            if name == self._group:
+                last = group.get("last-delivered-id")
+                return last.decode() if isinstance(last, bytes) else last
+        return None
+
+    def _nogroup(self, e: Exception, key: str) -> None:
+        """A read refused for a missing group or stream: they were deleted under the job."""
+        if "NOGROUP" in str(e):
+            raise SourceChangedError(self._source.redact(
+                f"redis-stream source: stream {key!r} or its consumer group {self._group!r} "
+                f"was deleted while the job read it ({e}); a new group would deliver the "
+                f"stream again from {self._source.start_id!r}, so the job stops")) from None
 
     def ack(self, snapshot_id: int) -> None:
         """XACKs the ids of the oldest snapshot not yet acknowledged, which is snapshot
@@ -371,8 +445,12 @@ class RedisStreamReader(SourceReader):
         if self._recovering[p] == "0":
             self._claim_foreign(p)
         while True:
-            reply = self._client.xreadgroup(self._group, self._consumer,
-                                            {key: self._recovering[p]}, count=max_rows)
+            try:
+                reply = self._client.xreadgroup(self._group, self._consumer,
+                                                {key: self._recovering[p]}, count=max_rows)
+            except _redis().ResponseError as e:
+                self._nogroup(e, key)
+                raise
             entries = reply[0][1] if reply else []
             if not entries:
                 # Every pending entry has been seen; a processed id that was not pending
@@ -403,9 +481,13 @@ class RedisStreamReader(SourceReader):
                    if p not in self._recovering and p not in self._ended}
         if not streams:
             return
-        reply = self._client.xreadgroup(self._group, self._consumer, streams,
-                                        count=max_rows, block=self._source.block_ms,
-                                        noack=self._noack)
+        try:
+            reply = self._client.xreadgroup(self._group, self._consumer, streams,
+                                            count=max_rows, block=self._source.block_ms,
+                                            noack=self._noack)
+        except _redis().ResponseError as e:
+            self._nogroup(e, ", ".join(streams))
+            raise
         by_key = {k: p for p, k in self._keys.items()}
         for key, entries in reply or []:
             self._buffers[by_key[key.decode()]].extend(entries)
@@ -417,6 +499,11 @@ class RedisStreamReader(SourceReader):
                 self._ended.add(p)
                 self._buffers[p].clear()
                 break
+        if entries:
+            last = entries[-1][0].decode()
+            now = self._delivered.get(p)
+            if now is None or _id_order(last.encode()) > _id_order(now.encode()):
+                self._delivered[p] = last
         if not self._noack:
             self._returned[p].extend(m.decode() for m, _ in entries)
         data = [(m.decode(), f) for m, f in entries if _END not in f]
