@@ -21,6 +21,11 @@ otherwise the DataFrame is written under a fresh ``d-{uuid}`` (what an earlier w
 did not finish left there is removed first) and the record is created exclusively, which is
 the commit point. Constructing the source runs nothing.
 
+**Never a silent rewind.** The query is never run again, so what it would give now cannot
+change the job's input; the files it wrote are read by :class:`DirectorySource`, which
+refuses a file changed, truncated or deleted under the job
+(:class:`~sparkjet.errors.SourceChangedError`, naming the file).
+
 **Cleanup.** Once the job has run to its end the files are removed (``keep=True`` keeps
 them); after a failure, a stop or a cancel they stay, for the run that resumes.
 """
