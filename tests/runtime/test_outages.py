@@ -1,0 +1,171 @@
+"""Outages of the systems a job writes to or reads from, told apart from errors about the data
+(issue 26, item 2): the real server (PostgreSQL, the Kafka broker, the S3 server, Redis) is
+stopped under a running job for longer than one backoff step and started again on the same
+port with the same data. The job waits (restarts with backoff, each failure classified as
+transient, never cut short by the "failed twice the same way" rule), resumes, and its output
+is exactly-once, as the real system holds it afterwards.
+
+Before the fix each of these failed: the second identical "connection refused" was judged an
+error a replay repeats, and the job failed with max_restarts unused.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparkjet import verify
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.sources import GeneratorSource
+
+#: How long a server stays down: several backoff steps of the jobs below.
+OUTAGE_S = 3.0
+
+
+class Outage:
+    """Stops a server (``down()``) once the job has completed ``after`` snapshots, keeps it
+    down ``seconds``, then starts it again (``up()``); records the job's progress events."""
+
+    def __init__(self, down, up, seconds: float = OUTAGE_S, after: int = 2):
+        self.down, self.up, self.seconds, self.after = down, up, seconds, after
+        self.events: list[dict] = []
+        self.began = threading.Event()
+        self.ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._snapshots = 0
+
+    def on_progress(self, event: dict) -> None:
+        self.events.append(event)
+        if event["event"] == "snapshot":
+            self._snapshots += 1
+            if self._snapshots >= self.after:
+                self.began.set()
+
+    def _run(self) -> None:
+        if not self.began.wait(120):
+            return
+        self.down()
+        self.downtime = time.monotonic()
+        time.sleep(self.seconds)
+        self.up()
+        self.ended.set()
+
+    def join(self) -> None:
+        self.began.set()   # a job that ended early still brings the server back
+        self._thread.join(60)
+
+    @property
+    def restarts(self) -> list[dict]:
+        return [e for e in self.events if e["event"] == "restart"]
+
+
+def run(job: Job, outage: Outage):
+    try:
+        result = job.run(on_progress=outage.on_progress)
+    finally:
+        outage.join()
+    assert outage.ended.is_set(), "the job ended before the outage ended: it proves nothing"
+    return result
+
+
+def check_transient_restarts(outage: Outage, result, config: JobConfig) -> None:
+    """The outage cost restarts, each reported as transient with its kind, within the
+    bounds of the restart policy."""
+    restarts = outage.restarts
+    assert restarts, "the outage caused no restart"
+    assert result.restarts == len(restarts) <= config.max_restarts
+    for r in restarts:
+        assert r["transient"], r
+        assert r["message"].startswith(f"transient: {r['transient']}, retrying in "), r
+        assert f"of {config.max_restarts}, window " in r["message"], r
+
+
+def source(total: int = 40_000, rate: float = 8_000) -> GeneratorSource:
+    return GeneratorSource(total=total, partitions=2, keys=1_000, rate=rate, batch_size=1_000)
+
+
+def config(name: str, tmp_path, **overrides) -> JobConfig:
+    settings = {"snapshot_store": str(tmp_path / "snapshots"), "snapshot_interval": 0.2,
+                "max_restarts": 8, "restart_backoff": 0.2, **overrides}
+    return JobConfig(name=name, **settings)
+
+
+def check_exactly_once(ids: pa.Array | np.ndarray, total: int) -> None:
+    wanted = pa.array(np.arange(total, dtype=np.int64))
+    report = verify.check_events(wanted, wanted, pa.array(np.asarray(ids, dtype=np.int64)),
+                                 guarantee="exactly-once")
+    assert report.lost_count == 0 and report.duplicated_count == 0, str(report)
+    assert report.valid, str(report)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A server of this module's own: it is stopped and restarted under the jobs."""
+    import os
+
+    from helpers import postgres_server
+
+    try:
+        s = postgres_server.start()
+    except postgres_server.PostgresServerMissing as e:
+        if os.environ.get("SPARKJET_CI"):
+            pytest.fail(str(e), pytrace=False)
+        pytest.skip(str(e))
+    yield s
+    s.stop()
+
+
+def postgres_job(server, table: str, tmp_path, total: int, **overrides) -> Job:
+    pytest.importorskip("psycopg")
+    from sparkjet.sinks import PostgresSink
+
+    PostgresSink.drop(server.dsn, table)
+    pipeline = Pipeline().read_from(source(total)).write_to(PostgresSink(server.dsn, table))
+    return Job(pipeline, config(table, tmp_path, **overrides))
+
+
+def postgres_prepared(server, table: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(server.dsn) as con:
+        return [g for (g,) in con.execute("SELECT gid FROM pg_prepared_xacts") if f":{table}:" in g]
+
+
+def check_postgres(server, table: str, total: int) -> None:
+    import psycopg
+
+    with psycopg.connect(server.dsn) as con:
+        ids = [i for (i,) in con.execute(f'SELECT id FROM "{table}"')]
+    check_exactly_once(ids, total)
+    assert postgres_prepared(server, table) == []
+
+
+def test_a_postgres_outage_is_waited_out_and_the_output_is_exactly_once(postgres, tmp_path):
+    total = 40_000
+    job = postgres_job(postgres, "outage", tmp_path, total)
+    outage = Outage(postgres.halt, postgres.restart)
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    kinds = {r["transient"] for r in outage.restarts}
+    assert kinds & {"connection refused", "server shutting down", "connection lost"}, kinds
+    check_postgres(postgres, "outage", total)
+
+
+@pytest.mark.slow
+def test_the_20_s_postgres_outage_of_issue_26(postgres, tmp_path):
+    """The issue's case as measured: PostgreSQL down for 20 s under a job with
+    max_restarts=5 and the default backoff (0.5 s, doubling): the job waits it out."""
+    total = 100_000
+    job = postgres_job(postgres, "outage20", tmp_path, total, max_restarts=5,
+                       restart_backoff=0.5)
+    outage = Outage(postgres.halt, postgres.restart, seconds=20.0)
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    check_postgres(postgres, "outage20", total)
