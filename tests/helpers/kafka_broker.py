@@ -13,11 +13,24 @@ from helpers.local_server import LocalServer
 
 
 class KafkaBroker(LocalServer):
-    """A running broker; :meth:`stop` ends it."""
+    """A running broker; :meth:`stop` ends it, :meth:`halt` and :meth:`restart` take it
+    down and bring it back (same port and data directory)."""
 
-    def __init__(self, process: subprocess.Popen, port: int, log_path: str):
-        super().__init__(process, port, log_path)
+    def __init__(self, process: subprocess.Popen, port: int, log_path: str,
+                 command: list[str] | None = None):
+        super().__init__(process, port, log_path, command)
         self.bootstrap = f"127.0.0.1:{port}"
+
+    def answers(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap,
+                             "socket.connection.setup.timeout.ms": 1000})
+        try:
+            admin.list_topics(timeout=1)
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
 
 
 def binary() -> str:
@@ -48,12 +61,12 @@ def start(directory, timeout: float = 20.0, attempts: int = 3) -> KafkaBroker:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         log_path = f"{directory}/noida-{port}.log"
+        command = [exe, "start", "--only", "kafka", "--kafka-port", str(port), "--host",
+                   "127.0.0.1", "--data-dir", f"{directory}/data-{port}"]
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [exe, "start", "--only", "kafka", "--kafka-port", str(port), "--host",
-                 "127.0.0.1", "--data-dir", f"{directory}/data-{port}"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        broker = KafkaBroker(process, port, log_path)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
+        broker = KafkaBroker(process, port, log_path, command)
         admin = AdminClient({"bootstrap.servers": broker.bootstrap,
                              "socket.connection.setup.timeout.ms": 1000})
         deadline = time.monotonic() + timeout

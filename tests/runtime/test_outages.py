@@ -169,3 +169,105 @@ def test_the_20_s_postgres_outage_of_issue_26(postgres, tmp_path):
     result = run(job, outage)
     check_transient_restarts(outage, result, job.config)
     check_postgres(postgres, "outage20", total)
+
+
+# -- Kafka -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A broker of this module's own: it is stopped and restarted under the jobs."""
+    pytest.importorskip("confluent_kafka")
+    from helpers import kafka_broker
+
+    b = kafka_broker.start(tmp_path_factory.mktemp("kafka"))
+    yield b
+    b.stop()
+
+
+def test_a_kafka_broker_outage_is_waited_out_and_nothing_is_lost(broker, tmp_path):
+    """The exactly-once Kafka sink's broker stopped and started again: phase 2 (the
+    transaction) fails while it is down, each failure is transient, the restarted
+    execution's producers connect anew and recovery produces the staged snapshots; the job
+    ends well and the broker's log holds every id.
+
+    Exactly-once as a ``read_committed`` consumer sees it cannot be checked on this broker:
+    noida-db 0.2.3 does not keep its transactions across its own restart (a transaction
+    committed during its shutdown reads as aborted afterwards, or one open at the halt is
+    never aborted and holds back the last stable offset), see
+    :func:`test_noida_db_keeps_transactions_across_a_restart`. On Kafka, whose transaction
+    log survives a restart, the recovery above is what the kill campaigns check."""
+    import json
+
+    from helpers import kafka_broker
+
+    from sparkjet.sinks import KafkaSink
+
+    total, topic = 40_000, "outage"
+    kafka_broker.create_topic(broker.bootstrap, topic, 2)
+    sink = KafkaSink(topic, broker.bootstrap, staging=tmp_path / "staging", key="key",
+                     timeout=2.0)
+    job = Job(Pipeline().read_from(source(total)).write_to(sink), config("kafka", tmp_path))
+    outage = Outage(broker.halt, broker.restart)
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    kinds = {r["transient"] for r in outage.restarts}
+    assert kinds <= {"connection lost", "connection refused", "brokers down", "timeout",
+                     "coordinator unavailable", "coordinator loading"}, kinds
+    written = {json.loads(v)["id"] for v in consume(broker.bootstrap, topic, "read_uncommitted")}
+    assert written == set(range(total))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known broker defect: noida-db 0.2.3 loses a "
+                   "transaction committed while it shuts down")
+def test_noida_db_keeps_transactions_across_a_restart(tmp_path):
+    """Plain confluent-kafka, no sparkjet: a transaction whose commit the broker
+    acknowledged while shutting down (SIGTERM) must stay committed after the restart."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import Producer
+    from helpers import kafka_broker
+
+    b = kafka_broker.start(tmp_path)
+    try:
+        kafka_broker.create_topic(b.bootstrap, "t", 1)
+        p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "x",
+                      "queue.buffering.max.messages": 1_000_000})
+        p.init_transactions(10)
+        p.begin_transaction()
+        for n in range(100_000):
+            p.produce("t", b"%d" % n, partition=0)
+        committed = threading.Thread(target=p.commit_transaction, args=(30,))
+        committed.start()
+        b.halt()
+        committed.join()
+        b.restart()
+        assert len(consume(b.bootstrap, "t", "read_committed")) == 100_000
+    finally:
+        b.stop()
+
+
+def consume(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    """The values of every record of `topic` a consumer with ``isolation.level`` `isolation`
+    reads from the beginning to the end of each partition (the independent check)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{isolation}",
+                         "isolation.level": isolation, "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        values, ended, deadline = [], set(), time.monotonic() + 60
+        while len(ended) < len(partitions) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                if message.error().code() == message.error()._PARTITION_EOF:
+                    ended.add(message.partition())
+                    continue
+                raise RuntimeError(f"reading {topic}: {message.error()}")
+            values.append(message.value())
+        assert len(ended) == len(partitions), f"{topic} not read to its end"
+        return values
+    finally:
+        consumer.close()
