@@ -329,12 +329,15 @@ class JobCancelledError(SparkjetError, RuntimeError):
 class ExecutionFailedError(SparkjetError, RuntimeError):
     """An execution ended with a failure (a member failed, died or went silent, or a
     snapshot could not complete). The job restarts it if its policy allows. A member's
-    failure carries its ``report`` (:func:`sparkjet.runtime.failures.report`)."""
+    failure carries its ``report`` (:func:`sparkjet.runtime.failures.report`), and with it
+    whether a replay would repeat it (``deterministic``) or an outage caused it
+    (``transient``: its kind, or None)."""
 
     def __init__(self, message: str, report: dict | None = None):
         super().__init__(message)
         self.report = report or {}
         self.deterministic = bool(self.report.get("deterministic"))
+        self.transient = self.report.get("transient")
 
 
 class MemberFailedError(SparkjetError, RuntimeError):

@@ -48,11 +48,12 @@ from helpers.local_server import LocalServer
 
 
 class KafkaBroker(LocalServer):
-    """A running broker; :meth:`stop` ends it."""
+    """A running broker; :meth:`stop` ends it, :meth:`halt` and :meth:`restart` take it
+    down and bring it back (same port and data directory)."""
 
     def __init__(self, process: subprocess.Popen, port: int, log_path: str,
-                 directory: str = ""):
-        super().__init__(process, port, log_path)
+                 directory: str = "", command: list[str] | None = None):
+        super().__init__(process, port, log_path, command)
         self.bootstrap = f"127.0.0.1:{port}"
         self.directory = str(directory)
 
@@ -60,6 +61,17 @@ class KafkaBroker(LocalServer):
     def data_file(self) -> str:
         """Where the broker saves its state."""
         return f"{self.directory}/data-{self.port}/kafka.json"
+
+    def answers(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap,
+                             "socket.connection.setup.timeout.ms": 1000})
+        try:
+            admin.list_topics(timeout=1)
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
 
 
 def binary() -> str:
@@ -81,12 +93,12 @@ def _launch(directory, port: int, timeout: float) -> KafkaBroker | None:
     exe = binary()
     os.chmod(exe, 0o755)
     log_path = f"{directory}/noida-{port}.log"
+    command = [exe, "start", "--only", "kafka", "--kafka-port", str(port), "--host",
+               "127.0.0.1", "--data-dir", f"{directory}/data-{port}"]
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [exe, "start", "--only", "kafka", "--kafka-port", str(port), "--host",
-             "127.0.0.1", "--data-dir", f"{directory}/data-{port}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    broker = KafkaBroker(process, port, log_path, directory)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+    broker = KafkaBroker(process, port, log_path, directory, command)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap,
                          "socket.connection.setup.timeout.ms": 1000})
     deadline = time.monotonic() + timeout

@@ -72,10 +72,16 @@ def _run_as() -> dict:
 
 class PostgresServer:
     """A running server; :attr:`dsn` connects as its superuser, :meth:`stop` ends it and
-    removes its directory."""
+    removes its directory. :meth:`halt` and :meth:`restart` take it down and bring it back
+    (same data directory, same port): an outage, as a failover or a restart shows it."""
 
-    def __init__(self, process: subprocess.Popen, port: int, directory: str, log_path: str):
+    def __init__(self, process: subprocess.Popen, port: int, directory: str, log_path: str,
+                 command: list[str] | None = None, as_user: dict | None = None,
+                 bindir: str | None = None):
         self.process = process
+        self.command = command
+        self.as_user = as_user or {}
+        self.bindir = bindir
         self.port = port
         self.directory = directory
         self.log_path = log_path
@@ -91,6 +97,36 @@ class PostgresServer:
                 return f.read().decode(errors="replace")[-4000:]
         except OSError:
             return ""
+
+    def halt(self, mode: str = "fast") -> None:
+        """Ends the server process and keeps its data: ``mode="fast"`` (SIGINT: clients are
+        disconnected with ``57P01 admin_shutdown``, open transactions roll back, prepared
+        ones stay), ``"immediate"`` (SIGQUIT: no checkpoint, crash recovery at restart)."""
+        import signal
+
+        sig = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode]
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Starts the halted server again, on the same port and data directory, and waits
+        until it accepts connections."""
+        if self.process.poll() is None:
+            raise RuntimeError("the server is running: halt() it first")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, **self.as_user)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if _ready(self.bindir, self.port, self.directory):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"postgres did not come back on port {self.port}:\n{self.log()}")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -148,10 +184,10 @@ def start(*, durable: bool = False, max_prepared_transactions: int = 64,
         with open(log_path, "wb") as log:
             if as_user:
                 os.chown(log_path, as_user["user"], as_user["group"])
-            process = subprocess.Popen([os.path.join(bindir, "postgres"), "-D", data, *options],
-                                       stdout=log, stderr=subprocess.STDOUT,
+            command = [os.path.join(bindir, "postgres"), "-D", data, *options]
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, **as_user)
-        server = PostgresServer(process, port, directory, log_path)
+        server = PostgresServer(process, port, directory, log_path, command, as_user, bindir)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline and process.poll() is None:

@@ -15,11 +15,25 @@ class RedisServerMissing(RuntimeError):
 
 
 class RedisServer(LocalServer):
-    """A running ``redis-server``; :meth:`stop` ends it."""
+    """A running ``redis-server``; :meth:`stop` ends it, :meth:`halt` and :meth:`restart`
+    take it down and bring it back (same port and directory; started with ``persist=True``
+    it keeps its data across: an append-only file, fsynced always)."""
 
-    def __init__(self, process: subprocess.Popen, port: int, log_path: str):
-        super().__init__(process, port, log_path)
+    def __init__(self, process: subprocess.Popen, port: int, log_path: str,
+                 command: list[str] | None = None):
+        super().__init__(process, port, log_path, command)
         self.url = f"redis://127.0.0.1:{port}/0"
+
+    def answers(self) -> bool:
+        import redis
+
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False
+        finally:
+            client.close()
 
 
 def _install() -> str | None:
@@ -40,9 +54,11 @@ def _install() -> str | None:
     return shutil.which("redis-server")
 
 
-def start(directory, timeout: float = 10.0, attempts: int = 3) -> RedisServer:
+def start(directory, timeout: float = 10.0, attempts: int = 3, *,
+          persist: bool = False) -> RedisServer:
     """Starts ``redis-server`` in ``directory``; raises :class:`RedisServerMissing` if it
-    is not installed, RuntimeError (with its log) if it does not come up."""
+    is not installed, RuntimeError (with its log) if it does not come up. ``persist``:
+    keep the data in an append-only file (fsync always) so that it survives a restart."""
     binary = shutil.which("redis-server") or _install()
     if binary is None:
         raise RedisServerMissing(
@@ -58,12 +74,14 @@ def start(directory, timeout: float = 10.0, attempts: int = 3) -> RedisServer:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         log_path = f"{directory}/redis-{port}.log"
+        durability = (["--appendonly", "yes", "--appendfsync", "always",
+                       "--appendfilename", f"redis-{port}.aof",
+                       "--appenddirname", f"aof-{port}"] if persist else ["--appendonly", "no"])
+        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                   *durability, "--dir", str(directory), "--daemonize", "no"]
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(directory), "--daemonize", "no"],
-                stdout=log, stderr=subprocess.STDOUT)
-        server = RedisServer(process, port, log_path)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        server = RedisServer(process, port, log_path, command)
         client = redis.Redis(port=port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout
         try:

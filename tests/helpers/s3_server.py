@@ -24,8 +24,8 @@ class AtomicWrites:
             return list(self.app(environ, start_response))
 
 
-def start():
-    """Starts a moto server with the bucket ``lake``; returns the server and its endpoint."""
+def _server(ip: str, port: int):
+    """moto's threaded server on ``ip:port`` (0: a free port), with the middleware."""
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,
@@ -42,12 +42,32 @@ def start():
             self._server_ready_event.set()
             self._server.serve_forever()
 
-    server = Server(ip_address="127.0.0.1", port=0, verbose=False)
+    return Server(ip_address=ip, port=port, verbose=False)
+
+
+def start():
+    """Starts a moto server with the bucket ``lake``; returns the server and its endpoint."""
+    server = _server("127.0.0.1", 0)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"{host}:{port}"
     s3_filesystem(endpoint, allow_bucket_creation=True).create_dir(BUCKET)
     return server, endpoint
+
+
+def halt(server) -> None:
+    """Stops answering (the listening socket closes); the objects stay (moto keeps them
+    in this process), for :func:`restart`."""
+    server.stop()
+
+
+def restart(endpoint: str):
+    """A server again on ``endpoint`` (host:port) after :func:`halt`, holding what the
+    halted one held; returns it (stop it with ``.stop()``)."""
+    host, _, port = endpoint.rpartition(":")
+    server = _server(host, int(port))
+    server.start()
+    return server
 
 
 def s3_filesystem(endpoint, **options):

@@ -57,9 +57,17 @@ class JobConfig:
     - ``snapshot_interval``: seconds between snapshots (Jet's default is 10 s; 1 s here).
     - ``snapshot_store``: where snapshots go (a directory or a pyarrow.fs URI); required
       unless the guarantee is "none".
-    - ``max_restarts`` and ``restart_backoff``: a failed execution (on Spark, or of the
-      member process without it) is restarted at most this many times over the job's run,
-      waiting ``restart_backoff * 2**(k-1)`` seconds (capped at 30 s) before restart k.
+    - ``max_restarts``, ``restart_backoff`` and ``restart_window``: a failed execution (on
+      Spark, or of the member process without it) is restarted at most ``max_restarts``
+      times within any ``restart_window`` seconds (a sliding window, like Flink's
+      failure-rate restart strategy; default 600 s; None: over the job's whole run), waiting
+      ``restart_backoff * 2**(k-1)`` seconds (capped at 30 s) before restart k of the
+      window. What failed decides whether it is restarted at all
+      (:mod:`sparkjet.runtime.failures`): an error about the data ends the job at once; an
+      outage (connection refused or reset, a timeout, a server shutting down or starting
+      up, a serialization failure) is retried within those bounds however often it
+      repeats; an error of unknown kind (a user function's exception) is retried once and
+      ends the job if the replay fails the same way.
     - ``local_parallelism``: processors per vertex in a member (at most 256: to scale
       further, add members on a Spark cluster).
     - ``partition_count``: the Hazelcast partitions keyed state is spread over (271, at most
@@ -127,6 +135,7 @@ class JobConfig:
     snapshot_store: Annotated[str, Meta(min_length=1)] | None = None
     max_restarts: Annotated[int, Meta(ge=0)] = 3
     restart_backoff: Annotated[Finite, Meta(ge=0)] = 0.5
+    restart_window: Annotated[Finite, Meta(gt=0)] | None = 600.0
     local_parallelism: LocalParallelism = 2
     partition_count: PartitionCount = DEFAULT_PARTITION_COUNT
     batch_size: Annotated[int, Meta(ge=1, le=2**31 - 1)] = 65536

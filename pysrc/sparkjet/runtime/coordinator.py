@@ -290,7 +290,8 @@ class ExecutionCoordinator:
         waits :data:`LINK_VERDICT_WAIT` s for the member that then neither reported nor
         polled, and names it; else the reporter."""
         i = self._member(body)
-        report = {k: body.get(k) for k in ("error", "traceback", "deterministic", "exception")}
+        report = {k: body.get(k) for k in ("error", "traceback", "deterministic", "transient",
+                                           "exception")}
         error = ExecutionFailedError(
             f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}",
             {**report, "member": i})

@@ -141,8 +141,8 @@ class Job:
                           event.get("members", 1), "" if event.get("restored_from") is None
                           else f", from snapshot {event['restored_from']}", extra=extra)
             elif kind == "restart":
-                _log.warning("restart %s in %.1f s after: %s", event.get("attempt"),
-                             event.get("after_s", 0.0), event.get("error"), extra=extra)
+                _log.warning("%s: %s", event.get("message") or f"restart {event.get('attempt')}",
+                             event.get("error"), extra=extra)
             elif kind == "waiting":
                 _log.warning("%s", event.get("message") or "waiting for task slots", extra=extra)
             if view is not None:

@@ -402,7 +402,8 @@ class ProgressView:
     def __call__(self, event: dict) -> None:
         kind = event.get("event")
         if kind == "restart":
-            self.line.print(f"restart {event.get('attempt')}: {event.get('error')}")
+            self.line.print(f"{event.get('message') or 'restart ' + str(event.get('attempt'))}: "
+                            f"{event.get('error')}")
         self.line.update(self.text(), force=kind in ("restart", "execution"))
 
     def text(self) -> str:

@@ -45,7 +45,7 @@ from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.exchange.security import LinkSecurity, TLSIdentity
-from sparkjet.runtime.failures import is_deterministic
+from sparkjet.runtime.failures import is_deterministic, transient_kind
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
 from sparkjet.runtime.restore import initial_point, own_start, report_fallback
@@ -272,7 +272,10 @@ class SparkRunner:
             outcome["status"] = "rescaled" if isinstance(e, _RescaleRequested) else "failed"
             outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
             report = getattr(e, "report", None) or {}
-            outcome.update(deterministic=is_deterministic(e), traceback=report.get("traceback"),
+            deterministic = is_deterministic(e)
+            outcome.update(deterministic=deterministic,
+                           transient=None if deterministic else transient_kind(e),
+                           traceback=report.get("traceback"),
                            exception=bool(report.get("exception")), cause=report.get("error"),
                            failed_member=report.get("member"))
         finally:

@@ -4,8 +4,11 @@ the restart policy.
 A supervisor (:mod:`~sparkjet.runtime.local_runner`: a member in a child process;
 :mod:`~sparkjet.runtime.spark_runner`: members as a Spark barrier stage) runs executions
 until one succeeds. After each failure it asks :func:`restart_or_fail`, which ends the job
-with :class:`JobFailedError` past ``config.max_restarts`` or waits :func:`backoff` seconds
-and lets it start the next execution, whose id :func:`next_execution` gives.
+with :class:`JobFailedError` (at once for an error about the data; past
+``config.max_restarts`` failures within ``config.restart_window`` seconds otherwise) or
+waits :func:`backoff` seconds and lets it start the next execution, whose id
+:func:`next_execution` gives. Outages (:func:`~sparkjet.runtime.failures.transient_kind`)
+are retried within those bounds however often they repeat.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ class JobResult:
     stopped: bool = False
     #: the name the final snapshot was exported under (Job.stop(snapshot=...))
     export: str | None = None
+    #: when each restarted failure happened (time.monotonic()), for the restart window
+    failure_times: list[float] = field(default_factory=list, repr=False)
 
     @property
     def events_in(self) -> int:
@@ -92,37 +97,55 @@ class JobResult:
 
 
 def backoff(config: JobConfig, attempt: int) -> float:
-    """Seconds to wait before restart number ``attempt`` (1, 2, ...):
+    """Seconds to wait before restart number ``attempt`` (1, 2, ...) of the restart window:
     ``restart_backoff * 2**(attempt - 1)``, at most :data:`MAX_BACKOFF`."""
     return min(MAX_BACKOFF, config.restart_backoff * 2 ** (attempt - 1))
 
 
 def restart_or_fail(config: JobConfig, result: JobResult, attempt: int, outcome: dict,
                     progress: Callable[[dict], None], start: float) -> None:
-    """The restart policy of both supervisors: after failure number ``attempt`` (whose
-    ``outcome`` holds the ``error``), raises JobFailedError past ``config.max_restarts``;
-    otherwise counts the restart in ``result``, reports it to ``progress`` and waits
-    :func:`backoff` seconds. ``start`` is when the run began (``time.monotonic()``)."""
+    """The restart policy of both supervisors, after failure number ``attempt`` of the run
+    (whose ``outcome`` holds the ``error`` and its kind, see
+    :mod:`~sparkjet.runtime.failures`). Raises JobFailedError for an error a replay would
+    repeat (``deterministic``), for an error of unknown kind that ended the previous
+    execution too, and past ``config.max_restarts`` failures within ``restart_window``
+    seconds; a ``transient`` failure (an outage) is never cut short by the "same way twice"
+    rule. Otherwise counts the restart in ``result``, reports it to ``progress`` and waits
+    :func:`backoff` seconds for restart k of the window. ``start`` is when the run began
+    (``time.monotonic()``)."""
     error = outcome.get("error")
     detail = _detail(outcome)
+    now = time.monotonic()
     if outcome.get("deterministic"):
-        result.seconds = time.monotonic() - start
+        result.seconds = now - start
         raise JobFailedError(f"job {config.name!r} failed on an error a replay would repeat, "
                              f"not retried: {error}{detail}")
+    kind = outcome.get("transient")
     previous = [e for e in result.executions[:-1] if e.get("status") == "failed"]
-    if (outcome.get("exception") and previous and previous[-1].get("exception")
+    if (not kind and outcome.get("exception") and previous and previous[-1].get("exception")
+            and not previous[-1].get("transient")
             and previous[-1].get("cause") == outcome.get("cause")):
-        result.seconds = time.monotonic() - start
+        result.seconds = now - start
         raise JobFailedError(f"job {config.name!r} failed {attempt} times the same way, which a "
                              f"replay repeats: not retried further (max_restarts="
                              f"{config.max_restarts}); {error}{detail}")
-    if attempt > config.max_restarts:
-        result.seconds = time.monotonic() - start
-        raise JobFailedError(f"job {config.name!r} failed {attempt} times (max_restarts="
-                             f"{config.max_restarts}); last failure: {error}{detail}")
+    result.failure_times.append(now)
+    window = config.restart_window
+    k = sum(1 for t in result.failure_times if window is None or now - t <= window)
+    within = "" if window is None else f" within {window:g} s (restart_window)"
+    if k > config.max_restarts:
+        result.seconds = now - start
+        what = f"transient: {kind}; " if kind else ""
+        raise JobFailedError(f"job {config.name!r} failed {k} times{within} (max_restarts="
+                             f"{config.max_restarts}); last failure: {what}{error}{detail}")
     result.restarts += 1
-    delay = backoff(config, attempt)
-    progress({"event": "restart", "attempt": attempt, "after_s": delay,
+    delay = backoff(config, k)
+    span = "the run" if window is None else f"{window:g} s"
+    message = (f"{f'transient: {kind}' if kind else 'failed'}, retrying in {delay:g} s "
+               f"(restart {k} of {config.max_restarts}, window {span})")
+    progress({"event": "restart", "attempt": attempt, "restart": k,
+              "max_restarts": config.max_restarts, "window_s": window, "after_s": delay,
+              "transient": kind, "message": message,
               "error": outcome.get("error"), "member": outcome.get("failed_member"),
               "guarantee": config.processing_guarantee,
               "note": None if config.processing_guarantee != "none" else

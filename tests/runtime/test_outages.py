@@ -1,0 +1,309 @@
+"""Outages of the systems a job writes to, told apart from errors about the data (issue 26,
+item 2): the real server (PostgreSQL, the Kafka broker, the S3 server) is stopped under a
+running job for longer than one backoff step and started again on the same port with the
+same data. The job waits (restarts with backoff, each failure reported as transient with its
+kind, never cut short by the "failed twice the same way" rule), resumes, and its output is
+exactly-once as the real system holds it afterwards (Kafka: see its test for what this broker
+allows to be checked).
+
+Before the fix the PostgreSQL outage failed the job: the second identical "connection
+refused" was judged an error a replay repeats, with max_restarts unused. The Kafka and S3
+outages happened to cost a single restart (which the old rule allowed), so there the old code
+fails only the check that each restart is reported as transient.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparkjet import verify
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.sources import GeneratorSource
+
+#: How long a server stays down: several backoff steps of the jobs below.
+OUTAGE_S = 3.0
+
+
+class Outage:
+    """Stops a server (``down()``) once the job has completed ``after`` snapshots, keeps it
+    down ``seconds``, then starts it again (``up()``); records the job's progress events."""
+
+    def __init__(self, down, up, seconds: float = OUTAGE_S, after: int = 2):
+        self.down, self.up, self.seconds, self.after = down, up, seconds, after
+        self.events: list[dict] = []
+        self.began = threading.Event()
+        self.ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._snapshots = 0
+
+    def on_progress(self, event: dict) -> None:
+        self.events.append(event)
+        if event["event"] == "snapshot":
+            self._snapshots += 1
+            if self._snapshots >= self.after:
+                self.began.set()
+
+    def _run(self) -> None:
+        if not self.began.wait(120):
+            return
+        self.down()
+        self.downtime = time.monotonic()
+        time.sleep(self.seconds)
+        self.up()
+        self.ended.set()
+
+    def join(self) -> None:
+        self.began.set()   # a job that ended early still brings the server back
+        self._thread.join(60)
+
+    @property
+    def restarts(self) -> list[dict]:
+        return [e for e in self.events if e["event"] == "restart"]
+
+
+def run(job: Job, outage: Outage):
+    try:
+        result = job.run(on_progress=outage.on_progress)
+    finally:
+        outage.join()
+    assert outage.ended.is_set(), "the job ended before the outage ended: it proves nothing"
+    return result
+
+
+def check_transient_restarts(outage: Outage, result, config: JobConfig) -> None:
+    """The outage cost restarts, each reported as transient with its kind, within the
+    bounds of the restart policy."""
+    restarts = outage.restarts
+    assert restarts, "the outage caused no restart"
+    assert result.restarts == len(restarts) <= config.max_restarts
+    for r in restarts:
+        assert r.get("transient"), r
+        assert r["message"].startswith(f"transient: {r['transient']}, retrying in "), r
+        assert f"of {config.max_restarts}, window " in r["message"], r
+
+
+def source(total: int = 40_000, rate: float = 8_000) -> GeneratorSource:
+    return GeneratorSource(total=total, partitions=2, keys=1_000, rate=rate, batch_size=1_000)
+
+
+def config(name: str, tmp_path, **overrides) -> JobConfig:
+    settings = {"snapshot_store": str(tmp_path / "snapshots"), "snapshot_interval": 0.2,
+                "max_restarts": 8, "restart_backoff": 0.2, **overrides}
+    return JobConfig(name=name, **settings)
+
+
+def check_exactly_once(ids: pa.Array | np.ndarray, total: int) -> None:
+    wanted = pa.array(np.arange(total, dtype=np.int64))
+    report = verify.check_events(wanted, wanted, pa.array(np.asarray(ids, dtype=np.int64)),
+                                 guarantee="exactly-once")
+    assert report.lost_count == 0 and report.duplicated_count == 0, str(report)
+    assert report.valid, str(report)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A server of this module's own: it is stopped and restarted under the jobs."""
+    import os
+
+    from helpers import postgres_server
+
+    try:
+        s = postgres_server.start()
+    except postgres_server.PostgresServerMissing as e:
+        if os.environ.get("SPARKJET_CI"):
+            pytest.fail(str(e), pytrace=False)
+        pytest.skip(str(e))
+    yield s
+    s.stop()
+
+
+def postgres_job(server, table: str, tmp_path, total: int, **overrides) -> Job:
+    pytest.importorskip("psycopg")
+    from sparkjet.sinks import PostgresSink
+
+    PostgresSink.drop(server.dsn, table)
+    pipeline = Pipeline().read_from(source(total)).write_to(PostgresSink(server.dsn, table))
+    return Job(pipeline, config(table, tmp_path, **overrides))
+
+
+def postgres_prepared(server, table: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(server.dsn) as con:
+        return [g for (g,) in con.execute("SELECT gid FROM pg_prepared_xacts") if f":{table}:" in g]
+
+
+def check_postgres(server, table: str, total: int) -> None:
+    import psycopg
+
+    with psycopg.connect(server.dsn) as con:
+        ids = [i for (i,) in con.execute(f'SELECT id FROM "{table}"')]
+    check_exactly_once(ids, total)
+    assert postgres_prepared(server, table) == []
+
+
+def test_a_postgres_outage_is_waited_out_and_the_output_is_exactly_once(postgres, tmp_path):
+    total = 40_000
+    job = postgres_job(postgres, "outage", tmp_path, total)
+    outage = Outage(postgres.halt, postgres.restart)
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    kinds = {r["transient"] for r in outage.restarts}
+    assert kinds & {"connection refused", "server shutting down", "connection lost"}, kinds
+    check_postgres(postgres, "outage", total)
+
+
+@pytest.mark.slow
+def test_the_20_s_postgres_outage_of_issue_26(postgres, tmp_path):
+    """The issue's case as measured: PostgreSQL down for 20 s under a job with
+    max_restarts=5 and the default backoff (0.5 s, doubling): the job waits it out."""
+    total = 100_000
+    job = postgres_job(postgres, "outage20", tmp_path, total, max_restarts=5,
+                       restart_backoff=0.5)
+    outage = Outage(postgres.halt, postgres.restart, seconds=20.0)
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    check_postgres(postgres, "outage20", total)
+
+
+# -- Kafka -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A broker of this module's own: it is stopped and restarted under the jobs."""
+    pytest.importorskip("confluent_kafka")
+    from helpers import kafka_broker
+
+    b = kafka_broker.start(tmp_path_factory.mktemp("kafka"))
+    yield b
+    b.stop()
+
+
+def test_a_kafka_broker_outage_is_waited_out_and_nothing_is_lost(broker, tmp_path):
+    """The exactly-once Kafka sink's broker stopped and started again: phase 2 (the
+    transaction) fails while it is down, each failure is transient, the restarted
+    execution's producers connect anew and recovery produces the staged snapshots; the job
+    ends well and the broker's log holds every id.
+
+    Exactly-once as a ``read_committed`` consumer sees it cannot be checked on this broker:
+    noida-db 0.2.3 does not keep its transactions across its own restart (a transaction
+    committed during its shutdown reads as aborted afterwards, or one open at the halt is
+    never aborted and holds back the last stable offset), see
+    :func:`test_noida_db_keeps_transactions_across_a_restart`. On Kafka, whose transaction
+    log survives a restart, the recovery above is what the kill campaigns check."""
+    import json
+
+    from helpers import kafka_broker
+
+    from sparkjet.sinks import KafkaSink
+
+    total, topic = 40_000, "outage"
+    kafka_broker.create_topic(broker.bootstrap, topic, 2)
+    # a short timeout: each execution fails fast while the broker is down (several
+    # failures the same way, which the old rule took for an error a replay repeats)
+    sink = KafkaSink(topic, broker.bootstrap, staging=tmp_path / "staging", key="key",
+                     timeout=1.0)
+    job = Job(Pipeline().read_from(source(total)).write_to(sink), config("kafka", tmp_path))
+    outage = Outage(broker.halt, broker.restart, seconds=4.0)
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    kinds = {r["transient"] for r in outage.restarts}
+    assert kinds <= {"connection lost", "connection refused", "brokers down", "timeout",
+                     "coordinator unavailable", "coordinator loading"}, kinds
+    written = {json.loads(v)["id"] for v in consume(broker.bootstrap, topic, "read_uncommitted")}
+    assert written == set(range(total))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known broker defect: noida-db 0.2.3 loses a "
+                   "transaction committed while it shuts down")
+def test_noida_db_keeps_transactions_across_a_restart(tmp_path):
+    """Plain confluent-kafka, no sparkjet: a transaction whose commit the broker
+    acknowledged while shutting down (SIGTERM) must stay committed after the restart."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import Producer
+    from helpers import kafka_broker
+
+    b = kafka_broker.start(tmp_path)
+    try:
+        kafka_broker.create_topic(b.bootstrap, "t", 1)
+        p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "x",
+                      "queue.buffering.max.messages": 1_000_000})
+        p.init_transactions(10)
+        p.begin_transaction()
+        for n in range(100_000):
+            p.produce("t", b"%d" % n, partition=0)
+        committed = threading.Thread(target=p.commit_transaction, args=(30,))
+        committed.start()
+        b.halt()
+        committed.join()
+        b.restart()
+        assert len(consume(b.bootstrap, "t", "read_committed")) == 100_000
+    finally:
+        b.stop()
+
+
+def consume(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    """The values of every record of `topic` a consumer with ``isolation.level`` `isolation`
+    reads from the beginning to the end of each partition (the independent check)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{isolation}",
+                         "isolation.level": isolation, "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        values, ended, deadline = [], set(), time.monotonic() + 60
+        while len(ended) < len(partitions) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                if message.error().code() == message.error()._PARTITION_EOF:
+                    ended.add(message.partition())
+                    continue
+                raise RuntimeError(f"reading {topic}: {message.error()}")
+            values.append(message.value())
+        assert len(ended) == len(partitions), f"{topic} not read to its end"
+        return values
+    finally:
+        consumer.close()
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+
+def test_an_s3_outage_is_waited_out_and_the_output_is_exactly_once(tmp_path, monkeypatch):
+    """The transactional file sink on S3 (moto's server): the server stops answering and
+    comes back on the same port with the same objects; the restarted execution's sink
+    connects anew, and the committed files hold every id once."""
+    pytest.importorskip("moto.server")
+    from helpers import s3_server
+
+    from sparkjet.sinks import TransactionalFileSink
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    server, endpoint = s3_server.start()
+    servers = [server]
+    try:
+        total = 40_000
+        # the helper's filesystem does not retry (pyarrow's default retries would hide a
+        # short outage from the job: then nothing here would be tested)
+        out, fs = f"{s3_server.BUCKET}/outage", s3_server.s3_filesystem(endpoint)
+        sink = TransactionalFileSink(out, rows_per_file=5_000, filesystem=fs)
+        job = Job(Pipeline().read_from(source(total)).write_to(sink), config("s3", tmp_path))
+        outage = Outage(lambda: s3_server.halt(servers[-1]),
+                        lambda: servers.append(s3_server.restart(endpoint)))
+        result = run(job, outage)
+        check_transient_restarts(outage, result, job.config)
+        check_exactly_once(TransactionalFileSink.read(out, filesystem=fs).column("id"), total)
+    finally:
+        servers[-1].stop()
