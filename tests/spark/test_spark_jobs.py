@@ -128,6 +128,14 @@ def test_with_members_storage_a_killed_members_slot_is_reclaimed_with_its_partit
     assert first == second and len(first) == 2
     assert placed[0]["table_version"] == placed[1]["table_version"]
     assert len(os.listdir(tmp_path / "slots")) == 2
+    # the chunk files are in the slots (each keeping the two snapshots the store keeps),
+    # the store holds the records alone
+    store_files = [f for _, _, fs in os.walk(tmp_path / "snapshots") for f in fs]
+    assert store_files and not [f for f in store_files if f.endswith(".chunks")]
+    for slot in (tmp_path / "slots").iterdir():
+        kept = list(slot.glob("jobs/*/replicas/snapshots/*"))
+        assert 1 <= len(kept) <= 2, kept
+        assert list(slot.glob("jobs/*/replicas/snapshots/*/*/*.chunks"))
     report = exact(tmp_path, source)
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 

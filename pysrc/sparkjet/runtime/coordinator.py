@@ -73,6 +73,11 @@ class SnapshotCoordinator:
         self.check = check
         self.records: list[dict] = []
         self._acks: queue.Queue = queue.Queue()
+        #: with the members' storage: the execution's partition table (base64), which the
+        #: records of its snapshots keep
+        self.table: str | None = None
+        #: the DAG's fingerprint (JSON), which such records keep too
+        self.plan: str | None = None
 
     def ack(self, processor: str, snapshot_id: int, manifest: Manifest,
             alignment_s: float | None = None, schemas: dict | None = None) -> None:
@@ -130,9 +135,13 @@ class SnapshotCoordinator:
                 alignment[name] = aligned
         # processors that disagree on an output's schema: nothing of theirs is committed
         check_agreement(schemas)
-        info = self.store.commit(snapshot_id, self.execution_id, manifests)
+        info = self.store.commit(snapshot_id, self.execution_id, manifests, table=self.table,
+                                 plan=self.plan)
         committed = time.monotonic()
-        self.send(["commit", snapshot_id])
+        if self.table is None:
+            self.send(["commit", snapshot_id])
+        else:  # the members' slots keep the snapshots the store keeps
+            self.send(["commit", snapshot_id, [c.snapshot for _, c in self.store._retained()]])
         record = {"snapshot": snapshot_id, "duration_s": committed - started, "bytes": info.bytes,
                   "terminal": terminal, "alignment_s": alignment}
         self.records.append(record)
@@ -253,6 +262,7 @@ class ExecutionCoordinator:
             slots = [r["uuid"] for r in reports]
             self.topology = self.topology.with_placement(table, slots)
             self._placement = {"table": encode_table(table), "slots": slots}
+            self.snapshots.table = self._placement["table"]
             self.progress({"event": "placed", "execution": self.execution_id,
                            "table_version": table.version, "backup_count": table.backup_count,
                            "slots": [{"member": m, "uuid": r["uuid"], "host": r["host"]}

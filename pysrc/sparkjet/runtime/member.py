@@ -18,6 +18,7 @@ execution has an id, the fencing token of store and sinks.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -51,8 +52,11 @@ from sparkjet.runtime.snapshotting import (
     read_fingerprint,
     restore_processors,
 )
+from sparkjet.runtime.storage import drop_old_snapshots, slot_files
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
+
+_log = logging.getLogger(__name__)
 
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
@@ -72,8 +76,12 @@ class Member:
 
     def __init__(self, dag: Dag, config: JobConfig, execution_id: int, *, progress=None,
                  topology: Topology | None = None, index: int = 0,
-                 restore_from: int | None | str = "latest", stop_file: str | None = None):
+                 restore_from: int | None | str = "latest", stop_file: str | None = None,
+                 slot=None):
         self.dag = dag
+        #: with ``storage="members"``: this member's storage slot, where its processors
+        #: write their snapshot files (:mod:`sparkjet.runtime.storage`)
+        self.slot = slot
         #: set (or, for a member in a child process, ``stop_file`` created) to stop the job
         #: gracefully: the next snapshot is the terminal one, as if every source had ended
         self.stop_requested = threading.Event()
@@ -306,6 +314,8 @@ class Member:
         else:
             return 0
         store = open_point(self.config, point, self.store)
+        if self.slot is not None:
+            store.slot_files = slot_files(self, self.slot, point.job_id)
         plan = plan_restore(self.dag, read_fingerprint(store, point), point,
                             self.config.state_mapping)
         if point.initial:
@@ -348,6 +358,11 @@ class Member:
         elif cmd[0] == "commit":
             for p in self.processors:
                 p.control.put(("commit", cmd[1]))
+            if self.slot is not None and len(cmd) > 2:
+                try:  # what the store no longer keeps (cmd[2]: the retained snapshot ids)
+                    drop_old_snapshots(self.slot, self.config.id, cmd[1], cmd[2])
+                except OSError as e:
+                    _log.warning("%s: old snapshots not removed: %s", self.slot, e)
         elif cmd[0] == "end":
             for p in self.processors:
                 if p.vertex.kind == SOURCE:

@@ -80,7 +80,7 @@ def open_writer(member, vertex: str, index: int, snapshot_id: int):
     writer = m.topology.offset[vertex] + index
     w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
                        partition_count=m.config.partition_count,
-                       codec=m.config.snapshot_codec)
+                       codec=m.config.snapshot_codec, slot=m.slot)
     if writer == 0:
         w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
                                   [json.dumps(m.dag.fingerprint()).encode()])
@@ -166,6 +166,10 @@ def finish_barrier(processor, writer, snapshot_id: int, terminal: bool,
 def read_fingerprint(store, point: StartPoint) -> dict | None:
     """The DAG fingerprint recorded in ``point`` (None: a snapshot from before them)."""
     try:
+        kept = store.recorded_plan(None if point.export else point.snapshot_id,
+                                   name=point.export)
+        if kept is not None:        # a record of the members' storage keeps it
+            return json.loads(kept)
         entries = store.restore(PLAN_VERTEX, [], snapshot_id=None if point.export else
                                 point.snapshot_id, name=point.export).broadcast_entries
     except SnapshotNotFoundError:

@@ -35,6 +35,7 @@ runs in the client process (where ``Job.run`` is called), which the executors mu
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
 import threading
@@ -206,6 +207,8 @@ class SparkRunner:
         security = LinkSecurity.generate(execution, tls)
         coord = ExecutionCoordinator(config, execution, topology, host=self.host, security=security,
                                      store=store, progress=self.progress)
+        if config.storage == "members":  # records then keep what drivers read without slots
+            coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
                            security)
         member_refusals: list[int] = []
@@ -359,7 +362,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
-        from sparkjet.runtime.storage import claim_slot, decode_table
+        from sparkjet.runtime.storage import claim_slot, decode_table, slot_read_handler
 
         for _ in batches:  # one row per task; nothing to read
             pass
@@ -375,6 +378,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                                 restore_from=restore_from))
             server = ExchangeServer(host, inbound=late.inbound, execution_id=execution,
                                     security=security, on_error=late.on_exchange_error)
+            if slot is not None:    # peers read the snapshot files of this member's slot
+                server.on_action("slot_read", slot_read_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, config.start_timeout,
@@ -385,7 +390,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                     slot.write_table(config.id, table.to_bytes())
                     late.set(Member(plan, config, execution,
                                     topology=topology.with_placement(table, answer["slots"]),
-                                    index=index, restore_from=restore_from))
+                                    index=index, restore_from=restore_from, slot=slot))
                 member = late.member
                 member.connect(answer["peers"], coordinator, security)
                 member.run()  # its metrics reach the driver with the "done" action

@@ -21,6 +21,10 @@ from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 from sparkjet.snapshot.chunks import HEADER_SIZE
 
 RECORD_FORMAT = 1
+#: The format of a record whose chunk files live in the members' storage slots
+#: (``storage="members"``): each file names its slot, and the record holds the partition
+#: table of the execution that wrote it. Format 1 (the shared store) is written as before.
+RECORD_FORMAT_SLOTS = 2
 
 # msgspec bounds stop at int64: a Uint64 field's upper bound is checked in __post_init__.
 Uint64 = Annotated[int, msgspec.Meta(ge=0)]
@@ -37,6 +41,8 @@ RecordFile = Annotated[str, msgspec.Meta(pattern=r"^_validation-[0-9a-f]{16}\.js
 Xxh3 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
 ExportData = Annotated[str, msgspec.Meta(pattern=r"^d-[0-9a-f]{16}$")]
 TableDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
+SlotUuid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                                               r"[0-9a-f]{4}-[0-9a-f]{12}$")]
 
 
 _CHUNK_FILE = re.compile(r"-?[0-9]{1,20}-[0-9]{1,20}\.chunks")  # writer-call.chunks
@@ -55,13 +61,15 @@ class ChunkEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
         _check_uint64("checksum", self.checksum)
 
 
-class FileRecord(msgspec.Struct, frozen=True):
-    """One chunk file of a vertex: ``path`` is ``VERTEX/W-C.chunks``."""
+class FileRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One chunk file of a vertex: ``path`` is ``VERTEX/W-C.chunks``; ``slot``, the storage
+    slot that holds it (format 2), else the store's snapshot folder."""
 
     vertex: Name
     path: str
     bytes: Count
     chunks: list[ChunkEntry]
+    slot: SlotUuid | None = None
 
     @property
     def name(self) -> str:
@@ -89,7 +97,7 @@ class VertexRecord(msgspec.Struct, frozen=True):
 class ValidationRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a complete snapshot holds: every file and chunk, by vertex."""
 
-    format: Literal[1]
+    format: Literal[1, 2]
     job_id: Uint64
     snapshot_id: Int64
     execution_id: Count
@@ -99,10 +107,18 @@ class ValidationRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     entries: Count
     vertices: dict[Name, VertexRecord]
     tables: list[TableDigest] = []
+    #: format 2: the execution's partition table (base64 of ``PartitionTable.to_bytes``)
+    table: str | None = None
+    #: format 2: the DAG's fingerprint (JSON), which a driver reads without the slots
+    plan: str | None = None
 
     def __post_init__(self):
         _check_uint64("job_id", self.job_id)
         files = [f for v in self.vertices.values() for f in v.files]
+        in_slots = any(f.slot is not None for f in files)
+        if in_slots != (self.format == 2):
+            raise ValueError(f"format {self.format} with files {'in' if in_slots else 'outside'} "
+                             "storage slots")
         for name, v in self.vertices.items():
             if any(f.vertex != name for f in v.files):
                 raise ValueError(f"vertex {name!r} lists another vertex's file")

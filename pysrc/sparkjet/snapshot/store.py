@@ -59,8 +59,9 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 import xxhash
@@ -140,6 +141,15 @@ class Unusable:
                 else self.reason)
 
 
+class SlotFile(Protocol):
+    """A chunk file in a storage slot, as a restore reads it (from this member's own slot,
+    or a peer's over the exchange): its size and a ``(offset, length) -> bytes`` reader."""
+
+    def size(self) -> int: ...
+
+    def range_reader(self) -> Callable[[int, int], object]: ...
+
+
 @dataclass(frozen=True)
 class _Unreadable:
     """A log event that does not decode (truncated, overwritten): kept in its place."""
@@ -189,6 +199,10 @@ class SnapshotStore:
         self._registered: int | None = None  # the newest execution this object registered
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
+        #: With the members' storage: ``(slot uuid, path) -> SlotFile`` for a chunk file a
+        #: record places in a storage slot (set by the member that restores; without it
+        #: such files are not reachable here: verify() passes over them, restore() refuses)
+        self.slot_files: Callable[[str, str], SlotFile] | None = None
         if not create:
             _require_store(self._backend)
             if not self._backend.is_dir(self._path()):
@@ -371,21 +385,25 @@ class SnapshotStore:
 
     def writer(self, snapshot_id: int, execution_id: int, *, writer: int = 0,
                partition_count: int = DEFAULT_PARTITION_COUNT, chunk_size: int = DEFAULT_CHUNK_SIZE,
-               codec: str = "lz4") -> SnapshotWriter:
+               codec: str = "lz4", slot=None) -> SnapshotWriter:
         """A writer of snapshot `snapshot_id` for execution `execution_id`. Several writers
-        (members, processors) may write one snapshot; give each a distinct `writer` number."""
+        (members, processors) may write one snapshot; give each a distinct `writer` number.
+        ``slot``: the storage slot the chunk files go to (``storage="members"``)."""
         self.check_fence(execution_id)
         return SnapshotWriter(self, snapshot_id, execution_id, writer, partition_count,
-                              chunk_size, codec)
+                              chunk_size, codec, slot)
 
     def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
         return layout.snapshot_dir(snapshot_id, execution_id)
 
     def commit(self, snapshot_id: int, execution_id: int,
-               manifests: Iterable[Manifest]) -> SnapshotInfo:
+               manifests: Iterable[Manifest], *, table: str | None = None,
+               plan: str | None = None) -> SnapshotInfo:
         """Makes a snapshot complete (Jet's phase-1 commit point): writes its validation
         record, then the commit event; then removes older snapshots. Refused with
-        FencedError if a newer execution was registered (before or during the commit)."""
+        FencedError if a newer execution was registered (before or during the commit).
+        ``table``: the execution's partition table (base64), and ``plan``: the DAG's
+        fingerprint (JSON), kept in a record whose files are in storage slots (format 2)."""
         snapshot_id = check_int("snapshot_id", snapshot_id, min=-_MAX_ID - 1, max=_MAX_ID)
         execution_id = check_int("execution_id", execution_id, min=0, max=_MAX_ID)
         directory = self._snapshot_dir(snapshot_id, execution_id)
@@ -422,13 +440,19 @@ class SnapshotStore:
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError("two vertex names share a vertex id; rename one")
         files = [f for v in vertices.values() for f in v.files]
+        in_slots = any(f.slot is not None for f in files)
+        if in_slots and any(f.slot is None for f in files):
+            raise InvalidArgumentError(f"snapshot {snapshot_id}: some chunk files are in "
+                                       "storage slots and some in the store")
         record = ValidationRecord(
-            format=RECORD_FORMAT, job_id=self.job_id, snapshot_id=snapshot_id,
+            format=meta.RECORD_FORMAT_SLOTS if in_slots else RECORD_FORMAT,
+            job_id=self.job_id, snapshot_id=snapshot_id,
             execution_id=execution_id, created=time.time(),
             chunk_count=sum(len(f.chunks) for f in files),
             bytes=sum(f.bytes for f in files),
             entries=sum(c.entry_count for f in files for c in f.chunks),
-            vertices=vertices, tables=sorted(tables))
+            vertices=vertices, tables=sorted(tables), table=table if in_slots else None,
+            plan=plan if in_slots else None)
         for digest in sorted(tables):
             if not self._backend.exists(self._table_path(digest)):
                 raise SnapshotIncompleteError(
@@ -710,10 +734,18 @@ class SnapshotStore:
         return state
 
     def _check_listing(self, stored: _Stored, vertex: str, v: meta.VertexRecord) -> None:
-        """The vertex's directory must hold exactly the record's files, at their sizes."""
+        """The vertex's directory must hold exactly the record's files, at their sizes (a
+        file in a storage slot: where the slot is, when it is reachable here)."""
         directory = self._path(*stored.dir, vertex)
         snapshot = stored.record.snapshot_id
-        listed = {f.name: f for f in v.files}
+        for f in v.files:
+            if f.slot is not None and self.slot_files is not None:
+                size = self.slot_files(f.slot, self._slot_path(stored, f)).size()
+                if size != f.bytes:
+                    raise SnapshotCorruptError(
+                        f"slot {f.slot}: {self._slot_path(stored, f)}", min(size, f.bytes),
+                        "file size", f"{size} bytes, record says {f.bytes}")
+        listed = {f.name: f for f in v.files if f.slot is None}
         present = set(self._backend.listdir(directory))
         for file_name, f in listed.items():
             if file_name not in present:
@@ -735,12 +767,21 @@ class SnapshotStore:
         broadcast state, each checked against the record. Runs of adjacent chunks are read
         in one range, and only those ranges are read (the record's schema has checked
         that every chunk lies inside the file, in order)."""
-        path = self._path(*stored.dir, vertex, f.name)
         entries = [c for c in f.chunks
                    if wanted is None or c.partition == -1 or c.partition in wanted]
         if not entries:
             return
-        read = self._backend.range_reader(path)
+        if f.slot is None:
+            path = self._path(*stored.dir, vertex, f.name)
+            read = self._backend.range_reader(path)
+        else:
+            if self.slot_files is None:
+                raise SnapshotIncompleteError(
+                    f"snapshot {stored.record.snapshot_id} of {self.who}: chunk file {f.path} "
+                    f"is in storage slot {f.slot}, which is not reachable here (a member of "
+                    f"the job reads it from its slot or a peer's)")
+            path = f"slot {f.slot}: {self._slot_path(stored, f)}"
+            read = self.slot_files(f.slot, self._slot_path(stored, f)).range_reader()
         runs, run = [], [entries[0]]
         for c in entries[1:]:
             prev = run[-1]
@@ -773,6 +814,17 @@ class SnapshotStore:
                         raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
                 yield header, payload, path, offset
 
+    def recorded_plan(self, snapshot_id: int | None = None, *,
+                      name: str | None = None) -> str | None:
+        """The DAG fingerprint (JSON) a format-2 record keeps (None: the record has none,
+        and the plan's entry is read from the snapshot)."""
+        return self._resolve(snapshot_id, name).record.plan
+
+    @staticmethod
+    def _slot_path(stored: _Stored, f: meta.FileRecord) -> str:
+        """Where a chunk file is in its slot's folder of the job (the store's layout)."""
+        return "/".join((*stored.dir, f.path))
+
     def verify(self, snapshot_id: int | None = None, *, name: str | None = None,
                progress=None) -> SnapshotInfo:
         """Reads and checks every chunk of a snapshot (all vertices and partitions);
@@ -782,6 +834,8 @@ class SnapshotStore:
         for vertex, v in stored.record.vertices.items():
             self._check_listing(stored, vertex, v)
             for f in v.files:
+                if f.slot is not None and self.slot_files is None:
+                    continue    # checked where its slot is read, at restore
                 for header, payload, path, offset in self._read_file(stored, vertex, v.id, f):
                     if header.entries:
                         decode_entries(header, payload, path, offset)
@@ -821,6 +875,11 @@ class SnapshotStore:
         if b.exists(marker if not b.atomic_rename else final):
             raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
         stored = self._resolve(snapshot_id, None)
+        if stored.record.format == meta.RECORD_FORMAT_SLOTS:
+            raise InvalidArgumentError(
+                f"snapshot {stored.record.snapshot_id} of {self.who} is in the members' storage "
+                "slots (storage=\"members\"); an export needs a durable copy, which that "
+                "storage does not write yet: export from a job with storage=\"shared\"")
         self.verify(stored.record.snapshot_id)
         if b.atomic_rename:
             # The files go to a temporary directory whose rename (refused once the name

@@ -59,12 +59,27 @@ class Manifest:
                    list(data.get("tables", [])))
 
 
+class SlotLink(Protocol):
+    """The storage slot a writer writes into (``storage="members"``): a protocol, so that
+    this module needs no import of :mod:`sparkjet.snapshot.slots`."""
+
+    uuid: str
+
+    def replicas(self, job_id: int) -> StorageBackend: ...
+
+
 class SnapshotWriter:
-    """Writes one writer's share of a snapshot; :meth:`finish` returns its manifest."""
+    """Writes one writer's share of a snapshot; :meth:`finish` returns its manifest.
+
+    With a ``slot`` the chunk files go into the slot's folder of the job
+    (``replicas/snapshots/...``, the store's layout) and the manifest names the slot;
+    the store's record (the commit point) stays where it is."""
 
     def __init__(self, store: StoreLink, snapshot_id, execution_id, writer, partition_count,
-                 chunk_size, codec):
+                 chunk_size, codec, slot: SlotLink | None = None):
         self.store = store
+        self.slot = slot
+        self._backend = store._backend if slot is None else slot.replicas(store.job_id)
         self.snapshot_id = snapshot_id
         self.execution_id = execution_id
         self.writer = writer
@@ -122,8 +137,8 @@ class SnapshotWriter:
         first = next(chunks, None)
         if first is None:
             return
-        backend = self.store._backend
-        directory = self.store._path(layout.SNAPSHOTS, self._dir, vertex)
+        backend = self._backend
+        directory = self._folder(vertex)
         backend.makedirs(directory)
         name = layout.chunk_file(self.writer, self._calls)
         self._calls += 1
@@ -162,8 +177,16 @@ class SnapshotWriter:
             out.abort()
             raise failed[0]
         out.close()
-        self._files.append({"vertex": vertex, "path": f"{vertex}/{name}", "bytes": offset,
-                            "chunks": entries})
+        record = {"vertex": vertex, "path": f"{vertex}/{name}", "bytes": offset,
+                  "chunks": entries}
+        if self.slot is not None:
+            record["slot"] = self.slot.uuid
+        self._files.append(record)
+
+    def _folder(self, vertex: str) -> str:
+        if self.slot is None:
+            return self.store._path(layout.SNAPSHOTS, self._dir, vertex)
+        return self._backend.path(layout.SNAPSHOTS, self._dir, vertex)
 
     def finish(self) -> Manifest:
         """Ends writing (making the files durable) and returns the manifest to commit."""
@@ -172,9 +195,8 @@ class SnapshotWriter:
             # cleanup): say so rather than fail on a missing path.
             self.store.check_fence(self.execution_id)
             self._finished = True
-            backend = self.store._backend
             for vertex in {f["vertex"] for f in self._files}:
-                backend.sync_dir(self.store._path(layout.SNAPSHOTS, self._dir, vertex))
+                self._backend.sync_dir(self._folder(vertex))
         return Manifest(self.snapshot_id, self.execution_id, list(self._files),
                         list(self._tables))
 
@@ -183,4 +205,4 @@ class SnapshotWriter:
         return self.store.commit(self.snapshot_id, self.execution_id, [self.finish()])
 
 
-__all__ = ["Manifest", "SnapshotWriter", "vertex_id"]
+__all__ = ["Manifest", "SlotLink", "SnapshotWriter", "vertex_id"]

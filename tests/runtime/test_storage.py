@@ -1,0 +1,133 @@
+"""The members' storage as the runtime uses it (sparkjet.runtime.storage): a snapshot
+written into storage slots, its record in the store (format 2, with the table and the
+plan), a restore that reads its own slot from disk and a peer's over a real exchange
+server, and the refusals: a slot no member holds, a path outside the slot, another slot."""
+import pyarrow as pa
+import pytest
+
+from sparkjet.errors import (
+    ExchangeRefusedError,
+    InvalidArgumentError,
+    SnapshotIncompleteError,
+)
+from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
+from sparkjet.runtime.exchange.security import LinkSecurity
+from sparkjet.runtime.storage import READ_PIECE, drop_old_snapshots, slot_files, slot_read_handler
+from sparkjet.snapshot.slots import StorageSlot
+from sparkjet.snapshot.store import SnapshotStore
+
+JOB = 0xABC
+
+
+class _Member:
+    """What slot_files asks of a member: the slots of the execution and its peers."""
+
+    def __init__(self, slots, peers):
+        self.topology = type("T", (), {"slots": slots})()
+        self.peers = peers
+
+
+def _state(n, offset):
+    return pa.table({"key": pa.array(range(offset, offset + n), pa.int64()),
+                     "v": pa.array([float(i) for i in range(n)])})
+
+
+@pytest.fixture
+def two_slots(tmp_path):
+    a = StorageSlot.claim(tmp_path / "host-a", host="a")
+    b = StorageSlot.claim(tmp_path / "host-b", host="b")
+    yield a, b
+    a.release()
+    b.release()
+
+
+def _write(store, slots, snapshot_id=0, execution=1):
+    """Each slot's writer writes a keyed table (as a processor would) and a broadcast
+    entry; the store commits the record."""
+    manifests = []
+    for i, slot in enumerate(slots):
+        w = store.writer(snapshot_id, execution, writer=i, partition_count=7, slot=slot)
+        w.write_table("agg", _state(1000, i * 1000), key="key")
+        w.write_broadcast_entries("src", [str(i).encode()], [f"state {i}".encode()])
+        manifests.append(w.finish())
+    return store.commit(snapshot_id, execution, manifests, table="dGFibGU=", plan='{"v": 1}')
+
+
+def test_a_snapshot_in_slots_restores_from_its_own_slot_and_a_peers(tmp_path, two_slots):
+    a, b = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    _write(store, [a, b])
+    stored = store._resolve(0, None)
+    assert stored.record.format == 2 and stored.record.table == "dGFibGU="
+    assert store.recorded_plan(0) == '{"v": 1}'
+    assert {f.slot for v in stored.record.vertices.values() for f in v.files} == {a.uuid, b.uuid}
+    # the driver has no slots: verify passes over their files, restore names the slot
+    store.verify(0)
+    with pytest.raises(SnapshotIncompleteError, match=f"storage slot {a.uuid}, which is not "
+                                                      "reachable here"):
+        store.restore("agg")
+    security = LinkSecurity.generate(1)
+    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    server.on_action("slot_read", slot_read_handler(b, JOB))
+    try:
+        peer = ExchangeClient(server.location, security=security)
+        member = _Member([a.uuid, b.uuid], {1: peer})
+        store.slot_files = slot_files(member, a, JOB)
+        got = store.restore("agg")
+        want = pa.concat_tables([_state(1000, 0), _state(1000, 1000)])
+        assert got.table.sort_by("key").equals(want.sort_by("key"))
+        sources = store.restore("src").broadcast_entries
+        assert sorted(sources[1].to_pylist()) == [b"state 0", b"state 1"]
+        part = store.restore("agg", [3])           # only partition 3's ranges are read
+        assert 0 < part.table.num_rows < 2000
+        # the handler refuses what is not a chunk file of its own slot
+        for body, match in (
+            ({"slot": a.uuid, "path": "snapshots/x/agg/0-0.chunks", "offset": 0, "length": 1},
+             "this member holds slot"),
+            ({"slot": b.uuid, "path": "../../MEMBER.json", "offset": 0, "length": 1},
+             "not a chunk file's path"),
+            ({"slot": b.uuid, "path": "snapshots/x/agg/0-0.chunks", "offset": 0,
+              "length": READ_PIECE + 1}, "bad range"),
+        ):
+            with pytest.raises(ExchangeRefusedError, match=match):
+                peer.action("slot_read", body)
+        # a slot that no member of the execution holds: named, with what to do
+        store.slot_files = slot_files(_Member([a.uuid], {}), a, JOB)
+        with pytest.raises(SnapshotIncompleteError, match=f"in storage slot {b.uuid}, which no "
+                                                          "member of this execution holds"):
+            store.restore("agg")
+    finally:
+        server.close()
+
+
+def test_a_record_mixing_slots_and_the_store_is_refused_and_exports_say_why(tmp_path,
+                                                                           two_slots):
+    a, _ = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    in_slot = store.writer(0, 1, writer=0, slot=a)
+    in_slot.write_broadcast_entries("src", [b"0"], [b"s"])
+    in_store = store.writer(0, 1, writer=1)
+    in_store.write_broadcast_entries("src", [b"1"], [b"s"])
+    with pytest.raises(InvalidArgumentError, match="some chunk files are in storage slots"):
+        store.commit(0, 1, [in_slot.finish(), in_store.finish()])
+    _write(store, [a], snapshot_id=1)
+    with pytest.raises(InvalidArgumentError, match="an export needs a durable copy"):
+        store.export(1, "v1")
+
+
+def test_slots_drop_the_snapshots_the_store_no_longer_keeps(tmp_path, two_slots):
+    a, b = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    for sid in range(4):
+        _write(store, [a, b], snapshot_id=sid)
+    keep = [c.snapshot for _, c in store._retained()]
+    assert keep == [2, 3]
+    folder = a.replicas(JOB).path("snapshots")
+    before = sorted(a.replicas(JOB).listdir(folder))
+    assert len(before) == 4
+    drop_old_snapshots(a, JOB, 3, keep)
+    after = a.replicas(JOB).listdir(folder)
+    assert after == before[2:]
