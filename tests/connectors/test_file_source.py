@@ -1,8 +1,10 @@
 """The directory source: Parquet, CSV and JSON-lines files read exactly once, new files
 picked up while a job runs, restores at the right file and row, rescales, member kills,
 a real S3 API (moto's server on 127.0.0.1), and clear errors for bad input."""
+import io
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -557,19 +559,146 @@ def test_a_later_file_that_does_not_match_the_first(tmp_path):
         drain(DirectorySource(root).open([0, 1, 2, 3], CTX))
 
 
-@pytest.mark.parametrize("fmt,poison", [
-    ("csv", "id,key,value,name\n1,1,0.5,n1\n2,2,x,n2\n"),
-    ("csv", "id,key,value,name\n1,1,0.5,n1\n2,2,1.0,n2,extra\n"),
-    ("jsonl", '{"id": 1, "key": 1, "value": 0.5, "name": "n1"}\n{"id": 2, "key": \n'),
+@pytest.mark.parametrize("fmt,poison,line,column", [
+    ("csv", "id,key,value,name\n1,1,0.5,n1\n2,2,x,n2\n", 3, "value"),
+    ("csv", "id,key,value,name\n1,1,0.5,n1\n2,2,1.0,n2,extra\n", 3, None),
+    ("jsonl", '{"id": 1, "key": 1, "value": 0.5, "name": "n1"}\n{"id": 2, "key": \n', 2, None),
 ])
-def test_a_poison_record_names_the_file(tmp_path, fmt, poison):
+def test_a_poison_record_names_the_file_and_line(tmp_path, fmt, poison, line, column):
     root = tmp_path / "in"
     write_file(root, f"good.{fmt}", fmt, rows_of(range(100, 110)))
     os.makedirs(root, exist_ok=True)
     (root / f"bad.{fmt}").write_text(poison)
-    with pytest.raises(CorruptDataError, match=rf"directory source: .*bad\.{fmt}: cannot read "
-                                               "the records after row 0"):
+    what = f"column '{column}' does not convert" if column else "the record does not parse"
+    with pytest.raises(CorruptDataError, match=rf"^{tmp_path}/in/bad\.{fmt} line {line}: {what}"):
         drain(DirectorySource(root, fmt, schema=SCHEMA, partitions=1).open([0], CTX))
+
+
+# -- poison records: on_error of the source ---------------------------------------------------
+
+#: Lines that do not parse, by format: (the line, the column at fault or None)
+POISON_LINES = {
+    "csv": [('x7,7,3.5,"n7"', "id"), ('8,1,lots,"n8"', "value"), ("9,2", None)],
+    "jsonl": [('{"id": 7, "key": 7, "value": "lots", "name": "n7"}', "value"),
+              ("{not json", None), ('{"id": "x8", "key": 1}', "id")],
+}
+
+
+def poisoned_dir(root, fmt, big_rows=60_000):
+    """CSV or JSON-lines files whose lines ``POISON_LINES`` break: one in a small file, two
+    in a big one (past its first block, so good blocks come before them). Returns the good
+    ids and the bad lines' {(file, line number): (line, column)}."""
+    os.makedirs(root, exist_ok=True)
+    good, bad = [], {}
+    poison = POISON_LINES[fmt]
+    plan = {"sub/small." + fmt: (range(0, 50), {20: poison[0]}),
+            "big." + fmt: (range(1000, 1000 + big_rows), {big_rows - 100: poison[1],
+                                                         big_rows - 5: poison[2]}),
+            "clean." + fmt: (range(100_000, 100_040), {})}
+    for rel, (ids, inserts) in plan.items():
+        buffer = io.BytesIO()
+        _encode(buffer, fmt, rows_of(ids), None)
+        lines = buffer.getvalue().decode().splitlines()
+        head = 1 if fmt == "csv" else 0
+        for at, (line, _) in sorted(inserts.items(), reverse=True):
+            lines.insert(head + at, line)
+        for line, column in inserts.values():
+            bad[(rel, lines.index(line) + 1)] = (line, column)
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        good.extend(ids)
+    return sorted(good), bad
+
+
+def poison_job(tmp_path, fmt, on_error, name):
+    source = DirectorySource(tmp_path / "in", fmt, schema=SCHEMA, partitions=3)
+    pipeline = (Pipeline().read_from(source, on_error=on_error)
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    return Job(pipeline, JobConfig(name=name, snapshot_store=str(tmp_path / "snaps"),
+                                   local_parallelism=2))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_record_that_does_not_parse_fails_the_job_naming_file_line_and_column(tmp_path, fmt):
+    from sparkjet.errors import BadRecordError, MemberFailedError
+
+    _, bad = poisoned_dir(tmp_path / "in", fmt)
+    with pytest.raises(MemberFailedError) as e:
+        poison_job(tmp_path, fmt, "fail", f"files-poison-fail-{fmt}").run(isolated=False)
+    assert isinstance(e.value.__cause__, BadRecordError) and e.value.__cause__.deterministic
+    message = str(e.value)
+    where = "|".join(
+        re.escape(f"{tmp_path}/in/{rel} line {n}: ") +
+        (f"column '{column}' does not convert to" if column else "the record does not parse")
+        for (rel, n), (_, column) in bad.items())
+    assert re.search(rf"source \(DirectorySource\('{tmp_path}/in'.*\): ({where})", message), message
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_skipped_records_leave_the_good_ones(tmp_path, fmt):
+    good, bad = poisoned_dir(tmp_path / "in", fmt)
+    result = poison_job(tmp_path, fmt, "skip", f"files-poison-skip-{fmt}").run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out")
+    assert sorted(out.column("id").to_pylist()) == good
+    assert result.skipped_events == len(bad) == 3 and result.dead_letters == 0
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_records_that_do_not_parse_go_to_the_dead_letters_with_file_and_line(tmp_path, fmt):
+    from sparkjet.sinks import DEAD_LETTER_SCHEMA
+
+    good, bad = poisoned_dir(tmp_path / "in", fmt)
+    dead = TransactionalFileSink(tmp_path / "dead")
+    result = poison_job(tmp_path, fmt, dead, f"files-poison-dead-{fmt}").run(isolated=False)
+    assert sorted(TransactionalFileSink.read(tmp_path / "out").column("id").to_pylist()) == good
+    letters = TransactionalFileSink.read(tmp_path / "dead")
+    assert letters.schema.equals(DEAD_LETTER_SCHEMA, check_metadata=False)
+    rows = sorted(letters.to_pylist(), key=lambda r: r["position"])
+    assert [(r["position"], r["offset"], r["record"].decode(), r["column"]) for r in rows] == \
+        sorted((f"{tmp_path}/in/{rel} line {n}", n, line, column)
+               for (rel, n), (line, column) in bad.items())
+    for r in rows:
+        assert r["stage"] == "source" and r["format"] == "raw"
+        want = (f"column '{r['column']}' does not convert to {SCHEMA.field(r['column']).type}: "
+                if r["column"] else "the record does not parse: ")
+        assert r["reason"].startswith(want), r["reason"]
+    assert result.dead_letters == len(bad)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_restore_past_a_bad_record_neither_reports_it_again_nor_loses_a_row(tmp_path, fmt):
+    """The position counts a record that did not parse as a row of its file: a reader
+    restored from a snapshot taken after it goes on after it, without reporting it again
+    (its dead letter was committed with that snapshot)."""
+    good, bad = poisoned_dir(tmp_path / "in", fmt)
+    source = DirectorySource(tmp_path / "in", fmt, schema=SCHEMA, partitions=1,
+                             batch_size=500)
+    reader, seen, reported = source.open([0], CTX), [], []
+    reader.on_bad_record = reported.append
+    states = []
+    while not reader.at_end():
+        batch = reader.read(500)
+        if batch is not None:
+            seen.extend(batch.column("id").to_pylist())
+        states.append((reader.snapshot_state(), len(seen), len(reported)))
+    assert sorted(seen) == good and len(reported) == len(bad)
+    # restore from each snapshot taken just after a bad record was reported
+    after = [s for s, before in zip(states, [(None, 0, 0), *states]) if s[2] > before[2]]
+    assert len(after) == len(bad)
+    for state, rows, letters in after:
+        again = source.open([0], CTX)
+        more = []
+        again.on_bad_record = more.append
+        again.restore_state(state)
+        ids = seen[:rows]
+        while not again.at_end():
+            batch = again.read(500)
+            if batch is not None:
+                ids.extend(batch.column("id").to_pylist())
+        assert sorted(ids) == good
+        assert [r.position for r in reported[:letters] + more] == [r.position for r in reported]
 
 
 def test_bad_arguments(tmp_path):

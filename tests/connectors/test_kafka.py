@@ -302,6 +302,41 @@ def test_zombie_of_an_older_execution_is_fenced(broker, tmp_path):
     new.close()
 
 
+def test_the_sink_timeout_bounds_its_transaction_calls_against_a_killed_broker(tmp_path):
+    """The sink's ``timeout`` bounds each of phase 2's Kafka calls: against a broker killed
+    between two commits, send_offsets_to_transaction used to wait for librdkafka's socket
+    timeout (10 s here, 60 s by librdkafka's default) whatever timeout it was given. The
+    failure is transient (a timeout: the job restarts), and librdkafka's own account of
+    the wait is within the sink's timeout, not the socket's."""
+    import os
+    import signal
+
+    from sparkjet.runtime.failures import transient_kind
+
+    (tmp_path / "broker").mkdir()
+    own = kafka_broker.start(tmp_path / "broker")
+    try:
+        topic = new_topic(own)
+        w = KafkaSink(topic, own.bootstrap, staging=tmp_path / "staging", key="key",
+                      timeout=2.0).open(context())
+        w.recover(None, None)
+        w.write(rows(0, 100))
+        w.prepare(1)
+        w.commit(1)
+        w.write(rows(100, 100))
+        w.prepare(2)
+        os.kill(own.process.pid, signal.SIGKILL)
+        own.process.wait()
+        with pytest.raises(ConnectorError) as e:
+            w.commit(2)
+    finally:
+        own.stop()
+    assert transient_kind(e.value) == "timeout", e.value
+    waited = [int(ms) for ms in re.findall(r"\(after (\d+)ms\)", str(e.value))]
+    # about 2,000 ms now, the socket timeout's 10,000 ms before
+    assert waited and max(waited) <= 5_000, str(e.value)
+
+
 def test_recovery_after_rescale_commits_every_old_processor(broker, tmp_path):
     topic = new_topic(broker, 2)
     writers = [eo_writer(broker, topic, tmp_path, 1, p, 3) for p in range(3)]

@@ -300,6 +300,38 @@ def test_a_job_fails_when_the_broker_lost_its_tail(broker, tmp_path):
     assert sorted(committed(out)) == list(range(1000))
 
 
+@pytest.mark.parametrize("policy", ["earliest", "latest"])
+def test_a_reset_under_a_job_is_counted_in_its_metrics_and_result(broker, tmp_path, policy):
+    """A job whose source follows ``on_offset_reset`` past a lost tail goes on, and says so
+    beyond the member's log: the live metrics and the JobResult count the reset."""
+    topic = new_topic(broker)
+    earlier = truncated_broker(broker, topic)
+    out = tmp_path / "out"
+    source = KafkaSource(topic, broker.bootstrap, metadata=(), on_offset_reset=policy)
+    pipeline = Pipeline().read_from(source).write_to(TransactionalFileSink(out))
+    config = JobConfig(name=f"kafka-reset-{policy}", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.1, local_parallelism=1)
+    handle = Job(pipeline, config).submit()
+    try:
+        deadline = time.monotonic() + 60
+        while len(committed(out)) < 1000:
+            assert time.monotonic() < deadline, "the job did not commit the topic"
+            time.sleep(0.1)
+        assert handle.metrics["offset_resets"] == 0
+        broker.lose_tail(earlier)
+        produce(broker, topic, range(5000, 5100))
+        while handle.metrics["offset_resets"] == 0:
+            assert time.monotonic() < deadline + 60, "no reset counted"
+            assert not handle.done(), "the job ended"
+            time.sleep(0.1)
+        result = handle.stop(timeout=60)
+    finally:
+        if not handle.done():
+            handle.cancel(timeout=30)
+    assert result.offset_resets == 1 and result.restarts == 0
+    assert handle.metrics["offset_resets"] == 1
+
+
 def committed(out):
     if not out.exists():
         return []

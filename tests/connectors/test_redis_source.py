@@ -4,8 +4,10 @@ nothing is lost or duplicated across crashes at every point of the protocol.
 
 Needs ``redis-server`` on PATH (Debian: ``apt-get install -y redis-server``): without it
 these tests fail, they do not skip."""
+import json
 import pickle
 import random
+import re
 import uuid
 
 import pyarrow as pa
@@ -320,6 +322,144 @@ def test_end_markers_make_the_source_bounded(server, client):
     restored = source.open([0, 1], context())
     restored.restore_state(state)
     assert restored.at_end() and read_available(restored) == []
+
+
+# -- poison messages: on_error of the source ---------------------------------------------------
+
+POISON_SCHEMA = pa.schema([("n", pa.int64()), ("s", pa.string()), ("_id", pa.string())])
+#: (partition, index in it) -> a message that does not decode with POISON_SCHEMA: a field
+#: that is not an int64, one that is not UTF-8
+POISON = {(0, 7): {"n": "seven", "s": "a"}, (1, 3): {"n": 3, "s": b"\xff\xfe"},
+          (1, 20): {"n": "2.5", "s": "b"}}
+POISON_COLUMN = {(0, 7): "n", (1, 3): "s", (1, 20): "n"}
+
+
+def poisoned_streams(server, per_partition=30):
+    """Two partitions of messages (end markers after them), three that do not decode
+    (``POISON``). Returns the stream, the good messages' (n, partition, id) and the bad
+    ones' {(partition, index): id}."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    producer = RedisStreamProducer(stream, 2, server.url)
+    good, bad = [], {}
+    for p in range(2):
+        rows = [POISON.get((p, i), {"n": p * 1000 + i, "s": f"v{i}"}) for i in range(per_partition)]
+        ids = producer.add_many(p, rows)
+        for i, message_id in enumerate(ids):
+            if (p, i) in POISON:
+                bad[(p, i)] = message_id
+            else:
+                good.append((p * 1000 + i, p, message_id))
+    producer.end()
+    producer.close()
+    return stream, sorted(good), bad
+
+
+def poison_job(server, tmp_path, stream, on_error, name):
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import Job, JobConfig
+    from sparkjet.sinks import TransactionalFileSink
+
+    source = RedisStreamSource(stream, 2, server.url, schema=POISON_SCHEMA)
+    pipeline = (Pipeline().read_from(source, on_error=on_error)
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    return Job(pipeline, JobConfig(name=name, snapshot_store=str(tmp_path / "snaps"),
+                                   local_parallelism=2))
+
+
+def check_all_acknowledged(client, stream, job_id):
+    for p in range(2):
+        assert client.xpending(f"{stream}:{p}", f"sparkjet-job-{job_id}")["pending"] == 0
+
+
+def test_a_message_that_does_not_decode_fails_the_job_naming_stream_id_and_field(server, tmp_path):
+    from sparkjet.errors import BadRecordError, MemberFailedError
+
+    stream, _, bad = poisoned_streams(server)
+    with pytest.raises(MemberFailedError) as e:
+        poison_job(server, tmp_path, stream, "fail", "redis-poison-fail").run(isolated=False)
+    assert isinstance(e.value.__cause__, BadRecordError) and e.value.__cause__.deterministic
+    message = str(e.value)
+    where = "|".join(f"stream '{stream}:{p}' id {bad[(p, i)]}: field '{POISON_COLUMN[(p, i)]}'"
+                     for p, i in bad)
+    assert re.search(rf"source \(RedisStreamSource\('{stream}'.*\): ({where}) value .* does "
+                     rf"not convert to (int64|string)", message), message
+
+
+def test_skipped_messages_leave_the_good_ones_and_are_acknowledged(server, client, tmp_path):
+    from sparkjet.sinks import TransactionalFileSink
+
+    stream, good, _ = poisoned_streams(server)
+    result = poison_job(server, tmp_path, stream, "skip", "redis-poison-skip").run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out")
+    got = sorted((n, n // 1000, i) for n, i in zip(out.column("n").to_pylist(),
+                                                   out.column("_id").to_pylist()))
+    assert got == good
+    assert result.skipped_events == len(POISON) and result.dead_letters == 0
+    check_all_acknowledged(client, stream, result.job_id)
+
+
+def test_messages_that_do_not_decode_go_to_the_dead_letters_with_their_ids(server, client,
+                                                                           tmp_path):
+    from sparkjet.sinks import DEAD_LETTER_SCHEMA, TransactionalFileSink
+
+    stream, good, bad = poisoned_streams(server)
+    dead = TransactionalFileSink(tmp_path / "dead")
+    result = poison_job(server, tmp_path, stream, dead, "redis-poison-dead").run(isolated=False)
+    out = TransactionalFileSink.read(tmp_path / "out")
+    assert sorted((n, n // 1000, i) for n, i in zip(out.column("n").to_pylist(),
+                                                    out.column("_id").to_pylist())) == good
+    letters = TransactionalFileSink.read(tmp_path / "dead")
+    assert letters.schema.equals(DEAD_LETTER_SCHEMA, check_metadata=False)
+    rows = sorted(letters.to_pylist(), key=lambda r: r["position"])
+    want = sorted(((p, i) for p, i in bad), key=lambda k: f"stream '{stream}:{k[0]}' id {bad[k]}")
+    assert [r["position"] for r in rows] == [f"stream '{stream}:{p}' id {bad[(p, i)]}"
+                                             for p, i in want]
+    for r, (p, i) in zip(rows, want):
+        assert (r["stage"], r["partition"], r["offset"], r["format"]) == ("source", p, None, "raw")
+        assert r["column"] == POISON_COLUMN[(p, i)]
+        assert r["reason"].startswith(f"field '{r['column']}' value "), r["reason"]
+        assert json.loads(r["record"]) == {
+            k: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+            for k, v in POISON[(p, i)].items()}
+    assert result.dead_letters == len(POISON)
+    check_all_acknowledged(client, stream, result.job_id)
+
+
+def _poison_decoder(entries):
+    values = []
+    for _, fields in entries:
+        if b"boom" in fields:
+            raise ValueError("boom in the message")
+        values.append(int(fields[b"v"]))
+    return pa.record_batch({"v": pa.array(values, pa.int64())})
+
+
+@pytest.mark.parametrize("kind", ["no schema", "decoder"])
+def test_a_reader_hands_each_bad_message_to_on_error_and_returns_the_rest(server, kind):
+    """Without a schema a field must be UTF-8; a decoder may raise on a message: either
+    way the bad message alone is reported (its field, id and fields), the others read."""
+    kwargs = {"decoder": _poison_decoder} if kind == "decoder" else {}
+    source, producer = setup(server, **kwargs)
+    bad = {"v": 2, "boom": b"\xff"}
+    ids = producer.add_many(0, [{"v": 1}, bad, {"v": 3}])
+    reader = source.open([0], context())
+    records = []
+    reader.on_bad_record = records.append
+    batch = reader.read(10)
+    if kind == "decoder":
+        assert batch.column("v").to_pylist() == [1, 3]
+    else:
+        assert batch.column("_id").to_pylist() == [ids[0], ids[2]]
+        assert batch.schema.names == ["_id", "v"]
+    [record] = records
+    assert record.position == f"stream '{source.stream}:0' id {ids[1]}"
+    assert record.partition == 0 and json.loads(record.record) == {"v": "2", "boom": "\\xff"}
+    if kind == "decoder":
+        assert record.column is None
+        assert record.reason == "the decoder raised ValueError: boom in the message"
+    else:
+        assert record.column == "boom" and "is not UTF-8" in record.reason
+    assert reader.snapshot_state()["unacked"] == {"0": ids}   # the bad one is acked too
 
 
 class _Job:

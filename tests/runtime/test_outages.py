@@ -1,15 +1,16 @@
-"""Outages of the systems a job writes to, told apart from errors about the data (issue 26,
-item 2): the real server (PostgreSQL, the Kafka broker, the S3 server) is stopped under a
-running job for longer than one backoff step and started again on the same port with the
-same data. The job waits (restarts with backoff, each failure reported as transient with its
-kind, never cut short by the "failed twice the same way" rule), resumes, and its output is
-exactly-once as the real system holds it afterwards (Kafka: see its test for what this broker
-allows to be checked).
+"""Outages of the systems a job reads from and writes to, told apart from errors about the
+data (issue 26, item 2): the real server (PostgreSQL, the Kafka broker, the S3 server,
+redis-server) is stopped under a running job for longer than one backoff step and started
+again on the same port with the same data. The job waits (restarts with backoff, each
+failure reported as transient with its kind, never cut short by the "failed twice the same
+way" rule), resumes, and its output is exactly-once as the real system holds it afterwards
+(Kafka: see its test for what this broker allows to be checked).
 
-Before the fix the PostgreSQL outage failed the job: the second identical "connection
-refused" was judged an error a replay repeats, with max_restarts unused. The Kafka and S3
-outages happened to cost a single restart (which the old rule allowed), so there the old code
-fails only the check that each restart is reported as transient.
+Before the fix the PostgreSQL and Redis outages failed the job: the second (Redis: third)
+identical "connection refused" was judged an error a replay repeats, with max_restarts
+unused. The Kafka and S3 outages happened to cost a single restart (which the old rule
+allowed), so there the old code fails only the check that each restart is reported as
+transient.
 """
 from __future__ import annotations
 
@@ -307,3 +308,100 @@ def test_an_s3_outage_is_waited_out_and_the_output_is_exactly_once(tmp_path, mon
         check_exactly_once(TransactionalFileSink.read(out, filesystem=fs).column("id"), total)
     finally:
         servers[-1].stop()
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A server of this module's own, keeping its data across a restart (an append-only file
+    fsynced always): it is stopped and restarted under the job."""
+    pytest.importorskip("redis")
+    from helpers import redis_server as helper
+
+    try:
+        s = helper.start(tmp_path_factory.mktemp("redis"), persist=True)
+    except helper.RedisServerMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    yield s
+    s.stop()
+
+
+class Feeder:
+    """Appends ``{"id": n}`` messages (n = 0, 1, ...) to the partitions of a Redis stream
+    in turn, a chunk at a time, until :meth:`stop`; :meth:`finish` appends up to ``total``
+    and the end markers. One producer, one thread: the ids are the order of the XADDs."""
+
+    def __init__(self, stream: str, partitions: int, url: str, total: int, chunk: int = 200):
+        from sparkjet.sources import RedisStreamProducer
+
+        self.producer = RedisStreamProducer(stream, partitions, url)
+        self.partitions, self.total, self.chunk, self.sent = partitions, total, chunk, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _add(self, upto: int) -> None:
+        while self.sent < upto:
+            n = min(self.chunk, upto - self.sent)
+            partition = (self.sent // self.chunk) % self.partitions
+            self.producer.add_many(partition, [{"id": self.sent + i} for i in range(n)])
+            self.sent += n
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.sent < self.total // 2:
+            self._add(self.sent + self.chunk)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stops feeding (before the server goes down: nothing is half sent)."""
+        self._stop.set()
+        self._thread.join(60)
+
+    def finish(self) -> None:
+        self.stop()
+        self._add(self.total)
+        self.producer.end()
+        self.producer.close()
+
+
+def test_a_redis_outage_is_waited_out_and_the_output_is_exactly_once(redis_server, tmp_path):
+    """The acknowledging Redis stream source under a job that reads, snapshots and
+    acknowledges while messages arrive: redis-server is stopped (its data kept on disk) and
+    started again on the same port. Reads, acknowledgements and the next execution's
+    XGROUP CREATE fail while it is down, each failure transient; the execution after the
+    restart redelivers what was read and not covered by the last snapshot, drops what was,
+    and reads on. Every id is in the committed output once."""
+    import uuid
+
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import RedisStreamSource
+
+    total, stream = 40_000, f"outage-{uuid.uuid4().hex[:8]}"
+    schema = pa.schema([("id", pa.int64()), ("_id", pa.string())])
+    feeder = Feeder(stream, 2, redis_server.url, total)
+    try:
+        out = tmp_path / "out"
+        pipeline = (Pipeline().read_from(RedisStreamSource(stream, 2, redis_server.url,
+                                                           schema=schema))
+                    .write_to(TransactionalFileSink(out)))
+        job = Job(pipeline, config("redis", tmp_path))
+        outage = Outage(lambda: (feeder.stop(), redis_server.halt()),
+                        lambda: (redis_server.restart(), feeder.finish()), seconds=6.0)
+        result = run(job, outage)
+    finally:
+        feeder.stop()
+    check_transient_restarts(outage, result, job.config)
+    kinds = {r["transient"] for r in outage.restarts}
+    assert kinds <= {"connection refused", "connection failed", "server loading",
+                     "timeout"}, kinds
+    check_exactly_once(TransactionalFileSink.read(out).column("id"), total)
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    try:   # every message acknowledged once its snapshot completed
+        for p in range(2):
+            assert client.xpending(f"{stream}:{p}", f"sparkjet-job-{result.job_id}")[
+                "pending"] == 0
+    finally:
+        client.close()

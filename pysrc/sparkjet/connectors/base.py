@@ -96,6 +96,11 @@ class SourceReader(ABC):
     #: Set by the runtime: called with each :class:`BadRecord` (it raises to fail).
     on_bad_record = None
 
+    #: How many times the reader moved on from a position its input no longer holds, as
+    #: its source's policy said (Kafka's ``on_offset_reset``); the runtime counts them in
+    #: the ``offset_resets`` metric.
+    offset_resets = 0
+
     def bad_record(self, record: BadRecord) -> None:
         """Reports a record that does not decode (the reader leaves it out of its batch;
         its offset counts as read)."""

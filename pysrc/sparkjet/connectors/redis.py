@@ -48,6 +48,16 @@ where a message lacks the field), so the columns can differ between batches. Giv
 UTF-8 text (binary columns keep the raw bytes). Or a ``decoder``: a picklable callable
 taking ``[(id: str, fields: dict[bytes, bytes]), ...]`` and returning a RecordBatch.
 
+**Messages that do not decode** (a field that does not convert to the schema's type, a
+field that is not UTF-8 without a schema, a message the decoder raises on) go one by one to
+the source's ``on_error``: "fail" stops the job with a
+:class:`~sparkjet.errors.BadRecordError` naming the stream, the message id and the field;
+"skip" drops them; a dead-letter sink gets each with the field as ``column``, ``position``
+``"stream 'orders:2' id 1700000000000-0"``, ``partition`` the source partition and as
+``record`` its fields as a JSON object of text (bytes that are not UTF-8 escaped as
+``\\xNN``). The other messages of the batch go on, and every id is acknowledged with its
+snapshot either way.
+
 **End of stream.** Redis streams do not end; a producer may append an end marker
 (:meth:`RedisStreamProducer.end`, a message with the field ``__sparkjet_end__``) after
 which :meth:`RedisStreamReader.at_end` is true for that partition once it is read.
@@ -58,6 +68,7 @@ Needs the ``redis`` package (``pip install 'sparkjet[redis]'``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections import deque
@@ -78,7 +89,7 @@ from sparkjet.connectors._settings import (
     SourcePartitions,
     Text,
 )
-from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import BadRecord, ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     ConnectorError,
     CorruptDataError,
@@ -509,7 +520,30 @@ class RedisStreamReader(SourceReader):
         data = [(m.decode(), f) for m, f in entries if _END not in f]
         if not data:
             return None
-        return _decode(data, self._source, self._keys[p])
+        return self._decode(p, data)
+
+    def _decode(self, p: int, entries: list) -> pa.RecordBatch | None:
+        """The messages as a batch; one that does not decode goes to :meth:`bad_record`
+        (the source's ``on_error``) and the others are decoded without it. Its id is
+        acknowledged with the snapshot like any other."""
+        source, key = self._source, self._keys[p]
+        try:
+            return _decode(entries, source, key)
+        except InvalidArgumentError:
+            raise               # a decoder that returns no RecordBatch: a bug, not the data
+        except Exception as e:  # noqa: BLE001 - a user decoder may raise anything
+            if source.decoder is None and not isinstance(e, CorruptDataError):
+                raise
+        good = []
+        for entry in entries:
+            problem = _problem(entry, source, key)
+            if problem is None:
+                good.append(entry)
+                continue
+            column, reason = problem
+            self.bad_record(BadRecord(reason, column, _raw(entry[1]), p, None,
+                                      f"stream {key!r} id {entry[0]}"))
+        return _decode(good, source, key) if good else None
 
 
 def _decode(entries: list, source: RedisStreamSource, key: str) -> pa.RecordBatch:
@@ -543,6 +577,46 @@ def _decode(entries: list, source: RedisStreamSource, key: str) -> pa.RecordBatc
                 f"{key}: field {field.name!r} of messages {entries[0][0]}..{entries[-1][0]} "
                 f"does not convert to {field.type}: {e}") from None
     return pa.RecordBatch.from_arrays(arrays, schema=source.schema)
+
+
+def _problem(entry: tuple, source: RedisStreamSource, key: str) -> tuple | None:
+    """Why the message ``entry`` does not decode alone (its column, None for the whole
+    message, and the reason), or None."""
+    _, fields = entry
+    if source.decoder is not None:
+        try:
+            _decode([entry], source, key)
+        except InvalidArgumentError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a user decoder may raise anything
+            return None, f"the decoder raised {type(e).__name__}: {e}"
+        return None
+    if source.schema is None:
+        for name, value in fields.items():
+            try:
+                value.decode()
+            except UnicodeDecodeError as e:
+                return (name.decode("utf-8", "replace"),
+                        f"field {name.decode('utf-8', 'replace')!r} is not UTF-8 text ({e}); "
+                        "give a schema with a binary column for it")
+        return None
+    for field in source.schema:
+        if field.name == ID_COLUMN or field.type in (pa.binary(), pa.large_binary()):
+            continue
+        value = fields.get(field.name.encode())
+        try:
+            pa.array([value], pa.binary()).cast(pa.string()).cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            return field.name, (f"field {field.name!r} value {value!r} does not convert to "
+                                f"{field.type}: {e}")
+    return None
+
+
+def _raw(fields: dict) -> bytes:
+    """A message's fields as the record of its dead letter: a JSON object of its field
+    names and values as text (bytes that are not UTF-8 escaped as ``\\xNN``)."""
+    return json.dumps({k.decode("utf-8", "backslashreplace"): v.decode("utf-8", "backslashreplace")
+                       for k, v in fields.items()}, ensure_ascii=False).encode()
 
 
 def _text(entries: list, name: bytes, key: str) -> pa.Array:

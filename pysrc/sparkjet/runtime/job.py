@@ -56,7 +56,8 @@ class Job:
     def metrics(self) -> dict | None:
         """The job's metrics as a dict (None before its first run): state, execution,
         members, restarts, events in and out, events per second, late, skipped and
-        dead-lettered events, snapshots and the last one's duration, bytes and alignment,
+        dead-lettered events, ``offset_resets`` (a source that followed its
+        ``on_offset_reset`` past input it no longer held), snapshots and the last one's duration, bytes and alignment,
         ``source_lag_s`` (the wall clock minus the event time of the newest event the
         source furthest behind has read) and ``watermark_lag_s`` (the wall clock minus the
         lowest watermark of the vertices), in seconds, None unless the event time is a

@@ -103,6 +103,7 @@ class Member:
         self._failed = threading.Event()
         self.metrics = {"execution_id": execution_id, "member": index, "events_in": 0,
                         "events_out": 0, "late_events": 0, "skipped_events": 0, "dead_letters": 0,
+                        "offset_resets": 0,
                         "snapshots": [], "restored_from": None,
                         "latencies_ns": LatencyHistogram(),
                         "emit_latencies_ns": LatencyHistogram(),
@@ -234,7 +235,8 @@ class Member:
         """What the progress events and the heartbeat carry: the counters so far."""
         with self._lock:
             return {k: self.metrics[k] for k in
-                    ("events_in", "events_out", "late_events", "skipped_events", "dead_letters")} | \
+                    ("events_in", "events_out", "late_events", "skipped_events", "dead_letters",
+                     "offset_resets")} | \
                 {"vertices": {v: dict(c) for v, c in self.metrics["vertices"].items()}}
 
     # -- run ---------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class JobMetrics:
         self.restarts = 0
         self.started = time.monotonic()
         self._done = {"events_in": 0, "events_out": 0, "late_events": 0, "skipped_events": 0,
-                      "dead_letters": 0}
+                      "dead_letters": 0, "offset_resets": 0}
         self._done_vertices: dict = {}
         self._current: dict = {}          # member -> its counters in this execution
         self.snapshots = 0
@@ -307,6 +307,7 @@ class JobMetrics:
                 "late_events": self._sum("late_events"),
                 "skipped_events": self._sum("skipped_events"),
                 "dead_letters": self._sum("dead_letters"),
+                "offset_resets": self._sum("offset_resets"),
                 "snapshots": self.snapshots, "last_snapshot": dict(self.last_snapshot),
                 "source_lag_s": source_lag, "watermark_lag_s": watermark_lag,
                 "vertices": vertices,
@@ -344,6 +345,8 @@ class _Collector:
                       m["skipped_events"])
         yield counter("dead_letters", "Rows a stage failed on, sent to its on_error sink",
                       m["dead_letters"])
+        yield counter("offset_resets", "Times a source moved past a position its input no "
+                      "longer holds (Kafka on_offset_reset)", m["offset_resets"])
         yield counter("restarts", "Executions restarted after a failure", m["restarts"])
         yield counter("snapshots", "Snapshots committed by this run", m["snapshots"])
         yield gauge("events_per_second", "Source throughput, smoothed", m["events_per_second"])

@@ -175,6 +175,7 @@ class SourceProcessor(Processor):
         self.restored_source_state = None
         self.restored_times: dict = {}
         self._reader = None
+        self._resets = 0       # the reader's offset_resets counted so far
         self._partition = None
         self._terminal = None
         ts = vertex.timestamps
@@ -212,6 +213,7 @@ class SourceProcessor(Processor):
         ended = finished = False
         try:
             while not m.failed and not finished:
+                self._count_resets(reader)
                 finished = self._control(reader)
                 if finished or m.failed:
                     break
@@ -240,10 +242,18 @@ class SourceProcessor(Processor):
                 self.emitted(samples)
                 self._send_watermark()
         finally:
+            self._count_resets(reader)
             if m.failed and self.outbox is not None:
                 self.outbox.abort()
             reader.close()
             self.close_sinks()
+
+    def _count_resets(self, reader) -> None:
+        """Counts the reader's new ``offset_resets`` (its source's on_offset_reset)."""
+        resets = reader.offset_resets
+        if resets != self._resets:
+            self.member.count("offset_resets", resets - self._resets)
+            self._resets = resets
 
     def _bad_record(self, record) -> None:
         """A record the reader could not decode: the source's ``on_error`` applies."""

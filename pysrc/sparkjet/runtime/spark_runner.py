@@ -306,6 +306,7 @@ class SparkRunner:
             vertices=functools.reduce(add_vertex_counts,
                                       (d.get("vertices") or {} for d in done), {}),
             dead_letters=sum(d.get("dead_letters", 0) for d in done),
+            offset_resets=sum(d.get("offset_resets", 0) for d in done),
             latencies_ns=LatencyHistogram.merged(d.get("latencies_ns") for d in done),
             emit_latencies_ns=LatencyHistogram.merged(d.get("emit_latencies_ns") for d in done),
             snapshots=list(coord.snapshots.records), seconds=time.monotonic() - started,

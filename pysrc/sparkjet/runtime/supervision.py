@@ -68,6 +68,14 @@ class JobResult:
         return sum(e.get("dead_letters", 0) for e in self.executions)
 
     @property
+    def offset_resets(self) -> int:
+        """Times a source followed its ``on_offset_reset`` policy past a position its input
+        no longer held (a Kafka partition whose log was truncated, moved on or deleted):
+        records may then have been read twice or never. Nonzero deserves a look. Of failed
+        executions, only what their members reported before failing."""
+        return sum(e.get("offset_resets", 0) for e in self.executions)
+
+    @property
     def refused_calls(self) -> int:
         """Calls to the job's members or coordinator refused for their credentials (an
         outsider, or a zombie of an older execution): nonzero deserves a look."""

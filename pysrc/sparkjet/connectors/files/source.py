@@ -70,16 +70,29 @@ of the directory's first data file (by path; take a declared schema for CSV and 
 where a type guessed from one file may not fit the next). Each file's columns are taken by
 name and cast to it (columns the schema does not name are not read); a missing column, or
 one that does not cast, is a :class:`~sparkjet.errors.SchemaMismatchError` naming the file
-and the column. A CSV or JSON-lines record that does not parse is a
-:class:`~sparkjet.errors.CorruptDataError` naming the file and the rows it lies in. A file
-system that cannot be reached or refuses the credentials is a
+and the column. A file system that cannot be reached or refuses the credentials is a
 :class:`~sparkjet.errors.ConnectorError`.
+
+**Records that do not parse.** A CSV or JSON-lines record that does not parse or whose value
+does not convert to the schema's type goes to the source's ``on_error``: "fail" stops the job
+with a :class:`~sparkjet.errors.BadRecordError` naming the file, the line (from 1, the CSV
+header being line 1) and the column (None: the record itself is malformed); "skip" drops it;
+a dead-letter sink gets the line's bytes with ``offset`` its line number and ``position``
+``"<directory>/<file> line <n>"``. The other records of the file go on. Files are parsed a
+block at a time; from a block that fails on, the file is parsed in chunks of lines, halved
+until the bad lines are alone. A record that did not parse counts as one of the file's
+``row`` in the reader's position, so a restore neither reports it again nor skips a good
+row. (Without a ``schema``, a record that does not parse in the first block of the first
+file, which the schema is inferred from, still fails with a
+:class:`~sparkjet.errors.CorruptDataError`: declare the schema.)
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import os
+import re
 import time
 from dataclasses import KW_ONLY, dataclass
 from typing import Annotated, Literal
@@ -103,7 +116,7 @@ from sparkjet.connectors._settings import (
     SourcePartitions,
     Text,
 )
-from sparkjet.connectors.base import ProcessorContext, Source, SourceReader
+from sparkjet.connectors.base import BadRecord, ProcessorContext, Source, SourceReader
 from sparkjet.errors import (
     ConnectorError,
     CorruptDataError,
@@ -404,6 +417,9 @@ class DirectoryReader(SourceReader):
             if batch is None:
                 self._check_unchanged(part, opening=False)
                 part.finish(self._source.ordered_names)
+            elif isinstance(batch, BadRecord):
+                part.row += 1           # a record of the file, as a row is
+                self.bad_record(dataclasses.replace(batch, partition=part.index))
             elif batch.num_rows:
                 part.pending = batch
         out = part.pending.slice(0, rows)
@@ -503,20 +519,74 @@ class DirectoryReader(SourceReader):
                 yield _conform(batch, schema, self._name(rel))
 
     def _text(self, fs, path: str, rel: str, fmt: str):
+        """The batches of a CSV or JSON-lines file, parsed a block at a time; from a block
+        that does not parse on, line by line (:meth:`_by_line`), which yields each record
+        that does not parse as a :class:`BadRecord` in its place."""
         schema = self._schema
+        returned = 0
         stream = fs.open_input_stream(path)
         try:
             if fmt == "csv":
                 reader = pcsv.open_csv(
                     stream, read_options=pcsv.ReadOptions(block_size=_TEXT_BLOCK),
-                    convert_options=pcsv.ConvertOptions(column_types=schema,
-                                                        include_columns=schema.names))
+                    convert_options=_csv_conversion(schema))
             else:
                 reader = _open_json(stream, schema)
             for batch in reader:
-                yield _conform(batch, schema, self._name(rel))
+                batch = _conform(batch, schema, self._name(rel))
+                yield batch
+                returned += batch.num_rows
+            return
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            if "does not exist in CSV file" in str(e):
+                raise               # a missing column (SchemaMismatchError), not a record
         finally:
             stream.close()
+        # the rows returned so far were good: each was one record of the file
+        yield from _skip_rows(self._by_line(fs, path, rel, fmt), returned, self._name(rel))
+
+    def _by_line(self, fs, path: str, rel: str, fmt: str):
+        """The records of a text file parsed in chunks of lines (the header first, for
+        CSV); a chunk that does not parse is halved until the lines that do not parse are
+        alone, and each of those is a :class:`BadRecord` (offset: its line, from 1)."""
+        with fs.open_input_stream(path) as stream:
+            lines = _lines(stream)
+            header = None
+            if fmt == "csv":
+                header = next((line for _, line in lines if line), b"")
+            chunk = []
+            for number, line in lines:
+                if not (line if fmt == "csv" else line.strip()):
+                    continue        # empty lines hold no record (as pyarrow reads them)
+                chunk.append((number, line))
+                if len(chunk) >= self._source.batch_size:
+                    yield from self._halving(chunk, header, rel)
+                    chunk = []
+            if chunk:
+                yield from self._halving(chunk, header, rel)
+
+    def _halving(self, chunk: list, header: bytes | None, rel: str):
+        schema = self._schema
+        try:
+            table = _parse_lines([line for _, line in chunk], header, schema)
+            if table.num_rows == len(chunk):
+                for batch in table.to_batches():
+                    yield _conform(batch, schema, self._name(rel))
+                return
+            error = f"{len(chunk)} lines gave {table.num_rows} records"
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            error = str(e)
+        if len(chunk) > 1:
+            half = len(chunk) // 2
+            yield from self._halving(chunk[:half], header, rel)
+            yield from self._halving(chunk[half:], header, rel)
+            return
+        [(number, line)] = chunk
+        column = _column_at_fault(line, header, schema)
+        what = (f"column {column!r} does not convert to {schema.field(column).type}"
+                if column is not None else "the record does not parse")
+        yield BadRecord(f"{what}: {_ROW_IN_MESSAGE.sub('', error)}", column, line, None,
+                        number, f"{self._name(rel)} line {number}")
 
     def _infer_schema(self, rel: str) -> pa.Schema:
         """The schema of the first data file, which every file is then read in."""
@@ -644,6 +714,12 @@ def _skip_rows(batches, skip: int, name: str, position: int | None = None):
     fewer (the file shrank since the position ``position``, default ``skip``, was saved)."""
     wanted = skip if position is None else position
     for batch in batches:
+        if isinstance(batch, BadRecord):    # a record that does not parse counts as a row
+            if skip:
+                skip -= 1
+            else:
+                yield batch
+            continue
         if skip >= batch.num_rows:
             skip -= batch.num_rows
             continue
@@ -655,9 +731,61 @@ def _skip_rows(batches, skip: int, name: str, position: int | None = None):
             "changed since; files must not be modified once they appear")
 
 
-def _open_json(stream, schema: pa.Schema | None):
-    parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") \
+def _csv_conversion(schema: pa.Schema) -> pcsv.ConvertOptions:
+    return pcsv.ConvertOptions(column_types=schema, include_columns=schema.names)
+
+
+def _json_parsing(schema: pa.Schema | None) -> pjson.ParseOptions:
+    return pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") \
         if schema is not None else pjson.ParseOptions()
+
+
+def _lines(stream):
+    """``(number, line)`` of each line of a text stream, from 1, without its line end."""
+    number, rest = 0, b""
+    while True:
+        block = stream.read(_TEXT_BLOCK)
+        if not block:
+            break
+        parts = (rest + block).split(b"\n")
+        rest = parts.pop()
+        for line in parts:
+            number += 1
+            yield number, line.removesuffix(b"\r")
+    if rest:
+        yield number + 1, rest.removesuffix(b"\r")
+
+
+def _parse_lines(lines: list, header: bytes | None, schema: pa.Schema) -> pa.Table:
+    """Lines of a CSV (under ``header``) or JSON-lines file, parsed as the block reader
+    parses them."""
+    if header is not None:
+        data = b"\n".join([header, *lines])
+        return pcsv.read_csv(pa.py_buffer(data), read_options=pcsv.ReadOptions(use_threads=False),
+                             convert_options=_csv_conversion(schema))
+    return pjson.read_json(pa.py_buffer(b"\n".join(lines)),
+                           read_options=pjson.ReadOptions(use_threads=False),
+                           parse_options=_json_parsing(schema))
+
+
+def _column_at_fault(line: bytes, header: bytes | None, schema: pa.Schema) -> str | None:
+    """The first column of ``schema`` that a record which does not parse fails on alone;
+    None when every column fails (the record itself is malformed)."""
+    failed = []
+    for field in schema:
+        try:
+            _parse_lines([line], header, pa.schema([field]))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            failed.append(field.name)
+    return failed[0] if failed and len(failed) < len(schema) else None
+
+
+#: Where pyarrow says the record is in what it parsed (one line, or a chunk): not the file.
+_ROW_IN_MESSAGE = re.compile(r"Row #\d+: | in row \d+")
+
+
+def _open_json(stream, schema: pa.Schema | None):
+    parse = _json_parsing(schema)
     read = pjson.ReadOptions(block_size=_TEXT_BLOCK)
     if hasattr(pjson, "open_json"):
         return pjson.open_json(stream, read_options=read, parse_options=parse)

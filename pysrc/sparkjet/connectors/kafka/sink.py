@@ -395,7 +395,11 @@ class KafkaWriter(_ProducerBase):
         aborts their open transaction."""
         producer = self._kafka.Producer(self._config(**{
             "transactional.id": self._id(processor),
-            "transaction.timeout.ms": max(60_000, int(self.sink.timeout * 2000))}))
+            "transaction.timeout.ms": max(60_000, int(self.sink.timeout * 2000)),
+            # librdkafka waits for send_offsets_to_transaction's requests as long as
+            # socket.timeout.ms, whatever timeout the call is given (10 s, or librdkafka's
+            # 60 s, against a dead broker): the sink's timeout bounds every call
+            "socket.timeout.ms": max(1000, int(self.sink.timeout * 1000))}))
         try:
             producer.init_transactions(self.sink.timeout)
         except self._kafka.KafkaException as e:
