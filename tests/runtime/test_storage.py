@@ -2,6 +2,9 @@
 written into storage slots, its record in the store (format 2, with the table and the
 plan), a restore that reads its own slot from disk and a peer's over a real exchange
 server, and the refusals: a slot no member holds, a path outside the slot, another slot."""
+import base64
+import os
+
 import pyarrow as pa
 import pytest
 
@@ -94,8 +97,8 @@ def test_a_snapshot_in_slots_restores_from_its_own_slot_and_a_peers(tmp_path, tw
                 peer.action("slot_read", body)
         # a slot that no member of the execution holds: named, with what to do
         store.slot_files = slot_files(_Member([a.uuid], {}), a, JOB)
-        with pytest.raises(SnapshotIncompleteError, match=f"in storage slot {b.uuid}, which no "
-                                                          "member of this execution holds"):
+        with pytest.raises(SnapshotIncompleteError, match=rf"in storage slot\(s\) {b.uuid}, none "
+                                                          "of which a member of this execution"):
             store.restore("agg")
     finally:
         server.close()
@@ -131,3 +134,70 @@ def test_slots_drop_the_snapshots_the_store_no_longer_keeps(tmp_path, two_slots)
     drop_old_snapshots(a, JOB, 3, keep)
     after = a.replicas(JOB).listdir(folder)
     assert after == before[2:]
+
+
+def test_backups_are_verified_copies_a_restore_falls_back_to(tmp_path, two_slots):
+    """Each writer copies its files to the slots that back their partitions (here: the
+    other slot, which backs everything) through the peer's slot_write action, which checks
+    size and xxh3. When the writer's slot is gone, a restore reads the copies."""
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.storage import replicator, slot_write_handler
+
+    a, b = two_slots
+    table = PartitionTable.create([a.uuid, b.uuid], 7, 1, groups={a.uuid: "a", b.uuid: "b"})
+    security = LinkSecurity.generate(1)
+    servers = {}
+    for slot in (a, b):
+        servers[slot.uuid] = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+        servers[slot.uuid].on_action("slot_write", slot_write_handler(slot, JOB))
+        servers[slot.uuid].on_action("slot_read", slot_read_handler(slot, JOB))
+    try:
+        clients = {i: ExchangeClient(servers[u].location, security=security)
+                   for i, u in enumerate((a.uuid, b.uuid))}
+        members = [_Member([a.uuid, b.uuid], {1 - i: clients[1 - i]}) for i in range(2)]
+        for m in members:
+            m.topology.table = table
+        store = SnapshotStore(tmp_path / "store", JOB)
+        store.register_execution(1)
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            w = store.writer(0, 1, writer=i, partition_count=7, slot=slot,
+                             replicate=replicator(members[i], slot, JOB))
+            w.write_table("agg", _state(1000, i * 1000), key="key")
+            manifests.append(w.finish())
+        store.commit(0, 1, manifests, table="dGFibGU=")
+        files = store._resolve(0, None).record.vertices["agg"].files
+        assert {(f.slot, tuple(f.replicas)) for f in files} == {(a.uuid, (b.uuid,)),
+                                                                (b.uuid, (a.uuid,))}
+        # slot b's own files are gone (its folder wiped); a holds copies of them
+        for f in files:
+            if f.slot == b.uuid:
+                os.remove(os.path.join(b.replicas(JOB).root, "snapshots",
+                                       "000000000000-e000000000001", f.path))
+        store.slot_files = slot_files(_Member([a.uuid], {}), a, JOB)
+        got = store.restore("agg").table.sort_by("key")
+        assert got.equals(pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key"))
+        # a copy that does not match the writer's checksum is refused and not kept
+        peer = clients[1]
+        path = "snapshots/000000000001-e000000000001/agg/9-0.chunks"
+        peer.action("slot_write", {"slot": b.uuid, "path": path, "offset": 0,
+                                   "data": base64.b64encode(b"abc").decode()})
+        with pytest.raises(ExchangeRefusedError, match="the copy of .* has 3 bytes"):
+            peer.action("slot_write", {"slot": b.uuid, "path": path, "size": 3,
+                                       "xxh3": "0" * 16})
+        assert not os.path.exists(os.path.join(b.replicas(JOB).root, path))
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+def test_on_one_host_the_slots_are_their_own_groups():
+    from sparkjet.runtime import JobConfig
+    from sparkjet.runtime.storage import table_for
+
+    config = JobConfig(name="one-host", processing_guarantee="none", storage="members")
+    reports = [{"uuid": f"00000000-0000-4000-8000-00000000000{i}", "host": "vm"}
+               for i in range(3)]
+    table = table_for(config, reports)
+    assert all(None not in table.replicas(p) for p in range(271))   # every backup placed
+    assert all(len(set(table.replicas(p))) == 2 for p in range(271))

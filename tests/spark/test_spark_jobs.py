@@ -140,6 +140,40 @@ def test_with_members_storage_a_killed_members_slot_is_reclaimed_with_its_partit
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+def test_with_members_storage_a_lost_slot_is_restored_from_its_backups(spark, tmp_path):
+    """Member 1 is killed and its slot's folder wiped before the restart: the next
+    execution claims a new slot for it, the driver's table promotes the backups the other
+    slot holds (every file of one slot is copied to the other on one host), and the output
+    is exactly the failure-free one."""
+    import shutil
+
+    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=400_000)
+    job = keyed_job(tmp_path, source, max_restarts=2, restart_backoff=1.0, storage="members",
+                    storage_dir=str(tmp_path / "slots"))
+    killed, events, wiped = [], [], []
+
+    def progress(event):
+        events.append(event)
+        if event["event"] == "snapshot" and event["snapshot"] == 2 and not killed:
+            killed.append(job.member_pids[1])
+            os.kill(killed[0], signal.SIGKILL)
+        elif event["event"] == "restart" and not wiped:
+            placed = [e for e in events if e["event"] == "placed"][-1]
+            lost = next(s for s in placed["slots"] if s["member"] == 1)
+            shutil.rmtree(tmp_path / "slots" / f"slot-{lost['uuid']}")
+            wiped.append(lost["uuid"])
+
+    result = job.run(spark, on_progress=progress)
+    assert killed and wiped and result.restarts == 1
+    placed = [e for e in events if e["event"] == "placed"]
+    first, second = ({s["uuid"] for s in e["slots"]} for e in placed)
+    assert wiped[0] in first and wiped[0] not in second and len(first & second) == 1
+    assert result.executions[1]["restored_from"] is not None
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_killed_member_is_the_one_named_failed(spark, tmp_path, victim):
     """Its peer's inbound stream breaks first and the peer reports that: the restart must

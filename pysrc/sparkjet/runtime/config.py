@@ -122,8 +122,8 @@ class JobConfig:
       after they join (a ``PartitionTable`` over slot UUIDs with ``backup_count`` backups on
       other hosts), keeping the table from one execution to the next so a slot keeps its
       partitions. Processors write their chunk files into their slot; the records (the
-      commit point) stay in ``snapshot_store``. Backups are not copied yet: a lost slot
-      loses its partitions (see the README's "Snapshots on the members").
+      commit point) stay in ``snapshot_store``; each file is copied, verified, to the
+      slots that back its partitions (see the README's "Snapshots on the members").
     - ``backup_count``: backups of each partition on other hosts' slots (1; 0..6).
     - ``persistence``: slots on disk, every write fsynced (False: tmpfs is enough).
     - ``storage_dir``: the host-local folder of the slots; None: ``/dev/shm/sparkjet-storage``

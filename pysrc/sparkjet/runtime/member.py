@@ -52,7 +52,7 @@ from sparkjet.runtime.snapshotting import (
     read_fingerprint,
     restore_processors,
 )
-from sparkjet.runtime.storage import drop_old_snapshots, slot_files
+from sparkjet.runtime.storage import drop_old_snapshots, replicator, slot_files
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
 
@@ -80,8 +80,10 @@ class Member:
                  slot=None):
         self.dag = dag
         #: with ``storage="members"``: this member's storage slot, where its processors
-        #: write their snapshot files (:mod:`sparkjet.runtime.storage`)
+        #: write their snapshot files, and what copies them to their backups
+        #: (:mod:`sparkjet.runtime.storage`)
         self.slot = slot
+        self.replicate = None
         #: set (or, for a member in a child process, ``stop_file`` created) to stop the job
         #: gracefully: the next snapshot is the terminal one, as if every source had ended
         self.stop_requested = threading.Event()
@@ -148,6 +150,8 @@ class Member:
                       for i, loc in enumerate(peers) if i != self.index}
         self.link = RemoteLink(self, ExchangeClient(coordinator, security=security,
                                                     action_timeout=30.0))
+        if self.slot is not None:
+            self.replicate = replicator(self, self.slot, self.config.id)
 
     def on_exchange_error(self, error) -> None:
         """An inbound stream broke: its sender's member died or gave up, so this execution

@@ -80,7 +80,7 @@ def open_writer(member, vertex: str, index: int, snapshot_id: int):
     writer = m.topology.offset[vertex] + index
     w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
                        partition_count=m.config.partition_count,
-                       codec=m.config.snapshot_codec, slot=m.slot)
+                       codec=m.config.snapshot_codec, slot=m.slot, replicate=m.replicate)
     if writer == 0:
         w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
                                   [json.dumps(m.dag.fingerprint()).encode()])

@@ -363,7 +363,12 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
-        from sparkjet.runtime.storage import claim_slot, decode_table, slot_read_handler
+        from sparkjet.runtime.storage import (
+            claim_slot,
+            decode_table,
+            slot_read_handler,
+            slot_write_handler,
+        )
 
         for _ in batches:  # one row per task; nothing to read
             pass
@@ -379,8 +384,9 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                                 restore_from=restore_from))
             server = ExchangeServer(host, inbound=late.inbound, execution_id=execution,
                                     security=security, on_error=late.on_exchange_error)
-            if slot is not None:    # peers read the snapshot files of this member's slot
+            if slot is not None:    # peers read, and back up into, this member's slot
                 server.on_action("slot_read", slot_read_handler(slot, config.id))
+                server.on_action("slot_write", slot_write_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, config.start_timeout,

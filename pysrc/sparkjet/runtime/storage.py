@@ -6,7 +6,15 @@ A member task claims a storage slot on its host before it joins
 the driver places the partitions over the slots (:func:`table_for`): the last table the
 slots hold, with the slots that are gone removed (their first backups promoted) and new
 ones added, so that a slot reclaimed after its task died keeps its partitions; a new table
-when there is none. Replicas of a partition sit on slots of distinct hosts.
+when there is none. Replicas of a partition sit on slots of distinct hosts when the
+slots are on more than one host, else on distinct slots (``local[N]``: a slot lost with its
+folder, or not claimed by an execution that runs fewer tasks, still has its backups).
+
+Each processor writes its chunk files into its member's slot and then copies each one to
+the slots that back its partitions (every other slot, for broadcast state), which verify
+the copy's xxh3 before they answer (``slot_write``); the file's record names them as its
+replicas. A restore reads a file from its own slot when it holds a copy, else from a
+member whose slot holds one (``slot_read``), the writer's slot first.
 """
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ import base64
 import binascii
 import logging
 import os
+
+import xxhash
 
 from sparkjet.errors import (
     InvalidArgumentError,
@@ -64,6 +74,8 @@ def table_for(config: JobConfig, reports: list[dict]) -> PartitionTable:
     out; a table for another partition or backup count is replaced by a new one."""
     uuids = [r["uuid"] for r in reports]
     hosts = {r["uuid"]: r["host"] for r in reports}
+    if len(set(hosts.values())) == 1:   # one host: a slot is its own group
+        hosts = {u: u for u in uuids}
     if len(set(uuids)) != len(uuids):
         twice = sorted({u for u in uuids if uuids.count(u) > 1})
         raise StorageSlotError(f"two members joined with the same storage slot {twice}: a "
@@ -80,8 +92,10 @@ def table_for(config: JobConfig, reports: list[dict]) -> PartitionTable:
             continue
         if previous is None or table.version > previous.version:
             previous = table
+    kept = {} if previous is None or previous.groups is None else previous.groups
     if (previous is None or previous.partition_count != config.partition_count
-            or previous.backup_count != config.backup_count or previous.groups is None):
+            or previous.backup_count != config.backup_count or previous.groups is None
+            or any(kept[u] != hosts[u] for u in uuids if u in kept)):
         return PartitionTable.create(uuids, config.partition_count, config.backup_count,
                                      groups=hosts)
     table = previous
@@ -145,23 +159,113 @@ class PeerSlotFile:
 
 
 def slot_files(member, slot: StorageSlot, job_id: int):
-    """The store's ``slot_files`` resolver of a member: its own slot's files from disk,
-    a peer's over the exchange; a slot no member of this execution holds is
-    SnapshotIncompleteError naming it (its data is lost with it until replicas exist)."""
-    holders = {uuid: i for i, uuid in enumerate(member.topology.slots or [])}
+    """The store's ``slot_files`` resolver of a member: a file from its own slot's copy
+    from disk, else from the first slot holding one that a member of this execution holds,
+    over the exchange; SnapshotIncompleteError naming every slot when none is held."""
+    members = {uuid: i for i, uuid in enumerate(member.topology.slots or [])}
 
-    def resolve(uuid: str, path: str):
-        if uuid == slot.uuid:
+    def resolve(uuids: list[str], path: str):
+        if slot.uuid in uuids:
             return LocalSlotFile(slot, job_id, path)
-        i = holders.get(uuid)
-        if i is None:
-            raise SnapshotIncompleteError(
-                f"the snapshot's chunk file {path} is in storage slot {uuid}, which no member "
-                f"of this execution holds (its task's host lost it, or it runs elsewhere); "
-                f"with storage=\"members\" and no backups yet, its state cannot be restored: "
-                f"start the job again from an export, or run it with storage=\"shared\"")
-        return PeerSlotFile(member.peers[i], uuid, path, i)
+        for uuid in uuids:
+            i = members.get(uuid)
+            if i is not None:
+                return PeerSlotFile(member.peers[i], uuid, path, i)
+        raise SnapshotIncompleteError(
+            f"the snapshot's chunk file {path} is in storage slot(s) {', '.join(uuids)}, none "
+            f"of which a member of this execution holds (their hosts lost them, or run no "
+            f"task of this execution): its state cannot be restored. Run the job where those "
+            f"slots are, with more backups (backup_count), or start it again from an export "
+            f"of a job with storage=\"shared\"")
     return resolve
+
+
+def replicator(member, slot: StorageSlot, job_id: int):
+    """What a member's snapshot writers call on each chunk file they wrote into ``slot``
+    (:class:`~sparkjet.snapshot.writer.SnapshotWriter`'s ``replicate``): copies it to the
+    slots of this execution that back one of its partitions (every other slot for
+    broadcast state, partition -1) and returns them once each has verified its copy."""
+    table = member.topology.table
+    slots = member.topology.slots or []
+    index = {uuid: i for i, uuid in enumerate(slots)}
+
+    def replicate(path: str, partitions: list[int]) -> list[str]:
+        if table is None or len(slots) < 2:
+            return []
+        targets: set[str] = set()
+        for p in partitions:
+            if p < 0:
+                targets.update(slots)
+            else:
+                targets.update(u for u in table.replicas(p)[1:] if u is not None)
+        targets.discard(slot.uuid)
+        if not targets:
+            return []
+        file = LocalSlotFile(slot, job_id, path)
+        size = file.size()
+        read = file.range_reader()
+        digest = xxhash.xxh3_64()
+        pieces = []
+        for offset in range(0, size, READ_PIECE):
+            data = bytes(read(offset, min(READ_PIECE, size - offset)))
+            digest.update(data)
+            pieces.append((offset, base64.b64encode(data).decode()))
+        done = []
+        for uuid in sorted(targets, key=lambda u: index[u]):
+            peer = member.peers[index[uuid]]
+            for offset, data in pieces or [(0, "")]:
+                peer.action("slot_write", {"slot": uuid, "path": path, "offset": offset,
+                                           "data": data})
+            peer.action("slot_write", {"slot": uuid, "path": path, "size": size,
+                                       "xxh3": digest.hexdigest()})
+            done.append(uuid)
+        return done
+    return replicate
+
+
+def slot_write_handler(slot: StorageSlot, job_id: int):
+    """The ``slot_write`` action of a member's exchange server: a peer's copy of one of its
+    chunk files into this member's slot. ``{slot, path, offset, data}`` writes a piece
+    (base64) of the file's temporary copy; ``{slot, path, size, xxh3}`` checks the copy's
+    size and checksum and renames it into place (or removes it and refuses)."""
+    backend = slot.replicas(job_id)
+
+    def handle(body: dict) -> dict:
+        if body.get("slot") != slot.uuid:
+            raise InvalidArgumentError(f"this member holds slot {slot.uuid}, not "
+                                       f"{body.get('slot')!r}")
+        parts = _checked(str(body.get("path"))).split("/")
+        final = os.path.join(backend.root, *parts)
+        temp = final + ".part"
+        if "xxh3" not in body:
+            offset, data = body.get("offset"), body.get("data")
+            if not isinstance(offset, int) or offset < 0 or not isinstance(data, str):
+                raise InvalidArgumentError("slot_write: a piece needs offset and data")
+            piece = base64.b64decode(data, validate=True)
+            if offset == 0:
+                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+            with open(temp, "r+b" if offset else "wb") as f:
+                f.seek(offset)
+                f.write(piece)
+            return {"written": len(piece)}
+        size, want = body.get("size"), body.get("xxh3")
+        try:
+            with open(temp, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise InvalidArgumentError(f"slot_write: no copy of {body.get('path')} begun") from None
+        got = xxhash.xxh3_64_hexdigest(data)
+        if len(data) != size or got != want:
+            os.remove(temp)
+            raise SnapshotIncompleteError(
+                f"slot {slot.uuid}: the copy of {body.get('path')} has {len(data)} bytes and "
+                f"xxh3 {got}, the writer's has {size} and {want}")
+        if slot.durable:
+            with open(temp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(temp, final)
+        return {"verified": got}
+    return handle
 
 
 def slot_read_handler(slot: StorageSlot, job_id: int):
@@ -202,5 +306,5 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
             backend.remove_tree(backend.path(layout.SNAPSHOTS, name))
 
 
-__all__ = ["claim_slot", "decode_table", "drop_old_snapshots", "encode_table", "slot_files",
-           "slot_read_handler", "table_for"]
+__all__ = ["claim_slot", "decode_table", "drop_old_snapshots", "encode_table", "replicator",
+           "slot_files", "slot_read_handler", "slot_write_handler", "table_for"]

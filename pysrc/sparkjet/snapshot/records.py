@@ -63,13 +63,20 @@ class ChunkEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 class FileRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One chunk file of a vertex: ``path`` is ``VERTEX/W-C.chunks``; ``slot``, the storage
-    slot that holds it (format 2), else the store's snapshot folder."""
+    slot that wrote it (format 2), else the store's snapshot folder; ``replicas``, the
+    slots that hold a verified copy of it (the backups of its partitions)."""
 
     vertex: Name
     path: str
     bytes: Count
     chunks: list[ChunkEntry]
     slot: SlotUuid | None = None
+    replicas: list[SlotUuid] = []
+
+    @property
+    def holders(self) -> list[str]:
+        """The slots that hold the file, the one that wrote it first."""
+        return ([self.slot] if self.slot is not None else []) + list(self.replicas)
 
     @property
     def name(self) -> str:

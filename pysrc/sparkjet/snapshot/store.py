@@ -199,10 +199,11 @@ class SnapshotStore:
         self._registered: int | None = None  # the newest execution this object registered
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
-        #: With the members' storage: ``(slot uuid, path) -> SlotFile`` for a chunk file a
-        #: record places in a storage slot (set by the member that restores; without it
-        #: such files are not reachable here: verify() passes over them, restore() refuses)
-        self.slot_files: Callable[[str, str], SlotFile] | None = None
+        #: With the members' storage: ``(slot uuids, path) -> SlotFile`` for a chunk file a
+        #: record places in storage slots (the one that wrote it, then its replicas; set by
+        #: the member that restores; without it such files are not reachable here: verify()
+        #: passes over them, restore() refuses)
+        self.slot_files: Callable[[list[str], str], SlotFile] | None = None
         if not create:
             _require_store(self._backend)
             if not self._backend.is_dir(self._path()):
@@ -385,13 +386,14 @@ class SnapshotStore:
 
     def writer(self, snapshot_id: int, execution_id: int, *, writer: int = 0,
                partition_count: int = DEFAULT_PARTITION_COUNT, chunk_size: int = DEFAULT_CHUNK_SIZE,
-               codec: str = "lz4", slot=None) -> SnapshotWriter:
+               codec: str = "lz4", slot=None, replicate=None) -> SnapshotWriter:
         """A writer of snapshot `snapshot_id` for execution `execution_id`. Several writers
         (members, processors) may write one snapshot; give each a distinct `writer` number.
-        ``slot``: the storage slot the chunk files go to (``storage="members"``)."""
+        ``slot``: the storage slot the chunk files go to (``storage="members"``), and
+        ``replicate`` what copies them to the slots that back them (see SnapshotWriter)."""
         self.check_fence(execution_id)
         return SnapshotWriter(self, snapshot_id, execution_id, writer, partition_count,
-                              chunk_size, codec, slot)
+                              chunk_size, codec, slot, replicate)
 
     def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
         return layout.snapshot_dir(snapshot_id, execution_id)
@@ -740,7 +742,7 @@ class SnapshotStore:
         snapshot = stored.record.snapshot_id
         for f in v.files:
             if f.slot is not None and self.slot_files is not None:
-                size = self.slot_files(f.slot, self._slot_path(stored, f)).size()
+                size = self.slot_files(f.holders, self._slot_path(stored, f)).size()
                 if size != f.bytes:
                     raise SnapshotCorruptError(
                         f"slot {f.slot}: {self._slot_path(stored, f)}", min(size, f.bytes),
@@ -781,7 +783,7 @@ class SnapshotStore:
                     f"is in storage slot {f.slot}, which is not reachable here (a member of "
                     f"the job reads it from its slot or a peer's)")
             path = f"slot {f.slot}: {self._slot_path(stored, f)}"
-            read = self.slot_files(f.slot, self._slot_path(stored, f)).range_reader()
+            read = self.slot_files(f.holders, self._slot_path(stored, f)).range_reader()
         runs, run = [], [entries[0]]
         for c in entries[1:]:
             prev = run[-1]

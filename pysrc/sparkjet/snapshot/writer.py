@@ -76,9 +76,13 @@ class SnapshotWriter:
     the store's record (the commit point) stays where it is."""
 
     def __init__(self, store: StoreLink, snapshot_id, execution_id, writer, partition_count,
-                 chunk_size, codec, slot: SlotLink | None = None):
+                 chunk_size, codec, slot: SlotLink | None = None, replicate=None):
         self.store = store
         self.slot = slot
+        #: with a slot: ``(path in the slot, partitions of the file) -> [slot uuid, ...]``,
+        #: which copies a written file to the slots that back its partitions and returns
+        #: them once each has verified its copy
+        self.replicate = replicate
         self._backend = store._backend if slot is None else slot.replicas(store.job_id)
         self.snapshot_id = snapshot_id
         self.execution_id = execution_id
@@ -181,6 +185,12 @@ class SnapshotWriter:
                   "chunks": entries}
         if self.slot is not None:
             record["slot"] = self.slot.uuid
+            if self.replicate is not None:
+                partitions = sorted({e[4] for e in entries})
+                replicas = self.replicate(
+                    "/".join((layout.SNAPSHOTS, self._dir, vertex, name)), partitions)
+                if replicas:
+                    record["replicas"] = list(replicas)
         self._files.append(record)
 
     def _folder(self, vertex: str) -> str:
