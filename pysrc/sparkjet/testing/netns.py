@@ -93,7 +93,7 @@ def available() -> str | None:
     if shutil.which("ip") is None:
         return "the ip command (iproute2) is not installed"
     if os.geteuid() != 0:
-        return "network namespaces need root (CAP_NET_ADMIN); running as uid %d" % os.geteuid()
+        return f"network namespaces need root (CAP_NET_ADMIN); running as uid {os.geteuid()}"
     probe = f"{PREFIX}probe{os.getpid() % 100000}"
     made = _ip("netns", "add", probe)
     if made.returncode != 0:
