@@ -455,3 +455,15 @@ class StandaloneClusterError(SparkjetError, RuntimeError):
 
 class ConnectServerError(SparkjetError, RuntimeError):
     """The Spark Connect server did not start; the message holds the tail of its log."""
+
+
+class NamespacesUnavailableError(SparkjetError, RuntimeError):
+    """Network namespaces, veth pairs or a bridge cannot be made here (not root, no
+    ``ip``, a container without ``CAP_NET_ADMIN``); the message says which step failed and
+    why, and is the reason tests give when they skip."""
+
+
+class NemesisError(SparkjetError, RuntimeError):
+    """A nemesis could not inject or undo its fault (a missing tool such as ``nft``,
+    ``tc`` or libfaketime, a command that failed, a target that is gone); the message names
+    the nemesis, the target and the command's own error."""

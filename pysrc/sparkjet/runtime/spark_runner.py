@@ -47,6 +47,7 @@ from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
 from sparkjet.runtime.exchange.security import LinkSecurity, TLSIdentity
 from sparkjet.runtime.failures import is_deterministic, transient_kind
+from sparkjet.runtime.failures import report as failure_report
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
 from sparkjet.runtime.restore import initial_point, own_start, report_fallback
@@ -195,11 +196,26 @@ class SparkRunner:
         a failure of the execution itself)."""
         config, plan, spark = self.config, self.plan, self.spark
         started = time.monotonic()
-        store = open_store(config) if config.processing_guarantee != "none" else None
-        restore_from, fallback = None, None
-        if store is not None:
-            store.register_execution(execution)
-            restore_from, fallback = own_start(config, store, plan, execution)
+        store, restore_from, fallback = None, None, None
+        try:
+            if config.processing_guarantee != "none":
+                store = open_store(config)
+                store.register_execution(execution)
+                restore_from, fallback = own_start(config, store, plan, execution)
+        except Exception as e:  # noqa: BLE001 - a failure of this execution: the policy decides
+            # A full disk or an object store's outage as the execution registers (or finds
+            # its snapshot) is the execution's failure, retried or not by its kind, never
+            # a raw error out of Job.run.
+            if store is not None:
+                store.close()
+            failure = failure_report(e)
+            self.progress({"event": "execution", "execution": execution, "members": members,
+                           "quorum": self.quorum, "restored_from": None, "tls": self.tls})
+            return {"execution_id": execution, "members": members, "restored_from": None,
+                    "status": "failed", **failure, "cause": failure["error"],
+                    "error": f"execution {execution} could not start: {short_error(e)}",
+                    "failed_member": None, "events_in": 0, "events_out": 0, "snapshots": [],
+                    "seconds": time.monotonic() - started}
         topology = Topology(members, config.local_parallelism, plan, config.partition_count)
         # A fresh secret (and certificate) per execution: a zombie of an older one cannot
         # even be heard.

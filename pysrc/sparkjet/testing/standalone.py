@@ -203,6 +203,13 @@ class StandaloneCluster:
     of the master and worker JVMs themselves (``SPARK_DAEMON_MEMORY``), ``daemon_java_opts``
     their JVM options (``SPARK_DAEMON_JAVA_OPTS``, also used for ``spark-class``'s launcher
     JVM; by default :data:`FAST_START_JAVA_OPTS`, as these JVMs do little work).
+
+    ``network``: a started :class:`sparkjet.testing.netns.Network` with at least
+    ``workers`` hosts: worker ``i`` (and its executors and their Python workers, the
+    members) runs in host ``i``'s network namespace, bound to its address; the master and
+    the driver of :meth:`session` bind the network's gateway (the root namespace's address on
+    the bridge), so each worker's links can be cut by :mod:`sparkjet.testing.nemesis`.
+    None (the default): everything on 127.0.0.1.
     """
 
     def __init__(
@@ -214,12 +221,20 @@ class StandaloneCluster:
         *,
         daemon_memory: str = "512m",
         daemon_java_opts: str = FAST_START_JAVA_OPTS,
+        network=None,
     ):
         workers = check_int("workers", workers, min=1)
         cores = check_int("cores", cores, min=1)
         if not isinstance(memory, str) or not memory.strip():
             raise InvalidArgumentError(f"memory must be a Spark size like '1g', got {memory!r}")
         self.workers = workers
+        if network is not None and len(network.hosts) < workers:
+            raise InvalidArgumentError(
+                f"the network has {len(network.hosts)} host(s) for {workers} workers "
+                "(start it first, with a host per worker)")
+        self.network = network
+        #: The address the master and the driver bind (the gateway with a network).
+        self.host = network.gateway if network is not None else "127.0.0.1"
         self.cores = cores
         self.memory = memory.strip()
         self.daemon_memory = daemon_memory
@@ -323,7 +338,8 @@ class StandaloneCluster:
 
     @property
     def master_url(self) -> str:
-        """``spark://127.0.0.1:PORT``, for ``SparkSession.builder.master``."""
+        """``spark://HOST:PORT`` (127.0.0.1, or the network's gateway), for
+        ``SparkSession.builder.master``."""
         self._require_started()
         return self._url()
 
@@ -331,7 +347,7 @@ class StandaloneCluster:
     def webui_url(self) -> str:
         """The master's web UI, ``http://127.0.0.1:PORT`` (``/json/`` for its state)."""
         self._require_started()
-        return f"http://127.0.0.1:{self._webui_port}"
+        return f"http://{self.host}:{self._webui_port}"
 
     @property
     def work_dir(self) -> Path:
@@ -474,9 +490,11 @@ class StandaloneCluster:
             )
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("SPARK_LOCAL_IP", self.host)
         settings = dict(SESSION_DEFAULTS)
         settings.update({
+            "spark.driver.host": self.host,
+            "spark.driver.bindAddress": self.host,
             "spark.executor.cores": str(self.cores),
             "spark.executor.memory": self.memory,
             "spark.cores.max": str(self.cores * self.workers),
@@ -491,7 +509,7 @@ class StandaloneCluster:
     # ---- internals -----------------------------------------------------------------
 
     def _url(self) -> str:
-        return f"spark://127.0.0.1:{self._master_port}"
+        return f"spark://{self.host}:{self._master_port}"
 
     def _require_started(self) -> None:
         if self._master is None:
@@ -513,13 +531,16 @@ class StandaloneCluster:
         for sub in ("logs", "work", "conf"):
             (self._dir / sub).mkdir(exist_ok=True)
 
-    def _env(self) -> dict:
+    def _env(self, host: str | None = None) -> dict:
+        """The daemons' environment; ``host`` is the address the JVM binds (its web UI
+        too): the master's by default."""
         assert self._dir is not None
+        host = host or self.host
         env = dict(os.environ)
         env.update({
             "SPARK_HOME": self._spark_home,
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOCAL_HOSTNAME": "127.0.0.1",
+            "SPARK_LOCAL_IP": host,
+            "SPARK_LOCAL_HOSTNAME": host,
             "SPARK_WORKER_DIR": str(self._dir / "work"),
             "SPARK_LOG_DIR": str(self._dir / "logs"),
             "SPARK_PID_DIR": str(self._dir / "logs"),
@@ -540,9 +561,15 @@ class StandaloneCluster:
             env.pop(key, None)
         return env
 
-    def _popen(self, args: list[str], log: Path) -> subprocess.Popen:
+    def _popen(self, args: list[str], log: Path, worker: int | None = None) -> subprocess.Popen:
         spark_class = os.path.join(self._spark_home, "bin", "spark-class")
         command = ["bash", spark_class, *args]
+        host = None
+        if worker is not None and self.network is not None:
+            # ip netns exec execs the command: the pid stays the JVM's (spark-class execs
+            # java), and PR_SET_PDEATHSIG, set before, survives both execs.
+            netns_host = self.network.hosts[worker]
+            command, host = netns_host.command(command), netns_host.address
         if threading.current_thread() is threading.main_thread() and sys.platform == "linux":
             # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only
             # worth it from the main thread. Set by a trampoline, not preexec_fn (unsafe
@@ -554,7 +581,7 @@ class StandaloneCluster:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self._env(),
+                env=self._env(host),
                 cwd=str(self._dir),
                 start_new_session=True,  # its own process group, with its executors
             )
@@ -565,7 +592,7 @@ class StandaloneCluster:
         for attempt in range(3):
             self._master_port, self._webui_port = _free_ports(2)
             self._master = self._popen(
-                [MASTER_CLASS, "--host", "127.0.0.1", "--port", str(self._master_port),
+                [MASTER_CLASS, "--host", self.host, "--port", str(self._master_port),
                  "--webui-port", str(self._webui_port)],
                 self._master_log,
             )
@@ -606,11 +633,12 @@ class StandaloneCluster:
         log = self._dir / "logs" / f"worker-{i}-{self._generation}.out"
         work = self._dir / "work" / f"worker-{i}"
         work.mkdir(parents=True, exist_ok=True)
+        host = self.network.hosts[i].address if self.network is not None else "127.0.0.1"
         proc = self._popen(
-            [WORKER_CLASS, "--host", "127.0.0.1", "--port", str(port),
+            [WORKER_CLASS, "--host", host, "--port", str(port),
              "--webui-port", str(webui_port), "--cores", str(self.cores),
              "--memory", self.memory, "--work-dir", str(work), self._url()],
-            log,
+            log, worker=i,
         )
         self._workers[i] = _Worker(i, proc, port, webui_port, log)
 
@@ -644,7 +672,7 @@ class StandaloneCluster:
             time.sleep(0.1)
 
     def _json(self) -> dict:
-        with self._opener.open(f"http://127.0.0.1:{self._webui_port}/json/", timeout=5) as r:
+        with self._opener.open(f"http://{self.host}:{self._webui_port}/json/", timeout=5) as r:
             return json.loads(r.read().decode())
 
     def _group_executors(self, pgid: int) -> list[int]:

@@ -1,0 +1,403 @@
+"""Each nemesis of sparkjet.testing.nemesis checked against real processes: a TCP connection
+across a cut link fails and works again after heal, a paused server does not answer and
+then does, a capped link delivers fewer bytes in a fixed window, a full or read-only disk
+refuses writes, a halted server does not answer, a skewed clock jumps. Hosts are network
+namespaces (sparkjet.testing.netns); without root or ``ip``/``nft``/``tc`` the tests say why
+and skip (under SPARKJET_CI=1 they fail instead, as CI installs what they need)."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sparkjet.errors import NemesisError
+from sparkjet.testing import nemesis, netns
+from sparkjet.testing.nemesis import wait_until
+
+
+def _skip_or_fail(reason: str):
+    if os.environ.get("SPARKJET_CI") == "1":
+        pytest.fail(f"CI must run the nemesis tests: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _need(kind: str):
+    reason = nemesis.missing(kind)
+    if reason:
+        _skip_or_fail(reason)
+
+
+#: A TCP server answering each line with "pong <line>", on the address and port it is given.
+SERVER = textwrap.dedent("""
+    import socket, sys, threading
+    s = socket.create_server((sys.argv[1], int(sys.argv[2])))
+    print("up", flush=True)
+    def serve(c):
+        with c, c.makefile("rwb", buffering=0) as f:
+            for line in f:
+                f.write(b"pong " + line)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+""")
+
+#: Sends ``count`` UDP datagrams to argv[1]:argv[2], one every 10 ms.
+UDP_SEND = ("import socket, sys, time\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "for i in range(int(sys.argv[3])):\n"
+            "    s.sendto(b'x', (sys.argv[1], int(sys.argv[2]))); time.sleep(0.01)\n")
+
+#: Counts the UDP datagrams arriving at argv[1]:argv[2] until 1 s passes without one.
+UDP_COUNT = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+             "s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(float(sys.argv[3]))\n"
+             "print('up', flush=True); n = 0\n"
+             "try:\n"
+             "    while True:\n"
+             "        s.recv(16); n += 1; s.settimeout(1.0)\n"
+             "except OSError:\n"
+             "    pass\n"
+             "print(n)\n")
+
+PORT = 7000
+
+
+@pytest.fixture(scope="module")
+def net():
+    reason = netns.available() or nemesis.missing("partition")
+    if reason:
+        _skip_or_fail(reason)
+    with netns.Network(hosts=3) as network:
+        servers = [h.popen([sys.executable, "-I", "-c", SERVER, h.address, str(PORT)],
+                           stdout=subprocess.PIPE, text=True) for h in network.hosts]
+        for s in servers:
+            assert s.stdout.readline().strip() == "up"
+        network.servers = servers
+        yield network
+
+
+def _ok(net, frm, to) -> bool:
+    """Whether a TCP connect from host ``frm`` (None: the root namespace) to host ``to``'s
+    server is accepted (a cut link drops the SYN: the connect times out)."""
+    return net.connected(frm, to.address, PORT, timeout=0.5)
+
+
+def _links(net) -> dict:
+    """Which links work now: (from, to) -> bool, "g" is the gateway (root namespace)."""
+    nodes = [None, *net.hosts]
+    name = {None: "g", **{h: str(h.index) for h in net.hosts}}
+    return {(name[a], name[b]): _ok(net, a, b) for a in nodes for b in net.hosts if a != b}
+
+
+def _all_up(net) -> bool:
+    return all(_links(net).values())
+
+
+def test_hosts_reach_each_other_and_their_loopback_is_their_own(net):
+    assert len({h.address for h in net.hosts}) == 3
+    assert all(h.address.startswith("10.213.") for h in net.hosts)
+    assert _all_up(net)
+    # The server of host 0 binds its own address: not the root namespace's loopback.
+    assert not net.connected(None, "127.0.0.1", PORT, timeout=0.3)
+    assert net.hosts[0].pids() == [net.servers[0].pid]
+
+
+def test_isolate_cuts_one_host_from_everyone_and_heals(net):
+    h0 = net.hosts[0]
+    with nemesis.isolate(net, h0) as cut:
+        links = _links(net)
+        assert cut.active
+        assert {k for k, up in links.items() if not up} == {
+            ("g", "0"), ("1", "0"), ("2", "0"), ("0", "1"), ("0", "2")}
+    assert _all_up(net)
+
+
+def test_split_keeps_each_side_whole(net):
+    with nemesis.split(net, [net.hosts[0]]):
+        links = _links(net)
+        assert links[("1", "2")] and links[("2", "1")] and links[("g", "1")]
+        assert not links[("1", "0")] and not links[("g", "0")] and not links[("0", "2")]
+    with nemesis.split(net, [net.hosts[0]], gateway_with="minority"):
+        links = _links(net)
+        assert links[("g", "0")] and not links[("g", "1")] and not links[("g", "2")]
+    assert _all_up(net)
+
+
+def test_bridge_lets_the_middle_see_both_sides(net):
+    h0, h1, h2 = net.hosts
+    with nemesis.bridge(net, h0, [h1], [h2]):
+        links = _links(net)
+        assert links[("0", "1")] and links[("0", "2")] and links[("1", "0")] and links[("2", "0")]
+        assert not links[("1", "2")] and not links[("2", "1")]
+    assert _all_up(net)
+
+
+def test_overlapping_partitions_add_up(net):
+    h0, h1, _ = net.hosts
+    a = nemesis.cut(net, h0, h1).start()
+    b = nemesis.isolate(net, h0).start()
+    try:
+        a.heal()
+        assert not _ok(net, h1, h0), "still cut by the isolation"
+    finally:
+        b.heal()
+        a.heal()
+    assert _ok(net, h1, h0)
+
+
+def _datagrams(net, frm, to, port: int) -> int:
+    receiver = to.popen([sys.executable, "-I", "-c", UDP_COUNT, to.address, str(port), "3"],
+                        stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "up"
+    frm.run([sys.executable, "-I", "-c", UDP_SEND, to.address, str(port), "20"], check=True)
+    return int(receiver.communicate(timeout=30)[0].strip())
+
+
+def test_one_way_loss_drops_one_direction_only(net):
+    h0, h1, _ = net.hosts
+    with nemesis.one_way(net, h1, h0):
+        assert _datagrams(net, h1, h0, 7101) == 0
+        assert _datagrams(net, h0, h1, 7102) == 20
+        assert not _ok(net, h1, h0), "a handshake needs both directions"
+    assert _datagrams(net, h1, h0, 7103) == 20
+
+
+def test_one_way_to_the_gateway_is_dropped_on_the_host(net):
+    h0 = net.hosts[0]
+    with nemesis.one_way(net, h0, net.gateway):
+        assert not _ok(net, None, h0)    # the SYN-ACK to the gateway is lost
+        assert _ok(net, net.hosts[1], h0)
+    assert _ok(net, None, h0)
+
+
+def test_a_partition_outside_the_network_is_refused(net):
+    with pytest.raises(KeyError, match="no host"):
+        nemesis.cut(net, net.hosts[0], "192.0.2.1")
+
+
+def test_flapping_switches_the_partition_and_heals_off(net):
+    h0, h1, _ = net.hosts
+    flap = nemesis.Flapping(nemesis.cut(net, h0, h1), period=0.3).start()
+    seen = set()
+    try:
+        assert wait_until(lambda: seen.add(flap.partition.active) or len(seen) == 2, 10)
+        assert wait_until(lambda: flap.partition.injected >= 2, 10)
+    finally:
+        flap.heal()
+    assert not flap.partition.active and _ok(net, h1, h0)
+
+
+def _received_in(net, frm, to, port: int, window: float) -> int:
+    """Bytes a receiver in host ``to`` gets in the first ``window`` seconds after it
+    accepts a connection from a sender in ``frm`` that sends as fast as it can."""
+    receiver = to.popen([sys.executable, "-I", "-c", textwrap.dedent(f"""
+        import socket, time
+        s = socket.create_server(({to.address!r}, {port})); print("up", flush=True)
+        c, _ = s.accept(); n = 0; end = time.monotonic() + {window}
+        while (left := end - time.monotonic()) > 0:
+            c.settimeout(left)
+            try:
+                n += len(c.recv(1 << 16))
+            except TimeoutError:
+                break
+        print(n, flush=True)""")], stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "up"
+    sender = frm.popen([sys.executable, "-I", "-c", textwrap.dedent(f"""
+        import socket
+        c = socket.create_connection(({to.address!r}, {port})); chunk = bytes(1 << 16)
+        try:
+            while True:
+                c.sendall(chunk)
+        except OSError:
+            pass""")])
+    try:
+        return int(receiver.communicate(timeout=60)[0].strip())
+    finally:
+        sender.kill()
+        sender.wait()
+
+
+def test_bandwidth_cap_installs_tbf_and_limits_bytes_in_a_window(net):
+    _need("bandwidth")
+    h0, h1, _ = net.hosts
+    cap = nemesis.BandwidthCap(net, h0, "800kbit", direction="in")
+    with cap:
+        assert len(cap.installed()) == 1 and "rate 800Kbit" in cap.installed()[0]
+        capped = _received_in(net, h1, h0, 7201, 2.0)
+    assert cap.installed() == []
+    free = _received_in(net, h1, h0, 7202, 2.0)
+    # 800 kbit/s is 100 kB/s: 2 s deliver about 200 kB plus the bucket; an uncapped veth
+    # carries many MB in that time.
+    assert 0 < capped < 600_000, capped
+    assert free > 4 * capped, (free, capped)
+
+
+def test_pause_stops_a_server_answering_until_heal(net):
+    h0 = net.hosts[0]
+    server = net.servers[0]
+    pause = nemesis.Pause(server.pid)
+    ask = ("import socket, sys\n"
+           f"c = socket.create_connection(('{h0.address}', {PORT}), timeout=1.0)\n"
+           "c.sendall(b'ping\\n')\n"
+           "sys.exit(0 if c.recv(64).startswith(b'pong') else 1)\n")
+    with pause:
+        assert _state(server.pid) == "T"
+        # The kernel still completes the handshake (the socket listens); no answer comes.
+        assert subprocess.run([sys.executable, "-c", ask], capture_output=True).returncode != 0
+    assert subprocess.run([sys.executable, "-c", ask], capture_output=True).returncode == 0
+    pause.hold(0.3)
+    assert _state(server.pid) == "T"
+    assert wait_until(lambda: _state(server.pid) != "T", 10)
+    assert not pause.active
+
+
+def test_pause_of_processes_all_gone_is_an_error():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    with pytest.raises(NemesisError, match="no such process"):
+        nemesis.Pause(p.pid).start()
+
+
+def test_teardown_removes_namespaces_and_bridge_even_after_a_failure():
+    reason = netns.available()
+    if reason:
+        _skip_or_fail(reason)
+    network = netns.Network(hosts=2)
+    with pytest.raises(RuntimeError, match="the test failed"), network:
+        names = [h.name for h in network.hosts]
+        sleeper = network.hosts[0].popen(["sleep", "60"])
+        raise RuntimeError("the test failed")
+    assert sleeper.wait(10) == -signal.SIGKILL
+    assert not set(names) & set(netns._namespaces())
+    assert network.bridge not in subprocess.run(["ip", "-o", "link"], capture_output=True,
+                                                text=True).stdout
+
+
+def test_a_network_left_by_a_killed_process_is_swept():
+    reason = netns.available()
+    if reason:
+        _skip_or_fail(reason)
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from sparkjet.testing.netns import Network
+        net = Network(hosts=1).start()
+        print(net.token, net.hosts[0].name, flush=True)
+        time.sleep(60)""")], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    token, name = child.stdout.readline().split()
+    assert name in netns._namespaces()
+    child.kill()
+    child.wait()
+    assert token in netns.sweep()
+    assert name not in netns._namespaces()
+
+
+# ---- disks -------------------------------------------------------------------------------
+
+def test_disk_full_refuses_writes_until_heal(tmp_path):
+    _need("disk")
+    with nemesis.tmpfs(tmp_path / "small", "256k") as disk:
+        full = nemesis.DiskFull(disk)
+        with full:
+            assert full.filled > 100_000
+            with pytest.raises(OSError) as e, open(disk / "data", "wb") as f:
+                f.write(b"x" * 65536)
+                f.flush()
+            assert e.value.errno == errno.ENOSPC
+        (disk / "data").write_bytes(b"x" * 65536)
+        assert not full.filler.exists()
+
+
+def test_disk_full_refuses_a_large_file_system(tmp_path):
+    if os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize <= 256 << 20:
+        pytest.skip("the temporary folder's file system is small")
+    with pytest.raises(NemesisError, match="fill only a small one"):
+        nemesis.DiskFull(tmp_path).start()
+
+
+def test_read_only_refuses_creates_until_heal(tmp_path):
+    _need("disk")
+    d = tmp_path / "store"
+    d.mkdir()
+    (d / "old").write_text("kept")
+    with nemesis.ReadOnly(d):
+        with pytest.raises(OSError) as e:
+            (d / "new").write_text("x")
+        assert e.value.errno == errno.EROFS
+        assert (d / "old").read_text() == "kept"
+    (d / "new").write_text("x")
+    assert os.path.ismount(d) is False
+
+
+def test_removed_directory_vanishes_and_comes_back(tmp_path):
+    d = tmp_path / "snapshots"
+    d.mkdir()
+    (d / "a").write_text("1")
+    gone = nemesis.Removed(d)
+    with gone:
+        assert not d.exists()
+        d.mkdir()
+        (d / "b").write_text("2")     # the program made it again
+    assert (d / "a").read_text() == "1" and not (d / "b").exists()
+    assert gone.recreated is not None and (gone.recreated / "b").read_text() == "2"
+
+
+# ---- servers and clocks ------------------------------------------------------------------
+
+def test_server_outage_halts_and_restarts_a_real_redis(tmp_path):
+    from helpers import redis_server
+
+    try:
+        server = redis_server.start(tmp_path)
+    except redis_server.RedisServerMissing as e:
+        _skip_or_fail(str(e))
+    try:
+        with nemesis.ServerOutage(server):
+            assert not server.answers()
+        assert server.answers()
+    finally:
+        server.stop()
+
+
+def test_clock_skew_moves_a_running_process_wall_clock(tmp_path):
+    _need("clock")
+    skew = nemesis.ClockSkew(tmp_path / "clock", 3600)
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-c",
+         "import sys, time\nfor _ in sys.stdin:\n    print(time.time(), time.monotonic(), "
+         "flush=True)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **skew.env()})
+
+    def ask():
+        child.stdin.write("?\n")
+        child.stdin.flush()
+        wall, mono = map(float, child.stdout.readline().split())
+        return wall - time.time(), mono
+
+    try:
+        before, mono0 = ask()
+        with skew:
+            during, mono1 = ask()
+            skew.jump(-7200)
+            back, _ = ask()
+        after, mono2 = ask()
+    finally:
+        child.kill()
+        child.wait()
+    assert abs(before) < 60 and abs(after) < 60
+    assert 3500 < during < 3700 and -7300 < back < -7100
+    assert mono0 <= mono1 <= mono2 and mono2 - mono0 < 60   # monotonic left true
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
