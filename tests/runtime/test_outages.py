@@ -223,8 +223,10 @@ def test_a_kafka_broker_outage_is_waited_out_and_nothing_is_lost(broker, tmp_pat
     assert written == set(range(total))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known broker defect: noida-db 0.2.3 loses a "
-                   "transaction committed while it shuts down")
+# Not strict: the loss depends on where the broker's shutdown falls in its save cycle, and
+# under load the commit sometimes lands in time (an XPASS then says nothing of a fix).
+@pytest.mark.xfail(strict=False, raises=AssertionError, reason="known broker defect: noida-db "
+                   "0.2.3 loses a transaction committed while it shuts down (not always)")
 def test_noida_db_keeps_transactions_across_a_restart(tmp_path):
     """Plain confluent-kafka, no sparkjet: a transaction whose commit the broker
     acknowledged while shutting down (SIGTERM) must stay committed after the restart."""

@@ -28,7 +28,8 @@ class ClientLog:
         self._keep = keep
 
     #: What differs between two lines that say the same: the thread, the time it took.
-    _NOISE = re.compile(r"\[thrd:[^\]]*\]: | \(after \d+ms in state [^)]*\)")
+    _NOISE = re.compile(r"\[thrd:[^\]]*\]: | \((?:after \d+ms in state \w+)?(?:, )?"
+                        r"(?:\d+ identical error\(s\) suppressed)?\)")
 
     def log(self, level: int, fmt: str, *args) -> None:
         line = fmt % args if args else fmt
