@@ -1,6 +1,9 @@
 """Jobs on a real Spark standalone cluster (master + 3 one-core worker JVMs started with
 spark-class): whole worker JVMs are killed with SIGKILL, so executors are really lost.
 
+The quorum scenario, then the members' storage (a member killed, a host's storage lost,
+a worker bounced; exactly-once from the backups on the other hosts).
+
 The quorum scenario: 3 members; a worker dies -> the job restarts on the 2 slots left
 (rescaling: state restored by partition); a second worker dies -> 1 slot is below the
 quorum of 2 (floor(3 / 2) + 1), so the coordinator waits and says so until a worker comes
@@ -30,6 +33,17 @@ def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
     assert scenario["steps"] == ["kill worker 0", "kill worker 1", "restart worker 0"], scenario
     assert "waiting: slots=1, quorum=2" in done.stdout, "the coordinator says why it waits"
     assert scenario["lost"] == 0 and scenario["duplicated"] == 0 and scenario["valid"], scenario
+    # the members' storage: a member killed, a host's storage lost, a worker bounced
+    storage = scenario["storage"]
+    assert storage["steps"] == ["kill member 1", "kill worker 2, wipe its storage",
+                                "kill worker 0"], storage
+    assert storage["lost"] == 0 and storage["duplicated"] == 0 and storage["valid"], storage
+    first = {uuid for _, uuid in storage["slots"][0]}
+    assert {host for host, _ in storage["slots"][0]} == {"worker-0", "worker-1", "worker-2"}
+    wiped = {uuid for host, uuid in storage["slots"][0] if host == "worker-2"}
+    later = {uuid for execution in storage["slots"][2:] for _, uuid in execution}
+    assert not wiped & later, "worker 2's lost slot never comes back"
+    assert (first - wiped) & later, "the other hosts' slots are reclaimed"
     rounds = found["rounds"]
     assert sum(r["kills"] for r in rounds) >= 4, rounds
     for r in rounds:

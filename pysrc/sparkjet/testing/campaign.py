@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import tempfile
 import threading
@@ -517,6 +518,76 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
             "restarts": result.restarts, "report": report}
 
 
+def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
+    """The members' storage (``storage="members"``, ``backup_count=1``) on a standalone
+    ``cluster`` of 3 one-core workers, each a host with its own storage root: a member's
+    Python worker killed (its slot is reclaimed on its host: local restore); worker 2's JVM
+    killed and its storage root wiped before it comes back (a new slot: its partitions come
+    back from their backups on the other hosts); worker 0's JVM killed and restarted (its
+    slot reclaimed). Returns the steps, the slots of each execution and the checker's
+    report of the exactly-once output."""
+    source = GeneratorSource(total=3_000_000, partitions=6, keys=10_000, rate=200_000,
+                             batch_size=10_000, seed=11)
+    pipeline = (Pipeline().read_from(source).group_by("key")
+                .aggregate(count="count", sum=("sum", "value"))
+                .write_to(TransactionalFileSink(work / "out")))
+    config = JobConfig(name="storage-scenario", snapshot_store=str(work / "snapshots"),
+                       snapshot_interval=0.3, local_parallelism=1, members=None,
+                       max_restarts=10, restart_backoff=0.5, quorum_timeout=180,
+                       storage="members", backup_count=1)
+    job = Job(pipeline, config)
+    steps: list[str] = []
+    snapshots: dict[int, int] = {}
+    slots: dict[int, list[dict]] = {}
+
+    def act(name, fn):
+        steps.append(name)
+        threading.Thread(target=fn, daemon=True).start()
+
+    def kill_member():
+        os.kill(job.member_pids[1], signal.SIGKILL)
+
+    def lose_host(i):
+        def run():
+            cluster.kill_worker(i)
+            shutil.rmtree(cluster.storage_dir(i), ignore_errors=True)
+            cluster.restart_worker(i)
+        return run
+
+    def bounce(i):
+        def run():
+            cluster.kill_worker(i)
+            cluster.restart_worker(i)
+        return run
+
+    def on_progress(event):
+        kind = event["event"]
+        if kind == "placed":
+            slots[event["execution"]] = event["slots"]
+        elif kind == "snapshot":
+            e = event["execution"]
+            snapshots[e] = snapshots.get(e, 0) + 1
+            if snapshots[e] != 3:
+                return
+            if not steps:
+                act("kill member 1", kill_member)
+            elif len(steps) == 1:
+                act("kill worker 2, wipe its storage", lose_host(2))
+            elif len(steps) == 2:
+                act("kill worker 0", bounce(0))
+        if kind in ("placed", "restart"):
+            progress(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in event.items()
+                                               if k != "event"))
+
+    result = job.run(spark, on_progress=on_progress)
+    out = verify.last_update_per_key(TransactionalFileSink.read(work / "out"))
+    report = verify.check_aggregates(source.expected_counts(), out, key="key",
+                                     columns=["count", "sum"], guarantee="exactly-once")
+    return {"steps": steps, "restarts": result.restarts,
+            "slots": [[(s["host"], s["uuid"]) for s in slots[e]] for e in sorted(slots)],
+            "report": report}
+
+
 def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0, progress=print,
                    scenario: bool = True) -> tuple[dict | None, list[RoundResult]]:
     """Starts a local standalone cluster (:mod:`sparkjet.testing.standalone`) and runs the quorum
@@ -535,6 +606,12 @@ def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0
                 report = found["report"]
                 progress(f"  members per execution {found['members']}, steps {found['steps']}, "
                          f"lost {report.lost_count} duplicated {report.duplicated_count}")
+                progress("storage scenario (storage='members', backup_count=1; kill a member, "
+                         "lose a host's storage, bounce a worker):")
+                found["storage"] = storage_scenario(work / "storage", cluster, spark, progress)
+                report = found["storage"]["report"]
+                progress(f"  steps {found['storage']['steps']}, lost {report.lost_count} "
+                         f"duplicated {report.duplicated_count}")
             results = []
             if total_kills:
                 results = run_campaign(work / "campaign", total_kills, seed, progress, spark=spark,
@@ -583,6 +660,8 @@ def main(argv=None) -> int:
     bad = [r for r in results if not r.valid and r.guarantee != "none"]
     if scenario is not None and not scenario["report"].valid:
         bad.append(scenario)
+    if scenario is not None and not scenario["storage"]["report"].valid:
+        bad.append(scenario["storage"])
     if args.json:
         import json
 
@@ -591,7 +670,11 @@ def main(argv=None) -> int:
                 "members": scenario["members"], "steps": scenario["steps"],
                 "restarts": scenario["restarts"], "lost": scenario["report"].lost_count,
                 "duplicated": scenario["report"].duplicated_count,
-                "valid": scenario["report"].valid},
+                "valid": scenario["report"].valid,
+                "storage": {k: v for k, v in scenario["storage"].items() if k != "report"}
+                | {"lost": scenario["storage"]["report"].lost_count,
+                   "duplicated": scenario["storage"]["report"].duplicated_count,
+                   "valid": scenario["storage"]["report"].valid}},
             "rounds": [{"guarantee": r.guarantee, "sink": r.sink, "pipeline": r.pipeline,
                         "kills": r.kills, "restarts": r.restarts, "lost": r.report.lost_count,
                         "duplicated": r.report.duplicated_count,

@@ -204,6 +204,10 @@ class StandaloneCluster:
     their JVM options (``SPARK_DAEMON_JAVA_OPTS``, also used for ``spark-class``'s launcher
     JVM; by default :data:`FAST_START_JAVA_OPTS`, as these JVMs do little work).
 
+    Worker ``i`` runs with ``SPARKJET_HOST_ID=worker-i`` and ``SPARKJET_STORAGE_DIR`` set to
+    :meth:`storage_dir` ``(i)``, which its executors inherit: with ``storage="members"`` each
+    worker is a host with storage of its own, as on a real cluster.
+
     ``network``: a started :class:`sparkjet.testing.netns.Network` with at least
     ``workers`` hosts: worker ``i`` (and its executors and their Python workers, the
     members) runs in host ``i``'s network namespace, bound to its address; the master and
@@ -442,6 +446,13 @@ class StandaloneCluster:
                 killed_executors=survivors,
             )
 
+    def storage_dir(self, i: int) -> Path:
+        """Worker ``i``'s storage root (``SPARKJET_STORAGE_DIR`` of its members: the folder
+        of their storage slots with ``storage="members"``), kept across its restarts."""
+        if self._dir is None:
+            raise StandaloneClusterError("the cluster is not started; call start() first")
+        return self._dir / "storage" / f"worker-{i}"
+
     def restart_worker(self, i: int, timeout: float = 60) -> int:
         """Start a new worker JVM in slot ``i`` (whose worker must have exited; it gets a
         new port and registers as a new worker) and wait until the master lists it ALIVE.
@@ -575,13 +586,19 @@ class StandaloneCluster:
             # worth it from the main thread. Set by a trampoline, not preexec_fn (unsafe
             # with threads, and a driver has py4j's).
             command = [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), *command]
+        env = self._env(host)
+        if worker is not None:
+            # each worker a host of its own for the members' storage slots (its executors
+            # and their Python workers inherit it): a host id and a storage root
+            env["SPARKJET_HOST_ID"] = f"worker-{worker}"
+            env["SPARKJET_STORAGE_DIR"] = str(self.storage_dir(worker))
         with open(log, "ab") as out:
             return subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self._env(host),
+                env=env,
                 cwd=str(self._dir),
                 start_new_session=True,  # its own process group, with its executors
             )
