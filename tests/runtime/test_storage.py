@@ -116,7 +116,7 @@ def test_a_record_mixing_slots_and_the_store_is_refused_and_exports_say_why(tmp_
     with pytest.raises(InvalidArgumentError, match="some chunk files are in storage slots"):
         store.commit(0, 1, [in_slot.finish(), in_store.finish()])
     _write(store, [a], snapshot_id=1)
-    with pytest.raises(InvalidArgumentError, match="an export needs a durable copy"):
+    with pytest.raises(InvalidArgumentError, match="without a durable copy: an export needs one"):
         store.export(1, "v1")
 
 
@@ -201,3 +201,34 @@ def test_on_one_host_the_slots_are_their_own_groups():
     table = table_for(config, reports)
     assert all(None not in table.replicas(p) for p in range(271))   # every backup placed
     assert all(len(set(table.replicas(p))) == 2 for p in range(271))
+
+
+def test_the_durable_tier_restores_when_no_slot_is_left_and_allows_exports(tmp_path, two_slots):
+    """durable_tier="sync": each file written into a slot is copied into the store too. A
+    driver then verifies every chunk, a restore whose slots are all gone reads the copies,
+    and the snapshot can be exported."""
+    a, b = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    manifests = []
+    for i, slot in enumerate((a, b)):
+        w = store.writer(0, 1, writer=i, partition_count=7, slot=slot, durable=True)
+        w.write_table("agg", _state(1000, i * 1000), key="key")
+        manifests.append(w.finish())
+    store.commit(0, 1, manifests, table="dGFibGU=")
+    assert all(f.durable for f in store._resolve(0, None).record.vertices["agg"].files)
+    want = pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key")
+    store.verify(0)                                       # reads the copies: no slots here
+    assert store.restore("agg").table.sort_by("key").equals(want)
+    store.slot_files = slot_files(_Member([], {}), StorageSlot.claim(tmp_path / "c", host="c"),
+                                  JOB)                    # a member that holds neither slot
+    assert store.restore("agg").table.sort_by("key").equals(want)
+    store.export(0, "v1")
+    assert store.restore("agg", name="v1").table.sort_by("key").equals(want)
+
+
+def test_durable_tier_needs_the_members_storage():
+    from sparkjet.runtime import JobConfig
+
+    with pytest.raises(InvalidArgumentError, match="durable_tier is a copy of the members'"):
+        JobConfig(name="x", processing_guarantee="none", durable_tier="sync")

@@ -140,17 +140,21 @@ def test_with_members_storage_a_killed_members_slot_is_reclaimed_with_its_partit
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
-def test_with_members_storage_a_lost_slot_is_restored_from_its_backups(spark, tmp_path):
+@pytest.mark.parametrize("kept", [{"backup_count": 1},
+                                  {"backup_count": 0, "durable_tier": "sync"}],
+                         ids=["backups", "durable-tier"])
+def test_with_members_storage_a_lost_slot_is_restored_from_its_backups(spark, tmp_path, kept):
     """Member 1 is killed and its slot's folder wiped before the restart: the next
     execution claims a new slot for it, the driver's table promotes the backups the other
-    slot holds (every file of one slot is copied to the other on one host), and the output
-    is exactly the failure-free one."""
+    slot holds (every file of one slot is copied to the other on one host), or, without
+    backups, the restore reads the durable tier's copies in snapshot_store; the output is
+    exactly the failure-free one."""
     import shutil
 
     source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2, restart_backoff=1.0, storage="members",
-                    storage_dir=str(tmp_path / "slots"))
+                    storage_dir=str(tmp_path / "slots"), **kept)
     killed, events, wiped = [], [], []
 
     def progress(event):

@@ -125,6 +125,10 @@ class JobConfig:
       commit point) stay in ``snapshot_store``; each file is copied, verified, to the
       slots that back its partitions (see the README's "Snapshots on the members").
     - ``backup_count``: backups of each partition on other hosts' slots (1; 0..6).
+    - ``durable_tier``: with the members' storage, "sync" also copies every chunk file into
+      ``snapshot_store`` before the snapshot's acknowledgement (the durable tier: a restore
+      reads it when no slot holding the file is left, and exports need it); "none" (the
+      default) keeps the state in the slots alone.
     - ``persistence``: slots on disk, every write fsynced (False: tmpfs is enough).
     - ``storage_dir``: the host-local folder of the slots; None: ``/dev/shm/sparkjet-storage``
       (memory) where there is one, else ``sparkjet-storage`` in the temporary folder. Must
@@ -163,6 +167,7 @@ class JobConfig:
     backup_count: Annotated[int, Meta(ge=0, le=6)] = 1
     persistence: bool = False
     storage_dir: Annotated[str, Meta(min_length=1)] | None = None
+    durable_tier: Literal["none", "sync"] = "none"
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python
@@ -191,6 +196,10 @@ class JobConfig:
             if self.processing_guarantee == "none":
                 raise InvalidArgumentError("JobConfig.initial_snapshot needs snapshots: "
                                            "processing_guarantee is 'none'")
+        if self.durable_tier != "none" and self.storage != "members":
+            raise InvalidArgumentError(
+                "JobConfig.durable_tier is a copy of the members' storage in snapshot_store; "
+                "with storage=\"shared\" every snapshot is there already")
         if self.persistence and self.storage_dir is None:
             raise InvalidArgumentError(
                 "JobConfig.persistence needs storage_dir: a folder on a local disk of every "

@@ -80,7 +80,8 @@ def open_writer(member, vertex: str, index: int, snapshot_id: int):
     writer = m.topology.offset[vertex] + index
     w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
                        partition_count=m.config.partition_count,
-                       codec=m.config.snapshot_codec, slot=m.slot, replicate=m.replicate)
+                       codec=m.config.snapshot_codec, slot=m.slot, replicate=m.replicate,
+                       durable=m.slot is not None and m.config.durable_tier == "sync")
     if writer == 0:
         w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
                                   [json.dumps(m.dag.fingerprint()).encode()])

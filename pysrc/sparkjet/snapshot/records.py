@@ -72,6 +72,9 @@ class FileRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     chunks: list[ChunkEntry]
     slot: SlotUuid | None = None
     replicas: list[SlotUuid] = []
+    #: a file in a slot: whether the store's snapshot folder holds a copy too (the
+    #: durable tier, ``durable_tier="sync"``)
+    durable: bool = False
 
     @property
     def holders(self) -> list[str]:

@@ -386,14 +386,16 @@ class SnapshotStore:
 
     def writer(self, snapshot_id: int, execution_id: int, *, writer: int = 0,
                partition_count: int = DEFAULT_PARTITION_COUNT, chunk_size: int = DEFAULT_CHUNK_SIZE,
-               codec: str = "lz4", slot=None, replicate=None) -> SnapshotWriter:
+               codec: str = "lz4", slot=None, replicate=None,
+               durable: bool = False) -> SnapshotWriter:
         """A writer of snapshot `snapshot_id` for execution `execution_id`. Several writers
         (members, processors) may write one snapshot; give each a distinct `writer` number.
         ``slot``: the storage slot the chunk files go to (``storage="members"``), and
-        ``replicate`` what copies them to the slots that back them (see SnapshotWriter)."""
+        ``replicate`` what copies them to the slots that back them, and ``durable``
+        whether they are copied into the store too (see SnapshotWriter)."""
         self.check_fence(execution_id)
         return SnapshotWriter(self, snapshot_id, execution_id, writer, partition_count,
-                              chunk_size, codec, slot, replicate)
+                              chunk_size, codec, slot, replicate, durable)
 
     def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
         return layout.snapshot_dir(snapshot_id, execution_id)
@@ -741,13 +743,13 @@ class SnapshotStore:
         directory = self._path(*stored.dir, vertex)
         snapshot = stored.record.snapshot_id
         for f in v.files:
-            if f.slot is not None and self.slot_files is not None:
+            if f.slot is not None and self.slot_files is not None and not f.durable:
                 size = self.slot_files(f.holders, self._slot_path(stored, f)).size()
                 if size != f.bytes:
                     raise SnapshotCorruptError(
                         f"slot {f.slot}: {self._slot_path(stored, f)}", min(size, f.bytes),
                         "file size", f"{size} bytes, record says {f.bytes}")
-        listed = {f.name: f for f in v.files if f.slot is None}
+        listed = {f.name: f for f in v.files if f.slot is None or f.durable}
         present = set(self._backend.listdir(directory))
         for file_name, f in listed.items():
             if file_name not in present:
@@ -773,7 +775,9 @@ class SnapshotStore:
                    if wanted is None or c.partition == -1 or c.partition in wanted]
         if not entries:
             return
-        if f.slot is None:
+        if f.slot is None or (f.durable and (self.slot_files is None
+                                             or stored.dir[0] != layout.SNAPSHOTS)):
+            # the store's file (a durable copy, where no slot is reachable or in an export)
             path = self._path(*stored.dir, vertex, f.name)
             read = self._backend.range_reader(path)
         else:
@@ -783,7 +787,13 @@ class SnapshotStore:
                     f"is in storage slot {f.slot}, which is not reachable here (a member of "
                     f"the job reads it from its slot or a peer's)")
             path = f"slot {f.slot}: {self._slot_path(stored, f)}"
-            read = self.slot_files(f.holders, self._slot_path(stored, f)).range_reader()
+            try:
+                read = self.slot_files(f.holders, self._slot_path(stored, f)).range_reader()
+            except SnapshotIncompleteError:
+                if not f.durable:
+                    raise
+                path = self._path(*stored.dir, vertex, f.name)  # no slot holds it: the copy
+                read = self._backend.range_reader(path)
         runs, run = [], [entries[0]]
         for c in entries[1:]:
             prev = run[-1]
@@ -836,7 +846,7 @@ class SnapshotStore:
         for vertex, v in stored.record.vertices.items():
             self._check_listing(stored, vertex, v)
             for f in v.files:
-                if f.slot is not None and self.slot_files is None:
+                if f.slot is not None and self.slot_files is None and not f.durable:
                     continue    # checked where its slot is read, at restore
                 for header, payload, path, offset in self._read_file(stored, vertex, v.id, f):
                     if header.entries:
@@ -877,11 +887,12 @@ class SnapshotStore:
         if b.exists(marker if not b.atomic_rename else final):
             raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
         stored = self._resolve(snapshot_id, None)
-        if stored.record.format == meta.RECORD_FORMAT_SLOTS:
+        if any(f.slot is not None and not f.durable
+               for v in stored.record.vertices.values() for f in v.files):
             raise InvalidArgumentError(
                 f"snapshot {stored.record.snapshot_id} of {self.who} is in the members' storage "
-                "slots (storage=\"members\"); an export needs a durable copy, which that "
-                "storage does not write yet: export from a job with storage=\"shared\"")
+                "slots (storage=\"members\") without a durable copy: an export needs one "
+                "(JobConfig(durable_tier=\"sync\")), or a job with storage=\"shared\"")
         self.verify(stored.record.snapshot_id)
         if b.atomic_rename:
             # The files go to a temporary directory whose rename (refused once the name

@@ -76,13 +76,17 @@ class SnapshotWriter:
     the store's record (the commit point) stays where it is."""
 
     def __init__(self, store: StoreLink, snapshot_id, execution_id, writer, partition_count,
-                 chunk_size, codec, slot: SlotLink | None = None, replicate=None):
+                 chunk_size, codec, slot: SlotLink | None = None, replicate=None,
+                 durable: bool = False):
         self.store = store
         self.slot = slot
         #: with a slot: ``(path in the slot, partitions of the file) -> [slot uuid, ...]``,
         #: which copies a written file to the slots that back its partitions and returns
         #: them once each has verified its copy
         self.replicate = replicate
+        #: with a slot: copy each file into the store's snapshot folder too (the durable
+        #: tier), before the manifest goes to the commit
+        self.durable = durable
         self._backend = store._backend if slot is None else slot.replicas(store.job_id)
         self.snapshot_id = snapshot_id
         self.execution_id = execution_id
@@ -191,7 +195,26 @@ class SnapshotWriter:
                     "/".join((layout.SNAPSHOTS, self._dir, vertex, name)), partitions)
                 if replicas:
                     record["replicas"] = list(replicas)
+            if self.durable:
+                self._copy_to_store(vertex, name, offset)
+                record["durable"] = True
         self._files.append(record)
+
+    def _copy_to_store(self, vertex: str, name: str, size: int) -> None:
+        """The durable copy of a file written into the slot: the same bytes in the store's
+        snapshot folder, streamed in 4 MiB pieces."""
+        read = self._backend.range_reader(f"{self._folder(vertex)}/{name}")
+        store = self.store._backend
+        folder = self.store._path(layout.SNAPSHOTS, self._dir, vertex)
+        store.makedirs(folder)
+        out = store.open_write(f"{folder}/{name}")
+        try:
+            for offset in range(0, size, 4 << 20):
+                out.write(read(offset, min(4 << 20, size - offset)))
+        except BaseException:
+            out.abort()
+            raise
+        out.close()
 
     def _folder(self, vertex: str) -> str:
         if self.slot is None:
@@ -207,6 +230,9 @@ class SnapshotWriter:
             self._finished = True
             for vertex in {f["vertex"] for f in self._files}:
                 self._backend.sync_dir(self._folder(vertex))
+                if self.slot is not None and self.durable:
+                    self.store._backend.sync_dir(
+                        self.store._path(layout.SNAPSHOTS, self._dir, vertex))
         return Manifest(self.snapshot_id, self.execution_id, list(self._files),
                         list(self._tables))
 
