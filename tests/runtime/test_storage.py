@@ -232,3 +232,29 @@ def test_durable_tier_needs_the_members_storage():
 
     with pytest.raises(InvalidArgumentError, match="durable_tier is a copy of the members'"):
         JobConfig(name="x", processing_guarantee="none", durable_tier="sync")
+
+
+def test_a_restore_counts_every_partition_against_the_slots_it_holds(tmp_path, two_slots):
+    """Before restoring, what no reachable slot holds is named at once: vertices,
+    partitions (as ranges), the slots and their hosts, and what to do."""
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.storage import check_reachable, encode_table
+
+    a, b = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "host-a",
+                                                                  b.uuid: "host-b"})
+    manifests = []
+    for i, slot in enumerate((a, b)):
+        w = store.writer(0, 1, writer=i, partition_count=7, slot=slot)
+        w.write_table("agg", _state(1000, i * 1000), key="key")
+        w.write_broadcast_entries("src", [str(i).encode()], [b"s"])
+        manifests.append(w.finish())
+    store.commit(0, 1, manifests, table=encode_table(table))
+    check_reachable(store, 0, _Member([a.uuid, b.uuid], {}))      # both held: nothing said
+    with pytest.raises(SnapshotIncompleteError) as caught:
+        check_reachable(store, 0, _Member([a.uuid], {}))
+    message = str(caught.value)
+    assert "agg: partitions 0-6" in message and "src: broadcast state" in message
+    assert f"{b.uuid} (host host-b)" in message and "backup_count" in message

@@ -52,7 +52,12 @@ from sparkjet.runtime.snapshotting import (
     read_fingerprint,
     restore_processors,
 )
-from sparkjet.runtime.storage import drop_old_snapshots, replicator, slot_files
+from sparkjet.runtime.storage import (
+    check_reachable,
+    drop_old_snapshots,
+    replicator,
+    slot_files,
+)
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
 
@@ -322,6 +327,8 @@ class Member:
         store = open_point(self.config, point, self.store)
         if self.slot is not None:
             store.slot_files = slot_files(self, self.slot, point.job_id)
+            if point.export is None:
+                check_reachable(store, point.snapshot_id, self)
         plan = plan_restore(self.dag, read_fingerprint(store, point), point,
                             self.config.state_mapping)
         if point.initial:

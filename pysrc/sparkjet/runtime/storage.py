@@ -180,6 +180,58 @@ def slot_files(member, slot: StorageSlot, job_id: int):
     return resolve
 
 
+def check_reachable(store, snapshot_id: int, member) -> None:
+    """Counts every (vertex, partition) of a snapshot in the members' storage against the
+    slots this execution holds before anything is restored: SnapshotIncompleteError naming
+    every vertex and partition no reachable copy has, the slots that held them and their
+    hosts (from the record's partition table), and what to do. A file with a durable copy
+    is always reachable."""
+    stored = store._resolve(snapshot_id, None)
+    if stored.record.format != 2:
+        return
+    held = set(member.topology.slots or [])
+    hosts: dict[str, str] = {}
+    if stored.record.table:
+        try:
+            hosts = decode_table(stored.record.table, "the snapshot's record").groups or {}
+        except StorageSlotError:
+            hosts = {}
+    lost: dict[str, set[int]] = {}
+    gone: set[str] = set()
+    for vertex, v in stored.record.vertices.items():
+        for f in v.files:
+            if f.slot is None or f.durable or held.intersection(f.holders):
+                continue
+            lost.setdefault(vertex, set()).update(c.partition for c in f.chunks)
+            gone.update(f.holders)
+    if not lost:
+        return
+    where = "; ".join(
+        f"{vertex}: {'broadcast state' if parts == {-1} else 'partitions ' + _ranges(parts)}"
+        for vertex, parts in sorted(lost.items()))
+    slots = ", ".join(f"{u} (host {hosts[u]})" if u in hosts and hosts[u] != u else u
+                      for u in sorted(gone))
+    raise SnapshotIncompleteError(
+        f"snapshot {snapshot_id}: no slot of this execution holds a copy of {where}; they "
+        f"were in slot(s) {slots}, which no member of this execution holds (their hosts lost "
+        f"them, or run no task of this execution). Run the job where those slots are, with "
+        f"more backups (backup_count) or durable_tier=\"sync\", or start it again from an "
+        f"export")
+
+
+def _ranges(parts: set[int]) -> str:
+    """Partitions as ranges: ``0-3, 7, 9-10`` (broadcast state, -1, left out)."""
+    ps = sorted(p for p in parts if p >= 0)
+    out, i = [], 0
+    while i < len(ps):
+        j = i
+        while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
+            j += 1
+        out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
+        i = j + 1
+    return ", ".join(out) + (" and broadcast state" if -1 in parts else "")
+
+
 def replicator(member, slot: StorageSlot, job_id: int):
     """What a member's snapshot writers call on each chunk file they wrote into ``slot``
     (:class:`~sparkjet.snapshot.writer.SnapshotWriter`'s ``replicate``): copies it to the
@@ -306,5 +358,6 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
             backend.remove_tree(backend.path(layout.SNAPSHOTS, name))
 
 
-__all__ = ["claim_slot", "decode_table", "drop_old_snapshots", "encode_table", "replicator",
+__all__ = ["check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
+           "encode_table", "replicator",
            "slot_files", "slot_read_handler", "slot_write_handler", "table_for"]
