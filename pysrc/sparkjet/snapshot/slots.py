@@ -188,13 +188,7 @@ class StorageSlot:
 
     def jobs(self) -> list[int]:
         """The ids of the jobs this slot holds data of."""
-        folder = os.path.join(self.path, JOBS)
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            raise storage_error("list", folder, e) from None
+        names = _listdir(os.path.join(self.path, JOBS))
         return sorted(int(n[4:], 16) for n in names if _is_job_folder(n))
 
     def fence(self, job_id: int, execution: int) -> None:
@@ -227,14 +221,7 @@ class StorageSlot:
 
     def records(self, job_id: int) -> list[int]:
         """The snapshot ids whose records this slot holds, oldest first."""
-        folder = self.job_path(job_id, RECORDS)
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            raise storage_error("list", folder, e) from None
-        return sorted(int(n) for n in names if n.isdigit())
+        return sorted(int(n) for n in _listdir(self.job_path(job_id, RECORDS)) if n.isdigit())
 
     def read_record(self, job_id: int, snapshot_id: int) -> bytes:
         path = self.job_path(job_id, RECORDS, f"{snapshot_id:020d}")
@@ -390,14 +377,17 @@ def _write_atomic(folder: str, name: str, data: bytes, durable: bool) -> None:
 
 
 def _sync_dir(folder: str) -> None:
+    FileSystemBackend(folder, durable=True).sync_dir(folder)
+
+
+def _listdir(folder: str) -> list[str]:
+    """The names in ``folder`` ([] when it does not exist)."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
     except OSError as e:
-        raise storage_error("sync", folder, e) from None
+        raise storage_error("list", folder, e) from None
 
 
 __all__ = ["SLOT_FORMAT", "SlotIdentity", "StorageSlot", "host_id"]

@@ -470,20 +470,26 @@ def summary(results: list[RoundResult]) -> str:
     return "\n".join(lines)
 
 
+def _scenario_job(work: Path, name: str, total: int, seed: int, **config) -> tuple:
+    """A standalone scenario's source and job: a keyed count and sum into files, exactly-once,
+    on every slot there is, with room for the scenario's restarts and waits."""
+    source = GeneratorSource(total=total, partitions=6, keys=10_000, rate=200_000,
+                             batch_size=10_000, seed=seed)
+    pipeline = (Pipeline().read_from(source).group_by("key")
+                .aggregate(count="count", sum=("sum", "value"))
+                .write_to(TransactionalFileSink(work / "out")))
+    settings = dict(name=name, snapshot_store=str(work / "snapshots"), snapshot_interval=0.3,
+                    local_parallelism=1, members=None, max_restarts=10, restart_backoff=0.5,
+                    quorum_timeout=180)
+    return source, Job(pipeline, JobConfig(**{**settings, **config}))
+
+
 def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
     """On a standalone `cluster` of 3 one-core workers: a job on 3 members loses a worker
     JVM (restarts on the 2 slots left: rescaling), then a second one (1 slot, below the
     quorum of 2: the coordinator waits and says so) until a worker comes back (restarts on
     2). Returns what happened and the checker's report of the exactly-once output."""
-    source = GeneratorSource(total=2_400_000, partitions=6, keys=10_000, rate=200_000,
-                             batch_size=10_000, seed=7)
-    pipeline = (Pipeline().read_from(source).group_by("key")
-                .aggregate(count="count", sum=("sum", "value"))
-                .write_to(TransactionalFileSink(work / "out")))
-    config = JobConfig(name="quorum-scenario", snapshot_store=str(work / "snapshots"),
-                       snapshot_interval=0.3, local_parallelism=1, members=None,
-                       max_restarts=10, restart_backoff=0.5, quorum_timeout=180)
-    job = Job(pipeline, config)
+    source, job = _scenario_job(work, "quorum-scenario", 2_400_000, 7)
     steps: list[str] = []
     snapshots: dict[int, int] = {}
     members: dict[int, int] = {}
@@ -526,16 +532,8 @@ def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
     back from their backups on the other hosts); worker 0's JVM killed and restarted (its
     slot reclaimed). Returns the steps, the slots of each execution and the checker's
     report of the exactly-once output."""
-    source = GeneratorSource(total=3_000_000, partitions=6, keys=10_000, rate=200_000,
-                             batch_size=10_000, seed=11)
-    pipeline = (Pipeline().read_from(source).group_by("key")
-                .aggregate(count="count", sum=("sum", "value"))
-                .write_to(TransactionalFileSink(work / "out")))
-    config = JobConfig(name="storage-scenario", snapshot_store=str(work / "snapshots"),
-                       snapshot_interval=0.3, local_parallelism=1, members=None,
-                       max_restarts=10, restart_backoff=0.5, quorum_timeout=180,
-                       storage="members", backup_count=1)
-    job = Job(pipeline, config)
+    source, job = _scenario_job(work, "storage-scenario", 3_000_000, 11, storage="members",
+                                backup_count=1)
     steps: list[str] = []
     snapshots: dict[int, int] = {}
     slots: dict[int, list[dict]] = {}
