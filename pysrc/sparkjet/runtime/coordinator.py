@@ -267,7 +267,8 @@ class ExecutionCoordinator:
             self._counters[i] = (int(body.get("events_in", 0)), int(body.get("events_out", 0)))
             self._member_counters[i] = {k: body.get(k) for k in
                                         ("events_in", "events_out", "late_events",
-                                         "skipped_events", "dead_letters", "vertices")}
+                                         "skipped_events", "dead_letters", "vertices",
+                                         "latency")}
             self._ended[i] = set(body.get("ended", ()))
             self._cv.notify_all()
             if not self._commands[i] and not self._failed.is_set():
