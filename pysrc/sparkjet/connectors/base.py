@@ -168,6 +168,11 @@ class Source(ABC):
 class SinkWriter(ABC):
     """Writes one processor's output."""
 
+    #: Rows written are held back until :meth:`flush` (or a barrier) where the guarantee
+    #: would let them be seen at once: the runtime then counts an event's output as
+    #: emitted when it is flushed, not when it is written.
+    buffers: bool = False
+
     @abstractmethod
     def write(self, batch: pa.RecordBatch) -> None:
         """Buffers or writes rows (not yet visible for a transactional sink)."""

@@ -241,6 +241,12 @@ class Outbox:
         self.sinks[name].write(self._guards[f"sink:{name}"].check(batch))
         self.unflushed.setdefault(name, time.monotonic())
 
+    @property
+    def holding(self) -> bool:
+        """Whether a sink that buffers (:attr:`SinkWriter.buffers`) holds rows not yet
+        flushed: output written to it is not visible yet."""
+        return any(self.sinks[name].buffers for name in self.unflushed)
+
     def flush_due(self, now: float | None = None) -> float | None:
         """Flushes each sink whose first unflushed row has waited ``max_batch_delay``;
         returns the seconds until the next one is due (None: nothing waits)."""

@@ -94,6 +94,7 @@ class Processor(threading.Thread):
         self.sinks: dict = {}           # sink name -> SinkWriter
         self.outbox: Outbox | None = None
         self._ts_samples: list = []
+        self._unseen: list = []         # samples whose output a sink's buffer holds
         self._pending_latency: dict[int, list] = {}
 
     def run(self) -> None:
@@ -117,6 +118,9 @@ class Processor(threading.Thread):
         if not self.member.failed:
             for writer in self.sinks.values():
                 writer.close()
+            if self.outbox is not None:      # closed sinks hold nothing back
+                self.outbox.flushed()
+                self.emitted(None)
 
     def emit(self, batch: pa.RecordBatch) -> None:
         written = self.outbox.emit(batch)
@@ -153,16 +157,30 @@ class Processor(threading.Thread):
         return None
 
     def emitted(self, samples: tuple | None) -> None:
+        """The output of ``samples``' events was handed to the sinks: it is emitted now,
+        or, while a sink that buffers holds rows, when that sink flushes them."""
         if samples is not None:
-            times, counts = samples
-            self.member.add_latencies("emit_latencies_ns", time.time_ns() - times, counts)
+            self._unseen.append(samples)
+        if self._unseen and not self.outbox.holding:
+            now = time.time_ns()
+            for times, counts in self._unseen:
+                self.member.add_latencies("emit_latencies_ns", now - times, counts)
+            self._unseen = []
+
+    def flush_due(self) -> float | None:
+        """Flushes the sinks whose rows waited ``max_batch_delay`` (and counts the output
+        they held as emitted); returns the seconds until the next flush is due."""
+        due = self.outbox.flush_due()
+        if self._unseen:
+            self.emitted(None)
+        return due
 
     def idle_wait(self, poll: float) -> float:
         """How long this processor's loop may wait for input before it looks again: ``poll``
         (a source's: at most ``max_batch_delay``, as its reader may have rows by then), and
         no longer than until the next sink flush is due."""
         wait = poll
-        due = self.outbox.flush_due() if self.outbox is not None else None
+        due = self.flush_due() if self.outbox is not None else None
         return wait if due is None else max(min(wait, due), _MIN_WAIT)
 
     def prepare_sinks(self, writer, snapshot_id: int) -> None:
@@ -173,6 +191,7 @@ class Processor(threading.Thread):
             write_prepared(writer, name, instance, prepared)
         if self.outbox is not None:
             self.outbox.flushed()
+            self.emitted(None)
         self._pending_latency[snapshot_id] = self._ts_samples
         self._ts_samples = []
 
@@ -258,7 +277,7 @@ class SourceProcessor(Processor):
                 self.emit(batch)
                 self.emitted(samples)
                 self._send_watermark()
-                self.outbox.flush_due()
+                self.flush_due()
         finally:
             if m.failed and self.outbox is not None:
                 self.outbox.abort()
@@ -359,7 +378,7 @@ class KeyedProcessor(Processor):
                         self.emit(out)
                     self.write_late(late)
                     self.emitted(samples)
-                    self.outbox.flush_due()
+                    self.flush_due()
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
                     writer = open_writer(m, v.name, self.index, sid)
