@@ -66,6 +66,60 @@ def run(rate: float | None, events: int, work: str, max_batch_delay: float | Non
             "latency": _latency(result)}
 
 
+def visible(rate: float, events: int, work: str) -> dict:
+    """Latency to rows a reader can see, measured from outside the job: the generator's
+    events (stateless) into an upsert sink (SQLite, keyed by id, at-least-once, 1 s
+    snapshots), whose table a thread reads every 10 ms; an id's latency is the read that
+    first shows it minus its ``ts``. The same on any checkout, ``max_batch_delay`` or not."""
+    import sqlite3
+    import threading
+    import time
+
+    import numpy as np
+
+    from sparkjet.sinks import SQLiteUpsertSink
+
+    db = os.path.join(work, "out.db")
+    source = GeneratorSource(total=events, partitions=4, keys=KEYS, batch_size=BATCH, rate=rate)
+    pipeline = Pipeline().read_from(source).write_to(SQLiteUpsertSink(db, "out", key="id"))
+    config = JobConfig(name="bench-visible", processing_guarantee="at-least-once",
+                       snapshot_store=os.path.join(work, "snaps"), snapshot_interval=1.0,
+                       local_parallelism=PARALLELISM, batch_size=BATCH)
+    seen = np.zeros(events, dtype=np.int64)        # ns when each id was first read back
+    done = threading.Event()
+
+    def poll():
+        last = -1
+        while not done.is_set():
+            time.sleep(0.01)
+            try:
+                con = sqlite3.connect(db)
+                rows = con.execute("SELECT id, ts FROM out WHERE id > ?", (last,)).fetchall()
+                con.close()
+            except sqlite3.Error:
+                continue
+            now = time.time_ns()
+            for i, ts in rows:
+                if not seen[i]:
+                    seen[i] = now - ts
+            # ids arrive out of order across partitions: re-read from the least unseen id
+            unseen = np.flatnonzero(seen == 0)
+            last = int(unseen[0]) - 1 if len(unseen) else events
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    result = Job(pipeline, config).run(isolated=False)
+    time.sleep(0.05)
+    done.set()
+    t.join()
+    got = seen[seen != 0] / 1e9
+    out = {"events_per_s": events / result.seconds, "count": len(got)}
+    for name, q in QUANTILES:
+        out[name] = float(np.percentile(got, q)) if len(got) else float("nan")
+    out["max"] = float(got.max()) if len(got) else float("nan")
+    return out
+
+
 def median_run(rate, events, rounds, max_batch_delay=None) -> dict:
     """The run of median throughput (max rate) or median emitted p99 (a fixed rate)."""
     runs = []

@@ -86,7 +86,7 @@ LATENCY_OUTPUTS = {"latencies_ns": "committed", "emit_latencies_ns": "emitted"}
 #: The percentiles of :meth:`LatencyHistogram.summary` (name, percentile), then ``max``.
 SUMMARY_PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p99.9", 99.9), ("p99.99", 99.99))
 #: Samples a batch gives at most: each stands for its share of the batch's rows.
-SAMPLES_PER_BATCH = 64
+SAMPLES_PER_BATCH = 16
 
 
 def weighted_samples(n: int, limit: int = SAMPLES_PER_BATCH):

@@ -139,7 +139,7 @@ class Processor(threading.Thread):
         """Samples the event times (``ts``, as ns since the epoch) of a batch on its way to
         the output: their latency is measured when the output is committed
         (``latencies_ns``) and, by :meth:`emitted`, when it is handed to the sinks
-        (``emit_latencies_ns``). Up to 64 rows per batch, each counted for its share of the
+        (``emit_latencies_ns``). Up to 16 rows per batch, each counted for its share of the
         batch's rows (:func:`~sparkjet.runtime.observability.weighted_samples`), so every
         event weighs the same in the percentiles however large its batch was. A ``ts``
         column with no wall time (an integer whose unit ``with_timestamps`` did not
