@@ -146,3 +146,20 @@ def test_a_low_rate_reaches_the_sink_before_a_batch_fills(tmp_path, keyed):
     assert result.events_in == 100
     partial = [n for n in seen if 0 < n < (100 if not keyed else len(source.expected_counts()))]
     assert partial, f"rows in the sink while the source ran: {sorted(set(seen))}"
+
+
+def test_on_spark_every_members_events_are_merged_on_the_driver(spark, tmp_path):
+    """Two members (Spark barrier tasks): their histograms reach the driver (the "done"
+    action, and the heartbeats for the live metrics) and merge into one."""
+    source = GeneratorSource(total=40_000, partitions=4, keys=50, batch_size=2_000, rate=40_000)
+    pipeline = (Pipeline().read_from(source).group_by("key").aggregate(count="count")
+                .write_to(TransactionalFileSink(tmp_path / "out")))
+    config = JobConfig(name="spark-latency", snapshot_store=str(tmp_path / "snaps"),
+                       snapshot_interval=0.2, members=2, local_parallelism=1)
+    job = Job(pipeline, config)
+    result = job.run(spark)
+    latency = result.latency
+    for output in ("emitted", "committed"):
+        assert _ordered(latency[output]), (output, latency[output])
+        assert latency[output]["count"] == 40_000
+    assert job.metrics["latency"] == latency
