@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import random
 import shutil
@@ -250,12 +249,22 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def latency_line(summary: dict) -> str:
+    """A latency summary (:attr:`JobResult.latency`'s) in milliseconds, on one line.
+
+    >>> latency_line({"p50": 0.0012, "p99": 0.004, "p99.9": 0.0051, "p99.99": 0.02,
+    ...               "max": 0.031, "count": 10})
+    'p50 1.2 ms, p99 4.0 ms, p99.9 5.1 ms, p99.99 20.0 ms, max 31.0 ms (10 events)'
+    """
+    parts = [f"{k} {summary[k] * 1e3:.1f} ms" for k in ("p50", "p99", "p99.9", "p99.99", "max")]
+    return ", ".join(parts) + f" ({summary['count']:,} events)"
+
+
 def _report(args, total, result, committed_rows, display, crasher, report, wall) -> None:
     first_start = next((t for t, e in display.events if e["event"] == "started"), None)
     processing = (display.events[-1][0] - first_start) if first_start else result.seconds
     snaps = result.snapshots
-    p50, p99 = result.latency_percentiles(50, 99)
-    e50, e99 = result.latency_percentiles(50, 99, until="emit")
+    latency = result.latency
     recoveries = []
     for kill in crasher.kills:
         after = [t for t, e in display.events if e["event"] == "snapshot" and t > kill["at"]
@@ -269,10 +278,10 @@ def _report(args, total, result, committed_rows, display, crasher, report, wall)
                        f"processing ({wall:.1f} s with Spark's start); "
                        f"offered {args.rate / 1e6:.2f} M/s"),
     ]
-    if not math.isnan(p50):
-        rows.append(("latency to committed output", f"p50 {p50:.3f} s, p99 {p99:.3f} s"))
-    if not math.isnan(e50):
-        rows.append(("latency to emitted update", f"p50 {e50:.3f} s, p99 {e99:.3f} s"))
+    for output, name in (("committed", "latency to committed output"),
+                         ("emitted", "latency to emitted update")):
+        if latency[output]["count"]:
+            rows.append((name, latency_line(latency[output])))
     if snaps:
         durations = sorted(s["duration_s"] for s in snaps)
         mean_ms = sum(durations) / len(durations) * 1e3

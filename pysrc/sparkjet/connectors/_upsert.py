@@ -23,6 +23,7 @@ class BufferedUpsertWriter(SinkWriter):
     calls :meth:`_start_buffer`; :attr:`connector` names the sink in errors."""
 
     connector = "upsert sink"
+    buffers = True
 
     def _start_buffer(self) -> None:
         self._buffer: list[pa.RecordBatch] = []

@@ -51,6 +51,9 @@ class ProcessorContext:
     processors: int         # the vertex's total parallelism (all members)
     guarantee: str = "exactly-once"
     job_name: str | None = None
+    #: the job's ``max_batch_delay`` (seconds): the longest a writer or reader should hold
+    #: rows back to fill a batch (None: its own default)
+    max_batch_delay: float | None = None
 
     @property
     def job(self) -> str:
@@ -170,6 +173,11 @@ class Source(ABC):
 class SinkWriter(ABC):
     """Writes one processor's output."""
 
+    #: Rows written are held back until :meth:`flush` (or a barrier) where the guarantee
+    #: would let them be seen at once: the runtime then counts an event's output as
+    #: emitted when it is flushed, not when it is written.
+    buffers: bool = False
+
     @abstractmethod
     def write(self, batch: pa.RecordBatch) -> None:
         """Buffers or writes rows (not yet visible for a transactional sink)."""
@@ -201,6 +209,12 @@ class SinkWriter(ABC):
         with its ``row`` and ``column``), found before :meth:`write`: the runtime applies
         the sink's ``on_error`` to them and writes the rest. None found by default."""
         return []
+
+    def flush(self) -> None:  # noqa: B027 - optional: most writers buffer nothing to show
+        """Makes the rows written so far visible where the sink's guarantee lets them be
+        seen before a commit (an idempotent writer's buffer, a producer's queue); a
+        transactional writer keeps them for its commit. The runtime calls it once rows
+        have waited ``JobConfig.max_batch_delay`` (from the processor's thread)."""
 
     def close(self) -> None:  # noqa: B027 - optional: a writer may hold nothing to end
         """Ends writing. With guarantee "none", makes what was written visible."""

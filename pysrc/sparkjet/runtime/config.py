@@ -27,6 +27,8 @@ MAX_LOCAL_PARALLELISM = 256
 MAX_MEMBERS = 4096
 MAX_PARTITION_COUNT = 100_000
 MAX_QUEUE_CAPACITY = 4096
+#: The longest ``max_batch_delay``, in seconds: Flink's buffer timeout is 100 ms by default.
+MAX_BATCH_DELAY = 10.0
 
 _SCALE_OUT = "to scale further, add members (JobConfig.members, on a Spark cluster)"
 LocalParallelism = Annotated[int, Meta(ge=1, le=MAX_LOCAL_PARALLELISM, extra={"limit": (
@@ -44,6 +46,9 @@ RetainedSnapshots = Annotated[int, Meta(ge=1, le=MAX_RETAINED, extra={"limit": (
 QueueCapacity = Annotated[int, Meta(ge=1, le=MAX_QUEUE_CAPACITY, extra={"limit": (
     "each channel into a processor holds up to this many batches (of up to batch_size rows) "
     "in memory; backpressure needs no deeper queue")})]
+MaxBatchDelay = Annotated[float, Meta(ge=0, le=MAX_BATCH_DELAY, extra={"limit": (
+    "it bounds how long a row may wait for a batch to fill; for fewer, larger batches at a "
+    "high rate nothing needs to wait longer: a busy source fills its batches by itself")})]
 
 Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.base.GUARANTEES
 Codec = Literal["lz4", "raw"]  # sparkjet.snapshot.chunks.CODECS
@@ -70,6 +75,14 @@ class JobConfig:
       ends the job if the replay fails the same way.
     - ``local_parallelism``: processors per vertex in a member (at most 256: to scale
       further, add members on a Spark cluster).
+    - ``max_batch_delay``: the longest a row waits, in seconds, for a batch to fill before it
+      moves on (Flink's buffer timeout; default 0.005, 0 to 10; 0: every batch at once): a
+      source with nothing to read looks again at least this often, and a sink that buffers
+      rows (the upsert sinks, SQLite and PostgreSQL's ``key=`` mode) writes them out, and
+      Kafka's producer sends them (its ``linger.ms``), once the oldest has waited this
+      long. So at a low rate latency is not set by ``batch_size``; at a high rate batches
+      fill first. Sinks whose rows become visible only by a commit (files, Delta, and
+      every exactly-once sink) show them at the snapshot's commit, whatever this is.
     - ``partition_count``: the Hazelcast partitions keyed state is spread over (271, at most
       100000); ``queue_capacity``: batches each channel into a processor holds (at most 4096).
     - ``members``: on Spark, how many members (barrier tasks) an execution has (at most
@@ -145,6 +158,7 @@ class JobConfig:
     local_parallelism: LocalParallelism = 2
     partition_count: PartitionCount = DEFAULT_PARTITION_COUNT
     batch_size: Annotated[int, Meta(ge=1, le=2**31 - 1)] = 65536
+    max_batch_delay: MaxBatchDelay = 0.005
     queue_capacity: QueueCapacity = 16
     snapshot_codec: Codec = "lz4"
     job_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None

@@ -278,7 +278,7 @@ class ExecutionCoordinator:
             self._member_counters[i] = {k: body.get(k) for k in
                                         ("events_in", "events_out", "late_events",
                                          "skipped_events", "dead_letters", "offset_resets",
-                                         "vertices")}
+                                         "vertices", "latency")}
             self._ended[i] = set(body.get("ended", ()))
             self._cv.notify_all()
             if not self._commands[i] and not self._failed.is_set():

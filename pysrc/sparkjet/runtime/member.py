@@ -38,7 +38,7 @@ from sparkjet.runtime.aligner import BarrierAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.exchange.client import ExchangeClient
-from sparkjet.runtime.observability import LatencyHistogram, latencies_encoded
+from sparkjet.runtime.observability import LATENCY_FIELDS, LatencyHistogram, latencies_encoded
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
 from sparkjet.runtime.restore import (
     StartPoint,
@@ -198,10 +198,11 @@ class Member:
         with self._lock:
             self.metrics["vertices"][vertex][direction] += n
 
-    def add_latencies(self, key: str, latencies: list) -> None:
-        """Adds samples (ns) to ``latencies_ns`` or ``emit_latencies_ns``."""
+    def add_latencies(self, key: str, latencies, counts=None) -> None:
+        """Adds samples (ns; each counted once, or ``counts[i]`` times) to ``latencies_ns``
+        or ``emit_latencies_ns``."""
         with self._lock:
-            self.metrics[key].record(latencies)
+            self.metrics[key].record(latencies, counts)
 
     def watermark_of(self, vertex: str, time: int) -> None:
         with self._lock:
@@ -241,12 +242,16 @@ class Member:
                 v["newest_event_ns"] = ns
 
     def counters(self) -> dict:
-        """What the progress events and the heartbeat carry: the counters so far."""
+        """What the progress events and the heartbeat carry: the counters so far, and the
+        latency histograms of this execution (``latency``: each field's encoding, for the
+        live metrics: :class:`~sparkjet.runtime.observability.JobMetrics`)."""
         with self._lock:
             return {k: self.metrics[k] for k in
                     ("events_in", "events_out", "late_events", "skipped_events", "dead_letters",
                      "offset_resets")} | \
-                {"vertices": {v: dict(c) for v, c in self.metrics["vertices"].items()}}
+                {"vertices": {v: dict(c) for v, c in self.metrics["vertices"].items()},
+                 "latency": {k: self.metrics[k].encode() for k in LATENCY_FIELDS
+                             if self.metrics[k].count}}
 
     # -- run ---------------------------------------------------------------------------
 
@@ -399,7 +404,7 @@ class Member:
 
     def context(self, vertex: str, index: int, total: int) -> ProcessorContext:
         return ProcessorContext(self.config.id, self.execution_id, vertex, index, total,
-                                self.guarantee, self.config.name)
+                                self.guarantee, self.config.name, self.config.max_batch_delay)
 
 
 class RemoteLink:

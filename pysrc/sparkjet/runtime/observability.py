@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from sparkjet.runtime.progress import ProgressLine, bar
@@ -79,6 +80,33 @@ def add_vertex_counts(into: dict, vertices: dict) -> dict:
 
 #: The latency fields of a member's metrics (each a :class:`LatencyHistogram`).
 LATENCY_FIELDS = ("latencies_ns", "emit_latencies_ns")
+#: Which output each latency field measures up to: committed (visible under
+#: exactly-once) or emitted (handed to the sink).
+LATENCY_OUTPUTS = {"latencies_ns": "committed", "emit_latencies_ns": "emitted"}
+#: The percentiles of :meth:`LatencyHistogram.summary` (name, percentile), then ``max``.
+SUMMARY_PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p99.9", 99.9), ("p99.99", 99.99))
+#: Samples a batch gives at most: each stands for its share of the batch's rows.
+SAMPLES_PER_BATCH = 16
+
+
+def weighted_samples(n: int, limit: int = SAMPLES_PER_BATCH):
+    """Which of ``n`` rows to sample and how many rows each stands for: rows ``0, step,
+    2*step, ...`` with ``step = ceil(n / limit)``, each counting ``step`` rows (the last,
+    what is left), so the counts add up to ``n``. A large batch (the rows that waited
+    while the pipeline was slow) then weighs as many events as it holds: sampling a fixed
+    number per batch would let the slow stretches count less than the fast ones, the
+    coordinated-omission trap inside the runtime. Returns (indices, counts) as numpy arrays.
+
+    >>> [a.tolist() for a in weighted_samples(10, 4)]
+    [[0, 3, 6, 9], [3, 3, 3, 1]]
+    """
+    if n <= 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    step = -(-n // limit)
+    index = np.arange(0, n, step, dtype=np.int64)
+    counts = np.full(len(index), step, dtype=np.int64)
+    counts[-1] = n - step * (len(index) - 1)
+    return index, counts
 
 
 class LatencyHistogram:
@@ -93,9 +121,16 @@ class LatencyHistogram:
     def __init__(self):
         self._h = HdrHistogram(self._LOWEST, self._HIGHEST, self._DIGITS)
 
-    def record(self, latencies_ns) -> None:
-        for v in latencies_ns:
-            self._h.record_value(min(max(int(v), 0), self._HIGHEST))
+    def record(self, latencies_ns, counts=None) -> None:
+        """Records each latency of ``latencies_ns`` once, or ``counts[i]`` times (a sample
+        standing for that many events: see :func:`weighted_samples`)."""
+        if counts is None:
+            for v in latencies_ns:
+                self._h.record_value(min(max(int(v), 0), self._HIGHEST))
+            return
+        for v, n in zip(latencies_ns, counts, strict=True):
+            if n > 0:
+                self._h.record_value(min(max(int(v), 0), self._HIGHEST), int(n))
 
     def add(self, other: LatencyHistogram) -> LatencyHistogram:
         """Adds ``other``'s counts into this one; returns this one."""
@@ -112,6 +147,22 @@ class LatencyHistogram:
         if not self.count:
             return float("nan")
         return float(self._h.get_value_at_percentile(q))
+
+    @property
+    def max(self) -> float:
+        """The greatest latency recorded in ns (within the histogram's 1 %; NaN when empty)."""
+        if not self.count:
+            return float("nan")
+        return float(self._h.get_max_value())
+
+    def summary(self) -> dict:
+        """The percentiles users judge latency by, in seconds: ``p50``, ``p99``,
+        ``p99.9``, ``p99.99`` and ``max`` (NaN when empty, in that order, each at least
+        the one before), and ``count``, the events they cover."""
+        out = {name: self.percentile(q) / 1e9 for name, q in SUMMARY_PERCENTILES}
+        out["max"] = self.max / 1e9
+        out["count"] = self.count
+        return out
 
     def encode(self) -> str:
         return self._h.encode().decode("ascii")
@@ -172,6 +223,8 @@ class JobMetrics:
         self._done = {"events_in": 0, "events_out": 0, "late_events": 0, "skipped_events": 0,
                       "dead_letters": 0, "offset_resets": 0}
         self._done_vertices: dict = {}
+        #: latency histograms (by field) of the executions that ended
+        self._done_latency = {k: LatencyHistogram() for k in LATENCY_FIELDS}
         self._current: dict = {}          # member -> its counters in this execution
         self.snapshots = 0
         self.last_snapshot: dict = {}
@@ -215,7 +268,7 @@ class JobMetrics:
     def _progress(self, event: dict) -> None:
         member = event.get("member", 0)
         self._current[member] = {k: event.get(k) or 0 for k in self._done} | \
-            {"vertices": event.get("vertices") or {}}
+            {"vertices": event.get("vertices") or {}, "latency": event.get("latency") or {}}
         now, events = time.monotonic(), self._sum("events_in")
         when, before, rate = self._rate
         if now - when >= 0.5:
@@ -230,6 +283,9 @@ class JobMetrics:
             for k in self._done:
                 self._done[k] += c.get(k, 0)
             add_vertex_counts(self._done_vertices, c["vertices"])
+            for k, encoded in c["latency"].items():
+                if k in self._done_latency:
+                    self._done_latency[k].add(LatencyHistogram.decode(encoded))
         self._current = {}
         self._rate = (time.monotonic(), self._sum("events_in"), self._rate[2])
 
@@ -249,6 +305,8 @@ class JobMetrics:
                 add_vertex_counts(vertices, e.get("vertices") or {})
             if vertices:
                 self._done_vertices = vertices
+            self._done_latency = {k: LatencyHistogram.merged(e.get(k) for e in result.executions)
+                                  for k in LATENCY_FIELDS}
             # the event times the last execution ended at, else those the last progress showed
             last = (result.executions[-1].get("vertices") or {}) if result.executions else {}
             for v, c in last.items():
@@ -290,9 +348,24 @@ class JobMetrics:
         ended = any(c.get("watermark") == _END_OF_TIME for c in vertices.values())
         return source, 0.0 if ended and newest else None
 
+    def _latency(self) -> dict:
+        """``{"emitted": summary, "committed": summary}`` over every execution so far (see
+        :meth:`LatencyHistogram.summary`)."""
+        out = {}
+        for k in LATENCY_FIELDS:
+            merged = LatencyHistogram().add(self._done_latency[k])
+            for c in self._current.values():
+                encoded = c["latency"].get(k)
+                if encoded:
+                    merged.add(LatencyHistogram.decode(encoded))
+            out[LATENCY_OUTPUTS[k]] = merged.summary()
+        return out
+
     def as_dict(self) -> dict:
         """Every metric, as plain data (``vertices``: per vertex, rows in and out over all
-        executions and the watermark reached in this one, the least over its members)."""
+        executions and the watermark reached in this one, the least over its members;
+        ``latency``: from each event's ``ts`` to its output ``emitted`` and ``committed``,
+        as :meth:`LatencyHistogram.summary` gives them)."""
         with self._lock:
             events = self._sum("events_in")
             vertices = self._vertices()
@@ -310,7 +383,7 @@ class JobMetrics:
                 "offset_resets": self._sum("offset_resets"),
                 "snapshots": self.snapshots, "last_snapshot": dict(self.last_snapshot),
                 "source_lag_s": source_lag, "watermark_lag_s": watermark_lag,
-                "vertices": vertices,
+                "vertices": vertices, "latency": self._latency(),
             }
 
 
@@ -375,6 +448,23 @@ class _Collector:
                 marks.add_metric([job, v], float(c["watermark"]))
         yield rows
         yield marks
+        quantiles = GaugeMetricFamily(
+            "sparkjet_latency_seconds", "Latency from an event's creation (its ts: the scheduled "
+            "time at a fixed rate) to its output, emitted (handed to the sink) or committed "
+            "(visible under exactly-once), at a quantile (1 is the greatest)",
+            labels=["job", "output", "quantile"])
+        samples = CounterMetricFamily("sparkjet_latency_events",
+                                      "Events the latency quantiles cover",
+                                      labels=["job", "output"])
+        for output, summary in m["latency"].items():
+            if not summary["count"]:
+                continue
+            for name, q in SUMMARY_PERCENTILES:
+                quantiles.add_metric([job, output, f"{q / 100:g}"], summary[name])
+            quantiles.add_metric([job, output, "1"], summary["max"])
+            samples.add_metric([job, output], float(summary["count"]))
+        yield quantiles
+        yield samples
 
 
 class MetricsServer:
@@ -441,6 +531,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-__all__ = ["CONTEXT_FIELDS", "LATENCY_FIELDS", "LOG_FORMAT", "ContextFilter", "JobMetrics",
+__all__ = ["CONTEXT_FIELDS", "LATENCY_FIELDS", "LATENCY_OUTPUTS", "LOG_FORMAT",
+           "SUMMARY_PERCENTILES", "ContextFilter", "JobMetrics",
            "LatencyHistogram", "MetricsServer", "ProgressView", "latencies_decoded",
-           "latencies_encoded", "log_to"]
+           "latencies_encoded", "log_to", "weighted_samples"]

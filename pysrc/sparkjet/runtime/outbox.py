@@ -1,6 +1,15 @@
 """A processor's output: the fused stateless stages of each path, its sinks, and the
-channels of its edges into other vertices (local aligners or exchange streams)."""
+channels of its edges into other vertices (local aligners or exchange streams).
+
+Nothing here waits for a batch to fill: each batch goes on as it comes (split by
+destination on a partitioned edge), into a local aligner or an exchange stream, which
+sends it at once. Sinks may buffer: the outbox notes when each sink got its first row
+since the last flush (:attr:`Outbox.unflushed`), and :meth:`Outbox.flush_due` has the
+writers whose oldest row has waited ``JobConfig.max_batch_delay`` show it
+(:meth:`~sparkjet.connectors.base.SinkWriter.flush`)."""
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +58,9 @@ class Outbox:
         self._remote: dict = {}           # (vertex, k) -> OutboundChannel
         self._key_types_checked: set = set()   # (target, ordinal) whose key types were checked
         self.ended = False
+        #: sink name -> time.monotonic() of its first row written since its last flush
+        self.unflushed: dict[str, float] = {}
+        self._max_delay = self.member.config.max_batch_delay
         # Each output's schema (sink or edge into another vertex), fixed at its first batch
         # or by the restored snapshot: see sparkjet.runtime.schemas.
         restored_schemas = getattr(processor, "restored_schemas", None) or {}
@@ -103,6 +115,7 @@ class Outbox:
             out = self._guards[_output(path)].check(out)
             if path.sink is not None:
                 self.sinks[path.sink].write(out)
+                self.unflushed.setdefault(path.sink, time.monotonic())
                 written += out.num_rows
             else:
                 self._route(path.target, out, path.ordinal)
@@ -226,6 +239,33 @@ class Outbox:
     def write_sink(self, name: str, batch: pa.RecordBatch) -> None:
         """Writes ``batch`` to sink ``name`` directly (a late side output)."""
         self.sinks[name].write(self._guards[f"sink:{name}"].check(batch))
+        self.unflushed.setdefault(name, time.monotonic())
+
+    @property
+    def holding(self) -> bool:
+        """Whether a sink that buffers (:attr:`SinkWriter.buffers`) holds rows not yet
+        flushed: output written to it is not visible yet."""
+        return any(self.sinks[name].buffers for name in self.unflushed)
+
+    def flush_due(self, now: float | None = None) -> float | None:
+        """Flushes each sink whose first unflushed row has waited ``max_batch_delay``;
+        returns the seconds until the next one is due (None: nothing waits)."""
+        if not self.unflushed:
+            return None
+        now = time.monotonic() if now is None else now
+        nearest = None
+        for name, since in list(self.unflushed.items()):
+            left = since + self._max_delay - now
+            if left <= 0:
+                del self.unflushed[name]
+                self.sinks[name].flush()
+            elif nearest is None or left < nearest:
+                nearest = left
+        return nearest
+
+    def flushed(self) -> None:
+        """Every sink was flushed (prepared at a barrier): nothing waits any more."""
+        self.unflushed.clear()
 
     def schemas(self) -> dict:
         """The schemas fixed so far, by output (encoded): what the snapshot acknowledgement

@@ -26,6 +26,7 @@ from sparkjet.connectors import dead_letters
 from sparkjet.errors import BadRecordError, InvalidArgumentError
 from sparkjet.operators.time import EventTimeColumn, in_units
 from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT
+from sparkjet.runtime.observability import weighted_samples
 from sparkjet.runtime.outbox import Outbox
 from sparkjet.runtime.snapshotting import (
     finish_barrier,
@@ -59,7 +60,7 @@ class MemberLink(Protocol):
 
     def count_vertex(self, vertex: str, direction: str, n: int) -> None: ...
 
-    def add_latencies(self, key: str, latencies: Any) -> None: ...
+    def add_latencies(self, key: str, latencies: Any, counts: Any = None) -> None: ...
 
     def watermark_of(self, vertex: str, time: int) -> None: ...
 
@@ -68,6 +69,8 @@ class MemberLink(Protocol):
     def wall_ns_per_unit(self, column: str, time_type: Any) -> int | None: ...
 
 _POLL = 0.005
+_TAKE = 0.02            # a keyed processor's wait for input (it wakes when input comes)
+_MIN_WAIT = 0.0005      # the shortest sleep of an idle loop (max_batch_delay=0 would spin)
 
 
 class Processor(threading.Thread):
@@ -91,6 +94,7 @@ class Processor(threading.Thread):
         self.sinks: dict = {}           # sink name -> SinkWriter
         self.outbox: Outbox | None = None
         self._ts_samples: list = []
+        self._unseen: list = []         # samples whose output a sink's buffer holds
         self._pending_latency: dict[int, list] = {}
 
     def run(self) -> None:
@@ -114,6 +118,9 @@ class Processor(threading.Thread):
         if not self.member.failed:
             for writer in self.sinks.values():
                 writer.close()
+            if self.outbox is not None:      # closed sinks hold nothing back
+                self.outbox.flushed()
+                self.emitted(None)
 
     def emit(self, batch: pa.RecordBatch) -> None:
         written = self.outbox.emit(batch)
@@ -128,27 +135,53 @@ class Processor(threading.Thread):
         if self.late_sink is not None:
             self.outbox.write_sink(self.late_sink, batch)
 
-    def sample_ts(self, batch: pa.RecordBatch) -> list:
+    def sample_ts(self, batch: pa.RecordBatch) -> tuple | None:
         """Samples the event times (``ts``, as ns since the epoch) of a batch on its way to
         the output: their latency is measured when the output is committed
         (``latencies_ns``) and, by :meth:`emitted`, when it is handed to the sinks
-        (``emit_latencies_ns``). A ``ts`` column with no wall time (an integer whose unit
-        ``with_timestamps`` did not declare) gives no samples."""
+        (``emit_latencies_ns``). Up to 16 rows per batch, each counted for its share of the
+        batch's rows (:func:`~sparkjet.runtime.observability.weighted_samples`), so every
+        event weighs the same in the percentiles however large its batch was. A ``ts``
+        column with no wall time (an integer whose unit ``with_timestamps`` did not
+        declare) gives no samples. Returns (times, counts), or None."""
         if "ts" in batch.schema.names and batch.num_rows and self.sinks:
             ts = batch.column("ts")
             per_unit = self.member.wall_ns_per_unit("ts", ts.type)
             if per_unit is None:
-                return []
-            step = max(1, batch.num_rows // 16)
-            samples = (ts.cast(pa.int64()).to_numpy()[::step] * per_unit).tolist()
-            self._ts_samples.extend(samples)
-            return samples
-        return []
+                return None
+            index, counts = weighted_samples(batch.num_rows)
+            times = ts.cast(pa.int64()).to_numpy()[index] * per_unit
+            if self.member.snapshots_on:      # kept for the commit (none: no commits)
+                self._ts_samples.append((times, counts))
+            return times, counts
+        return None
 
-    def emitted(self, samples: list) -> None:
-        if samples:
+    def emitted(self, samples: tuple | None) -> None:
+        """The output of ``samples``' events was handed to the sinks: it is emitted now,
+        or, while a sink that buffers holds rows, when that sink flushes them."""
+        if samples is not None:
+            self._unseen.append(samples)
+        if self._unseen and not self.outbox.holding:
             now = time.time_ns()
-            self.member.add_latencies("emit_latencies_ns", [now - t for t in samples])
+            for times, counts in self._unseen:
+                self.member.add_latencies("emit_latencies_ns", now - times, counts)
+            self._unseen = []
+
+    def flush_due(self) -> float | None:
+        """Flushes the sinks whose rows waited ``max_batch_delay`` (and counts the output
+        they held as emitted); returns the seconds until the next flush is due."""
+        due = self.outbox.flush_due()
+        if self._unseen:
+            self.emitted(None)
+        return due
+
+    def idle_wait(self, poll: float) -> float:
+        """How long this processor's loop may wait for input before it looks again: ``poll``
+        (a source's: at most ``max_batch_delay``, as its reader may have rows by then), and
+        no longer than until the next sink flush is due."""
+        wait = poll
+        due = self.flush_due() if self.outbox is not None else None
+        return wait if due is None else max(min(wait, due), _MIN_WAIT)
 
     def prepare_sinks(self, writer, snapshot_id: int) -> None:
         t = self.member.topology
@@ -156,6 +189,9 @@ class Processor(threading.Thread):
             prepared = sink.prepare(snapshot_id)
             instance = t.sink_offset[name][self.vertex.name] + self.index
             write_prepared(writer, name, instance, prepared)
+        if self.outbox is not None:
+            self.outbox.flushed()
+            self.emitted(None)
         self._pending_latency[snapshot_id] = self._ts_samples
         self._ts_samples = []
 
@@ -164,8 +200,8 @@ class Processor(threading.Thread):
             sink.commit(snapshot_id)
         now = time.time_ns()
         for sid in [s for s in self._pending_latency if s <= snapshot_id]:
-            samples = self._pending_latency.pop(sid)
-            self.member.add_latencies("latencies_ns", [now - t for t in samples])
+            for times, counts in self._pending_latency.pop(sid):
+                self.member.add_latencies("latencies_ns", now - times, counts)
 
 
 class SourceProcessor(Processor):
@@ -211,6 +247,8 @@ class SourceProcessor(Processor):
         self.open_outputs(self._observe if self.watermarks is not None else None)
         reader.on_bad_record = self._bad_record
         ended = finished = False
+        # an idle reader is asked again after at most max_batch_delay
+        poll = min(_POLL, max(m.config.max_batch_delay, _MIN_WAIT))
         try:
             while not m.failed and not finished:
                 self._count_resets(reader)
@@ -220,7 +258,7 @@ class SourceProcessor(Processor):
                 if ended or self._terminal is not None:
                     # read to its end, or stopped: after the terminal barrier nothing more
                     # is read (a resumed job reads on from the snapshot's offsets)
-                    time.sleep(_POLL)
+                    time.sleep(self.idle_wait(_POLL))
                     continue
                 if reader.at_end():
                     ended = True
@@ -232,7 +270,7 @@ class SourceProcessor(Processor):
                 batch = reader.read(m.config.batch_size)
                 if batch is None:
                     self._send_watermark()
-                    time.sleep(_POLL)
+                    time.sleep(self.idle_wait(poll))
                     continue
                 self._partition = reader.last_partition()
                 m.count("events_in", batch.num_rows)
@@ -241,6 +279,7 @@ class SourceProcessor(Processor):
                 self.emit(batch)
                 self.emitted(samples)
                 self._send_watermark()
+                self.flush_due()
         finally:
             self._count_resets(reader)
             if m.failed and self.outbox is not None:
@@ -329,7 +368,7 @@ class KeyedProcessor(Processor):
                         return
                     time.sleep(_POLL)
                     continue
-                event = aligner.take(timeout=0.02)
+                event = aligner.take(timeout=self.idle_wait(_TAKE))
                 for out in op.tick():
                     self.emit(out)
                 if event is None:
@@ -349,6 +388,7 @@ class KeyedProcessor(Processor):
                         self.emit(out)
                     self.write_late(late)
                     self.emitted(samples)
+                    self.flush_due()
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
                     writer = open_writer(m, v.name, self.index, sid)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from sparkjet.errors import JobFailedError, SnapshotStoreLostError
 from sparkjet.runtime.config import JobConfig, open_store
-from sparkjet.runtime.observability import LatencyHistogram
+from sparkjet.runtime.observability import LATENCY_OUTPUTS, LatencyHistogram
 
 #: The longest wait between two executions, in seconds.
 MAX_BACKOFF = 30.0
@@ -102,6 +102,19 @@ class JobResult:
         field = {"commit": "latencies_ns", "emit": "emit_latencies_ns"}[until]
         merged = LatencyHistogram.merged(e.get(field) for e in self.executions)
         return [merged.percentile(q) / 1e9 for q in qs]
+
+    @property
+    def latency(self) -> dict:
+        """Latency per event as users judge it, in seconds: ``{"emitted": {...},
+        "committed": {...}}``, each with ``p50``, ``p99``, ``p99.9``, ``p99.99``, ``max``
+        and ``count`` (the events measured; NaN percentiles without any), from an event's
+        ``ts`` to its output handed to the sink (emitted) or made visible by the sink's
+        commit (committed; exactly-once). A source at a fixed rate stamps each event with
+        its scheduled time (:class:`~sparkjet.sources.GeneratorSource` with ``rate``), so
+        the time an event waited to be read counts too: no coordinated omission. Merged
+        over every member and execution (one HdrHistogram each, within 1 %)."""
+        return {output: LatencyHistogram.merged(e.get(field) for e in self.executions).summary()
+                for field, output in LATENCY_OUTPUTS.items()}
 
 
 def backoff(config: JobConfig, attempt: int) -> float:

@@ -257,8 +257,12 @@ class _ProducerBase(SinkWriter):
                     pass
 
     def _config(self, **extra) -> dict:
+        # librdkafka holds records back up to linger.ms to fill a batch: the job's
+        # max_batch_delay (a config= of the sink's own wins, as for every setting)
+        delay = self.context.max_batch_delay
+        linger = 20 if delay is None else delay * 1e3
         config = client_config(self.sink.bootstrap_servers, self.sink.timeout, {
-            "linger.ms": 20, "batch.num.messages": 10_000,
+            "linger.ms": linger, "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
             "queue.buffering.max.kbytes": 1_048_576, "error_cb": self._on_error})
         config.update(extra)
