@@ -61,7 +61,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import pyarrow as pa
 import xxhash
@@ -84,10 +83,16 @@ from sparkjet.snapshot.chunks import (
     HEADER_SIZE,
     decode_entries,
     decode_table,
-    read_chunks,
 )
 from sparkjet.snapshot.layout import check_name as _check_name
 from sparkjet.snapshot.layout import content_digest
+from sparkjet.snapshot.reading import (
+    SlotFile,
+    check_listing,
+    concat_entries,
+    concat_tables,
+    read_file,
+)
 from sparkjet.snapshot.records import CommitEvent, RegisterEvent, RollbackEvent, ValidationRecord
 from sparkjet.snapshot.writer import Manifest, SnapshotWriter, vertex_id
 
@@ -139,15 +144,6 @@ class Unusable:
     def __str__(self) -> str:
         return (f"snapshot {self.snapshot}: {self.reason}" if self.snapshot is not None
                 else self.reason)
-
-
-class SlotFile(Protocol):
-    """A chunk file in a storage slot, as a restore reads it (from this member's own slot,
-    or a peer's over the exchange): its size and a ``(offset, length) -> bytes`` reader."""
-
-    def size(self) -> int: ...
-
-    def range_reader(self) -> Callable[[int, int], object]: ...
 
 
 @dataclass(frozen=True)
@@ -716,12 +712,12 @@ class SnapshotStore:
                 f"snapshot {stored.record.snapshot_id} of {self.who} has no vertex "
                 f"{vertex!r}; it has {sorted(stored.record.vertices)}")
         wanted = None if partitions is None else set(int(p) for p in partitions)
-        self._check_listing(stored, vertex, v)
+        check_listing(self, stored, vertex, v)
         state = VertexState()
         keyed_tables, broadcast_tables = [], []
         keyed_entries, broadcast_entries = [], []
         for f in v.files:
-            for header, payload, path, offset in self._read_file(stored, vertex, v.id, f, wanted):
+            for header, payload, path, offset in read_file(self, stored, vertex, v.id, f, wanted):
                 state.chunks += 1
                 state.bytes_read += HEADER_SIZE + header.stored_size
                 if header.entries:
@@ -731,111 +727,17 @@ class SnapshotStore:
                     t = decode_table(header, payload, path, offset)
                     (broadcast_tables if header.broadcast else keyed_tables).append(t)
         where = self._path(*stored.dir, vertex)
-        state.table = _concat_tables(keyed_tables, where)
-        state.broadcast_table = _concat_tables(broadcast_tables, where)
-        state.entries = _concat_entries(keyed_entries)
-        state.broadcast_entries = _concat_entries(broadcast_entries)
+        state.table = concat_tables(keyed_tables, where)
+        state.broadcast_table = concat_tables(broadcast_tables, where)
+        state.entries = concat_entries(keyed_entries)
+        state.broadcast_entries = concat_entries(broadcast_entries)
         return state
-
-    def _check_listing(self, stored: _Stored, vertex: str, v: meta.VertexRecord) -> None:
-        """The vertex's directory must hold exactly the record's files, at their sizes (a
-        file in a storage slot: where the slot is, when it is reachable here)."""
-        directory = self._path(*stored.dir, vertex)
-        snapshot = stored.record.snapshot_id
-        for f in v.files:
-            if f.slot is not None and self.slot_files is not None and not f.durable:
-                size = self.slot_files(f.holders, self._slot_path(stored, f)).size()
-                if size != f.bytes:
-                    raise SnapshotCorruptError(
-                        f"slot {f.slot}: {self._slot_path(stored, f)}", min(size, f.bytes),
-                        "file size", f"{size} bytes, record says {f.bytes}")
-        listed = {f.name: f for f in v.files if f.slot is None or f.durable}
-        present = set(self._backend.listdir(directory))
-        for file_name, f in listed.items():
-            if file_name not in present:
-                raise SnapshotIncompleteError(
-                    f"snapshot {snapshot} of {self.who}: chunk file "
-                    f"{directory}/{file_name} is missing; refusing to restore partial state")
-            size = self._backend.size(f"{directory}/{file_name}")
-            if size != f.bytes:
-                raise SnapshotCorruptError(f"{directory}/{file_name}", min(size, f.bytes),
-                                           "file size", f"{size} bytes, record says {f.bytes}")
-        for extra in sorted(present - set(listed)):
-            raise SnapshotIncompleteError(
-                f"snapshot {snapshot} of {self.who}: extra file "
-                f"{directory}/{extra} not in the validation record; refusing to restore")
-
-    def _read_file(self, stored: _Stored, vertex: str, vid: int, f: meta.FileRecord,
-                   wanted=None):
-        """The chunks of one file for the `wanted` partitions (all when None) and the
-        broadcast state, each checked against the record. Runs of adjacent chunks are read
-        in one range, and only those ranges are read (the record's schema has checked
-        that every chunk lies inside the file, in order)."""
-        entries = [c for c in f.chunks
-                   if wanted is None or c.partition == -1 or c.partition in wanted]
-        if not entries:
-            return
-        if f.slot is None or (f.durable and (self.slot_files is None
-                                             or stored.dir[0] != layout.SNAPSHOTS)):
-            # the store's file (a durable copy, where no slot is reachable or in an export)
-            path = self._path(*stored.dir, vertex, f.name)
-            read = self._backend.range_reader(path)
-        else:
-            if self.slot_files is None:
-                raise SnapshotIncompleteError(
-                    f"snapshot {stored.record.snapshot_id} of {self.who}: chunk file {f.path} "
-                    f"is in storage slot {f.slot}, which is not reachable here (a member of "
-                    f"the job reads it from its slot or a peer's)")
-            path = f"slot {f.slot}: {self._slot_path(stored, f)}"
-            try:
-                read = self.slot_files(f.holders, self._slot_path(stored, f)).range_reader()
-            except SnapshotIncompleteError:
-                if not f.durable:
-                    raise
-                path = self._path(*stored.dir, vertex, f.name)  # no slot holds it: the copy
-                read = self._backend.range_reader(path)
-        runs, run = [], [entries[0]]
-        for c in entries[1:]:
-            prev = run[-1]
-            if c.offset == prev.offset + HEADER_SIZE + prev.stored_size:
-                run.append(c)
-            else:
-                runs.append(run)
-                run = [c]
-        runs.append(run)
-        for run in runs:
-            start = run[0].offset
-            end = run[-1].offset + HEADER_SIZE + run[-1].stored_size
-            chunks = read_chunks(read(start, end - start), path)
-            if len(chunks) != len(run):
-                raise SnapshotIncompleteError(
-                    f"{path}: {len(chunks)} chunks at bytes {start}..{end}, record says {len(run)}")
-            for (rel, header, payload), expected in zip(chunks, run):
-                offset = start + rel
-                for what, got, want in (
-                    ("offset", offset, expected.offset),
-                    ("stored size", header.stored_size, expected.stored_size),
-                    ("checksum", header.checksum, expected.checksum),
-                    ("entry count", header.entry_count, expected.entry_count),
-                    ("job id", header.job_id, self.job_id),
-                    ("snapshot id", header.snapshot_id, stored.record.snapshot_id),
-                    ("vertex", header.vertex, vid), ("partition", header.partition,
-                                                     expected.partition),
-                ):
-                    if got != want:
-                        raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
-                yield header, payload, path, offset
 
     def recorded_plan(self, snapshot_id: int | None = None, *,
                       name: str | None = None) -> str | None:
         """The DAG fingerprint (JSON) a format-2 record keeps (None: the record has none,
         and the plan's entry is read from the snapshot)."""
         return self._resolve(snapshot_id, name).record.plan
-
-    @staticmethod
-    def _slot_path(stored: _Stored, f: meta.FileRecord) -> str:
-        """Where a chunk file is in its slot's folder of the job (the store's layout)."""
-        return "/".join((*stored.dir, f.path))
 
     def verify(self, snapshot_id: int | None = None, *, name: str | None = None,
                progress=None) -> SnapshotInfo:
@@ -844,11 +746,11 @@ class SnapshotStore:
         stored = self._resolve(snapshot_id, name)
         done = 0
         for vertex, v in stored.record.vertices.items():
-            self._check_listing(stored, vertex, v)
+            check_listing(self, stored, vertex, v)
             for f in v.files:
                 if f.slot is not None and self.slot_files is None and not f.durable:
                     continue    # checked where its slot is read, at restore
-                for header, payload, path, offset in self._read_file(stored, vertex, v.id, f):
+                for header, payload, path, offset in read_file(self, stored, vertex, v.id, f):
                     if header.entries:
                         decode_entries(header, payload, path, offset)
                     else:
@@ -970,26 +872,6 @@ def _require_store(backend: StorageBackend) -> None:
     if not backend.is_dir(backend.root):
         what = "is not a directory" if backend.exists(backend.root) else "does not exist"
         raise SnapshotNotFoundError(f"{backend.root} {what}")
-
-
-def _concat_tables(tables: list[pa.Table], where: str) -> pa.Table | None:
-    # Writers may hold columns others lack (a join processor that saw one side only):
-    # the missing ones are null in their rows. Columns of one name must agree in type.
-    if not tables:
-        return None
-    try:
-        return pa.concat_tables(tables, promote_options="default")
-    except pa.ArrowException as e:
-        raise SnapshotCorruptError(where, 0, "table schema",
-                                   f"the chunks' schemas do not agree: {e}") from None
-
-
-def _concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:
-    if not pairs:
-        return None
-    keys = pa.chunked_array([k for k, _ in pairs]).combine_chunks()
-    values = pa.chunked_array([v for _, v in pairs]).combine_chunks()
-    return keys, values
 
 
 __all__ = ["DEFAULT_RETAINED", "MAX_RETAINED", "Manifest", "SnapshotInfo", "SnapshotStore",
