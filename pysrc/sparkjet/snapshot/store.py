@@ -82,7 +82,7 @@ from sparkjet.snapshot.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
     decode_entries,
-    decode_table,
+    TableDecoder,
     read_chunks,
 )
 from sparkjet.snapshot.layout import check_name as _check_name
@@ -692,6 +692,7 @@ class SnapshotStore:
         state = VertexState()
         keyed_tables, broadcast_tables = [], []
         keyed_entries, broadcast_entries = [], []
+        decoder = TableDecoder()   # the chunks' schema parsed once, not once per chunk
         for f in v.files:
             for header, payload, path, offset in self._read_file(stored, vertex, v.id, f, wanted):
                 state.chunks += 1
@@ -700,7 +701,7 @@ class SnapshotStore:
                     kv = decode_entries(header, payload, path, offset)
                     (broadcast_entries if header.broadcast else keyed_entries).append(kv)
                 else:
-                    t = decode_table(header, payload, path, offset)
+                    t = decoder.decode(header, payload, path, offset)
                     (broadcast_tables if header.broadcast else keyed_tables).append(t)
         where = self._path(*stored.dir, vertex)
         state.table = _concat_tables(keyed_tables, where)
@@ -781,12 +782,13 @@ class SnapshotStore:
         done = 0
         for vertex, v in stored.record.vertices.items():
             self._check_listing(stored, vertex, v)
+            decoder = TableDecoder()
             for f in v.files:
                 for header, payload, path, offset in self._read_file(stored, vertex, v.id, f):
                     if header.entries:
                         decode_entries(header, payload, path, offset)
                     else:
-                        decode_table(header, payload, path, offset)
+                        decoder.decode(header, payload, path, offset)
                     done += HEADER_SIZE + header.stored_size
                     if progress:
                         progress(done, stored.record.bytes)
