@@ -324,16 +324,17 @@ class TableDecoder:
                 self._metadata, self._schema = message.metadata, schema
             batches = []
             while reader.tell() < buf.size:
-                try:
-                    message = pa.ipc.read_message(reader)
-                except EOFError:                  # the stream's end-of-stream marker
-                    break
+                if buf.size - reader.tell() in (4, 8) and buf.slice(reader.tell()).equals(
+                        _EOS[-(buf.size - reader.tell()):]):
+                    break                         # the stream's end-of-stream marker
+                message = pa.ipc.read_message(reader)
                 if message.type != "record batch":
                     return decode_table(header, payload, source, offset)
                 batches.append(pa.ipc.read_record_batch(message, self._schema))
             table = pa.Table.from_batches(batches, self._schema)
-        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            raise SnapshotCorruptError(source, offset, "Arrow IPC payload", str(e)) from None
+        except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
+            raise SnapshotCorruptError(source, offset, "Arrow IPC payload",
+                                       str(e) or type(e).__name__) from None
         if table.num_rows != header.entry_count:
             raise SnapshotCorruptError(source, offset, "entry count",
                                        f"header says {header.entry_count}, payload has {table.num_rows}")
@@ -342,6 +343,11 @@ class TableDecoder:
         except pa.ArrowException as e:
             raise SnapshotCorruptError(source, offset, "Arrow data", str(e)) from None
         return table
+
+
+# An IPC stream's end: a continuation marker and a zero length (the older form is the zero
+# length alone, the last 4 bytes).
+_EOS = pa.py_buffer(b"\xff\xff\xff\xff\x00\x00\x00\x00")
 
 
 def decode_entries(header: ChunkHeader, payload, source: str = "", offset: int = 0):

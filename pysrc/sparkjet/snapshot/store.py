@@ -81,8 +81,8 @@ from sparkjet.snapshot.backend import StorageBackend, open_backend
 from sparkjet.snapshot.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
-    decode_entries,
     TableDecoder,
+    decode_entries,
     read_chunks,
 )
 from sparkjet.snapshot.layout import check_name as _check_name
