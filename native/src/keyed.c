@@ -36,44 +36,60 @@ static uint64_t buckets_for(int64_t keys) {
     return buckets;
 }
 
-/* n int64s, zeroed if `zero`. An array of 2 MiB or more is aligned to 2 MiB and asked to
- * be backed by huge pages (where the kernel leaves that to madvise): a key lands in a
- * random bucket, and over hundreds of MB of 4 KiB pages nearly every insert would miss
- * the TLB; fresh 4 KiB pages also cost a fault each (~10 us on a VM). Freed with free(). */
-static int64_t *big_alloc(uint64_t n, int zero) {
+/* n int64s, not zeroed. An array of 2 MiB or more is aligned to 2 MiB and asked to be
+ * backed by huge pages (where the kernel leaves that to madvise): fresh 4 KiB pages cost a
+ * fault each (~10 us on a VM), and over hundreds of MB of them random probes miss the TLB
+ * on nearly every key. Freed with free(). */
+static int64_t *big_alloc(uint64_t n) {
     size_t bytes = (size_t)n * sizeof(int64_t);
-    if (bytes < HUGE_TABLE)
-        return (int64_t *)(zero ? calloc(n ? n : 1, sizeof(int64_t)) : malloc(bytes ? bytes : 8));
+    if (bytes < HUGE_TABLE) return (int64_t *)malloc(bytes ? bytes : 8);
     void *p = NULL;
     if (posix_memalign(&p, HUGE_TABLE, bytes) != 0) return NULL;
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice only: 4 KiB pages work too */
 #endif
-    if (zero) memset(p, 0, bytes);
     return (int64_t *)p;
 }
 
-static int64_t *table_alloc(uint64_t buckets) { return big_alloc(buckets, 1); }
+/* A zeroed bucket table. A big one is mapped afresh (the kernel hands out zeroed pages,
+ * so it is not zeroed twice) and asked to be backed by huge pages; table_free unmaps it. */
+static int64_t *table_alloc(uint64_t buckets) {
+    size_t bytes = (size_t)buckets * sizeof(int64_t);
+    if (bytes < HUGE_TABLE) return (int64_t *)calloc(buckets, sizeof(int64_t));
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return (int64_t *)p;
+}
+
+static void table_free(int64_t *table, uint64_t buckets) {
+    size_t bytes = (size_t)buckets * sizeof(int64_t);
+    if (!table) return;
+    if (bytes < HUGE_TABLE) free(table);
+    else munmap(table, bytes);
+}
 
 sj_keymap *sj_keymap_new(int64_t expected) {
     if (expected > MAX_KEYS) return NULL;
     sj_keymap *m = (sj_keymap *)calloc(1, sizeof *m);
     if (!m) return NULL;
     uint64_t buckets = buckets_for(expected);
+    m->mask = buckets - 1;
     m->table = table_alloc(buckets);
     m->keys_cap = (int64_t)(buckets / 2);
-    m->keys = big_alloc((uint64_t)m->keys_cap, 0);
+    m->keys = big_alloc((uint64_t)m->keys_cap);
     if (!m->table || !m->keys) {
         sj_keymap_free(m);
         return NULL;
     }
-    m->mask = buckets - 1;
     return m;
 }
 
 void sj_keymap_free(sj_keymap *m) {
     if (!m) return;
-    free(m->table);
+    table_free(m->table, m->mask + 1);
     free(m->keys);
     free(m);
 }
@@ -86,9 +102,9 @@ const int64_t *sj_keymap_keys(const sj_keymap *m) { return m->keys; }
  * map as it was. */
 static sj_status resize(sj_keymap *m, uint64_t buckets) {
     int64_t *table = table_alloc(buckets);
-    int64_t *keys = big_alloc(buckets / 2, 0);
+    int64_t *keys = big_alloc(buckets / 2);
     if (!table || !keys) {
-        free(table);
+        table_free(table, buckets);
         free(keys);
         return SJ_ENOMEM;
     }
@@ -102,7 +118,7 @@ static sj_status resize(sj_keymap *m, uint64_t buckets) {
         while (table[b]) b = (b + 1) & mask;
         table[b] = s + 1;
     }
-    free(m->table);
+    table_free(m->table, m->mask + 1);
     m->table = table;
     m->mask = mask;
     return SJ_OK;

@@ -143,7 +143,7 @@ int main(void) {
         sj_keymap_free(empty);
         /* distinct keys into an empty map: slots 0..B-1 in row order */
         for (int64_t i = 0; i < B; i++) bk[i] = (int64_t)(test_random() >> 1) ^ i;
-        for (int64_t i = 0; i < B; i++) bk[i] = bk[i] * 2 + (i & 1); /* unlikely repeats */
+        for (int64_t i = 0; i < B; i++) bk[i] = (int64_t)((uint64_t)bk[i] * 2u + (uint64_t)(i & 1));
         sj_keymap *ref = sj_keymap_new(0);
         sj_keymap_upsert(ref, bk, B, ws);
         CHECK(sj_keymap_size(ref) == B, "distinct keys");
