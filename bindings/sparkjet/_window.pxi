@@ -55,6 +55,20 @@ cdef class GroupMap:
     def __repr__(self):
         return f"GroupMap({len(self)} keys, payload types {self.types})"
 
+    def reserve(self, int64_t total):
+        """Makes room for ``total`` keys in all (rehashing at most once, now), so that
+        adding up to that many rehashes nothing. InvalidArgumentError for a negative
+        total; MemoryError (the map as it was) past memory or 2**40 keys."""
+        if total < 0:
+            raise InvalidArgumentError(f"GroupMap.reserve: total must be >= 0, not {total}")
+        cdef sj_status st
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+            st = sj_groupmap_reserve(self.map, total)
+            PyThread_release_lock(self.lock)
+        if st != SJ_OK:
+            raise MemoryError(f"GroupMap.reserve: no room for {total} keys (at most 2**40)")
+
     def upsert(self, list key_descs not None, int64_t[::1] slots not None,
                int64_t[::1] first_rows not None, list names=None, int64_t index_base=0):
         """Finds or inserts the key of every row: slots[i] is row i's slot, and

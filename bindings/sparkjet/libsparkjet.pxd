@@ -126,6 +126,9 @@ cdef extern from "sparkjet/keyed.h" nogil:
     int64_t sj_keymap_size(const sj_keymap *map)
     const int64_t *sj_keymap_keys(const sj_keymap *map)
     sj_status sj_keymap_upsert(sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots)
+    sj_status sj_keymap_reserve(sj_keymap *map, int64_t total)
+    sj_status sj_keymap_upsert_bulk(sj_keymap *map, const int64_t *keys, int64_t n,
+                                    int64_t *slots)
     void sj_keymap_lookup(const sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots)
     void sj_agg_count(const int64_t *slots, int64_t n, int64_t *counts)
     void sj_agg_sum(const int64_t *slots, const double *values, int64_t n, double *sums)

@@ -14,6 +14,7 @@ cdef extern from "sparkjet/groupmap.h" nogil:
     sj_groupmap *sj_groupmap_new(int64_t expected)
     void sj_groupmap_free(sj_groupmap *map)
     int64_t sj_groupmap_size(const sj_groupmap *map)
+    sj_status sj_groupmap_reserve(sj_groupmap *map, int64_t total)
     sj_status sj_groupmap_upsert(sj_groupmap *map, const sj_column *cols, int32_t ncols,
                                  int64_t *slots, int64_t *first_rows, int64_t *new_count,
                                  int64_t *err_index, int32_t *err_column)

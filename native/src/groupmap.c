@@ -208,10 +208,9 @@ static int key_equals(const sj_groupmap *m, int64_t r, const sj_payload *pl, int
     return k == end;
 }
 
-/* Twice the buckets, rehashed from the stored hashes; SJ_ENOMEM leaves the map as it was
- * (the record offsets may have grown, which changes nothing). */
-static sj_status grow_table(sj_groupmap *m) {
-    uint64_t buckets = (m->mask + 1) * 2;
+/* `buckets` buckets (more than now), rehashed from the stored hashes; SJ_ENOMEM leaves
+ * the map as it was (the record offsets may have grown, which changes nothing). */
+static sj_status resize_table(sj_groupmap *m, uint64_t buckets) {
     if (buckets > (uint64_t)INT64_MAX / sizeof(bucket)) return SJ_ENOMEM;
     int64_t cap = (int64_t)(buckets / 2);
     if (!m->word) {
@@ -233,6 +232,18 @@ static sj_status grow_table(sj_groupmap *m) {
     m->mask = mask;
     m->cap = cap;
     return SJ_OK;
+}
+
+/* Twice the buckets. */
+static sj_status grow_table(sj_groupmap *m) { return resize_table(m, (m->mask + 1) * 2); }
+
+sj_status sj_groupmap_reserve(sj_groupmap *m, int64_t total) {
+    if (total < 0) return SJ_EINVAL;
+    if (total <= m->cap) return SJ_OK;
+    if (total > ((int64_t)1 << 40)) return SJ_ENOMEM;
+    uint64_t buckets = (m->mask + 1) * 2;
+    while (buckets < (uint64_t)total * 2) buckets <<= 1;
+    return resize_table(m, buckets);
 }
 
 /* Room for `bytes` more in the arena. */

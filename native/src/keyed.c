@@ -1,9 +1,17 @@
 /* An open-addressing (linear probing) hash map from int64 keys to dense slots,
  * and the aggregate kernels of rolling keyed aggregations. */
+/* (posix_memalign and madvise are POSIX/BSD, not C99) */
+#define _DEFAULT_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "sparkjet/keyed.h"
+
+/* The most keys a map holds: 2^40 (its buckets then take 16 TiB); past it, SJ_ENOMEM. */
+#define MAX_KEYS ((int64_t)1 << 40)
+/* Tables this big are asked to be backed by huge pages. */
+#define HUGE_TABLE ((size_t)2 << 20)
 
 struct sj_keymap {
     int64_t *table; /* slot + 1 per bucket, 0 when empty */
@@ -21,25 +29,67 @@ static inline uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* The buckets for `keys` keys at a load of at most 1/2: a power of two, at least 16. */
+static uint64_t buckets_for(int64_t keys) {
+    uint64_t buckets = 16;
+    while (keys > 0 && buckets < (uint64_t)keys * 2) buckets <<= 1;
+    return buckets;
+}
+
+/* n int64s, not zeroed. An array of 2 MiB or more is aligned to 2 MiB and asked to be
+ * backed by huge pages (where the kernel leaves that to madvise): fresh 4 KiB pages cost a
+ * fault each (~10 us on a VM), and over hundreds of MB of them random probes miss the TLB
+ * on nearly every key. Freed with free(). */
+static int64_t *big_alloc(uint64_t n) {
+    size_t bytes = (size_t)n * sizeof(int64_t);
+    if (bytes < HUGE_TABLE) return (int64_t *)malloc(bytes ? bytes : 8);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_TABLE, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice only: 4 KiB pages work too */
+#endif
+    return (int64_t *)p;
+}
+
+/* A zeroed bucket table. A big one is mapped afresh (the kernel hands out zeroed pages,
+ * so it is not zeroed twice) and asked to be backed by huge pages; table_free unmaps it. */
+static int64_t *table_alloc(uint64_t buckets) {
+    size_t bytes = (size_t)buckets * sizeof(int64_t);
+    if (bytes < HUGE_TABLE) return (int64_t *)calloc(buckets, sizeof(int64_t));
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return (int64_t *)p;
+}
+
+static void table_free(int64_t *table, uint64_t buckets) {
+    size_t bytes = (size_t)buckets * sizeof(int64_t);
+    if (!table) return;
+    if (bytes < HUGE_TABLE) free(table);
+    else munmap(table, bytes);
+}
+
 sj_keymap *sj_keymap_new(int64_t expected) {
+    if (expected > MAX_KEYS) return NULL;
     sj_keymap *m = (sj_keymap *)calloc(1, sizeof *m);
     if (!m) return NULL;
-    uint64_t buckets = 16;
-    while (expected > 0 && buckets < (uint64_t)expected * 2) buckets <<= 1;
-    m->table = (int64_t *)calloc(buckets, sizeof(int64_t));
+    uint64_t buckets = buckets_for(expected);
+    m->mask = buckets - 1;
+    m->table = table_alloc(buckets);
     m->keys_cap = (int64_t)(buckets / 2);
-    m->keys = (int64_t *)malloc(sizeof(int64_t) * (size_t)m->keys_cap);
+    m->keys = big_alloc((uint64_t)m->keys_cap);
     if (!m->table || !m->keys) {
         sj_keymap_free(m);
         return NULL;
     }
-    m->mask = buckets - 1;
     return m;
 }
 
 void sj_keymap_free(sj_keymap *m) {
     if (!m) return;
-    free(m->table);
+    table_free(m->table, m->mask + 1);
     free(m->keys);
     free(m);
 }
@@ -48,16 +98,18 @@ int64_t sj_keymap_size(const sj_keymap *m) { return m->size; }
 
 const int64_t *sj_keymap_keys(const sj_keymap *m) { return m->keys; }
 
-/* Doubles the buckets (keeping the load at most 1/2) and rehashes from the dense keys. */
-static sj_status grow(sj_keymap *m) {
-    uint64_t buckets = (m->mask + 1) * 2;
-    int64_t *table = (int64_t *)calloc(buckets, sizeof(int64_t));
-    int64_t *keys = (int64_t *)realloc(m->keys, sizeof(int64_t) * (size_t)(buckets / 2));
+/* `buckets` buckets (more than now), rehashed from the dense keys; SJ_ENOMEM leaves the
+ * map as it was. */
+static sj_status resize(sj_keymap *m, uint64_t buckets) {
+    int64_t *table = table_alloc(buckets);
+    int64_t *keys = big_alloc(buckets / 2);
     if (!table || !keys) {
-        free(table);
-        if (keys) m->keys = keys;
+        table_free(table, buckets);
+        free(keys);
         return SJ_ENOMEM;
     }
+    if (m->size) memcpy(keys, m->keys, sizeof(int64_t) * (size_t)m->size);
+    free(m->keys);
     m->keys = keys;
     m->keys_cap = (int64_t)(buckets / 2);
     uint64_t mask = buckets - 1;
@@ -66,9 +118,64 @@ static sj_status grow(sj_keymap *m) {
         while (table[b]) b = (b + 1) & mask;
         table[b] = s + 1;
     }
-    free(m->table);
+    table_free(m->table, m->mask + 1);
     m->table = table;
     m->mask = mask;
+    return SJ_OK;
+}
+
+/* Doubles the buckets (keeping the load at most 1/2). */
+static sj_status grow(sj_keymap *m) {
+    if (m->keys_cap >= MAX_KEYS) return SJ_ENOMEM;
+    return resize(m, (m->mask + 1) * 2);
+}
+
+sj_status sj_keymap_reserve(sj_keymap *m, int64_t total) {
+    if (total < 0) return SJ_EINVAL;
+    if (total <= m->keys_cap) return SJ_OK;
+    if (total > MAX_KEYS) return SJ_ENOMEM;
+    return resize(m, buckets_for(total));
+}
+
+/* Upserts into a map with room for every key (nothing grows), fetching ahead, in two
+ * stages, the bucket of the key AHEAD rows on and the stored key that the bucket of the
+ * key AHEAD/2 rows on points to (a probe compares it): enough misses in flight to cover
+ * memory latency, few enough to stay in L1. (Measured at 10M distinct keys: 3-4x faster
+ * than inserting key by key with growth; inserting by region of home bucket, to keep each
+ * region in cache, was slower than this.) */
+static void upsert_prefetched(sj_keymap *m, const int64_t *keys, int64_t n, int64_t *slots) {
+    enum { AHEAD = 16 };
+    const uint64_t mask = m->mask;
+    int64_t *table = m->table, *dense = m->keys;
+    int64_t size = m->size;
+    for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) __builtin_prefetch(&table[mix64((uint64_t)keys[i + AHEAD]) & mask], 1);
+        if (i + AHEAD / 2 < n) {
+            /* its bucket is cached by now: fetch the key it holds, which the probe reads */
+            int64_t f = table[mix64((uint64_t)keys[i + AHEAD / 2]) & mask];
+            if (f) __builtin_prefetch(&dense[f - 1], 0);
+        }
+        int64_t key = keys[i];
+        uint64_t b = mix64((uint64_t)key) & mask;
+        int64_t e;
+        while ((e = table[b]) && dense[e - 1] != key) b = (b + 1) & mask;
+        if (e) {
+            slots[i] = e - 1;
+            continue;
+        }
+        dense[size] = key;
+        table[b] = ++size;
+        slots[i] = size - 1;
+    }
+    m->size = size;
+}
+
+sj_status sj_keymap_upsert_bulk(sj_keymap *m, const int64_t *keys, int64_t n, int64_t *slots) {
+    if (n < 0) return SJ_EINVAL;
+    if (n > MAX_KEYS - m->size) return SJ_ENOMEM;
+    sj_status st = sj_keymap_reserve(m, m->size + n);
+    if (st != SJ_OK) return st;
+    upsert_prefetched(m, keys, n, slots);
     return SJ_OK;
 }
 

@@ -327,7 +327,32 @@ static void test_growth(void) {
     sj_groupmap_free(m);
 }
 
+/* Reserve: room made once, the same slots as a map grown as keys came; bad totals refused. */
+static void test_reserve(void) {
+    enum { N = 50000 };
+    static int64_t keys[N], a[N], b[N], first[N];
+    for (int64_t i = 0; i < N; i++) keys[i] = (int64_t)(test_random() % 30000);
+    sj_groupmap *grown = sj_groupmap_new(0), *reserved = sj_groupmap_new(0);
+    int64_t added, err;
+    int32_t col;
+    CHECK(sj_groupmap_reserve(reserved, -1) == SJ_EINVAL, "reserve -1");
+    CHECK(sj_groupmap_reserve(reserved, (int64_t)1 << 41) == SJ_ENOMEM, "reserve 2^41");
+    CHECK(sj_groupmap_reserve(reserved, 0) == SJ_OK, "reserve 0");
+    sj_column k = test_column(SJ_KEY_INT64, keys, 100, sizeof keys);
+    CHECK(sj_groupmap_upsert(reserved, &k, 1, b, first, &added, &err, &col) == SJ_OK, "some");
+    CHECK(sj_groupmap_reserve(reserved, N) == SJ_OK, "reserve N");
+    CHECK(sj_groupmap_reserve(reserved, 10) == SJ_OK, "reserve below the size");
+    k = test_column(SJ_KEY_INT64, keys, N, sizeof keys);
+    CHECK(sj_groupmap_upsert(grown, &k, 1, a, first, &added, &err, &col) == SJ_OK, "grown");
+    CHECK(sj_groupmap_upsert(reserved, &k, 1, b, first, &added, &err, &col) == SJ_OK, "reserved");
+    CHECK(memcmp(a, b, sizeof a) == 0, "same slots");
+    CHECK(sj_groupmap_size(grown) == sj_groupmap_size(reserved), "same size");
+    sj_groupmap_free(grown);
+    sj_groupmap_free(reserved);
+}
+
 int main(void) {
+    test_reserve();
     test_int64_against_keymap();
     test_composite_against_reference();
     test_layouts_agree();

@@ -94,6 +94,84 @@ int main(void) {
     CHECK(sj_agg_sum_i128(bslots, big + 2, 1, 1, bsums, &err) == SJ_ERANGE && err == 0, "10^38");
     CHECK(bsums[2] == big[0] && bsums[3] == big[1], "sum left as it was");
     free(counts); free(sums); free(vals); free(marks); free(distinct);
+
+    /* Bulk upsert (a restore): presized once, the same slots as one upsert at a time,
+     * into an empty map and into one holding some of the keys already; a key repeated
+     * within the call gets the slot of its first row. Big enough for a huge-page table. */
+    {
+        enum { B = 400000 };
+        int64_t *bk = malloc(B * sizeof(int64_t)), *bs = malloc(B * sizeof(int64_t)),
+                *ws = malloc(B * sizeof(int64_t));
+        for (int64_t i = 0; i < B; i++) bk[i] = (int64_t)(test_random() % (B - B / 8));
+        bk[0] = INT64_MIN;
+        bk[1] = INT64_MAX;
+        sj_keymap *one = sj_keymap_new(0), *bulk = sj_keymap_new(0);
+        CHECK(sj_keymap_upsert(one, bk, B, ws) == SJ_OK, "upsert reference");
+        CHECK(sj_keymap_upsert_bulk(bulk, bk, B, bs) == SJ_OK, "bulk upsert");
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0, "bulk slots equal upsert's");
+        CHECK(sj_keymap_size(bulk) == sj_keymap_size(one), "bulk size");
+        CHECK(memcmp(sj_keymap_keys(bulk), sj_keymap_keys(one),
+                     (size_t)sj_keymap_size(one) * sizeof(int64_t)) == 0, "bulk keys in order");
+        sj_keymap_lookup(bulk, bk, B, ws);
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0, "lookup after bulk");
+        sj_keymap_free(bulk);
+        /* into a map holding the first 1000 rows' keys */
+        bulk = sj_keymap_new(0);
+        CHECK(sj_keymap_upsert(bulk, bk, 1000, bs) == SJ_OK, "upsert some");
+        CHECK(sj_keymap_upsert_bulk(bulk, bk + 1000, B - 1000, bs + 1000) == SJ_OK, "bulk rest");
+        sj_keymap_lookup(one, bk, B, ws);
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0, "bulk after upsert: same slots");
+        /* reserve: bad totals refused, the map unchanged; a reserved map does not move */
+        int64_t size = sj_keymap_size(bulk);
+        CHECK(sj_keymap_reserve(bulk, -1) == SJ_EINVAL, "reserve -1");
+        CHECK(sj_keymap_reserve(bulk, (int64_t)1 << 41) == SJ_ENOMEM, "reserve 2^41");
+        CHECK(sj_keymap_upsert_bulk(bulk, bk, -1, bs) == SJ_EINVAL, "bulk n < 0");
+        CHECK(sj_keymap_upsert_bulk(bulk, bk, INT64_MAX, bs) == SJ_ENOMEM, "bulk n too big");
+        CHECK(sj_keymap_size(bulk) == size, "refusals add nothing");
+        sj_keymap_lookup(bulk, bk, B, ws);
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0, "refusals keep every key");
+        CHECK(sj_keymap_reserve(bulk, 0) == SJ_OK && sj_keymap_reserve(bulk, size) == SJ_OK,
+              "reserve within room");
+        CHECK(sj_keymap_new((int64_t)1 << 41) == NULL, "new past the limit");
+        sj_keymap *empty = sj_keymap_new(0);
+        CHECK(sj_keymap_upsert_bulk(empty, bk, 0, bs) == SJ_OK && sj_keymap_size(empty) == 0,
+              "bulk of nothing");
+        CHECK(sj_keymap_reserve(empty, 3000000) == SJ_OK, "reserve 3M");
+        const int64_t *before = sj_keymap_keys(empty);
+        CHECK(sj_keymap_upsert_bulk(empty, bk, B, bs) == SJ_OK &&
+              sj_keymap_keys(empty) == before, "a reserved map does not grow");
+        sj_keymap_free(empty);
+        /* distinct keys into an empty map: slots 0..B-1 in row order */
+        for (int64_t i = 0; i < B; i++) bk[i] = (int64_t)(test_random() >> 1) ^ i;
+        for (int64_t i = 0; i < B; i++) bk[i] = (int64_t)((uint64_t)bk[i] * 2u + (uint64_t)(i & 1));
+        sj_keymap *ref = sj_keymap_new(0);
+        sj_keymap_upsert(ref, bk, B, ws);
+        CHECK(sj_keymap_size(ref) == B, "distinct keys");
+        empty = sj_keymap_new(0);
+        CHECK(sj_keymap_upsert_bulk(empty, bk, B, bs) == SJ_OK, "bulk distinct");
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0, "bulk distinct: slots");
+        CHECK(memcmp(sj_keymap_keys(empty), sj_keymap_keys(ref), B * sizeof(int64_t)) == 0,
+              "bulk distinct: keys");
+        sj_keymap_lookup(empty, bk, B, bs);
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0, "bulk distinct: lookup");
+        int64_t fresh[] = {12345678901LL, -3};
+        int64_t fslots[2];
+        CHECK(sj_keymap_upsert(empty, fresh, 2, fslots) == SJ_OK && fslots[0] == B &&
+              fslots[1] == B + 1, "upsert after a bulk build");
+        /* the last key repeats an earlier one: it gets that key's slot */
+        bk[B - 1] = bk[5];
+        ws[B - 1] = 5;
+        sj_keymap_free(empty);
+        empty = sj_keymap_new(0);
+        CHECK(sj_keymap_upsert_bulk(empty, bk, B, bs) == SJ_OK, "bulk with a repeat");
+        CHECK(memcmp(bs, ws, B * sizeof(int64_t)) == 0 && sj_keymap_size(empty) == B - 1,
+              "bulk with a repeat: slots");
+        sj_keymap_free(empty);
+        sj_keymap_free(ref);
+        sj_keymap_free(bulk);
+        sj_keymap_free(one);
+        free(bk); free(bs); free(ws);
+    }
     printf("%s: keyed, %d failed\n", failures ? "FAIL" : "ok", failures);
     return failures != 0;
 }

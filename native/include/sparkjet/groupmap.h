@@ -30,6 +30,11 @@ sj_groupmap *sj_groupmap_new(int64_t expected);
 void sj_groupmap_free(sj_groupmap *map);
 int64_t sj_groupmap_size(const sj_groupmap *map);
 
+/* Room for `total` keys in all, so that adding up to that many rehashes nothing (at most
+ * once, here; the key bytes still grow as they come). SJ_EINVAL for a negative total,
+ * SJ_ENOMEM (the map as it was) if memory or the limit of 2^40 keys is short. */
+sj_status sj_groupmap_reserve(sj_groupmap *map, int64_t total);
+
 /* Finds or inserts the key of every row of `cols` (ncols >= 1 columns of one
  * length): slots[i] is row i's slot, and a key not in the map gets the next
  * slot. *new_count is how many keys this call inserted, and first_rows[k] the

@@ -27,6 +27,17 @@ const int64_t *sj_keymap_keys(const sj_keymap *map);
  * slots. SJ_ENOMEM if the map could not grow (keys inserted so far remain). */
 sj_status sj_keymap_upsert(sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots);
 
+/* Room for `total` keys in all, so that inserting up to that many grows nothing (the
+ * buckets are rehashed at most once, here). SJ_EINVAL for a negative total, SJ_ENOMEM
+ * (the map as it was) if memory or the limit of 2^40 keys is short. */
+sj_status sj_keymap_reserve(sj_keymap *map, int64_t total);
+
+/* sj_keymap_upsert for many keys at once, as a restore adds a snapshot's keys: reserves
+ * room for all of them first (one rehash at most), then inserts with the buckets of later
+ * keys prefetched. Same slots as sj_keymap_upsert. SJ_EINVAL for n < 0; SJ_ENOMEM with the
+ * map unchanged (nothing inserted) if the room cannot be had. */
+sj_status sj_keymap_upsert_bulk(sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots);
+
 /* Finds keys without inserting: slots[i] = -1 for a missing key. */
 void sj_keymap_lookup(const sj_keymap *map, const int64_t *keys, int64_t n, int64_t *slots);
 

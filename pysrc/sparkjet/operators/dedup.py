@@ -193,7 +193,7 @@ class DeduplicateOperator(Operator):
             passed = table.column("__passed").combine_chunks().to_numpy(zero_copy_only=False)
             native.insert(bits, np.ascontiguousarray(passed, np.int64))
             return
-        slots = self.groups.slots(table.select(self.keys))
+        slots = self.groups.slots(table.select(self.keys), bulk=True)
         self._grow(len(self.groups))
         self.passed[slots] = table.column("__passed").to_numpy()
 

@@ -133,14 +133,16 @@ class KeyedAggregator:
             if op == "first" and c not in self._seen:
                 self._seen[c] = np.zeros(self._capacity, np.uint8)
 
-    def _group_slots(self, table) -> np.ndarray:
+    def _group_slots(self, table, bulk: bool = False) -> np.ndarray:
         if self._groups is None:
             self._groups = Groups(self.key)
-        slots = self._groups.slots(table)
+        slots = self._groups.slots(table, bulk=bulk)
         self._grow(len(self._groups))
         return slots
 
-    def _slots(self, keys) -> np.ndarray:
+    def _slots(self, keys, bulk: bool = False) -> np.ndarray:
+        """The slots of ``keys`` (one column), adding new ones; ``bulk``: a restore's keys,
+        mostly new, go into a key map sized once for all of them."""
         if isinstance(keys, pa.ChunkedArray):
             keys = keys.combine_chunks()
         refuse_nulls(keys, f"group_by key {self.key!r}")
@@ -158,10 +160,13 @@ class KeyedAggregator:
         if self._map is not None:
             k = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
             k = np.ascontiguousarray(k, np.int64)
-            self._map.upsert(k, slots)
+            if bulk:
+                self._map.upsert_bulk(k, slots)
+            else:
+                self._map.upsert(k, slots)
             size = len(self._map)
         else:
-            slots = self._groups.slots(pa.table({self.key: keys}))
+            slots = self._groups.slots(pa.table({self.key: keys}), bulk=bulk)
             size = len(self._groups)
         self._grow(size)
         return slots
@@ -255,10 +260,14 @@ class KeyedAggregator:
                 if f"__{op}__{c}" not in table.column_names:
                     raise InvalidArgumentError(f"snapshot state lacks column {f'__{op}__{c}'!r}")
         self.values.adopt(table)
+        # A snapshot's keys are each once: the key map is sized for all of them at once
+        # and filled in bulk (not grown by rehashing as they come); the state arrays are
+        # then allocated once, at that size, and combined into by the same kernels as
+        # an update's.
         if isinstance(self.key, list):
-            slots = self._group_slots(table.select(self.key))
+            slots = self._group_slots(table.select(self.key), bulk=True)
         else:
-            slots = self._slots(table.column(self.key).combine_chunks())
+            slots = self._slots(table.column(self.key).combine_chunks(), bulk=True)
         self._arrays()
         counts = np.ascontiguousarray(table.column("__count").to_numpy())
         nulls = {}

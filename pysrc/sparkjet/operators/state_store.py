@@ -128,8 +128,8 @@ class StateStore:
         """How many keys have state."""
         return int(self.has[: len(self.groups)].sum())
 
-    def slots(self, keys) -> np.ndarray:
-        slots = self.groups.slots(keys)
+    def slots(self, keys, *, bulk: bool = False) -> np.ndarray:
+        slots = self.groups.slots(keys, bulk=bulk)
         self._grow(len(self.groups))
         return slots
 
@@ -211,7 +211,7 @@ class StateStore:
     def restore(self, table: pa.Table, prefix: str = STATE_PREFIX) -> pa.DataType:
         """Adds the keys of a :meth:`snapshot` table; returns the type ``__updated`` was
         saved with."""
-        slots = self.slots(table.select(list(self.groups.key_names)))
+        slots = self.slots(table.select(list(self.groups.key_names)), bulk=True)
         updated = table.column("__updated").combine_chunks()
         time_type = updated.type
         if pa.types.is_timestamp(time_type):

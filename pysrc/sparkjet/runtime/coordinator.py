@@ -14,7 +14,9 @@ answers the members' actions -- ``join`` (a member's exchange location, answered
 member's once all have joined: how members find each other, in milliseconds where Spark's
 ``BarrierTaskContext.allGather`` takes a second), ``poll`` (the heartbeat; answers with the
 commands queued for that member, waiting up to :data:`POLL_WAIT` for one), ``ack`` (phase
-1), ``failed`` and ``done`` -- and the loop watches for a member that failed or went silent.
+1), ``restored`` (its operators rebuilt the restored state: the "restored" event goes out
+once every member has said so), ``failed`` and ``done`` -- and the loop watches for a member
+that failed or went silent.
 """
 from __future__ import annotations
 
@@ -182,6 +184,8 @@ class ExecutionCoordinator:
         self._member_counters: dict[int, dict] = {}
         self._ended: dict[int, set] = {}
         self.done: dict[int, dict] = {}
+        #: each member's "restored" report (the phases' seconds and the keys it restored)
+        self.restored: dict[int, dict] = {}
         self.failure: BaseException | None = None
         #: members that reported a failure, and when; the first link failure awaiting its
         #: verdict (reporter, error, when)
@@ -201,7 +205,8 @@ class ExecutionCoordinator:
         self.security = security
         self.server = ExchangeServer(host, execution_id=execution_id, security=security)
         for name, handler in (("join", self._join), ("poll", self._poll), ("ack", self._ack),
-                              ("failed", self._member_failed), ("done", self._done)):
+                              ("restored", self._restored), ("failed", self._member_failed),
+                              ("done", self._done)):
             self.server.on_action(name, handler)
 
     @property
@@ -287,6 +292,27 @@ class ExecutionCoordinator:
         if self._failed.is_set():
             raise ExecutionFailedError(f"execution {self.execution_id} has ended: {self.failure}")
         return {"commands": commands}
+
+    def _restored(self, body: dict) -> dict:
+        """A member restored its state and rebuilt its operators; after the last one, the
+        "restored" event: the snapshot, the slowest member's phases (``read_s``,
+        ``rebuild_s``, ``seconds``) and the keys restored by all."""
+        i = self._member(body)
+        with self._cv:
+            if i in self.restored:
+                return {}
+            self.restored[i] = body
+            if len(self.restored) < self.members:
+                return {}
+            reports = list(self.restored.values())
+        event = {"event": "restored", "snapshot": body.get("snapshot"),
+                 "export": body.get("export"), "job": body.get("job"),
+                 "execution": self.execution_id, "members": self.members}
+        for k in ("read_s", "rebuild_s", "seconds"):
+            event[k] = max(float(r.get(k) or 0.0) for r in reports)
+        event["keys"] = sum(int(r.get("keys") or 0) for r in reports)
+        self.progress(event)
+        return {}
 
     def _ack(self, body: dict) -> dict:
         self._member(body)

@@ -139,6 +139,10 @@ class Member:
                     self.processors.append(KeyedProcessor(self, v, k))
         self._sources_ended: set[str] = set()
         self._ended = threading.Event()
+        #: the restore under way: what the "restored" event will say, and the keyed
+        #: processors whose operators are still rebuilding their state (None: no restore)
+        self._restoring: dict | None = None
+        self._rebuilding: set[str] = set()
 
     # -- the distributed side ----------------------------------------------------------
 
@@ -340,13 +344,49 @@ class Member:
             self.metrics["initial_snapshot"] = str(point)
         else:
             self.metrics["restored_from"] = snapshot_id
+        read_start = time.monotonic()
         restore_processors(self, store, point, plan)
         if store is not self.store:
             store.close()
-        self.progress({"event": "restored", "snapshot": point.snapshot_id,
-                       "export": point.export, "job": point.job_name,
-                       "execution": self.execution_id, "member": self.index})
+        # "restored" waits for every keyed processor's operator to rebuild its state from
+        # what was read (on the processor's own thread: operator_restored)
+        with self._lock:
+            self._restoring = {"snapshot": point.snapshot_id, "export": point.export,
+                               "job": point.job_name, "read_s": time.monotonic() - read_start,
+                               "rebuild_s": 0.0, "keys": 0, "started": read_start}
+            self._rebuilding = {p.label for p in self.processors if p.vertex.kind != SOURCE}
+        if not self._rebuilding:
+            self._report_restored()
         return 0 if point.initial else point.snapshot_id + 1
+
+    def operator_restored(self, label: str, seconds: float, keys: int) -> None:
+        """Keyed processor ``label`` rebuilt its operator from the restored state (``keys``
+        rows in ``seconds``); after the last one, the member reports "restored"."""
+        with self._lock:
+            if self._restoring is None or label not in self._rebuilding:
+                return
+            self._rebuilding.discard(label)
+            self._restoring["rebuild_s"] = max(self._restoring["rebuild_s"], seconds)
+            self._restoring["keys"] += keys
+            last = not self._rebuilding
+        if last:
+            self._report_restored()
+
+    def _report_restored(self) -> None:
+        """The "restored" event, once the state is read and every operator rebuilt: with
+        the phases' seconds (``read_s``: the snapshot read; ``rebuild_s``: the slowest
+        operator rebuild, the processors rebuilding side by side) and the ``keys`` (rows)
+        restored. Alone it goes to the progress events; on Spark to the coordinator, which
+        reports it once every member has."""
+        info = dict(self._restoring)
+        info["seconds"] = time.monotonic() - info.pop("started")
+        self.metrics["restore"] = {k: info[k] for k in ("read_s", "rebuild_s", "keys",
+                                                        "seconds")}
+        if self.link is not None:
+            self.link.restored(info)
+        else:
+            self.progress({"event": "restored", **info, "execution": self.execution_id,
+                           "member": self.index})
 
     # -- the coordinator (alone) or its link ---------------------------------------------
 
@@ -452,6 +492,11 @@ class RemoteLink:
         self._call("ack", {"member": self.member.index, "processor": processor,
                            "snapshot": snapshot_id, "manifest": manifest.to_json(),
                            "alignment_s": alignment_s, "schemas": schemas or {}})
+
+    def restored(self, info: dict) -> None:
+        """Tells the coordinator this member's state is restored (``info``: the phases'
+        seconds and the keys, :meth:`Member._report_restored`)."""
+        self._call("restored", {"member": self.member.index, **info})
 
     def report_failure(self, error: BaseException) -> None:
         """Tells the coordinator at once (it would also notice the task fail, later), with

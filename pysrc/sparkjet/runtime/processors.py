@@ -68,6 +68,8 @@ class MemberLink(Protocol):
 
     def wall_ns_per_unit(self, column: str, time_type: Any) -> int | None: ...
 
+    def operator_restored(self, label: str, seconds: float, keys: int) -> None: ...
+
 _POLL = 0.005
 _TAKE = 0.02            # a keyed processor's wait for input (it wakes when input comes)
 _MIN_WAIT = 0.0005      # the shortest sleep of an idle loop (max_batch_delay=0 would spin)
@@ -349,11 +351,14 @@ class KeyedProcessor(Processor):
         v = self.vertex
         op = v.stage.make_operator(v.time_column)
         op.name = v.name
+        rebuild_start = time.monotonic()
         op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
         if self.restored_broadcast is not None:
             op.restore_broadcast(self.restored_broadcast)
+        keys = 0 if self.restored_table is None else self.restored_table.num_rows
         self.restored_broadcast = None
         self.restored_table = None
+        m.operator_restored(self.label, time.monotonic() - rebuild_start, keys)
         self.open_outputs()
         aligner = m.aligners[(v.name, self.index)]
         tracker = WatermarkTracker(m.topology.channels[v.name], self.restored_watermark)

@@ -50,7 +50,7 @@ from sparkjet.runtime.failures import is_deterministic, transient_kind
 from sparkjet.runtime.failures import report as failure_report
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
-from sparkjet.runtime.restore import initial_point, own_start, report_fallback
+from sparkjet.runtime.restore import own_start, report_fallback
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,
@@ -275,15 +275,7 @@ class SparkRunner:
             self.member_pids = dict(coord.pids)
             self.progress({"event": "started", "execution": execution, "members": members,
                            "pids": dict(coord.pids), "seconds": time.monotonic() - started})
-            if restore_from is not None:
-                self.progress({"event": "restored", "snapshot": restore_from,
-                               "execution": execution})
-            elif store is not None and isinstance(config.initial_snapshot, str):
-                # the members started from the job's initial snapshot (they found it alike)
-                point = initial_point(config)
-                self.progress({"event": "restored", "snapshot": point.snapshot_id,
-                               "export": point.export, "job": point.job_name,
-                               "execution": execution})
+            # ("restored" comes from the coordinator, once every member rebuilt its state)
             ticker.start()
             coord.run(0 if restore_from is None else restore_from + 1)
             outcome["status"] = "ok"

@@ -81,8 +81,8 @@ from sparkjet.snapshot.backend import StorageBackend, open_backend
 from sparkjet.snapshot.chunks import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
+    TableDecoder,
     decode_entries,
-    decode_table,
 )
 from sparkjet.snapshot.layout import check_name as _check_name
 from sparkjet.snapshot.layout import content_digest
@@ -716,6 +716,7 @@ class SnapshotStore:
         state = VertexState()
         keyed_tables, broadcast_tables = [], []
         keyed_entries, broadcast_entries = [], []
+        decoder = TableDecoder()   # the chunks' schema parsed once, not once per chunk
         for f in v.files:
             for header, payload, path, offset in read_file(self, stored, vertex, v.id, f, wanted):
                 state.chunks += 1
@@ -724,7 +725,7 @@ class SnapshotStore:
                     kv = decode_entries(header, payload, path, offset)
                     (broadcast_entries if header.broadcast else keyed_entries).append(kv)
                 else:
-                    t = decode_table(header, payload, path, offset)
+                    t = decoder.decode(header, payload, path, offset)
                     (broadcast_tables if header.broadcast else keyed_tables).append(t)
         where = self._path(*stored.dir, vertex)
         state.table = concat_tables(keyed_tables, where)
@@ -747,6 +748,7 @@ class SnapshotStore:
         done = 0
         for vertex, v in stored.record.vertices.items():
             check_listing(self, stored, vertex, v)
+            decoder = TableDecoder()
             for f in v.files:
                 if f.slot is not None and self.slot_files is None and not f.durable:
                     continue    # checked where its slot is read, at restore
@@ -754,7 +756,7 @@ class SnapshotStore:
                     if header.entries:
                         decode_entries(header, payload, path, offset)
                     else:
-                        decode_table(header, payload, path, offset)
+                        decoder.decode(header, payload, path, offset)
                     done += HEADER_SIZE + header.stored_size
                     if progress:
                         progress(done, stored.record.bytes)

@@ -382,7 +382,7 @@ class WindowOperator(Operator):
                 slots = np.zeros(rows.num_rows, np.int64)
                 pane.size = 1
             else:
-                slots = pane.groups.slots(rows.select(list(self.keys)))
+                slots = pane.groups.slots(rows.select(list(self.keys)), bulk=True)
                 pane.size = len(pane.groups)
             pane.partials.grow(pane.size)
             pane.partials.restore_columns(slots, rows)
