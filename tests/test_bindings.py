@@ -463,8 +463,9 @@ def test_group_map_refuses_malformed_columns_before_adding_any_key():
 @given(desc=descriptors(), other=descriptors(), out_len=st.integers(0, 45))
 def test_random_descriptors_never_crash_the_group_map(desc, other, out_len):
     m = _native.GroupMap()
-    slots, first = np.full(out_len, -7, np.int64), np.full(out_len, -7, np.int64)
     for descs in ([desc], [desc, other], [other]):
+        # fresh outputs each time: what an earlier, longer upsert wrote is not this one's
+        slots, first = np.full(out_len, -7, np.int64), np.full(out_len, -7, np.int64)
         try:
             added = m.upsert(descs, slots, first)
         except REFUSED:
