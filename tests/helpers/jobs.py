@@ -107,3 +107,39 @@ def exact(tmp_path, source):
     out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
     return verify.check_aggregates(source.expected_counts(), out, key="key",
                                    columns=["count", "sum"], guarantee="exactly-once")
+
+
+def scrape_while_running(job: Job, run, limit: int | None = None) -> list[str]:
+    """Calls ``run()`` (which runs ``job`` with a metrics port) while a thread reads its
+    Prometheus endpoint every 0.1 s (up to ``limit`` times); returns the texts read."""
+    import urllib.request
+
+    scraped: list[str] = []
+
+    def scrape():
+        while job.metrics_port is None:
+            time.sleep(0.02)
+        while job.metrics_port is not None and (limit is None or len(scraped) < limit):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{job.metrics_port}/metrics",
+                                            timeout=2) as r:
+                    scraped.append(r.read().decode())
+            except OSError:
+                break
+            time.sleep(0.1)
+
+    t = threading.Thread(target=scrape, daemon=True)
+    t.start()
+    run()
+    t.join(10)
+    return scraped
+
+
+def kill_member_at(job: Job, snapshot: int, member: int, killed: list):
+    """A progress callback that SIGKILLs ``member``'s Python worker once snapshot
+    ``snapshot`` is complete (once; its pid goes to ``killed``)."""
+    def progress(event):
+        if event["event"] == "snapshot" and event["snapshot"] == snapshot and not killed:
+            killed.append(job.member_pids[member])
+            os.kill(killed[0], signal.SIGKILL)
+    return progress

@@ -9,11 +9,10 @@ a slow stretch, read in one large batch, weighed less than the rest), ``max_batc
 did not exist, and an upsert sink showed nothing until the next barrier or its close.
 """
 import math
-import threading
 import time
-import urllib.request
 
 import pytest
+from helpers.jobs import scrape_while_running
 
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
@@ -55,24 +54,7 @@ def test_job_result_gives_ordered_tail_percentiles_of_every_event(tmp_path):
 
 def test_prometheus_endpoint_serves_ordered_latency_quantiles(tmp_path):
     job = _keyed_job(tmp_path, "scraped-latency", total=150_000, rate=60_000)
-    scraped: list[str] = []
-
-    def scrape():
-        while job.metrics_port is None:
-            time.sleep(0.02)
-        while job.metrics_port is not None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{job.metrics_port}/metrics",
-                                            timeout=2) as r:
-                    scraped.append(r.read().decode())
-            except OSError:
-                break
-            time.sleep(0.1)
-
-    t = threading.Thread(target=scrape, daemon=True)
-    t.start()
-    job.run(metrics_port=0, isolated=False)
-    t.join(10)
+    scraped = scrape_while_running(job, lambda: job.run(metrics_port=0, isolated=False))
     live = [text for text in scraped if 'output="committed"' in text]
     assert live, "the endpoint showed latency while the job ran"
     for output in ("emitted", "committed"):

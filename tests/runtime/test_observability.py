@@ -6,11 +6,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers.jobs import scrape_while_running
 
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -47,24 +47,7 @@ def test_metrics_after_a_run_count_every_vertex(tmp_path):
 
 def test_prometheus_serves_the_metrics_while_the_job_runs(tmp_path):
     job, _ = _job(tmp_path, "scraped", total=200_000, rate=100_000)
-    scraped: list[str] = []
-
-    def scrape():
-        while job.metrics_port is None:
-            time.sleep(0.02)
-        while job.metrics_port is not None and len(scraped) < 40:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{job.metrics_port}/metrics",
-                                            timeout=2) as r:
-                    scraped.append(r.read().decode())
-            except OSError:
-                break
-            time.sleep(0.1)
-
-    t = threading.Thread(target=scrape, daemon=True)
-    t.start()
-    job.run(metrics_port=0)
-    t.join(10)
+    scraped = scrape_while_running(job, lambda: job.run(metrics_port=0), limit=40)
     assert job.metrics_port is None        # the server stops with the run
     assert scraped, "the endpoint answered while the job ran"
     last = scraped[-1]

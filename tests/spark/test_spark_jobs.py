@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers.jobs import exact, keyed_spark_job
+from helpers.jobs import exact, keyed_spark_job, kill_member_at
 
 from sparkjet import verify
 from sparkjet.pipeline import Pipeline
@@ -84,12 +84,7 @@ def test_kill_a_member_mid_run(spark, tmp_path):
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2)
     killed = []
-
-    def progress(event):
-        if event["event"] == "snapshot" and event["snapshot"] == 2 and not killed:
-            killed.append(job.member_pids[1])
-            os.kill(killed[0], signal.SIGKILL)
-
+    progress = kill_member_at(job, 2, 1, killed)
     events = []
     result = job.run(spark, on_progress=lambda e: (events.append(e), progress(e)))
     assert killed and result.restarts == 1
@@ -113,14 +108,8 @@ def test_with_members_storage_a_killed_members_slot_is_reclaimed_with_its_partit
     job = keyed_job(tmp_path, source, max_restarts=2, storage="members",
                     storage_dir=str(tmp_path / "slots"))
     killed, events = [], []
-
-    def progress(event):
-        events.append(event)
-        if event["event"] == "snapshot" and event["snapshot"] == 2 and not killed:
-            killed.append(job.member_pids[1])
-            os.kill(killed[0], signal.SIGKILL)
-
-    result = job.run(spark, on_progress=progress)
+    kill = kill_member_at(job, 2, 1, killed)
+    result = job.run(spark, on_progress=lambda e: (events.append(e), kill(e)))
     assert killed and result.restarts == 1
     placed = [e for e in events if e["event"] == "placed"]
     assert [e["execution"] for e in placed] == [e["execution_id"] for e in result.executions]
@@ -157,12 +146,12 @@ def test_with_members_storage_a_lost_slot_is_restored_from_its_backups(spark, tm
                     storage_dir=str(tmp_path / "slots"), **kept)
     killed, events, wiped = [], [], []
 
+    kill = kill_member_at(job, 2, 1, killed)
+
     def progress(event):
         events.append(event)
-        if event["event"] == "snapshot" and event["snapshot"] == 2 and not killed:
-            killed.append(job.member_pids[1])
-            os.kill(killed[0], signal.SIGKILL)
-        elif event["event"] == "restart" and not wiped:
+        kill(event)
+        if event["event"] == "restart" and not wiped:
             placed = [e for e in events if e["event"] == "placed"][-1]
             lost = next(s for s in placed["slots"] if s["member"] == 1)
             shutil.rmtree(tmp_path / "slots" / f"slot-{lost['uuid']}")
@@ -186,12 +175,7 @@ def test_a_killed_member_is_the_one_named_failed(spark, tmp_path, victim):
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2)
     killed = []
-
-    def progress(event):
-        if event["event"] == "snapshot" and event["snapshot"] == 1 and not killed:
-            killed.append(job.member_pids[victim])
-            os.kill(killed[0], signal.SIGKILL)
-
+    progress = kill_member_at(job, 1, victim, killed)
     events = []
     result = job.run(spark, on_progress=lambda e: (events.append(e), progress(e)))
     assert killed and result.restarts == 1

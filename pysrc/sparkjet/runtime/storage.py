@@ -256,22 +256,20 @@ def replicator(member, slot: StorageSlot, job_id: int):
         file = LocalSlotFile(slot, job_id, path)
         size = file.size()
         read = file.range_reader()
+        order = sorted(targets, key=lambda u: index[u])
         digest = xxhash.xxh3_64()
-        pieces = []
-        for offset in range(0, size, READ_PIECE):
-            data = bytes(read(offset, min(READ_PIECE, size - offset)))
+        # piece by piece to every target: the file is read once and never held whole
+        for offset in range(0, max(size, 1), READ_PIECE):
+            data = bytes(read(offset, min(READ_PIECE, size - offset))) if size else b""
             digest.update(data)
-            pieces.append((offset, base64.b64encode(data).decode()))
-        done = []
-        for uuid in sorted(targets, key=lambda u: index[u]):
-            peer = member.peers[index[uuid]]
-            for offset, data in pieces or [(0, "")]:
-                peer.action("slot_write", {"slot": uuid, "path": path, "offset": offset,
-                                           "data": data})
-            peer.action("slot_write", {"slot": uuid, "path": path, "size": size,
-                                       "xxh3": digest.hexdigest()})
-            done.append(uuid)
-        return done
+            text = base64.b64encode(data).decode()
+            for uuid in order:
+                member.peers[index[uuid]].action("slot_write", {
+                    "slot": uuid, "path": path, "offset": offset, "data": text})
+        for uuid in order:
+            member.peers[index[uuid]].action("slot_write", {
+                "slot": uuid, "path": path, "size": size, "xxh3": digest.hexdigest()})
+        return order
     return replicate
 
 
@@ -301,20 +299,22 @@ def slot_write_handler(slot: StorageSlot, job_id: int):
                 f.write(piece)
             return {"written": len(piece)}
         size, want = body.get("size"), body.get("xxh3")
+        digest, length = xxhash.xxh3_64(), 0
         try:
-            with open(temp, "rb") as f:
-                data = f.read()
+            with open(temp, "rb+") as f:
+                while piece := f.read(READ_PIECE):     # checked as read, not held whole
+                    digest.update(piece)
+                    length += len(piece)
+                if slot.durable and length == size and digest.hexdigest() == want:
+                    os.fsync(f.fileno())
         except FileNotFoundError:
             raise InvalidArgumentError(f"slot_write: no copy of {body.get('path')} begun") from None
-        got = xxhash.xxh3_64_hexdigest(data)
-        if len(data) != size or got != want:
+        got = digest.hexdigest()
+        if length != size or got != want:
             os.remove(temp)
             raise SnapshotIncompleteError(
-                f"slot {slot.uuid}: the copy of {body.get('path')} has {len(data)} bytes and "
+                f"slot {slot.uuid}: the copy of {body.get('path')} has {length} bytes and "
                 f"xxh3 {got}, the writer's has {size} and {want}")
-        if slot.durable:
-            with open(temp, "rb+") as f:
-                os.fsync(f.fileno())
         os.replace(temp, final)
         return {"verified": got}
     return handle
