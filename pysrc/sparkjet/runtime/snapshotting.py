@@ -51,6 +51,7 @@ from sparkjet.operators.table_join import TABLES_VERTEX
 from sparkjet.pipeline.dag import SOURCE
 from sparkjet.runtime.restore import conform_state
 from sparkjet.runtime.schemas import decode as decode_schema
+from sparkjet.runtime.storage import slot_writer
 from sparkjet.runtime.watermarks import PartitionFloors
 
 if TYPE_CHECKING:
@@ -78,10 +79,13 @@ def open_writer(member, vertex: str, index: int, snapshot_id: int):
     the first writer of the execution also records the DAG's fingerprint."""
     m = member
     writer = m.topology.offset[vertex] + index
-    w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                       partition_count=m.config.partition_count,
-                       codec=m.config.snapshot_codec, slot=m.slot, replicate=m.replicate,
-                       durable=m.slot is not None and m.config.durable_tier == "sync")
+    if m.slot is not None:   # the members' storage: into the slot, fenced by it; no store
+        w = slot_writer(m.config, m.slot_link, snapshot_id, m.execution_id, writer=writer,
+                        replicate=m.replicate)
+    else:
+        w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
+                           partition_count=m.config.partition_count,
+                           codec=m.config.snapshot_codec)
     if writer == 0:
         w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
                                   [json.dumps(m.dag.fingerprint()).encode()])

@@ -34,7 +34,10 @@ from sparkjet.errors import (
 from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig
 from sparkjet.snapshot import layout
+from sparkjet.snapshot.backend import open_backend
+from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE
 from sparkjet.snapshot.slots import StorageSlot
+from sparkjet.snapshot.writer import SnapshotWriter
 
 _log = logging.getLogger(__name__)
 
@@ -346,6 +349,144 @@ def _checked(path: str) -> str:
     return path
 
 
+class SlotWriterLink:
+    """What a snapshot writer of the members' storage asks of its store
+    (:class:`~sparkjet.snapshot.writer.StoreLink`), without the store: each write fenced by
+    the slot's FENCE (the newest execution it has seen) rather than the store's log, names
+    from the store's layout, and, with ``durable_tier="sync"``, the backend of
+    ``snapshot_store`` into which the writer copies each file (the one write a member
+    makes there; it needs no log). Only the driver commits."""
+
+    def __init__(self, config: JobConfig, slot: StorageSlot):
+        self.job_id = config.id
+        self.slot = slot
+        self._durable_uri = config.snapshot_store if config.durable_tier == "sync" else None
+        self._store_backend = None
+
+    @property
+    def _backend(self):
+        """The backend of ``snapshot_store``, opened on the first durable copy."""
+        if self._durable_uri is None:
+            raise InvalidArgumentError("a member of the members' storage writes into "
+                                       "snapshot_store only with durable_tier=\"sync\"")
+        if self._store_backend is None:
+            self._store_backend = open_backend(self._durable_uri)
+        return self._store_backend
+
+    def _path(self, *parts: str) -> str:
+        return self._backend.path(layout.job_dir(self.job_id), *parts)
+
+    def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
+        return layout.snapshot_dir(snapshot_id, execution_id)
+
+    def _table_path(self, digest: str) -> str:
+        if not layout.is_table_digest(digest):
+            raise InvalidArgumentError(f"a table version is 32 hex digits, got {digest!r}")
+        return "/".join((layout.job_dir(self.job_id), layout.TABLES, layout.table_file(digest)))
+
+    def check_fence(self, execution_id: int) -> None:
+        self.slot.check_fence(self.job_id, execution_id)
+
+    def commit(self, snapshot_id: int, execution_id: int, manifests) -> None:
+        raise InvalidArgumentError("with the members' storage only the driver commits "
+                                   "snapshots")
+
+
+def slot_writer(config: JobConfig, link: SlotWriterLink, snapshot_id: int, execution_id: int,
+                *, writer: int, replicate) -> SnapshotWriter:
+    """The writer of processor ``writer`` of a member of the members' storage: chunk files
+    into its slot (copied to their backups by ``replicate``, and into snapshot_store with
+    ``durable_tier="sync"``), fenced by the slot."""
+    link.check_fence(execution_id)
+    return SnapshotWriter(link, snapshot_id, execution_id, writer, config.partition_count,
+                          DEFAULT_CHUNK_SIZE, config.snapshot_codec, link.slot, replicate,
+                          config.durable_tier == "sync")
+
+
+def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: int,
+                   record: bytes, keep) -> None:
+    """Phase 2 in a member's slot: a copy of the committed snapshot's record (refused,
+    FencedError, if the slot has seen a newer execution than the one that committed it),
+    then the record copies and chunk files of the snapshots the store no longer keeps
+    (``keep``: the retained snapshot ids) removed."""
+    slot.write_record(job_id, snapshot_id, record, execution=execution)
+    keep = set(keep) | {snapshot_id}
+    slot.drop_records_before(job_id, min(keep))
+    drop_old_snapshots(slot, job_id, snapshot_id, keep)
+
+
+class DriverStoreFiles:
+    """The files of ``snapshot_store`` that a member of the members' storage reads (the
+    durable copies of a snapshot, or an export it starts from), read for it by the driver
+    (the ``store_read`` action of its coordinator): a member never opens the store. The
+    read side of a :class:`~sparkjet.snapshot.backend.StorageBackend`, for a
+    :class:`~sparkjet.snapshot.store.RecordView`."""
+
+    root = "snapshot_store (read by the driver)"
+    durable = True
+
+    def __init__(self, client):
+        self._client = client
+
+    def _call(self, body: dict) -> dict:
+        return self._client.action("store_read", body)
+
+    def path(self, *parts: str) -> str:
+        return "/".join(parts)
+
+    def listdir(self, path: str) -> list[str]:
+        return list(self._call({"op": "list", "path": path})["names"])
+
+    def size(self, path: str) -> int:
+        return int(self._call({"op": "size", "path": path})["size"])
+
+    def range_reader(self, path: str):
+        def read(offset: int, length: int) -> bytes:
+            pieces = []
+            while length > 0:
+                n = min(length, READ_PIECE)
+                data = base64.b64decode(self._call({"op": "read", "path": path,
+                                                    "offset": offset, "length": n})["data"])
+                if len(data) != n:
+                    raise SnapshotIncompleteError(
+                        f"snapshot_store: {path} ended at byte {offset + len(data)}, "
+                        f"{offset + n} wanted")
+                pieces.append(data)
+                offset, length = offset + n, length - n
+            return b"".join(pieces)
+        return read
+
+
+def store_read_handler(store, directory):
+    """The driver's ``store_read`` action (members' storage): ``{op: list|size|read, path,
+    offset, length}`` on the files of ``store`` under ``directory`` (the folder of the
+    snapshot or export the execution starts from) and nothing else; what
+    :class:`DriverStoreFiles` calls."""
+    prefix = [layout.job_dir(store.job_id), *directory]
+    backend = store._backend
+
+    def handle(body: dict) -> dict:
+        path = str(body.get("path"))
+        parts = path.split("/")
+        if (parts[:len(prefix)] != prefix or len(parts) > len(prefix) + 2
+                or any(p in ("", ".", "..") or os.sep in p for p in parts)):
+            raise InvalidArgumentError(f"store_read: {path!r} is not a file of the snapshot "
+                                       f"this execution starts from")
+        real = backend.path(*parts)
+        op = body.get("op")
+        if op == "list":
+            return {"names": backend.listdir(real)}
+        if op == "size":
+            return {"size": backend.size(real)}
+        offset, length = body.get("offset"), body.get("length")
+        if op != "read" or not (isinstance(offset, int) and isinstance(length, int)
+                                and offset >= 0 and 0 <= length <= READ_PIECE):
+            raise InvalidArgumentError(f"store_read: bad request {op!r} {offset!r}+{length!r}")
+        data = backend.range_reader(real)(offset, length) if length else b""
+        return {"data": base64.b64encode(bytes(data)).decode()}
+    return handle
+
+
 def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> None:
     """Removes the snapshot folders of ``slot`` that the store no longer keeps: those of
     snapshots up to ``committed`` (just committed) that are not in ``keep`` (the retained
@@ -358,6 +499,7 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
             backend.remove_tree(backend.path(layout.SNAPSHOTS, name))
 
 
-__all__ = ["check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
-           "encode_table", "replicator",
-           "slot_files", "slot_read_handler", "slot_write_handler", "table_for"]
+__all__ = ["DriverStoreFiles", "SlotWriterLink", "check_reachable", "claim_slot", "decode_table",
+           "drop_old_snapshots", "encode_table", "keep_committed", "replicator",
+           "slot_files", "slot_read_handler", "slot_write_handler", "slot_writer",
+           "store_read_handler", "table_for"]
