@@ -258,3 +258,138 @@ def test_a_restore_counts_every_partition_against_the_slots_it_holds(tmp_path, t
     message = str(caught.value)
     assert "agg: partitions 0-6" in message and "src: broadcast state" in message
     assert f"{b.uuid} (host host-b)" in message and "backup_count" in message
+
+
+def _members_config(tmp_path, **kw):
+    from sparkjet.runtime import JobConfig
+
+    return JobConfig(name="driver-only", storage="members", storage_dir=str(tmp_path / "slots"),
+                     snapshot_store=str(tmp_path / "store"), partition_count=7, **kw)
+
+
+def test_a_writer_in_a_slot_is_fenced_by_the_slot_and_never_opens_the_store(tmp_path):
+    """A member's writer (members' storage) checks the slot's FENCE, not the store's log:
+    it writes with no store at all, and once a newer execution has fenced the slot (its
+    task claimed it), the older execution's writer is refused, mid-snapshot or new."""
+    from sparkjet.errors import FencedError
+    from sparkjet.runtime.storage import SlotWriterLink, slot_writer
+
+    config = _members_config(tmp_path)
+    with StorageSlot.claim(config.storage_root(), host="a") as slot:
+        slot.fence(config.id, 1)
+        link = SlotWriterLink(config, slot)
+        w = slot_writer(config, link, 0, 1, writer=0, replicate=None)
+        w.write_table("agg", _state(100, 0), key="key")
+        manifest = w.finish()
+        assert {f["slot"] for f in manifest.files} == {slot.uuid}
+        w = slot_writer(config, link, 1, 1, writer=0, replicate=None)
+        slot.fence(config.id, 2)
+        with pytest.raises(FencedError, match="execution 1 .* fenced off by execution 2"):
+            w.write_table("agg", _state(100, 0), key="key")
+        with pytest.raises(FencedError, match="fenced off by execution 2"):
+            slot_writer(config, link, 1, 1, writer=0, replicate=None)
+        with pytest.raises(InvalidArgumentError, match="only the driver commits"):
+            link.commit(0, 1, [manifest])
+    assert not (tmp_path / "store").exists(), "the member never touched snapshot_store"
+
+
+def _committed_in_slots(tmp_path, config, slots, **writer):
+    """Each slot's writer (as a member's) writes; the driver's store commits the record."""
+    from sparkjet.runtime.storage import SlotWriterLink, slot_writer
+
+    store = SnapshotStore(config.snapshot_store, config.id)
+    store.register_execution(1)
+    manifests = []
+    for i, slot in enumerate(slots):
+        slot.fence(config.id, 1)
+        w = slot_writer(config, SlotWriterLink(config, slot), 0, 1, writer=i, **writer)
+        w.write_table("agg", _state(1000, i * 1000), key="key")
+        w.write_broadcast_entries("src", [str(i).encode()], [f"state {i}".encode()])
+        manifests.append(w.finish())
+    store.commit(0, 1, manifests, table="dGFibGU=", plan='{"v": 1}')
+    return store
+
+
+def test_a_member_restores_from_the_record_the_driver_hands_it(tmp_path, two_slots):
+    """The driver hands the committed record (its bytes, folder and name); the member
+    reads the snapshot from it and the slots alone (RecordView: no log, no store), and a
+    record that does not match its name, or another snapshot, is refused."""
+    from sparkjet.errors import SnapshotCorruptError, SnapshotNotFoundError
+    from sparkjet.runtime.storage import check_reachable
+    from sparkjet.snapshot.store import RecordView
+
+    a, b = two_slots
+    config = _members_config(tmp_path)
+    store = _committed_in_slots(tmp_path, config, [a, b], replicate=None)
+    data, directory, file = store.committed_record(0)
+    view = RecordView(config.id, data, directory, file, name=config.name)
+    security = LinkSecurity.generate(1)
+    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    server.on_action("slot_read", slot_read_handler(b, config.id))
+    try:
+        member = _Member([a.uuid, b.uuid], {1: ExchangeClient(server.location, security=security)})
+        view.slot_files = slot_files(member, a, config.id)
+        check_reachable(view, 0, member)
+        assert view.recorded_plan(0) == '{"v": 1}'
+        got = view.restore("agg", snapshot_id=0).table.sort_by("key")
+        assert got.equals(pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key"))
+        with pytest.raises(SnapshotNotFoundError, match="only snapshot 0 is readable here"):
+            view.restore("agg", snapshot_id=1)
+        with pytest.raises(InvalidArgumentError, match="it has no log"):
+            view.latest_complete()
+    finally:
+        server.close()
+    with pytest.raises(SnapshotCorruptError, match="validation record checksum"):
+        RecordView(config.id, data.replace(b'"agg"', b'"agh"', 1), directory, file)
+
+
+def test_phase_2_keeps_the_record_in_every_slot_and_drops_what_the_store_does_not_keep(
+        tmp_path, two_slots):
+    from sparkjet.errors import FencedError
+    from sparkjet.runtime.storage import keep_committed
+
+    a, _ = two_slots
+    config = _members_config(tmp_path)
+    store = SnapshotStore(config.snapshot_store, config.id)
+    store.register_execution(1)
+    a.fence(config.id, 1)
+    for sid in range(4):
+        _write(store, [a], snapshot_id=sid)
+        data, _, _ = store.committed_record(sid)
+        keep_committed(a, config.id, sid, 1, data, [c.snapshot for _, c in store._retained()])
+    assert a.records(config.id) == [2, 3]
+    assert a.read_record(config.id, 3) == store.committed_record(3)[0]
+    assert len(a.replicas(config.id).listdir(a.replicas(config.id).path("snapshots"))) == 2
+    a.fence(config.id, 2)                  # a newer execution's task claimed the slot
+    with pytest.raises(FencedError, match="fenced off by execution 2"):
+        keep_committed(a, config.id, 4, 1, b"zombie", [3, 4])
+    assert a.records(config.id) == [2, 3]
+
+
+def test_durable_copies_reach_a_member_through_the_driver(tmp_path, two_slots):
+    """durable_tier="sync" and no slot left: the member reads the store's copies through
+    the driver's store_read action (DriverStoreFiles), which serves that snapshot's folder
+    and nothing else."""
+    from sparkjet.runtime.storage import DriverStoreFiles, store_read_handler
+    from sparkjet.snapshot.store import RecordView
+
+    a, b = two_slots
+    config = _members_config(tmp_path, durable_tier="sync")
+    store = _committed_in_slots(tmp_path, config, [a, b], replicate=None)
+    data, directory, file = store.committed_record(0)
+    security = LinkSecurity.generate(1)
+    driver = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    driver.on_action("store_read", store_read_handler(store, directory))
+    try:
+        client = ExchangeClient(driver.location, security=security)
+        view = RecordView(config.id, data, directory, file, backend=DriverStoreFiles(client))
+        with StorageSlot.claim(tmp_path / "c", host="c") as c:  # holds neither slot's files
+            view.slot_files = slot_files(_Member([c.uuid], {}), c, config.id)
+            got = view.restore("agg").table.sort_by("key")
+        assert got.equals(pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key"))
+        for path in ("log", f"job-{config.id:016x}/log/000000000000.json",
+                     "/".join((f"job-{config.id:016x}", *directory, "..", "..", "log"))):
+            with pytest.raises(ExchangeRefusedError, match="is not a file of the snapshot"):
+                client.action("store_read", {"op": "list", "path": path})
+    finally:
+        driver.close()

@@ -17,6 +17,13 @@ commands queued for that member, waiting up to :data:`POLL_WAIT` for one), ``ack
 1), ``restored`` (its operators rebuilt the restored state: the "restored" event goes out
 once every member has said so), ``failed`` and ``done`` -- and the loop watches for a member
 that failed or went silent.
+
+With the members' storage (``storage="members"``) the driver is the only process that opens
+the snapshot store: the ``join`` answer also carries the partition table over the members'
+slots and the snapshot to start from with its committed record (``start``), the
+``store_read`` action serves the store's files of that snapshot (durable copies, an export)
+to the members, and the phase-2 command carries the committed record, which every slot
+keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``).
 """
 from __future__ import annotations
 
