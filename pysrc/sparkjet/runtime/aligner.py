@@ -546,7 +546,7 @@ class TimeoutAligner:
         self.put_many, self.offer_many, self.end = aligner.put_many, aligner.offer_many, aligner.end
         self._arrived: dict[int, tuple[float, bool]] = {}  # snapshot id -> (when, terminal)
         self._capturing: int | None = None
-        self._started = 0.0
+        self._started = self._waited = 0.0
         self._captured: list = []
         self._replay: deque = deque()
         #: the (channel, item) pairs in flight of the last unaligned snapshot
@@ -598,11 +598,11 @@ class TimeoutAligner:
             now = time.monotonic()
             due = None
             if self._capturing is None:
-                if self._replay:
-                    return (ITEM, *self._replay.popleft())
                 due = self._due()
                 if due is not None and due[1] <= now:
                     return self._unalign(due[0], now)
+                if self._replay:
+                    return (ITEM, *self._replay.popleft())
             wait = None if end is None else max(0.0, end - now)
             if due is not None:
                 wait = due[1] - now if wait is None else min(wait, due[1] - now)
