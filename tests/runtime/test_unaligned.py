@@ -18,7 +18,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from helpers.jobs import run_with_kills
 
 # The jobs' functions live in this module, which a member process cannot import (tests/ is
 # not on its path): they travel by value.
@@ -293,6 +292,25 @@ def events_of(source) -> pd.DataFrame:
     return e
 
 
+def join_pairs(left: pd.DataFrame, right: pd.DataFrame) -> np.ndarray:
+    """The pairs of the interval join, per key by binary search (a merge on the key would
+    build the hot key's whole cross product)."""
+    rights = {k: np.sort(g["id"].to_numpy()) for k, g in right.groupby("key")}
+    out = []
+    for k, g in left.groupby("key"):
+        rid = rights.get(k)
+        if rid is None:
+            continue
+        lid = g["id"].to_numpy()
+        lo = np.searchsorted(rid, lid + BETWEEN[0], "left")
+        hi = np.searchsorted(rid, lid + BETWEEN[1], "right")
+        n = hi - lo
+        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(n.sum())
+        lids = np.repeat(lid, n)
+        out.append(lids * 4096 + (rid[at] - lids - BETWEEN[0]))
+    return np.concatenate(out) if out else np.array([], np.int64)
+
+
 def check(kind: str, source, out) -> None:
     """Exactly-once against pandas: nothing lost, nothing duplicated."""
     got = TransactionalFileSink.read(out)
@@ -332,11 +350,7 @@ def check(kind: str, source, out) -> None:
         wanted = pa.array(ids[ids % 8 != 7])
         column = "uid"
     else:
-        left, right = e[e["value"] < 600], e[e["value"] >= 400]
-        m = left.merge(right, on="key", suffixes=("", "_right"))
-        d = m["id_right"] - m["id"]
-        m = m[(d >= BETWEEN[0]) & (d <= BETWEEN[1])]
-        wanted = pa.array((m["id"] * 4096 + (m["id_right"] - m["id"] - BETWEEN[0])).to_numpy())
+        wanted = pa.array(join_pairs(e[e["value"] < 600], e[e["value"] >= 400]))
         column = "pair"
     report = verify.check_events(wanted, wanted, got.column(column), guarantee="exactly-once")
     assert report.lost_count == 0 and report.duplicated_count == 0 and report.valid, str(report)
@@ -359,9 +373,37 @@ def in_flight_items(store: SnapshotStore, snapshot_id: int) -> int:
     return sum(1 for k in entries[0].to_pylist() if k.count(b"/") == 2)
 
 
-def unaligned_snapshots(tmp_path, config) -> int:
-    store = SnapshotStore(str(tmp_path / "snapshots"), config.id)
-    return sum(in_flight_items(store, s.snapshot_id) > 0 for s in store.snapshots())
+def run_killed_after_unaligned(job: Job, store: SnapshotStore, kills: int):
+    """Runs ``job`` while a thread SIGKILLs its member right after a complete snapshot
+    that holds items in flight (a newer one each time), ``kills`` times: each restart
+    restores from such a snapshot (the snapshots it kills after go to ``job.killed_at``).
+    Returns the run's result (or raises its failure)."""
+    import os
+    import signal
+
+    stop = threading.Event()
+    job.killed_at = []
+
+    def kill():
+        while not stop.is_set() and len(job.killed_at) < kills:
+            latest = store.latest_complete()
+            if (latest is not None and job.member_pid
+                    and latest.snapshot_id not in job.killed_at
+                    and in_flight_items(store, latest.snapshot_id)):
+                try:
+                    os.kill(job.member_pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                job.killed_at.append(latest.snapshot_id)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    try:
+        return job.run()
+    finally:
+        stop.set()
+        killer.join()
 
 
 def test_a_restore_replays_the_items_in_flight_and_refuses_another_parallelism(tmp_path):
@@ -374,28 +416,9 @@ def test_a_restore_replays_the_items_in_flight_and_refuses_another_parallelism(t
     config = config_of(tmp_path, "replay", max_restarts=0)
     store = SnapshotStore(str(tmp_path / "snapshots"), config.id)
     job = Job(pipeline_of("rolling", source, out), config)
-    stop, killed = threading.Event(), []
-
-    def kill_after_an_unaligned_snapshot():
-        import os
-        import signal
-        while not stop.is_set():
-            latest = store.latest_complete()
-            if (latest is not None and job.member_pid
-                    and in_flight_items(store, latest.snapshot_id)):
-                killed.append(latest.snapshot_id)
-                os.kill(job.member_pid, signal.SIGKILL)
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_after_an_unaligned_snapshot, daemon=True)
-    killer.start()
-    try:
-        with pytest.raises(JobFailedError, match="SIGKILL"):
-            job.run()
-    finally:
-        stop.set()
-        killer.join()
+    with pytest.raises(JobFailedError, match="SIGKILL"):
+        run_killed_after_unaligned(job, store, kills=1)
+    killed = job.killed_at
     assert killed, "no snapshot held items in flight before the job ended"
     with pytest.raises(JobFailedError, match="InFlightRescaleError.*same parallelism"):
         Job(pipeline_of("rolling", source, out),
@@ -412,11 +435,13 @@ KINDS = ["rolling", "map_state", "tumbling", "session", "dedup", "join"]
 @pytest.mark.parametrize("kind", KINDS)
 def test_exactly_once_under_backpressure_and_kills(tmp_path, kind):
     """Each stateful operator under backpressure, unaligned after 10 ms, its member
-    SIGKILLed at random moments: nothing lost, nothing duplicated."""
+    SIGKILLed twice, each time right after a snapshot that holds items in flight (so each
+    restart replays them): nothing lost, nothing duplicated."""
     source = GeneratorSource(total=150_000, partitions=4, keys=2_000, rate=50_000,
                              batch_size=2_000, seed=KINDS.index(kind))
     config = config_of(tmp_path, kind, alignment_timeout=0.01)
-    run_with_kills(Job(pipeline_of(kind, source, tmp_path / "out"), config), kills=2,
-                   seed=KINDS.index(kind))
+    store = SnapshotStore(str(tmp_path / "snapshots"), config.id)
+    job = Job(pipeline_of(kind, source, tmp_path / "out"), config)
+    result = run_killed_after_unaligned(job, store, kills=2)
+    assert len(job.killed_at) == 2 and result.restarts >= 2
     check(kind, source, tmp_path / "out")
-    assert unaligned_snapshots(tmp_path, config) > 0, "no snapshot was unaligned"
