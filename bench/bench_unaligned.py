@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkjet.errors import JobCancelledError
+from sparkjet.errors import JobCancelledError, MemberFailedError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import DiscardSink
@@ -76,8 +76,9 @@ def run(mode_timeout: float | None, rate: float, seconds: float, slowdown: float
     t.start()
     try:
         job.run(isolated=False, on_progress=progress)
-    except JobCancelledError:
-        pass
+    except (JobCancelledError, MemberFailedError) as e:
+        if "cancelled" not in str(e):   # in process, the member reports the cancel
+            raise
     finally:
         done.set()
     d = np.array([s["duration_s"] for s in snapshots]) if snapshots else np.array([np.nan])

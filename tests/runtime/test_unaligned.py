@@ -103,6 +103,21 @@ def test_the_snapshot_goes_ahead_of_queued_items_and_captures_them(Aligner):
     assert a.take(0) is None
 
 
+def test_an_announced_barrier_times_out_before_it_is_put(Aligner):
+    """A producer whose queue is full announces the barrier first (Outbox.barrier): the
+    timeout counts from then, and the capture drains the queue so that the barrier gets in."""
+    a = TimeoutAligner(Aligner(1, capacity=2), alignment_timeout=0.02)
+    a.put(0, "x0")
+    a.put(0, "x1")
+    a.announce(0)
+    put = threading.Thread(target=a.put_barrier, args=(0, 0))
+    put.start()                                  # waits for room
+    time.sleep(0.03)
+    assert a.take(0) == (UNALIGNED, 0, False)
+    assert a.take(5) == (SNAPSHOT, 0, False) and a.in_flight == [(0, "x0"), (0, "x1")]
+    put.join(5)
+
+
 def test_a_terminal_barrier_is_always_aligned(Aligner):
     a = TimeoutAligner(Aligner(2, capacity=8), alignment_timeout=0)
     a.put(0, "a0")

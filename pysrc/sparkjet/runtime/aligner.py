@@ -567,6 +567,11 @@ class TimeoutAligner:
 
     # ---- producer side
 
+    def announce(self, snapshot_id: int, terminal: bool = False) -> None:
+        """Barrier ``snapshot_id`` is on its way (a producer will put it once its queue has
+        room): the timeout counts from now."""
+        self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))
+
     def put_barrier(self, channel: int, snapshot_id: int, terminal: bool = False,
                     timeout: float | None = None) -> None:
         self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))

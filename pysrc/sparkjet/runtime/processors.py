@@ -252,6 +252,7 @@ class SourceProcessor(Processor):
         self.open_outputs(self._observe if self.watermarks is not None else None)
         reader.on_bad_record = self._bad_record
         ended = finished = False
+        unaligned = m.config.alignment_timeout is not None and m.snapshots_on
         # an idle reader is asked again after at most max_batch_delay
         poll = min(_POLL, max(m.config.max_batch_delay, _MIN_WAIT))
         try:
@@ -264,6 +265,11 @@ class SourceProcessor(Processor):
                     # read to its end, or stopped: after the terminal barrier nothing more
                     # is read (a resumed job reads on from the snapshot's offsets)
                     time.sleep(self.idle_wait(_POLL))
+                    continue
+                if unaligned and not self.outbox.has_room():
+                    # (see Outbox.has_room: free to take the next barrier at once)
+                    time.sleep(_MIN_WAIT)
+                    self.flush_due()
                     continue
                 if reader.at_end():
                     ended = True
