@@ -118,6 +118,29 @@ def test_an_announced_barrier_times_out_before_it_is_put(Aligner):
     put.join(5)
 
 
+def test_captured_items_count_against_the_capacity(Aligner):
+    """The captured items left the queue but not the processor: until they are replayed,
+    the producer of their channel waits as if they were still queued (backpressure holds;
+    else each unaligned snapshot would add a queue's worth of buffering)."""
+    a = TimeoutAligner(Aligner(2, capacity=2), alignment_timeout=0)
+    a.put(0, "x0")
+    a.put(0, "x1")
+    a.announce(0)
+    assert a.take(0) == (UNALIGNED, 0, False)
+    assert a.take(0.02) is None and a.queued(0) == 2   # captured, not replayed
+    a.put(0, "x2", timeout=1)   # channel 0's barrier is not in yet: the capture needs x2
+    a.put_barrier(0, 0)
+    a.put_barrier(1, 0)
+    assert a.take(1) == (SNAPSHOT, 0, False) and a.queued(0) == 3 and len(a) == 3
+    with pytest.raises(TimeoutError):
+        a.put(0, "y0", timeout=0.05)     # three of two taken: it waits
+    assert a.offer(0, "y0") is False
+    a.put(1, "z0", timeout=0.05)         # the other channel is not held back
+    assert [a.take(0)[2] for _ in range(2)] == ["x0", "x1"]
+    a.put(0, "y0", timeout=1)            # one left to replay: room for one
+    assert [a.take(0)[2] for _ in range(3)] in (["x2", "y0", "z0"], ["x2", "z0", "y0"])
+
+
 def test_a_terminal_barrier_is_always_aligned(Aligner):
     a = TimeoutAligner(Aligner(2, capacity=8), alignment_timeout=0)
     a.put(0, "a0")

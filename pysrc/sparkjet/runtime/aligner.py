@@ -80,6 +80,13 @@ the inner aligner holds (so each channel's order is kept). A terminal barrier (s
 suspend, export) is always aligned, so a snapshot a job stops with never holds items in
 flight.
 
+Backpressure is kept: the items captured and not replayed yet count against their
+channel's ``capacity`` (:meth:`TimeoutAligner.queued` says so), and a producer waits while
+its channel's queue and those items fill it. Only a channel that has not delivered the
+barrier being captured may go past that (its items until the barrier belong to the
+snapshot, which must complete), so each unaligned snapshot does not add a queue's worth of
+buffering under a sustained overload.
+
 >>> from sparkjet.runtime.aligner import TimeoutAligner, UNALIGNED
 >>> a = TimeoutAligner(BarrierAligner(channels=2, capacity=8), alignment_timeout=0)
 >>> for x in ("a0", "a1"): a.put(0, x)
@@ -541,10 +548,11 @@ class TimeoutAligner:
                 f"{alignment_timeout!r}")
         self.aligner = aligner
         self.alignment_timeout = float(alignment_timeout)
-        # the producer side is the inner aligner's own (no extra call per item)
-        self.put, self.offer = aligner.put, aligner.offer
-        self.put_many, self.offer_many, self.end = aligner.put_many, aligner.offer_many, aligner.end
+        self.end = aligner.end
         self._arrived: dict[int, tuple[float, bool]] = {}  # snapshot id -> (when, terminal)
+        self._room = threading.Condition()
+        self._borrowed = [0] * aligner.channels  # captured or replayed items not taken yet
+        self._barrier_put = [-1] * aligner.channels  # the last barrier pushed per channel
         self._capturing: int | None = None
         self._started = self._waited = 0.0
         self._captured: list = []
@@ -560,12 +568,58 @@ class TimeoutAligner:
         return getattr(self.aligner, name)
 
     def __len__(self) -> int:
-        return len(self.aligner) + len(self._replay) + len(self._captured)
+        return len(self.aligner) + sum(self._borrowed)
+
+    def queued(self, channel: int) -> int:
+        """Entries of ``channel`` not taken yet: in the queue, captured or being replayed."""
+        return self.aligner.queued(channel) + self._borrowed[channel]
 
     def __repr__(self) -> str:
         return f"TimeoutAligner({self.aligner!r}, alignment_timeout={self.alignment_timeout})"
 
     # ---- producer side
+
+    def put(self, channel: int, item, timeout: float | None = None) -> None:
+        if self._borrowed[channel]:
+            self._wait_room(channel, timeout)
+        self.aligner.put(channel, item, timeout=timeout)
+
+    def offer(self, channel: int, item) -> bool:
+        if self._borrowed[channel] and self._full(channel):
+            return False
+        return self.aligner.offer(channel, item)
+
+    def put_many(self, channel: int, items, timeout: float | None = None) -> int:
+        if self._borrowed[channel]:
+            self._wait_room(channel, timeout)
+        return self.aligner.put_many(channel, items, timeout=timeout)
+
+    def offer_many(self, channel: int, items) -> int:
+        if self._borrowed[channel] and self._full(channel):
+            return 0
+        return self.aligner.offer_many(channel, items)
+
+    def _full(self, channel: int) -> bool:
+        """The channel's queue plus its borrowed items fill its capacity, and it is not a
+        channel whose items a capture still waits for."""
+        capturing = self._capturing
+        if capturing is not None and self._barrier_put[channel] < capturing:
+            return False
+        return self.aligner.queued(channel) + self._borrowed[channel] >= self.aligner.capacity
+
+    def _wait_room(self, channel: int, timeout: float | None) -> None:
+        check_aligner_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._room:
+            while self._full(channel):
+                if self.aligner.closed:
+                    return      # the inner put raises why
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise aligner_timeout_error(channel, timeout)
+                # woken when a borrowed item is taken or a capture starts; the queue's own
+                # takes are not signalled here, hence the slice
+                self._room.wait(0.005 if left is None else min(0.005, left))
 
     def announce(self, snapshot_id: int, terminal: bool = False) -> None:
         """Barrier ``snapshot_id`` is on its way (a producer will put it once its queue has
@@ -576,10 +630,14 @@ class TimeoutAligner:
                     timeout: float | None = None) -> None:
         self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))
         self.aligner.put_barrier(channel, snapshot_id, terminal, timeout=timeout)
+        self._barrier_put[channel] = snapshot_id
 
     def offer_barrier(self, channel: int, snapshot_id: int, terminal: bool = False) -> bool:
         self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))
-        return self.aligner.offer_barrier(channel, snapshot_id, terminal)
+        if not self.aligner.offer_barrier(channel, snapshot_id, terminal):
+            return False
+        self._barrier_put[channel] = snapshot_id
+        return True
 
     # ---- consumer side
 
@@ -591,6 +649,8 @@ class TimeoutAligner:
     def replay(self, items) -> None:
         """Hands out ``items`` ((channel, item) pairs: a restored snapshot's in-flight
         items) as ITEM events before anything else."""
+        for c, _ in items:
+            self._borrowed[c] += 1
         self._replay.extend(items)
 
     def poll(self) -> tuple | None:
@@ -607,7 +667,11 @@ class TimeoutAligner:
                 if due is not None and due[1] <= now:
                     return self._unalign(due[0], now)
                 if self._replay:
-                    return (ITEM, *self._replay.popleft())
+                    c, item = self._replay.popleft()
+                    with self._room:
+                        self._borrowed[c] -= 1
+                        self._room.notify_all()
+                    return (ITEM, c, item)
             wait = None if end is None else max(0.0, end - now)
             if due is not None:
                 wait = due[1] - now if wait is None else min(wait, due[1] - now)
@@ -618,6 +682,7 @@ class TimeoutAligner:
                 continue
             if self._capturing is not None and event[0] == ITEM:
                 self._captured.append((event[1], event[2]))
+                self._borrowed[event[1]] += 1
                 continue
             if event[0] == SNAPSHOT:
                 self._completed(event[1])
@@ -638,6 +703,8 @@ class TimeoutAligner:
         self._captured = list(self._replay)
         self._replay.clear()
         self._waited = now - self._arrived[snapshot_id][0]
+        with self._room:    # producers of channels it waits for may go past their capacity
+            self._room.notify_all()
         return (UNALIGNED, snapshot_id, False)
 
     def _completed(self, snapshot_id: int) -> None:
