@@ -20,6 +20,9 @@ most; the ratios are the medians over ``--rounds`` rounds.
 
 Run: ``python bench/bench_storage_modes.py --keys 1000000 10000000 --json out.json`` or
 ``python -m pytest bench/bench_storage_modes.py --benchmark-only`` (1M keys, one round).
+``--plot PNG --recovery R.json --ipc I.json`` draws the figure of ``bench/README.md`` from the
+JSON this script wrote (``--json``, or ``--steady S.json`` without running anything) and
+those of ``bench_recovery.py --spark --json R.json`` and ``bench_recovery.py --json I.json``.
 """
 from __future__ import annotations
 
@@ -110,6 +113,66 @@ def compare(spark, keys: list[int], rounds: int, snapshots: int) -> dict:
     return out
 
 
+def plot(steady_runs: dict, recovery: dict | None, ipc: dict | None, path: str) -> None:
+    """Three panels: members / shared in steady state (throughput, snapshot duration) per key
+    count; recovery phases per mode and key count; the store and Flight beside the IPC file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    ax = axes[0]
+    keys = sorted(int(k.split("-")[1]) for k in steady_runs if k.startswith("ratio-"))
+    labels = [f"{k / 1e6:g}M keys" for k in keys]
+    xs = range(len(keys))
+    for i, (what, name) in enumerate((("throughput", "throughput"),
+                                      ("snapshot_duration", "snapshot duration"))):
+        values = [steady_runs[f"ratio-{k}"][what] for k in keys]
+        bars = ax.bar([x + (i - 0.5) * 0.38 for x in xs], values, 0.36, label=name)
+        ax.bar_label(bars, fmt="%.2f")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(1.3, color="tab:orange", lw=0.8, ls="--", label="duration target 1.3")
+    ax.set_xticks(list(xs), labels)
+    ax.set_title("steady state: members (backup_count=1) / shared")
+    ax.legend(fontsize=8)
+    if recovery:
+        ax = axes[1]
+        runs = [v for k, v in sorted(recovery.items(), key=lambda kv: str(kv[0]))
+                if isinstance(v, dict) and "storage" in v]
+        runs.sort(key=lambda r: (r["keys"], r["storage"] != "shared"))
+        names = [f"{r['keys'] / 1e6:g}M\n{r['storage']}" for r in runs]
+        bottom = [0.0] * len(runs)
+        for phase in ("detected", "running", "restored", "first_commit"):
+            heights = [max(0.0, r[phase] - b) for r, b in zip(runs, bottom)]
+            ax.bar(names, heights, bottom=bottom, label=phase)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        for i, r in enumerate(runs):
+            ax.text(i, r["restored"], f"{r['restored']:.1f}", ha="center", va="bottom",
+                    fontsize=8)
+        ax.set_ylabel("seconds from kill -9")
+        ax.set_title("recovery on Spark local[2], per phase")
+        ax.legend(fontsize=8)
+    if ipc:
+        ax = axes[2]
+        rows = [("store write", ipc["write_ratio"]), ("store restore", ipc["restore_ratio"])]
+        if "fetch_ratio" in ipc:
+            rows += [("restore from a peer\nover Flight", ipc["peer_restore_ratio"]),
+                     ("replica bytes\nover Flight", ipc["fetch_ratio"])]
+        bars = ax.bar([n for n, _ in rows], [v for _, v in rows],
+                      color=["tab:blue", "tab:blue", "tab:green", "tab:green"][:len(rows)])
+        ax.bar_label(bars, fmt="%.2f")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(0.5, color="tab:green", lw=0.8, ls="--", label="Flight target 0.5")
+        ax.set_title(f"speed / pyarrow IPC lz4 file, {ipc['rows'] / 1e6:g}M rows")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.legend(fontsize=8)
+    fig.suptitle("members' storage vs shared store (shared 2-vCPU machine, load 8-16)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def test_storage_modes_1m(benchmark):
     from sparkjet.spark import local_session
 
@@ -128,7 +191,23 @@ def main(argv=None) -> None:
     parser.add_argument("--snapshots", type=int, default=6,
                         help="steady-state snapshots per run")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--steady", help="plot this JSON of an earlier run instead of running")
+    parser.add_argument("--recovery", help="bench_recovery.py --spark --json output, to plot")
+    parser.add_argument("--ipc", help="bench_recovery.py --json output (store vs IPC), to plot")
+    parser.add_argument("--plot", help="draw the figure into this PNG")
     args = parser.parse_args(argv)
+
+    def load(path):
+        if not path:
+            return None
+        with open(path) as f:
+            return json.load(f)
+    if args.steady:
+        if args.plot:
+            ipc = load(args.ipc)
+            plot(load(args.steady), load(args.recovery),
+                 ipc.get("store-vs-ipc") if ipc else None, args.plot)
+        return
     from sparkjet.spark import local_session
 
     spark = local_session("local[2]", "sparkjet-bench-storage",
@@ -146,6 +225,9 @@ def main(argv=None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.plot:
+        ipc = load(args.ipc)
+        plot(out, load(args.recovery), ipc.get("store-vs-ipc") if ipc else None, args.plot)
 
 
 if __name__ == "__main__":
