@@ -167,7 +167,7 @@ def plot(steady_runs: dict, recovery: dict | None, ipc: dict | None, path: str) 
         ax.set_title(f"speed / pyarrow IPC lz4 file, {ipc['rows'] / 1e6:g}M rows")
         ax.tick_params(axis="x", labelsize=8)
         ax.legend(fontsize=8)
-    fig.suptitle("members' storage vs shared store (shared 2-vCPU machine, load 8-16)",
+    fig.suptitle("members' storage vs shared store (one 2-vCPU machine shared with other sessions: load 10-16)",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
