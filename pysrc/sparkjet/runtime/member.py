@@ -35,7 +35,7 @@ from sparkjet.errors import (
 from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
-from sparkjet.runtime.aligner import BarrierAligner
+from sparkjet.runtime.aligner import BarrierAligner, TimeoutAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.exchange.client import ExchangeClient
@@ -148,8 +148,11 @@ class Member:
                     parts = t.source_partitions_of(v.name, k, v.source.partition_count())
                     self.processors.append(SourceProcessor(self, v, k, parts))
                 else:
-                    self.aligners[(v.name, k)] = BarrierAligner(
-                        t.channels[v.name], mode=mode, capacity=config.queue_capacity)
+                    aligner = BarrierAligner(t.channels[v.name], mode=mode,
+                                             capacity=config.queue_capacity)
+                    if config.alignment_timeout is not None and mode == "exactly-once":
+                        aligner = TimeoutAligner(aligner, config.alignment_timeout)
+                    self.aligners[(v.name, k)] = aligner
                     self.processors.append(KeyedProcessor(self, v, k))
         self._sources_ended: set[str] = set()
         self._ended = threading.Event()

@@ -407,8 +407,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             server = ExchangeServer(host, inbound=late.inbound, execution_id=execution,
                                     security=security, on_error=late.on_exchange_error)
             if slot is not None:    # peers read, and back up into, this member's slot
-                server.on_action("slot_read", slot_read_handler(slot, config.id))
-                server.on_action("slot_write", slot_write_handler(slot, config.id))
+                server.on_get("slot_read", slot_read_handler(slot, config.id))
+                server.on_put("slot_write", slot_write_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, config.start_timeout,
