@@ -472,7 +472,8 @@ def join(coordinator, index: int, location: str, timeout: float,
     ``slot`` report) to the ``coordinator`` (an
     :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns the answer once all have
     joined: ``peers``, every member's location by index (and ``table`` and ``slots``, the
-    placement over the slots). Gives up after ``timeout`` s (the driver's
+    placement over the slots, and ``start``, the snapshot to start from with its committed
+    record: :func:`~sparkjet.runtime.restore.handed_start`). Gives up after ``timeout`` s (the driver's
     ``start_timeout`` fails the execution by then)."""
     deadline = time.monotonic() + timeout
     body = {"member": index, "location": location}
