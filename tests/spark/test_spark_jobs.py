@@ -201,7 +201,7 @@ def _descendants_named(root: int, needle: str) -> list[int]:
     return daemons + sorted(p for p, parent in parents.items() if parent in daemons)
 
 
-@pytest.mark.skipif(shutil.which("strace") is None,
+@pytest.mark.skipif(shutil.which("strace") is None and not os.environ.get("SPARKJET_CI"),
                     reason="needs strace (apt-get install strace) to watch the members")
 def test_with_members_storage_the_members_never_open_the_snapshot_store(spark, tmp_path):
     """storage="members": only the driver touches snapshot_store. Every Python worker of
