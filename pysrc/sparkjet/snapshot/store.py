@@ -192,6 +192,7 @@ class SnapshotStore:
         self.name = name
         self._job = layout.job_dir(job_id)
         self._log_lock = threading.Lock()
+        self._event_cache: dict[str, tuple] = {}    # log file name -> (stamp, event)
         self._registered: int | None = None  # the newest execution this object registered
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
@@ -264,9 +265,19 @@ class SnapshotStore:
         """Every log event in order; one that does not decode is an :class:`_Unreadable`
         in its place (see :meth:`_readable`)."""
         out: list = []
-        for name in self._backend.listdir(self._path(layout.LOG)):
+        cache, seen = self._event_cache, {}
+        for name, stamp in self._backend.listdir_stamped(self._path(layout.LOG)):
             seq = layout.log_sequence(name)
             if seq is None:
+                continue
+            # Log events are created whole and never rewritten, so one already decoded is
+            # taken from the cache while its name, size and time are the same (the fence
+            # is checked at every file a writer makes: reading the log each time cost
+            # ~0.5 ms per check with 8 events).
+            hit = cache.get(name)
+            if hit is not None and hit[0] == stamp:
+                out.append((seq, hit[1]))
+                seen[name] = hit
                 continue
             path = self._path(layout.LOG, name)
             try:
@@ -280,9 +291,13 @@ class SnapshotStore:
                     continue
                 raise
             try:
-                out.append((seq, meta.decode(raw, meta.LogEvent, path, "log event")))
+                event = meta.decode(raw, meta.LogEvent, path, "log event")
             except SnapshotCorruptError as e:
-                out.append((seq, _Unreadable(path, e)))
+                out.append((seq, _Unreadable(path, e)))     # read again next time
+                continue
+            out.append((seq, event))
+            seen[name] = (stamp, event)
+        self._event_cache = seen
         return out
 
     @staticmethod
@@ -901,6 +916,7 @@ class RecordView(SnapshotStore):
         self.name = name
         self._job = layout.job_dir(self.job_id)
         self._log_lock = threading.Lock()
+        self._event_cache: dict[str, tuple] = {}
         self._registered = None
         self._cleaner = None
         self._records = {}
