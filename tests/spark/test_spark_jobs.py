@@ -352,18 +352,25 @@ def test_failing_user_code_ends_with_a_clear_error(spark, tmp_path):
         Job(pipeline, config).run(spark)
 
 
+#: Every pipeline shape under each guarantee into the file sink, and the SQLite sink once per
+#: guarantee: on Spark what differs from the local campaign (which runs every sink with every
+#: shape, tests/runtime/test_fault_campaign.py) is the runtime, not the sinks, and each round
+#: costs a Spark stage (the whole SPARK_PLAN took 3 of CI's 30 minutes).
+CI_SPARK_PLAN = [r for r in SPARK_PLAN if r[1] == "file" or r[2] == "keyed"]
+
+
 @pytest.mark.slow
 def test_campaign_on_spark(spark, tmp_path, capsys):
     """A SIGKILL of a member's Python worker at a random moment (mid-batch, mid-snapshot,
-    between prepare and commit, during restore) in every round of the Spark plan (every
+    between prepare and commit, during restore) in every round of the CI Spark plan (every
     pipeline shape, keyed state, deduplication and joins included) on local Spark with 2
-    members (`python -m sparkjet.campaign --master "local[2]" --kills N` runs a longer one)."""
-    results = run_campaign(tmp_path, total_kills=len(SPARK_PLAN), seed=5,
-                           progress=lambda line: None, spark=spark, plan=SPARK_PLAN)
+    members (`python -m sparkjet.campaign --master "local[2]" --kills N` runs the whole plan)."""
+    results = run_campaign(tmp_path, total_kills=len(CI_SPARK_PLAN), seed=5,
+                           progress=lambda line: None, spark=spark, plan=CI_SPARK_PLAN)
     with capsys.disabled():
         print("\n" + summary(results))
-    assert sum(r.kills for r in results) >= 0.9 * len(SPARK_PLAN)
-    assert {(r.guarantee, r.sink, r.pipeline) for r in results} == set(SPARK_PLAN)
+    assert sum(r.kills for r in results) >= 0.9 * len(CI_SPARK_PLAN)
+    assert {(r.guarantee, r.sink, r.pipeline) for r in results} == set(CI_SPARK_PLAN)
     for r in results:
         assert r.restarts >= r.kills
         if r.guarantee == "exactly-once":
