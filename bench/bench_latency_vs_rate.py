@@ -317,6 +317,11 @@ def _ms(x) -> str:
     return "-" if x is None or x != x else f"{x * 1e3:.1f}" if x < 10 else f"{x * 1e3:.0f}"
 
 
+def _order(row: dict) -> tuple:
+    names = [n for n, _, _ in SPARKJET_CONFIGS] + [SSS_NAME]
+    return row["offered"], names.index(row["system"]) if row["system"] in names else len(names)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| offered M/s | system | achieved M/s | emitted p50 | p99 | p99.9 | p99.99 | max "
             "| committed p50 | p99 | p99.9 | p99.99 | max |")
@@ -383,7 +388,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(RESULTS / "latency-vs-rate"))
     args = parser.parse_args(argv)
     rates = [float(x) * 1e6 for x in args.rates.split(",")]
-    spark = session()
+    spark = None if args.only == "sparkjet" and args.runner == "local" else session()
     rows: list[dict] = []
     kept: list[dict] = []
     if args.only and Path(args.out + ".json").exists():   # keep the other systems' rows
@@ -425,11 +430,12 @@ def main(argv=None) -> None:
                 print(table([r]).splitlines()[-1], f"load {load:.1f}", flush=True)
                 report["rows"] = kept + rows
                 Path(args.out + ".json").write_text(json.dumps(report, indent=1, default=str))
-    spark.stop()
+    if spark is not None:
+        spark.stop()
     load = f"load average {min(loads):.0f}-{max(loads):.0f} on {os.cpu_count()} CPUs"
     report["machine"]["load"] = load
     Path(args.out + ".json").write_text(json.dumps(report, indent=1, default=str))
-    report["rows"] = rows = sorted(kept + rows, key=lambda r: (r["offered"], r["system"]))
+    report["rows"] = rows = sorted(kept + rows, key=_order)
     Path(args.out + ".json").write_text(json.dumps(report, indent=1, default=str))
     plot(rows, Path(args.out + ".png"), load)
     print(load)
