@@ -28,13 +28,15 @@ For each offered rate (0.1, 0.5, 1, 2, 5 M events/s by default), one after the o
 No coordinated omission on either side: both sources keep their schedule whatever the job
 does, and latency runs from the schedule. A configuration that falls behind its schedule
 (sparkjet: the run lasts over 1.25 x its scheduled seconds + 1.5 s; SSS: rows of the window
-not output within ``--drain`` seconds of its end) is marked saturated and not run at higher
-rates. SSS's achieved rate is its rows over the time from the source's start to its last
+not output within ``--drain`` seconds of its end) is marked saturated; a sparkjet
+configuration 2.5x behind its schedule, or SSS once saturated, is not run at higher rates.
+SSS's achieved rate is its rows over the time from the source's start to its last
 batch's end (so slightly under the offered rate even when it keeps up).
 
 Run: ``python bench/bench_latency_vs_rate.py`` (about 10 minutes on a loaded machine;
-``--seconds 10``, ``--rates 0.1,0.5,1,2,5``, ``--only sparkjet`` or ``--only sss``). Writes
-``bench/results/latency-vs-rate.json`` and ``.png``.
+``--seconds 10``, ``--rates 0.1,0.5,1,2,5``, ``--only sparkjet`` or ``--only sss``, whose
+rows replace that system's in an existing ``--out`` JSON; ``--runner local`` for sparkjet on
+the local runner, without Spark). Writes ``bench/results/latency-vs-rate.json`` and ``.png``.
 """
 from __future__ import annotations
 
