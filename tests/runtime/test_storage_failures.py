@@ -102,3 +102,22 @@ def test_the_supervisor_hands_out_no_execution_id_a_deleted_store_forgot(tmp_pat
     shutil.rmtree(tmp_path / "snaps")
     with pytest.raises(SnapshotStoreLostError, match="no longer holds execution 1"):
         next_execution(config, 3, previous=2)
+
+
+def test_a_store_deleted_as_the_job_finishes_is_named_not_a_bare_file_error(tmp_path):
+    """The store's folder removed after the job's last commit, before it records that it
+    finished (what the test above hit when the job outran the deletion: a bare
+    FileNotFoundError of a temporary file): the error names the store and what it means."""
+    import shutil
+
+    from sparkjet.errors import SnapshotStoreLostError
+    from sparkjet.runtime.lifecycle import mark_finished
+
+    config = JobConfig(name="ends", snapshot_store=str(tmp_path / "snaps"))
+    job_dir = tmp_path / "snaps" / f"job-{config.id:016x}"
+    job_dir.mkdir(parents=True)
+    mark_finished(config, 10)                      # a store in place: recorded
+    assert (job_dir / "FINISHED").exists()
+    shutil.rmtree(tmp_path / "snaps")
+    with pytest.raises(SnapshotStoreLostError, match="'ends' ran to its end.*snaps.*deleted"):
+        mark_finished(config, 10)

@@ -28,6 +28,7 @@ from sparkjet.errors import (
     JobAlreadyRunningError,
     JobCancelledError,  # noqa: F401 (defined there; named here too)
     JobFinishedError,
+    SnapshotStoreLostError,
 )
 from sparkjet.snapshot import layout
 
@@ -162,6 +163,12 @@ def mark_finished(config, events_in: int) -> None:
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, FileNotFoundError) and not d.is_dir():
+            raise SnapshotStoreLostError(
+                f"job {config.name!r} ran to its end, but its folder {d} in snapshot store "
+                f"{config.snapshot_store} was deleted while it finished: its output is "
+                f"committed, but nothing records that it finished, so a new run of this job "
+                f"would start again from its first input") from None
         raise storage_error("write", str(d / layout.FINISHED), e) from None
 
 
