@@ -1,0 +1,661 @@
+"""The storage fault campaign (issue 24 item 7): jobs with ``storage="members"`` under
+random faults of their slots and members, each round checked by :mod:`sparkjet.verify`.
+
+``python -m sparkjet.testing.storage_campaign --faults 200 --json`` runs a long campaign on
+``local[3]`` (three members, each claiming a slot under one ``storage_dir``; on one host
+each slot is its own member group, so "a host" below is a slot); ``--standalone`` adds the
+kinds only a cluster of worker JVMs has. The test suite runs a short one. Each round runs
+one stateful pipeline exactly-once into files (a rolling count and sum, sliding windows,
+session windows, ``map_state``, ``deduplicate``, an interval join, a table join; in turn)
+and injects one kind of fault, at a random snapshot:
+
+- ``kill-member``: SIGKILL of a member's Python worker (twice a round): its slot is
+  reclaimed by the next task, a local restore;
+- ``wipe-slot``: a member killed and its slot's folder removed while it is down: its
+  partitions come back from their backups;
+- ``two-lost-b1`` / ``two-lost-durable`` / ``two-lost-b2``: a member killed and two of
+  the three slots removed at once, with ``backup_count=1`` (a refusal,
+  ``SnapshotIncompleteError`` naming the partitions), with ``durable_tier="sync"`` too (a
+  restore from the durable copy) and with ``backup_count=2`` (no loss);
+- ``zombie``: a member SIGSTOPped (it keeps its slot's lock and its links) until the next
+  execution has committed a snapshot, then SIGCONT: it must never commit;
+- ``kill-before-ack``: a member killed while a chunk file of a snapshot not yet committed
+  is in the slots (a backup's copy half written, ``*.part``, when the watch sees one);
+- ``kill-phase2``: a member killed as the driver announces a commit (phase 2 under way);
+- ``flip-byte`` / ``truncate`` / ``delete-replica``: a member killed and its slot removed,
+  and one chunk file of the newest snapshot damaged in another slot: the restore uses the
+  third copy (``backup_count=2``) or, with one backup, uses another copy or refuses by
+  name; never a wrong restore;
+- ``foreign-slot``: a slot of another host (its ``MEMBER.json``) put into ``storage_dir``:
+  a refusal (``StorageSlotError``); the job runs again once it is removed;
+- ``disk-full`` / ``read-only``: ``storage_dir`` (a small tmpfs) filled up or made
+  read-only: a named error, and recovery once healed;
+- ``kill-jvm`` / ``wipe-host`` (``--standalone`` only): a worker JVM killed (restarted
+  later), or killed with its host's storage root wiped before it comes back.
+
+Per kind the summary gives faults injected, restarts, refusals (by error name), lost and
+duplicated events, and the time from the fault to the first snapshot a later execution
+committed (recovery). A round is valid when exactly-once holds (lost 0, duplicated 0), or,
+for a refusal, when the refusal is the one the kind allows and what was committed before it
+duplicated nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid as uuidlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkjet import verify
+from sparkjet.cli.args import positive_int
+from sparkjet.connectors.files.sink import TransactionalFileSink
+from sparkjet.connectors.generator import GeneratorSource
+from sparkjet.errors import JobFailedError
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.snapshot import layout
+from sparkjet.testing import campaign as kills
+from sparkjet.testing import nemesis
+from sparkjet.windows import session, sliding
+
+#: The stateful pipelines, taken in turn.
+OPERATORS = ("keyed", "windowed", "session", "state", "dedup", "join", "enrich")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of fault: the job settings it needs and what a round may end in:
+    "recover" (exactly-once output), "refuse" (a refusal named `refusals`), "either", or
+    "fix" (a named error or refusal, then exactly-once output once healed)."""
+
+    name: str
+    expect: str
+    config: tuple = ()
+    refusals: tuple = ()
+    standalone: bool = False
+    mount: bool = False        # storage_dir must be a small tmpfs of its own
+
+
+KINDS = {k.name: k for k in [
+    Kind("kill-member", "recover"),
+    Kind("wipe-slot", "recover"),
+    Kind("two-lost-b1", "refuse", refusals=("SnapshotIncompleteError",)),
+    Kind("two-lost-durable", "recover", config=(("durable_tier", "sync"),)),
+    Kind("two-lost-b2", "recover", config=(("backup_count", 2),)),
+    Kind("zombie", "recover"),
+    Kind("kill-before-ack", "recover"),
+    Kind("kill-phase2", "recover"),
+    *(Kind(damage, "either", refusals=("SnapshotIncompleteError", "CorruptSnapshotError",
+                                       "SnapshotNotFoundError", "SnapshotUnrestorableError"))
+      for damage in ("flip-byte", "truncate", "delete-replica")),
+    Kind("foreign-slot", "fix", refusals=("StorageSlotError",)),
+    Kind("disk-full", "fix", refusals=("StorageError",), mount=True),
+    Kind("read-only", "fix", refusals=("StorageError",), mount=True),
+    Kind("kill-jvm", "recover", standalone=True),
+    Kind("wipe-host", "recover", standalone=True),
+]}
+
+
+@dataclass
+class RoundResult:
+    kind: str
+    pipeline: str
+    backup_count: int
+    faults: int = 0
+    restarts: int = 0
+    refusal: str | None = None           # the error a refusal named (class name)
+    errors: list = field(default_factory=list)   # named errors of failed executions
+    lost: int = 0
+    duplicated: int = 0
+    wrong: int = 0                        # mismatched or unexpected rows
+    recover_s: float | None = None
+    seconds: float = 0.0
+    valid: bool = False
+    detail: str = ""
+
+
+# ---- the pipelines ------------------------------------------------------------------------
+
+#: The session rounds' gap (event time is the event id; a key recurs every ~5000 ids).
+SESSION_GAP = 4_000
+
+
+def _sessions_expected(source) -> pa.Table:
+    import pandas as pd
+
+    e = source.events(0, source.total).select(["id", "key", "value"]).to_pandas()
+    e = e.sort_values(["key", "id"])
+    new = (e["key"] != e["key"].shift()) | (e["id"] - e["id"].shift() >= SESSION_GAP)
+    g = e.assign(session=new.cumsum()).groupby(["key", "session"])
+    out = pd.DataFrame({"window_start": g["id"].min(), "count": g["value"].count(),
+                        "sum": g["value"].sum()}).reset_index().drop(columns="session")
+    return pa.Table.from_pandas(out, preserve_index=False)
+
+
+def operator_job(work: Path, op: str, seed: int, events: int, rate: float,
+                 config: dict) -> tuple[Job, callable, callable]:
+    """The round's job (`op` of :data:`OPERATORS`, exactly-once into files under `work`),
+    a maker of the same job again (a run after a failed one resumes its snapshots) and its
+    check: ``check()`` -> :class:`verify.Report` of the output and the rows of a window
+    emitted twice (after a refused run, its lost count means nothing)."""
+    source = GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate,
+                             batch_size=5_000, seed=seed)
+    stream = Pipeline().read_from(source)
+    window = sliding(40_000, 20_000)
+    if op in ("windowed", "session", "join"):
+        stream = stream.with_timestamps("id")
+    elif op == "dedup":
+        stream = stream.map_batches(kills._with_uid).with_timestamps("id", max_lag=10)
+    if op == "keyed":
+        stream = stream.group_by("key").aggregate(count="count", sum=("sum", "value"))
+    elif op == "state":
+        stream = stream.group_by("key").map_state(kills._count_and_sum, state=kills._COUNT_SUM)
+    elif op == "windowed":
+        stream = stream.group_by("key").window(window).aggregate(count="count",
+                                                                 sum=("sum", "value"))
+    elif op == "session":
+        stream = stream.group_by("key").window(session(SESSION_GAP)).aggregate(
+            count="count", sum=("sum", "value"))
+    elif op == "dedup":
+        stream = stream.deduplicate("uid", within=10_000).map_batches(kills._uids)
+    elif op == "join":
+        left = stream.filter(pc.field("value") < 600)
+        right = stream.filter(pc.field("value") >= 400)
+        stream = left.join_interval(right, on="key", between=kills._BETWEEN).map_batches(
+            kills._pairs)
+    elif op == "enrich":
+        stream = stream.join_table(kills._TABLE, on="key").map_batches(kills._enriched)
+    else:
+        raise ValueError(f"operator must be one of {OPERATORS}, got {op!r}")
+    out = work / "out"
+    settings = dict(name=f"storage-campaign-{work.name}", processing_guarantee="exactly-once",
+                    snapshot_store=str(work / "snapshots"), snapshot_interval=0.3,
+                    local_parallelism=1, storage="members", restart_backoff=0.2,
+                    heartbeat_timeout=3.0)
+    full = stream.write_to(TransactionalFileSink(out))
+    job = Job(full, JobConfig(**{**settings, **config}))
+
+    def check() -> tuple[verify.Report, int]:
+        got = TransactionalFileSink.read(out)
+        if op in ("keyed", "state"):
+            actual = (verify.last_update_per_key(got) if got.num_rows else
+                      pa.table({"key": pa.array([], pa.int64()),
+                                "count": pa.array([], pa.int64()),
+                                "sum": pa.array([], pa.float64())}))
+            return verify.check_aggregates(source.expected_counts(), actual, key="key",
+                                           columns=["count", "sum"]), 0
+        if op in ("windowed", "session"):
+            actual, repeated = kills._final_windows(got)
+            expected = (kills.expected_windows([source], window) if op == "windowed"
+                        else _sessions_expected(source))
+            return verify.check_aggregates(expected, actual, key=["key", "window_start"],
+                                           columns=["count", "sum"]), repeated
+        column = {"dedup": "uid", "join": "pair", "enrich": "id"}[op]
+        wanted = pa.array(kills._expected_ids(op, source))
+        ids = got.column(column) if got.num_columns else pa.array([], pa.int64())
+        return verify.check_events(wanted, wanted, ids), 0
+    return job, lambda: Job(full, job.config), check
+
+
+# ---- slots as the campaign sees them --------------------------------------------------------
+
+def slot_dirs(storage_dir: Path) -> list[Path]:
+    return sorted(p for p in storage_dir.glob("slot-*") if p.is_dir())
+
+
+def chunk_files(slot: Path, newest_only: bool = True) -> list[Path]:
+    """The chunk files a slot holds (of its newest snapshot folder, by default)."""
+    folders = {}
+    for d in slot.glob("jobs/*/replicas/snapshots/*"):
+        ids = layout.snapshot_of(d.name)
+        if ids is not None:
+            folders[ids] = d
+    if not folders:
+        return []
+    chosen = [folders[max(folders)]] if newest_only else list(folders.values())
+    return sorted(f for d in chosen for f in d.glob("*/*.chunks"))
+
+
+def damage(path: Path, how: str, rng: random.Random) -> str:
+    """Flips one byte of, truncates or deletes a chunk file; says what it did."""
+    size = path.stat().st_size
+    if how == "delete-replica":
+        path.unlink()
+        return f"deleted {path.name}"
+    if how == "truncate":
+        keep = rng.randrange(0, max(size, 1))
+        os.truncate(path, keep)
+        return f"truncated {path.name} from {size} to {keep} bytes"
+    at = rng.randrange(size)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+    return f"flipped a bit of byte {at} of {path.name} ({size} bytes)"
+
+
+def foreign_slot(storage_dir: Path) -> Path:
+    """A slot of host ``another-host`` in `storage_dir`, as if the folder were shared."""
+    ident = str(uuidlib.uuid4())
+    folder = storage_dir / f"slot-{ident}"
+    folder.mkdir(parents=True)
+    (folder / "MEMBER.json").write_text(json.dumps(
+        {"format": 1, "uuid": ident, "host": "another-host", "created": "2026-01-01T00:00:00"}))
+    return folder
+
+
+def _error_name(text: str, names) -> str | None:
+    for n in names:
+        if n in (text or ""):
+            return n
+    return None
+
+
+# ---- one round --------------------------------------------------------------------------------
+
+class Round:
+    """One job under one kind of fault: the progress callback injects it (at snapshot
+    `at` of an execution) and does what a kind does while the member is down (at the
+    driver's ``restart`` event, which comes before the next execution starts)."""
+
+    def __init__(self, kind: Kind, job: Job, storage_dir: Path, rng: random.Random,
+                 cluster=None, progress=print):
+        self.kind, self.job, self.storage_dir, self.rng = kind, job, storage_dir, rng
+        self.cluster, self.say = cluster, progress
+        self.wanted = 2 if kind.name == "kill-member" else 1
+        self.at = rng.randint(1, 3)
+        self.faults = 0
+        self.fault_at: float | None = None
+        self.fault_execution: int | None = None
+        self.recovered_at: float | None = None
+        self.execution: int | None = None
+        self.snapshots = 0
+        self.placed: dict[int, list[dict]] = {}
+        self.pending: list = []          # undo at the restart (or the round's end)
+        self.actions: list[str] = []
+        self.victim: int | None = None
+        self.zombie: nemesis.Pause | None = None
+        self.stop = threading.Event()
+        self.watch: threading.Thread | None = None
+        self.restart_workers: list[threading.Thread] = []
+        self.pending_fix: Path | None = None     # the foreign slot to remove before a rerun
+
+    # the slots of the current execution, by member
+    def slot_of(self, member: int) -> Path:
+        uuid = next(s["uuid"] for s in self.placed[self.execution] if s["member"] == member)
+        return self.storage_dir / f"slot-{uuid}"
+
+    def _mark(self, what: str) -> None:
+        self.faults += 1
+        self.actions.append(what)
+        if self.fault_at is None or self.recovered_at is not None:
+            self.fault_at, self.fault_execution, self.recovered_at = (
+                time.monotonic(), self.execution, None)
+
+    def _kill(self, member: int, why: str) -> bool:
+        pid = self.job.member_pids.get(member)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        self.victim = member
+        self._mark(f"{why}: SIGKILL member {member} (pid {pid}) of execution {self.execution}")
+        return True
+
+    def on_progress(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == "execution":
+            self.execution, self.snapshots = event["execution"], 0
+        elif kind == "placed":
+            self.placed[event["execution"]] = event["slots"]
+        elif kind == "snapshot":
+            self.snapshots += 1
+            if (self.fault_at is not None and self.recovered_at is None
+                    and event["execution"] != self.fault_execution):
+                self.recovered_at = time.monotonic()
+                if self.zombie is not None:   # the next execution committed: wake the zombie
+                    self.zombie.heal()
+                    self.actions.append("SIGCONT the zombie")
+            if self.snapshots == self.at and self.faults < self.wanted:
+                self.inject(event)
+        elif kind == "restart":
+            self.while_down()
+
+    def inject(self, event: dict) -> None:
+        k = self.kind.name
+        members = len(self.placed.get(self.execution, ()))
+        if not members:
+            return
+        member = self.rng.randrange(members)
+        if k == "zombie":
+            pid = self.job.member_pids.get(member)
+            if pid is not None:
+                self.zombie = nemesis.Pause(pid, f"zombie member {member}").start()
+                self.victim = member
+                self._mark(f"SIGSTOP member {member} (pid {pid}) of execution {self.execution}")
+        elif k == "kill-before-ack":
+            self.watch = threading.Thread(target=self._watch_unacked, args=(member,),
+                                          daemon=True)
+            self.watch.start()
+        elif k in ("disk-full", "read-only"):
+            fault = (nemesis.DiskFull(self.storage_dir) if k == "disk-full"
+                     else nemesis.ReadOnly(self.storage_dir))
+            fault.start()
+            self.pending.append(fault)
+            self._mark(f"{fault.name} after snapshot {event['snapshot']}")
+        elif k in ("kill-jvm", "wipe-host"):
+            i = self.rng.randrange(len(self.cluster.worker_pids()))
+            self.cluster.kill_worker(i)
+            self._mark(f"kill worker {i}'s JVM")
+            if k == "wipe-host":
+                shutil.rmtree(self.cluster.storage_dir(i), ignore_errors=True)
+                self.actions.append(f"wipe {self.cluster.storage_dir(i)}")
+            t = threading.Thread(target=kills._restart_worker,
+                                 args=(self.cluster, i, self.rng.uniform(1, 3)), daemon=True)
+            t.start()
+            self.restart_workers.append(t)
+        else:
+            self._kill(member, "phase 2" if k == "kill-phase2" else k)
+            if k == "kill-member" and self.faults < self.wanted:
+                self.at = self.rng.randint(1, 3)   # again in the next execution
+
+    def _watch_unacked(self, member: int) -> None:
+        """Kills a member while a chunk file of a snapshot not yet committed is in the slots:
+        the member whose slot holds a backup's half-written copy (``*.part``) if the watch
+        sees one within 3 s, else `member` as soon as its slot has a newer snapshot folder
+        than the newest committed one."""
+        committed = self._newest_committed()
+        deadline = time.monotonic() + 3.0
+        execution = self.execution
+        while not self.stop.is_set() and self.execution == execution:
+            for slot in slot_dirs(self.storage_dir):
+                for part in slot.glob("jobs/*/replicas/snapshots/*/*/*.part"):
+                    who = next((s["member"] for s in self.placed.get(execution, ())
+                                if slot.name == f"slot-{s['uuid']}"), None)
+                    if who is not None and self._kill(who, f"backup copy {part.name} half "
+                                                           "written (before the ack)"):
+                        return
+            if time.monotonic() > deadline:
+                mine = self.slot_of(member)
+                for d in mine.glob("jobs/*/replicas/snapshots/*"):
+                    ids = layout.snapshot_of(d.name)
+                    if ids and ids[0] > committed and any(d.glob("*/*.chunks")):
+                        if self._kill(member, f"snapshot {ids[0]} written in its slot, not "
+                                              "yet committed"):
+                            return
+            time.sleep(0.002)
+
+    def _newest_committed(self) -> int:
+        newest = 0
+        for slot in slot_dirs(self.storage_dir):
+            for rec in slot.glob("jobs/*/records/*"):
+                if rec.name.isdigit():
+                    newest = max(newest, int(rec.name))
+        return newest
+
+    def while_down(self) -> None:
+        """At the driver's restart event: what a kind does to the slots while the member is
+        down, or heals."""
+        k = self.kind.name
+        for fault in self.pending:
+            fault.heal()
+            self.actions.append(f"heal {fault.name}")
+        self.pending.clear()
+        last = self.placed.get(self.execution)
+        if self.victim is None or not last or self.faults == 0:
+            return
+        slots = {s["member"]: self.storage_dir / f"slot-{s['uuid']}" for s in last}
+        lost = slots[self.victim]
+        if k == "wipe-slot" or k in ("flip-byte", "truncate", "delete-replica"):
+            others = [p for m, p in slots.items() if m != self.victim]
+            if k != "wipe-slot":
+                files = [f for p in others for f in chunk_files(p)]
+                if files:
+                    self.actions.append(damage(self.rng.choice(files), k, self.rng))
+            shutil.rmtree(lost, ignore_errors=True)
+            self.actions.append(f"wipe {lost.name}")
+        elif k.startswith("two-lost"):
+            other = self.rng.choice([p for m, p in slots.items() if m != self.victim])
+            for p in (lost, other):
+                shutil.rmtree(p, ignore_errors=True)
+            self.actions.append(f"wipe {lost.name} and {other.name}")
+        elif k == "foreign-slot" and not any(a.startswith("foreign") for a in self.actions):
+            self.pending_fix = foreign_slot(self.storage_dir)
+            self.actions.append(f"foreign slot {self.pending_fix.name} (host another-host)")
+        self.victim = None
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.watch is not None:
+            self.watch.join()
+        if self.zombie is not None:
+            self.zombie.heal()
+        for fault in self.pending:
+            fault.heal()
+        self.pending.clear()
+        for t in self.restart_workers:
+            t.join()
+
+
+def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, members: int,
+              cluster=None, events: int = 400_000, rate: float = 200_000,
+              progress=print) -> RoundResult:
+    """One job with `op` under one fault of `kind`, on `spark` with `members` members;
+    returns what happened and the checker's verdict."""
+    work.mkdir(parents=True, exist_ok=True)
+    config = dict(kind.config)
+    backup = config.get("backup_count", 1)
+    if kind.name in ("flip-byte", "truncate", "delete-replica"):
+        backup = config["backup_count"] = rng.choice((1, 2))
+    with contextlib.ExitStack() as stack:
+        if cluster is not None:
+            storage_dir = None
+            config["members"] = None
+        else:
+            storage_dir = work / "slots"
+            if kind.mount:
+                stack.enter_context(nemesis.tmpfs(storage_dir, "32m"))
+            config.update(members=members, storage_dir=str(storage_dir))
+        config.setdefault("max_restarts", 4)
+        result = RoundResult(kind.name, op, backup)
+        job, again, check = operator_job(work, op, rng.randrange(2**32), events, rate, config)
+        rnd = Round(kind, job, storage_dir or Path("/nonexistent"), rng, cluster, progress)
+        start = time.monotonic()
+        failed = None
+        try:
+            outcome = job.run(spark, on_progress=rnd.on_progress)
+            result.restarts = outcome.restarts
+            executions = outcome.executions
+        except JobFailedError as e:
+            failed, executions = str(e), []
+        finally:
+            rnd.finish()
+        result.faults = rnd.faults
+        for e in executions:
+            if e.get("status") != "ok" and e.get("error"):
+                result.errors.append(str(e["error"]).splitlines()[0][:300])
+        if failed is not None:
+            result.refusal = _error_name(failed, kind.refusals) or "JobFailedError"
+            result.errors.append(failed.splitlines()[0][:300])
+            if kind.expect == "fix":
+                if rnd.pending_fix is not None:
+                    shutil.rmtree(rnd.pending_fix, ignore_errors=True)
+                rnd.actions.append("run again")
+                outcome = again().run(spark)
+                result.restarts += outcome.restarts
+                if rnd.recovered_at is None and rnd.fault_at is not None:
+                    rnd.recovered_at = time.monotonic()
+        result.seconds = time.monotonic() - start
+        if rnd.fault_at is not None and rnd.recovered_at is not None:
+            result.recover_s = round(rnd.recovered_at - rnd.fault_at, 2)
+        partial = failed is not None and kind.expect != "fix"
+        report, repeated = check()
+        result.lost = 0 if partial else report.lost_count
+        result.duplicated = report.duplicated_count + repeated
+        result.wrong = len(report.mismatched) + report.unexpected_count if not partial else (
+            report.unexpected_count)
+        result.detail = "; ".join(rnd.actions)
+        result.valid = _valid(kind, result, partial)
+    return result
+
+
+def _valid(kind: Kind, r: RoundResult, partial: bool) -> bool:
+    if r.duplicated or r.wrong or (not partial and r.lost):
+        return False
+    if r.refusal is not None and kind.expect != "fix":
+        return kind.expect in ("refuse", "either") and r.refusal in kind.refusals
+    if kind.expect == "refuse":
+        return r.faults == 0   # a round that injected nothing proves nothing, but is no defect
+    return True
+
+
+# ---- the campaign ------------------------------------------------------------------------------
+
+def plan(kinds, faults: int, rng: random.Random) -> list[tuple[Kind, str]]:
+    """Rounds until `faults` faults are planned: every kind in turn first, then at random;
+    operators in turn."""
+    out, n = [], 0
+    order = list(kinds)
+    while n < faults:
+        kind = order[len(out)] if len(out) < len(order) else rng.choice(order)
+        out.append((kind, OPERATORS[len(out) % len(OPERATORS)]))
+        n += 2 if kind.name == "kill-member" else 1
+    return out
+
+
+def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spark,
+                 members: int = 3, kinds=None, cluster=None) -> list[RoundResult]:
+    rng = random.Random(seed)
+    chosen = [KINDS[k] for k in kinds] if kinds else [
+        k for k in KINDS.values() if (cluster is not None or not k.standalone)
+        and not (k.mount and (cluster is not None or nemesis.missing("disk")))]
+    results = []
+    for i, (kind, op) in enumerate(plan(chosen, faults, rng)):
+        r = run_round(work / f"round-{i:04d}", kind, op, rng, spark=spark, members=members,
+                      cluster=cluster, progress=progress)
+        results.append(r)
+        progress(f"round {i + 1}: {r.kind:16} {r.pipeline:8} b{r.backup_count} faults "
+                 f"{r.faults} restarts {r.restarts:2} refusal {r.refusal or '-':24} lost "
+                 f"{r.lost} duplicated {r.duplicated} wrong {r.wrong} recover "
+                 f"{r.recover_s if r.recover_s is not None else '-'}s {r.seconds:5.1f}s "
+                 f"{'valid' if r.valid else 'INVALID'}\n    {r.detail}"
+                 + "".join(f"\n    error: {e}" for e in r.errors[:3]))
+    return results
+
+
+def per_kind(results: list[RoundResult]) -> dict:
+    """Per kind: rounds, faults, restarts, refusals by name, lost, duplicated, wrong, the
+    median and largest time to recover, and whether every round was valid."""
+    out: dict = {}
+    for r in results:
+        k = out.setdefault(r.kind, {"rounds": 0, "faults": 0, "restarts": 0, "refusals": {},
+                                    "lost": 0, "duplicated": 0, "wrong": 0, "recover_s": [],
+                                    "valid": True})
+        k["rounds"] += 1
+        k["faults"] += r.faults
+        k["restarts"] += r.restarts
+        if r.refusal:
+            k["refusals"][r.refusal] = k["refusals"].get(r.refusal, 0) + 1
+        k["lost"] += r.lost
+        k["duplicated"] += r.duplicated
+        k["wrong"] += r.wrong
+        if r.recover_s is not None:
+            k["recover_s"].append(r.recover_s)
+        k["valid"] = k["valid"] and r.valid
+    for k in out.values():
+        times = k.pop("recover_s")
+        k["recover_median_s"] = float(np.median(times)) if times else None
+        k["recover_max_s"] = max(times) if times else None
+    return out
+
+
+def summary(results: list[RoundResult]) -> str:
+    lines = [f"{'kind':18}{'rounds':>7}{'faults':>7}{'restarts':>9}{'lost':>6}{'dup':>5}"
+             f"{'wrong':>6}{'recover p50/max s':>19}  {'valid':6}refusals"]
+    for name, k in per_kind(results).items():
+        rec = ("-" if k["recover_median_s"] is None
+               else f"{k['recover_median_s']:.1f}/{k['recover_max_s']:.1f}")
+        lines.append(f"{name:18}{k['rounds']:>7}{k['faults']:>7}{k['restarts']:>9}"
+                     f"{k['lost']:>6}{k['duplicated']:>5}{k['wrong']:>6}{rec:>19}  "
+                     f"{str(k['valid']).lower():6}"
+                     + ", ".join(f"{n} x{c}" for n, c in k["refusals"].items()))
+    total = sum(r.faults for r in results)
+    lines.append(f"{len(results)} rounds, {total} faults, "
+                 f"{sum(not r.valid for r in results)} invalid")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.storage_campaign",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", type=positive_int, default=200,
+                        help="faults in all (default 200)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--members", type=positive_int, default=3,
+                        help="members (and slots) per job: local[MEMBERS] (default 3)")
+    parser.add_argument("--kinds", default=None,
+                        help=f"comma-separated kinds (default: all that can run here): "
+                             f"{', '.join(KINDS)}")
+    parser.add_argument("--standalone", action="store_true",
+                        help="on a local standalone cluster of 3 one-core workers, each a host "
+                             "with its own storage root (adds kill-jvm and wipe-host)")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the results as one JSON line")
+    args = parser.parse_args(argv)
+    kinds = args.kinds.split(",") if args.kinds else None
+    for k in kinds or ():
+        if k not in KINDS:
+            parser.error(f"--kinds: no kind {k!r}; the kinds are {', '.join(KINDS)}")
+    with tempfile.TemporaryDirectory(prefix="sparkjet-storage-campaign-") as tmp:
+        work = Path(args.dir or tmp)
+        if args.standalone:
+            from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
+
+            with StandaloneCluster(workers=3, cores=1, memory="1g") as cluster:
+                spark = cluster.session("sparkjet-storage-campaign", **{
+                    "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
+                    "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS})
+                spark.sparkContext.setLogLevel("OFF")
+                try:
+                    results = run_campaign(work, args.faults, args.seed, spark=spark,
+                                           kinds=kinds, cluster=cluster)
+                finally:
+                    spark.stop()
+        else:
+            from sparkjet.spark import local_session
+
+            spark = local_session(f"local[{args.members}]", "sparkjet-storage-campaign",
+                                  **{"spark.ui.showConsoleProgress": "false"})
+            spark.sparkContext.setLogLevel("OFF")
+            try:
+                results = run_campaign(work, args.faults, args.seed, spark=spark,
+                                       members=args.members, kinds=kinds)
+            finally:
+                spark.stop()
+    print(summary(results))
+    if args.json:
+        print("STORAGE-CAMPAIGN-JSON " + json.dumps(
+            {"kinds": per_kind(results), "rounds": [asdict(r) for r in results]}))
+    return 1 if any(not r.valid for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
