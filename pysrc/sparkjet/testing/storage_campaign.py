@@ -92,13 +92,17 @@ class Kind:
 KINDS = {k.name: k for k in [
     Kind("kill-member", "recover"),
     Kind("wipe-slot", "recover"),
-    Kind("two-lost-b1", "refuse", refusals=("SnapshotIncompleteError",)),
+    # a processor's chunk file holds all of its partitions, so its backups go to every
+    # slot that backs one of them: on 3 slots, every slot; two lost leave a whole copy
+    Kind("two-lost-b1", "either", refusals=("SnapshotIncompleteError",)),
     Kind("two-lost-durable", "recover", config=(("durable_tier", "sync"),)),
     Kind("two-lost-b2", "recover", config=(("backup_count", 2),)),
+    Kind("all-lost", "refuse", refusals=("SnapshotIncompleteError",)),
+    Kind("all-lost-durable", "recover", config=(("durable_tier", "sync"),)),
     Kind("zombie", "recover"),
     Kind("kill-before-ack", "recover"),
     Kind("kill-phase2", "recover"),
-    *(Kind(damage, "either", refusals=("SnapshotIncompleteError", "CorruptSnapshotError",
+    *(Kind(damage, "either", refusals=("SnapshotIncompleteError", "SnapshotCorruptError",
                                        "SnapshotNotFoundError", "SnapshotUnrestorableError"))
       for damage in ("flip-byte", "truncate", "delete-replica")),
     Kind("foreign-slot", "fix", refusals=("StorageSlotError",)),
@@ -195,8 +199,12 @@ def operator_job(work: Path, op: str, seed: int, events: int, rate: float,
                       pa.table({"key": pa.array([], pa.int64()),
                                 "count": pa.array([], pa.int64()),
                                 "sum": pa.array([], pa.float64())}))
+            # every update committed once: a (key, count) twice is an update replayed into
+            # the output (which the last update per key would not show)
+            repeated = (got.num_rows - got.group_by(["key", "count"]).aggregate([]).num_rows
+                        if got.num_rows else 0)
             return verify.check_aggregates(source.expected_counts(), actual, key="key",
-                                           columns=["count", "sum"]), 0
+                                           columns=["count", "sum"]), repeated
         if op in ("windowed", "session"):
             actual, repeated = kills._final_windows(got)
             expected = (kills.expected_windows([source], window) if op == "windowed"
@@ -293,6 +301,7 @@ class Round:
         self.watch: threading.Thread | None = None
         self.restart_workers: list[threading.Thread] = []
         self.pending_fix: Path | None = None     # the foreign slot to remove before a rerun
+        self.zombie_slot: str | None = None
 
     # the slots of the current execution, by member
     def slot_of(self, member: int) -> Path:
@@ -330,8 +339,7 @@ class Round:
                     and event["execution"] != self.fault_execution):
                 self.recovered_at = time.monotonic()
                 if self.zombie is not None:   # the next execution committed: wake the zombie
-                    self.zombie.heal()
-                    self.actions.append("SIGCONT the zombie")
+                    self.wake_zombie(event["execution"])
             if self.snapshots == self.at and self.faults < self.wanted:
                 self.inject(event)
         elif kind == "restart":
@@ -347,6 +355,7 @@ class Round:
             pid = self.job.member_pids.get(member)
             if pid is not None:
                 self.zombie = nemesis.Pause(pid, f"zombie member {member}").start()
+                self.zombie_slot = self.slot_of(member).name[len("slot-"):]
                 self.victim = member
                 self._mark(f"SIGSTOP member {member} (pid {pid}) of execution {self.execution}")
         elif k == "kill-before-ack":
@@ -374,6 +383,18 @@ class Round:
             self._kill(member, "phase 2" if k == "kill-phase2" else k)
             if k == "kill-member" and self.faults < self.wanted:
                 self.at = self.rng.randint(1, 3)   # again in the next execution
+
+    def wake_zombie(self, execution: int) -> None:
+        """SIGCONT of the zombie, saying whether it was still alive (Spark did not kill
+        it) and whether execution `execution` left its slot alone (the zombie's lock)."""
+        pid = self.zombie.stopped[0] if self.zombie.stopped else None
+        alive = pid is not None and os.path.exists(f"/proc/{pid}")
+        held = self.zombie_slot in {s["uuid"] for s in self.placed.get(execution, ())}
+        self.zombie.heal()
+        self.zombie = None
+        self.actions.append(f"SIGCONT the zombie ({'alive' if alive else 'gone'}; its slot "
+                            f"{'reclaimed' if held else 'not reclaimed'} by execution "
+                            f"{execution})")
 
     def _watch_unacked(self, member: int) -> None:
         """Kills a member while a chunk file of a snapshot not yet committed is in the slots:
@@ -430,12 +451,13 @@ class Round:
                     self.actions.append(damage(self.rng.choice(files), k, self.rng))
             shutil.rmtree(lost, ignore_errors=True)
             self.actions.append(f"wipe {lost.name}")
-        elif k.startswith("two-lost"):
-            other = self.rng.choice([p for m, p in slots.items() if m != self.victim])
-            for p in (lost, other):
+        elif k.startswith(("two-lost", "all-lost")):
+            wiped = list(slots.values()) if k.startswith("all-lost") else [
+                lost, self.rng.choice([p for m, p in slots.items() if m != self.victim])]
+            for p in wiped:
                 shutil.rmtree(p, ignore_errors=True)
-            self.actions.append(f"wipe {lost.name} and {other.name}")
-        elif k == "foreign-slot" and not any(a.startswith("foreign") for a in self.actions):
+            self.actions.append(f"wipe {' and '.join(p.name for p in wiped)}")
+        elif k == "foreign-slot" and self.pending_fix is None:
             self.pending_fix = foreign_slot(self.storage_dir)
             self.actions.append(f"foreign slot {self.pending_fix.name} (host another-host)")
         self.victim = None
@@ -487,9 +509,16 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         finally:
             rnd.finish()
         result.faults = rnd.faults
-        for e in executions:
-            if e.get("status") != "ok" and e.get("error"):
-                result.errors.append(str(e["error"]).splitlines()[0][:300])
+        restored = [e.get("restored_from") for e in executions]
+        if len(restored) > 1:
+            rnd.actions.append(f"restored from {restored}")
+        with open(work / "errors.txt", "w") as f:   # whole, for whoever looks into a round
+            for e in executions:
+                if e.get("status") != "ok" and e.get("error"):
+                    result.errors.append(str(e["error"]).splitlines()[0][:300])
+                    f.write(f"execution {e.get('execution_id')}: {e['error']}\n\n")
+            if failed is not None:
+                f.write(failed + "\n")
         if failed is not None:
             result.refusal = _error_name(failed, kind.refusals) or "JobFailedError"
             result.errors.append(failed.splitlines()[0][:300])
