@@ -17,8 +17,9 @@ and injects one kind of fault, at a random snapshot:
   the three slots removed at once, with ``backup_count=1`` (a refusal,
   ``SnapshotIncompleteError`` naming the partitions), with ``durable_tier="sync"`` too (a
   restore from the durable copy) and with ``backup_count=2`` (no loss);
-- ``zombie``: a member SIGSTOPped (it keeps its slot's lock and its links) until the next
-  execution has committed a snapshot, then SIGCONT: it must never commit;
+- ``zombie``: a member SIGSTOPped (it keeps its slot's lock and its links) for 1 to 8 s, or
+  until the next execution has committed a snapshot, then SIGCONT: it must never commit
+  (on Spark the stage's cancellation kills it, if it is still stopped then);
 - ``kill-before-ack``: a member killed while a chunk file of a snapshot not yet committed
   is in the slots (a backup's copy half written, ``*.part``, when the watch sees one);
 - ``kill-phase2``: a member killed as the driver announces a commit (phase 2 under way);
@@ -266,6 +267,15 @@ def foreign_slot(storage_dir: Path) -> Path:
     return folder
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs or is stopped (not gone, not a zombie process waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def _error_name(text: str, names) -> str | None:
     for n in names:
         if n in (text or ""):
@@ -302,6 +312,7 @@ class Round:
         self.restart_workers: list[threading.Thread] = []
         self.pending_fix: Path | None = None     # the foreign slot to remove before a rerun
         self.zombie_slot: str | None = None
+        self.lock = threading.Lock()
 
     # the slots of the current execution, by member
     def slot_of(self, member: int) -> Path:
@@ -339,7 +350,7 @@ class Round:
                     and event["execution"] != self.fault_execution):
                 self.recovered_at = time.monotonic()
                 if self.zombie is not None:   # the next execution committed: wake the zombie
-                    self.wake_zombie(event["execution"])
+                    self.wake_zombie()
             if self.snapshots == self.at and self.faults < self.wanted:
                 self.inject(event)
         elif kind == "restart":
@@ -356,6 +367,11 @@ class Round:
             if pid is not None:
                 self.zombie = nemesis.Pause(pid, f"zombie member {member}").start()
                 self.zombie_slot = self.slot_of(member).name[len("slot-"):]
+                # woken after a random while (before or after the heartbeat timeout fails
+                # its execution, or once the next one commits, whichever comes first)
+                timer = threading.Timer(self.rng.uniform(1.0, 8.0), self.wake_zombie)
+                timer.daemon = True
+                timer.start()
                 self.victim = member
                 self._mark(f"SIGSTOP member {member} (pid {pid}) of execution {self.execution}")
         elif k == "kill-before-ack":
@@ -384,17 +400,23 @@ class Round:
             if k == "kill-member" and self.faults < self.wanted:
                 self.at = self.rng.randint(1, 3)   # again in the next execution
 
-    def wake_zombie(self, execution: int) -> None:
-        """SIGCONT of the zombie, saying whether it was still alive (Spark did not kill
-        it) and whether execution `execution` left its slot alone (the zombie's lock)."""
-        pid = self.zombie.stopped[0] if self.zombie.stopped else None
-        alive = pid is not None and os.path.exists(f"/proc/{pid}")
-        held = self.zombie_slot in {s["uuid"] for s in self.placed.get(execution, ())}
-        self.zombie.heal()
-        self.zombie = None
-        self.actions.append(f"SIGCONT the zombie ({'alive' if alive else 'gone'}; its slot "
-                            f"{'reclaimed' if held else 'not reclaimed'} by execution "
-                            f"{execution})")
+    def wake_zombie(self) -> None:
+        """SIGCONT of the zombie, saying whether it was still alive (Spark had not killed
+        it), in which execution, and whether a later one had claimed its slot."""
+        with self.lock:
+            zombie, self.zombie = self.zombie, None
+        if zombie is None:
+            return
+        pid = zombie.stopped[0] if zombie.stopped else None
+        alive = pid is not None and _alive(pid)
+        execution = self.execution
+        held = (execution != self.fault_execution and self.zombie_slot in
+                {s["uuid"] for s in self.placed.get(execution, ())})
+        zombie.heal()
+        self.actions.append(f"SIGCONT the zombie during execution {execution} "
+                            f"({'alive' if alive else 'gone'}"
+                            + (f"; its slot {'reclaimed' if held else 'not reclaimed'}"
+                               if execution != self.fault_execution else "") + ")")
 
     def _watch_unacked(self, member: int) -> None:
         """Kills a member while a chunk file of a snapshot not yet committed is in the slots:
@@ -466,8 +488,7 @@ class Round:
         self.stop.set()
         if self.watch is not None:
             self.watch.join()
-        if self.zombie is not None:
-            self.zombie.heal()
+        self.wake_zombie()
         for fault in self.pending:
             fault.heal()
         self.pending.clear()
