@@ -114,3 +114,41 @@ def test_a_short_storage_campaign_loses_and_duplicates_nothing(tmp_path):
     assert rounds["foreign-slot"]["refusal"] == "StorageSlotError", rounds["foreign-slot"]
     assert "run again" in rounds["foreign-slot"]["detail"]
     assert rounds["wipe-slot"]["refusal"] is None and rounds["kill-phase2"]["refusal"] is None
+
+
+def test_slots_claimed_at_once_on_an_empty_storage_dir_are_distinct_and_whole(tmp_path):
+    """Members that start together on an empty storage_dir each make a new slot. A slot
+    used to appear (mkdir) before its creator locked it and wrote its MEMBER.json: a
+    claim listing the folder in between took it for a slot whose creator had died,
+    locked it and wrote an identity of its own into it, and the creator failed with "a new
+    slot was locked by someone else" (the storage campaign's first executions hit it).
+    Each claim must end with a slot of its own whose MEMBER.json names its folder."""
+    import json
+    import threading
+
+    for attempt in range(40):
+        root = tmp_path / f"storage-{attempt}"
+        start = threading.Barrier(12)
+        claimed, errors = [], []
+
+        def claim():
+            start.wait()
+            try:
+                claimed.append(StorageSlot.claim(str(root), host="h"))
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                errors.append(e)
+
+        threads = [threading.Thread(target=claim) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            assert not errors, errors
+            assert len({s.uuid for s in claimed}) == 12
+            for s in claimed:
+                member = json.loads((root / f"slot-{s.uuid}" / "MEMBER.json").read_text())
+                assert member["uuid"] == s.uuid and s.path == str(root / f"slot-{s.uuid}")
+        finally:
+            for s in claimed:
+                s.release()

@@ -316,8 +316,21 @@ class Round:
 
     # the slots of the current execution, by member
     def slot_of(self, member: int) -> Path:
-        uuid = next(s["uuid"] for s in self.placed[self.execution] if s["member"] == member)
-        return self.storage_dir / f"slot-{uuid}"
+        return self.slot_path(next(s for s in self.placed[self.execution]
+                                   if s["member"] == member))
+
+    def slot_path(self, placed: dict) -> Path:
+        """The folder of a slot of a ``placed`` event: under its host's storage root."""
+        root = self.storage_dir
+        if self.cluster is not None:   # hosts are worker-<i>, with storage_dir(i) each
+            root = Path(self.cluster.storage_dir(int(placed["host"].rsplit("-", 1)[1])))
+        return root / f"slot-{placed['uuid']}"
+
+    def all_slots(self) -> list[Path]:
+        if self.cluster is None:
+            return slot_dirs(self.storage_dir)
+        return [p for i in range(len(self.cluster.worker_pids()))
+                for p in slot_dirs(Path(self.cluster.storage_dir(i)))]
 
     def _mark(self, what: str) -> None:
         self.faults += 1
@@ -427,7 +440,7 @@ class Round:
         deadline = time.monotonic() + 3.0
         execution = self.execution
         while not self.stop.is_set() and self.execution == execution:
-            for slot in slot_dirs(self.storage_dir):
+            for slot in self.all_slots():
                 for part in slot.glob("jobs/*/replicas/snapshots/*/*/*.part"):
                     who = next((s["member"] for s in self.placed.get(execution, ())
                                 if slot.name == f"slot-{s['uuid']}"), None)
@@ -446,7 +459,7 @@ class Round:
 
     def _newest_committed(self) -> int:
         newest = 0
-        for slot in slot_dirs(self.storage_dir):
+        for slot in self.all_slots():
             for rec in slot.glob("jobs/*/records/*"):
                 if rec.name.isdigit():
                     newest = max(newest, int(rec.name))
@@ -463,7 +476,7 @@ class Round:
         last = self.placed.get(self.execution)
         if self.victim is None or not last or self.faults == 0:
             return
-        slots = {s["member"]: self.storage_dir / f"slot-{s['uuid']}" for s in last}
+        slots = {s["member"]: self.slot_path(s) for s in last}
         lost = slots[self.victim]
         if k == "wipe-slot" or k in ("flip-byte", "truncate", "delete-replica"):
             others = [p for m, p in slots.items() if m != self.victim]
@@ -480,7 +493,7 @@ class Round:
                 shutil.rmtree(p, ignore_errors=True)
             self.actions.append(f"wipe {' and '.join(p.name for p in wiped)}")
         elif k == "foreign-slot" and self.pending_fix is None:
-            self.pending_fix = foreign_slot(self.storage_dir)
+            self.pending_fix = foreign_slot(lost.parent)
             self.actions.append(f"foreign slot {self.pending_fix.name} (host another-host)")
         self.victim = None
 
@@ -518,7 +531,7 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         config.setdefault("max_restarts", 4)
         result = RoundResult(kind.name, op, backup)
         job, again, check = operator_job(work, op, rng.randrange(2**32), events, rate, config)
-        rnd = Round(kind, job, storage_dir or Path("/nonexistent"), rng, cluster, progress)
+        rnd = Round(kind, job, storage_dir or work / "slots", rng, cluster, progress)
         start = time.monotonic()
         failed = None
         try:
