@@ -5,9 +5,11 @@ campaign on local[3].
 Run: PYTHONPATH=$PWD/pysrc python -m pytest -q -p no:cacheprovider tests/testing/test_storage_campaign.py
 The long campaign: python -m sparkjet.testing.storage_campaign --faults 200 --json"""
 import json
+import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -131,7 +133,7 @@ def test_slots_claimed_at_once_on_an_empty_storage_dir_are_distinct_and_whole(tm
         start = threading.Barrier(12)
         claimed, errors = [], []
 
-        def claim():
+        def claim(start=start, root=root, claimed=claimed, errors=errors):
             start.wait()
             try:
                 claimed.append(StorageSlot.claim(str(root), host="h"))
@@ -152,3 +154,63 @@ def test_slots_claimed_at_once_on_an_empty_storage_dir_are_distinct_and_whole(tm
         finally:
             for s in claimed:
                 s.release()
+
+
+@pytest.mark.parametrize("how", ["flip-byte", "truncate", "delete-replica"])
+def test_a_restore_passes_over_a_damaged_copy_for_a_good_one(tmp_path, how):
+    """A chunk file in slot a (the member's own) and its backup in slot b (a peer's,
+    read over a real exchange server). Slot a's copy damaged: the restore used to read
+    only the copy slot_files picked (its own) and fail with SnapshotCorruptError while
+    slot b held a good copy (the storage campaign's flip-byte rounds ended so). It reads
+    b's now, and fails naming a's copy only when b's is damaged too."""
+    import shutil
+
+    import pyarrow as pa
+
+    from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
+    from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
+    from sparkjet.runtime.exchange.security import LinkSecurity
+    from sparkjet.runtime.storage import slot_files, slot_read_handler
+    from sparkjet.snapshot.store import SnapshotStore
+
+    job = 0xABC
+    a = StorageSlot.claim(tmp_path / "host-a", host="a")
+    b = StorageSlot.claim(tmp_path / "host-b", host="b")
+    security = LinkSecurity.generate(1)
+    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    server.on_action("slot_read", slot_read_handler(b, job))
+    client = ExchangeClient(server.location, security=security)
+    try:
+        def replicate(path, partitions):   # a backup copy into slot b, as slot_write makes
+            target = os.path.join(b.replicas(job).root, path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(os.path.join(a.replicas(job).root, path), target)
+            return [b.uuid]
+
+        store = SnapshotStore(tmp_path / "store", job)
+        store.register_execution(1)
+        state = pa.table({"key": pa.array(range(2000), pa.int64()),
+                          "v": pa.array([float(i) for i in range(2000)])})
+        w = store.writer(0, 1, writer=0, partition_count=7, slot=a, replicate=replicate)
+        w.write_table("agg", state, key="key")
+        store.commit(0, 1, [w.finish()], table="dGFibGU=")
+        (f,) = store._resolve(0, None).record.vertices["agg"].files
+        assert f.holders == [a.uuid, b.uuid]
+        member = type("M", (), {"topology": type("T", (), {"slots": [a.uuid, b.uuid]})(),
+                                "peers": {1: client}})()
+        store.slot_files = slot_files(member, a, job)
+        mine = next(Path(a.replicas(job).root).rglob("*.chunks"))
+        rng = random.Random(7)
+        sc.damage(mine, how, rng)
+        got = store.restore("agg").table.sort_by("key")
+        assert got.equals(state), "the good copy in slot b"
+        theirs = next(Path(b.replicas(job).root).rglob("*.chunks"))
+        sc.damage(theirs, "flip-byte" if how == "delete-replica" else how, rng)
+        with pytest.raises((SnapshotCorruptError, SnapshotIncompleteError)) as failed:
+            store.restore("agg")
+        assert f"slot {a.uuid}" in str(failed.value), failed.value
+    finally:
+        client.close()
+        server.close()
+        a.release()
+        b.release()
