@@ -365,7 +365,11 @@ class Round:
                 if self.zombie is not None:   # the next execution committed: wake the zombie
                     self.wake_zombie()
             if self.snapshots == self.at and self.faults < self.wanted:
+                before = self.faults
                 self.inject(event)
+                if (self.faults == before and self.kind.name != "kill-before-ack"
+                        and self.watch is None):
+                    self.at += 1    # nothing to hit yet (no pid known): the next snapshot
         elif kind == "restart":
             self.while_down()
 
@@ -613,6 +617,8 @@ def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spar
         r = run_round(work / f"round-{i:04d}", kind, op, rng, spark=spark, members=members,
                       cluster=cluster, progress=progress)
         results.append(r)
+        with open(work / "rounds.jsonl", "a") as f:   # a campaign stopped early still counts
+            f.write(json.dumps(asdict(r)) + "\n")
         progress(f"round {i + 1}: {r.kind:16} {r.pipeline:8} b{r.backup_count} faults "
                  f"{r.faults} restarts {r.restarts:2} refusal {r.refusal or '-':24} lost "
                  f"{r.lost} duplicated {r.duplicated} wrong {r.wrong} recover "
