@@ -313,6 +313,7 @@ class Round:
         self.pending_fix: Path | None = None     # the foreign slot to remove before a rerun
         self.zombie_slot: str | None = None
         self.lock = threading.Lock()
+        self.restarts = 0       # the driver's restart events (a failed run's too)
 
     # the slots of the current execution, by member
     def slot_of(self, member: int) -> Path:
@@ -371,6 +372,7 @@ class Round:
                         and self.watch is None):
                     self.at += 1    # nothing to hit yet (no pid known): the next snapshot
         elif kind == "restart":
+            self.restarts += 1
             self.while_down()
 
     def inject(self, event: dict) -> None:
@@ -539,14 +541,12 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         start = time.monotonic()
         failed = None
         try:
-            outcome = job.run(spark, on_progress=rnd.on_progress)
-            result.restarts = outcome.restarts
-            executions = outcome.executions
+            executions = job.run(spark, on_progress=rnd.on_progress).executions
         except JobFailedError as e:
             failed, executions = str(e), []
         finally:
             rnd.finish()
-        result.faults = rnd.faults
+        result.faults, result.restarts = rnd.faults, rnd.restarts
         restored = [e.get("restored_from") for e in executions]
         if len(restored) > 1:
             rnd.actions.append(f"restored from {restored}")
@@ -559,13 +559,12 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
                 f.write(failed + "\n")
         if failed is not None:
             result.refusal = _error_name(failed, kind.refusals) or "JobFailedError"
-            result.errors.append(failed.splitlines()[0][:300])
+            result.errors.append(failed.splitlines()[0][:1000])   # the refusal, whole
             if kind.expect == "fix":
                 if rnd.pending_fix is not None:
                     shutil.rmtree(rnd.pending_fix, ignore_errors=True)
                 rnd.actions.append("run again")
-                outcome = again().run(spark)
-                result.restarts += outcome.restarts
+                again().run(spark, on_progress=rnd.on_progress)
                 if rnd.recovered_at is None and rnd.fault_at is not None:
                     rnd.recovered_at = time.monotonic()
         result.seconds = time.monotonic() - start
@@ -688,7 +687,17 @@ def main(argv=None) -> int:
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--json", action="store_true",
                         help="also print the results as one JSON line")
+    parser.add_argument("--report", metavar="ROUNDS_JSONL", default=None,
+                        help="print the summary of a campaign's rounds.jsonl (one stopped "
+                             "early, say) and run nothing")
     args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            results = [RoundResult(**json.loads(line)) for line in f if line.strip()]
+        print(summary(results))
+        if args.json:
+            print("STORAGE-CAMPAIGN-JSON " + json.dumps({"kinds": per_kind(results)}))
+        return 1 if any(not r.valid for r in results) else 0
     kinds = args.kinds.split(",") if args.kinds else None
     for k in kinds or ():
         if k not in KINDS:
