@@ -68,8 +68,10 @@ from sparkjet.errors import JobFailedError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.snapshot import layout
+from sparkjet.spark import local_session
 from sparkjet.testing import campaign as kills
 from sparkjet.testing import nemesis
+from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 from sparkjet.windows import session, sliding
 
 #: The stateful pipelines, taken in turn.
@@ -705,8 +707,6 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="sparkjet-storage-campaign-") as tmp:
         work = Path(args.dir or tmp)
         if args.standalone:
-            from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
-
             with StandaloneCluster(workers=3, cores=1, memory="1g") as cluster:
                 spark = cluster.session("sparkjet-storage-campaign", **{
                     "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
@@ -718,8 +718,6 @@ def main(argv=None) -> int:
                 finally:
                     spark.stop()
         else:
-            from sparkjet.spark import local_session
-
             spark = local_session(f"local[{args.members}]", "sparkjet-storage-campaign",
                                   **{"spark.ui.showConsoleProgress": "false"})
             spark.sparkContext.setLogLevel("OFF")
