@@ -316,6 +316,8 @@ class Round:
         self.zombie_slot: str | None = None
         self.lock = threading.Lock()
         self.restarts = 0       # the driver's restart events (a failed run's too)
+        self.events: list[dict] = []   # the driver's events but progress lines, timed
+        self.timed: list[tuple[float, str]] = []   # faults, timed
 
     # the slots of the current execution, by member
     def slot_of(self, member: int) -> Path:
@@ -338,6 +340,7 @@ class Round:
     def _mark(self, what: str) -> None:
         self.faults += 1
         self.actions.append(what)
+        self.timed.append((time.monotonic(), what))
         if self.fault_at is None or self.recovered_at is not None:
             self.fault_at, self.fault_execution, self.recovered_at = (
                 time.monotonic(), self.execution, None)
@@ -356,6 +359,8 @@ class Round:
 
     def on_progress(self, event: dict) -> None:
         kind = event["event"]
+        if kind != "progress":
+            self.events.append({"t": round(time.monotonic(), 3), **event})
         if kind == "execution":
             self.execution, self.snapshots = event["execution"], 0
         elif kind == "placed":
@@ -367,12 +372,12 @@ class Round:
                 self.recovered_at = time.monotonic()
                 if self.zombie is not None:   # the next execution committed: wake the zombie
                     self.wake_zombie()
-            if self.snapshots == self.at and self.faults < self.wanted:
-                before = self.faults
-                self.inject(event)
-                if (self.faults == before and self.kind.name != "kill-before-ack"
-                        and self.watch is None):
-                    self.at += 1    # nothing to hit yet (no pid known): the next snapshot
+            if event.get("terminal"):
+                return          # the job's end: nothing left to hit
+            watching = self.watch is not None and self.watch.is_alive()
+            if (self.snapshots >= self.at and self.faults < self.wanted and not watching
+                    and (self.faults == 0 or event["execution"] != self.fault_execution)):
+                self.inject(event)   # (nothing hit, no pid known yet: at the next snapshot)
         elif kind == "restart":
             self.restarts += 1
             self.while_down()
@@ -407,19 +412,25 @@ class Round:
             self._mark(f"{fault.name} after snapshot {event['snapshot']}")
         elif k in ("kill-jvm", "wipe-host"):
             i = self.rng.randrange(len(self.cluster.worker_pids()))
-            self.cluster.kill_worker(i)
-            self._mark(f"kill worker {i}'s JVM")
-            if k == "wipe-host":
-                shutil.rmtree(self.cluster.storage_dir(i), ignore_errors=True)
-                self.actions.append(f"wipe {self.cluster.storage_dir(i)}")
-            t = threading.Thread(target=kills._restart_worker,
-                                 args=(self.cluster, i, self.rng.uniform(1, 3)), daemon=True)
-            t.start()
+            self._mark(f"kill worker {i}'s JVM after snapshot {event['snapshot']}"
+                       + (f", wipe {self.cluster.storage_dir(i)}" if k == "wipe-host" else ""))
+            t = threading.Thread(target=self._lose_worker, daemon=True,
+                                 args=(i, k == "wipe-host", self.rng.uniform(1, 3)))
+            t.start()   # not in the driver's progress callback: the kill waits for executors
             self.restart_workers.append(t)
         else:
             self._kill(member, "phase 2" if k == "kill-phase2" else k)
             if k == "kill-member" and self.faults < self.wanted:
                 self.at = self.rng.randint(1, 3)   # again in the next execution
+
+    def _lose_worker(self, i: int, wipe: bool, down: float) -> None:
+        """Worker ``i``'s JVM killed (its executors with it), its storage root wiped if
+        ``wipe``, and a new worker started in its place ``down`` s later."""
+        self.cluster.kill_worker(i)
+        if wipe:
+            shutil.rmtree(self.cluster.storage_dir(i), ignore_errors=True)
+        time.sleep(down)
+        self.cluster.restart_worker(i)
 
     def wake_zombie(self) -> None:
         """SIGCONT of the zombie, saying whether it was still alive (Spark had not killed
@@ -518,11 +529,13 @@ class Round:
 
 
 def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, members: int,
-              cluster=None, events: int = 400_000, rate: float = 200_000,
+              cluster=None, events: int | None = None, rate: float = 100_000,
               progress=print) -> RoundResult:
     """One job with `op` under one fault of `kind`, on `spark` with `members` members;
     returns what happened and the checker's verdict."""
     work.mkdir(parents=True, exist_ok=True)
+    if events is None:   # a few seconds of input: snapshots 1-3 come well before its end
+        events = 600_000 if cluster is not None else 400_000
     config = dict(kind.config)
     backup = config.get("backup_count", 1)
     if kind.name in ("flip-byte", "truncate", "delete-replica"):
@@ -559,6 +572,9 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
                     f.write(f"execution {e.get('execution_id')}: {e['error']}\n\n")
             if failed is not None:
                 f.write(failed + "\n")
+        with open(work / "events.jsonl", "w") as f:
+            for e in rnd.events + [{"t": round(t, 3), "action": a} for t, a in rnd.timed]:
+                f.write(json.dumps(e, default=str) + "\n")
         if failed is not None:
             result.refusal = _error_name(failed, kind.refusals) or "JobFailedError"
             result.errors.append(failed.splitlines()[0][:1000])   # the refusal, whole
