@@ -269,6 +269,15 @@ def foreign_slot(storage_dir: Path) -> Path:
     return folder
 
 
+def _glob(folder: Path, pattern: str) -> list[Path]:
+    """``folder.glob(pattern)`` while the slots change under it ([] where a folder went
+    away mid-scan: the slots drop old snapshots at every commit)."""
+    try:
+        return list(folder.glob(pattern))
+    except OSError:
+        return []
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs or is stopped (not gone, not a zombie process waiting to be reaped)."""
     try:
@@ -460,7 +469,7 @@ class Round:
         execution = self.execution
         while not self.stop.is_set() and self.execution == execution:
             for slot in self.all_slots():
-                for part in slot.glob("jobs/*/replicas/snapshots/*/*/*.part"):
+                for part in _glob(slot, "jobs/*/replicas/snapshots/*/*/*.part"):
                     who = next((s["member"] for s in self.placed.get(execution, ())
                                 if slot.name == f"slot-{s['uuid']}"), None)
                     if who is not None and self._kill(who, f"backup copy {part.name} half "
@@ -468,9 +477,9 @@ class Round:
                         return
             if time.monotonic() > deadline:
                 mine = self.slot_of(member)
-                for d in mine.glob("jobs/*/replicas/snapshots/*"):
+                for d in _glob(mine, "jobs/*/replicas/snapshots/*"):
                     ids = layout.snapshot_of(d.name)
-                    if ids and ids[0] > committed and any(d.glob("*/*.chunks")):
+                    if ids and ids[0] > committed and _glob(d, "*/*.chunks"):
                         if self._kill(member, f"snapshot {ids[0]} written in its slot, not "
                                               "yet committed"):
                             return
@@ -479,7 +488,7 @@ class Round:
     def _newest_committed(self) -> int:
         newest = 0
         for slot in self.all_slots():
-            for rec in slot.glob("jobs/*/records/*"):
+            for rec in _glob(slot, "jobs/*/records/*"):
                 if rec.name.isdigit():
                     newest = max(newest, int(rec.name))
         return newest
