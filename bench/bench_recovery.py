@@ -18,9 +18,20 @@ Three measurements, each on its own:
 - **store vs IPC**: 5M rows (int64 key, int64 count, float64 sum) written and committed
   through ``SnapshotStore`` (lz4, fsync) and restored from it (all partitions, page cache),
   beside one ``pyarrow`` IPC file of the same rows (lz4, ``use_threads=False``, fsync) written
-  and read back (memory-mapped).
+  and read back (memory-mapped). With the members' storage (issue 24 item 3), in the same
+  rounds: the rows written into a storage slot (``/dev/shm``) and backed up to a second
+  slot over a real exchange link (``slot_write`` file streams, Flight ``DoPut``), a restore
+  that reads the second slot's replica over the link (``slot_read``, ``DoGet``), and that
+  replica's bytes fetched alone. Server and client run in this process (one GIL).
+- **recovery on Spark** (``--spark``): the recovery above on a ``local[2]`` Spark session,
+  two members (``local_parallelism=1`` each), member 1's Python worker killed with SIGKILL,
+  once per storage mode: ``shared`` (the chunk files in ``snapshot_store``, fsynced) and
+  ``members`` (``backup_count=1``: each member's slot under ``/dev/shm``, every file backed
+  up to the other slot; the killed member's slot is reclaimed by its next task, a local
+  restore). The modes alternate, key count by key count, in one session.
 
-Run: ``python bench/bench_recovery.py --keys 1000000 10000000`` (prints the tables) or
+Run: ``python bench/bench_recovery.py --keys 1000000 10000000`` (prints the tables),
+``python bench/bench_recovery.py --spark --skip rebuild ipc`` (both storage modes on Spark) or
 ``python -m pytest bench/bench_recovery.py --benchmark-only`` (1M keys).
 """
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import tempfile
@@ -38,13 +50,17 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet.operators.rolling import KeyedAggregator
+from sparkjet.partition_table import PartitionTable
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import DiscardSink
+from sparkjet.snapshot.slots import StorageSlot
 from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.sources import GeneratorSource
 
 BATCH = 65_536
+#: Where the members' slots go, as a job's default storage_dir (memory).
+SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 AGGREGATIONS = {"count": "count", "sum": ("sum", "value")}
 NAN = float("nan")
 
@@ -100,6 +116,68 @@ def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
     return out
 
 
+def spark_recovery(spark, keys: int, work: str, storage: str, rate: float = 4_000_000,
+                   victim: int = 1) -> dict:
+    """The same measurement on Spark: two members, member ``victim``'s Python worker killed
+    with SIGKILL once a snapshot covers 3 x keys events; ``storage`` is "shared" or
+    "members" (backup_count=1, slots under /dev/shm)."""
+    source = GeneratorSource(partitions=4, keys=keys, batch_size=BATCH, rate=rate)
+    p = (Pipeline().read_from(source).group_by("key").aggregate(**AGGREGATIONS)
+         .write_to(DiscardSink()))
+    extra: dict = {}
+    if storage == "members":
+        extra = {"storage": "members", "backup_count": 1,
+                 "storage_dir": tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)}
+    config = JobConfig(name=f"bench-recovery-{storage}-{keys}",
+                       snapshot_store=os.path.join(work, "store"), snapshot_interval=1.0,
+                       members=2, local_parallelism=1, max_restarts=2, restart_backoff=0.0,
+                       **extra)
+    job = Job(p, config)
+    marks: dict = {}
+
+    def progress(event):
+        now = time.monotonic()
+        kind = event.get("event")
+        if kind == "snapshot" and "kill" not in marks and event.get("events_in", 0) >= 3 * keys:
+            pid = job.member_pids.get(victim)
+            if pid:
+                marks["state_bytes"] = event["bytes"]
+                marks["snapshot_s"] = event.get("duration_s", NAN)
+                marks["kill"] = now
+                os.kill(pid, signal.SIGKILL)
+        elif "kill" not in marks:
+            return
+        elif kind == "restart":
+            marks.setdefault("detected", now)
+        elif kind == "execution":
+            marks.setdefault("running", now)
+        elif kind == "restored":
+            if "restored" not in marks:
+                marks["restored"] = now
+                marks["restored_event"] = event
+        elif kind == "snapshot" and "restored" in marks and "first_commit" not in marks:
+            marks["first_commit"] = now
+            marks["first_commit_s"] = event.get("duration_s", NAN)
+            threading.Thread(target=job.stop, daemon=True).start()
+
+    try:
+        job.run(spark, on_progress=progress)
+    finally:
+        if "storage_dir" in extra:
+            shutil.rmtree(extra["storage_dir"], ignore_errors=True)
+    kill = marks.get("kill", NAN)
+    out = {"keys": keys, "storage": storage, "state_mb": marks.get("state_bytes", 0) / 1e6,
+           "snapshot_before_kill_s": marks.get("snapshot_s", NAN)}
+    for phase in ("detected", "running", "restored", "first_commit"):
+        out[phase] = marks.get(phase, NAN) - kill
+    out["first_commit_duration_s"] = marks.get("first_commit_s", NAN)
+    ev = marks.get("restored_event") or {}
+    for k in ("read_s", "rebuild_s", "keys"):
+        if k in ev:
+            out[f"event_{k}"] = ev[k]
+    return out
+
+
 # -- the operator rebuild alone -------------------------------------------------------------
 
 def state_table(keys: int, seed: int = 7) -> pa.Table:
@@ -134,12 +212,79 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def store_vs_ipc(rows: int, work: str, rounds: int = 3) -> dict:
+class _Slots:
+    """Two storage slots under /dev/shm, each behind a real exchange server, and what a
+    member asks of the runtime's storage functions (topology, peers): slot a's writer
+    backs its files up to slot b; a restore in slot a's member reads b's replicas."""
+
+    def __init__(self, work: str):
+        from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
+        from sparkjet.runtime.exchange.security import LinkSecurity
+        from sparkjet.runtime.storage import slot_read_handler, slot_write_handler
+
+        self.root = tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)
+        self.a = StorageSlot.claim(os.path.join(self.root, "a"), host="a")
+        self.b = StorageSlot.claim(os.path.join(self.root, "b"), host="b")
+        self.c = StorageSlot.claim(os.path.join(self.root, "c"), host="c")   # holds nothing
+        security = LinkSecurity.generate(1)
+        self.server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+        self.server.on_put("slot_write", slot_write_handler(self.b, 1))
+        self.server.on_get("slot_read", slot_read_handler(self.b, 1))
+        self.client = ExchangeClient(self.server.location, security=security)
+        table = PartitionTable.create([self.a.uuid, self.b.uuid], 271, 1,
+                                      groups={self.a.uuid: "a", self.b.uuid: "b"})
+        topology = type("T", (), {"slots": [self.a.uuid, self.b.uuid], "table": table})()
+        self.member = type("M", (), {"topology": topology, "peers": {1: self.client}})()
+
+    def replicator(self):
+        from sparkjet.runtime.storage import replicator
+        return replicator(self.member, self.a, 1)
+
+    def from_b(self):
+        """slot_files of a member (slot c) that holds no copy but reaches b's member."""
+        from sparkjet.runtime.storage import slot_files
+        topology = type("T", (), {"slots": [self.c.uuid, self.b.uuid]})()
+        member = type("M", (), {"topology": topology, "peers": {1: self.client}})()
+        return slot_files(member, self.c, 1)
+
+    def drop(self, keep: int) -> None:
+        from sparkjet.runtime.storage import drop_old_snapshots
+        for slot in (self.a, self.b):
+            drop_old_snapshots(slot, 1, keep, [keep])
+
+    def close(self):
+        self.client.close()
+        self.server.close()
+        for slot in (self.a, self.b, self.c):
+            slot.release()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def fetch_replicas(slots: _Slots, store: SnapshotStore, snapshot_id: int) -> int:
+    """Every chunk file of a snapshot fetched whole from slot b over the link (bytes)."""
+    from sparkjet.runtime.storage import PeerSlotFile
+
+    stored = store._resolve(snapshot_id, None)
+    n = 0
+    for vertex, v in stored.record.vertices.items():
+        for f in v.files:
+            path = "/".join(["snapshots", stored.dir[-1], vertex, f.name])
+            data = PeerSlotFile(slots.client, slots.b.uuid, path, 1).range_reader()(0, f.bytes)
+            n += len(memoryview(data))
+    return n
+
+
+def store_vs_ipc(rows: int, work: str, rounds: int = 3, members: bool = True) -> dict:
     table = state_table(rows)
     table = table.rename_columns(["key", "count", "sum"])
     store = SnapshotStore(os.path.join(work, "store"), 1, durable=True)
     store.register_execution(1)
     writes, restores, ipc_writes, ipc_reads = [], [], [], []
+    slot_writes, backup_writes, peer_restores, fetches, fetched = [], [], [], [], []
+    slots = _Slots(work) if members else None
+    if slots is not None:
+        members_store = SnapshotStore(os.path.join(work, "members-store"), 1)
+        members_store.register_execution(1)
     path = os.path.join(work, "state.arrow")
     options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
     try:
@@ -170,13 +315,48 @@ def store_vs_ipc(rows: int, work: str, rounds: int = 3) -> dict:
             assert back.num_rows == rows
             del back
             os.unlink(path)
+            if slots is None:
+                continue
+            # the members' storage: into slot a alone, then into a with a backup in b
+            members_store.wait_for_cleanup()
+            for sid, replicate, times in ((2 * i, None, slot_writes),
+                                          (2 * i + 1, slots.replicator(), backup_writes)):
+                start = time.perf_counter()
+                writer = members_store.writer(sid, 1, codec="lz4", slot=slots.a,
+                                              replicate=replicate)
+                writer.write_table("state", table, key="key")
+                writer.commit()
+                times.append(time.perf_counter() - start)
+            members_store.slot_files = slots.from_b()
+            start = time.perf_counter()
+            restored = members_store.restore("state", snapshot_id=2 * i + 1)
+            peer_restores.append(time.perf_counter() - start)
+            assert restored.table.num_rows == rows
+            del restored
+            start = time.perf_counter()
+            fetched.append(fetch_replicas(slots, members_store, 2 * i + 1))
+            fetches.append(time.perf_counter() - start)
+            members_store.slot_files = None
+            slots.drop(2 * i + 1)
     finally:
         store.close()
-    med = {k: statistics.median(v[1:]) for k, v in
-           (("write", writes), ("restore", restores), ("ipc_write", ipc_writes),
-            ("ipc_read", ipc_reads))}
+        if slots is not None:
+            members_store.close()
+            slots.close()
+    series = [("write", writes), ("restore", restores), ("ipc_write", ipc_writes),
+              ("ipc_read", ipc_reads)]
+    if slots is not None:
+        series += [("slot_write", slot_writes), ("backup_write", backup_writes),
+                   ("peer_restore", peer_restores), ("fetch", fetches)]
+    med = {k: statistics.median(v[1:]) for k, v in series}
     med["write_ratio"] = med["ipc_write"] / med["write"]
     med["restore_ratio"] = med["ipc_read"] / med["restore"]
+    if slots is not None:
+        med["replica_bytes"] = fetched[-1]
+        med["fetch_mb_s"] = fetched[-1] / med["fetch"] / 1e6
+        med["peer_restore_ratio"] = med["ipc_read"] / med["peer_restore"]
+        med["fetch_ratio"] = med["ipc_read"] / med["fetch"]
+        med["backup_write_ratio"] = med["slot_write"] / med["backup_write"]
     med["rows"] = rows
     return med
 
@@ -202,6 +382,13 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=5_000_000, help="store vs IPC rows")
     parser.add_argument("--skip", nargs="*", default=[], choices=["recovery", "rebuild", "ipc"])
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--spark", action="store_true",
+                        help="recovery on a local[2] Spark session, two members, in each of "
+                             "--storage's modes (instead of the local supervisor)")
+    parser.add_argument("--storage", nargs="+", default=["shared", "members"],
+                        choices=["shared", "members"])
+    parser.add_argument("--no-members", action="store_true",
+                        help="store vs IPC without the members' slots and Flight rows")
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.2f}")
     results: dict = {"load": os.getloadavg()[0]}
@@ -213,13 +400,38 @@ def main(argv=None) -> None:
                   f"(first run {r['first_s']:.3f} s)", flush=True)
     if "ipc" not in args.skip:
         with tempfile.TemporaryDirectory() as work:
-            r = results["store-vs-ipc"] = store_vs_ipc(args.rows, work)
+            r = results["store-vs-ipc"] = store_vs_ipc(args.rows, work,
+                                                        members=not args.no_members)
         print(f"\nstore vs pyarrow IPC lz4 file, {args.rows:,} rows, fsync")
         print(f"  write+commit {r['write']:.3f} s, IPC write {r['ipc_write']:.3f} s: "
               f"{r['write_ratio']:.2f}x")
         print(f"  restore      {r['restore']:.3f} s, IPC read  {r['ipc_read']:.3f} s: "
               f"{r['restore_ratio']:.2f}x", flush=True)
-    if "recovery" not in args.skip:
+        if "fetch" in r:
+            print(f"  into a slot {r['slot_write']:.3f} s, with a backup over Flight "
+                  f"{r['backup_write']:.3f} s: {r['backup_write_ratio']:.2f}x")
+            print(f"  restore from a peer's replica over Flight {r['peer_restore']:.3f} s: "
+                  f"{r['peer_restore_ratio']:.2f}x the IPC read")
+            print(f"  the replica's {r['replica_bytes'] / 1e6:.0f} MB fetched over Flight "
+                  f"{r['fetch']:.3f} s ({r['fetch_mb_s']:.0f} MB/s): {r['fetch_ratio']:.2f}x "
+                  "the IPC read", flush=True)
+    if "recovery" not in args.skip and args.spark:
+        from sparkjet.spark import local_session
+
+        spark = local_session("local[2]", "sparkjet-bench-recovery",
+                              **{"spark.ui.showConsoleProgress": "false"})
+        print("\nrecovery after kill -9 of member 1's Python worker, Spark local[2], "
+              "seconds from the kill")
+        try:
+            for k in args.keys:
+                for storage in args.storage:
+                    with tempfile.TemporaryDirectory() as work:
+                        r = results[f"spark-recovery-{storage}-{k}"] = spark_recovery(
+                            spark, k, work, storage)
+                    print("  " + json.dumps(r), flush=True)
+        finally:
+            spark.stop()
+    elif "recovery" not in args.skip:
         print("\nrecovery after kill -9, seconds from the kill")
         for k in args.keys:
             with tempfile.TemporaryDirectory() as work:

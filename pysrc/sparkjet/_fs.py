@@ -210,6 +210,29 @@ class Backend:
             raise storage_error("list", path, e) from None
         return sorted(Path(i.path).name for i in infos)
 
+    def listdir_stamped(self, path: str) -> list[tuple[str, tuple]]:
+        """The names in a directory, sorted, each with (size, modification time): one
+        listing (``scandir`` locally, one ``get_file_info`` otherwise); a file removed
+        between the listing and its lookup is left out."""
+        try:
+            if self.local:
+                out = []
+                try:
+                    entries = list(os.scandir(path))
+                except FileNotFoundError:
+                    return []
+                for entry in entries:
+                    try:
+                        st = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    out.append((entry.name, (st.st_size, st.st_mtime_ns)))
+                return sorted(out)
+            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except OSError as e:
+            raise storage_error("list", path, e) from None
+        return sorted((Path(i.path).name, (i.size, i.mtime_ns)) for i in infos)
+
     def size(self, path: str) -> int:
         if self.local:
             try:

@@ -204,6 +204,14 @@ class IncompatibleSnapshotError(SnapshotMismatchError):
         return type(self), (self.args[0], self.differences)
 
 
+class InFlightRescaleError(SnapshotMismatchError):
+    """An unaligned snapshot (``JobConfig.alignment_timeout``) holds items in flight of a
+    keyed processor, and the restoring execution gives its vertex another parallelism or
+    other input channels: the items have nowhere to go back to. A replay repeats it."""
+
+    deterministic = True
+
+
 class SchemaMismatchError(SparkjetError, ValueError):
     """A batch does not fit the schema its output was fixed at (its first batch): a column
     changed type, appeared or went missing, or two processors produced different schemas.

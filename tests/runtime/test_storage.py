@@ -1,21 +1,24 @@
 """The members' storage as the runtime uses it (sparkjet.runtime.storage): a snapshot
 written into storage slots, its record in the store (format 2, with the table and the
 plan), a restore that reads its own slot from disk and a peer's over a real exchange
-server, and the refusals: a slot no member holds, a path outside the slot, another slot."""
-import base64
+server, and the refusals: a slot no member holds, a path outside the slot, another slot;
+backups as fenced file streams (Flight DoPut) that the receiver checks before it keeps
+them: a corrupted, short or cut stream, another execution's, another job's credentials."""
 import os
 
 import pyarrow as pa
 import pytest
 
 from sparkjet.errors import (
+    ExchangeAuthError,
+    ExchangeFencedError,
     ExchangeRefusedError,
     InvalidArgumentError,
     SnapshotIncompleteError,
 )
 from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
 from sparkjet.runtime.exchange.security import LinkSecurity
-from sparkjet.runtime.storage import READ_PIECE, drop_old_snapshots, slot_files, slot_read_handler
+from sparkjet.runtime.storage import drop_old_snapshots, slot_files, slot_read_handler
 from sparkjet.snapshot.slots import StorageSlot
 from sparkjet.snapshot.store import SnapshotStore
 
@@ -72,7 +75,7 @@ def test_a_snapshot_in_slots_restores_from_its_own_slot_and_a_peers(tmp_path, tw
         store.restore("agg")
     security = LinkSecurity.generate(1)
     server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
-    server.on_action("slot_read", slot_read_handler(b, JOB))
+    server.on_get("slot_read", slot_read_handler(b, JOB))
     try:
         peer = ExchangeClient(server.location, security=security)
         member = _Member([a.uuid, b.uuid], {1: peer})
@@ -90,11 +93,12 @@ def test_a_snapshot_in_slots_restores_from_its_own_slot_and_a_peers(tmp_path, tw
              "this member holds slot"),
             ({"slot": b.uuid, "path": "../../MEMBER.json", "offset": 0, "length": 1},
              "not a chunk file's path"),
-            ({"slot": b.uuid, "path": "snapshots/x/agg/0-0.chunks", "offset": 0,
-              "length": READ_PIECE + 1}, "bad range"),
+            ({"slot": b.uuid, "path": _a_file(b), "offset": 0, "length": 1 << 40},
+             "bad range"),
         ):
             with pytest.raises(ExchangeRefusedError, match=match):
-                peer.action("slot_read", body)
+                peer.get_file("slot_read", body)
+
         # a slot that no member of the execution holds: named, with what to do
         store.slot_files = slot_files(_Member([a.uuid], {}), a, JOB)
         with pytest.raises(SnapshotIncompleteError, match=rf"in storage slot\(s\) {b.uuid}, none "
@@ -149,8 +153,8 @@ def test_backups_are_verified_copies_a_restore_falls_back_to(tmp_path, two_slots
     servers = {}
     for slot in (a, b):
         servers[slot.uuid] = ExchangeServer("127.0.0.1", execution_id=1, security=security)
-        servers[slot.uuid].on_action("slot_write", slot_write_handler(slot, JOB))
-        servers[slot.uuid].on_action("slot_read", slot_read_handler(slot, JOB))
+        servers[slot.uuid].on_put("slot_write", slot_write_handler(slot, JOB))
+        servers[slot.uuid].on_get("slot_read", slot_read_handler(slot, JOB))
     try:
         clients = {i: ExchangeClient(servers[u].location, security=security)
                    for i, u in enumerate((a.uuid, b.uuid))}
@@ -177,18 +181,157 @@ def test_backups_are_verified_copies_a_restore_falls_back_to(tmp_path, two_slots
         store.slot_files = slot_files(_Member([a.uuid], {}), a, JOB)
         got = store.restore("agg").table.sort_by("key")
         assert got.equals(pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key"))
-        # a copy that does not match the writer's checksum is refused and not kept
-        peer = clients[1]
-        path = "snapshots/000000000001-e000000000001/agg/9-0.chunks"
-        peer.action("slot_write", {"slot": b.uuid, "path": path, "offset": 0,
-                                   "data": base64.b64encode(b"abc").decode()})
-        with pytest.raises(ExchangeRefusedError, match="the copy of .* has 3 bytes"):
-            peer.action("slot_write", {"slot": b.uuid, "path": path, "size": 3,
-                                       "xxh3": "0" * 16})
-        assert not os.path.exists(os.path.join(b.replicas(JOB).root, path))
     finally:
         for server in servers.values():
             server.close()
+
+
+def _a_file(slot) -> str:
+    """The path, in the slot, of the first chunk file the slot holds."""
+    root = slot.replicas(JOB).root
+    for folder, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            if name.endswith(".chunks"):
+                return os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+    raise AssertionError(f"no chunk file in {root}")
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    """Slot b behind a real exchange server of execution 2, and a client of it."""
+    from sparkjet.runtime.storage import slot_write_handler
+
+    b = StorageSlot.claim(tmp_path / "host-b", host="b")
+    security = LinkSecurity.generate(2)
+    server = ExchangeServer("127.0.0.1", execution_id=2, security=security)
+    server.on_put("slot_write", slot_write_handler(b, JOB))
+    server.on_get("slot_read", slot_read_handler(b, JOB))
+    client = ExchangeClient(server.location, security=security)
+    yield b, client, security, server
+    client.close()
+    server.close()
+    b.release()
+
+
+PATH = "snapshots/000000000001-e000000000002/agg/9-0.chunks"
+
+
+def _kept(slot, path=PATH) -> bool:
+    folder = os.path.join(slot.replicas(JOB).root, *path.split("/")[:-1])
+    return os.path.exists(os.path.join(slot.replicas(JOB).root, path)) or (
+        os.path.isdir(folder) and bool(os.listdir(folder)))
+
+
+def test_a_backup_stream_is_kept_once_its_size_and_checksum_check_out(receiver):
+    import xxhash
+
+    b, client, _, _ = receiver
+    data = os.urandom(3 * (1 << 20) + 17)
+    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+    for at in range(0, len(data), 1 << 20):
+        put.write(data[at:at + (1 << 20)])
+    answer = put.finish({"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)})
+    assert answer == {"verified": xxhash.xxh3_64_hexdigest(data), "bytes": len(data)}
+    with open(os.path.join(b.replicas(JOB).root, PATH), "rb") as f:
+        assert f.read() == data
+    # a peer reads ranges of it back over DoGet, across pieces
+    peer = slot_files(_Member([b.uuid], {0: client}), StorageSlot.claim(b.path + "-c", host="c"),
+                      JOB)([b.uuid], PATH)
+    assert peer.size() == len(data)
+    read = peer.range_reader()
+    assert bytes(read(5, len(data) - 9)) == data[5:-4]
+    assert bytes(read(1 << 20, 10)) == data[1 << 20:(1 << 20) + 10]
+
+
+@pytest.mark.parametrize("fault", ["corrupted", "short", "no trailer", "after the trailer"])
+def test_a_corrupted_or_short_backup_stream_is_refused_and_not_kept(receiver, fault):
+    """The receiver checks what it read against the writer's trailer: a flipped byte, a
+    missing piece, a stream that ends without its trailer (the writer stopped) or goes on
+    after it are refused, and nothing of the copy stays in the slot."""
+    import xxhash
+
+    b, client, _, _ = receiver
+    data = os.urandom(2 * (1 << 20) + 5)
+    trailer = {"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)}
+    pieces = [data[:1 << 20], data[1 << 20:2 << 20], data[2 << 20:]]
+    if fault == "corrupted":
+        pieces[1] = pieces[1][:100] + bytes([pieces[1][100] ^ 1]) + pieces[1][101:]
+    elif fault == "short":
+        del pieces[1]
+    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+    for piece in pieces:
+        put.write(piece)
+    if fault == "no trailer":
+        put.abort()
+        # the receiver saw the stream end without the trailer: nothing is kept
+        assert not _kept(b)
+        return
+    if fault == "after the trailer":
+        put._writer.write_metadata(b'{"size": 0}')
+    want = {"corrupted": "the copy of .* has 2097157 bytes and xxh3",
+            "short": "the copy of .* has 1048581 bytes",
+            "after the trailer": "after the trailer"}[fault]
+    with pytest.raises(ExchangeRefusedError, match=want):
+        put.finish(trailer)
+    assert not _kept(b)
+
+
+def test_a_backup_stream_of_another_execution_or_credentials_is_refused(receiver):
+    """Fenced like the exchange's data streams: a stream naming an older execution (a
+    zombie's) is refused before it is read, and one without this execution's credentials
+    is refused before any handler runs; a read is fenced alike."""
+    b, client, _, server = receiver
+    with pytest.raises(ExchangeFencedError, match="belongs to execution 1, but this server "
+                                                  "runs execution 2"):
+        put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH}, execution_id=1)
+        put.write(b"abc")
+        put.finish({"size": 3, "xxh3": "0"})
+    with pytest.raises(ExchangeFencedError, match="belongs to execution 1"):
+        client.get_file("slot_read", {"slot": b.uuid, "path": PATH, "offset": 0,
+                                      "length": 0}, execution_id=1)
+    stale = ExchangeClient(server.location, security=LinkSecurity.generate(2))
+    try:
+        with pytest.raises(ExchangeAuthError):
+            put = stale.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+            put.write(b"abc")
+            put.finish({"size": 3, "xxh3": "0"})
+    finally:
+        stale.close()
+    assert not _kept(b)
+    # a stream to another slot, or outside the slot's snapshots, is refused
+    for body, match in (({"slot": "other", "path": PATH}, "this member holds slot"),
+                        ({"slot": b.uuid, "path": "../../MEMBER.json"},
+                         "not a chunk file's path")):
+        put = client.put_file("slot_write", body)
+        with pytest.raises(ExchangeRefusedError, match=match):
+            put.write(b"abc")
+            put.finish({"size": 3, "xxh3": "0"})
+
+
+def test_backups_over_tls_links(tmp_path, two_slots):
+    """With a TLS identity the file streams are TLS, like every call on the links."""
+    import xxhash
+
+    from sparkjet.runtime.exchange.security import TLSIdentity
+    from sparkjet.runtime.storage import slot_write_handler
+
+    _, b = two_slots
+    security = LinkSecurity.generate(3, tls=TLSIdentity.self_signed())
+    server = ExchangeServer("127.0.0.1", execution_id=3, security=security)
+    server.on_put("slot_write", slot_write_handler(b, JOB))
+    server.on_get("slot_read", slot_read_handler(b, JOB))
+    assert server.location.startswith("grpc+tls://")
+    client = ExchangeClient(server.location, security=security)
+    try:
+        put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+        put.write(b"x" * 1000)
+        put.finish({"size": 1000, "xxh3": xxhash.xxh3_64_hexdigest(b"x" * 1000)})
+        info, pieces = client.get_file("slot_read", {"slot": b.uuid, "path": PATH,
+                                                     "offset": 10, "length": 20})
+        assert info == {"size": 1000} and b"".join(p.to_pybytes() for p in pieces) == b"x" * 20
+    finally:
+        client.close()
+        server.close()
 
 
 def test_on_one_host_the_slots_are_their_own_groups():
@@ -258,3 +401,138 @@ def test_a_restore_counts_every_partition_against_the_slots_it_holds(tmp_path, t
     message = str(caught.value)
     assert "agg: partitions 0-6" in message and "src: broadcast state" in message
     assert f"{b.uuid} (host host-b)" in message and "backup_count" in message
+
+
+def _members_config(tmp_path, **kw):
+    from sparkjet.runtime import JobConfig
+
+    return JobConfig(name="driver-only", storage="members", storage_dir=str(tmp_path / "slots"),
+                     snapshot_store=str(tmp_path / "store"), partition_count=7, **kw)
+
+
+def test_a_writer_in_a_slot_is_fenced_by_the_slot_and_never_opens_the_store(tmp_path):
+    """A member's writer (members' storage) checks the slot's FENCE, not the store's log:
+    it writes with no store at all, and once a newer execution has fenced the slot (its
+    task claimed it), the older execution's writer is refused, mid-snapshot or new."""
+    from sparkjet.errors import FencedError
+    from sparkjet.runtime.storage import SlotWriterLink, slot_writer
+
+    config = _members_config(tmp_path)
+    with StorageSlot.claim(config.storage_root(), host="a") as slot:
+        slot.fence(config.id, 1)
+        link = SlotWriterLink(config, slot)
+        w = slot_writer(config, link, 0, 1, writer=0, replicate=None)
+        w.write_table("agg", _state(100, 0), key="key")
+        manifest = w.finish()
+        assert {f["slot"] for f in manifest.files} == {slot.uuid}
+        w = slot_writer(config, link, 1, 1, writer=0, replicate=None)
+        slot.fence(config.id, 2)
+        with pytest.raises(FencedError, match="execution 1 .* fenced off by execution 2"):
+            w.write_table("agg", _state(100, 0), key="key")
+        with pytest.raises(FencedError, match="fenced off by execution 2"):
+            slot_writer(config, link, 1, 1, writer=0, replicate=None)
+        with pytest.raises(InvalidArgumentError, match="only the driver commits"):
+            link.commit(0, 1, [manifest])
+    assert not (tmp_path / "store").exists(), "the member never touched snapshot_store"
+
+
+def _committed_in_slots(tmp_path, config, slots, **writer):
+    """Each slot's writer (as a member's) writes; the driver's store commits the record."""
+    from sparkjet.runtime.storage import SlotWriterLink, slot_writer
+
+    store = SnapshotStore(config.snapshot_store, config.id)
+    store.register_execution(1)
+    manifests = []
+    for i, slot in enumerate(slots):
+        slot.fence(config.id, 1)
+        w = slot_writer(config, SlotWriterLink(config, slot), 0, 1, writer=i, **writer)
+        w.write_table("agg", _state(1000, i * 1000), key="key")
+        w.write_broadcast_entries("src", [str(i).encode()], [f"state {i}".encode()])
+        manifests.append(w.finish())
+    store.commit(0, 1, manifests, table="dGFibGU=", plan='{"v": 1}')
+    return store
+
+
+def test_a_member_restores_from_the_record_the_driver_hands_it(tmp_path, two_slots):
+    """The driver hands the committed record (its bytes, folder and name); the member
+    reads the snapshot from it and the slots alone (RecordView: no log, no store), and a
+    record that does not match its name, or another snapshot, is refused."""
+    from sparkjet.errors import SnapshotCorruptError, SnapshotNotFoundError
+    from sparkjet.runtime.storage import check_reachable
+    from sparkjet.snapshot.store import RecordView
+
+    a, b = two_slots
+    config = _members_config(tmp_path)
+    store = _committed_in_slots(tmp_path, config, [a, b], replicate=None)
+    data, directory, file = store.committed_record(0)
+    view = RecordView(config.id, data, directory, file, name=config.name)
+    security = LinkSecurity.generate(1)
+    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    server.on_get("slot_read", slot_read_handler(b, config.id))
+    try:
+        member = _Member([a.uuid, b.uuid], {1: ExchangeClient(server.location, security=security)})
+        view.slot_files = slot_files(member, a, config.id)
+        check_reachable(view, 0, member)
+        assert view.recorded_plan(0) == '{"v": 1}'
+        got = view.restore("agg", snapshot_id=0).table.sort_by("key")
+        assert got.equals(pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key"))
+        with pytest.raises(SnapshotNotFoundError, match="only snapshot 0 is readable here"):
+            view.restore("agg", snapshot_id=1)
+        with pytest.raises(InvalidArgumentError, match="it has no log"):
+            view.latest_complete()
+    finally:
+        server.close()
+    with pytest.raises(SnapshotCorruptError, match="validation record checksum"):
+        RecordView(config.id, data.replace(b'"agg"', b'"agh"', 1), directory, file)
+
+
+def test_phase_2_keeps_the_record_in_every_slot_and_drops_what_the_store_does_not_keep(
+        tmp_path, two_slots):
+    from sparkjet.errors import FencedError
+    from sparkjet.runtime.storage import keep_committed
+
+    a, _ = two_slots
+    config = _members_config(tmp_path)
+    store = SnapshotStore(config.snapshot_store, config.id)
+    store.register_execution(1)
+    a.fence(config.id, 1)
+    for sid in range(4):
+        _write(store, [a], snapshot_id=sid)
+        data, _, _ = store.committed_record(sid)
+        keep_committed(a, config.id, sid, 1, data, [c.snapshot for _, c in store._retained()])
+    assert a.records(config.id) == [2, 3]
+    assert a.read_record(config.id, 3) == store.committed_record(3)[0]
+    assert len(a.replicas(config.id).listdir(a.replicas(config.id).path("snapshots"))) == 2
+    a.fence(config.id, 2)                  # a newer execution's task claimed the slot
+    with pytest.raises(FencedError, match="fenced off by execution 2"):
+        keep_committed(a, config.id, 4, 1, b"zombie", [3, 4])
+    assert a.records(config.id) == [2, 3]
+
+
+def test_durable_copies_reach_a_member_through_the_driver(tmp_path, two_slots):
+    """durable_tier="sync" and no slot left: the member reads the store's copies through
+    the driver's store_read action (DriverStoreFiles), which serves that snapshot's folder
+    and nothing else."""
+    from sparkjet.runtime.storage import DriverStoreFiles, store_read_handler
+    from sparkjet.snapshot.store import RecordView
+
+    a, b = two_slots
+    config = _members_config(tmp_path, durable_tier="sync")
+    store = _committed_in_slots(tmp_path, config, [a, b], replicate=None)
+    data, directory, file = store.committed_record(0)
+    security = LinkSecurity.generate(1)
+    driver = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    driver.on_action("store_read", store_read_handler(store, directory))
+    try:
+        client = ExchangeClient(driver.location, security=security)
+        view = RecordView(config.id, data, directory, file, backend=DriverStoreFiles(client))
+        with StorageSlot.claim(tmp_path / "c", host="c") as c:  # holds neither slot's files
+            view.slot_files = slot_files(_Member([c.uuid], {}), c, config.id)
+            got = view.restore("agg").table.sort_by("key")
+        assert got.equals(pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key"))
+        for path in ("log", f"job-{config.id:016x}/log/000000000000.json",
+                     "/".join((f"job-{config.id:016x}", *directory, "..", "..", "log"))):
+            with pytest.raises(ExchangeRefusedError, match="is not a file of the snapshot"):
+                client.action("store_read", {"op": "list", "path": path})
+    finally:
+        driver.close()

@@ -104,6 +104,27 @@ def test_an_older_execution_is_fenced_off(tmp_path):
         assert slot.newest_execution(JOB) == 5
 
 
+def test_a_writer_or_record_of_an_older_execution_is_refused_by_the_slot(tmp_path):
+    """The members' storage fences without the store's log: once a slot has seen execution
+    5 (the task of execution 5 claimed it), a writer of execution 4 (a processor thread
+    left in a reused Python worker) and the record copy of a snapshot execution 4
+    committed are refused, and nothing of theirs is kept."""
+    with StorageSlot.claim(tmp_path, host="h1") as slot:
+        slot.fence(JOB, 4)
+        slot.check_fence(JOB, 4)
+        slot.write_record(JOB, 7, b"record 7", execution=4)
+        slot.fence(JOB, 5)
+        slot.check_fence(JOB, 5)
+        with pytest.raises(FencedError, match="execution 4 of job 0000000000005eed is fenced "
+                                              "off by execution 5"):
+            slot.check_fence(JOB, 4)
+        with pytest.raises(FencedError, match="fenced off by execution 5"):
+            slot.write_record(JOB, 8, b"record 8", execution=4)
+        assert slot.records(JOB) == [7]
+        slot.write_record(JOB, 8, b"record 8", execution=5)
+        assert slot.records(JOB) == [7, 8]
+
+
 def test_a_released_slot_refuses_writes(tmp_path):
     slot = StorageSlot.claim(tmp_path, host="h1")
     slot.release()

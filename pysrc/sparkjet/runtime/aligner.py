@@ -61,6 +61,42 @@ call: producers then raise :class:`AlignerClosedError`, and so do consumers.
 Besides the native :class:`BarrierAligner` this module holds :class:`ReferenceAligner`,
 the same API in plain Python (deques and one lock), which the tests hold the native one
 to, event for event.
+
+Alignment timeout: unaligned snapshots
+--------------------------------------
+:class:`TimeoutAligner` wraps an exactly-once aligner with Flink's aligned checkpoint
+timeout (``JobConfig.alignment_timeout``). Once barrier *n* has reached the aligner on some
+channel (pushed by its producer: it may still wait behind queued items) and ``timeout``
+seconds have passed without ``SNAPSHOT n``, ``take`` returns ``(UNALIGNED, n, False)``
+at once, ahead of the items still queued: the consumer saves its state and forwards
+barrier *n* then. From there until ``SNAPSHOT n`` the items the inner aligner hands out
+(all of them sent before barrier *n* on their channels, since the channels that delivered
+it are held) are not returned but *captured*: the aligner drains them as fast as it can take
+them, and ``SNAPSHOT n`` comes out as soon as every barrier *n* is taken, with the
+captured ``(channel, item)`` pairs in :attr:`TimeoutAligner.in_flight` (they belong to
+snapshot *n*: a restore replays them before new input). After ``SNAPSHOT n`` the captured
+items come out as ordinary ``ITEM`` events, in the order they were taken, before anything
+the inner aligner holds (so each channel's order is kept). A terminal barrier (stop,
+suspend, export) is always aligned, so a snapshot a job stops with never holds items in
+flight.
+
+Backpressure is kept: the items captured and not replayed yet count against their
+channel's ``capacity`` (:meth:`TimeoutAligner.queued` says so), and a producer waits while
+its channel's queue and those items fill it. Only a channel that has not delivered the
+barrier being captured may go past that (its items until the barrier belong to the
+snapshot, which must complete), so each unaligned snapshot does not add a queue's worth of
+buffering under a sustained overload.
+
+>>> from sparkjet.runtime.aligner import TimeoutAligner, UNALIGNED
+>>> a = TimeoutAligner(BarrierAligner(channels=2, capacity=8), alignment_timeout=0)
+>>> for x in ("a0", "a1"): a.put(0, x)
+>>> a.put_barrier(0, 0); a.put(0, "a2"); a.put(1, "b0"); a.put_barrier(1, 0)
+>>> a.take(0)  # barrier 0 came and the timeout (0 s) passed: snapshot now
+('unaligned', 0, False)
+>>> a.take(0), a.in_flight  # the items queued ahead of the barriers are captured
+(('snapshot', 0, False), [(0, 'a0'), (0, 'a1'), (1, 'b0')])
+>>> [a.take(0) for _ in range(4)]  # then replayed, before what came after the barriers
+[('item', 0, 'a0'), ('item', 0, 'a1'), ('item', 1, 'b0'), ('item', 0, 'a2')]
 """
 from __future__ import annotations
 
@@ -97,6 +133,7 @@ from sparkjet.errors import (
 
 __all__ = [
     "BURST",
+    "UNALIGNED",
     "DONE",
     "FAULT_OTHER_ID",
     "FAULT_SECOND",
@@ -108,7 +145,11 @@ __all__ = [
     "BarrierAligner",
     "BarrierError",
     "ReferenceAligner",
+    "TimeoutAligner",
 ]
+
+#: The event of :class:`TimeoutAligner` that says "snapshot now, unaligned".
+UNALIGNED = "unaligned"
 
 DEFAULT_CAPACITY = 1024
 DEFAULT_HISTORY = 1000  # completed alignments kept in ``alignments``
@@ -481,3 +522,203 @@ class ReferenceAligner:
         if event is not None and event[0] is SNAPSHOT:
             self._alignments.append(self._alignment.last)
         return event
+
+
+# ------------------------------------------------------------------ the alignment timeout
+
+
+class TimeoutAligner:
+    """An exactly-once aligner (:class:`BarrierAligner` or :class:`ReferenceAligner`) whose
+    alignments time out after ``alignment_timeout`` seconds, counted from the moment the
+    first barrier of a snapshot reached it: then ``take`` returns ``(UNALIGNED, n,
+    False)``, captures what is in flight until ``SNAPSHOT n`` and replays it afterwards
+    (see the module's "Alignment timeout"). Producers use it as the inner aligner (every
+    producer call is the inner one's, ``put_barrier`` / ``offer_barrier`` also note when
+    the barrier came); one consumer thread calls ``take`` / ``poll``."""
+
+    def __init__(self, aligner, alignment_timeout: float, history: int = DEFAULT_HISTORY):
+        if aligner.mode != "exactly-once":
+            raise InvalidArgumentError(
+                f"an alignment timeout needs an exactly-once aligner, not {aligner.mode!r}: "
+                "at-least-once never holds a channel")
+        if not (isinstance(alignment_timeout, (int, float)) and alignment_timeout >= 0
+                and alignment_timeout != float("inf")):
+            raise InvalidArgumentError(
+                f"alignment_timeout must be a finite number of seconds >= 0, not "
+                f"{alignment_timeout!r}")
+        self.aligner = aligner
+        self.alignment_timeout = float(alignment_timeout)
+        self.end = aligner.end
+        self._arrived: dict[int, tuple[float, bool]] = {}  # snapshot id -> (when, terminal)
+        self._room = threading.Condition()
+        self._borrowed = [0] * aligner.channels  # captured or replayed items not taken yet
+        self._barrier_put = [-1] * aligner.channels  # the last barrier pushed per channel
+        self._capturing: int | None = None
+        self._started = self._waited = 0.0
+        self._captured: list = []
+        self._replay: deque = deque()
+        #: the (channel, item) pairs in flight of the last unaligned snapshot
+        self.in_flight: list = []
+        #: the last ``history`` unaligned snapshots: id, seconds from the first barrier's
+        #: arrival to the snapshot (``waited_s``) and from there to the last barrier
+        #: (``capture_s``), items captured
+        self.unaligned: deque = deque(maxlen=history)
+
+    def __getattr__(self, name):  # the rest of the inner aligner's API (len, alignments, ...)
+        return getattr(self.aligner, name)
+
+    def __len__(self) -> int:
+        return len(self.aligner) + sum(self._borrowed)
+
+    def queued(self, channel: int) -> int:
+        """Entries of ``channel`` not taken yet: in the queue, captured or being replayed."""
+        return self.aligner.queued(channel) + self._borrowed[channel]
+
+    def __repr__(self) -> str:
+        return f"TimeoutAligner({self.aligner!r}, alignment_timeout={self.alignment_timeout})"
+
+    # ---- producer side
+
+    def put(self, channel: int, item, timeout: float | None = None) -> None:
+        if self._borrowed[channel]:
+            self._wait_room(channel, timeout)
+        self.aligner.put(channel, item, timeout=timeout)
+
+    def offer(self, channel: int, item) -> bool:
+        if self._borrowed[channel] and self._full(channel):
+            return False
+        return self.aligner.offer(channel, item)
+
+    def put_many(self, channel: int, items, timeout: float | None = None) -> int:
+        if self._borrowed[channel]:
+            self._wait_room(channel, timeout)
+        return self.aligner.put_many(channel, items, timeout=timeout)
+
+    def offer_many(self, channel: int, items) -> int:
+        if self._borrowed[channel] and self._full(channel):
+            return 0
+        return self.aligner.offer_many(channel, items)
+
+    def _full(self, channel: int) -> bool:
+        """The channel's queue plus its borrowed items fill its capacity, and it is not a
+        channel whose items a capture still waits for."""
+        capturing = self._capturing
+        if capturing is not None and self._barrier_put[channel] < capturing:
+            return False
+        return self.aligner.queued(channel) + self._borrowed[channel] >= self.aligner.capacity
+
+    def _wait_room(self, channel: int, timeout: float | None) -> None:
+        check_aligner_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._room:
+            while self._full(channel):
+                if self.aligner.closed:
+                    return      # the inner put raises why
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise aligner_timeout_error(channel, timeout)
+                # woken when a borrowed item is taken or a capture starts; the queue's own
+                # takes are not signalled here, hence the slice
+                self._room.wait(0.005 if left is None else min(0.005, left))
+
+    def announce(self, snapshot_id: int, terminal: bool = False) -> None:
+        """Barrier ``snapshot_id`` is on its way (a producer will put it once its queue has
+        room): the timeout counts from now."""
+        self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))
+
+    def put_barrier(self, channel: int, snapshot_id: int, terminal: bool = False,
+                    timeout: float | None = None) -> None:
+        self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))
+        self.aligner.put_barrier(channel, snapshot_id, terminal, timeout=timeout)
+        self._barrier_put[channel] = snapshot_id
+
+    def offer_barrier(self, channel: int, snapshot_id: int, terminal: bool = False) -> bool:
+        self._arrived.setdefault(snapshot_id, (time.monotonic(), bool(terminal)))
+        if not self.aligner.offer_barrier(channel, snapshot_id, terminal):
+            return False
+        self._barrier_put[channel] = snapshot_id
+        return True
+
+    # ---- consumer side
+
+    @property
+    def capturing(self) -> int | None:
+        """The snapshot whose in-flight items are being captured, or None."""
+        return self._capturing
+
+    def replay(self, items) -> None:
+        """Hands out ``items`` ((channel, item) pairs: a restored snapshot's in-flight
+        items) as ITEM events before anything else."""
+        for c, _ in items:
+            self._borrowed[c] += 1
+        self._replay.extend(items)
+
+    def poll(self) -> tuple | None:
+        return self.take(0)
+
+    def take(self, timeout: float | None = None) -> tuple | None:
+        check_aligner_timeout(timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            due = None
+            if self._capturing is None:
+                due = self._due()
+                if due is not None and due[1] <= now:
+                    return self._unalign(due[0], now)
+                if self._replay:
+                    c, item = self._replay.popleft()
+                    with self._room:
+                        self._borrowed[c] -= 1
+                        self._room.notify_all()
+                    return (ITEM, c, item)
+            wait = None if end is None else max(0.0, end - now)
+            if due is not None:
+                wait = due[1] - now if wait is None else min(wait, due[1] - now)
+            event = self.aligner.take(wait)
+            if event is None:
+                if end is not None and time.monotonic() >= end:
+                    return None
+                continue
+            if self._capturing is not None and event[0] == ITEM:
+                self._captured.append((event[1], event[2]))
+                self._borrowed[event[1]] += 1
+                continue
+            if event[0] == SNAPSHOT:
+                self._completed(event[1])
+            return event
+
+    def _due(self) -> tuple[int, float] | None:
+        """The oldest pending snapshot whose barrier came and its deadline (None: none;
+        a terminal snapshot is always aligned)."""
+        pending = [(sid, t) for sid, (t, terminal) in self._arrived.items() if not terminal]
+        if not pending:
+            return None
+        sid, t = min(pending)
+        return sid, t + self.alignment_timeout
+
+    def _unalign(self, snapshot_id: int, now: float) -> tuple:
+        self._capturing, self._started = snapshot_id, now
+        # a replay not finished yet was sent before this barrier too: still in flight
+        self._captured = list(self._replay)
+        self._replay.clear()
+        self._waited = now - self._arrived[snapshot_id][0]
+        with self._room:    # producers of channels it waits for may go past their capacity
+            self._room.notify_all()
+        return (UNALIGNED, snapshot_id, False)
+
+    def _completed(self, snapshot_id: int) -> None:
+        for sid in [s for s in self._arrived if s <= snapshot_id]:
+            del self._arrived[sid]
+        if self._capturing is None:
+            return
+        if snapshot_id != self._capturing:  # the inner aligner checks ids: cannot happen
+            raise InvalidArgumentError(f"snapshot {snapshot_id} completed while snapshot "
+                                       f"{self._capturing} was capturing")
+        self.in_flight = self._captured
+        self._replay.extend(self._captured)
+        self._captured = []
+        self.unaligned.append({"snapshot_id": snapshot_id, "waited_s": self._waited,
+                               "capture_s": time.monotonic() - self._started,
+                               "items": len(self.in_flight)})
+        self._capturing = None

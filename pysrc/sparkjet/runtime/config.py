@@ -83,6 +83,20 @@ class JobConfig:
       long. So at a low rate latency is not set by ``batch_size``; at a high rate batches
       fill first. Sinks whose rows become visible only by a commit (files, Delta, and
       every exactly-once sink) show them at the snapshot's commit, whatever this is.
+    - ``alignment_timeout``: seconds a keyed processor waits, once the first barrier of a
+      snapshot reached it, for the barriers of all its inputs before it takes the snapshot
+      unaligned (Flink's ``execution.checkpointing.aligned-checkpoint-timeout``): it saves
+      its state at once, forwards the barrier ahead of the data still queued, and stores
+      the batches and watermarks its inputs sent before their barriers as part of the
+      snapshot, which a restore replays before new input
+      (:class:`~sparkjet.runtime.aligner.TimeoutAligner`). Under backpressure (a slow sink,
+      a hot key) snapshot time is then bounded by the timeout, not by the backlog; the
+      snapshot is larger by what was in flight (at most ``queue_capacity`` batches per
+      channel, plus what comes until the barrier). None (the default): always aligned,
+      as before (no snapshot holds data in flight); 0: unaligned as soon as a barrier
+      comes. Exactly-once only; a stop, suspend or export is always aligned. A restore of
+      an unaligned snapshot at another parallelism is refused
+      (:class:`~sparkjet.errors.InFlightRescaleError`).
     - ``partition_count``: the Hazelcast partitions keyed state is spread over (271, at most
       100000); ``queue_capacity``: batches each channel into a processor holds (at most 4096).
     - ``members``: on Spark, how many members (barrier tasks) an execution has (at most
@@ -182,6 +196,7 @@ class JobConfig:
     persistence: bool = False
     storage_dir: Annotated[str, Meta(min_length=1)] | None = None
     durable_tier: Literal["none", "sync"] = "none"
+    alignment_timeout: Annotated[Finite, Meta(ge=0)] | None = None
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python
@@ -210,6 +225,10 @@ class JobConfig:
             if self.processing_guarantee == "none":
                 raise InvalidArgumentError("JobConfig.initial_snapshot needs snapshots: "
                                            "processing_guarantee is 'none'")
+        if self.alignment_timeout is not None and self.processing_guarantee != "exactly-once":
+            raise InvalidArgumentError(
+                "JobConfig.alignment_timeout is for exactly-once: with "
+                f"{self.processing_guarantee!r} no barrier holds a channel")
         if self.durable_tier != "none" and self.storage != "members":
             raise InvalidArgumentError(
                 "JobConfig.durable_tier is a copy of the members' storage in snapshot_store; "

@@ -17,9 +17,17 @@ commands queued for that member, waiting up to :data:`POLL_WAIT` for one), ``ack
 1), ``restored`` (its operators rebuilt the restored state: the "restored" event goes out
 once every member has said so), ``failed`` and ``done`` -- and the loop watches for a member
 that failed or went silent.
+
+With the members' storage (``storage="members"``) the driver is the only process that opens
+the snapshot store: the ``join`` answer also carries the partition table over the members'
+slots and the snapshot to start from with its committed record (``start``), the
+``store_read`` action serves the store's files of that snapshot (durable copies, an export)
+to the members, and the phase-2 command carries the committed record, which every slot
+keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``).
 """
 from __future__ import annotations
 
+import base64
 import queue
 import threading
 import time
@@ -31,7 +39,7 @@ from sparkjet.errors import (
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.exchange.server import ExchangeServer
 from sparkjet.runtime.schemas import check_agreement
-from sparkjet.runtime.storage import encode_table, table_for
+from sparkjet.runtime.storage import encode_table, store_read_handler, table_for
 from sparkjet.snapshot.store import Manifest, SnapshotStore
 
 _POLL = 0.005
@@ -142,8 +150,13 @@ class SnapshotCoordinator:
         committed = time.monotonic()
         if self.table is None:
             self.send(["commit", snapshot_id])
-        else:  # the members' slots keep the snapshots the store keeps
-            self.send(["commit", snapshot_id, [c.snapshot for _, c in self.store._retained()]])
+        else:
+            # phase 2 hands every slot the committed record; the slots keep the snapshots
+            # the store keeps
+            data, _, _ = self.store.committed_record(snapshot_id)
+            self.send(["commit", snapshot_id, [c.snapshot for _, c in self.store._retained()],
+                       {"execution": self.execution_id,
+                        "record": base64.b64encode(data).decode()}])
         record = {"snapshot": snapshot_id, "duration_s": committed - started, "bytes": info.bytes,
                   "terminal": terminal, "alignment_s": alignment}
         self.records.append(record)
@@ -165,8 +178,12 @@ class ExecutionCoordinator:
     """
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
-                 security, store: SnapshotStore | None, progress: Callable[[dict], None]):
+                 security, store: SnapshotStore | None, progress: Callable[[dict], None],
+                 start: dict | None = None, start_store: SnapshotStore | None = None):
         self.config = config
+        #: with the members' storage: what the join answer hands the members to start
+        #: from (:func:`~sparkjet.runtime.restore.handed_start`), and the store it is in
+        self.start = start
         self.execution_id = execution_id
         self.topology = topology
         self.members = topology.members
@@ -208,6 +225,10 @@ class ExecutionCoordinator:
                               ("restored", self._restored), ("failed", self._member_failed),
                               ("done", self._done)):
             self.server.on_action(name, handler)
+        if start is not None and start_store is not None:
+            # the members read what the store holds of it (durable copies, an export)
+            # through the driver: they never open the store
+            self.server.on_action("store_read", store_read_handler(start_store, start["dir"]))
 
     @property
     def location(self) -> str:
@@ -252,6 +273,7 @@ class ExecutionCoordinator:
             answer = {"peers": [self.locations[m] for m in range(self.members)]}
             if members_storage:
                 answer.update(self._place())
+                answer["start"] = self.start
             return answer
 
     def _place(self) -> dict:

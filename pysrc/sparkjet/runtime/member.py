@@ -18,6 +18,7 @@ execution has an id, the fencing token of store and sinks.
 """
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from sparkjet.errors import (
 from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
 from sparkjet.runtime import failures
-from sparkjet.runtime.aligner import BarrierAligner
+from sparkjet.runtime.aligner import BarrierAligner, TimeoutAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
 from sparkjet.runtime.exchange.client import ExchangeClient
@@ -42,6 +43,7 @@ from sparkjet.runtime.observability import LATENCY_FIELDS, LatencyHistogram, lat
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
 from sparkjet.runtime.restore import (
     StartPoint,
+    handed_point,
     initial_point,
     open_point,
     own_start,
@@ -53,13 +55,16 @@ from sparkjet.runtime.snapshotting import (
     restore_processors,
 )
 from sparkjet.runtime.storage import (
+    DriverStoreFiles,
+    SlotWriterLink,
     check_reachable,
-    drop_old_snapshots,
+    keep_committed,
     replicator,
     slot_files,
 )
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
+from sparkjet.snapshot.store import RecordView
 
 _log = logging.getLogger(__name__)
 
@@ -82,13 +87,18 @@ class Member:
     def __init__(self, dag: Dag, config: JobConfig, execution_id: int, *, progress=None,
                  topology: Topology | None = None, index: int = 0,
                  restore_from: int | None | str = "latest", stop_file: str | None = None,
-                 slot=None):
+                 slot=None, start: dict | None = None):
         self.dag = dag
         #: with ``storage="members"``: this member's storage slot, where its processors
         #: write their snapshot files, and what copies them to their backups
         #: (:mod:`sparkjet.runtime.storage`)
         self.slot = slot
         self.replicate = None
+        #: with a slot: what the driver's join answer handed this member to start from
+        #: (:func:`~sparkjet.runtime.restore.handed_start`; None: nothing to restore)
+        self.start = start
+        #: with a slot: what its snapshot writers ask of a store, fenced by the slot
+        self.slot_link = SlotWriterLink(config, slot) if slot is not None else None
         #: set (or, for a member in a child process, ``stop_file`` created) to stop the job
         #: gracefully: the next snapshot is the terminal one, as if every source had ended
         self.stop_requested = threading.Event()
@@ -98,7 +108,11 @@ class Member:
         self.progress = progress or (lambda event: None)
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
-        self.store = open_store(config) if self.snapshots_on else None
+        # With the members' storage only the driver opens the store (the join answer, the
+        # slots and the phase-2 record copies stand in for its log), except for the table
+        # versions of table joins, which are still kept there.
+        self.store = open_store(config) if self.snapshots_on and (
+            slot is None or dag.table_joins) else None
         self.table_versions = TableVersions(self.store)
         self.topology = t = topology or Topology(1, config.local_parallelism, dag,
                                                  config.partition_count)
@@ -134,8 +148,11 @@ class Member:
                     parts = t.source_partitions_of(v.name, k, v.source.partition_count())
                     self.processors.append(SourceProcessor(self, v, k, parts))
                 else:
-                    self.aligners[(v.name, k)] = BarrierAligner(
-                        t.channels[v.name], mode=mode, capacity=config.queue_capacity)
+                    aligner = BarrierAligner(t.channels[v.name], mode=mode,
+                                             capacity=config.queue_capacity)
+                    if config.alignment_timeout is not None and mode == "exactly-once":
+                        aligner = TimeoutAligner(aligner, config.alignment_timeout)
+                    self.aligners[(v.name, k)] = aligner
                     self.processors.append(KeyedProcessor(self, v, k))
         self._sources_ended: set[str] = set()
         self._ended = threading.Event()
@@ -318,6 +335,8 @@ class Member:
         execution and takes the last complete snapshot); returns the next snapshot id."""
         if not self.snapshots_on:
             return 0
+        if self.slot is not None:
+            return self._restore_handed()
         if self.restore_from == "latest":
             self.store.register_execution(self.execution_id)
             snapshot_id, fallback = own_start(self.config, self.store, self.dag,
@@ -334,10 +353,29 @@ class Member:
         else:
             return 0
         store = open_point(self.config, point, self.store)
-        if self.slot is not None:
-            store.slot_files = slot_files(self, self.slot, point.job_id)
-            if point.export is None:
-                check_reachable(store, point.snapshot_id, self)
+        return self._restore_from(point, store)
+
+    def _restore_handed(self) -> int:
+        """With the members' storage: restores the snapshot the driver's join answer named,
+        from the record it handed (:class:`~sparkjet.snapshot.store.RecordView`), reading
+        the chunk files from this member's slot and its peers' and what the store holds
+        (durable copies, an export) through the driver: never from the store."""
+        if self.start is None:
+            return 0
+        start = self.start
+        point = handed_point(start)
+        view = RecordView(point.job_id, base64.b64decode(start["record"]), start["dir"],
+                          start["file"], name=point.job_name,
+                          backend=None if self.link is None else DriverStoreFiles(
+                              self.link.client))
+        view.slot_files = slot_files(self, self.slot, point.job_id)
+        if point.export is None:
+            check_reachable(view, point.snapshot_id, self)
+        return self._restore_from(point, view)
+
+    def _restore_from(self, point: StartPoint, store) -> int:
+        """Restores ``point`` from ``store``; returns the next snapshot id."""
+        snapshot_id = point.snapshot_id
         plan = plan_restore(self.dag, read_fingerprint(store, point), point,
                             self.config.state_mapping)
         if point.initial:
@@ -416,11 +454,11 @@ class Member:
         elif cmd[0] == "commit":
             for p in self.processors:
                 p.control.put(("commit", cmd[1]))
-            if self.slot is not None and len(cmd) > 2:
-                try:  # what the store no longer keeps (cmd[2]: the retained snapshot ids)
-                    drop_old_snapshots(self.slot, self.config.id, cmd[1], cmd[2])
-                except OSError as e:
-                    _log.warning("%s: old snapshots not removed: %s", self.slot, e)
+            if self.slot is not None and len(cmd) > 3:
+                # phase 2 in the slot: the committed record's copy (cmd[3]), and what the
+                # store no longer keeps dropped (cmd[2]: the retained snapshot ids)
+                keep_committed(self.slot, self.config.id, cmd[1], int(cmd[3]["execution"]),
+                               base64.b64decode(cmd[3]["record"]), cmd[2])
         elif cmd[0] == "end":
             for p in self.processors:
                 if p.vertex.kind == SOURCE:

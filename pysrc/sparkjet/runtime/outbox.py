@@ -299,9 +299,38 @@ class Outbox:
                 for joiner in self._joiners.values()]
 
     def barrier(self, snapshot_id: int, terminal: bool) -> None:
+        # Every local target with an alignment timeout learns of the barrier first: its
+        # timeout counts from now, even if the barrier waits here for room in the queue
+        # of a target before it (the timed-out target drains its queues).
+        for aligner in self._local_aligners():
+            announce = getattr(aligner, "announce", None)
+            if announce is not None:
+                announce(snapshot_id, terminal)
         for w in self.targets:
             for k in range(self._width[w]):
                 self._put(w, k, None, barrier=(snapshot_id, terminal))
+
+    def has_room(self) -> bool:
+        """Whether every channel of this processor into a processor of this member has
+        room for a batch, so that the next batch sent will not wait (a remote channel's
+        window is not known here: it counts as room). With unaligned snapshots a source
+        reads its next batch only then: it stays free to inject a barrier at once instead
+        of waiting inside a full queue."""
+        return all(aligner.queued(c) < aligner.capacity
+                   for aligner, c in self._local_channels())
+
+    def _local_aligners(self) -> list:
+        return [aligner for aligner, _ in self._local_channels()]
+
+    def _local_channels(self) -> list:
+        """(aligner, channel) of each channel into a processor of this member."""
+        local = self.__dict__.get("_local")
+        if local is None:
+            m = self.member
+            local = self._local = [(m.aligners[(w, k)], self._channel_of[w])
+                                   for w in self.targets for k in range(self._width[w])
+                                   if (w, k) in m.aligners]
+        return local
 
     def watermark(self, mark) -> None:
         for w in self.targets:

@@ -25,12 +25,15 @@ import pyarrow as pa
 from sparkjet.connectors import dead_letters
 from sparkjet.errors import BadRecordError, InvalidArgumentError
 from sparkjet.operators.time import EventTimeColumn, in_units
-from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT
+from sparkjet.runtime.aligner import DONE, ITEM, SNAPSHOT, UNALIGNED
 from sparkjet.runtime.observability import weighted_samples
 from sparkjet.runtime.outbox import Outbox
 from sparkjet.runtime.snapshotting import (
+    acknowledge,
     finish_barrier,
+    forward_barrier,
     open_writer,
+    write_in_flight,
     write_keyed,
     write_prepared,
     write_source,
@@ -249,6 +252,7 @@ class SourceProcessor(Processor):
         self.open_outputs(self._observe if self.watermarks is not None else None)
         reader.on_bad_record = self._bad_record
         ended = finished = False
+        unaligned = m.config.alignment_timeout is not None and m.snapshots_on
         # an idle reader is asked again after at most max_batch_delay
         poll = min(_POLL, max(m.config.max_batch_delay, _MIN_WAIT))
         try:
@@ -261,6 +265,11 @@ class SourceProcessor(Processor):
                     # read to its end, or stopped: after the terminal barrier nothing more
                     # is read (a resumed job reads on from the snapshot's offsets)
                     time.sleep(self.idle_wait(_POLL))
+                    continue
+                if unaligned and not self.outbox.has_room():
+                    # (see Outbox.has_room: free to take the next barrier at once)
+                    time.sleep(_MIN_WAIT)
+                    self.flush_due()
                     continue
                 if reader.at_end():
                     ended = True
@@ -345,6 +354,7 @@ class KeyedProcessor(Processor):
         self.restored_watermark = MIN_TIME
         self.restored_floors = None
         self.restored_broadcast = None
+        self.restored_in_flight: list = []  # (channel, item): an unaligned snapshot's
 
     def work(self) -> None:
         m = self.member
@@ -362,7 +372,12 @@ class KeyedProcessor(Processor):
         self.open_outputs()
         aligner = m.aligners[(v.name, self.index)]
         tracker = WatermarkTracker(m.topology.channels[v.name], self.restored_watermark)
+        # an unaligned snapshot's items in flight come first, as they came before
+        for channel, item in self.restored_in_flight:
+            self._item(op, tracker, channel, item)
+        self.restored_in_flight = []
         terminal_sid = None
+        unaligned = None        # (snapshot id, writer, schemas) until its last barrier
         done = False
         try:
             while not m.failed:
@@ -380,29 +395,33 @@ class KeyedProcessor(Processor):
                     continue
                 kind = event[0]
                 if kind == ITEM:
-                    item = event[2]
-                    if isinstance(item, Watermark):
-                        mark = tracker.update(event[1], item)
-                        if mark is not None:
-                            self._advance(op, mark)
-                        continue
-                    samples = self.sample_ts(item)
-                    m.count_vertex(v.name, "in", item.num_rows)
-                    outputs, late = op.process(item)
-                    for out in outputs:
-                        self.emit(out)
-                    self.write_late(late)
-                    self.emitted(samples)
-                    self.flush_due()
+                    self._item(op, tracker, event[1], event[2])
+                elif kind == UNALIGNED:
+                    # The alignment timed out (JobConfig.alignment_timeout): the state is
+                    # saved and the barrier forwarded now, ahead of the items still queued;
+                    # the aligner captures those until the last barrier comes (SNAPSHOT).
+                    sid = event[1]
+                    writer = open_writer(m, v.name, self.index, sid)
+                    write_keyed(writer, v, self.index, op, tracker.current,
+                                m.topology.partitions_of(v.name, self.index))
+                    unaligned = (sid, writer, forward_barrier(self, writer, sid, False))
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
+                    records = aligner.alignments  # a copy of the history: read it once
+                    aligned = records[-1]["duration_s"] if records else None
+                    if unaligned is not None and unaligned[0] == sid:
+                        _, writer, schemas = unaligned
+                        unaligned = None
+                        write_in_flight(writer, v.name, self.index, aligner.in_flight,
+                                        m.topology.parallelism[v.name],
+                                        m.topology.channels[v.name])
+                        acknowledge(self, writer, sid, aligned, schemas)
+                        continue
                     writer = open_writer(m, v.name, self.index, sid)
                     write_keyed(writer, v, self.index, op, tracker.current,
                                 m.topology.partitions_of(v.name, self.index))
                     # (this thread is the aligner's consumer: its alignment of this
                     # snapshot is the last one recorded until it takes again)
-                    records = aligner.alignments  # a copy of the history: read it once
-                    aligned = records[-1]["duration_s"] if records else None
                     finish_barrier(self, writer, sid, terminal, aligned)
                     if terminal:
                         terminal_sid = sid
@@ -418,6 +437,22 @@ class KeyedProcessor(Processor):
             if m.failed and self.outbox is not None:
                 self.outbox.abort()
             self.close_sinks()
+
+    def _item(self, op, tracker: WatermarkTracker, channel: int, item) -> None:
+        """One item of input channel ``channel``: a watermark or a batch."""
+        if isinstance(item, Watermark):
+            mark = tracker.update(channel, item)
+            if mark is not None:
+                self._advance(op, mark)
+            return
+        samples = self.sample_ts(item)
+        self.member.count_vertex(self.vertex.name, "in", item.num_rows)
+        outputs, late = op.process(item)
+        for out in outputs:
+            self.emit(out)
+        self.write_late(late)
+        self.emitted(samples)
+        self.flush_due()
 
     def _advance(self, op, mark: Watermark) -> None:
         if not mark.idle:

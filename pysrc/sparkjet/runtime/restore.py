@@ -38,6 +38,7 @@ window or a source's partition count. The error lists every difference at once.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from dataclasses import dataclass
@@ -275,6 +276,39 @@ def start_point(config, store, dag=None) -> StartPoint | None:
     return None
 
 
+def handed_start(config, store, restore_from: int | None):
+    """With the members' storage, what the driver hands its members at join to start from
+    (they never open the store): the point (its own snapshot ``restore_from``, else the
+    job's initial snapshot, else None: nothing to restore), the store it is read from
+    (``store``, or the other job's, which the driver keeps open while the execution runs:
+    the members read the files there through it), and the join answer's ``start``: the
+    point and its committed record (base64), folder and file name."""
+    if restore_from is not None:
+        point = StartPoint(config.id, config.name, restore_from)
+    elif isinstance(config.initial_snapshot, str):
+        point = initial_point(config)
+    else:
+        return None, None, None
+    source = open_point(config, point, store)
+    try:
+        data, directory, file = source.committed_record(
+            None if point.export else point.snapshot_id, name=point.export)
+    except BaseException:
+        if source is not store:
+            source.close()
+        raise
+    return point, source, {"job": point.job_id, "job_name": point.job_name,
+                           "snapshot": point.snapshot_id, "export": point.export,
+                           "initial": point.initial, "dir": list(directory), "file": file,
+                           "record": base64.b64encode(data).decode()}
+
+
+def handed_point(start: dict) -> StartPoint:
+    """The :class:`StartPoint` of a join answer's ``start`` (see :func:`handed_start`)."""
+    return StartPoint(int(start["job"]), str(start["job_name"]), int(start["snapshot"]),
+                      start.get("export"), bool(start.get("initial")))
+
+
 def open_point(config, point: StartPoint, own):
     """The store to read ``point`` from: ``own`` (the job's store) or the other job's."""
     if point.job_id == config.id:
@@ -463,6 +497,6 @@ def log_plan(config, point: StartPoint, plan: RestorePlan) -> None:
                   extra={"job": config.name, "execution": "-", "member": "-"})
 
 
-__all__ = ["Fallback", "RestorePlan", "StartPoint", "conform_state", "initial_point",
-           "open_point", "own_start", "plan_restore", "replay_hazards", "report_fallback",
-           "split_initial", "start_point"]
+__all__ = ["Fallback", "RestorePlan", "StartPoint", "conform_state", "handed_point",
+           "handed_start", "initial_point", "open_point", "own_start", "plan_restore",
+           "replay_hazards", "report_fallback", "split_initial", "start_point"]

@@ -31,7 +31,11 @@ said otherwise) of each processor's store writer:
 - :data:`TABLES_VERTEX`: the table version each join_table stage uses after the barrier
   (key ``"vertex/i/join"``);
 - :data:`SCHEMAS_VERTEX`: each output's schema (key: the output; value: the encoded schema,
-  :mod:`sparkjet.runtime.schemas`).
+  :mod:`sparkjet.runtime.schemas`);
+- :data:`IN_FLIGHT_VERTEX`, only in an unaligned snapshot (``JobConfig.alignment_timeout``):
+  the items a keyed processor took after it saved its state and before the last barrier
+  came (:func:`write_in_flight`), which its restore replays before new input
+  (:func:`in_flight_of`; a restore at another parallelism is refused).
 
 A member that starts from a snapshot reads it once for all its processors
 (:func:`restore_processors`): the source state of every source partition, the state of the
@@ -46,12 +50,15 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from sparkjet.errors import SnapshotNotFoundError
+import pyarrow as pa
+
+from sparkjet.errors import InFlightRescaleError, SnapshotNotFoundError
 from sparkjet.operators.table_join import TABLES_VERTEX
 from sparkjet.pipeline.dag import SOURCE
 from sparkjet.runtime.restore import conform_state
 from sparkjet.runtime.schemas import decode as decode_schema
-from sparkjet.runtime.watermarks import PartitionFloors
+from sparkjet.runtime.storage import slot_writer
+from sparkjet.runtime.watermarks import PartitionFloors, Watermark
 
 if TYPE_CHECKING:
     from sparkjet.runtime.restore import RestorePlan, StartPoint
@@ -60,6 +67,8 @@ if TYPE_CHECKING:
 PLAN_VERTEX = "plan"
 #: The pseudo-vertex whose broadcast entries hold the outputs' schemas in a snapshot.
 SCHEMAS_VERTEX = "__schemas"
+#: The pseudo-vertex whose broadcast entries hold the items in flight of unaligned snapshots.
+IN_FLIGHT_VERTEX = "__in_flight"
 #: The prefix of a processor's watermark entry (``"wm:i"``) in its vertex's entries.
 WATERMARK_PREFIX = "wm:"
 # TABLES_VERTEX, the pseudo-vertex of the table versions, is defined with the table joins
@@ -78,10 +87,13 @@ def open_writer(member, vertex: str, index: int, snapshot_id: int):
     the first writer of the execution also records the DAG's fingerprint."""
     m = member
     writer = m.topology.offset[vertex] + index
-    w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
-                       partition_count=m.config.partition_count,
-                       codec=m.config.snapshot_codec, slot=m.slot, replicate=m.replicate,
-                       durable=m.slot is not None and m.config.durable_tier == "sync")
+    if m.slot is not None:   # the members' storage: into the slot, fenced by it; no store
+        w = slot_writer(m.config, m.slot_link, snapshot_id, m.execution_id, writer=writer,
+                        replicate=m.replicate)
+    else:
+        w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
+                           partition_count=m.config.partition_count,
+                           codec=m.config.snapshot_codec)
     if writer == 0:
         w.write_broadcast_entries(PLAN_VERTEX, [b"dag"],
                                   [json.dumps(m.dag.fingerprint()).encode()])
@@ -148,6 +160,14 @@ def finish_barrier(processor, writer, snapshot_id: int, terminal: bool,
     outputs' schemas, forwards the barrier (and after the terminal one ends its outputs),
     and acknowledges phase 1 to the coordinator with the manifest (and ``alignment_s``, how
     long a keyed processor's alignment took)."""
+    schemas = forward_barrier(processor, writer, snapshot_id, terminal)
+    acknowledge(processor, writer, snapshot_id, alignment_s, schemas)
+
+
+def forward_barrier(processor, writer, snapshot_id: int, terminal: bool) -> dict:
+    """:func:`finish_barrier` up to the barrier's forwarding; returns the schemas the
+    acknowledgement carries. An unaligned snapshot acknowledges later (:func:`acknowledge`),
+    once its items in flight are in ``writer`` too (:func:`write_in_flight`)."""
     outbox = processor.outbox
     write_tables(writer, processor.vertex.name, processor.index,
                  outbox.table_versions(snapshot_id))
@@ -157,8 +177,41 @@ def finish_barrier(processor, writer, snapshot_id: int, terminal: bool,
     outbox.barrier(snapshot_id, terminal)
     if terminal:
         outbox.end()
+    return schemas
+
+
+def acknowledge(processor, writer, snapshot_id: int, alignment_s: float | None,
+                schemas: dict) -> None:
+    """Phase 1 of ``processor`` done: its manifest goes to the coordinator."""
     processor.member.ack(processor.label, snapshot_id, writer.finish(), alignment_s,
                          schemas=schemas)
+
+
+def write_in_flight(writer, vertex: str, index: int, items: list, parallelism: int,
+                    channels: int) -> None:
+    """The items in flight of an unaligned snapshot of processor ``index`` of ``vertex``
+    (:class:`~sparkjet.runtime.aligner.TimeoutAligner`): (channel, batch or watermark)
+    pairs, in the order the processor took them, under :data:`IN_FLIGHT_VERTEX`: key
+    ``"vertex/i"`` the JSON list of them (a watermark as its time and idle flag, a batch as
+    a number ``k``) with the vertex's ``parallelism`` and ``channels``, and key
+    ``"vertex/i/k"`` batch ``k`` as an Arrow IPC stream."""
+    if not items:
+        return
+    listed, keys, values = [], [], []
+    for channel, item in items:
+        if isinstance(item, Watermark):
+            listed.append([channel, "w", item.time, item.idle])
+            continue
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, item.schema) as out:
+            out.write_batch(item)
+        listed.append([channel, "b", len(keys)])
+        keys.append(f"{vertex}/{index}/{len(keys)}".encode())
+        values.append(sink.getvalue().to_pybytes())
+    keys.append(f"{vertex}/{index}".encode())
+    values.append(json.dumps({"parallelism": parallelism, "channels": channels,
+                              "items": listed}).encode())
+    writer.write_broadcast_entries(IN_FLIGHT_VERTEX, keys, values)
 
 
 # -- at restore -----------------------------------------------------------------------------
@@ -208,6 +261,7 @@ def restore_processors(member, store, point: StartPoint, plan: RestorePlan) -> N
                                     .broadcast_entries).items()}
         except SnapshotNotFoundError:
             schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
+    in_flight = None        # the in-flight items of unaligned snapshots, read when needed
     sinks_prepared: dict[str, dict] = {}
     for name in dag.sinks:
         old = plan.sinks.get(name)
@@ -237,6 +291,9 @@ def restore_processors(member, store, point: StartPoint, plan: RestorePlan) -> N
             p.restored_watermark, p.restored_floors = PartitionFloors.from_saved(
                 marks, t.partitions_of(v.name, p.index), member.config.partition_count,
                 None if v.single else v.stage.key)
+            if in_flight is None:
+                in_flight = _in_flight_entries(store, at)
+            p.restored_in_flight = in_flight_of(in_flight, old, p, t)
         # An old sink instance's prepared transactions go to instance (old index %
         # total), the rule by which sinks find the leftovers they own after a rescale.
         for sink in p.sink_names:
@@ -244,6 +301,44 @@ def restore_processors(member, store, point: StartPoint, plan: RestorePlan) -> N
             mine = t.sink_offset[sink][v.name] + p.index
             p.prepared[sink] = merge_states([s for i, s in sinks_prepared[sink].items()
                                              if int(i) % total == mine])
+
+
+def _in_flight_entries(store, at: dict) -> dict:
+    """The raw entries of :data:`IN_FLIGHT_VERTEX` in the snapshot (none: it was aligned)."""
+    try:
+        return _raw_entries(store.restore(IN_FLIGHT_VERTEX, [], **at).broadcast_entries)
+    except SnapshotNotFoundError:
+        return {}
+
+
+def in_flight_of(entries: dict, old: str, processor, topology) -> list:
+    """The (channel, item) pairs in flight that processor ``processor`` (of the vertex
+    the snapshot called ``old``) replays before new input. Refused
+    (:class:`~sparkjet.errors.InFlightRescaleError`) when the vertex's parallelism or
+    channel count changed since: each channel's items must go back to where they were
+    taken, in order, which another layout has no place for."""
+    v = processor.vertex
+    meta = entries.get(f"{old}/{processor.index}")
+    if meta is None:
+        return []
+    meta = json.loads(meta)
+    parallelism, channels = topology.parallelism[v.name], topology.channels[v.name]
+    if (meta["parallelism"], meta["channels"]) != (parallelism, channels):
+        raise InFlightRescaleError(
+            f"{v.name}: the snapshot is unaligned (JobConfig.alignment_timeout) and holds "
+            f"{len(meta['items'])} items in flight of processor {processor.index}, taken at "
+            f"parallelism {meta['parallelism']} with {meta['channels']} input channels; this "
+            f"execution has parallelism {parallelism} with {channels}. Restore it at the "
+            f"same parallelism, then stop the job (Job.stop or suspend take an aligned "
+            f"snapshot) and rescale from that one")
+    items = []
+    for channel, kind, *rest in meta["items"]:
+        if kind == "w":
+            items.append((channel, Watermark(rest[0], rest[1])))
+        else:
+            data = entries[f"{old}/{processor.index}/{rest[0]}"]
+            items.append((channel, pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()))
+    return items
 
 
 def merge_states(states: list) -> dict | None:
@@ -309,7 +404,8 @@ def entries_json(entries) -> dict:
     return {k.decode(): json.loads(v) for k, v in zip(keys.to_pylist(), values.to_pylist())}
 
 
-__all__ = ["PLAN_VERTEX", "SCHEMAS_VERTEX", "TABLES_VERTEX", "WATERMARK_PREFIX", "entries_json",
-           "finish_barrier", "merge_states", "open_writer", "read_fingerprint",
-           "restore_processors", "write_keyed", "write_prepared", "write_schemas",
-           "write_source", "write_tables"]
+__all__ = ["IN_FLIGHT_VERTEX", "PLAN_VERTEX", "SCHEMAS_VERTEX", "TABLES_VERTEX",
+           "WATERMARK_PREFIX", "acknowledge", "entries_json", "finish_barrier",
+           "forward_barrier", "in_flight_of", "merge_states", "open_writer",
+           "read_fingerprint", "restore_processors", "write_in_flight", "write_keyed",
+           "write_prepared", "write_schemas", "write_source", "write_tables"]

@@ -25,6 +25,12 @@ driver waits for slots and says so.
 
 The snapshot store (and file sinks) must be a path every executor and the driver reach:
 any local path on ``local[N]``; a shared file system, HDFS or an object store on a cluster.
+With the members' storage (``storage="members"``) only the driver opens the store: the
+join answer hands each member the snapshot to start from with its committed record, the
+members read the chunk files from their slots and their peers' (and the store's durable
+copies through the driver), phase 2 hands every slot the committed record, and the slots
+fence themselves; the one write a member makes there is the durable tier's copy
+(``durable_tier="sync"``), which needs no log.
 
 A Spark Connect session (``SparkSession.builder.remote(...)``) works too: it has no
 ``sparkContext``, so the runner asks only the session (:mod:`sparkjet.spark.session`): its
@@ -50,7 +56,7 @@ from sparkjet.runtime.failures import is_deterministic, transient_kind
 from sparkjet.runtime.failures import report as failure_report
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
-from sparkjet.runtime.restore import own_start, report_fallback
+from sparkjet.runtime.restore import handed_start, own_start, report_fallback
 from sparkjet.runtime.supervision import (
     JobFailedError,
     JobResult,
@@ -197,11 +203,16 @@ class SparkRunner:
         config, plan, spark = self.config, self.plan, self.spark
         started = time.monotonic()
         store, restore_from, fallback = None, None, None
+        start, start_store = None, None
         try:
             if config.processing_guarantee != "none":
                 store = open_store(config)
                 store.register_execution(execution)
                 restore_from, fallback = own_start(config, store, plan, execution)
+                if config.storage == "members":
+                    # the members never open the store: the join answer hands them the
+                    # snapshot to start from, with its record
+                    _, start_store, start = handed_start(config, store, restore_from)
         except Exception as e:  # noqa: BLE001 - a failure of this execution: the policy decides
             # A full disk or an object store's outage as the execution registers (or finds
             # its snapshot) is the execution's failure, retried or not by its kind, never
@@ -222,7 +233,8 @@ class SparkRunner:
         tls = self.user_tls or (TLSIdentity.self_signed() if self.tls else None)
         security = LinkSecurity.generate(execution, tls)
         coord = ExecutionCoordinator(config, execution, topology, host=self.host, security=security,
-                                     store=store, progress=self.progress)
+                                     store=store, progress=self.progress, start=start,
+                                     start_store=start_store)
         if config.storage == "members":  # records then keep what drivers read without slots
             coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
@@ -300,6 +312,8 @@ class SparkRunner:
             # executor unreachable) must not hold up the restart; the next stage waits in
             # Spark's scheduler for the slots it needs.
             thread.join(10.0)
+            if start_store is not None and start_store is not store:
+                start_store.close()
             if store is not None:
                 store.close()
             self.member_pids = {}
@@ -397,8 +411,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             server = ExchangeServer(host, inbound=late.inbound, execution_id=execution,
                                     security=security, on_error=late.on_exchange_error)
             if slot is not None:    # peers read, and back up into, this member's slot
-                server.on_action("slot_read", slot_read_handler(slot, config.id))
-                server.on_action("slot_write", slot_write_handler(slot, config.id))
+                server.on_get("slot_read", slot_read_handler(slot, config.id))
+                server.on_put("slot_write", slot_write_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, config.start_timeout,
@@ -409,7 +423,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                     slot.write_table(config.id, table.to_bytes())
                     late.set(Member(plan, config, execution,
                                     topology=topology.with_placement(table, answer["slots"]),
-                                    index=index, restore_from=restore_from, slot=slot))
+                                    index=index, restore_from=restore_from, slot=slot,
+                                    start=answer.get("start")))
                 member = late.member
                 member.connect(answer["peers"], coordinator, security)
                 member.run()  # its metrics reach the driver with the "done" action
@@ -479,7 +494,8 @@ def join(coordinator, index: int, location: str, timeout: float,
     ``slot`` report) to the ``coordinator`` (an
     :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns the answer once all have
     joined: ``peers``, every member's location by index (and ``table`` and ``slots``, the
-    placement over the slots). Gives up after ``timeout`` s (the driver's
+    placement over the slots, and ``start``, the snapshot to start from with its committed
+    record: :func:`~sparkjet.runtime.restore.handed_start`). Gives up after ``timeout`` s (the driver's
     ``start_timeout`` fails the execution by then)."""
     deadline = time.monotonic() + timeout
     body = {"member": index, "location": location}

@@ -11,10 +11,13 @@ slots are on more than one host, else on distinct slots (``local[N]``: a slot lo
 folder, or not claimed by an execution that runs fewer tasks, still has its backups).
 
 Each processor writes its chunk files into its member's slot and then copies each one to
-the slots that back its partitions (every other slot, for broadcast state), which verify
-the copy's xxh3 before they answer (``slot_write``); the file's record names them as its
-replicas. A restore reads a file from its own slot when it holds a copy, else from a
-member whose slot holds one (``slot_read``), the writer's slot first.
+the slots that back its partitions (every other slot, for broadcast state) over a
+``slot_write`` file stream (Flight ``DoPut``) to each, and each verifies its copy's size
+and xxh3 before it answers; the file's record names them as its replicas. A restore reads
+a file from its own slot when it holds a copy, else from a member whose slot holds one
+over a ``slot_read`` file stream (``DoGet`` of the ranges it reads), the writer's slot
+first. Both streams are fenced by the execution and authenticated like every call on the
+members' links (:mod:`sparkjet.runtime.exchange`).
 """
 from __future__ import annotations
 
@@ -34,7 +37,10 @@ from sparkjet.errors import (
 from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig
 from sparkjet.snapshot import layout
+from sparkjet.snapshot.backend import open_backend
+from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE
 from sparkjet.snapshot.slots import StorageSlot
+from sparkjet.snapshot.writer import SnapshotWriter
 
 _log = logging.getLogger(__name__)
 
@@ -110,9 +116,17 @@ def table_for(config: JobConfig, reports: list[dict]) -> PartitionTable:
     return table
 
 
-#: The most bytes one ``slot_read`` answer carries (base64 in JSON): larger ranges are read
-#: in pieces.
+#: The most bytes one piece of a ``slot_write`` or ``slot_read`` file stream carries
+#: (the exchange's ``FILE_PIECE``; not imported, so the driver need not load Flight).
 READ_PIECE = 1 << 20
+#: The slowest a file stream between members is allowed to be before its deadline (bytes
+#: per second), on top of the peer's action timeout: a peer that stops reading or sending
+#: fails the stream instead of holding it.
+STREAM_FLOOR = 1 << 20
+
+
+def _deadline(peer, size: int) -> float:
+    return peer.action_timeout + size / STREAM_FLOOR
 
 
 class LocalSlotFile:
@@ -130,31 +144,43 @@ class LocalSlotFile:
 
 
 class PeerSlotFile:
-    """A chunk file in a peer's slot, read over the exchange (``slot_read`` actions)."""
+    """A chunk file in a peer's slot, read over the exchange: a ``slot_read`` file stream
+    (Flight ``DoGet``) of the range asked for, fenced by the execution and authenticated
+    like every call on the members' links."""
 
     def __init__(self, client, slot: str, path: str, member: int):
         self._client, self._slot, self._path, self._member = client, slot, path, member
 
-    def _call(self, offset: int, length: int) -> dict:
-        return self._client.action("slot_read", {"slot": self._slot, "path": self._path,
-                                                 "offset": offset, "length": length})
+    def _get(self, offset: int, length: int):
+        return self._client.get_file(
+            "slot_read", {"slot": self._slot, "path": self._path, "offset": offset,
+                          "length": length}, timeout=_deadline(self._client, length))
 
     def size(self) -> int:
-        return int(self._call(0, 0)["size"])
+        return int(self._get(0, 0)[0]["size"])
 
     def range_reader(self):
-        def read(offset: int, length: int) -> bytes:
-            pieces = []
-            while length > 0:
-                n = min(length, READ_PIECE)
-                data = base64.b64decode(self._call(offset, n)["data"])
-                if len(data) != n:
-                    raise SnapshotIncompleteError(
-                        f"slot {self._slot} of member {self._member}: {self._path} ended at "
-                        f"byte {offset + len(data)}, {offset + n} wanted")
-                pieces.append(data)
-                offset, length = offset + n, length - n
-            return b"".join(pieces)
+        def read(offset: int, length: int):
+            _, pieces = self._get(offset, length)
+            got = []
+            n = 0
+            for piece in pieces:
+                n += piece.size
+                if n > length:
+                    break
+                got.append(piece)
+            if n != length:
+                raise SnapshotIncompleteError(
+                    f"slot {self._slot} of member {self._member}: the stream of "
+                    f"{self._path} from byte {offset} carried {n} bytes, {length} wanted")
+            if len(got) == 1:
+                return got[0]
+            out = bytearray(length)
+            view, at = memoryview(out), 0
+            for piece in got:
+                view[at:at + piece.size] = memoryview(piece).cast("B")
+                at += piece.size
+            return out
         return read
 
 
@@ -236,7 +262,12 @@ def replicator(member, slot: StorageSlot, job_id: int):
     """What a member's snapshot writers call on each chunk file they wrote into ``slot``
     (:class:`~sparkjet.snapshot.writer.SnapshotWriter`'s ``replicate``): copies it to the
     slots of this execution that back one of its partitions (every other slot for
-    broadcast state, partition -1) and returns them once each has verified its copy."""
+    broadcast state, partition -1) and returns them once each has verified its copy.
+
+    One ``slot_write`` file stream (Flight ``DoPut``, fenced by the execution) goes to each
+    backup slot's member; the file is read once, piece by piece, each piece written to
+    every stream, and the trailer carries its size and xxh3, which each receiver checks
+    before it answers."""
     table = member.topology.table
     slots = member.topology.slots or []
     index = {uuid: i for i, uuid in enumerate(slots)}
@@ -257,83 +288,98 @@ def replicator(member, slot: StorageSlot, job_id: int):
         size = file.size()
         read = file.range_reader()
         order = sorted(targets, key=lambda u: index[u])
-        digest = xxhash.xxh3_64()
-        # piece by piece to every target: the file is read once and never held whole
-        for offset in range(0, max(size, 1), READ_PIECE):
-            data = bytes(read(offset, min(READ_PIECE, size - offset))) if size else b""
-            digest.update(data)
-            text = base64.b64encode(data).decode()
+        streams = []
+        try:
             for uuid in order:
-                member.peers[index[uuid]].action("slot_write", {
-                    "slot": uuid, "path": path, "offset": offset, "data": text})
-        for uuid in order:
-            member.peers[index[uuid]].action("slot_write", {
-                "slot": uuid, "path": path, "size": size, "xxh3": digest.hexdigest()})
+                peer = member.peers[index[uuid]]
+                streams.append(peer.put_file("slot_write", {"slot": uuid, "path": path},
+                                             timeout=_deadline(peer, size)))
+            digest = xxhash.xxh3_64()
+            for offset in range(0, size, READ_PIECE):
+                piece = read(offset, min(READ_PIECE, size - offset))
+                digest.update(piece)
+                for stream in streams:
+                    stream.write(piece)
+            trailer = {"size": size, "xxh3": digest.hexdigest()}
+            for stream in streams:
+                stream.finish(trailer)
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
         return order
     return replicate
 
 
 def slot_write_handler(slot: StorageSlot, job_id: int):
-    """The ``slot_write`` action of a member's exchange server: a peer's copy of one of its
-    chunk files into this member's slot. ``{slot, path, offset, data}`` writes a piece
-    (base64) of the file's temporary copy; ``{slot, path, size, xxh3}`` checks the copy's
-    size and checksum and renames it into place (or removes it and refuses)."""
+    """The ``slot_write`` file stream of a member's exchange server (``on_put``): a peer's
+    copy of one of its chunk files into this member's slot, body ``{slot, path}``. The
+    pieces go into a temporary file as they come, hashed as they are written; the copy is
+    renamed into place only when the stream's trailer has the size and xxh3 read, else it
+    is removed and the stream refused (a short stream, one cut before its trailer, a
+    corrupted piece)."""
     backend = slot.replicas(job_id)
 
-    def handle(body: dict) -> dict:
+    def handle(body: dict, stream) -> dict:
         if body.get("slot") != slot.uuid:
             raise InvalidArgumentError(f"this member holds slot {slot.uuid}, not "
                                        f"{body.get('slot')!r}")
-        parts = _checked(str(body.get("path"))).split("/")
-        final = os.path.join(backend.root, *parts)
+        path = _checked(str(body.get("path")))
+        final = os.path.join(backend.root, *path.split("/"))
         temp = final + ".part"
-        if "xxh3" not in body:
-            offset, data = body.get("offset"), body.get("data")
-            if not isinstance(offset, int) or offset < 0 or not isinstance(data, str):
-                raise InvalidArgumentError("slot_write: a piece needs offset and data")
-            piece = base64.b64decode(data, validate=True)
-            if offset == 0:
-                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-            with open(temp, "r+b" if offset else "wb") as f:
-                f.seek(offset)
-                f.write(piece)
-            return {"written": len(piece)}
-        size, want = body.get("size"), body.get("xxh3")
+        os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
         digest, length = xxhash.xxh3_64(), 0
         try:
-            with open(temp, "rb+") as f:
-                while piece := f.read(READ_PIECE):     # checked as read, not held whole
+            with open(temp, "wb") as f:
+                for piece in stream:
                     digest.update(piece)
-                    length += len(piece)
-                if slot.durable and length == size and digest.hexdigest() == want:
+                    f.write(piece)
+                    length += piece.size
+                trailer, got = stream.trailer, digest.hexdigest()
+                if trailer is None:
+                    raise SnapshotIncompleteError(
+                        f"slot {slot.uuid}: the copy of {path} ended after {length} bytes "
+                        f"without the writer's size and checksum (the writer stopped)")
+                if length != trailer.get("size") or got != trailer.get("xxh3"):
+                    raise SnapshotIncompleteError(
+                        f"slot {slot.uuid}: the copy of {path} has {length} bytes and xxh3 "
+                        f"{got}, the writer's has {trailer.get('size')} and "
+                        f"{trailer.get('xxh3')}")
+                if slot.durable:
+                    f.flush()
                     os.fsync(f.fileno())
-        except FileNotFoundError:
-            raise InvalidArgumentError(f"slot_write: no copy of {body.get('path')} begun") from None
-        got = digest.hexdigest()
-        if length != size or got != want:
-            os.remove(temp)
-            raise SnapshotIncompleteError(
-                f"slot {slot.uuid}: the copy of {body.get('path')} has {length} bytes and "
-                f"xxh3 {got}, the writer's has {size} and {want}")
-        os.replace(temp, final)
-        return {"verified": got}
+            os.replace(temp, final)
+        except BaseException:
+            try:
+                os.remove(temp)
+            except FileNotFoundError:
+                pass
+            raise
+        return {"verified": got, "bytes": length}
     return handle
 
 
 def slot_read_handler(slot: StorageSlot, job_id: int):
-    """The ``slot_read`` action of a member's exchange server: ``{slot, path, offset,
-    length}`` -> ``{size, data}`` (base64) of a chunk file in this member's slot."""
-    def handle(body: dict) -> dict:
+    """The ``slot_read`` file stream of a member's exchange server (``on_get``): body
+    ``{slot, path, offset, length}``; answers ``{size}`` (the file's) and the range's
+    bytes in pieces, read from the slot's memory map (not copied)."""
+    def handle(body: dict):
         if body.get("slot") != slot.uuid:
             raise InvalidArgumentError(f"this member holds slot {slot.uuid}, not "
                                        f"{body.get('slot')!r}")
         offset, length = body.get("offset"), body.get("length")
-        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0
-                and 0 <= length <= READ_PIECE):
-            raise InvalidArgumentError(f"slot_read: bad range {offset!r}+{length!r}")
         file = LocalSlotFile(slot, job_id, str(body.get("path")))
-        data = file.range_reader()(offset, length) if length else b""
-        return {"size": file.size(), "data": base64.b64encode(bytes(data)).decode()}
+        size = file.size()
+        if not (type(offset) is int and type(length) is int and offset >= 0 and length >= 0
+                and offset + length <= size):
+            raise InvalidArgumentError(f"slot_read: bad range {offset!r}+{length!r} of "
+                                       f"{body.get('path')} ({size} bytes)")
+        read = file.range_reader() if length else None
+
+        def pieces():
+            for at in range(offset, offset + length, READ_PIECE):
+                yield read(at, min(READ_PIECE, offset + length - at))
+        return {"size": size}, pieces()
     return handle
 
 
@@ -344,6 +390,144 @@ def _checked(path: str) -> str:
             or any(p in ("", ".", "..") or os.sep in p for p in parts)):
         raise InvalidArgumentError(f"not a chunk file's path in a slot: {path!r}")
     return path
+
+
+class SlotWriterLink:
+    """What a snapshot writer of the members' storage asks of its store
+    (:class:`~sparkjet.snapshot.writer.StoreLink`), without the store: each write fenced by
+    the slot's FENCE (the newest execution it has seen) rather than the store's log, names
+    from the store's layout, and, with ``durable_tier="sync"``, the backend of
+    ``snapshot_store`` into which the writer copies each file (the one write a member
+    makes there; it needs no log). Only the driver commits."""
+
+    def __init__(self, config: JobConfig, slot: StorageSlot):
+        self.job_id = config.id
+        self.slot = slot
+        self._durable_uri = config.snapshot_store if config.durable_tier == "sync" else None
+        self._store_backend = None
+
+    @property
+    def _backend(self):
+        """The backend of ``snapshot_store``, opened on the first durable copy."""
+        if self._durable_uri is None:
+            raise InvalidArgumentError("a member of the members' storage writes into "
+                                       "snapshot_store only with durable_tier=\"sync\"")
+        if self._store_backend is None:
+            self._store_backend = open_backend(self._durable_uri)
+        return self._store_backend
+
+    def _path(self, *parts: str) -> str:
+        return self._backend.path(layout.job_dir(self.job_id), *parts)
+
+    def _snapshot_dir(self, snapshot_id: int, execution_id: int) -> str:
+        return layout.snapshot_dir(snapshot_id, execution_id)
+
+    def _table_path(self, digest: str) -> str:
+        if not layout.is_table_digest(digest):
+            raise InvalidArgumentError(f"a table version is 32 hex digits, got {digest!r}")
+        return "/".join((layout.job_dir(self.job_id), layout.TABLES, layout.table_file(digest)))
+
+    def check_fence(self, execution_id: int) -> None:
+        self.slot.check_fence(self.job_id, execution_id)
+
+    def commit(self, snapshot_id: int, execution_id: int, manifests) -> None:
+        raise InvalidArgumentError("with the members' storage only the driver commits "
+                                   "snapshots")
+
+
+def slot_writer(config: JobConfig, link: SlotWriterLink, snapshot_id: int, execution_id: int,
+                *, writer: int, replicate) -> SnapshotWriter:
+    """The writer of processor ``writer`` of a member of the members' storage: chunk files
+    into its slot (copied to their backups by ``replicate``, and into snapshot_store with
+    ``durable_tier="sync"``), fenced by the slot."""
+    link.check_fence(execution_id)
+    return SnapshotWriter(link, snapshot_id, execution_id, writer, config.partition_count,
+                          DEFAULT_CHUNK_SIZE, config.snapshot_codec, link.slot, replicate,
+                          config.durable_tier == "sync")
+
+
+def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: int,
+                   record: bytes, keep) -> None:
+    """Phase 2 in a member's slot: a copy of the committed snapshot's record (refused,
+    FencedError, if the slot has seen a newer execution than the one that committed it),
+    then the record copies and chunk files of the snapshots the store no longer keeps
+    (``keep``: the retained snapshot ids) removed."""
+    slot.write_record(job_id, snapshot_id, record, execution=execution)
+    keep = set(keep) | {snapshot_id}
+    slot.drop_records_before(job_id, min(keep))
+    drop_old_snapshots(slot, job_id, snapshot_id, keep)
+
+
+class DriverStoreFiles:
+    """The files of ``snapshot_store`` that a member of the members' storage reads (the
+    durable copies of a snapshot, or an export it starts from), read for it by the driver
+    (the ``store_read`` action of its coordinator): a member never opens the store. The
+    read side of a :class:`~sparkjet.snapshot.backend.StorageBackend`, for a
+    :class:`~sparkjet.snapshot.store.RecordView`."""
+
+    root = "snapshot_store (read by the driver)"
+    durable = True
+
+    def __init__(self, client):
+        self._client = client
+
+    def _call(self, body: dict) -> dict:
+        return self._client.action("store_read", body)
+
+    def path(self, *parts: str) -> str:
+        return "/".join(parts)
+
+    def listdir(self, path: str) -> list[str]:
+        return list(self._call({"op": "list", "path": path})["names"])
+
+    def size(self, path: str) -> int:
+        return int(self._call({"op": "size", "path": path})["size"])
+
+    def range_reader(self, path: str):
+        def read(offset: int, length: int) -> bytes:
+            pieces = []
+            while length > 0:
+                n = min(length, READ_PIECE)
+                data = base64.b64decode(self._call({"op": "read", "path": path,
+                                                    "offset": offset, "length": n})["data"])
+                if len(data) != n:
+                    raise SnapshotIncompleteError(
+                        f"snapshot_store: {path} ended at byte {offset + len(data)}, "
+                        f"{offset + n} wanted")
+                pieces.append(data)
+                offset, length = offset + n, length - n
+            return b"".join(pieces)
+        return read
+
+
+def store_read_handler(store, directory):
+    """The driver's ``store_read`` action (members' storage): ``{op: list|size|read, path,
+    offset, length}`` on the files of ``store`` under ``directory`` (the folder of the
+    snapshot or export the execution starts from) and nothing else; what
+    :class:`DriverStoreFiles` calls."""
+    prefix = [layout.job_dir(store.job_id), *directory]
+    backend = store._backend
+
+    def handle(body: dict) -> dict:
+        path = str(body.get("path"))
+        parts = path.split("/")
+        if (parts[:len(prefix)] != prefix or len(parts) > len(prefix) + 2
+                or any(p in ("", ".", "..") or os.sep in p for p in parts)):
+            raise InvalidArgumentError(f"store_read: {path!r} is not a file of the snapshot "
+                                       f"this execution starts from")
+        real = backend.path(*parts)
+        op = body.get("op")
+        if op == "list":
+            return {"names": backend.listdir(real)}
+        if op == "size":
+            return {"size": backend.size(real)}
+        offset, length = body.get("offset"), body.get("length")
+        if op != "read" or not (isinstance(offset, int) and isinstance(length, int)
+                                and offset >= 0 and 0 <= length <= READ_PIECE):
+            raise InvalidArgumentError(f"store_read: bad request {op!r} {offset!r}+{length!r}")
+        data = backend.range_reader(real)(offset, length) if length else b""
+        return {"data": base64.b64encode(bytes(data)).decode()}
+    return handle
 
 
 def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> None:
@@ -358,6 +542,7 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
             backend.remove_tree(backend.path(layout.SNAPSHOTS, name))
 
 
-__all__ = ["check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
-           "encode_table", "replicator",
-           "slot_files", "slot_read_handler", "slot_write_handler", "table_for"]
+__all__ = ["DriverStoreFiles", "SlotWriterLink", "check_reachable", "claim_slot", "decode_table",
+           "drop_old_snapshots", "encode_table", "keep_committed", "replicator",
+           "slot_files", "slot_read_handler", "slot_write_handler", "slot_writer",
+           "store_read_handler", "table_for"]

@@ -71,6 +71,17 @@ class StorageBackend(ABC):
     def listdir(self, path: str) -> list[str]:
         """The names in a folder, sorted ([] when it does not exist)."""
 
+    def listdir_stamped(self, path: str) -> list[tuple[str, tuple]]:
+        """The names in a folder, sorted, each with a stamp that changes when the file is
+        rewritten (size and modification time): what a reader may cache by. This default
+        looks each file up; a backend that lists with sizes and times in one call says so."""
+        out = []
+        for name in self.listdir(path):
+            p = f"{path.rstrip('/')}/{name}"
+            if self.exists(p):      # (removed since the listing: left out, as if listed later)
+                out.append((name, (self.size(p), self.mtime(p))))
+        return out
+
     @abstractmethod
     def size(self, path: str) -> int: ...
 

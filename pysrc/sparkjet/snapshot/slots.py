@@ -217,6 +217,17 @@ class StorageSlot:
         if newest != execution:
             _write_atomic(self._job_dir(job_id), FENCE, str(execution).encode(), self.durable)
 
+    def check_fence(self, job_id: int, execution: int) -> None:
+        """FencedError if this slot has seen a newer execution of ``job_id`` than
+        ``execution`` (what a writer of the members' storage checks before each write, in
+        place of the store's log: a processor thread of an execution that was replaced,
+        left in a reused Python worker whose slot the next execution's task claimed and
+        fenced, is refused here)."""
+        newest = self.newest_execution(job_id)
+        if newest is not None and newest > execution:
+            raise FencedError(f"{self}: execution {execution} of job {job_id:016x} is fenced "
+                              f"off by execution {newest}, which this slot has seen")
+
     def newest_execution(self, job_id: int) -> int | None:
         """The newest execution of ``job_id`` this slot has seen (None: none)."""
         path = self.job_path(job_id, FENCE)
@@ -228,9 +239,14 @@ class StorageSlot:
         except ValueError:
             raise StorageSlotError(f"{path} holds {text[:40]!r}, not an execution id") from None
 
-    def write_record(self, job_id: int, snapshot_id: int, record: bytes) -> None:
-        """Keeps a copy of a committed snapshot's record (phase 2 hands every slot one)."""
+    def write_record(self, job_id: int, snapshot_id: int, record: bytes, *,
+                     execution: int | None = None) -> None:
+        """Keeps a copy of a committed snapshot's record (phase 2 hands every slot one);
+        with ``execution`` (the execution that committed it), FencedError if this slot has
+        seen a newer one."""
         self._check_claimed()
+        if execution is not None:
+            self.check_fence(job_id, execution)
         folder = self._job_dir(job_id, RECORDS)
         _write_atomic(folder, f"{snapshot_id:020d}", record, self.durable)
 

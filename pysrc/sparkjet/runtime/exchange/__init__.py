@@ -12,6 +12,12 @@ coordinator):
 - **Control**: Flight actions carry small JSON messages (the coordinator's "barrier" and
   "commit" requests, the members' phase-1 "ack" with their manifests): a name and a JSON
   object in, a JSON object out.
+- **Files**: a file's bytes in pieces, as binary record batches: ``DoPut`` to a handler
+  registered with ``ExchangeServer.on_put`` (:meth:`ExchangeClient.put_file`; the stream
+  ends with a trailer the receiver checks the file against before it answers) and ``DoGet``
+  of a range from one registered with ``on_get`` (:meth:`ExchangeClient.get_file`). The
+  members' storage copies snapshot chunk files to their backup slots, and reads a peer's
+  replica, this way (:mod:`sparkjet.runtime.storage`).
 
 >>> import pyarrow as pa
 >>> from sparkjet.runtime.aligner import BarrierAligner
@@ -67,9 +73,10 @@ a TLS identity every link is TLS with the execution's pinned certificate. See
 
 Fencing
 -------
-Every stream names the execution it belongs to; a server refuses a stream (and an action
-that names an execution) of any other execution with :class:`ExchangeFencedError`, so a
-zombie member of an old execution cannot inject data or acks. One server serves one
+Every stream (file streams too) names the execution it belongs to; a server refuses a
+stream (and an action that names an execution) of any other execution with
+:class:`ExchangeFencedError`, so a zombie member of an old execution cannot inject data,
+acks or backup copies. One server serves one
 execution: the coordinator starts a new one for each execution.
 
 Threads and blocking

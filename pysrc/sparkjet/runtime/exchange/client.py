@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 from pyarrow import flight
@@ -32,11 +32,16 @@ from sparkjet.runtime.exchange.protocol import (
     BARRIER,
     DATA,
     END,
+    FILE_INFO,
+    FILE_SCHEMA,
     IDLE,
     KIND_NAMES,
     TERMINAL,
     WATERMARK,
     control,
+    file_batch,
+    file_command,
+    file_pieces,
     map_error,
     parse_control,
     stream_descriptor,
@@ -202,6 +207,70 @@ class ExchangeClient:
                                        self.location) from None
         return answer
 
+    def put_file(self, name: str, body: dict, *, timeout: float | None = None,
+                 execution_id: int | None = None) -> FilePut:
+        """Opens a file stream (``DoPut``) to the peer's handler of ``name``
+        (``ExchangeServer.on_put``) with ``body``: write the pieces into the
+        :class:`FilePut`, then :meth:`FilePut.finish` with the trailer.
+
+        :param timeout: the deadline of the whole stream (default ``action_timeout``):
+            past it the stream fails with :class:`ExchangeTimeoutError`, so a peer that
+            stops reading cannot hold the writer.
+        :param execution_id: as for :meth:`action`.
+        """
+        return FilePut(self, name, self._file_command(name, body, execution_id),
+                       timeout or self.action_timeout)
+
+    def get_file(self, name: str, body: dict, *, timeout: float | None = None,
+                 execution_id: int | None = None) -> tuple[dict, Iterator[pa.Buffer]]:
+        """Opens a file stream (``DoGet``) from the peer's handler of ``name``
+        (``ExchangeServer.on_get``): its info (a dict) and an iterator of the pieces
+        (pyarrow buffers, not copied). A refusal raises here; a stream that breaks
+        raises :class:`ExchangeError` from the iterator.
+
+        :param timeout: the deadline of the whole stream (default ``action_timeout``).
+        """
+        command = self._file_command(name, body, execution_id)
+        what = f"get {name!r} from {self.location}"
+        options = self._security.call_options("DO_GET", self.location,
+                                              timeout=timeout or self.action_timeout,
+                                              action=name, body=command)
+        try:
+            reader = self._client.do_get(flight.Ticket(command), options)
+            schema = reader.schema
+        except (pa.ArrowException, OSError) as e:
+            raise map_error(e, self.location, what) from e
+        try:
+            info = json.loads((schema.metadata or {})[FILE_INFO])
+            if not isinstance(info, dict) or not schema.remove_metadata().equals(FILE_SCHEMA):
+                raise ValueError(f"a stream of {schema}")
+        except (KeyError, ValueError) as e:
+            reader.cancel()
+            raise ExchangeRefusedError(f"{what}: not a file stream ({e})", self.location) from None
+
+        def pieces():
+            try:
+                for chunk in reader:
+                    yield from file_pieces(chunk.data)
+            except (pa.ArrowException, OSError) as e:
+                raise map_error(e, self.location, what) from e
+            finally:
+                reader.cancel()     # a reader that stops early ends the call
+        return info, pieces()
+
+    def _file_command(self, name: str, body: dict, execution_id: int | None) -> bytes:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"a stream name must be a non-empty str, not {name!r}")
+        if not isinstance(body, dict):
+            raise InvalidArgumentError(f"a stream body must be a dict, not {type(body).__name__}")
+        execution_id = check_int("execution_id", execution_id, min=0, none_ok=True)
+        if execution_id is None:
+            execution_id = self._security.execution_id
+        try:
+            return file_command(execution_id, name, body)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"stream {name!r}: the body is not JSON: {e}") from None
+
     def ping(self, timeout: float | None = None) -> dict:
         """The built-in ``ping`` action: ``{"execution_id": ...}`` of the peer's server."""
         return self.action("ping", {}, timeout=timeout)
@@ -230,6 +299,91 @@ class ExchangeClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class FilePut:
+    """A file stream to a peer's ``on_put`` handler (made by :meth:`ExchangeClient.put_file`):
+    :meth:`write` each piece in order, then :meth:`finish` with the trailer, which returns
+    the peer's answer once it has checked and kept the file. Any error leaves it broken
+    (later calls raise the same :class:`ExchangeError`); :meth:`abort` gives up, and the
+    peer sees a stream without its trailer."""
+
+    def __init__(self, client: ExchangeClient, name: str, command: bytes, timeout: float):
+        self.peer = client.location
+        self.name = name
+        self._what = f"put {name!r} to {self.peer}"
+        self._broken: ExchangeError | None = None
+        self.written = 0
+        options = client._security.call_options("DO_PUT", client.location, timeout=timeout,
+                                                action=name, body=command)
+        try:
+            self._writer, self._answers = client._client.do_put(
+                flight.FlightDescriptor.for_command(command), FILE_SCHEMA, options)
+        except (pa.ArrowException, OSError) as e:
+            raise self._fail(e) from e
+
+    def __repr__(self) -> str:
+        return f"FilePut({self._what}, {self.written} bytes written)"
+
+    def write(self, piece) -> None:
+        """Sends ``piece`` (bytes-like, at most
+        :data:`~sparkjet.runtime.exchange.protocol.FILE_PIECE` bytes is the rule)."""
+        if self._broken is not None:
+            raise self._broken
+        data = pa.py_buffer(piece)
+        try:
+            self._writer.write_batch(file_batch(data))
+        except (pa.ArrowException, OSError) as e:
+            raise self._fail(e) from e
+        self.written += data.size
+
+    def finish(self, trailer: dict) -> dict:
+        """Sends the trailer (a JSON object: what the peer checks the file against), ends
+        the stream and returns the peer's answer (a dict)."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            self._writer.write_metadata(pa.py_buffer(json.dumps(trailer).encode()))
+            self._writer.done_writing()
+            answer = self._answers.read()
+            self._writer.close()
+        except (pa.ArrowException, OSError) as e:
+            raise self._fail(e) from e
+        if answer is None:
+            raise self._set_broken(ExchangeRefusedError(f"{self._what}: the peer ended the "
+                                                        "stream without an answer", self.peer))
+        try:
+            result = json.loads(answer.to_pybytes())
+        except ValueError as e:
+            raise self._set_broken(ExchangeRefusedError(
+                f"{self._what}: the peer answered with bad JSON ({e})", self.peer)) from None
+        self._broken = ExchangeError(f"{self._what}: the stream is finished", self.peer)
+        return result
+
+    def abort(self) -> None:
+        """Gives up: the stream ends without its trailer, so the peer keeps nothing."""
+        if self._broken is None:
+            self._broken = ExchangeError(f"{self._what}: aborted", self.peer)
+        try:
+            self._writer.close()
+        except (pa.ArrowException, OSError):
+            pass  # a stream given up on has nothing left to report
+
+    def _fail(self, error: BaseException) -> ExchangeError:
+        """The peer's own status (a refusal, a fence) comes from closing the call; a
+        failed write says only that the stream is closed."""
+        writer = getattr(self, "_writer", None)
+        if writer is not None and not isinstance(error, flight.FlightError):
+            try:
+                writer.close()
+            except (pa.ArrowException, OSError) as status:
+                error = status
+        return self._set_broken(map_error(error, self.peer, self._what))
+
+    def _set_broken(self, error: ExchangeError) -> ExchangeError:
+        if self._broken is None:
+            self._broken = error
+        return self._broken
 
 
 class OutboundChannel:
@@ -581,4 +735,4 @@ class OutboundChannel:
         return self._broken
 
 
-__all__ = ["ExchangeClient", "OutboundChannel"]
+__all__ = ["ExchangeClient", "FilePut", "OutboundChannel"]

@@ -32,7 +32,24 @@ watermark and end messages count; credit requests do not. A refusal (a fence, a 
 message, an unknown processor) is a Flight error whose ``extra_info`` is one of the tags
 :data:`TAG_FENCED`, :data:`TAG_REFUSED`.
 
-Why ``DoExchange`` and not ``DoPut``: a ``DoPut`` writer blocked by backpressure cannot be
+File streams carry a file's bytes (a member's backup copy of a snapshot chunk file, a
+peer's read of one). Their command, the ``DoPut`` descriptor's or the ``DoGet`` ticket's, is
+UTF-8 JSON ``{"protocol": "sparkjet.exchange/1", "execution_id": E, "file": NAME, "body":
+{...}}``: NAME picks the server's handler (``ExchangeServer.on_put``, ``on_get``), the
+body is the handler's (the slot, the path, the range), and E fences the call like a data
+stream's. The token of the call is bound to NAME and the command
+(:func:`~sparkjet.runtime.exchange.security.action_digest` of them), as an action's is to
+its body. The bytes travel as record batches of
+:data:`FILE_SCHEMA`, one binary row per piece of at most :data:`FILE_PIECE` bytes, no
+compression (chunk files are compressed already). A ``DoPut`` ends with a metadata-only
+message, the trailer (JSON: the writer's ``size`` and ``xxh3``); the receiver checks what it
+read against it and answers with one metadata message (JSON) once the copy is in place, or
+refuses the call (a short stream, one without its trailer, or a checksum that does not
+match). A ``DoGet`` answers with the schema, whose metadata ``sparkjet`` is JSON (the
+file's ``size``), then the pieces of the range asked for.
+
+Why ``DoExchange`` and not ``DoPut`` for data streams: a ``DoPut`` writer blocked by
+backpressure cannot be
 cancelled from another thread (``FlightClient.close()`` and ``writer.close()`` both hang,
 pyarrow 26), so a member that fails could not free its sending threads. A ``DoExchange``
 reader's ``cancel()`` ends the call at once, and the server's acks travel back on the same
@@ -43,6 +60,7 @@ from __future__ import annotations
 import json
 import struct
 
+import pyarrow as pa
 from pyarrow import flight
 
 from sparkjet.errors import (
@@ -66,6 +84,14 @@ KIND_NAMES = {DATA: "data", BARRIER: "barrier", END: "end", CREDIT: "credit",
 # Tags in a Flight error's extra_info: how the client tells a refusal from a broken link.
 TAG_FENCED = b"sparkjet:fenced"
 TAG_REFUSED = b"sparkjet:refused"
+
+
+#: The record batches of a file stream: one binary row per piece of the file.
+FILE_SCHEMA = pa.schema([pa.field("data", pa.binary(), nullable=False)])
+#: The most bytes one piece of a file stream carries.
+FILE_PIECE = 1 << 20
+#: The schema metadata key of a ``DoGet`` file stream's answer (JSON).
+FILE_INFO = b"sparkjet"
 
 
 # ---- errors ------------------------------------------------------------------------------
@@ -149,7 +175,46 @@ def parse_descriptor(descriptor) -> tuple[int, str, int, int]:
             command["channel"])
 
 
-__all__ = ["ACK", "ACK_REQUEST", "ASK_CREDIT", "BARRIER", "CREDIT", "DATA", "END", "IDLE",
-           "KIND_NAMES", "PROTOCOL", "TAG_FENCED", "TAG_REFUSED", "TERMINAL", "WATERMARK",
-           "control", "flight_error", "map_error", "parse_control", "parse_descriptor",
-           "short_message", "stream_descriptor"]
+def file_command(execution_id: int, name: str, body: dict) -> bytes:
+    """The command of a file stream (a ``DoPut`` descriptor's, a ``DoGet`` ticket's)."""
+    return json.dumps({"protocol": PROTOCOL, "execution_id": execution_id, "file": name,
+                       "body": body}).encode()
+
+
+def parse_file_command(raw: bytes) -> tuple[int, str, dict]:
+    """(execution_id, name, body) of a file stream's command; ValueError with the reason
+    if it is not one."""
+    try:
+        command = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"the command is not JSON ({e})") from None
+    if not isinstance(command, dict) or command.get("protocol") != PROTOCOL:
+        got = command.get("protocol") if isinstance(command, dict) else None
+        raise ValueError(f"protocol {got!r}, expected {PROTOCOL!r}")
+    for name, kind in (("execution_id", int), ("file", str), ("body", dict)):
+        if type(command.get(name)) is not kind:
+            raise ValueError(f"file stream field {name!r} is {command.get(name)!r}, "
+                             f"expected {kind.__name__}")
+    return command["execution_id"], command["file"], command["body"]
+
+
+def file_batch(piece, schema: pa.Schema = FILE_SCHEMA) -> pa.RecordBatch:
+    """One piece of a file (bytes-like, at most 2 GiB) as a one-row batch, not copied."""
+    data = pa.py_buffer(piece)
+    offsets = pa.py_buffer(struct.pack("<ii", 0, data.size))
+    return pa.RecordBatch.from_arrays(
+        [pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])], schema=schema)
+
+
+def file_pieces(batch: pa.RecordBatch):
+    """The pieces (pyarrow buffers, not copied) a file stream's batch carries."""
+    for value in batch.column(0):
+        yield value.as_buffer()
+
+
+__all__ = ["ACK", "ACK_REQUEST", "ASK_CREDIT", "BARRIER", "CREDIT", "DATA", "END", "FILE_INFO",
+           "FILE_PIECE", "FILE_SCHEMA", "IDLE", "KIND_NAMES", "PROTOCOL", "TAG_FENCED",
+           "TAG_REFUSED", "TERMINAL", "WATERMARK",
+           "control", "file_batch", "file_command", "file_pieces", "flight_error", "map_error",
+           "parse_control", "parse_descriptor", "parse_file_command", "short_message",
+           "stream_descriptor"]

@@ -29,6 +29,8 @@ from sparkjet.runtime.exchange.protocol import (
     CREDIT,
     DATA,
     END,
+    FILE_INFO,
+    FILE_SCHEMA,
     IDLE,
     KIND_NAMES,
     TAG_FENCED,
@@ -36,9 +38,12 @@ from sparkjet.runtime.exchange.protocol import (
     TERMINAL,
     WATERMARK,
     control,
+    file_batch,
+    file_pieces,
     flight_error,
     parse_control,
     parse_descriptor,
+    parse_file_command,
     short_message,
 )
 from sparkjet.runtime.exchange.security import HEADER as AUTH_HEADER
@@ -104,6 +109,8 @@ class ExchangeServer(flight.FlightServerBase):
         self._on_error = on_error
         self._poll = poll
         self._actions: dict[str, Callable[[dict], dict]] = {"ping": self._ping}
+        self._puts: dict[str, Callable] = {}
+        self._gets: dict[str, Callable] = {}
         self._lock = threading.Lock()
         self._streams: dict[tuple[str, int, int], str] = {}
         self._closing = threading.Event()
@@ -156,6 +163,31 @@ class ExchangeServer(flight.FlightServerBase):
             raise InvalidArgumentError(f"the handler of action {name!r} is not callable")
         with self._lock:
             self._actions[name] = handler
+
+    def on_put(self, name: str, handler: Callable[[dict, InboundFile], dict]) -> None:
+        """Registers ``handler(body, stream) -> dict`` for the file streams (``DoPut``)
+        named ``name``: it iterates ``stream`` (an :class:`InboundFile`: the pieces, as
+        pyarrow buffers, in order), then finds the writer's trailer in ``stream.trailer``
+        (None if the stream ended without one: the writer died or gave up), and answers
+        once the file is in place. What it raises reaches the writer as
+        :class:`ExchangeRefusedError`. Runs on a server thread, as long as the stream lasts."""
+        self._register(self._puts, name, handler)
+
+    def on_get(self, name: str, handler: Callable[[dict], tuple[dict, Any]]) -> None:
+        """Registers ``handler(body) -> (info, pieces)`` for the file streams (``DoGet``)
+        named ``name``: ``info`` (a JSON object) goes first, in the schema's metadata, then
+        each piece of the iterable ``pieces`` (bytes-like, at most
+        :data:`~sparkjet.runtime.exchange.protocol.FILE_PIECE` bytes each is the rule) as
+        a batch. What it raises reaches the reader as :class:`ExchangeRefusedError`."""
+        self._register(self._gets, name, handler)
+
+    def _register(self, table: dict, name: str, handler) -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"a stream name must be a non-empty str, not {name!r}")
+        if not callable(handler):
+            raise InvalidArgumentError(f"the handler of stream {name!r} is not callable")
+        with self._lock:
+            table[name] = handler
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stops the server: new connections are refused at once, streams waiting on a
@@ -259,6 +291,76 @@ class ExchangeServer(flight.FlightServerBase):
                                f"action {name!r} failed: {type(e).__name__}: {e}",
                                TAG_REFUSED) from e
         return [answer]
+
+    # -- file streams
+
+    def _file_call(self, context, raw: bytes, kind: str, table: dict):
+        """(name, body, handler) of a file stream's command, after the checks every
+        call has: its token bound to this command, its execution, the server open, a
+        handler for its name."""
+        try:
+            execution_id, name, body = parse_file_command(raw)
+        except ValueError as e:
+            raise flight_error(flight.FlightServerError,
+                               f"not a sparkjet file stream: {e}", TAG_REFUSED) from None
+        call = context.get_middleware(AUTH_HEADER)
+        if call is None or call.digest != action_digest(name, raw):
+            self._auth.count("body mismatch")
+            raise flight.FlightUnauthenticatedError(REFUSAL)
+        self._fence(execution_id, f"the {kind} stream {name!r}", context.peer())
+        if self._closing.is_set():
+            raise flight_error(flight.FlightServerError,
+                               f"{kind} {name!r}: the server is shutting down", TAG_REFUSED)
+        with self._lock:
+            handler = table.get(name)
+            known = sorted(table)
+        if handler is None:
+            raise flight_error(flight.FlightServerError,
+                               f"no {kind} stream {name!r} (this server has "
+                               f"{', '.join(known) or 'none'})", TAG_REFUSED)
+        return name, body, handler
+
+    def do_put(self, context, descriptor, reader, writer):
+        if descriptor.descriptor_type != flight.DescriptorType.CMD:
+            raise flight_error(flight.FlightServerError,
+                               "not a sparkjet file stream: the descriptor is a path",
+                               TAG_REFUSED)
+        name, body, handler = self._file_call(context, descriptor.command, "put", self._puts)
+        if not reader.schema.equals(FILE_SCHEMA):
+            raise flight_error(flight.FlightServerError,
+                               f"put {name!r}: batches of {reader.schema}, expected "
+                               f"{FILE_SCHEMA}", TAG_REFUSED)
+        stream = InboundFile(reader, context, self._closing, name)
+        try:
+            result = handler(body, stream)
+            answer = json.dumps({} if result is None else result).encode()
+        except flight.FlightError:
+            raise
+        except Exception as e:  # sent to the writer, who decides
+            raise flight_error(flight.FlightServerError,
+                               f"put {name!r} failed: {type(e).__name__}: {e}",
+                               TAG_REFUSED) from e
+        writer.write(pa.py_buffer(answer))
+
+    def do_get(self, context, ticket):
+        name, body, handler = self._file_call(context, ticket.ticket, "get", self._gets)
+        try:
+            info, pieces = handler(body)
+            schema = FILE_SCHEMA.with_metadata({FILE_INFO: json.dumps(info).encode()})
+        except Exception as e:  # sent to the reader, who decides
+            raise flight_error(flight.FlightServerError,
+                               f"get {name!r} failed: {type(e).__name__}: {e}",
+                               TAG_REFUSED) from e
+        closing = self._closing
+
+        def batches():
+            for piece in pieces:
+                if closing.is_set():
+                    raise flight_error(flight.FlightServerError,
+                                       f"get {name!r}: the server is shutting down",
+                                       TAG_REFUSED)
+                yield file_batch(piece, schema)
+        return flight.GeneratorStream(schema, batches())
 
     # -- data plane
 
@@ -386,4 +488,45 @@ class ExchangeServer(flight.FlightServerBase):
                                    f"{where}: {type(e).__name__}: {e}", TAG_REFUSED) from e
 
 
-__all__ = ["ExchangeServer"]
+class InboundFile:
+    """The pieces of a file stream (``DoPut``) as its handler reads them: iterating
+    gives each piece (a pyarrow buffer, not copied) in order until the stream ends;
+    :attr:`trailer` is then the writer's trailer (a dict), or None when the stream ended
+    without one (the writer died, gave up, or was cancelled). Anything after the trailer,
+    or a trailer that is not a JSON object, is refused."""
+
+    def __init__(self, reader, context, closing: threading.Event, name: str):
+        self._reader, self._context, self._closing = reader, context, closing
+        self.name = name
+        self.trailer: dict | None = None
+        self.received = 0
+
+    def __iter__(self):
+        while True:
+            try:
+                chunk = self._reader.read_chunk()
+            except StopIteration:
+                return
+            if self._closing.is_set():
+                raise flight_error(flight.FlightServerError,
+                                   f"put {self.name!r}: the server is shutting down",
+                                   TAG_REFUSED)
+            if self.trailer is not None:
+                raise ValueError(f"a message after the trailer, at byte {self.received}")
+            if chunk.app_metadata is not None:
+                if chunk.data is not None:
+                    raise ValueError("a piece with metadata")
+                try:
+                    trailer = json.loads(chunk.app_metadata.to_pybytes())
+                except ValueError as e:
+                    raise ValueError(f"the trailer is not JSON ({e})") from None
+                if not isinstance(trailer, dict):
+                    raise ValueError("the trailer is not a JSON object")
+                self.trailer = trailer
+                continue
+            for piece in file_pieces(chunk.data):
+                self.received += piece.size
+                yield piece
+
+
+__all__ = ["ExchangeServer", "InboundFile"]
