@@ -178,7 +178,7 @@ def test_a_restore_passes_over_a_damaged_copy_for_a_good_one(tmp_path, how):
     b = StorageSlot.claim(tmp_path / "host-b", host="b")
     security = LinkSecurity.generate(1)
     server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
-    server.on_action("slot_read", slot_read_handler(b, job))
+    server.on_get("slot_read", slot_read_handler(b, job))
     client = ExchangeClient(server.location, security=security)
     try:
         def replicate(path, partitions):   # a backup copy into slot b, as slot_write makes
