@@ -1,6 +1,8 @@
 """Jobs on a real Spark standalone cluster (master + 3 one-core worker JVMs started with
 spark-class): whole worker JVMs are killed with SIGKILL, so executors are really lost.
 
+The storage campaign's worker JVM kills and wiped hosts (last test).
+
 The quorum scenario, then the members' storage (a member killed, a host's storage lost,
 a worker bounced; exactly-once from the backups on the other hosts).
 
@@ -50,3 +52,23 @@ def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
         assert r["lost"] == 0 and r["valid"], r
         if r["guarantee"] == "exactly-once":
             assert r["duplicated"] == 0, r
+
+
+def test_storage_campaign_kills_worker_jvms_and_wipes_hosts(tmp_path):
+    """The storage campaign on a standalone cluster (each worker a host with its own
+    storage root): a worker JVM killed (its executor with it: the slot is reclaimed when
+    the worker comes back, or the partitions are promoted on the hosts left), then one
+    killed with its host's storage root wiped before it comes back. Exactly-once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkjet.testing.storage_campaign", "--standalone",
+         "--faults", "2", "--kinds", "kill-jvm,wipe-host", "--seed", "5", "--json",
+         "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("STORAGE-CAMPAIGN-JSON ")]
+    assert done.returncode == 0 and lines, done.stdout[-4000:] + done.stderr[-4000:]
+    rounds = json.loads(lines[0].split(" ", 1)[1])["rounds"]
+    assert [r["kind"] for r in rounds] == ["kill-jvm", "wipe-host"], rounds
+    for r in rounds:
+        assert r["faults"] == 1 and r["restarts"] >= 1 and r["valid"], r
+        assert r["lost"] == 0 and r["duplicated"] == 0 and r["refusal"] is None, r
+    assert "wipe" in rounds[1]["detail"], rounds[1]

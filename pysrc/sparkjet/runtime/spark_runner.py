@@ -398,7 +398,11 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         index = ctx.partitionId()
         log_to(sys.stderr, job=config.name, execution=execution, member=index)
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
-        slot = claim_slot(config, execution)   # None: the state is in the shared store
+        try:
+            slot = claim_slot(config, execution)   # None: the state is in the shared store
+        except Exception as e:
+            _report_before_join(coordinator, security, index, e)
+            raise
         late = _LateMember(config.start_timeout)
         try:
             if slot is None:
@@ -435,6 +439,24 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                                           "refused": pa.array([refused], pa.int64())})
 
     return task
+
+
+def _report_before_join(coordinator: str, security: LinkSecurity, index: int,
+                        error: BaseException) -> None:
+    """Tells the coordinator that member ``index`` failed before it joined (its slot
+    could not be claimed), with the error's report: the task's own failure reaches the
+    driver only inside the Spark stage's, unclassified, so a refusal a replay repeats (a
+    foreign slot) would be retried and end the job named as a Py4J error."""
+    from sparkjet.runtime.exchange import ExchangeClient  # where the task runs: loads Flight
+
+    try:
+        client = ExchangeClient(coordinator, security=security, action_timeout=10.0)
+        try:
+            client.action("failed", {"member": index, **failure_report(error), "link": False})
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - best effort: the stage's failure still ends it
+        _log.warning("could not tell the coordinator member %d failed: %s", index, error)
 
 
 class _LateMember:

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError
+from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError, SparkjetError
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import StorageBackend
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
@@ -43,13 +43,8 @@ def check_listing(store: StoreView, stored, vertex: str, v: VertexRecord) -> Non
     file in a storage slot: where the slot is, when it is reachable here)."""
     directory = store._path(*stored.dir, vertex)
     snapshot = stored.record.snapshot_id
-    for f in v.files:
-        if f.slot is not None and store.slot_files is not None and not f.durable:
-            size = store.slot_files(f.holders, slot_path(stored, f)).size()
-            if size != f.bytes:
-                raise SnapshotCorruptError(
-                    f"slot {f.slot}: {slot_path(stored, f)}", min(size, f.bytes),
-                    "file size", f"{size} bytes, record says {f.bytes}")
+    # a file in the slots: each copy's size is checked as read_file reads it (a copy at
+    # the wrong size is passed over for the next)
     listed = {f.name: f for f in v.files if f.slot is None or f.durable}
     if not listed and store.slot_files is not None:
         return      # a member reading slots only: nothing of it is in the store
@@ -82,21 +77,71 @@ def read_file(store: StoreView, stored, vertex: str, vid: int, f: FileRecord, wa
                                          or stored.dir[0] != layout.SNAPSHOTS)):
         # the store's file (a durable copy, where no slot is reachable or in an export)
         path = store._path(*stored.dir, vertex, f.name)
-        read = store._backend.range_reader(path)
-    else:
-        if store.slot_files is None:
-            raise SnapshotIncompleteError(
-                f"snapshot {stored.record.snapshot_id} of {store.who}: chunk file {f.path} "
-                f"is in storage slot {f.slot}, which is not reachable here (a member of "
-                f"the job reads it from its slot or a peer's)")
-        path = f"slot {f.slot}: {slot_path(stored, f)}"
+        yield from _checked_chunks(store, stored, vid, entries,
+                                   store._backend.range_reader(path), path)
+        return
+    if store.slot_files is None:
+        raise SnapshotIncompleteError(
+            f"snapshot {stored.record.snapshot_id} of {store.who}: chunk file {f.path} "
+            f"is in storage slot {f.slot}, which is not reachable here (a member of "
+            f"the job reads it from its slot or a peer's)")
+    # Every copy in turn, the preferred first, each read and checked whole before any of
+    # its chunks is handed on: a damaged copy (flipped, truncated, deleted) is passed over
+    # for the next, and the restore fails on the first copy's error only when none reads.
+    first = None
+    for where, open_copy in _slot_copies(store, stored, vertex, f):
         try:
-            read = store.slot_files(f.holders, slot_path(stored, f)).range_reader()
-        except SnapshotIncompleteError:
-            if not f.durable:
-                raise
-            path = store._path(*stored.dir, vertex, f.name)  # no slot holds it: the copy
-            read = store._backend.range_reader(path)
+            checked = list(_checked_chunks(store, stored, vid, entries, open_copy(), where))
+        except (SparkjetError, OSError) as e:
+            first = first or e
+            continue
+        yield from checked
+        return
+    raise first
+
+
+def _slot_copies(store: StoreView, stored, vertex: str, f: FileRecord):
+    """``(where, open)`` for each copy of a file in the slots, best first: the one the
+    store's ``slot_files`` picks (this member's own slot, else a member's), each holder's
+    in turn, then the durable copy; ``open()`` checks the copy's size and returns its
+    range reader. SnapshotIncompleteError when no slot is reachable and no durable copy
+    exists."""
+    path = slot_path(stored, f)
+
+    def opener(uuids):
+        def open_copy():
+            copy = store.slot_files(uuids, path)
+            try:
+                size = copy.size()
+            except FileNotFoundError:
+                raise SnapshotIncompleteError(
+                    f"snapshot {stored.record.snapshot_id} of {store.who}: chunk file "
+                    f"slot {uuids[0]}: {path} is missing") from None
+            if size != f.bytes:
+                raise SnapshotCorruptError(f"slot {uuids[0]}: {path}", min(size, f.bytes),
+                                           "file size", f"{size} bytes, record says {f.bytes}")
+            return copy.range_reader()
+        return open_copy
+
+    try:
+        store.slot_files(f.holders, path)
+        reachable = True
+    except SnapshotIncompleteError:
+        if not f.durable:
+            raise
+        reachable = False
+    if reachable:
+        yield f"slot {f.slot}: {path}", opener(f.holders)
+        for uuid in f.holders:
+            yield f"slot {uuid}: {path}", opener([uuid])
+    if f.durable:
+        durable = store._path(*stored.dir, vertex, f.name)   # no slot holds it: the copy
+        yield durable, lambda: store._backend.range_reader(durable)
+
+
+def _checked_chunks(store: StoreView, stored, vid: int, entries, read, path: str):
+    """The chunks of ``entries`` read through ``read`` (runs of adjacent chunks in one
+    range), each header checked against the record."""
     runs, run = [], [entries[0]]
     for c in entries[1:]:
         prev = run[-1]

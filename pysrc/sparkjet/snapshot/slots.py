@@ -12,6 +12,8 @@ host, so a task cannot own storage; a *slot* can. A slot is a folder under a hos
         jobs/job-<id>/  one job's data: FENCE (the newest execution seen), records/ (copies
                         of committed snapshot records), TABLE.json (its last partition table)
                         and replicas/ (the chunk files this slot holds)
+      .new-<uuid>/      a slot being made: locked and named before it is renamed to
+                        slot-<uuid> (a slot- folder without MEMBER.json is a dead creator's)
 
 A task claims one slot before it joins the execution (:meth:`StorageSlot.claim`): a free
 slot of its host holding this job's data first (a killed worker's slot, restored locally),
@@ -153,14 +155,27 @@ class StorageSlot:
             return cls(folder, identity, fd, durable)
         identity = _new_identity(host)
         folder = os.path.join(storage_dir, SLOT_PREFIX + identity.uuid)
+        # made whole (locked, MEMBER.json written) under a name no claim lists, then renamed
+        # into place: a slot- folder without MEMBER.json is one whose creator died, which
+        # another claim may take over (the lock follows the folder through the rename)
+        making = os.path.join(storage_dir, f".new-{identity.uuid}")
         try:
-            os.mkdir(folder, 0o700)
-        except OSError as e:
-            raise storage_error("create directory", folder, e) from None
-        fd = _try_lock(folder)
+            os.mkdir(making, 0o700)
+        except OSError as e:     # named as the slot it makes (the folder users will look for)
+            raise storage_error("create directory", folder,
+                                OSError(e.errno, e.strerror)) from None
+        fd = _try_lock(making)
         if fd is None:  # cannot happen: nobody else knows the new UUID
-            raise StorageSlotError(f"{folder}: a new slot was locked by someone else")
-        _write_atomic(folder, MEMBER, identity.to_json(), durable)
+            raise StorageSlotError(f"{making}: a new slot was locked by someone else")
+        try:
+            _write_atomic(making, MEMBER, identity.to_json(), durable)
+            os.rename(making, folder)
+        except OSError as e:
+            os.close(fd)
+            raise storage_error("rename", making, e) from None
+        except BaseException:
+            os.close(fd)
+            raise
         if durable:
             _sync_dir(storage_dir)
         return cls(folder, identity, fd, durable)
