@@ -151,11 +151,12 @@ def test_overlapping_partitions_add_up(net):
     assert _ok(net, h1, h0)
 
 
-def _datagrams(net, frm, to, port: int) -> int:
+def _datagrams(net, frm, to, port: int, count: int = 20) -> int:
     receiver = to.popen([sys.executable, "-I", "-c", UDP_COUNT, to.address, str(port), "3"],
                         stdout=subprocess.PIPE, text=True)
     assert receiver.stdout.readline().strip() == "up"
-    frm.run([sys.executable, "-I", "-c", UDP_SEND, to.address, str(port), "20"], check=True)
+    frm.run([sys.executable, "-I", "-c", UDP_SEND, to.address, str(port), str(count)],
+            check=True)
     return int(receiver.communicate(timeout=30)[0].strip())
 
 
@@ -166,6 +167,19 @@ def test_one_way_loss_drops_one_direction_only(net):
         assert _datagrams(net, h0, h1, 7102) == 20
         assert not _ok(net, h1, h0), "a handshake needs both directions"
     assert _datagrams(net, h1, h0, 7103) == 20
+
+
+def test_packet_loss_drops_a_share_of_a_hosts_packets_and_heals(net):
+    h0, h1, _ = net.hosts
+    with nemesis.PacketLoss(net, h0, 50, direction="in"):
+        got = _datagrams(net, h1, h0, 7111, count=100)
+        # 50% of 100 at random: far from 0 and from 100 (outside 15..85: p < 1e-12)
+        assert 15 <= got <= 85, got
+        assert _datagrams(net, h0, h1, 7112) == 20      # what h0 sends is untouched
+    assert _datagrams(net, h1, h0, 7113) == 20
+    with nemesis.PacketLoss(net, h0, 100):
+        assert not _ok(net, h1, h0)
+    assert _ok(net, h1, h0)
 
 
 def test_one_way_to_the_gateway_is_dropped_on_the_host(net):
