@@ -415,3 +415,24 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return None
+
+
+def test_a_skewed_python_process_still_sleeps_and_waits(tmp_path):
+    """Found by the nemesis campaign: libfaketime 0.9.10 (with the monotonic clock left
+    true) fails ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, which is
+    how Python sleeps, so every skewed member died at its first ``time.sleep`` ("OSError:
+    [Errno 22] Invalid argument"). The nemesis preloads a shim that sends monotonic sleeps
+    to the kernel."""
+    _need("clock")
+    skew = nemesis.ClockSkew(tmp_path / "clock", -600)
+    code = ("import queue, threading, time\n"
+            "t = time.monotonic(); time.sleep(0.05); threading.Event().wait(0.05)\n"
+            "try:\n    queue.Queue().get(timeout=0.05)\nexcept queue.Empty:\n    pass\n"
+            "print(time.time(), time.monotonic() - t)\n")
+    with skew:
+        done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True,
+                              text=True, env={**os.environ, **skew.env()}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wall, slept = map(float, done.stdout.split())
+    assert -700 < wall - time.time() < -500
+    assert slept >= 0.15

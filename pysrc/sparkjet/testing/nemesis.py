@@ -670,7 +670,8 @@ class ClockSkew(Nemesis):
         library = _libfaketime()
         if library is None:
             raise NemesisError(f"{self.name}: {missing('clock')}")
-        preload = " ".join(filter(None, [library, os.environ.get("LD_PRELOAD")]))
+        shim = _sleep_shim() if not self.monotonic else None
+        preload = " ".join(filter(None, [shim, library, os.environ.get("LD_PRELOAD")]))
         env = {"LD_PRELOAD": preload, "FAKETIME_TIMESTAMP_FILE": str(self.file),
                "FAKETIME_NO_CACHE": "1"}
         if not self.monotonic:
@@ -709,6 +710,55 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
+
+
+#: libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC fails every
+#: ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, which is how Python's
+#: ``time.sleep`` sleeps: a skewed Python process died at its first sleep. This shim, preloaded
+#: before libfaketime, sends monotonic sleeps straight to the kernel (the monotonic clock is
+#: not faked, so that is the right answer) and the others on to libfaketime.
+_SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+int clock_nanosleep(clockid_t id, int flags, const struct timespec *req, struct timespec *rem) {
+    if (id == CLOCK_MONOTONIC || id == CLOCK_BOOTTIME) {
+        long r = syscall(SYS_clock_nanosleep, id, flags, req, rem);
+        return r == 0 ? 0 : errno;
+    }
+    static int (*next)(clockid_t, int, const struct timespec *, struct timespec *);
+    if (!next) next = dlsym(RTLD_NEXT, "clock_nanosleep");
+    return next(id, flags, req, rem);
+}
+"""
+
+
+def _sleep_shim() -> str:
+    """The shim's shared library (built once per machine with the C compiler, in the temp
+    folder); raises :class:`NemesisError` without a compiler."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(_SHIM_SOURCE.encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"sparkjet-faketime-shim-{digest}.so"
+    if target.exists():
+        return str(target)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NemesisError("clock skew of Python processes needs a C compiler (cc) for the "
+                           "sleep shim: libfaketime 0.9.10 fails Python's time.sleep")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "shim.c"
+        source.write_text(_SHIM_SOURCE)
+        built = Path(tmp) / "shim.so"
+        _run("build the libfaketime sleep shim",
+             [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(source), "-ldl"])
+        os.replace(built, target.with_suffix(f".{os.getpid()}.tmp"))
+        os.replace(target.with_suffix(f".{os.getpid()}.tmp"), target)
+    return str(target)
 
 
 def _libfaketime() -> str | None:
