@@ -44,6 +44,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from sparkjet import verify
 from sparkjet.connectors.files.sink import TransactionalFileSink
@@ -85,6 +86,7 @@ class NemesisRound:
     stale_reads: int
     error: str | None = None        # the job's own failure, if it failed
     notes: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)   # broken promises seen otherwise
 
     @property
     def lost(self) -> int:
@@ -107,7 +109,7 @@ class NemesisRound:
         no duplicate. An idempotent upsert sink (SQLite) may be read stale: it writes at
         prepare, before the snapshot completes, and a restart replays from the snapshot
         before, so a reader can see a value go back until the replay catches up."""
-        if self.report is None:
+        if self.report is None or self.violations:
             return False
         stale_ok = self.sink == "sqlite" or self.stale_reads == 0
         if self.error is not None:
@@ -419,7 +421,9 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
                      f"{max(rec) if rec else '-'} lost {r.lost} duplicated {r.duplicated} "
                      f"stale {r.stale_reads} {'valid' if r.valid else 'INVALID'}"
                      + (f"\n    failed: {r.error}" if r.error else "")
-                     + "".join(f"\n    {note}" for note in r.notes))
+                     + "".join(f"\n    {note}" for note in r.notes)
+                     + "".join(f"\n    VIOLATION: {v}" for v in r.violations))
+            progress(round_json(r))
             idle = idle + 1 if not r.faults else 0
             if idle == 3:
                 break
@@ -427,6 +431,41 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
     finally:
         if own:
             servers.stop()
+
+
+def round_json(r: NemesisRound) -> str:
+    """One round as a ``ROUND-JSON`` line: a long run's log can be summed up while it runs
+    (:func:`from_log`)."""
+    import json
+
+    return "ROUND-JSON " + json.dumps({
+        "kind": r.kind, "sink": r.sink, "faults": [f.name for f in r.faults],
+        "recovered": [f.recovered for f in r.faults], "restarts": r.restarts,
+        "seconds": round(r.seconds, 1), "lost": r.lost, "unfinished": r.unfinished,
+        "duplicated": r.duplicated, "stale_reads": r.stale_reads, "error": r.error,
+        "notes": r.notes, "violations": r.violations, "valid": r.valid})
+
+
+def from_log(lines) -> list[NemesisRound]:
+    """The rounds of a campaign's output (its ``ROUND-JSON`` lines), for :func:`summary`
+    of a run still going or cut short."""
+    import json
+
+    rounds = []
+    for line in lines:
+        if not line.startswith("ROUND-JSON "):
+            continue
+        d = json.loads(line[len("ROUND-JSON "):])
+        # the counts the summary needs, standing in for the checker's report
+        report = SimpleNamespace(lost_count=d["lost"] + d["unfinished"],
+                                 duplicated_count=d["duplicated"],
+                                 valid=d["valid"] or d["error"] is not None)
+        faults = [FaultRecord(d["kind"], n, 0.0, 0.0, rec)
+                  for n, rec in zip(d["faults"], d["recovered"], strict=True)]
+        rounds.append(NemesisRound(d["kind"], d["sink"], faults, d["restarts"], d["seconds"],
+                                   report, d["stale_reads"], d["error"], d["notes"],
+                                   d["violations"]))
+    return rounds
 
 
 def per_kind(results: list[NemesisRound]) -> dict[str, dict]:
@@ -548,5 +587,5 @@ def main(args) -> int:
             {"kind": r.kind, "sink": r.sink, "faults": [f.name for f in r.faults],
              "restarts": r.restarts, "lost": r.lost, "unfinished": r.unfinished,
              "duplicated": r.duplicated, "stale_reads": r.stale_reads, "error": r.error,
-             "notes": r.notes, "valid": r.valid} for r in results]}))
+             "notes": r.notes, "violations": r.violations, "valid": r.valid} for r in results]}))
     return 1 if any(not r.valid for r in results) or not results else 0
