@@ -421,18 +421,22 @@ def test_a_skewed_python_process_still_sleeps_and_waits(tmp_path):
     """Found by the nemesis campaign: libfaketime 0.9.10 (with the monotonic clock left
     true) fails ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, which is
     how Python sleeps, so every skewed member died at its first ``time.sleep`` ("OSError:
-    [Errno 22] Invalid argument"). The nemesis preloads a shim that sends monotonic sleeps
-    to the kernel."""
+    [Errno 22] Invalid argument"); and its ``pthread_cond_timedwait`` returned at once on a
+    monotonic condition variable, so the native aligner's waits spun (a skewed member slowed
+    until its snapshots timed out). The nemesis preloads a shim for both."""
     _need("clock")
     skew = nemesis.ClockSkew(tmp_path / "clock", -600)
     code = ("import queue, threading, time\n"
+            "from sparkjet._native import BarrierAligner\n"
             "t = time.monotonic(); time.sleep(0.05); threading.Event().wait(0.05)\n"
             "try:\n    queue.Queue().get(timeout=0.05)\nexcept queue.Empty:\n    pass\n"
-            "print(time.time(), time.monotonic() - t)\n")
+            "a = BarrierAligner(1)\n"
+            "w = time.monotonic(); assert a.take(timeout=0.3) is None\n"
+            "print(time.time(), time.monotonic() - t, time.monotonic() - w)\n")
     with skew:
-        done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True,
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                               text=True, env={**os.environ, **skew.env()}, timeout=60)
     assert done.returncode == 0, done.stderr
-    wall, slept = map(float, done.stdout.split())
+    wall, slept, waited = map(float, done.stdout.split())
     assert -700 < wall - time.time() < -500
-    assert slept >= 0.15
+    assert slept >= 0.45 and waited >= 0.3

@@ -714,13 +714,19 @@ def _state(pid: int) -> str | None:
 
 #: libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC fails every
 #: ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, which is how Python's
-#: ``time.sleep`` sleeps: a skewed Python process died at its first sleep. This shim, preloaded
-#: before libfaketime, sends monotonic sleeps straight to the kernel (the monotonic clock is
-#: not faked, so that is the right answer) and the others on to libfaketime.
+#: ``time.sleep`` sleeps: a skewed Python process died at its first sleep. And it returns
+#: ETIMEDOUT at once from every ``pthread_cond_timedwait`` on a condition variable of the
+#: monotonic clock (sparkjet's native barrier aligner waits on those): each wait became a
+#: busy loop, which slowed a skewed member until its snapshots timed out. This shim,
+#: preloaded before libfaketime, sends monotonic sleeps straight to the kernel (the
+#: monotonic clock is not faked, so that is the right answer) and the others on to
+#: libfaketime, and every condition wait to glibc's own (a condition variable on the wall
+#: clock then waits for the true time, not the skewed one).
 _SHIM_SOURCE = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -732,6 +738,15 @@ int clock_nanosleep(clockid_t id, int flags, const struct timespec *req, struct 
     static int (*next)(clockid_t, int, const struct timespec *, struct timespec *);
     if (!next) next = dlsym(RTLD_NEXT, "clock_nanosleep");
     return next(id, flags, req, rem);
+}
+int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *t) {
+    static int (*real)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+    if (!real) {
+        void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+        if (libc) real = dlvsym(libc, "pthread_cond_timedwait", "GLIBC_2.3.2");
+        if (!real) real = dlsym(RTLD_NEXT, "pthread_cond_timedwait");
+    }
+    return real(c, m, t);
 }
 """
 
@@ -755,7 +770,8 @@ def _sleep_shim() -> str:
         source.write_text(_SHIM_SOURCE)
         built = Path(tmp) / "shim.so"
         _run("build the libfaketime sleep shim",
-             [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(source), "-ldl"])
+             [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(source), "-ldl",
+              "-lpthread"])
         os.replace(built, target.with_suffix(f".{os.getpid()}.tmp"))
         os.replace(target.with_suffix(f".{os.getpid()}.tmp"), target)
     return str(target)

@@ -356,8 +356,9 @@ def _nemesis(kind, rng, pid, servers, store, skew, hold, last):
         return skew
     if kind == "disk":
         # the store's folder removed ends the job by design (SnapshotStoreLostError: what is
-        # written then can be neither restored nor fenced): only as a round's last fault
-        which = rng.choice(["full", "read-only", "removed"] if last else ["full", "read-only"])
+        # written then can be neither restored nor fenced), and so does a read-only store
+        # (StorageError naming the path and EROFS, not retried): only as a round's last fault
+        which = rng.choice(["full", "read-only", "removed"] if last else ["full"])
         if which == "full":
             return nemesis.DiskFull(store.parent)
         if which == "read-only":
