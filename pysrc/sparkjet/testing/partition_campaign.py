@@ -103,7 +103,8 @@ def run(work: Path, faults: int, seed: int = 0, progress=print, *, rate: float =
                 while done < faults:
                     n = min(len(kinds), faults - done)
                     names = [kinds[(done + j) % len(kinds)] for j in range(n)]
-                    r = run_round(work / f"partition-{i:04d}", net, cluster, spark, names, rng)
+                    r = run_round(work / f"partition-{i:04d}", net, cluster, spark, names, rng,
+                                  rate, progress)
                     results.append(r)
                     done += max(1, len(r.faults))
                     i += 1
@@ -124,7 +125,7 @@ def run(work: Path, faults: int, seed: int = 0, progress=print, *, rate: float =
 
 
 def run_round(work: Path, net, cluster, spark, names: list[str],
-              rng: random.Random, rate: float = 40_000) -> NemesisRound:
+              rng: random.Random, rate: float = 40_000, progress=print) -> NemesisRound:
     """One job on every slot with the faults ``names`` one after another."""
     work.mkdir(parents=True, exist_ok=True)
     heartbeat = 3.0
@@ -163,6 +164,8 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
                     state["minority_runs"].append(event["execution"])
             elif kind == "restart":
                 state["restarts"] += 1
+        if kind in ("restart", "waiting"):
+            progress(f"  {kind}: {event.get('error') or event.get('reason') or ''}"[:200])
 
     def inject() -> None:
         for name in names:
@@ -179,8 +182,10 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
             with lock:
                 active.append(n)
             n.start()
+            progress(f"  {record.name}: injected")
             stop.wait(hold)
             n.heal()
+            progress(f"  {name}: healed")
             with lock:
                 active.remove(n)
                 record.end = time.monotonic()
