@@ -142,7 +142,9 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
                         restart_backoff=0.5, quorum_timeout=120, start_timeout=60))
     records: list[FaultRecord] = []
     lock = threading.Lock()
-    state = {"snapshots": 0, "members": [], "restarts": 0, "minority_runs": []}
+    state = {"snapshots": 0, "members": [], "restarts": 0, "minority_runs": [],
+             "minority_snapshots": []}
+    started: dict[int, float] = {}
     active: list[nemesis.Nemesis] = []
     stop = threading.Event()
 
@@ -152,6 +154,11 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
             if kind == "snapshot":
                 state["snapshots"] += 1
                 now = time.monotonic()
+                # the driver reaches one member of three: no snapshot can complete on its
+                # side (acknowledgements in flight at the cut get a second's grace)
+                if any(n.active and n.name.startswith("driver-minority")
+                       and now - started.get(id(n), now) > 1.0 for n in active):
+                    state["minority_snapshots"].append(event["snapshot"])
                 for r in records:
                     if r.end is not None and r.recovered is None:
                         r.recovered = round(now - r.end, 3)
@@ -182,6 +189,7 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
             with lock:
                 active.append(n)
             n.start()
+            started[id(n)] = time.monotonic()
             progress(f"  {record.name}: injected")
             stop.wait(hold)
             n.heal()
@@ -217,6 +225,9 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
     violations = []
     if not final.equals(first):
         violations.append("the output changed after the job ended: a zombie committed")
+    if state["minority_snapshots"]:
+        violations.append(f"snapshots {state['minority_snapshots']} completed while the "
+                          "driver was on a minority side")
     if state["minority_runs"]:
         violations.append(f"executions {state['minority_runs']} started below the quorum "
                           "while the driver was on a minority side")
