@@ -320,7 +320,8 @@ def _inject(kind, faults, rng, job, servers, store, skew, records, lock, stop, a
         if pid is None:
             continue
         hold = rng.uniform(0.2, 2.0)
-        n = _nemesis(kind, rng, pid, servers, store, skew, hold, done == faults - 1)
+        # a fatal disk fault only ends a round that had other faults before it
+        n = _nemesis(kind, rng, pid, servers, store, skew, hold, 0 < done == faults - 1)
         if n is None:
             continue
         record = FaultRecord(kind, n.name if isinstance(n, nemesis.Nemesis) else n,
