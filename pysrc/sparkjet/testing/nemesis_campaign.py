@@ -324,7 +324,10 @@ def _inject(kind, faults, rng, job, servers, store, skew, records, lock, stop, a
         n = _nemesis(kind, rng, pid, servers, store, skew, hold, 0 < done == faults - 1)
         if n is None:
             continue
-        record = FaultRecord(kind, n.name if isinstance(n, nemesis.Nemesis) else n,
+        label = _LABELS.get(type(n).__name__, "kill")
+        if isinstance(n, nemesis.ServerOutage):
+            label = n.name.split(" ", 1)[1]            # "halt", "halt-immediate"
+        record = FaultRecord(kind, f"{label}: {n.name if isinstance(n, nemesis.Nemesis) else n}",
                              time.monotonic())
         try:
             if isinstance(n, str):            # a kill: nothing to heal
@@ -343,6 +346,12 @@ def _inject(kind, faults, rng, job, servers, store, skew, records, lock, stop, a
         with lock:
             records.append(record)
         done += 1
+
+
+#: The short name of each nemesis in the per-kind report.
+_LABELS = {"Pause": "pause", "ClockSkew": "skew", "DiskFull": "full", "ReadOnly": "read-only",
+           "Removed": "removed", "Delay": "delay", "Lossy": "loss", "Stall": "stall",
+           "ResetLinks": "reset"}
 
 
 def _nemesis(kind, rng, pid, servers, store, skew, hold, last):
@@ -492,7 +501,8 @@ def per_kind(results: list[NemesisRound]) -> dict[str, dict]:
         k["failed"] += r.error is not None
         k["invalid"] += not r.valid
         for f in r.faults:
-            name = f.name.split(" ")[0]
+            head = f.name.split(":")[0]          # "label: what", or the name's first word
+            name = head if " " not in head else f.name.split(" ")[0]
             k["names"][name] = k["names"].get(name, 0) + 1
     for k in out.values():
         rec = sorted(k.pop("recover"))
@@ -503,13 +513,13 @@ def per_kind(results: list[NemesisRound]) -> dict[str, dict]:
 
 def summary(results: list[NemesisRound]) -> str:
     lines = [f"{'kind':10}{'rounds':>7}{'faults':>7}{'restarts':>9}{'recover p50':>12}"
-             f"{'max':>7}{'lost':>6}{'duplicated':>11}{'stale':>6}{'failed':>7}{'invalid':>8}"]
+             f"{'max':>7}{'lost':>6}{'duplicated':>11}{'stale':>9}{'failed':>7}{'invalid':>8}"]
     total = {"faults": 0, "lost": 0, "duplicated": 0, "stale_reads": 0, "invalid": 0}
     for kind, k in per_kind(results).items():
         p50 = f"{k['recover_p50']:.2f}s" if k["recover_p50"] is not None else "-"
         mx = f"{k['recover_max']:.1f}s" if k["recover_max"] is not None else "-"
         lines.append(f"{kind:10}{k['rounds']:>7}{k['faults']:>7}{k['restarts']:>9}{p50:>12}"
-                     f"{mx:>7}{k['lost']:>6}{k['duplicated']:>11}{k['stale_reads']:>6}"
+                     f"{mx:>7}{k['lost']:>6}{k['duplicated']:>11}{k['stale_reads']:>9}"
                      f"{k['failed']:>7}{k['invalid']:>8}")
         for t in total:
             total[t] += k[t]
