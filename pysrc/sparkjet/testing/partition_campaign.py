@@ -20,7 +20,9 @@ next, cycle through:
 - ``one-way``: the packets from one worker to the others dropped, the other way flowing;
 - ``loss``: 30% of one worker's packets dropped (nftables ``numgen``).
 
-Each is held 2-8 s (some shorter than ``heartbeat_timeout``, some longer). The output is
+Each is held 2-8 s (isolate and split 2-16 s: some shorter than ``heartbeat_timeout``, some
+longer than Spark's network timeout, after which Spark gives the executor up and the job
+rescales to 2 members while the cut-off one still runs). The output is
 checked with :mod:`sparkjet.verify` against the generator, read again a while after the job
 ended (a zombie's late commit would show), and reported like the other kinds.
 """
@@ -183,7 +185,10 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
             if stop.is_set():
                 return
             n = _fault(name, net, rng)
-            hold = rng.uniform(2.0, 8.0)
+            # some isolations outlast Spark's own network timeout (10 s): the executor is
+            # given up and the job rescales to the 2 workers left while the cut-off member,
+            # a zombie, still runs
+            hold = rng.uniform(2.0, 16.0 if name in ("isolate", "split") else 8.0)
             record = FaultRecord("partition", f"{name} ({n.name}, {hold:.1f}s)",
                                  time.monotonic())
             with lock:
