@@ -151,11 +151,12 @@ def test_overlapping_partitions_add_up(net):
     assert _ok(net, h1, h0)
 
 
-def _datagrams(net, frm, to, port: int) -> int:
+def _datagrams(net, frm, to, port: int, count: int = 20) -> int:
     receiver = to.popen([sys.executable, "-I", "-c", UDP_COUNT, to.address, str(port), "3"],
                         stdout=subprocess.PIPE, text=True)
     assert receiver.stdout.readline().strip() == "up"
-    frm.run([sys.executable, "-I", "-c", UDP_SEND, to.address, str(port), "20"], check=True)
+    frm.run([sys.executable, "-I", "-c", UDP_SEND, to.address, str(port), str(count)],
+            check=True)
     return int(receiver.communicate(timeout=30)[0].strip())
 
 
@@ -166,6 +167,19 @@ def test_one_way_loss_drops_one_direction_only(net):
         assert _datagrams(net, h0, h1, 7102) == 20
         assert not _ok(net, h1, h0), "a handshake needs both directions"
     assert _datagrams(net, h1, h0, 7103) == 20
+
+
+def test_packet_loss_drops_a_share_of_a_hosts_packets_and_heals(net):
+    h0, h1, _ = net.hosts
+    with nemesis.PacketLoss(net, h0, 50, direction="in"):
+        got = _datagrams(net, h1, h0, 7111, count=100)
+        # 50% of 100 at random: far from 0 and from 100 (outside 15..85: p < 1e-12)
+        assert 15 <= got <= 85, got
+        assert _datagrams(net, h0, h1, 7112) == 20      # what h0 sends is untouched
+    assert _datagrams(net, h1, h0, 7113) == 20
+    with nemesis.PacketLoss(net, h0, 100):
+        assert not _ok(net, h1, h0)
+    assert _ok(net, h1, h0)
 
 
 def test_one_way_to_the_gateway_is_dropped_on_the_host(net):
@@ -401,3 +415,28 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return None
+
+
+def test_a_skewed_python_process_still_sleeps_and_waits(tmp_path):
+    """Found by the nemesis campaign: libfaketime 0.9.10 (with the monotonic clock left
+    true) fails ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, which is
+    how Python sleeps, so every skewed member died at its first ``time.sleep`` ("OSError:
+    [Errno 22] Invalid argument"); and its ``pthread_cond_timedwait`` returned at once on a
+    monotonic condition variable, so the native aligner's waits spun (a skewed member slowed
+    until its snapshots timed out). The nemesis preloads a shim for both."""
+    _need("clock")
+    skew = nemesis.ClockSkew(tmp_path / "clock", -600)
+    code = ("import queue, threading, time\n"
+            "from sparkjet._native import BarrierAligner\n"
+            "t = time.monotonic(); time.sleep(0.05); threading.Event().wait(0.05)\n"
+            "try:\n    queue.Queue().get(timeout=0.05)\nexcept queue.Empty:\n    pass\n"
+            "a = BarrierAligner(1)\n"
+            "w = time.monotonic(); assert a.take(timeout=0.3) is None\n"
+            "print(time.time(), time.monotonic() - t, time.monotonic() - w)\n")
+    with skew:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                              text=True, env={**os.environ, **skew.env()}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wall, slept, waited = map(float, done.stdout.split())
+    assert -700 < wall - time.time() < -500
+    assert slept >= 0.45 and waited >= 0.3

@@ -474,21 +474,32 @@ class TableJoiner:
     restored: dict | None = None
     version: TableVersion = field(init=False)
     loaded_at: float = field(init=False)
+    _loaded_mono: float = field(init=False)
 
     def __post_init__(self):
         if self.restored is not None:
             self.version = self.versions.restored(self.restored["version"])
-            self.loaded_at = float(self.restored["loaded_at"])
+            self._loaded(float(self.restored["loaded_at"]))
         else:
-            self.version, self.loaded_at = self.versions.load(self.name, self.stage.table,
-                                                              "start")
+            self.version, loaded_at = self.versions.load(self.name, self.stage.table, "start")
+            self._loaded(loaded_at)
         self.version.index(self.stage)   # a key column missing fails now, not mid-stream
+
+    def _loaded(self, loaded_at: float) -> None:
+        """Records a load at wall time ``loaded_at`` (kept in the snapshot) and when it
+        was on the monotonic clock, which :meth:`_due` measures: a wall clock stepped back
+        would hold every reload for as long as the step, one stepped forward reload at each
+        barrier. A load before a restore counts as at most ``reload_every`` old."""
+        self.loaded_at = loaded_at
+        every = self.stage.table.reload_every or 0.0
+        self._loaded_mono = time.monotonic() - min(max(time.time() - loaded_at, 0.0), every)
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if self.versions.store is None and self._due():
             # Without snapshots there is no barrier to wait for, nor a replay to repeat.
-            self.version, self.loaded_at = self.versions.load(self.name, self.stage.table,
-                                                              time.monotonic())
+            self.version, loaded_at = self.versions.load(self.name, self.stage.table,
+                                                         time.monotonic())
+            self._loaded(loaded_at)
         return self.stage.join(batch, self.version)
 
     def at_barrier(self, snapshot_id: int) -> dict:
@@ -497,13 +508,14 @@ class TableJoiner:
         if self._due():
             version, loaded_at = self.versions.load(self.name, self.stage.table, snapshot_id)
             version.index(self.stage)
-            self.version, self.loaded_at = version, loaded_at
+            self.version = version
+            self._loaded(loaded_at)
         self.versions.store_version(self.version)
         return {"version": self.version.digest, "loaded_at": self.loaded_at}
 
     def _due(self) -> bool:
         every = self.stage.table.reload_every
-        return every is not None and time.time() - self.loaded_at >= every
+        return every is not None and time.monotonic() - self._loaded_mono >= every
 
 
 __all__ = ["TABLES_VERTEX", "ReferenceTable", "TableIndex", "TableJoinStage", "TableJoiner",

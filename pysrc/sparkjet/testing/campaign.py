@@ -45,6 +45,7 @@ from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.spark import local_session
+from sparkjet.testing import nemesis_cli
 from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 from sparkjet.windows import sliding, tumbling
 
@@ -637,7 +638,10 @@ def main(argv=None) -> int:
                             "after the quorum scenario (needs 3 workers)")
     parser.add_argument("--json", action="store_true",
                         help="also print the results as one JSON line")
+    nemesis_cli.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.nemesis:
+        return nemesis_cli.main(args)
     scenario = None
     with tempfile.TemporaryDirectory(prefix="sparkjet-campaign-") as tmp:
         work = Path(args.dir or tmp)

@@ -24,6 +24,12 @@ The kinds:
   other), :func:`cut` (one link), :func:`one_way` (packets from one side to the other are
   dropped, the other direction flows), :class:`Flapping` (a partition switched on and off);
 - :class:`BandwidthCap`: a token bucket (``tc tbf``) on a host's link;
+  :class:`PacketLoss`: a share of a host's packets dropped at random (nftables
+  ``numgen``);
+- links through a :class:`~sparkjet.testing.proxy.Proxy` (a forwarding proxy in the path,
+  for delay without ``netem``): :class:`Delay` (with jitter: connections reorder),
+  :class:`Lossy` (chunks retransmitted late, as TCP meets loss), :class:`Stall` (a
+  partition with the connections left open), :class:`ResetLinks` (every connection reset);
 - :class:`Pause`: SIGSTOP of processes, SIGCONT at heal;
 - disks: :class:`DiskFull` (a filler file takes the free space of a small file system, see
   :func:`tmpfs`), :class:`ReadOnly` (a read-only bind mount over a directory),
@@ -37,7 +43,8 @@ They need root (namespaces, mounts, ``nft``, ``tc``) and the tools: ``ip`` and `
 (iproute2), ``nft`` (nftables) and libfaketime. :func:`missing` says which tool is missing
 for a kind (tests skip with it); a nemesis that cannot act raises
 :class:`~sparkjet.errors.NemesisError` naming the command and its error. This machine's
-kernel has no ``netem``: delay, loss rates and reordering are not here yet.
+kernel has no ``netem``: packet loss is an nftables rule, delay and reordering a proxy
+in the path (:mod:`sparkjet.testing.proxy`).
 """
 from __future__ import annotations
 
@@ -60,9 +67,9 @@ if TYPE_CHECKING:
     from sparkjet.testing.netns import Host, Network
 
 __all__ = [
-    "BandwidthCap", "ClockSkew", "DiskFull", "Flapping", "Nemesis", "NemesisError",
-    "Partition", "Pause", "ReadOnly", "Removed", "ServerOutage", "bridge", "cut",
-    "isolate", "missing", "one_way", "split", "tmpfs",
+    "BandwidthCap", "ClockSkew", "Delay", "DiskFull", "Flapping", "Lossy", "Nemesis",
+    "NemesisError", "PacketLoss", "Partition", "Pause", "ReadOnly", "Removed", "ResetLinks",
+    "ServerOutage", "Stall", "bridge", "cut", "isolate", "missing", "one_way", "split", "tmpfs",
 ]
 
 #: Where Debian and Fedora put libfaketime (the multithreaded flavour first).
@@ -365,6 +372,122 @@ class BandwidthCap(Nemesis):
         return lines
 
 
+class PacketLoss(Nemesis):
+    """``percent`` of the packets in and out of ``host`` dropped at random (an nftables
+    ``numgen random mod 100`` rule in the host's namespace: real packet loss, which TCP
+    meets with retransmissions; no ``netem`` needed). ``direction`` "in", "out" or
+    "both"."""
+
+    def __init__(self, network: Network, host, percent: int = 10, *, direction: str = "both"):
+        super().__init__()
+        if direction not in ("in", "out", "both"):
+            raise ValueError(f"direction must be 'in', 'out' or 'both', got {direction!r}")
+        if not 0 < int(percent) <= 100:
+            raise ValueError(f"percent must be 1..100, got {percent!r}")
+        self.host: Host = network.host(host)
+        self.percent, self.direction = int(percent), direction
+        self.name = f"loss {self.percent}% {direction} {self.host.address}"
+
+    def _script(self, rules: bool) -> str:
+        table = f"{TABLE}_loss"
+        script = [f"table inet {table}", f"delete table inet {table}"]
+        if rules:
+            script.append(f"table inet {table} {{")
+            for chain, hook in (("input", "in"), ("output", "out")):
+                script.append(f"  chain {chain} {{ type filter hook {chain} priority -5; "
+                              "policy accept;")
+                if self.direction in (hook, "both"):
+                    share = ("" if self.percent == 100
+                             else f"numgen random mod 100 < {self.percent} ")
+                    script.append(f"    oifname != \"lo\" iifname != \"lo\" {share}drop")
+                script.append("  }")
+            script.append("}")
+        return "\n".join(script) + "\n"
+
+    def _inject(self) -> None:
+        reason = missing("partition")
+        if reason:
+            raise NemesisError(f"{self.name}: {reason}")
+        _run(self.name, ["ip", "netns", "exec", self.host.name, "nft", "-f", "-"],
+             input=self._script(True))
+
+    def _undo(self) -> None:
+        _run(f"heal {self.name}", ["ip", "netns", "exec", self.host.name, "nft", "-f", "-"],
+             input=self._script(False))
+
+
+# ---- links through a proxy (sparkjet.testing.proxy) -----------------------------------
+
+class Delay(Nemesis):
+    """Every chunk through ``proxy`` (a :class:`~sparkjet.testing.proxy.Proxy`) delayed
+    by ``seconds`` plus up to ``jitter`` (chunks of different connections reorder); the
+    proxy's earlier delay back at heal."""
+
+    def __init__(self, proxy, seconds: float, jitter: float = 0.0):
+        super().__init__()
+        self.proxy, self.seconds, self.jitter = proxy, float(seconds), float(jitter)
+        self.name = f"delay {self.seconds:g}+{self.jitter:g} s to {proxy.target_address}"
+        self._before = (0.0, 0.0)
+
+    def _inject(self) -> None:
+        self._before = (self.proxy.delay, self.proxy.jitter)
+        self.proxy.delay, self.proxy.jitter = self.seconds, self.jitter
+
+    def _undo(self) -> None:
+        self.proxy.delay, self.proxy.jitter = self._before
+
+
+class Lossy(Nemesis):
+    """A fraction ``rate`` of the chunks through ``proxy`` lost and retransmitted after
+    TCP's timeout (see :mod:`sparkjet.testing.proxy`)."""
+
+    def __init__(self, proxy, rate: float):
+        super().__init__()
+        if not 0 < rate < 1:
+            raise ValueError(f"rate must be in (0, 1), got {rate!r}")
+        self.proxy, self.rate = proxy, float(rate)
+        self.name = f"loss {self.rate:.0%} to {proxy.target_address}"
+
+    def _inject(self) -> None:
+        self.proxy.loss = self.rate
+
+    def _undo(self) -> None:
+        self.proxy.loss = 0.0
+
+
+class Stall(Nemesis):
+    """The link through ``proxy`` partitioned: nothing flows, connections stay open (as
+    over a cut cable), until heal."""
+
+    def __init__(self, proxy):
+        super().__init__()
+        self.proxy = proxy
+        self.name = f"stall of {proxy.target_address}"
+
+    def _inject(self) -> None:
+        self.proxy.stall()
+
+    def _undo(self) -> None:
+        self.proxy.unstall()
+
+
+class ResetLinks(Nemesis):
+    """Every connection through ``proxy`` reset at start (``reset`` says how many);
+    heal has nothing to undo."""
+
+    def __init__(self, proxy):
+        super().__init__()
+        self.proxy = proxy
+        self.reset = 0
+        self.name = f"reset links to {proxy.target_address}"
+
+    def _inject(self) -> None:
+        self.reset = self.proxy.reset()
+
+    def _undo(self) -> None:
+        pass
+
+
 # ---- processes ---------------------------------------------------------------------------
 
 class Pause(Nemesis):
@@ -547,7 +670,8 @@ class ClockSkew(Nemesis):
         library = _libfaketime()
         if library is None:
             raise NemesisError(f"{self.name}: {missing('clock')}")
-        preload = " ".join(filter(None, [library, os.environ.get("LD_PRELOAD")]))
+        shim = _sleep_shim() if not self.monotonic else None
+        preload = " ".join(filter(None, [shim, library, os.environ.get("LD_PRELOAD")]))
         env = {"LD_PRELOAD": preload, "FAKETIME_TIMESTAMP_FILE": str(self.file),
                "FAKETIME_NO_CACHE": "1"}
         if not self.monotonic:
@@ -586,6 +710,71 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
+
+
+#: libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC fails every
+#: ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, which is how Python's
+#: ``time.sleep`` sleeps: a skewed Python process died at its first sleep. And it returns
+#: ETIMEDOUT at once from every ``pthread_cond_timedwait`` on a condition variable of the
+#: monotonic clock (sparkjet's native barrier aligner waits on those): each wait became a
+#: busy loop, which slowed a skewed member until its snapshots timed out. This shim,
+#: preloaded before libfaketime, sends monotonic sleeps straight to the kernel (the
+#: monotonic clock is not faked, so that is the right answer) and the others on to
+#: libfaketime, and every condition wait to glibc's own (a condition variable on the wall
+#: clock then waits for the true time, not the skewed one).
+_SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+int clock_nanosleep(clockid_t id, int flags, const struct timespec *req, struct timespec *rem) {
+    if (id == CLOCK_MONOTONIC || id == CLOCK_BOOTTIME) {
+        long r = syscall(SYS_clock_nanosleep, id, flags, req, rem);
+        return r == 0 ? 0 : errno;
+    }
+    static int (*next)(clockid_t, int, const struct timespec *, struct timespec *);
+    if (!next) next = dlsym(RTLD_NEXT, "clock_nanosleep");
+    return next(id, flags, req, rem);
+}
+int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *t) {
+    static int (*real)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+    if (!real) {
+        void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+        if (libc) real = dlvsym(libc, "pthread_cond_timedwait", "GLIBC_2.3.2");
+        if (!real) real = dlsym(RTLD_NEXT, "pthread_cond_timedwait");
+    }
+    return real(c, m, t);
+}
+"""
+
+
+def _sleep_shim() -> str:
+    """The shim's shared library (built once per machine with the C compiler, in the temp
+    folder); raises :class:`NemesisError` without a compiler."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(_SHIM_SOURCE.encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"sparkjet-faketime-shim-{digest}.so"
+    if target.exists():
+        return str(target)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NemesisError("clock skew of Python processes needs a C compiler (cc) for the "
+                           "sleep shim: libfaketime 0.9.10 fails Python's time.sleep")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "shim.c"
+        source.write_text(_SHIM_SOURCE)
+        built = Path(tmp) / "shim.so"
+        _run("build the libfaketime sleep shim",
+             [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(source), "-ldl",
+              "-lpthread"])
+        os.replace(built, target.with_suffix(f".{os.getpid()}.tmp"))
+        os.replace(target.with_suffix(f".{os.getpid()}.tmp"), target)
+    return str(target)
 
 
 def _libfaketime() -> str | None:

@@ -1,0 +1,241 @@
+"""Partitions of a Spark standalone cluster under a running job: the ``partition`` kind of
+the nemesis campaign (:mod:`sparkjet.testing.nemesis_campaign`).
+
+:func:`run` starts a :class:`~sparkjet.testing.netns.Network` of 3 hosts and a
+:class:`~sparkjet.testing.standalone.StandaloneCluster` whose worker ``i`` (its executor,
+the member in it) runs in host ``i``; the master and the driver (the coordinator) are in the
+root namespace, reached through the gateway. An exactly-once keyed count and sum into files
+runs on every slot (3 members), and the faults, one at a time and each healed before the
+next, cycle through:
+
+- ``isolate``: one worker cut from everyone (the driver included): its member is declared
+  silent, the execution restarts on the other two (a quorum of 3 seen), and the isolated
+  member, still running, is a zombie that must never commit;
+- ``driver-minority``: the driver and one worker cut from the other two: the driver's side
+  is a minority, so no execution may start on it until the partition heals;
+- ``split``: one worker from the other two and the driver (the majority side runs on);
+- ``bridge``: worker 0 sees workers 1 and 2, which do not see each other (their exchange
+  stalls; the driver sees all);
+- ``flapping``: a worker isolated and let back every second;
+- ``one-way``: the packets from one worker to the others dropped, the other way flowing;
+- ``loss``: 30% of one worker's packets dropped (nftables ``numgen``).
+
+Each is held 2-8 s (isolate and split 2-16 s: some shorter than ``heartbeat_timeout``, some
+longer than Spark's network timeout, after which Spark gives the executor up and the job
+rescales to 2 members while the cut-off one still runs). The output is
+checked with :mod:`sparkjet.verify` against the generator, read again a while after the job
+ended (a zombie's late commit would show), and reported like the other kinds.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+from sparkjet import verify
+from sparkjet.connectors.files.sink import TransactionalFileSink
+from sparkjet.connectors.generator import GeneratorSource
+from sparkjet.errors import JobFailedError, NamespacesUnavailableError
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.testing import nemesis, netns
+from sparkjet.testing.nemesis_campaign import FaultRecord, NemesisRound, round_json
+from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
+
+__all__ = ["FAULTS", "run"]
+
+#: The faults in the order they cycle.
+FAULTS = ("isolate", "driver-minority", "split", "bridge", "flapping", "one-way", "loss")
+
+#: Spark's own failure detection, shortened so that an executor behind a partition is given
+#: up in seconds (its slot freed for a restart), not in Spark's default 120 s.
+SPARK_CONF = {
+    "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
+    "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
+    "spark.stage.maxConsecutiveAttempts": "1",
+    "spark.network.timeout": "10s",
+    "spark.network.timeoutInterval": "2s",
+    "spark.executor.heartbeatInterval": "1s",
+    "spark.rpc.askTimeout": "10s",
+}
+
+
+def _fault(name: str, net, rng: random.Random) -> nemesis.Nemesis:
+    hosts = net.hosts
+    one = rng.randrange(len(hosts))
+    others = [h for h in hosts if h.index != one]
+    if name == "isolate":
+        return nemesis.isolate(net, hosts[one])
+    if name == "driver-minority":
+        p = nemesis.split(net, [hosts[one]], gateway_with="minority")
+        p.name = f"driver-minority with {hosts[one].address}"
+        return p
+    if name == "split":
+        return nemesis.split(net, [hosts[one]])
+    if name == "bridge":
+        return nemesis.bridge(net, hosts[one], [others[0]], [others[1]])
+    if name == "flapping":
+        return nemesis.Flapping(nemesis.isolate(net, hosts[one]), period=1.0)
+    if name == "one-way":
+        return nemesis.Partition(net, [(hosts[one], o) for o in others],
+                                 f"one-way {hosts[one].address}->others")
+    return nemesis.PacketLoss(net, hosts[one], 30)
+
+
+def run(work: Path, faults: int, seed: int = 0, progress=print, *, rate: float = 40_000,
+        kinds: tuple[str, ...] = FAULTS) -> list[NemesisRound]:
+    """Runs ``faults`` partitions (cycling through ``kinds``) under one job per
+    ``len(kinds)`` faults on a namespaced standalone cluster; one
+    :class:`~sparkjet.testing.nemesis_campaign.NemesisRound` per job. Where namespaces
+    cannot be made, says why (``progress``) and returns nothing."""
+    reason = netns.available() or nemesis.missing("partition")
+    if reason:
+        progress(f"kind partition left out: {reason}")
+        return []
+    rng = random.Random(seed)
+    results: list[NemesisRound] = []
+    try:
+        with netns.Network(hosts=3) as net, \
+                StandaloneCluster(workers=3, cores=1, memory="1g", network=net) as cluster:
+            spark = cluster.session("sparkjet-partitions", **SPARK_CONF)
+            spark.sparkContext.setLogLevel("OFF")
+            try:
+                done, i = 0, 0
+                while done < faults:
+                    n = min(len(kinds), faults - done)
+                    names = [kinds[(done + j) % len(kinds)] for j in range(n)]
+                    r = run_round(work / f"partition-{i:04d}", net, cluster, spark, names, rng,
+                                  rate, progress)
+                    results.append(r)
+                    done += max(1, len(r.faults))
+                    i += 1
+                    rec = [f.recovered for f in r.faults if f.recovered is not None]
+                    progress(f"round {i}: partition {', '.join(f.name for f in r.faults)}: "
+                             f"restarts {r.restarts} {r.seconds:.1f}s recover max "
+                             f"{max(rec) if rec else '-'} lost {r.lost} duplicated "
+                             f"{r.duplicated} {'valid' if r.valid else 'INVALID'}"
+                             + (f"\n    failed: {r.error}" if r.error else "")
+                             + "".join(f"\n    {n}" for n in r.notes)
+                             + "".join(f"\n    VIOLATION: {v}" for v in r.violations))
+                    progress(round_json(r))
+            finally:
+                spark.stop()
+    except NamespacesUnavailableError as e:
+        progress(f"kind partition left out: {e}")
+    return results
+
+
+def run_round(work: Path, net, cluster, spark, names: list[str],
+              rng: random.Random, rate: float = 40_000, progress=print) -> NemesisRound:
+    """One job on every slot with the faults ``names`` one after another."""
+    work.mkdir(parents=True, exist_ok=True)
+    heartbeat = 3.0
+    seconds = 15 + 14 * len(names)
+    source = GeneratorSource(total=int(rate * seconds), partitions=6, keys=5_000, rate=rate,
+                             batch_size=5_000, seed=rng.randrange(2**32))
+    out = work / "out"
+    job = Job(Pipeline().read_from(source).group_by("key")
+              .aggregate(count="count", sum=("sum", "value"))
+              .write_to(TransactionalFileSink(out)),
+              JobConfig(name=f"partitions-{work.name}", snapshot_store=str(work / "snapshots"),
+                        snapshot_interval=0.3, local_parallelism=1, members=None,
+                        heartbeat_timeout=heartbeat, max_restarts=4 * len(names) + 6,
+                        restart_backoff=0.5, quorum_timeout=120, start_timeout=60))
+    records: list[FaultRecord] = []
+    lock = threading.Lock()
+    state = {"snapshots": 0, "members": [], "restarts": 0, "minority_runs": [],
+             "minority_snapshots": []}
+    started: dict[int, float] = {}
+    active: list[nemesis.Nemesis] = []
+    stop = threading.Event()
+
+    def on_progress(event: dict) -> None:
+        with lock:
+            kind = event["event"]
+            if kind == "snapshot":
+                state["snapshots"] += 1
+                now = time.monotonic()
+                # the driver reaches one member of three: no snapshot can complete on its
+                # side (acknowledgements in flight at the cut get a second's grace)
+                if any(n.active and n.name.startswith("driver-minority")
+                       and now - started.get(id(n), now) > 1.0 for n in active):
+                    state["minority_snapshots"].append(event["snapshot"])
+                for r in records:
+                    if r.end is not None and r.recovered is None:
+                        r.recovered = round(now - r.end, 3)
+            elif kind == "execution":
+                state["members"].append(event["members"])
+                # an execution started below the quorum while the driver is on a
+                # partition's minority side (it reaches one worker of three)
+                if event["members"] < 2 and any(
+                        n.active and n.name.startswith("driver-minority") for n in active):
+                    state["minority_runs"].append(event["execution"])
+            elif kind == "restart":
+                state["restarts"] += 1
+        if kind in ("restart", "waiting"):
+            progress(f"  {kind}: {event.get('error') or event.get('reason') or ''}"[:200])
+
+    def inject() -> None:
+        for name in names:
+            # a running execution with a couple of snapshots behind it
+            seen = state["snapshots"]
+            while not stop.is_set() and state["snapshots"] < seen + 2:
+                time.sleep(0.05)
+            if stop.is_set():
+                return
+            n = _fault(name, net, rng)
+            # some isolations outlast Spark's own network timeout (10 s): the executor is
+            # given up and the job rescales to the 2 workers left while the cut-off member,
+            # a zombie, still runs
+            hold = rng.uniform(2.0, 16.0 if name in ("isolate", "split") else 8.0)
+            record = FaultRecord("partition", f"{name} ({n.name}, {hold:.1f}s)",
+                                 time.monotonic())
+            with lock:
+                active.append(n)
+            n.start()
+            started[id(n)] = time.monotonic()
+            progress(f"  {record.name}: injected")
+            stop.wait(hold)
+            n.heal()
+            progress(f"  {name}: healed")
+            with lock:
+                active.remove(n)
+                record.end = time.monotonic()
+                records.append(record)
+
+    injector = threading.Thread(target=inject, daemon=True)
+    start = time.monotonic()
+    injector.start()
+    error = None
+    result = None
+    try:
+        result = job.run(spark, on_progress=on_progress)
+    except JobFailedError as e:
+        error = str(e)[:600]
+    finally:
+        stop.set()
+        injector.join(60)
+        for n in list(active):
+            n.heal()
+    elapsed = time.monotonic() - start
+    first = verify.last_update_per_key(TransactionalFileSink.read(out))
+    # a zombie member left on a minority side runs on for a while: its late commit would
+    # change the output
+    time.sleep(3 * heartbeat)
+    final = verify.last_update_per_key(TransactionalFileSink.read(out))
+    report = verify.check_aggregates(source.expected_counts(), final, key="key",
+                                     columns=["count", "sum"], guarantee="exactly-once")
+    notes = [f"members per execution {state['members']}"]
+    violations = []
+    if not final.equals(first):
+        violations.append("the output changed after the job ended: a zombie committed")
+    if state["minority_snapshots"]:
+        violations.append(f"snapshots {state['minority_snapshots']} completed while the "
+                          "driver was on a minority side")
+    if state["minority_runs"]:
+        violations.append(f"executions {state['minority_runs']} started below the quorum "
+                          "while the driver was on a minority side")
+    return NemesisRound("partition", "file", records,
+                        result.restarts if result is not None else state["restarts"], elapsed,
+                        report, 0, error, notes, violations)
