@@ -54,6 +54,7 @@ def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
             assert r["duplicated"] == 0, r
 
 
+@pytest.mark.long     # 3-4 minutes: `python -m pytest -m long` runs it
 def test_storage_campaign_kills_worker_jvms_and_wipes_hosts(tmp_path):
     """The storage campaign on a standalone cluster (each worker a host with its own
     storage root): a worker JVM killed (its executor with it: the slot is reclaimed when

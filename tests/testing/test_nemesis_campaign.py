@@ -164,9 +164,7 @@ def test_the_campaign_command_names_an_unknown_nemesis_kind(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("SPARKJET_NEMESIS_SPARK") != "1",
-                    reason="partitions of a standalone cluster take minutes: "
-                           "SPARKJET_NEMESIS_SPARK=1 runs them (CI's time is spent)")
+@pytest.mark.long     # minutes: `python -m pytest -m long` runs it (CI's time is spent)
 def test_partitions_of_a_namespaced_standalone_cluster_under_a_running_job(tmp_path):
     """Every partition of sparkjet.testing.partition_campaign under one exactly-once job
     on 3 workers in network namespaces (a subprocess: one SparkContext per process): the
