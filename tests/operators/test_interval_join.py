@@ -412,8 +412,11 @@ def test_join_state_rescales_after_a_kill(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
-@pytest.mark.parametrize("how", ["inner", "left"])
+# Each join kind under one guarantee (the guarantee is the runtime's, the same for every
+# operator; the fault campaigns run the join under both): the four pairs were among the
+# slowest tests of CI.
+@pytest.mark.parametrize(("how", "guarantee"), [("left", "exactly-once"),
+                                                ("inner", "at-least-once")])
 def test_join_job_survives_kill_9(tmp_path, guarantee, how):
     p, want = one_source_two_filters(how, tmp_path / "out", total=200_000, rate=80_000)
     config = _config(f"ij-kills-{how}-{guarantee}", tmp_path, guarantee, snapshot_interval=0.2,
