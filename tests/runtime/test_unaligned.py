@@ -154,19 +154,29 @@ def test_a_terminal_barrier_is_always_aligned(Aligner):
     assert list(a.unaligned) == []
 
 
+def _next_event(a):
+    """The next event take(0) gives (while a capture takes items, take(0) hands back None
+    after each: its timeout is up)."""
+    for _ in range(100):
+        event = a.take(0)
+        if event is not None:
+            return event
+    return None
+
+
 def test_a_timeout_during_the_replay_keeps_the_rest_in_flight(Aligner):
     a = TimeoutAligner(Aligner(1, capacity=16), alignment_timeout=0)
     for i in range(3):
         a.put(0, i)
     a.put_barrier(0, 0)
     assert a.take(0) == (UNALIGNED, 0, False)
-    assert a.take(0) == (SNAPSHOT, 0, False) and a.in_flight == [(0, 0), (0, 1), (0, 2)]
+    assert _next_event(a) == (SNAPSHOT, 0, False) and a.in_flight == [(0, 0), (0, 1), (0, 2)]
     assert a.take(0) == (ITEM, 0, 0)
     a.put(0, 3)
     a.put_barrier(0, 1)
     # items 1 and 2 were sent before barrier 0, so before barrier 1 too: in flight of 1
     assert a.take(0) == (UNALIGNED, 1, False)
-    assert a.take(0) == (SNAPSHOT, 1, False) and a.in_flight == [(0, 1), (0, 2), (0, 3)]
+    assert _next_event(a) == (SNAPSHOT, 1, False) and a.in_flight == [(0, 1), (0, 2), (0, 3)]
     assert [a.take(0)[2] for _ in range(3)] == [1, 2, 3] and a.take(0) is None
 
 
@@ -481,3 +491,40 @@ def test_every_stateful_operator_is_exactly_once_under_backpressure_and_kills(tm
     assert restored and in_flight_items(store, restored[-1]), restored
     for kind in KINDS:
         check(kind, source, out)
+
+
+def test_a_smaller_parallelism_is_refused_when_only_a_vanished_processor_held_items():
+    """Only processor 2 of 3 held items in flight; restored at parallelism 2, processors 0
+    and 1 have no entry of their own: the restore is still refused (it returned nothing
+    for both, and processor 2's items were lost, before)."""
+    import json
+    from types import SimpleNamespace
+
+    from sparkjet.errors import InFlightRescaleError
+    from sparkjet.runtime.snapshotting import in_flight_of
+
+    entries = {"agg/2": json.dumps({"parallelism": 3, "channels": 3,
+                                    "items": [[0, "w", 5, 0]]}).encode()}
+    topology = SimpleNamespace(parallelism={"agg": 2}, channels={"agg": 2})
+    for index in (0, 1):
+        processor = SimpleNamespace(vertex=SimpleNamespace(name="agg"), index=index)
+        with pytest.raises(InFlightRescaleError, match="processor 2, taken at parallelism 3"):
+            in_flight_of(entries, "agg", processor, topology)
+    # at the same layout, a processor without items of its own replays nothing
+    same = SimpleNamespace(parallelism={"agg": 3}, channels={"agg": 3})
+    processor = SimpleNamespace(vertex=SimpleNamespace(name="agg"), index=0)
+    assert in_flight_of(entries, "agg", processor, same) == []
+
+
+def test_take_keeps_its_timeout_while_a_capture_takes_items(Aligner):
+    """While a capture runs and items keep coming, take(timeout) still returns (None) once
+    its time is up instead of capturing until the last barrier: the processor's loop has
+    phase 2 of the last snapshot, stop requests and a failed member to see to."""
+    a = TimeoutAligner(Aligner(2, capacity=64), alignment_timeout=0)
+    for i in range(10):
+        a.put(1, f"x{i}")
+    a.announce(0)
+    a.put_barrier(0, 0)             # channel 1's barrier is still behind its items
+    assert a.take(0) == (UNALIGNED, 0, False)
+    assert a.take(0) is None        # one item captured, then back to the caller
+    assert a.aligner.queued(1) == 9

@@ -683,6 +683,10 @@ class TimeoutAligner:
             if self._capturing is not None and event[0] == ITEM:
                 self._captured.append((event[1], event[2]))
                 self._borrowed[event[1]] += 1
+                # the caller's timeout holds while items flow: its loop has other work
+                # (phase 2 of the last snapshot, stop, timers, a failed member)
+                if end is not None and time.monotonic() >= end:
+                    return None
                 continue
             if event[0] == SNAPSHOT:
                 self._completed(event[1])
@@ -691,7 +695,9 @@ class TimeoutAligner:
     def _due(self) -> tuple[int, float] | None:
         """The oldest pending snapshot whose barrier came and its deadline (None: none;
         a terminal snapshot is always aligned)."""
-        pending = [(sid, t) for sid, (t, terminal) in self._arrived.items() if not terminal]
+        # (a copy first: producers' threads add snapshots while this one reads)
+        pending = [(sid, t) for sid, (t, terminal) in list(self._arrived.items())
+                   if not terminal]
         if not pending:
             return None
         sid, t = min(pending)
@@ -708,8 +714,8 @@ class TimeoutAligner:
         return (UNALIGNED, snapshot_id, False)
 
     def _completed(self, snapshot_id: int) -> None:
-        for sid in [s for s in self._arrived if s <= snapshot_id]:
-            del self._arrived[sid]
+        for sid in [s for s in list(self._arrived) if s <= snapshot_id]:
+            self._arrived.pop(sid, None)
         if self._capturing is None:
             return
         if snapshot_id != self._capturing:  # the inner aligner checks ids: cannot happen

@@ -318,19 +318,26 @@ def in_flight_of(entries: dict, old: str, processor, topology) -> list:
     channel count changed since: each channel's items must go back to where they were
     taken, in order, which another layout has no place for."""
     v = processor.vertex
+    parallelism, channels = topology.parallelism[v.name], topology.channels[v.name]
+    # Every processor of the vertex checks every processor's entry, not only its own: at a
+    # smaller parallelism the processors that held items may have no successor to notice.
+    for key, raw in entries.items():
+        index = key[len(old) + 1:]
+        if not (key.startswith(f"{old}/") and index.isdigit()):
+            continue
+        meta = json.loads(raw)
+        if (meta["parallelism"], meta["channels"]) != (parallelism, channels):
+            raise InFlightRescaleError(
+                f"{v.name}: the snapshot is unaligned (JobConfig.alignment_timeout) and "
+                f"holds {len(meta['items'])} items in flight of processor {index}, taken at "
+                f"parallelism {meta['parallelism']} with {meta['channels']} input channels; "
+                f"this execution has parallelism {parallelism} with {channels}. Restore it at "
+                f"the same parallelism, then stop the job (Job.stop or suspend take an "
+                f"aligned snapshot) and rescale from that one")
     meta = entries.get(f"{old}/{processor.index}")
     if meta is None:
         return []
     meta = json.loads(meta)
-    parallelism, channels = topology.parallelism[v.name], topology.channels[v.name]
-    if (meta["parallelism"], meta["channels"]) != (parallelism, channels):
-        raise InFlightRescaleError(
-            f"{v.name}: the snapshot is unaligned (JobConfig.alignment_timeout) and holds "
-            f"{len(meta['items'])} items in flight of processor {processor.index}, taken at "
-            f"parallelism {meta['parallelism']} with {meta['channels']} input channels; this "
-            f"execution has parallelism {parallelism} with {channels}. Restore it at the "
-            f"same parallelism, then stop the job (Job.stop or suspend take an aligned "
-            f"snapshot) and rescale from that one")
     items = []
     for channel, kind, *rest in meta["items"]:
         if kind == "w":
