@@ -509,6 +509,37 @@ def test_phase_2_keeps_the_record_in_every_slot_and_drops_what_the_store_does_no
     assert a.records(config.id) == [2, 3]
 
 
+def test_phase_2_in_a_slot_that_cannot_drop_an_old_snapshot_goes_on(tmp_path, two_slots, caplog):
+    """A committed snapshot's housekeeping that fails (an old record copy that cannot be
+    removed: here a file bind-mounted over it, EBUSY) is a warning, not a failed execution
+    (it failed the member, and so restarted the job, after a commit that had succeeded)."""
+    import subprocess
+
+    from sparkjet.runtime.storage import keep_committed
+
+    a, _ = two_slots
+    config = _members_config(tmp_path)
+    store = SnapshotStore(config.snapshot_store, config.id)
+    store.register_execution(1)
+    a.fence(config.id, 1)
+    _write(store, [a], snapshot_id=0)
+    keep_committed(a, config.id, 0, 1, store.committed_record(0)[0], [0])
+    pinned = a.job_path(config.id, "records", f"{0:020d}")
+    (tmp_path / "over").write_bytes(b"x")
+    mounted = subprocess.run(["mount", "--bind", str(tmp_path / "over"), pinned],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        for sid in (1, 2):
+            _write(store, [a], snapshot_id=sid)
+            keep_committed(a, config.id, sid, 1, store.committed_record(sid)[0], [sid])
+        assert a.records(config.id)[-1] == 2         # each commit's copy kept all the same
+        assert "could not drop snapshots older than" in caplog.text
+    finally:
+        subprocess.run(["umount", pinned], check=False)
+
+
 def test_durable_copies_reach_a_member_through_the_driver(tmp_path, two_slots):
     """durable_tier="sync" and no slot left: the member reads the store's copies through
     the driver's store_read action (DriverStoreFiles), which serves that snapshot's folder

@@ -454,8 +454,13 @@ def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: 
     (``keep``: the retained snapshot ids) removed."""
     slot.write_record(job_id, snapshot_id, record, execution=execution)
     keep = set(keep) | {snapshot_id}
-    slot.drop_records_before(job_id, min(keep))
-    drop_old_snapshots(slot, job_id, snapshot_id, keep)
+    try:
+        slot.drop_records_before(job_id, min(keep))
+        drop_old_snapshots(slot, job_id, snapshot_id, keep)
+    except OSError as e:
+        # housekeeping of a committed snapshot: what is left is dropped at the next commit,
+        # and is no reason to fail (and restart) the execution
+        _log.warning("%s: could not drop snapshots older than %d: %s", slot, min(keep), e)
 
 
 class DriverStoreFiles:
