@@ -183,3 +183,19 @@ def test_a_full_storage_dir_is_a_storage_error_naming_the_file(tmp_path):
             slot.write_record(JOB, 1, b"x" * 200_000)
         assert not caught.value.deterministic  # a full disk may clear
         assert os.listdir(slot.job_path(JOB, "records")) == []  # no temporary file left
+
+
+def test_a_slot_that_cannot_be_made_whole_names_its_file_and_leaves_nothing(tmp_path):
+    """A storage_dir with room for a folder but not for MEMBER.json: the error names the
+    file that could not be written (it named a rename of the temporary folder), and the
+    half-made `.new-` folder and its lock are gone (each retry on a full tmpfs left one)."""
+    root = tmp_path / "full"
+    with mounts.tmpfs(root, size="64k"):
+        (root / "filler").write_bytes(b"x" * (64 << 10))     # every block taken
+        for _ in range(2):
+            with pytest.raises(StorageError, match=r"cannot write .*MEMBER\.json.*No space"):
+                StorageSlot.claim(root, host="h1")
+        assert sorted(os.listdir(root)) == ["filler"]
+        (root / "filler").unlink()
+        with StorageSlot.claim(root, host="h1") as slot:      # room again: a whole slot
+            assert os.path.basename(slot.path).startswith("slot-")

@@ -30,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -168,16 +169,18 @@ class StorageSlot:
         if fd is None:  # cannot happen: nobody else knows the new UUID
             raise StorageSlotError(f"{making}: a new slot was locked by someone else")
         try:
-            _write_atomic(making, MEMBER, identity.to_json(), durable)
-            os.rename(making, folder)
-        except OSError as e:
-            os.close(fd)
-            raise storage_error("rename", making, e) from None
+            _write_atomic(making, MEMBER, identity.to_json(), durable)   # (names its error)
+            try:
+                os.rename(making, folder)
+            except OSError as e:
+                raise storage_error("rename", making, e) from None
+            if durable:
+                _sync_dir(storage_dir)
         except BaseException:
             os.close(fd)
+            if os.path.isdir(making):   # a half-made slot that nobody would ever take over
+                shutil.rmtree(making, ignore_errors=True)
             raise
-        if durable:
-            _sync_dir(storage_dir)
         return cls(folder, identity, fd, durable)
 
     def release(self) -> None:
