@@ -214,3 +214,4 @@ def test_a_restore_passes_over_a_damaged_copy_for_a_good_one(tmp_path, how):
         server.close()
         a.release()
         b.release()
+

@@ -11,7 +11,12 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from sparkjet.errors import SnapshotCorruptError, SnapshotIncompleteError, SparkjetError
+from sparkjet.errors import (
+    FencedError,
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
+    SparkjetError,
+)
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import StorageBackend
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
@@ -92,6 +97,8 @@ def read_file(store: StoreView, stored, vertex: str, vid: int, f: FileRecord, wa
     for where, open_copy in _slot_copies(store, stored, vertex, f):
         try:
             checked = list(_checked_chunks(store, stored, vid, entries, open_copy(), where))
+        except FencedError:
+            raise       # this execution is over (a newer one runs): no copy will do
         except (SparkjetError, OSError) as e:
             first = first or e
             continue
