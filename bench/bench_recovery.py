@@ -67,25 +67,18 @@ NAN = float("nan")
 
 # -- recovery, end to end -----------------------------------------------------------------
 
-def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
-    """Kill -9 the member once a snapshot covers 3 x keys events; seconds from the kill to
-    each phase."""
-    source = GeneratorSource(partitions=4, keys=keys, batch_size=BATCH, rate=rate)
-    p = (Pipeline().read_from(source).group_by("key").aggregate(**AGGREGATIONS)
-         .write_to(DiscardSink()))
-    config = JobConfig(name=f"bench-recovery-{keys}", snapshot_store=work,
-                       snapshot_interval=1.0, local_parallelism=2, max_restarts=2,
-                       restart_backoff=0.0)
-    job = Job(p, config)
-    marks: dict = {}
-
+def _phase_recorder(job, keys: int, victim_pid, marks: dict):
+    """The progress callback of a recovery run: SIGKILLs ``victim_pid()`` once a snapshot
+    covers 3 x ``keys`` events, then notes in ``marks`` when each phase came (detected,
+    running, restored, first commit) and stops the job after the first commit."""
     def progress(event):
         now = time.monotonic()
         kind = event.get("event")
         if kind == "snapshot" and "kill" not in marks and event.get("events_in", 0) >= 3 * keys:
-            pid = job.member_pid
+            pid = victim_pid()
             if pid:
                 marks["state_bytes"] = event["bytes"]
+                marks["snapshot_s"] = event.get("duration_s", NAN)
                 marks["kill"] = now
                 os.kill(pid, signal.SIGKILL)
         elif "kill" not in marks:
@@ -102,10 +95,13 @@ def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
             marks["first_commit"] = now
             marks["first_commit_s"] = event.get("duration_s", NAN)
             threading.Thread(target=job.stop, daemon=True).start()
+    return progress
 
-    job.run(on_progress=progress)
+
+def _phases(marks: dict, out: dict) -> dict:
+    """``out`` with the seconds from the kill to each phase, the first commit's duration
+    and the ``restored`` event's own figures."""
     kill = marks.get("kill", NAN)
-    out = {"keys": keys, "state_mb": marks.get("state_bytes", 0) / 1e6}
     for phase in ("detected", "running", "restored", "first_commit"):
         out[phase] = marks.get(phase, NAN) - kill
     out["first_commit_duration_s"] = marks.get("first_commit_s", NAN)
@@ -114,6 +110,21 @@ def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
         if k in ev:
             out[f"event_{k}"] = ev[k]
     return out
+
+
+def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
+    """Kill -9 the member once a snapshot covers 3 x keys events; seconds from the kill to
+    each phase."""
+    source = GeneratorSource(partitions=4, keys=keys, batch_size=BATCH, rate=rate)
+    p = (Pipeline().read_from(source).group_by("key").aggregate(**AGGREGATIONS)
+         .write_to(DiscardSink()))
+    config = JobConfig(name=f"bench-recovery-{keys}", snapshot_store=work,
+                       snapshot_interval=1.0, local_parallelism=2, max_restarts=2,
+                       restart_backoff=0.0)
+    job = Job(p, config)
+    marks: dict = {}
+    job.run(on_progress=_phase_recorder(job, keys, lambda: job.member_pid, marks))
+    return _phases(marks, {"keys": keys, "state_mb": marks.get("state_bytes", 0) / 1e6})
 
 
 def spark_recovery(spark, keys: int, work: str, storage: str, rate: float = 4_000_000,
@@ -134,48 +145,15 @@ def spark_recovery(spark, keys: int, work: str, storage: str, rate: float = 4_00
                        **extra)
     job = Job(p, config)
     marks: dict = {}
-
-    def progress(event):
-        now = time.monotonic()
-        kind = event.get("event")
-        if kind == "snapshot" and "kill" not in marks and event.get("events_in", 0) >= 3 * keys:
-            pid = job.member_pids.get(victim)
-            if pid:
-                marks["state_bytes"] = event["bytes"]
-                marks["snapshot_s"] = event.get("duration_s", NAN)
-                marks["kill"] = now
-                os.kill(pid, signal.SIGKILL)
-        elif "kill" not in marks:
-            return
-        elif kind == "restart":
-            marks.setdefault("detected", now)
-        elif kind == "execution":
-            marks.setdefault("running", now)
-        elif kind == "restored":
-            if "restored" not in marks:
-                marks["restored"] = now
-                marks["restored_event"] = event
-        elif kind == "snapshot" and "restored" in marks and "first_commit" not in marks:
-            marks["first_commit"] = now
-            marks["first_commit_s"] = event.get("duration_s", NAN)
-            threading.Thread(target=job.stop, daemon=True).start()
-
+    progress = _phase_recorder(job, keys, lambda: job.member_pids.get(victim), marks)
     try:
         job.run(spark, on_progress=progress)
     finally:
         if "storage_dir" in extra:
             shutil.rmtree(extra["storage_dir"], ignore_errors=True)
-    kill = marks.get("kill", NAN)
-    out = {"keys": keys, "storage": storage, "state_mb": marks.get("state_bytes", 0) / 1e6,
-           "snapshot_before_kill_s": marks.get("snapshot_s", NAN)}
-    for phase in ("detected", "running", "restored", "first_commit"):
-        out[phase] = marks.get(phase, NAN) - kill
-    out["first_commit_duration_s"] = marks.get("first_commit_s", NAN)
-    ev = marks.get("restored_event") or {}
-    for k in ("read_s", "rebuild_s", "keys"):
-        if k in ev:
-            out[f"event_{k}"] = ev[k]
-    return out
+    return _phases(marks, {"keys": keys, "storage": storage,
+                           "state_mb": marks.get("state_bytes", 0) / 1e6,
+                           "snapshot_before_kill_s": marks.get("snapshot_s", NAN)})
 
 
 # -- the operator rebuild alone -------------------------------------------------------------
