@@ -194,17 +194,23 @@ def sss_latencies(progress: list[dict], created: float, rate: float, window: tup
     return out
 
 
-def run_sss(spark, work: str, rate: float, seconds: float, warmup: float, drain: float) -> dict:
+def _sss_query(spark, rate: float, checkpoint: str):
+    """The keyed count+sum as a Structured Streaming query on the ``rate`` source, started
+    (micro-batch mode, update output, ``noop`` sink)."""
     from pyspark.sql import functions as F
 
-    ck = os.path.join(work, f"sss-{int(rate)}-{time.time_ns()}")
     events = (spark.readStream.format("rate").option("rowsPerSecond", int(rate))
               .option("numPartitions", 2).load())
     keyed = events.select((F.col("value") % KEYS).alias("key"),
                           ((F.col("value") * 7919) % 1000 / 1000.0).alias("value"))
     totals = keyed.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-    query = (totals.writeStream.format("noop").outputMode("update")
-             .option("checkpointLocation", ck).start())
+    return (totals.writeStream.format("noop").outputMode("update")
+            .option("checkpointLocation", checkpoint).start())
+
+
+def run_sss(spark, work: str, rate: float, seconds: float, warmup: float, drain: float) -> dict:
+    ck = os.path.join(work, f"sss-{int(rate)}-{time.time_ns()}")
+    query = _sss_query(spark, rate, ck)
     try:
         created_file = Path(ck) / "sources" / "0" / "0"
         while not created_file.exists() and query.isActive:
@@ -244,16 +250,8 @@ def warm_sss(spark, work: str, rate: float, batches: int = 3, timeout: float = 2
     """Run the query until ``batches`` micro-batches with rows have completed (or ``timeout``)
     and throw it away: under load a cold JVM took 26 s for the first (empty) micro-batch and
     longer for the first with rows (code generation, state store set-up)."""
-    from pyspark.sql import functions as F
-
     start = time.time()
-    events = (spark.readStream.format("rate").option("rowsPerSecond", int(rate))
-              .option("numPartitions", 2).load())
-    keyed = events.select((F.col("value") % KEYS).alias("key"),
-                          ((F.col("value") * 7919) % 1000 / 1000.0).alias("value"))
-    totals = keyed.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-    query = (totals.writeStream.format("noop").outputMode("update")
-             .option("checkpointLocation", os.path.join(work, f"warm-{time.time_ns()}")).start())
+    query = _sss_query(spark, rate, os.path.join(work, f"warm-{time.time_ns()}"))
     done = 0
     try:
         while time.time() - start < timeout and query.isActive:

@@ -67,6 +67,16 @@ NAN = float("nan")
 
 # -- recovery, end to end -----------------------------------------------------------------
 
+def storage_options(storage: str) -> dict:
+    """The JobConfig settings of a benchmark run in ``storage`` mode: none for "shared";
+    for "members", one backup and slots in a fresh folder under /dev/shm (memory), which
+    the caller removes (its ``storage_dir``)."""
+    if storage != "members":
+        return {}
+    return {"storage": "members", "backup_count": 1,
+            "storage_dir": tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)}
+
+
 def _phase_recorder(job, keys: int, victim_pid, marks: dict):
     """The progress callback of a recovery run: SIGKILLs ``victim_pid()`` once a snapshot
     covers 3 x ``keys`` events, then notes in ``marks`` when each phase came (detected,
@@ -135,10 +145,7 @@ def spark_recovery(spark, keys: int, work: str, storage: str, rate: float = 4_00
     source = GeneratorSource(partitions=4, keys=keys, batch_size=BATCH, rate=rate)
     p = (Pipeline().read_from(source).group_by("key").aggregate(**AGGREGATIONS)
          .write_to(DiscardSink()))
-    extra: dict = {}
-    if storage == "members":
-        extra = {"storage": "members", "backup_count": 1,
-                 "storage_dir": tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)}
+    extra = storage_options(storage)
     config = JobConfig(name=f"bench-recovery-{storage}-{keys}",
                        snapshot_store=os.path.join(work, "store"), snapshot_interval=1.0,
                        members=2, local_parallelism=1, max_restarts=2, restart_backoff=0.0,

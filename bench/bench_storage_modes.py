@@ -31,18 +31,20 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import DiscardSink
 from sparkjet.sources import GeneratorSource
 
-BATCH = 65_536
-AGGREGATIONS = {"count": "count", "sum": ("sum", "value")}
-SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_recovery import AGGREGATIONS, BATCH, storage_options  # noqa: E402 - after the path
+
 MODES = ("shared", "members")
 
 
@@ -52,10 +54,7 @@ def steady(spark, keys: int, work: str, storage: str, snapshots: int = 6) -> dic
     source = GeneratorSource(partitions=4, keys=keys, batch_size=BATCH)
     p = (Pipeline().read_from(source).group_by("key").aggregate(**AGGREGATIONS)
          .write_to(DiscardSink()))
-    extra: dict = {}
-    if storage == "members":
-        extra = {"storage": "members", "backup_count": 1,
-                 "storage_dir": tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)}
+    extra = storage_options(storage)
     config = JobConfig(name=f"bench-steady-{storage}-{keys}",
                        snapshot_store=os.path.join(work, "store"), snapshot_interval=1.0,
                        members=2, local_parallelism=1, max_restarts=0, **extra)

@@ -40,6 +40,7 @@ from sparkjet.runtime.snapshotting import IN_FLIGHT_VERTEX
 from sparkjet.sinks import TransactionalFileSink
 from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.sources import GeneratorSource
+from sparkjet.testing.campaign import _count_and_sum  # the rolling count+sum's map_state
 from sparkjet.windows import session, tumbling
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -282,14 +283,6 @@ def slow(b: pa.RecordBatch) -> pa.RecordBatch:
     """Before the sink, in its thread: a sink slower than the input."""
     time.sleep(2e-3 + b.num_rows * 3e-6)
     return b
-
-
-def _count_and_sum(b):
-    count = b.state["count"].fill_null(0).to_numpy() + np.diff(b.offsets)
-    total = b.state["sum"].fill_null(0.0).to_numpy() + np.add.reduceat(
-        b.rows["value"].to_numpy(), b.offsets[:-1])
-    state = pa.table({"count": count, "sum": total})
-    return b.keys.append_column("count", state["count"]).append_column("sum", state["sum"]), state
 
 
 def _with_uid(b):
