@@ -256,9 +256,12 @@ def test_recovery_after_a_rescale_commits_every_old_processor(tmp_path):
     assert ids(path) == [0, 10, 20]
     dt = DeltaTable(path)
     assert [dt.transaction_version(f"{APP}-p{p}-execution") for p in range(3)] == [2, 2, 2]
-    assert not list((tmp_path / "t" / "_sparkjet_staging").rglob("*.arrow"))
+    # snapshot 2's files are gone; snapshot 1's stay while its record is the restorable one
+    staged = tmp_path / "t" / "_sparkjet_staging"
+    assert sorted(f.name for f in staged.rglob("*.arrow")) == ["e000000000001-s1.arrow"] * 3
     for w in new:
         w.close()
+    assert not list(staged.rglob("*.arrow"))
 
 
 def test_a_zombie_of_an_older_execution_is_fenced(tmp_path):

@@ -287,6 +287,46 @@ def test_sink_recovers_each_crash_point_exactly_once(broker, tmp_path, crash):
     w2.close()
 
 
+def test_a_restart_finds_the_rows_of_a_commit_the_broker_forgot(broker, tmp_path):
+    """Phase 2 of snapshot 1 ran after snapshot 2 was staged, so snapshot 2's record still
+    lists snapshot 1 as staged. A broker that forgot the commit (noida-db 0.2.3 reads a
+    transaction committed while it shut down as aborted afterwards; here: the marker set
+    back) must find its rows at the restart from snapshot 2: the sink kept the file while
+    a restorable record listed it, and produces it again. It used to delete the file at
+    commit and refuse the restart with SnapshotIncompleteError ("is gone")."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = new_topic(broker)
+    w = eo_writer(broker, topic, tmp_path, 1)
+    w.recover(None, None)
+    w.write(rows(0, 30))
+    w.prepare(1)
+    w.write(rows(30, 20))
+    state = json.loads(json.dumps(w.prepare(2)))     # lists snapshot 1: not yet committed
+    assert [t["snapshot"] for t in state["transactions"]] == [1, 2]
+    w.commit(1)
+    first = tmp_path / state["transactions"][0]["file"]
+    assert first.exists(), "a file a restorable record lists was deleted"
+    assert committed_ids(broker, topic) == list(range(30))
+    # the broker forgets the commit of snapshot 1: its marker reads 1 again
+    group = f"{w._prefix}-p0"
+    marker = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    marker.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    marker.close()
+    w2 = eo_writer(broker, topic, tmp_path, 2)
+    w2.recover(2, state)                # produces snapshots 1 and 2 again: nothing lost
+    ids = committed_ids(broker, topic)
+    assert sorted(set(ids)) == list(range(50)) and len(ids) == 80
+    assert first.exists(), "the restored record still lists it"
+    w2.write(rows(50, 5))
+    w2.prepare(3)
+    w2.commit(3)                        # record 3 lists neither: both files go
+    left = sorted(p.name for p in (tmp_path / "_staging").rglob("*.arrow"))
+    assert left == ["e000000000002-s3.arrow"], "only the file record 3 lists stays"
+    w2.close()                          # a clean end: committed files go
+    assert not list((tmp_path / "_staging").rglob("*.arrow"))
+
+
 def test_zombie_of_an_older_execution_is_fenced(broker, tmp_path):
     topic = new_topic(broker)
     old = eo_writer(broker, topic, tmp_path, 1)

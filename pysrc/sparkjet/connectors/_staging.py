@@ -46,6 +46,10 @@ class StagedSnapshots:
         self._not_committed = not_committed
         self._pending: list[dict] = []          # staged, not yet committed; oldest first
         self._memory: dict[int, list] = {}      # snapshot -> its batches, while in memory
+        # committed, kept while a restorable snapshot may list them: (the newest snapshot
+        # staged when they were committed, file)
+        self._committed: list[tuple[int, str]] = []
+        self._last_staged = -1
         self._lock = threading.Lock()
 
     def processor_dir(self, processor: int) -> str:
@@ -67,6 +71,7 @@ class StagedSnapshots:
                                       "snapshot": snapshot_id, "file": rel,
                                       "rows": sum(b.num_rows for b in batches)})
                 self._memory[snapshot_id] = batches
+            self._last_staged = max(self._last_staged, snapshot_id)
             pending = [dict(t) for t in self._pending]
         return {"format": DESCRIPTION_FORMAT, "processors": c.processors,
                 "transactions": pending}
@@ -90,19 +95,33 @@ class StagedSnapshots:
     # -- phase 2 ---------------------------------------------------------------------------
 
     def commit(self, snapshot_id: int, commit: Callable[[list, Callable], object]) -> None:
-        """Phase 2: hands the staged snapshots up to `snapshot_id` to ``commit(due,
+        """Phase 2 of `snapshot_id`: hands the staged snapshots up to it to ``commit(due,
         batches_of)``, the sink's one transaction (``batches_of(t)``: the rows of staged
-        snapshot ``t``), then forgets them and deletes their files."""
+        snapshot ``t``), then forgets them, and deletes the files no restorable snapshot
+        lists any more: those committed before `snapshot_id` was staged (its record, now
+        the one a restart restores, was written without them)."""
         with self._lock:
             due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
-        if not due:
-            return
-        commit(due, self.batches)
+        if due:
+            commit(due, self.batches)
         with self._lock:
             for t in due:
                 self._memory.pop(t["snapshot"], None)
-                self.backend.remove(self.backend.path(t["file"]))
+                self._committed.append((self._last_staged, t["file"]))
             self._pending = [t for t in self._pending if t["snapshot"] > snapshot_id]
+            gone = [f for stamp, f in self._committed if stamp < snapshot_id]
+            self._committed = [(stamp, f) for stamp, f in self._committed
+                               if stamp >= snapshot_id]
+        for f in gone:
+            self.backend.remove(self.backend.path(f))
+
+    def close(self) -> None:
+        """A clean end: deletes every committed snapshot's file (what is staged and not
+        committed stays for the next recovery)."""
+        with self._lock:
+            gone, self._committed = [f for _, f in self._committed], []
+        for f in gone:
+            self.backend.remove(self.backend.path(f))
 
     def batches(self, txn: dict) -> list:
         """The rows of staged snapshot `txn`: in memory if this writer staged them, else
@@ -127,10 +146,15 @@ class StagedSnapshots:
 
     # -- recovery --------------------------------------------------------------------------
 
-    def reset(self) -> None:
-        """Forgets every staged snapshot (after a recovery committed or dropped them)."""
+    def reset(self, snapshot_id: int | None = None, committed: list[dict] = ()) -> None:
+        """Forgets every staged snapshot after a recovery from `snapshot_id` committed or
+        dropped them; the files of `committed` (the restored snapshot's, in the system
+        now) are kept until the first snapshot after it commits."""
         with self._lock:
             self._pending, self._memory = [], {}
+            self._committed = [(-1 if snapshot_id is None else snapshot_id, t["file"])
+                               for t in committed]
+            self._last_staged = -1 if snapshot_id is None else snapshot_id
 
     def staged_processors(self) -> list[int]:
         """The processor indexes that have a staging directory."""
@@ -138,12 +162,14 @@ class StagedSnapshots:
         return [int(m[1]) for n in b.listdir(b.path(self.directory))
                 if (m := _PROCESSOR_DIR.fullmatch(n))]
 
-    def remove_leftovers(self, processor: int) -> None:
+    def remove_leftovers(self, processor: int, keep: list[dict] = ()) -> None:
         """Deletes the staged files of processor index `processor` from this or older
-        executions: at recovery every snapshot they hold is committed now, or never
-        completed. (A newer execution's files are not ours to judge.)"""
+        executions but those of `keep` (the restored snapshot's transactions): at recovery
+        every snapshot they hold is committed now, or never completed. (A newer execution's
+        files are not ours to judge.)"""
         b = self.backend
+        kept = {t["file"].rsplit("/", 1)[-1] for t in keep if t["processor"] == processor}
         for name in b.listdir(b.path(self.processor_dir(processor))):
             m = _STAGED.fullmatch(name)
-            if m is not None and int(m[1]) <= self.context.execution_id:
+            if m is not None and int(m[1]) <= self.context.execution_id and name not in kept:
                 b.remove(b.path(self.processor_dir(processor), name))

@@ -443,17 +443,21 @@ class DeltaWriter(SinkWriter):
             if not (theirs and self._commit_index(i, theirs, staged.load)):
                 self._commit_index(i, [], None)     # the fence alone
             if staged is not None:
-                staged.remove_leftovers(i)   # in the table now, or never completed
+                # in the table now, or never completed; the restored snapshot's stay
+                # while it is the one a restart restores
+                staged.remove_leftovers(i, txns)
         if staged is not None:
-            staged.reset()
+            staged.reset(snapshot_id, txns)
         self._open, self._open_rows = [], 0
         self._last_prepared = snapshot_id
 
     def close(self) -> None:
         """At-least-once and none: appends what is buffered. Exactly-once: discards the
-        open, unprepared rows (a replay writes them again); staged snapshots stay for
-        :meth:`recover`."""
+        open, unprepared rows (a replay writes them again) and deletes the committed
+        snapshots' staged files; staged, uncommitted snapshots stay for :meth:`recover`."""
         if self._exactly_once:
             self._open, self._open_rows = [], 0
+            if self._staged is not None:
+                self._staged.close()
         else:
             self._append_open()

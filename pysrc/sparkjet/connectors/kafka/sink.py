@@ -513,8 +513,10 @@ class KafkaWriter(_ProducerBase):
                 self._producer = producer
             else:
                 producer.flush(self.sink.timeout)
-            self._staged.remove_leftovers(i)     # in Kafka now, or never completed
-        self._staged.reset()
+            # in Kafka now, or never completed; the restored snapshot's stay while it is
+            # the one a restart restores
+            self._staged.remove_leftovers(i, txns)
+        self._staged.reset(snapshot_id, txns)
         self._open = []
         self._last_prepared = snapshot_id
 
@@ -524,6 +526,7 @@ class KafkaWriter(_ProducerBase):
         self._open = []
         if self._producer is not None:
             self._producer.flush(self.sink.timeout)
+        self._staged.close()
         if self._marker_consumer is not None:
             self._marker_consumer.close()
             self._marker_consumer = None
