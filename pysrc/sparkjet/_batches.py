@@ -20,6 +20,10 @@ def split_by(batch: pa.RecordBatch, values: np.ndarray) -> list[tuple[int, pa.Re
     first = values[0]
     if (values == first).all():
         return [(int(first), batch)]
+    if values.dtype.itemsize > 2 and 0 <= values.min() and values.max() < 1 << 16:
+        # numpy's stable sort is a radix sort for 16-bit and narrower integers: about
+        # twice as fast as the merge sort of int64 for a 64K-row batch
+        values = values.astype(np.uint8 if values.max() < 1 << 8 else np.uint16)
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     cuts = np.flatnonzero(np.diff(ordered)) + 1
