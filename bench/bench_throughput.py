@@ -25,7 +25,6 @@ import os
 import tempfile
 import time
 
-import pyarrow as pa
 
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
