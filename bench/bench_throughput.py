@@ -25,7 +25,6 @@ import os
 import tempfile
 import time
 
-
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.sinks import DiscardSink
