@@ -222,16 +222,26 @@ def _kept(slot, path=PATH) -> bool:
         os.path.isdir(folder) and bool(os.listdir(folder)))
 
 
+def _whole(data: bytes) -> tuple[dict, dict]:
+    """The body and trailer of a slot_write stream carrying all of ``data``, one range."""
+    import xxhash
+
+    return ({"slot": None, "path": PATH, "size": len(data), "ranges": [[0, len(data)]]},
+            {"size": len(data), "ranges": [[0, len(data), xxhash.xxh3_64_hexdigest(data)]]})
+
+
 def test_a_backup_stream_is_kept_once_its_size_and_checksum_check_out(receiver):
     import xxhash
 
     b, client, _, _ = receiver
     data = os.urandom(3 * (1 << 20) + 17)
-    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+    body, trailer = _whole(data)
+    put = client.put_file("slot_write", {**body, "slot": b.uuid})
     for at in range(0, len(data), 1 << 20):
         put.write(data[at:at + (1 << 20)])
-    answer = put.finish({"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)})
-    assert answer == {"verified": xxhash.xxh3_64_hexdigest(data), "bytes": len(data)}
+    answer = put.finish(trailer)
+    assert answer == {"verified": [[0, len(data), xxhash.xxh3_64_hexdigest(data)]],
+                      "bytes": len(data)}
     with open(os.path.join(b.replicas(JOB).root, PATH), "rb") as f:
         assert f.read() == data
     # a peer reads ranges of it back over DoGet, across pieces
@@ -243,22 +253,77 @@ def test_a_backup_stream_is_kept_once_its_size_and_checksum_check_out(receiver):
     assert bytes(read(1 << 20, 10)) == data[1 << 20:(1 << 20) + 10]
 
 
-@pytest.mark.parametrize("fault", ["corrupted", "short", "no trailer", "after the trailer"])
+def test_a_backup_stream_of_ranges_is_kept_sparse_and_reads_back_only_those(receiver):
+    """A backup gets the byte ranges of the partitions it backs: each is written at its
+    offset in a file of the writer's size (the rest a hole), its sidecar names them, and
+    a read of anything else, here or from a peer, is refused (a hole reads as zeros)."""
+    import xxhash
+
+    from sparkjet.runtime.storage import held_ranges
+
+    b, client, _, _ = receiver
+    data = os.urandom(3 << 20)
+    ranges = [(100, 5000), (1 << 20, (1 << 20) + 17), (2 << 20, 3 << 20)]
+    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH, "size": len(data),
+                                         "ranges": [[s, e - s] for s, e in ranges]})
+    for s, e in ranges:
+        for at in range(s, e, 700_000):      # pieces that do not line up with the ranges
+            put.write(data[at:min(e, at + 700_000)])
+    put.finish({"size": len(data), "ranges": [
+        [s, e - s, xxhash.xxh3_64_hexdigest(data[s:e])] for s, e in ranges]})
+    final = os.path.join(b.replicas(JOB).root, PATH)
+    assert os.path.getsize(final) == len(data)
+    assert held_ranges(final) == (len(data), ranges)
+    with open(final, "rb") as f:
+        copy = f.read()
+    for s, e in ranges:
+        assert copy[s:e] == data[s:e]
+    assert copy[5000:1 << 20] == bytes((1 << 20) - 5000)   # a hole
+    peer = slot_files(_Member([b.uuid], {0: client}), StorageSlot.claim(b.path + "-c", host="c"),
+                      JOB)([b.uuid], PATH)
+    read = peer.range_reader()
+    assert bytes(read((1 << 20) + 3, 10)) == data[(1 << 20) + 3:(1 << 20) + 13]
+    for offset, length in ((0, 200), (4990, 20), ((1 << 20) + 10, 10)):
+        with pytest.raises(ExchangeRefusedError, match="this copy holds bytes 100..5000, "
+                                                       "1048576..1048593, 2097152..3145728"):
+            read(offset, length)
+
+
+@pytest.mark.parametrize("fault", ["corrupted", "short", "no trailer", "after the trailer",
+                                   "flipped range", "overlapping", "outside"])
 def test_a_corrupted_or_short_backup_stream_is_refused_and_not_kept(receiver, fault):
     """The receiver checks what it read against the writer's trailer: a flipped byte, a
     missing piece, a stream that ends without its trailer (the writer stopped) or goes on
-    after it are refused, and nothing of the copy stays in the slot."""
+    after it, a byte flipped in one range of several are refused, as are ranges that
+    overlap or lie outside the file, and nothing of the copy stays in the slot."""
     import xxhash
 
     b, client, _, _ = receiver
     data = os.urandom(2 * (1 << 20) + 5)
-    trailer = {"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)}
+    body, trailer = _whole(data)
+    body["slot"] = b.uuid
     pieces = [data[:1 << 20], data[1 << 20:2 << 20], data[2 << 20:]]
     if fault == "corrupted":
         pieces[1] = pieces[1][:100] + bytes([pieces[1][100] ^ 1]) + pieces[1][101:]
     elif fault == "short":
         del pieces[1]
-    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+    elif fault == "flipped range":
+        ranges = [(0, 1000), (5000, 9000), (1 << 20, 2 << 20)]
+        body["ranges"] = [[s, e - s] for s, e in ranges]
+        trailer["ranges"] = [[s, e - s, xxhash.xxh3_64_hexdigest(data[s:e])] for s, e in ranges]
+        pieces = [data[s:e] for s, e in ranges]
+        pieces[1] = pieces[1][:7] + bytes([pieces[1][7] ^ 0x10]) + pieces[1][8:]
+    elif fault in ("overlapping", "outside"):
+        body["ranges"] = ([[0, 1000], [999, 10]] if fault == "overlapping"
+                          else [[0, 1000], [len(data) - 5, 6]])
+    put = client.put_file("slot_write", body)
+    if fault in ("overlapping", "outside"):
+        with pytest.raises(ExchangeRefusedError, match="overlaps" if fault == "overlapping"
+                           else "outside the file's 2097157 bytes"):
+            put.write(data[:1000])
+            put.finish(trailer)
+        assert not _kept(b)
+        return
     for piece in pieces:
         put.write(piece)
     if fault == "no trailer":
@@ -268,8 +333,9 @@ def test_a_corrupted_or_short_backup_stream_is_refused_and_not_kept(receiver, fa
         return
     if fault == "after the trailer":
         put._writer.write_metadata(b'{"size": 0}')
-    want = {"corrupted": "the copy of .* has 2097157 bytes and xxh3",
+    want = {"corrupted": "the copy of .* has 2097157 bytes in ranges",
             "short": "the copy of .* has 1048581 bytes",
+            "flipped range": r"the copy of .* has 1053576 bytes in ranges .*\[5000, 4000, '",
             "after the trailer": "after the trailer"}[fault]
     with pytest.raises(ExchangeRefusedError, match=want):
         put.finish(trailer)
@@ -310,8 +376,6 @@ def test_a_backup_stream_of_another_execution_or_credentials_is_refused(receiver
 
 def test_backups_over_tls_links(tmp_path, two_slots):
     """With a TLS identity the file streams are TLS, like every call on the links."""
-    import xxhash
-
     from sparkjet.runtime.exchange.security import TLSIdentity
     from sparkjet.runtime.storage import slot_write_handler
 
@@ -323,9 +387,10 @@ def test_backups_over_tls_links(tmp_path, two_slots):
     assert server.location.startswith("grpc+tls://")
     client = ExchangeClient(server.location, security=security)
     try:
-        put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+        body, trailer = _whole(b"x" * 1000)
+        put = client.put_file("slot_write", {**body, "slot": b.uuid})
         put.write(b"x" * 1000)
-        put.finish({"size": 1000, "xxh3": xxhash.xxh3_64_hexdigest(b"x" * 1000)})
+        put.finish(trailer)
         info, pieces = client.get_file("slot_read", {"slot": b.uuid, "path": PATH,
                                                      "offset": 10, "length": 20})
         assert info == {"size": 1000} and b"".join(p.to_pybytes() for p in pieces) == b"x" * 20
