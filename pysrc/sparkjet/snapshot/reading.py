@@ -124,6 +124,10 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
                 if durable is None:
                     raise
                 orders[holders] = []
+            except FencedError:
+                raise
+            except (SparkjetError, OSError):
+                orders[holders] = list(holders)     # the picked copy's error comes later
             if durable is not None:
                 orders[holders].append(None)
         return orders[holders]
