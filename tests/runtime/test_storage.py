@@ -7,6 +7,7 @@ them: a corrupted, short or cut stream, another execution's, another job's crede
 import os
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from sparkjet.errors import (
@@ -222,16 +223,26 @@ def _kept(slot, path=PATH) -> bool:
         os.path.isdir(folder) and bool(os.listdir(folder)))
 
 
+def _whole(data: bytes) -> tuple[dict, dict]:
+    """The body and trailer of a slot_write stream carrying all of ``data``, one range."""
+    import xxhash
+
+    return ({"slot": None, "path": PATH, "size": len(data), "ranges": [[0, len(data)]]},
+            {"size": len(data), "ranges": [[0, len(data), xxhash.xxh3_64_hexdigest(data)]]})
+
+
 def test_a_backup_stream_is_kept_once_its_size_and_checksum_check_out(receiver):
     import xxhash
 
     b, client, _, _ = receiver
     data = os.urandom(3 * (1 << 20) + 17)
-    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+    body, trailer = _whole(data)
+    put = client.put_file("slot_write", {**body, "slot": b.uuid})
     for at in range(0, len(data), 1 << 20):
         put.write(data[at:at + (1 << 20)])
-    answer = put.finish({"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)})
-    assert answer == {"verified": xxhash.xxh3_64_hexdigest(data), "bytes": len(data)}
+    answer = put.finish(trailer)
+    assert answer == {"verified": [[0, len(data), xxhash.xxh3_64_hexdigest(data)]],
+                      "bytes": len(data)}
     with open(os.path.join(b.replicas(JOB).root, PATH), "rb") as f:
         assert f.read() == data
     # a peer reads ranges of it back over DoGet, across pieces
@@ -243,22 +254,77 @@ def test_a_backup_stream_is_kept_once_its_size_and_checksum_check_out(receiver):
     assert bytes(read(1 << 20, 10)) == data[1 << 20:(1 << 20) + 10]
 
 
-@pytest.mark.parametrize("fault", ["corrupted", "short", "no trailer", "after the trailer"])
+def test_a_backup_stream_of_ranges_is_kept_sparse_and_reads_back_only_those(receiver):
+    """A backup gets the byte ranges of the partitions it backs: each is written at its
+    offset in a file of the writer's size (the rest a hole), its sidecar names them, and
+    a read of anything else, here or from a peer, is refused (a hole reads as zeros)."""
+    import xxhash
+
+    from sparkjet.runtime.storage import held_ranges
+
+    b, client, _, _ = receiver
+    data = os.urandom(3 << 20)
+    ranges = [(100, 5000), (1 << 20, (1 << 20) + 17), (2 << 20, 3 << 20)]
+    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH, "size": len(data),
+                                         "ranges": [[s, e - s] for s, e in ranges]})
+    for s, e in ranges:
+        for at in range(s, e, 700_000):      # pieces that do not line up with the ranges
+            put.write(data[at:min(e, at + 700_000)])
+    put.finish({"size": len(data), "ranges": [
+        [s, e - s, xxhash.xxh3_64_hexdigest(data[s:e])] for s, e in ranges]})
+    final = os.path.join(b.replicas(JOB).root, PATH)
+    assert os.path.getsize(final) == len(data)
+    assert held_ranges(final) == (len(data), ranges)
+    with open(final, "rb") as f:
+        copy = f.read()
+    for s, e in ranges:
+        assert copy[s:e] == data[s:e]
+    assert copy[5000:1 << 20] == bytes((1 << 20) - 5000)   # a hole
+    peer = slot_files(_Member([b.uuid], {0: client}), StorageSlot.claim(b.path + "-c", host="c"),
+                      JOB)([b.uuid], PATH)
+    read = peer.range_reader()
+    assert bytes(read((1 << 20) + 3, 10)) == data[(1 << 20) + 3:(1 << 20) + 13]
+    for offset, length in ((0, 200), (4990, 20), ((1 << 20) + 10, 10)):
+        with pytest.raises(ExchangeRefusedError, match="this copy holds bytes 100..5000, "
+                                                       "1048576..1048593, 2097152..3145728"):
+            read(offset, length)
+
+
+@pytest.mark.parametrize("fault", ["corrupted", "short", "no trailer", "after the trailer",
+                                   "flipped range", "overlapping", "outside"])
 def test_a_corrupted_or_short_backup_stream_is_refused_and_not_kept(receiver, fault):
     """The receiver checks what it read against the writer's trailer: a flipped byte, a
     missing piece, a stream that ends without its trailer (the writer stopped) or goes on
-    after it are refused, and nothing of the copy stays in the slot."""
+    after it, a byte flipped in one range of several are refused, as are ranges that
+    overlap or lie outside the file, and nothing of the copy stays in the slot."""
     import xxhash
 
     b, client, _, _ = receiver
     data = os.urandom(2 * (1 << 20) + 5)
-    trailer = {"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)}
+    body, trailer = _whole(data)
+    body["slot"] = b.uuid
     pieces = [data[:1 << 20], data[1 << 20:2 << 20], data[2 << 20:]]
     if fault == "corrupted":
         pieces[1] = pieces[1][:100] + bytes([pieces[1][100] ^ 1]) + pieces[1][101:]
     elif fault == "short":
         del pieces[1]
-    put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+    elif fault == "flipped range":
+        ranges = [(0, 1000), (5000, 9000), (1 << 20, 2 << 20)]
+        body["ranges"] = [[s, e - s] for s, e in ranges]
+        trailer["ranges"] = [[s, e - s, xxhash.xxh3_64_hexdigest(data[s:e])] for s, e in ranges]
+        pieces = [data[s:e] for s, e in ranges]
+        pieces[1] = pieces[1][:7] + bytes([pieces[1][7] ^ 0x10]) + pieces[1][8:]
+    elif fault in ("overlapping", "outside"):
+        body["ranges"] = ([[0, 1000], [999, 10]] if fault == "overlapping"
+                          else [[0, 1000], [len(data) - 5, 6]])
+    put = client.put_file("slot_write", body)
+    if fault in ("overlapping", "outside"):
+        with pytest.raises(ExchangeRefusedError, match="overlaps" if fault == "overlapping"
+                           else "outside the file's 2097157 bytes"):
+            put.write(data[:1000])
+            put.finish(trailer)
+        assert not _kept(b)
+        return
     for piece in pieces:
         put.write(piece)
     if fault == "no trailer":
@@ -268,8 +334,9 @@ def test_a_corrupted_or_short_backup_stream_is_refused_and_not_kept(receiver, fa
         return
     if fault == "after the trailer":
         put._writer.write_metadata(b'{"size": 0}')
-    want = {"corrupted": "the copy of .* has 2097157 bytes and xxh3",
+    want = {"corrupted": "the copy of .* has 2097157 bytes in ranges",
             "short": "the copy of .* has 1048581 bytes",
+            "flipped range": r"the copy of .* has 1053576 bytes in ranges .*\[5000, 4000, '",
             "after the trailer": "after the trailer"}[fault]
     with pytest.raises(ExchangeRefusedError, match=want):
         put.finish(trailer)
@@ -310,8 +377,6 @@ def test_a_backup_stream_of_another_execution_or_credentials_is_refused(receiver
 
 def test_backups_over_tls_links(tmp_path, two_slots):
     """With a TLS identity the file streams are TLS, like every call on the links."""
-    import xxhash
-
     from sparkjet.runtime.exchange.security import TLSIdentity
     from sparkjet.runtime.storage import slot_write_handler
 
@@ -323,9 +388,10 @@ def test_backups_over_tls_links(tmp_path, two_slots):
     assert server.location.startswith("grpc+tls://")
     client = ExchangeClient(server.location, security=security)
     try:
-        put = client.put_file("slot_write", {"slot": b.uuid, "path": PATH})
+        body, trailer = _whole(b"x" * 1000)
+        put = client.put_file("slot_write", {**body, "slot": b.uuid})
         put.write(b"x" * 1000)
-        put.finish({"size": 1000, "xxh3": xxhash.xxh3_64_hexdigest(b"x" * 1000)})
+        put.finish(trailer)
         info, pieces = client.get_file("slot_read", {"slot": b.uuid, "path": PATH,
                                                      "offset": 10, "length": 20})
         assert info == {"size": 1000} and b"".join(p.to_pybytes() for p in pieces) == b"x" * 20
@@ -567,3 +633,154 @@ def test_durable_copies_reach_a_member_through_the_driver(tmp_path, two_slots):
                 client.action("store_read", {"op": "list", "path": path})
     finally:
         driver.close()
+
+
+@pytest.fixture
+def three_hosts(tmp_path):
+    """Three slots (hosts a, b, c), each behind a real exchange server with slot_write and
+    slot_read, and a client of each."""
+    from sparkjet.runtime.storage import slot_write_handler
+
+    slots = [StorageSlot.claim(tmp_path / f"host-{h}", host=h) for h in "abc"]
+    security = LinkSecurity.generate(1)
+    servers = [ExchangeServer("127.0.0.1", execution_id=1, security=security) for _ in slots]
+    for slot, server in zip(slots, servers):
+        server.on_put("slot_write", slot_write_handler(slot, JOB))
+        server.on_get("slot_read", slot_read_handler(slot, JOB))
+    clients = [ExchangeClient(s.location, security=security) for s in servers]
+    yield slots, clients
+    for c in clients:
+        c.close()
+    for s in servers:
+        s.close()
+    for s in slots:
+        s.release()
+
+
+def _replicated(tmp_path, slots, clients, backup_count):
+    """A snapshot of 12 partitions over three slots with ``backup_count``: each slot's
+    writer writes the keys of the partitions its slot is primary of (as a processor does)
+    and a broadcast entry, replicated by the real replicator; the record holds the table."""
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.partitioning import partition_ids
+    from sparkjet.runtime.storage import encode_table, replicator
+
+    uuids = [s.uuid for s in slots]
+    table = PartitionTable.create(uuids, 12, backup_count,
+                                  groups={s.uuid: f"host-{h}" for s, h in zip(slots, "abc")})
+    state = _state(6000, 0)
+    owner = [uuids.index(table.owner(p)) for p in range(12)]
+    mine = pa.array([owner[p] for p in partition_ids(state, 12, key="key").to_pylist()])
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    manifests = []
+    for i, slot in enumerate(slots):
+        member = _Member(uuids, {j: c for j, c in enumerate(clients) if j != i})
+        member.topology.table = table
+        w = store.writer(0, 1, writer=i, partition_count=12, slot=slot,
+                         replicate=replicator(member, slot, JOB))
+        w.write_table("agg", state.filter(pc.equal(mine, i)), key="key")
+        w.write_broadcast_entries("src", [str(i).encode()], [f"state {i}".encode()])
+        manifests.append(w.finish())
+    store.commit(0, 1, manifests, table=encode_table(table))
+    return store, table, state
+
+
+def test_a_backup_slot_holds_only_the_ranges_of_the_partitions_it_backs(tmp_path, three_hosts):
+    """With backup_count=1 on three slots, each backup's copy of a processor's file holds
+    the byte ranges of the partitions it backs and nothing else (the rest a hole), named by
+    its sidecar; the backups hold the state once, not once per slot; broadcast state goes
+    whole to every slot. A slot lost, each partition restores from its backup's ranges."""
+    import shutil
+
+    from sparkjet.runtime.storage import check_reachable, held_ranges
+    from sparkjet.snapshot.chunks import HEADER_SIZE
+    from sparkjet.snapshot.reading import slot_path
+
+    slots, clients = three_hosts
+    store, table, state = _replicated(tmp_path, slots, clients, 1)
+    stored = store._resolve(0, None)
+    by_uuid = {s.uuid: s for s in slots}
+    backed = 0
+    for f in stored.record.vertices["agg"].files:
+        primary = by_uuid[f.slot].replicas(JOB).root
+        assert held_ranges(os.path.join(primary, slot_path(stored, f))) is None   # whole
+        assert all(table.owner(c.partition) == f.slot for c in f.chunks)
+        for u in f.replicas:
+            want = []
+            for c in f.chunks:
+                if u in table.replicas(c.partition)[1:]:
+                    start, end = c.offset, c.offset + HEADER_SIZE + c.stored_size
+                    if want and want[-1][1] == start:
+                        want[-1] = (want[-1][0], end)
+                    else:
+                        want.append((start, end))
+            copy = os.path.join(by_uuid[u].replicas(JOB).root, slot_path(stored, f))
+            assert want and held_ranges(copy) == (f.bytes, want)
+            with open(copy, "rb") as fh:
+                data = fh.read()
+            held = sum(e - s for s, e in want)
+            assert held < f.bytes, "a partial copy"
+            backed += held
+            gaps = [(e, s) for (_, e), (s, _) in zip([(0, 0), *want], [*want, (f.bytes, 0)])]
+            assert all(data[s:e] == bytes(e - s) for s, e in gaps)     # holes read as zeros
+    # every partition backed once: the backups hold the keyed state once
+    assert backed == sum(f.bytes for f in stored.record.vertices["agg"].files)
+    for f in stored.record.vertices["src"].files:     # broadcast state: whole, everywhere
+        assert sorted(f.replicas) == sorted(u for u in by_uuid if u != f.slot)
+        for u in f.replicas:
+            copy = os.path.join(by_uuid[u].replicas(JOB).root, slot_path(stored, f))
+            assert held_ranges(copy) == (f.bytes, [(0, f.bytes)])
+    # slot a lost (its folder wiped): b and c restore every partition from what they hold
+    a, b, c = slots
+    shutil.rmtree(a.replicas(JOB).root)
+    member = _Member([b.uuid, c.uuid], {1: clients[2]})
+    check_reachable(store, 0, member)
+    store.slot_files = slot_files(member, b, JOB)
+    assert store.restore("agg").table.sort_by("key").equals(state.sort_by("key"))
+    lost = [p for p in range(12) if table.owner(p) == a.uuid]
+    got = store.restore("agg", lost).table
+    assert got.num_rows > 0 and got.sort_by("key").equals(
+        state.filter(pc.is_in(state["key"], got["key"])).sort_by("key"))
+    assert sorted(store.restore("src").broadcast_entries[1].to_pylist()) == [
+        b"state 0", b"state 1", b"state 2"]
+
+
+@pytest.mark.parametrize("backup_count", [1, 2])
+def test_two_lost_slots_of_three_are_refused_by_partition_with_one_backup(tmp_path, three_hosts,
+                                                                          backup_count):
+    """Slots a and b lost together: with one backup the partitions whose primary and backup
+    were both on them have no copy left, and the restore is refused before anything is
+    read, naming those partitions (and only those), the slots and their hosts; a restore
+    tried anyway is refused rather than handing on a hole's zeros. With two backups slot
+    c holds every partition and the state comes back whole."""
+    import shutil
+
+    from sparkjet.runtime.storage import _ranges, check_reachable
+
+    slots, clients = three_hosts
+    store, table, state = _replicated(tmp_path, slots, clients, backup_count)
+    a, b, c = slots
+    for slot in (a, b):
+        shutil.rmtree(slot.replicas(JOB).root)
+    member = _Member([c.uuid], {})
+    store.slot_files = slot_files(member, c, JOB)
+    gone = [p for p in range(12) if set(table.replicas(p)) <= {a.uuid, b.uuid}]
+    if backup_count == 2:
+        assert not gone
+        check_reachable(store, 0, member)
+        assert store.restore("agg").table.sort_by("key").equals(state.sort_by("key"))
+        return
+    assert gone and len(gone) < 12
+    with pytest.raises(SnapshotIncompleteError) as caught:
+        check_reachable(store, 0, member)
+    message = str(caught.value)
+    assert f"agg: partitions {_ranges(set(gone))};" in message, message
+    assert f"{a.uuid} (host host-a)" in message and f"{b.uuid} (host host-b)" in message
+    assert c.uuid not in message and "src" not in message    # broadcast state: c has it
+    with pytest.raises(SnapshotIncompleteError):
+        store.restore("agg")
+    kept = [p for p in range(12) if p not in gone]
+    got = store.restore("agg", kept).table      # what c holds restores
+    assert got.num_rows > 0 and got.sort_by("key").equals(
+        state.filter(pc.is_in(state["key"], got["key"])).sort_by("key"))

@@ -7,6 +7,7 @@ The long campaign: python -m sparkjet.testing.storage_campaign --faults 200 --js
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkjet.errors import StorageSlotError
+from sparkjet.snapshot.chunks import HEADER_SIZE
 from sparkjet.snapshot.slots import StorageSlot
 from sparkjet.testing import storage_campaign as sc
 
@@ -162,7 +164,8 @@ def test_a_restore_passes_over_a_damaged_copy_for_a_good_one(tmp_path, how):
     read over a real exchange server). Slot a's copy damaged: the restore used to read
     only the copy slot_files picked (its own) and fail with SnapshotCorruptError while
     slot b held a good copy (the storage campaign's flip-byte rounds ended so). It reads
-    b's now, and fails naming a's copy only when b's is damaged too."""
+    b's now, each chunk from a copy where it checks out, and fails naming a's copy only
+    when no copy of some chunk is good."""
     import shutil
 
     import pyarrow as pa
@@ -201,11 +204,24 @@ def test_a_restore_passes_over_a_damaged_copy_for_a_good_one(tmp_path, how):
         store.slot_files = slot_files(member, a, job)
         mine = next(Path(a.replicas(job).root).rglob("*.chunks"))
         rng = random.Random(7)
-        sc.damage(mine, how, rng)
+        done = sc.damage(mine, how, rng)
         got = store.restore("agg").table.sort_by("key")
         assert got.equals(state), "the good copy in slot b"
         theirs = next(Path(b.replicas(job).root).rglob("*.chunks"))
-        sc.damage(theirs, "flip-byte" if how == "delete-replica" else how, rng)
+        if how == "flip-byte":
+            # each chunk is checked on its own: a flip in another chunk of b's copy still
+            # leaves a good copy of every chunk, and the restore takes each from where it
+            # checks out; the same byte flipped in both leaves none of that chunk
+            at = int(re.search(r"byte (\d+)", done).group(1))
+            other = next(c for c in f.chunks
+                         if not c.offset <= at < c.offset + HEADER_SIZE + c.stored_size)
+            last = other.offset + HEADER_SIZE + other.stored_size - 1
+            _flip(theirs, last)
+            assert store.restore("agg").table.sort_by("key").equals(state)
+            _flip(theirs, last)
+            _flip(theirs, at)
+        else:
+            sc.damage(theirs, "flip-byte" if how == "delete-replica" else how, rng)
         with pytest.raises((SnapshotCorruptError, SnapshotIncompleteError)) as failed:
             store.restore("agg")
         assert f"slot {a.uuid}" in str(failed.value), failed.value
@@ -215,3 +231,10 @@ def test_a_restore_passes_over_a_damaged_copy_for_a_good_one(tmp_path, how):
         a.release()
         b.release()
 
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))

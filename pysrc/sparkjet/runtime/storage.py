@@ -10,19 +10,25 @@ when there is none. Replicas of a partition sit on slots of distinct hosts when 
 slots are on more than one host, else on distinct slots (``local[N]``: a slot lost with its
 folder, or not claimed by an execution that runs fewer tasks, still has its backups).
 
-Each processor writes its chunk files into its member's slot and then copies each one to
-the slots that back its partitions (every other slot, for broadcast state) over a
-``slot_write`` file stream (Flight ``DoPut``) to each, and each verifies its copy's size
-and xxh3 before it answers; the file's record names them as its replicas. A restore reads
-a file from its own slot when it holds a copy, else from a member whose slot holds one
-over a ``slot_read`` file stream (``DoGet`` of the ranges it reads), the writer's slot
-first. Both streams are fenced by the execution and authenticated like every call on the
-members' links (:mod:`sparkjet.runtime.exchange`).
+Each processor writes its chunk files into its member's slot (a file holds its partitions'
+chunks back to back, in partition order) and then sends each slot that backs one of its
+partitions the byte ranges of the partitions that slot backs (every other slot gets
+broadcast state whole) over a ``slot_write`` file stream (Flight ``DoPut``), and each
+verifies every range's xxh3 before it answers; the receiver keeps the ranges at their
+offsets in a sparse copy and names them in a ``.ranges`` sidecar, and the file's record
+names the slots as its replicas (which partitions each holds follows from the record's
+partition table). A restore reads each chunk from its own slot when that holds it, else
+from a member whose slot holds it over a ``slot_read`` file stream (``DoGet`` of the ranges
+it reads), the writer's slot first; a copy refuses a range it does not hold. Both
+streams are fenced by the execution and authenticated like every call on the members'
+links (:mod:`sparkjet.runtime.exchange`).
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import json
 import logging
 import os
 
@@ -31,6 +37,7 @@ import xxhash
 from sparkjet.errors import (
     InvalidArgumentError,
     PartitionTableError,
+    SnapshotCorruptError,
     SnapshotIncompleteError,
     StorageSlotError,
 )
@@ -38,7 +45,8 @@ from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import open_backend
-from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE
+from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE, HEADER_SIZE
+from sparkjet.snapshot.reading import partition_holders
 from sparkjet.snapshot.slots import StorageSlot
 from sparkjet.snapshot.writer import SnapshotWriter
 
@@ -129,18 +137,87 @@ def _deadline(peer, size: int) -> float:
     return peer.action_timeout + size / STREAM_FLOOR
 
 
+#: The sidecar of a backup's copy in a slot: ``<chunk file>.ranges``, JSON ``{"size",
+#: "ranges": [[offset, length, xxh3], ...]}``, the byte ranges the copy holds (those of the
+#: partitions its slot backs; the rest of the file is a hole). Written by the receiver of
+#: a ``slot_write`` stream before the copy is renamed into place; a file without one is a
+#: primary, and holds every byte.
+RANGES_SUFFIX = ".ranges"
+
+
+def held_ranges(path: str) -> tuple[int, list[tuple[int, int]]] | None:
+    """The size and the merged ``(start, end)`` byte ranges that the copy at ``path`` (a
+    file in a slot) holds, from its sidecar; None when it has none (it holds every byte).
+    SnapshotCorruptError naming the sidecar when it does not read."""
+    where = path + RANGES_SUFFIX
+    try:
+        with open(where, "rb") as f:
+            doc = json.loads(f.read())
+        size, ranges = doc["size"], doc["ranges"]
+        if not (type(size) is int and size >= 0 and isinstance(ranges, list)):
+            raise ValueError("size and ranges wanted")
+        merged: list[tuple[int, int]] = []
+        for r in ranges:
+            start, length = r[0], r[1]
+            if not (type(start) is int and type(length) is int and length > 0
+                    and start >= (merged[-1][1] if merged else 0) and start + length <= size):
+                raise ValueError(f"range {r!r} is out of order or outside {size} bytes")
+            if merged and merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], start + length)
+            else:
+                merged.append((start, start + length))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise SnapshotCorruptError(where, 0, "ranges sidecar", str(e)) from None
+    return size, merged
+
+
 class LocalSlotFile:
-    """A chunk file in this member's own slot."""
+    """A chunk file in this member's own slot: the writer's whole file, or a backup's copy
+    holding the byte ranges of the partitions its slot backs (:func:`held_ranges`), whose
+    reader refuses any other range (a hole reads as zeros: never handed on)."""
 
     def __init__(self, slot: StorageSlot, job_id: int, path: str):
         self._backend = slot.replicas(job_id)
-        self._path = self._backend.path(*_checked(path).split("/"))
+        self._name = _checked(path)
+        self.slot = slot.uuid
+        self._where = f"slot {slot.uuid}: {path}"
+        self._path = self._backend.path(*path.split("/"))
+        self.held = held_ranges(os.path.join(self._backend.root, *path.split("/")))
 
     def size(self) -> int:
-        return self._backend.size(self._path)
+        size = self._backend.size(self._path)
+        if self.held is not None and self.held[0] != size:
+            raise SnapshotCorruptError(self._where, 0, "file size",
+                                       f"{size} bytes, its ranges sidecar says {self.held[0]}")
+        return size
+
+    def holds(self, offset: int, length: int) -> bool:
+        """Whether this copy holds bytes ``offset`` to ``offset + length``."""
+        if self.held is None or length == 0:
+            return True
+        i = bisect.bisect_right([s for s, _ in self.held[1]], offset) - 1
+        return i >= 0 and offset + length <= self.held[1][i][1]
+
+    def check_held(self, offset: int, length: int) -> None:
+        """SnapshotIncompleteError unless this copy holds bytes ``offset`` to ``offset +
+        length``."""
+        if not self.holds(offset, length):
+            held = ", ".join(f"{s}..{e}" for s, e in self.held[1]) or "none"
+            raise SnapshotIncompleteError(
+                f"{self._where}: this copy holds bytes {held} (a backup holds the ranges "
+                f"of the partitions its slot backs), not {offset}..{offset + length}")
 
     def range_reader(self):
-        return self._backend.range_reader(self._path)
+        read = self._backend.range_reader(self._path)
+        if self.held is None:
+            return read
+
+        def checked(offset: int, length: int):
+            self.check_held(offset, length)
+            return read(offset, length)
+        return checked
 
 
 class PeerSlotFile:
@@ -150,6 +227,7 @@ class PeerSlotFile:
 
     def __init__(self, client, slot: str, path: str, member: int):
         self._client, self._slot, self._path, self._member = client, slot, path, member
+        self.slot = slot
 
     def _get(self, offset: int, length: int):
         return self._client.get_file(
@@ -208,8 +286,10 @@ def slot_files(member, slot: StorageSlot, job_id: int):
 
 def check_reachable(store, snapshot_id: int, member) -> None:
     """Counts every (vertex, partition) of a snapshot in the members' storage against the
-    slots this execution holds before anything is restored: SnapshotIncompleteError naming
-    every vertex and partition no reachable copy has, the slots that held them and their
+    slots this execution holds before anything is restored (a partition's chunks of a file
+    are held by the slot that wrote it and the backups of that partition in the record's
+    table: :func:`~sparkjet.snapshot.reading.partition_holders`): SnapshotIncompleteError
+    naming every vertex and partition no reachable copy has, the slots that held them and their
     hosts (from the record's partition table), and what to do. A file with a durable copy
     is always reachable."""
     stored = store._resolve(snapshot_id, None)
@@ -222,14 +302,18 @@ def check_reachable(store, snapshot_id: int, member) -> None:
             hosts = decode_table(stored.record.table, "the snapshot's record").groups or {}
         except StorageSlotError:
             hosts = {}
+    holders = partition_holders(stored)
     lost: dict[str, set[int]] = {}
     gone: set[str] = set()
     for vertex, v in stored.record.vertices.items():
         for f in v.files:
-            if f.slot is None or f.durable or held.intersection(f.holders):
+            if f.slot is None or f.durable:
                 continue
-            lost.setdefault(vertex, set()).update(c.partition for c in f.chunks)
-            gone.update(f.holders)
+            for p in {c.partition for c in f.chunks}:
+                where = holders(f, p)
+                if not held.intersection(where):
+                    lost.setdefault(vertex, set()).add(p)
+                    gone.update(where)
     if not lost:
         return
     where = "; ".join(
@@ -258,65 +342,123 @@ def _ranges(parts: set[int]) -> str:
     return ", ".join(out) + (" and broadcast state" if -1 in parts else "")
 
 
+def backup_ranges(table: PartitionTable | None, slots: list[str], own: str,
+                  chunks) -> dict[str, list[tuple[int, int]]]:
+    """Per backup slot, the merged ``(start, end)`` byte ranges of a chunk file it backs:
+    each chunk (``[offset, stored size, checksum, entries, partition]``, as the record lists
+    them) goes to the slots of ``table.replicas(partition)`` (its backups, ``[1:]``, when the
+    writer's slot ``own`` is its primary, as a processor's are), a broadcast chunk
+    (partition -1) to every slot of ``slots``; ``own`` holds the whole file already."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    if table is None or len(slots) < 2:
+        return out
+    for c in chunks:
+        start, end, p = c[0], c[0] + HEADER_SIZE + c[1], c[4]
+        backs = slots if p < 0 else [u for u in table.replicas(p) if u is not None]
+        for u in backs:
+            if u == own:
+                continue
+            ranges = out.setdefault(u, [])
+            if ranges and ranges[-1][1] == start:
+                ranges[-1] = (ranges[-1][0], end)
+            else:
+                ranges.append((start, end))
+    return out
+
+
 def replicator(member, slot: StorageSlot, job_id: int):
     """What a member's snapshot writers call on each chunk file they wrote into ``slot``
-    (:class:`~sparkjet.snapshot.writer.SnapshotWriter`'s ``replicate``): copies it to the
-    slots of this execution that back one of its partitions (every other slot for
-    broadcast state, partition -1) and returns them once each has verified its copy.
+    (:class:`~sparkjet.snapshot.writer.SnapshotWriter`'s ``replicate``, with the file's
+    chunks as the record lists them): sends each slot of this execution that backs one of
+    its partitions the byte ranges of the partitions it backs (:func:`backup_ranges`;
+    broadcast state, partition -1, to every other slot) and returns those slots once each
+    has verified its ranges.
 
     One ``slot_write`` file stream (Flight ``DoPut``, fenced by the execution) goes to each
-    backup slot's member; the file is read once, piece by piece, each piece written to
-    every stream, and the trailer carries its size and xxh3, which each receiver checks
+    backup slot's member, its body naming the file's size and the ranges it carries; the
+    file is read once, piece by piece, each piece written to the streams whose ranges hold
+    it, and each trailer carries the ranges with their xxh3, which each receiver checks
     before it answers."""
     table = member.topology.table
     slots = member.topology.slots or []
     index = {uuid: i for i, uuid in enumerate(slots)}
 
-    def replicate(path: str, partitions: list[int]) -> list[str]:
-        if table is None or len(slots) < 2:
-            return []
-        targets: set[str] = set()
-        for p in partitions:
-            if p < 0:
-                targets.update(slots)
-            else:
-                targets.update(u for u in table.replicas(p)[1:] if u is not None)
-        targets.discard(slot.uuid)
-        if not targets:
+    def replicate(path: str, chunks) -> list[str]:
+        wanted = backup_ranges(table, slots, slot.uuid, chunks)
+        if not wanted:
             return []
         file = LocalSlotFile(slot, job_id, path)
         size = file.size()
         read = file.range_reader()
-        order = sorted(targets, key=lambda u: index[u])
-        streams = []
+        order = sorted(wanted, key=lambda u: index[u])
+        starts = {u: [s for s, _ in wanted[u]] for u in order}
+        digests = {(u, s): xxhash.xxh3_64() for u in order for s, _ in wanted[u]}
+        cuts = sorted({b for u in order for r in wanted[u] for b in r})
+        streams = {}
         try:
             for uuid in order:
                 peer = member.peers[index[uuid]]
-                streams.append(peer.put_file("slot_write", {"slot": uuid, "path": path},
-                                             timeout=_deadline(peer, size)))
-            digest = xxhash.xxh3_64()
-            for offset in range(0, size, READ_PIECE):
-                piece = read(offset, min(READ_PIECE, size - offset))
-                digest.update(piece)
-                for stream in streams:
-                    stream.write(piece)
-            trailer = {"size": size, "xxh3": digest.hexdigest()}
-            for stream in streams:
-                stream.finish(trailer)
+                streams[uuid] = peer.put_file(
+                    "slot_write", {"slot": uuid, "path": path, "size": size,
+                                   "ranges": [[s, e - s] for s, e in wanted[uuid]]},
+                    timeout=_deadline(peer, size))
+            for lo, hi in zip(cuts, cuts[1:]):
+                into = []           # (stream, range start) of each slot whose ranges hold lo
+                for uuid in order:
+                    i = bisect.bisect_right(starts[uuid], lo) - 1
+                    if i >= 0 and lo < wanted[uuid][i][1]:
+                        into.append((uuid, starts[uuid][i]))
+                for offset in range(lo, hi, READ_PIECE) if into else ():
+                    piece = read(offset, min(READ_PIECE, hi - offset))
+                    for uuid, start in into:
+                        digests[(uuid, start)].update(piece)
+                        streams[uuid].write(piece)
+            for uuid in order:
+                streams[uuid].finish({"size": size, "ranges": [
+                    [s, e - s, digests[(uuid, s)].hexdigest()] for s, e in wanted[uuid]]})
         except BaseException:
-            for stream in streams:
+            for stream in streams.values():
                 stream.abort()
             raise
         return order
     return replicate
 
 
+def _declared_ranges(body: dict, path: str) -> tuple[int, list[tuple[int, int]]]:
+    """The size and ``(start, end)`` ranges a ``slot_write`` body declares:
+    InvalidArgumentError for a range outside the size, empty, overlapping another or out of
+    order."""
+    size, ranges = body.get("size"), body.get("ranges")
+    if type(size) is not int or size < 0 or not isinstance(ranges, list) or not ranges:
+        raise InvalidArgumentError(f"slot_write of {path}: size {size!r} and ranges "
+                                   f"{ranges!r} are not a file's size and its byte ranges")
+    out: list[tuple[int, int]] = []
+    for r in ranges:
+        if not (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+                and r[0] >= 0 and r[1] > 0):
+            raise InvalidArgumentError(f"slot_write of {path}: {r!r} is not a byte range "
+                                       "[offset, length]")
+        start, end = r[0], r[0] + r[1]
+        if end > size:
+            raise InvalidArgumentError(f"slot_write of {path}: range {start}..{end} is "
+                                       f"outside the file's {size} bytes")
+        if out and start < out[-1][1]:
+            raise InvalidArgumentError(f"slot_write of {path}: range {start}..{end} overlaps "
+                                       f"or precedes {out[-1][0]}..{out[-1][1]}")
+        out.append((start, end))
+    return size, out
+
+
 def slot_write_handler(slot: StorageSlot, job_id: int):
     """The ``slot_write`` file stream of a member's exchange server (``on_put``): a peer's
-    copy of one of its chunk files into this member's slot, body ``{slot, path}``. The
-    pieces go into a temporary file as they come, hashed as they are written; the copy is
-    renamed into place only when the stream's trailer has the size and xxh3 read, else it
-    is removed and the stream refused (a short stream, one cut before its trailer, a
+    copy of byte ranges of one of its chunk files into this member's slot, body ``{slot,
+    path, size, ranges}`` (``ranges``: the ``[offset, length]`` of the partitions this slot
+    backs, in order). Each range's pieces are written at its own offset into a sparse
+    temporary file of the file's size (a hole costs nothing), hashed as they are written;
+    the copy is renamed into place only when the stream's trailer (``{size, ranges:
+    [[offset, length, xxh3], ...]}``) has every range read as sent, after its ranges
+    sidecar (:func:`held_ranges`); else both are removed and the stream refused (a range
+    outside the file, overlapping another, a short stream, one cut before its trailer, a
     corrupted piece)."""
     backend = slot.replicas(job_id)
 
@@ -325,35 +467,62 @@ def slot_write_handler(slot: StorageSlot, job_id: int):
             raise InvalidArgumentError(f"this member holds slot {slot.uuid}, not "
                                        f"{body.get('slot')!r}")
         path = _checked(str(body.get("path")))
+        size, ranges = _declared_ranges(body, path)
         final = os.path.join(backend.root, *path.split("/"))
-        temp = final + ".part"
+        temp, side = final + ".part", final + RANGES_SUFFIX
         os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-        digest, length = xxhash.xxh3_64(), 0
+        digests = [xxhash.xxh3_64() for _ in ranges]
+        length, i, at, sidecar = 0, 0, ranges[0][0], False
         try:
             with open(temp, "wb") as f:
+                f.truncate(size)
+                f.seek(at)
                 for piece in stream:
-                    digest.update(piece)
-                    f.write(piece)
-                    length += piece.size
-                trailer, got = stream.trailer, digest.hexdigest()
+                    view, length = memoryview(piece).cast("B"), length + piece.size
+                    while view.nbytes:
+                        if i == len(ranges):
+                            raise SnapshotIncompleteError(
+                                f"slot {slot.uuid}: the copy of {path} carries more than "
+                                f"the {sum(e - s for s, e in ranges)} bytes of its ranges")
+                        n = min(view.nbytes, ranges[i][1] - at)
+                        digests[i].update(view[:n])
+                        f.write(view[:n])
+                        view, at = view[n:], at + n
+                        if at == ranges[i][1]:
+                            i += 1
+                            if i < len(ranges):
+                                at = ranges[i][0]
+                                f.seek(at)
+                trailer = stream.trailer
                 if trailer is None:
                     raise SnapshotIncompleteError(
                         f"slot {slot.uuid}: the copy of {path} ended after {length} bytes "
-                        f"without the writer's size and checksum (the writer stopped)")
-                if length != trailer.get("size") or got != trailer.get("xxh3"):
+                        f"without the writer's size and checksums (the writer stopped)")
+                got = [[s, e - s, d.hexdigest()] for (s, e), d in zip(ranges, digests)]
+                if i != len(ranges) or trailer.get("size") != size or (
+                        trailer.get("ranges") != got):
                     raise SnapshotIncompleteError(
-                        f"slot {slot.uuid}: the copy of {path} has {length} bytes and xxh3 "
-                        f"{got}, the writer's has {trailer.get('size')} and "
-                        f"{trailer.get('xxh3')}")
+                        f"slot {slot.uuid}: the copy of {path} has {length} bytes in ranges "
+                        f"(offset, length, xxh3) {got}, the writer's has "
+                        f"{trailer.get('ranges')} of a file of {trailer.get('size')} bytes")
                 if slot.durable:
                     f.flush()
                     os.fsync(f.fileno())
+            with open(side + ".part", "w") as f:
+                json.dump({"size": size, "ranges": got}, f)
+                if slot.durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(side + ".part", side)
+            sidecar = True
             os.replace(temp, final)
         except BaseException:
-            try:
-                os.remove(temp)
-            except FileNotFoundError:
-                pass
+            # a copy whose sidecar is not its own would hand on another's ranges: both go
+            for name in (temp, side + ".part", *((side, final) if sidecar else ())):
+                try:
+                    os.remove(name)
+                except FileNotFoundError:
+                    pass
             raise
         return {"verified": got, "bytes": length}
     return handle
@@ -374,6 +543,7 @@ def slot_read_handler(slot: StorageSlot, job_id: int):
                 and offset + length <= size):
             raise InvalidArgumentError(f"slot_read: bad range {offset!r}+{length!r} of "
                                        f"{body.get('path')} ({size} bytes)")
+        file.check_held(offset, length)     # refused before any piece goes
         read = file.range_reader() if length else None
 
         def pieces():
@@ -547,7 +717,8 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
             backend.remove_tree(backend.path(layout.SNAPSHOTS, name))
 
 
-__all__ = ["DriverStoreFiles", "SlotWriterLink", "check_reachable", "claim_slot", "decode_table",
-           "drop_old_snapshots", "encode_table", "keep_committed", "replicator",
+__all__ = ["RANGES_SUFFIX", "DriverStoreFiles", "SlotWriterLink", "backup_ranges",
+           "check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
+           "encode_table", "held_ranges", "keep_committed", "replicator",
            "slot_files", "slot_read_handler", "slot_write_handler", "slot_writer",
            "store_read_handler", "table_for"]

@@ -6,6 +6,9 @@ chunk's header checked against the record. A file of the members' storage
 ``slot_files`` (:class:`SlotFile`), or from its durable copy in the store."""
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -13,10 +16,12 @@ import pyarrow as pa
 
 from sparkjet.errors import (
     FencedError,
+    PartitionTableError,
     SnapshotCorruptError,
     SnapshotIncompleteError,
     SparkjetError,
 )
+from sparkjet.partition_table import PartitionTable
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import StorageBackend
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
@@ -90,60 +95,137 @@ def read_file(store: StoreView, stored, vertex: str, vid: int, f: FileRecord, wa
             f"snapshot {stored.record.snapshot_id} of {store.who}: chunk file {f.path} "
             f"is in storage slot {f.slot}, which is not reachable here (a member of "
             f"the job reads it from its slot or a peer's)")
-    # Every copy in turn, the preferred first, each read and checked whole before any of
-    # its chunks is handed on: a damaged copy (flipped, truncated, deleted) is passed over
-    # for the next, and the restore fails on the first copy's error only when none reads.
-    first = None
-    for where, open_copy in _slot_copies(store, stored, vertex, f):
-        try:
-            checked = list(_checked_chunks(store, stored, vid, entries, open_copy(), where))
-        except FencedError:
-            raise       # this execution is over (a newer one runs): no copy will do
-        except (SparkjetError, OSError) as e:
-            first = first or e
-            continue
-        yield from checked
-        return
-    raise first
+    yield from _from_copies(store, stored, vertex, vid, f, entries)
 
 
-def _slot_copies(store: StoreView, stored, vertex: str, f: FileRecord):
-    """``(where, open)`` for each copy of a file in the slots, best first: the one the
-    store's ``slot_files`` picks (this member's own slot, else a member's), each holder's
-    in turn, then the durable copy; ``open()`` checks the copy's size and returns its
-    range reader. SnapshotIncompleteError when no slot is reachable and no durable copy
-    exists."""
+def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord, entries):
+    """The chunks of ``entries`` from the file's copies in the slots, each chunk from a copy
+    that holds it (:func:`partition_holders`), the preferred first (the one the store's
+    ``slot_files`` picks: this member's own slot, else a member's), then each holder in
+    turn, then the durable copy. Each chunk is checked against the record (its header, its
+    payload's checksum) before any is handed on: a chunk that fails in one copy (flipped,
+    truncated, deleted, a range that copy does not hold) is read from the next, and the
+    restore fails on the first error only when no copy of some chunk reads."""
     path = slot_path(stored, f)
+    holders_of = partition_holders(stored)
+    durable = store._path(*stored.dir, vertex, f.name) if f.durable else None
+    orders: dict[tuple, list] = {}
+    opened: dict = {}
 
-    def opener(uuids):
-        def open_copy():
-            copy = store.slot_files(uuids, path)
+    def order(holders: tuple) -> list:
+        """Where to read a chunk held by ``holders`` from, best first (None: the durable
+        copy); the store's SnapshotIncompleteError when no slot is reachable and no
+        durable copy exists."""
+        if holders not in orders:
             try:
-                size = copy.size()
-            except FileNotFoundError:
-                raise SnapshotIncompleteError(
-                    f"snapshot {stored.record.snapshot_id} of {store.who}: chunk file "
-                    f"slot {uuids[0]}: {path} is missing") from None
-            if size != f.bytes:
-                raise SnapshotCorruptError(f"slot {uuids[0]}: {path}", min(size, f.bytes),
-                                           "file size", f"{size} bytes, record says {f.bytes}")
-            return copy.range_reader()
-        return open_copy
+                pick = getattr(store.slot_files(list(holders), path), "slot", holders[0])
+                orders[holders] = [pick, *(u for u in holders if u != pick)]
+            except SnapshotIncompleteError:
+                if durable is None:
+                    raise
+                orders[holders] = []
+            except FencedError:
+                raise
+            except (SparkjetError, OSError):
+                orders[holders] = list(holders)     # the picked copy's error comes later
+            if durable is not None:
+                orders[holders].append(None)
+        return orders[holders]
 
+    def open_copy(uuid):
+        if uuid is None:
+            return store._backend.range_reader(durable)
+        copy = store.slot_files([uuid], path)
+        try:
+            size = copy.size()
+        except FileNotFoundError:
+            raise SnapshotIncompleteError(
+                f"snapshot {stored.record.snapshot_id} of {store.who}: chunk file "
+                f"slot {uuid}: {path} is missing") from None
+        if size != f.bytes:
+            raise SnapshotCorruptError(f"slot {uuid}: {path}", min(size, f.bytes),
+                                       "file size", f"{size} bytes, record says {f.bytes}")
+        return copy.range_reader()
+
+    def reader(uuid):
+        if uuid not in opened:
+            try:
+                opened[uuid] = open_copy(uuid)
+            except FencedError:
+                raise       # this execution is over (a newer one runs): no copy will do
+            except (SparkjetError, OSError) as e:
+                opened[uuid] = e
+        return opened[uuid]
+
+    def checked(uuid, which):
+        where = durable if uuid is None else f"slot {uuid}: {path}"
+        return list(_checked_chunks(store, stored, vid, [entries[i] for i in which],
+                                    reader(uuid), where))
+
+    choices = [order(tuple(holders_of(f, c.partition))) for c in entries]
+    tried = [0] * len(entries)
+    got: list = [None] * len(entries)
+    pending, first = list(range(len(entries))), None
+    while pending:
+        batches: dict = {}
+        for i in pending:
+            if tried[i] == len(choices[i]):
+                raise first
+            batches.setdefault(choices[i][tried[i]], []).append(i)
+        pending = []
+        for uuid, which in batches.items():
+            if isinstance(reader(uuid), BaseException):
+                first = first or reader(uuid)
+                failed = which
+            else:
+                try:
+                    for i, chunk in zip(which, checked(uuid, which)):
+                        got[i] = chunk
+                    continue
+                except FencedError:
+                    raise
+                except (SparkjetError, OSError) as e:
+                    first = first or e
+                failed = []
+                for i in which:     # the chunks of this copy that do check out are taken
+                    try:
+                        got[i] = checked(uuid, [i])[0]
+                    except FencedError:
+                        raise
+                    except (SparkjetError, OSError):
+                        failed.append(i)
+            for i in failed:
+                tried[i] += 1
+            pending.extend(failed)
+        pending.sort()
+    yield from got
+
+
+def partition_holders(stored) -> Callable[[FileRecord, int], list[str]]:
+    """``(file, partition) -> slots`` for a record of the members' storage: the slots that
+    hold the file's chunks of ``partition``: the slot that wrote it, then those of its
+    replicas that hold a replica of the partition in the record's partition table (its
+    backups, the writer's slot being its primary: a backup holds only the byte ranges of
+    the partitions it backs); every replica for broadcast state (partition -1), or when the
+    record's table does not read."""
+    table = _record_table(stored.record.table)
+
+    def holders(f: FileRecord, partition: int) -> list[str]:
+        if partition < 0 or table is None or partition >= table.partition_count:
+            return f.holders
+        backs = set(table.replicas(partition))
+        return [f.slot, *(u for u in f.replicas if u in backs)]
+    return holders
+
+
+@functools.lru_cache(maxsize=8)
+def _record_table(text: str | None) -> PartitionTable | None:
+    if not text:
+        return None
     try:
-        store.slot_files(f.holders, path)
-        reachable = True
-    except SnapshotIncompleteError:
-        if not f.durable:
-            raise
-        reachable = False
-    if reachable:
-        yield f"slot {f.slot}: {path}", opener(f.holders)
-        for uuid in f.holders:
-            yield f"slot {uuid}: {path}", opener([uuid])
-    if f.durable:
-        durable = store._path(*stored.dir, vertex, f.name)   # no slot holds it: the copy
-        yield durable, lambda: store._backend.range_reader(durable)
+        return PartitionTable.from_bytes(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError, TypeError, PartitionTableError):
+        return None
 
 
 def _checked_chunks(store: StoreView, stored, vid: int, entries, read, path: str):
@@ -208,4 +290,4 @@ def concat_entries(pairs) -> tuple[pa.Array, pa.Array] | None:
 
 
 __all__ = ["SlotFile", "StoreView", "check_listing", "concat_entries", "concat_tables",
-           "read_file", "slot_path"]
+           "partition_holders", "read_file", "slot_path"]

@@ -64,7 +64,8 @@ class ChunkEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
 class FileRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One chunk file of a vertex: ``path`` is ``VERTEX/W-C.chunks``; ``slot``, the storage
     slot that wrote it (format 2), else the store's snapshot folder; ``replicas``, the
-    slots that hold a verified copy of it (the backups of its partitions)."""
+    slots that hold a verified copy of it (the backups of its partitions, each holding the
+    byte ranges of those it backs, as the record's table says; broadcast state whole)."""
 
     vertex: Name
     path: str

@@ -80,9 +80,9 @@ class SnapshotWriter:
                  durable: bool = False):
         self.store = store
         self.slot = slot
-        #: with a slot: ``(path in the slot, partitions of the file) -> [slot uuid, ...]``,
-        #: which copies a written file to the slots that back its partitions and returns
-        #: them once each has verified its copy
+        #: with a slot: ``(path in the slot, the file's chunks as the record lists them)
+        #: -> [slot uuid, ...]``, which sends each slot that backs some of the file's
+        #: partitions their byte ranges and returns those slots once each has verified them
         self.replicate = replicate
         #: with a slot: copy each file into the store's snapshot folder too (the durable
         #: tier), before the manifest goes to the commit
@@ -190,9 +190,8 @@ class SnapshotWriter:
         if self.slot is not None:
             record["slot"] = self.slot.uuid
             if self.replicate is not None:
-                partitions = sorted({e[4] for e in entries})
                 replicas = self.replicate(
-                    "/".join((layout.SNAPSHOTS, self._dir, vertex, name)), partitions)
+                    "/".join((layout.SNAPSHOTS, self._dir, vertex, name)), entries)
                 if replicas:
                     record["replicas"] = list(replicas)
             if self.durable:

@@ -15,8 +15,10 @@ and injects one kind of fault, at a random snapshot:
   partitions come back from their backups;
 - ``two-lost-b1`` / ``two-lost-durable`` / ``two-lost-b2``: a member killed and two of
   the three slots removed at once, with ``backup_count=1`` (a refusal,
-  ``SnapshotIncompleteError`` naming the partitions), with ``durable_tier="sync"`` too (a
-  restore from the durable copy) and with ``backup_count=2`` (no loss);
+  ``SnapshotIncompleteError`` naming the partitions whose primary and backup were both
+  lost: a backup holds only the byte ranges of the partitions it backs; a round that
+  restores instead is a violation), with ``durable_tier="sync"`` too (a restore from the
+  durable copy) and with ``backup_count=2`` (no loss);
 - ``zombie``: a member SIGSTOPped (it keeps its slot's lock and its links) for 1 to 8 s, or
   until the next execution has committed a snapshot, then SIGCONT: it must never commit
   (on Spark the stage's cancellation kills it, if it is still stopped then);
@@ -37,8 +39,8 @@ and injects one kind of fault, at a random snapshot:
 Per kind the summary gives faults injected, restarts, refusals (by error name), lost and
 duplicated events, and the time from the fault to the first snapshot a later execution
 committed (recovery). A round is valid when exactly-once holds (lost 0, duplicated 0), or,
-for a refusal, when the refusal is the one the kind allows and what was committed before it
-duplicated nothing.
+for a refusal, when the refusal is the one the kind allows (naming what the kind says it
+names, such as the partitions) and what was committed before it duplicated nothing.
 """
 from __future__ import annotations
 
@@ -90,17 +92,20 @@ class Kind:
     refusals: tuple = ()
     standalone: bool = False
     mount: bool = False        # storage_dir must be a small tmpfs of its own
+    names: str = ""            # what a refusal's error must name (e.g. "partitions")
 
 
 KINDS = {k.name: k for k in [
     Kind("kill-member", "recover"),
     Kind("wipe-slot", "recover"),
-    # a processor's chunk file holds all of its partitions, so its backups go to every
-    # slot that backs one of them: on 3 slots, every slot; two lost leave a whole copy
-    Kind("two-lost-b1", "either", refusals=("SnapshotIncompleteError",)),
+    # a backup holds only the byte ranges of the partitions it backs: on 3 slots, two
+    # lost take both copies of a third of the partitions, so the restore is refused
+    # naming them; a restore without that refusal has lost them
+    Kind("two-lost-b1", "refuse", refusals=("SnapshotIncompleteError",),
+         names="partitions"),
     Kind("two-lost-durable", "recover", config=(("durable_tier", "sync"),)),
     Kind("two-lost-b2", "recover", config=(("backup_count", 2),)),
-    Kind("all-lost", "refuse", refusals=("SnapshotIncompleteError",)),
+    Kind("all-lost", "refuse", refusals=("SnapshotIncompleteError",), names="partitions"),
     Kind("all-lost-durable", "recover", config=(("durable_tier", "sync"),)),
     Kind("zombie", "recover"),
     Kind("kill-before-ack", "recover"),
@@ -612,7 +617,8 @@ def _valid(kind: Kind, r: RoundResult, partial: bool) -> bool:
     if r.duplicated or r.wrong or (not partial and r.lost):
         return False
     if r.refusal is not None and kind.expect != "fix":
-        return kind.expect in ("refuse", "either") and r.refusal in kind.refusals
+        return (kind.expect in ("refuse", "either") and r.refusal in kind.refusals
+                and (not kind.names or any(kind.names in e for e in r.errors)))
     if kind.expect == "refuse":
         return r.faults == 0   # a round that injected nothing proves nothing, but is no defect
     return True
