@@ -296,6 +296,20 @@ class Job:
         if isinstance(runner, SparkRunner):
             runner.rescale(self.requested_members)
 
+    def force_start(self) -> dict:
+        """Hazelcast's force start, for a job of the members' storage that a persistence
+        restart refuses (``JobConfig.persistence``, :mod:`sparkjet.runtime.persistence`):
+        deletes the job's folder of ``snapshot_store`` (its log, records, exports and table
+        versions) and the job's data in every storage slot of this host that no running
+        task holds, each path logged as a warning, and marks the store so that the next
+        execution has every member (on every host) empty its slot of the job. The next
+        :meth:`run` starts fresh: from the sources' start, every snapshot given up. Never
+        done implicitly; refused while the job runs. Returns the paths removed
+        (``store``, ``slots``) and the slots held by a running task (``held``)."""
+        from sparkjet.runtime.persistence import force_start
+
+        return force_start(self.config)
+
 
 class JobHandle:
     """A job running in a thread of its own (:meth:`Job.submit`)."""

@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from sparkjet.errors import RecoveryRefusedError, StorageSlotError
 from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
@@ -56,6 +57,8 @@ from sparkjet.runtime.failures import is_deterministic, transient_kind
 from sparkjet.runtime.failures import report as failure_report
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
+from sparkjet.runtime.persistence import recover as persistence_recover
+from sparkjet.runtime.persistence import wait_for_slots
 from sparkjet.runtime.restore import handed_start, own_start, report_fallback
 from sparkjet.runtime.supervision import (
     JobFailedError,
@@ -180,6 +183,11 @@ class SparkRunner:
         result = JobResult(config.id)
         start = time.monotonic()
         attempt, execution = 0, None
+        if config.storage == "members" and config.persistence:
+            # a persistence restart waits (validation_timeout) for its slots' hosts
+            with open_store(config) as store:
+                wait_for_slots(config, store, lambda: available_slots(self.spark),
+                               self.progress)
         while True:
             members = self.members_for_next_execution()
             execution = next_execution(config, len(result.executions), execution)
@@ -232,9 +240,14 @@ class SparkRunner:
         # even be heard.
         tls = self.user_tls or (TLSIdentity.self_signed() if self.tls else None)
         security = LinkSecurity.generate(execution, tls)
+        recover = None
+        if config.storage == "members" and config.persistence and store is not None:
+            def recover(reports, start=start, store=store):
+                return persistence_recover(config, store, plan, execution, start, reports,
+                                           self.progress)
         coord = ExecutionCoordinator(config, execution, topology, host=self.host, security=security,
                                      store=store, progress=self.progress, start=start,
-                                     start_store=start_store)
+                                     start_store=start_store, recover=recover)
         if config.storage == "members":  # records then keep what drivers read without slots
             coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
@@ -283,6 +296,9 @@ class SparkRunner:
             outcome["fallback"] = report_fallback(config, fallback, self.progress, execution)
         try:
             coord.wait_started(config.start_timeout)
+            if coord.start is not start:    # the persistence restart took another snapshot
+                restore_from = outcome["restored_from"] = (
+                    None if coord.start is None else coord.start["snapshot"])
             self.max_members_seen = max(self.max_members_seen, members)
             self.member_pids = dict(coord.pids)
             self.progress({"event": "started", "execution": execution, "members": members,
@@ -293,7 +309,8 @@ class SparkRunner:
             outcome["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
             outcome["status"] = "rescaled" if isinstance(e, _RescaleRequested) else "failed"
-            outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
+            whole = (ExecutionFailedError, RecoveryRefusedError, StorageSlotError)
+            outcome["error"] = str(e) if isinstance(e, whole) else short_error(e)
             report = getattr(e, "report", None) or {}
             deterministic = is_deterministic(e)
             outcome.update(deterministic=deterministic,
@@ -317,6 +334,8 @@ class SparkRunner:
             if store is not None:
                 store.close()
             self.member_pids = {}
+        if coord.recovery is not None:
+            outcome["recovery"] = coord.recovery
         events_in, events_out = coord.counters()
         done = coord.done.values()
         ok = outcome["status"] == "ok"
@@ -385,12 +404,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
-        from sparkjet.runtime.storage import (
-            claim_slot,
-            decode_table,
-            slot_read_handler,
-            slot_write_handler,
-        )
+        from sparkjet.runtime.persistence import after_join, claim, join_report
+        from sparkjet.runtime.storage import decode_table, slot_read_handler, slot_write_handler
 
         for _ in batches:  # one row per task; nothing to read
             pass
@@ -399,7 +414,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         log_to(sys.stderr, job=config.name, execution=execution, member=index)
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
         try:
-            slot = claim_slot(config, execution)   # None: the state is in the shared store
+            # None: the state is in the shared store
+            slot, notes = claim(config, execution)
         except Exception as e:
             _report_before_join(coordinator, security, index, e)
             raise
@@ -416,8 +432,10 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, config.start_timeout,
-                              None if slot is None else slot.join_report(config.id))
+                              None if slot is None else join_report(config, slot, notes,
+                                                                    execution))
                 if slot is not None:
+                    after_join(config, slot, answer, execution)
                     # placed after join: the driver's table over the members' slots
                     table = decode_table(answer["table"], "the driver's join answer")
                     slot.write_table(config.id, table.to_bytes())
