@@ -28,6 +28,7 @@ from sparkjet.runtime.lifecycle import (
 )
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.observability import JobMetrics, MetricsServer, ProgressView
+from sparkjet.runtime.persistence import force_start
 from sparkjet.runtime.restore import log_plan, open_point, plan_restore, start_point
 from sparkjet.runtime.snapshotting import read_fingerprint
 from sparkjet.runtime.spark_runner import SparkRunner
@@ -306,8 +307,6 @@ class Job:
         :meth:`run` starts fresh: from the sources' start, every snapshot given up. Never
         done implicitly; refused while the job runs. Returns the paths removed
         (``store``, ``slots``) and the slots held by a running task (``held``)."""
-        from sparkjet.runtime.persistence import force_start
-
         return force_start(self.config)
 
 

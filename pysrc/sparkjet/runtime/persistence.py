@@ -74,7 +74,9 @@ from sparkjet.errors import (
     StorageSlotError,
 )
 from sparkjet.partition_table import PartitionTable
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
+from sparkjet.runtime.lifecycle import RunLock
+from sparkjet.runtime.restore import handed_start
 from sparkjet.runtime.storage import claim_slot
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
@@ -299,8 +301,6 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
     over the committed snapshots. Raises RecoveryRefusedError (the policy cannot restore),
     StorageSlotError (a stale slot, ``auto_remove_stale_data=False``) or
     ExecutionFailedError (metadata rebuilt: the next execution restores it)."""
-    from sparkjet.runtime.restore import handed_start
-
     recovery = Recovery(start)
     removed = [p for r in reports for p in r.get("removed") or []]
     if _marked(store):
@@ -622,9 +622,6 @@ def force_start(config: JobConfig) -> dict:
     table versions) and its data in every slot of this host's ``storage_dir`` that no
     running task holds; leaves the ``FORCE_START`` mark, at which the next execution has
     every member empty its slot of the job. Logs each path. Returns what it removed."""
-    from sparkjet.runtime.config import open_store
-    from sparkjet.runtime.lifecycle import RunLock
-
     if config.storage != "members":
         raise InvalidArgumentError(
             f"job {config.name!r}: force start deletes the data of the members' storage "
