@@ -4,7 +4,8 @@ every member's Python worker is SIGKILLed and the job object abandoned (its driv
 run is cancelled, no restart, nothing graceful); a new Job of the same configuration (a new
 driver) restarts it from the slots on disk, under the recovery policies, after faults done
 to the slots and the store by hand (a slot lost, a snapshot's files lost, the store's job
-folder lost, force start)."""
+folder lost, force start). Each runs for 8-15 s on Spark: the default run keeps the
+whole-job restart and the refusal of FULL_RECOVERY_ONLY; the others are marked long."""
 import os
 import shutil
 import signal
@@ -79,7 +80,7 @@ def test_whole_job_restart_restores_the_newest_snapshot_exactly_once(spark, tmp_
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
-@pytest.mark.parametrize("backup_count", [0, 1])
+@pytest.mark.parametrize("backup_count", [0, pytest.param(1, marks=pytest.mark.long)])
 def test_full_recovery_only_with_a_slot_lost(spark, tmp_path, backup_count):
     """A slot's folder is gone after the kill: with a backup of every partition on the
     other slot the restart restores the newest snapshot exactly once; without backups it is
@@ -104,17 +105,22 @@ def test_full_recovery_only_with_a_slot_lost(spark, tmp_path, backup_count):
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
-@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
-def test_partial_recovery_most_recent_takes_an_older_snapshot_only_where_allowed(
-        spark, tmp_path, guarantee):
+@pytest.mark.long
+@pytest.mark.parametrize("guarantee,policy", [
+    ("exactly-once", "PARTIAL_RECOVERY_MOST_RECENT"),
+    ("at-least-once", "PARTIAL_RECOVERY_MOST_RECENT"),
+    ("at-least-once", "PARTIAL_RECOVERY_MOST_COMPLETE")])
+def test_a_partial_policy_takes_an_older_snapshot_only_where_allowed(
+        spark, tmp_path, guarantee, policy):
     """The newest snapshot's files are gone from both slots (backup_count 0, its folder
-    deleted in one slot): PARTIAL_RECOVERY_MOST_RECENT finds the older snapshot complete.
+    deleted in one slot): PARTIAL_RECOVERY_MOST_RECENT finds the older snapshot complete, as
+    does PARTIAL_RECOVERY_MOST_COMPLETE (both slots hold the same table).
     Under exactly-once with a transactional sink that replays output the newer snapshot's
     phase 2 committed: refused, saying so. Under at-least-once it is restored, the newer
     snapshot reported given up, and nothing is lost."""
     source = _source()
     kw = dict(backup_count=0, processing_guarantee=guarantee,
-              cluster_data_recovery_policy="PARTIAL_RECOVERY_MOST_RECENT")
+              cluster_data_recovery_policy=policy)
     events = _run_and_kill_all(spark, _job(tmp_path, source, **kw), after=2)
     committed = _committed(events)
     newest = committed[-1]
@@ -143,6 +149,7 @@ def test_partial_recovery_most_recent_takes_an_older_snapshot_only_where_allowed
     assert report.valid and report.lost_count == 0, str(report)
 
 
+@pytest.mark.long
 def test_lost_driver_metadata_is_rebuilt_from_the_slots_record_copies(spark, tmp_path):
     source = _source()
     """The store's folder of the job is deleted after the kill: the new driver finds no
@@ -166,6 +173,7 @@ def test_lost_driver_metadata_is_rebuilt_from_the_slots_record_copies(spark, tmp
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+@pytest.mark.long
 def test_force_start_wipes_the_job_and_starts_fresh(spark, tmp_path):
     source = _source()
     events = _run_and_kill_all(spark, _job(tmp_path, source, backup_count=0), after=1)

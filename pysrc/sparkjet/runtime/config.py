@@ -174,7 +174,8 @@ class JobConfig:
       execution, for as many task slots as the newest committed snapshot had slots;
       ``data_load_timeout`` (900 s): how long each member may take to verify its slot's
       replicas of the committed snapshots against the records' checksums before it joins
-      (what it has not verified by then counts as not held);
+      (what it has not verified by then counts as not held; an execution's members get
+      ``start_timeout`` plus this long to start);
       ``cluster_data_recovery_policy``: "FULL_RECOVERY_ONLY" (the default: every
       partition of the newest committed snapshot must be held by a slot present, else the
       job is refused, naming the partitions, slots and hosts), "PARTIAL_RECOVERY_MOST_RECENT"

@@ -295,7 +295,7 @@ class SparkRunner:
         if fallback is not None:
             outcome["fallback"] = report_fallback(config, fallback, self.progress, execution)
         try:
-            coord.wait_started(config.start_timeout)
+            coord.wait_started(start_wait(config))
             if coord.start is not start:    # the persistence restart took another snapshot
                 restore_from = outcome["restored_from"] = (
                     None if coord.start is None else coord.start["snapshot"])
@@ -419,7 +419,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         except Exception as e:
             _report_before_join(coordinator, security, index, e)
             raise
-        late = _LateMember(config.start_timeout)
+        late = _LateMember(start_wait(config))
         try:
             if slot is None:
                 late.set(Member(plan, config, execution, topology=topology, index=index,
@@ -431,7 +431,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                 server.on_put("slot_write", slot_write_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
-                answer = join(client, index, server.location, config.start_timeout,
+                answer = join(client, index, server.location, start_wait(config),
                               None if slot is None else join_report(config, slot, notes,
                                                                     execution))
                 if slot is not None:
@@ -457,6 +457,14 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                                           "refused": pa.array([refused], pa.int64())})
 
     return task
+
+
+def start_wait(config: JobConfig) -> float:
+    """How long the members of an execution may take to start: ``start_timeout``, and with
+    persistence ``data_load_timeout`` more (each member verifies its slot before it joins)."""
+    if config.storage == "members" and config.persistence:
+        return config.start_timeout + config.data_load_timeout
+    return config.start_timeout
 
 
 def _report_before_join(coordinator: str, security: LinkSecurity, index: int,
