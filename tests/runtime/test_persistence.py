@@ -166,3 +166,150 @@ def test_force_start_removes_the_jobs_data_and_marks_the_store(tmp_path):
         assert not os.path.exists(os.path.join(job_folder, FORCE_START))
         after_join(config, held, {"wipe": "force start"}, 0)
         assert held.newest_execution(config.id) == 0
+
+
+# -- the driver's decision over real slots and records (no Spark) -----------------------------
+
+
+def _snapshots(tmp_path, config, ids=(0, 1)):
+    """Snapshots ``ids`` of execution 1 written into two slots of hosts a and b (no
+    backups), committed with a table over them, each slot keeping the record copies."""
+    import base64
+
+    import pyarrow as pa
+
+    from sparkjet.partition_table import PartitionTable
+
+    a = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True)
+    b = StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+    store = open_store(config)
+    store.register_execution(1)
+    for sid in ids:
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            w = store.writer(sid, 1, writer=i, partition_count=7, slot=slot)
+            w.write_table("agg", pa.table({"key": pa.array(range(i * 100, i * 100 + 100),
+                                                           pa.int64())}), key="key")
+            manifests.append(w.finish())
+        store.commit(sid, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        data, _, _ = store.committed_record(sid)
+        for slot in (a, b):
+            slot.write_record(config.id, sid, data, execution=1)
+    return store, a, b
+
+
+def _reports(config, execution, *slots):
+    return [join_report(config, s, {"seen": s.newest_execution(config.id)}, execution)
+            for s in slots]
+
+
+def _start(config, store, sid):
+    from sparkjet.runtime.restore import handed_start
+
+    return handed_start(config, store, sid)[2]
+
+
+def test_full_recovery_only_counts_every_partition_against_the_slots_present(tmp_path):
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    store, a, b = _snapshots(tmp_path, config)
+    with a, b:
+        store.register_execution(2)
+        events = []
+        recovery = recover(config, store, None, 2, _start(config, store, 1),
+                           _reports(config, 2, a, b), events.append)
+        assert recovery.report["snapshot"] == 1 and recovery.report["given_up"] == []
+        assert recovery.report["slots"][b.uuid]["holds"] == [0, 1]
+        assert recovery.report["slots"][a.uuid]["verified"] == 2    # one file per snapshot
+        # slot b's host never comes back
+        from sparkjet.errors import RecoveryRefusedError
+
+        with pytest.raises(RecoveryRefusedError) as e:
+            recover(config, store, None, 2, _start(config, store, 1), _reports(config, 2, a),
+                    events.append)
+        text = str(e.value)
+        assert "refused (FULL_RECOVERY_ONLY): the newest committed snapshot 1 lacks agg: " \
+               "partitions" in text and f"{b.uuid} (host b)" in text, text
+        assert "Job.force_start()" in text and "partial policy" in text, text
+        assert events[-1]["event"] == "recovery" and events[-1]["snapshot"] is None
+        assert list(events[-1]["missing"]["agg"]["slots"]) == [b.uuid]
+
+
+@pytest.mark.parametrize("fault", ["flipped", "timeout"])
+def test_a_replica_that_does_not_verify_in_time_counts_as_not_held(tmp_path, fault):
+    """A flipped byte in slot b's file of snapshot 1 (its checksum fails): snapshot 1 is
+    not complete, and the partial policy takes snapshot 0 at-least-once, saying what it
+    gave up. No time to verify anything (data_load_timeout=0): nothing is held, refused."""
+    config = _config(tmp_path, processing_guarantee="at-least-once",
+                     cluster_data_recovery_policy="PARTIAL_RECOVERY_MOST_RECENT",
+                     data_load_timeout=0 if fault == "timeout" else 900)
+    store, a, b = _snapshots(tmp_path, config)
+    with a, b:
+        if fault == "flipped":
+            (path,) = [p for p in _files(b, config.id) if "000000000001-e" in p]
+            with open(path, "r+b") as f:
+                f.seek(os.path.getsize(path) - 5)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0xFF]))
+        store.register_execution(2)
+        events = []
+        reports = _reports(config, 2, a, b)
+        if fault == "timeout":
+            from sparkjet.errors import RecoveryRefusedError
+
+            with pytest.raises(RecoveryRefusedError, match="not verified within "
+                                                           "data_load_timeout=0 s"):
+                recover(config, store, None, 2, _start(config, store, 1), reports,
+                        events.append)
+            assert all(s["unverified"] == 2 for s in events[-1]["slots"].values())
+            return
+        recovery = recover(config, store, None, 2, _start(config, store, 1), reports,
+                           events.append)
+        report = recovery.report
+        assert report["snapshot"] == 0 and report["given_up"] == [1], report
+        assert report["replay_from"] == 0 and recovery.start["snapshot"] == 0
+        assert report["slots"][b.uuid]["bad"] and report["slots"][b.uuid]["holds"] == [0]
+        assert store.rollbacks() == [0]      # the newer snapshot no longer counts
+
+
+def test_exactly_once_refuses_an_older_snapshot_behind_a_transactional_sink(tmp_path):
+    from sparkjet.errors import RecoveryRefusedError
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import GeneratorSource
+
+    dag = Pipeline().read_from(GeneratorSource(total=10)).write_to(
+        TransactionalFileSink(tmp_path / "out")).plan()
+    config = _config(tmp_path, cluster_data_recovery_policy="PARTIAL_RECOVERY_MOST_RECENT")
+    store, a, b = _snapshots(tmp_path, config)
+    with a, b:
+        for p in _files(b, config.id):
+            if "000000000001-e" in p:
+                os.remove(p)
+        store.register_execution(2)
+        with pytest.raises(RecoveryRefusedError, match=r"would restore snapshot 0,.* exactly-once "
+                                                       r"refuses it"):
+            recover(config, store, dag, 2, _start(config, store, 1), _reports(config, 2, a, b),
+                    lambda e: None)
+        assert store.rollbacks() == []
+
+
+def test_validation_waits_for_as_many_task_slots_as_the_record_had_slots(tmp_path):
+    from sparkjet.runtime.persistence import wait_for_slots
+
+    config = _config(tmp_path, validation_timeout=0.3)
+    store, a, b = _snapshots(tmp_path, config, ids=(0,))
+    with a, b:
+        events = []
+        wait_for_slots(config, store, lambda: 1, events.append)
+        assert [(e["event"], e["slots"], e["wanted"]) for e in events] == [("waiting", 1, 2)]
+        events.clear()
+        wait_for_slots(config, store, lambda: 2, events.append)
+        assert events == []
+
+
+def _files(slot, job):
+    root = os.path.join(slot.job_path(job), "replicas")
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".chunks")]

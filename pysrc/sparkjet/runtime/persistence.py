@@ -511,6 +511,12 @@ def _refusal(config, policy, newest, missing, records, present, committed) -> st
             f"committed snapshot {newest} lacks {_where(missing[newest])}; no slot present "
             f"holds a verified copy (they were in slot(s) {_slots_named(missing[newest], rec)}; "
             f"slots present: {', '.join(sorted(present)) or 'none'})")
+    gone = set().union(*(g for _, g in missing[newest].values()))
+    unloaded = sorted(gone & set(present))
+    if unloaded:
+        head += (f"; slot(s) {', '.join(unloaded)} are present, but their copies failed to "
+                 f"verify or were not verified within data_load_timeout="
+                 f"{config.data_load_timeout:g} s (the recovery event lists them)")
     if policy == FULL:
         older = [s for s in reversed(committed[:-1]) if not missing[s]]
         alt = (f", or a partial policy (cluster_data_recovery_policy="
