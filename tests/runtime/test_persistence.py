@@ -313,3 +313,21 @@ def test_validation_waits_for_as_many_task_slots_as_the_record_had_slots(tmp_pat
 def _files(slot, job):
     root = os.path.join(slot.job_path(job), "replicas")
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".chunks")]
+
+
+def test_the_cli_force_starts_a_job_by_name(tmp_path, capsys):
+    from sparkjet.cli.main import main
+
+    config = _config(tmp_path)
+    free = _future_slot(config)
+    store = open_store(config)
+    store.register_execution(3)
+    store.close()
+    assert main(["snapshots", "force-start", config.snapshot_store, "--job", config.name,
+                 "--storage-dir", config.storage_dir]) == 0
+    out = capsys.readouterr().out
+    job_folder = os.path.join(config.snapshot_store, layout.job_dir(config.id))
+    assert f"removed {os.path.join(job_folder, 'log')}" in out
+    assert f"removed {os.path.join(free, 'jobs', layout.job_dir(config.id))}" in out
+    assert os.path.exists(os.path.join(job_folder, FORCE_START))
+    assert open_store(config).current_execution() is None
