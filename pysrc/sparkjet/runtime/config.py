@@ -186,8 +186,8 @@ class JobConfig:
       pipeline has a transactional sink or an acknowledging source;
       ``auto_remove_stale_data`` (True): a slot whose job data is corrupt or from the future
       (newer than the driver's records) is emptied of this job's data, logged with its
-      path; False: refused, naming the path; ``rebalance_delay`` (0 s): accepted for
-      Hazelcast's name, not acted on yet (a lost slot's backups are promoted at once).
+      path; False: refused, naming the path; ``rebalance_delay`` (0 s): only 0 for now (a
+      lost slot's backups are promoted at once; a delay is refused, not ignored).
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
@@ -282,6 +282,11 @@ class JobConfig:
             raise InvalidArgumentError(
                 f"JobConfig.{given[0]} is a setting of a persistence restart, which needs "
                 f"storage=\"members\" and persistence=True; {why}")
+        if self.rebalance_delay:
+            raise InvalidArgumentError(
+                f"JobConfig.rebalance_delay={self.rebalance_delay:g}: a delay before a lost "
+                "slot's backups are promoted is not built yet (issue 25); they are promoted at "
+                "once, as with rebalance_delay=0")
         if persisted:
             for k, default in PERSISTENCE_DEFAULTS.items():
                 if getattr(self, k) is None:

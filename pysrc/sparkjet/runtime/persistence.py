@@ -48,8 +48,8 @@ this host's ``storage_dir`` that no running task holds, and leaves a ``FORCE_STA
 the store, at which the next execution has every member empty its slot of the job. Logged
 path by path. Never implicit.
 
-Not yet: ``rebalance_delay`` (accepted, not acted on: a lost slot's backups are promoted at
-once) and Merkle-tree resync of a slot that missed snapshots (issue 25, item 2).
+Not yet: a ``rebalance_delay`` other than 0 (refused by ``JobConfig``: a lost slot's backups
+are promoted at once) and Merkle-tree resync of a slot that missed snapshots (issue 25, item 2).
 """
 from __future__ import annotations
 
