@@ -12,9 +12,11 @@ Hazelcast's settings (``JobConfig``):
 2. **Load** (``data_load_timeout``, 900 s): each member claims its slot (a corrupt
    ``MEMBER.json``, FENCE, table or record copy is removed, or refused naming its path,
    per ``auto_remove_stale_data``: :func:`claim`), verifies its replicas of the committed
-   snapshots against the records' checksums (every chunk's, read whole) and joins with a
-   report of what it holds (:func:`join_report`); a file it had no time to verify counts
-   as not held.
+   snapshots against the records' checksums (every chunk's, read whole; in the first
+   execution of a run, not at the restarts after it, whose restores check every chunk they
+   read) and joins with a report of what it holds (:func:`join_report`); a file it had no
+   time to verify counts as not held. A file of a snapshot whose record copy the slot
+   lacks (phase 2 did not reach it) counts by its size, checked as the restore reads it.
 3. **Policy** (``cluster_data_recovery_policy``, :func:`recover`, on the driver once every
    member joined): every file of a snapshot must be held by a slot present, verified (or
    have a durable copy). ``FULL_RECOVERY_ONLY`` restores the newest committed snapshot or
@@ -166,21 +168,25 @@ def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:
     return [f"{where}: {p}" for p in problems]
 
 
-def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: int) -> dict:
+def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: int,
+                verify: bool = True) -> dict:
     """The slot's join report (:meth:`~sparkjet.snapshot.slots.StorageSlot.join_report`);
     with persistence also ``seen`` (the newest execution the slot had seen before this
     one), ``held`` (the chunk files it holds, by snapshot folder, with their sizes),
     ``loaded`` (per record copy: the files verified against its checksums, those that
     failed and why, those not verified within ``data_load_timeout``), ``removed`` (corrupt
     data given up) and, when the slot has seen this execution or a newer one (the driver's
-    log is behind the slots: lost), ``record``: its newest record copy (base64)."""
+    log is behind the slots: lost), ``record``: its newest record copy (base64).
+    ``verify`` False (an execution after the first of a run): ``loaded`` is empty and the
+    files count by their size (the restore checks every chunk it reads)."""
     report = slot.join_report(config.id)
     if not _persisted(config):
         return report
     job = config.id
     seen = notes.get("seen")
     report.update(seen=seen, removed=notes.get("removed") or [], held=_held(slot, job),
-                  loaded=_load(config, slot, time.monotonic() + config.data_load_timeout))
+                  loaded=_load(config, slot, time.monotonic() + config.data_load_timeout)
+                  if verify else {})
     if seen is not None and seen >= execution and report["records"]:
         report["record"] = base64.b64encode(
             slot.read_record(job, report["records"][-1])).decode()

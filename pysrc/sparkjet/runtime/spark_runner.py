@@ -121,6 +121,10 @@ class SparkRunner:
         self._warned = False
         self._stop_requested = False
         self.cancelled = False
+        #: with persistence: whether an execution of this run has started, so its slots
+        #: were verified (later executions' members skip it: their restore checks every
+        #: chunk it reads, and a restart is what recovery time is measured on)
+        self._loaded = False
 
     def request_stop(self) -> None:
         """Stops the job gracefully: its next snapshot is the terminal one."""
@@ -251,7 +255,7 @@ class SparkRunner:
         if config.storage == "members":  # records then keep what drivers read without slots
             coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
-                           security)
+                           security, verify=not self._loaded)
         member_refusals: list[int] = []
         # The stage's tag: interruptTag cancels it, on a classic session and over Spark
         # Connect alike (a job group needs the SparkContext). Tags are per thread.
@@ -296,6 +300,7 @@ class SparkRunner:
             outcome["fallback"] = report_fallback(config, fallback, self.progress, execution)
         try:
             coord.wait_started(start_wait(config))
+            self._loaded = True
             if coord.start is not start:    # the persistence restart took another snapshot
                 restore_from = outcome["restored_from"] = (
                     None if coord.start is None else coord.start["snapshot"])
@@ -389,10 +394,11 @@ def spark_security_warning(conf) -> str | None:
 
 
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
-                security: LinkSecurity):
+                security: LinkSecurity, verify: bool = True):
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``. The
     execution's credentials travel inside it (the pickled closure), never through Spark's
-    configuration, job descriptions or UI."""
+    configuration, job descriptions or UI. ``verify``: with persistence, the member checks
+    its slot's replicas against the records before it joins (the first execution of a run)."""
 
     def task(batches):
         # Imported where the task runs, in a Spark Python worker (this function is pickled
@@ -433,7 +439,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, start_wait(config),
                               None if slot is None else join_report(config, slot, notes,
-                                                                    execution))
+                                                                    execution, verify))
                 if slot is not None:
                     after_join(config, slot, answer, execution)
                     # placed after join: the driver's table over the members' slots
