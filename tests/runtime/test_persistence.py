@@ -44,6 +44,9 @@ def test_the_settings_take_hazelcasts_names_and_defaults(tmp_path):
     with pytest.raises(InvalidArgumentError, match="rebalance_delay .* persistence is False"):
         JobConfig(snapshot_store=str(tmp_path), storage="members", rebalance_delay=5)
     assert JobConfig(snapshot_store=str(tmp_path)).validation_timeout is None
+    import dataclasses
+
+    assert dataclasses.replace(_config(tmp_path), persistence=False).validation_timeout is None
     with pytest.raises(InvalidArgumentError, match="rebalance_delay=240: a delay .* not built"):
         _config(tmp_path, rebalance_delay=240)
     assert _config(tmp_path, rebalance_delay=0).rebalance_delay == 0

@@ -272,8 +272,14 @@ class JobConfig:
                 "host (the default is in memory, which a restart of the host empties)")
         if self.storage_dir is not None:
             object.__setattr__(self, "storage_dir", os.path.abspath(self.storage_dir))
-        given = [k for k in PERSISTENCE_DEFAULTS if getattr(self, k) is not None]
+        # not given is None; the defaults filled in below are taken for not given too, so
+        # that dataclasses.replace(config, persistence=False) works
+        given = [k for k, default in PERSISTENCE_DEFAULTS.items()
+                 if getattr(self, k) is not None and getattr(self, k) != default]
         persisted = self.storage == "members" and self.persistence
+        if not persisted:
+            for k in PERSISTENCE_DEFAULTS:
+                object.__setattr__(self, k, None)
         if given and not persisted:
             why = ("storage is \"shared\": every snapshot is in snapshot_store, and a restart "
                    "reads it there" if self.storage != "members" else
