@@ -79,10 +79,10 @@ from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.lifecycle import RunLock
 from sparkjet.runtime.restore import handed_start
-from sparkjet.runtime.storage import claim_slot
+from sparkjet.runtime.storage import claim_slot, held_ranges
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
-from sparkjet.snapshot.chunks import read_chunks
+from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
 from sparkjet.snapshot.slots import RECORDS, REPLICAS, TABLE, StorageSlot
 
 _log = logging.getLogger("sparkjet.job")
@@ -207,18 +207,28 @@ def after_join(config: JobConfig, slot: StorageSlot, answer: dict, execution: in
 
 
 def _held(slot: StorageSlot, job: int) -> dict:
-    """``{snapshot folder: {"VERTEX/FILE": size}}`` of the chunk files in the slot."""
+    """``{snapshot folder: {"VERTEX/FILE": [size, ranges]}}`` of the chunk files in the slot:
+    ``ranges`` None for a whole file (the writer's), else the ``[start, end]`` byte ranges a
+    backup's copy holds (its ``.ranges`` sidecar; a copy whose sidecar does not read is left
+    out, logged)."""
     root = slot.job_path(job, REPLICAS, layout.SNAPSHOTS)
     out: dict = {}
     for d in _names(root):
         for vertex in _names(os.path.join(root, d)):
             for name in _names(os.path.join(root, d, vertex)):
-                if name.endswith(".chunks"):
-                    try:
-                        size = os.stat(os.path.join(root, d, vertex, name)).st_size
-                    except FileNotFoundError:
-                        continue
-                    out.setdefault(d, {})[f"{vertex}/{name}"] = size
+                if not name.endswith(".chunks"):
+                    continue
+                path = os.path.join(root, d, vertex, name)
+                try:
+                    size = os.stat(path).st_size
+                    held = held_ranges(path)
+                except FileNotFoundError:
+                    continue
+                except SnapshotCorruptError as e:
+                    _log.warning("storage slot %s: %s: the copy counts as not held", slot.path, e)
+                    continue
+                out.setdefault(d, {})[f"{vertex}/{name}"] = [
+                    size, None if held is None else [list(r) for r in held[1]]]
     return out
 
 
@@ -243,7 +253,8 @@ def _load(config: JobConfig, slot: StorageSlot, deadline: float) -> dict:
                     continue
                 path = slot.job_path(job, REPLICAS, layout.SNAPSHOTS, folder, f.path)
                 try:
-                    _verify_file(path, f, job, sid)
+                    held = held_ranges(path)
+                    _verify_file(path, f, job, sid, None if held is None else held[1])
                     verified += 1
                 except (SparkjetError, OSError) as e:
                     bad[rel] = f"{type(e).__name__}: {e}"
@@ -255,20 +266,31 @@ def _load(config: JobConfig, slot: StorageSlot, deadline: float) -> dict:
     return out
 
 
-def _verify_file(path: str, f: meta.FileRecord, job: int, snapshot: int) -> None:
-    """Every chunk of the file at ``path`` read and checked against its record ``f``."""
+def _verify_file(path: str, f: meta.FileRecord, job: int, snapshot: int, ranges) -> None:
+    """Every chunk of the file at ``path`` that it holds (all, or those inside ``ranges``:
+    a backup's copy) read and checked against its record ``f``."""
     size = os.stat(path).st_size
     if size != f.bytes:
         raise SnapshotCorruptError(path, min(size, f.bytes), "file size",
                                    f"{size} bytes, record says {f.bytes}")
-    if size == 0:
+    wanted = [c for c in f.chunks if _inside(ranges, c)]
+    if not wanted:
         return
     with pa.memory_map(path) as file:       # pieces of it live on as the payloads
-        chunks = read_chunks(file.read_buffer(), path)
-    if len(chunks) != len(f.chunks):
-        raise SnapshotCorruptError(path, 0, "chunk count",
-                                   f"{len(chunks)}, record says {len(f.chunks)}")
-    for (offset, header, _), want in zip(chunks, f.chunks):
+        buf = file.read_buffer()
+    if ranges is None:
+        found = read_chunks(buf, path)
+        if len(found) != len(f.chunks):
+            raise SnapshotCorruptError(path, 0, "chunk count",
+                                       f"{len(found)}, record says {len(f.chunks)}")
+    else:
+        found = []
+        for c in wanted:
+            span = read_chunks(buf.slice(c.offset, HEADER_SIZE + c.stored_size), path)
+            if len(span) != 1:
+                raise SnapshotCorruptError(path, c.offset, "chunk", "not one chunk there")
+            found.append((c.offset + span[0][0], span[0][1], span[0][2]))
+    for (offset, header, _), want in zip(found, wanted):
         for what, got, expected in (("offset", offset, want.offset),
                                     ("checksum", header.checksum, want.checksum),
                                     ("stored size", header.stored_size, want.stored_size),
@@ -277,6 +299,14 @@ def _verify_file(path: str, f: meta.FileRecord, job: int, snapshot: int) -> None
                                     ("partition", header.partition, want.partition)):
             if got != expected:
                 raise SnapshotCorruptError(path, offset, what, f"{got}, record says {expected}")
+
+
+def _inside(ranges, c) -> bool:
+    """Whether chunk ``c`` lies in ``ranges`` (``[start, end]`` pairs; None: everything)."""
+    if ranges is None:
+        return True
+    end = c.offset + HEADER_SIZE + c.stored_size
+    return any(s <= c.offset and end <= e for s, e in ranges)
 
 
 def _names(folder: str) -> list[str]:
@@ -421,35 +451,47 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
     return recovery
 
 
-def _counts(r: dict, rec: meta.ValidationRecord, f: meta.FileRecord) -> bool:
-    """Whether the slot of report ``r`` holds a verified copy of ``f`` of ``rec``."""
+def _held_chunks(r: dict, rec: meta.ValidationRecord, f: meta.FileRecord) -> set[int]:
+    """The indexes of the chunks of ``f`` (of ``rec``) that the slot of report ``r`` holds
+    verified: every one of a whole copy, those in a backup's ranges; none when its copy is
+    missing, of another size, failed to verify or was not verified in time."""
     folder = layout.snapshot_dir(rec.snapshot_id, rec.execution_id)
-    if (r.get("held") or {}).get(folder, {}).get(f.path) != f.bytes:
-        return False
+    entry = (r.get("held") or {}).get(folder, {}).get(f.path)
+    if not entry or entry[0] != f.bytes:
+        return set()
     loaded = (r.get("loaded") or {}).get(str(rec.snapshot_id))
     rel = f"{folder}/{f.path}"
-    return loaded is None or (rel not in loaded.get("bad", {})
-                              and rel not in loaded.get("unverified", []))
+    if loaded is not None and (rel in loaded.get("bad", {})
+                               or rel in loaded.get("unverified", [])):
+        return set()
+    return {i for i, c in enumerate(f.chunks) if _inside(entry[1], c)}
 
 
 def _missing(rec: meta.ValidationRecord, present: dict) -> dict[str, tuple[set, set]]:
-    """vertex -> (partitions, slots that held them) of the files of ``rec`` no slot
+    """vertex -> (partitions, slots that held them) of the chunks of ``rec`` that no slot
     present holds verified (and no durable copy has)."""
     out: dict[str, tuple[set, set]] = {}
     for vertex, v in rec.vertices.items():
         for f in v.files:
-            if f.durable or any(u in present and _counts(present[u], rec, f)
-                                for u in f.holders):
+            if f.durable:
                 continue
-            parts, gone = out.setdefault(vertex, (set(), set()))
-            parts.update(c.partition for c in f.chunks)
-            gone.update(f.holders)
+            covered: set[int] = set()
+            for u in f.holders:
+                if u in present:
+                    covered |= _held_chunks(present[u], rec, f)
+            lost = [c.partition for i, c in enumerate(f.chunks) if i not in covered]
+            if lost:
+                parts, gone = out.setdefault(vertex, (set(), set()))
+                parts.update(lost)
+                gone.update(f.holders)
     return out
 
 
 def _holds_whole(rec: meta.ValidationRecord, uuid: str, r: dict) -> bool:
+    """Whether the slot holds its share of ``rec``: some verified chunks of every file that
+    names it."""
     files = [f for v in rec.vertices.values() for f in v.files if uuid in f.holders]
-    return bool(files) and all(_counts(r, rec, f) for f in files)
+    return bool(files) and all(_held_chunks(r, rec, f) for f in files)
 
 
 def _table_version(text: str | None):
