@@ -23,7 +23,10 @@ the snapshot store: the ``join`` answer also carries the partition table over th
 slots and the snapshot to start from with its committed record (``start``), the
 ``store_read`` action serves the store's files of that snapshot (durable copies, an export)
 to the members, and the phase-2 command carries the committed record, which every slot
-keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``).
+keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``). With persistence
+the placement first hands the slots' reports to ``recover``
+(:func:`~sparkjet.runtime.persistence.recover`): it may pick another snapshot to start from,
+tell members to empty their slot of the job (``wipe`` in their answer) or refuse the start.
 """
 from __future__ import annotations
 
