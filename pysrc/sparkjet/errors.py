@@ -188,6 +188,16 @@ class SnapshotIncompleteError(SparkjetError, ValueError):
     chunk, a wrong count, job or checksum): it is refused whole, never restored in part."""
 
 
+class RecoveryRefusedError(SnapshotIncompleteError):
+    """A persistence restart (``JobConfig.persistence`` on the members' storage) cannot
+    restore what its ``cluster_data_recovery_policy`` allows from the slots present: the
+    message names the snapshot, the missing partitions, the slots and hosts that held them,
+    and what to do (bring them back, a partial policy, or ``Job.force_start()``). A replay
+    over the same slots would find the same."""
+
+    deterministic = True
+
+
 class SnapshotMismatchError(SparkjetError, ValueError):
     """A snapshot was taken by a pipeline of another shape than the one restoring it."""
 

@@ -1,7 +1,9 @@
 """``sparkjet snapshots list|show|verify URI``: look inside a snapshot store, without
 changing it: a missing store or job is an error, never created. ``sparkjet snapshots
-rollback URI --job NAME --to ID`` is the one action that changes a store: it makes one of
-the job's retained snapshots the one it resumes from, and the newer ones unusable."""
+rollback URI --job NAME --to ID`` changes a store: it makes one of the job's retained
+snapshots the one it resumes from, and the newer ones unusable; ``sparkjet snapshots
+force-start URI --job NAME --storage-dir DIR`` deletes a job of the members' storage, its
+snapshots and its slots' data (``Job.force_start()``)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +52,20 @@ def add_parser(commands) -> None:
     p.add_argument("--to", type=int, required=True, metavar="SNAPSHOT_ID",
                    help="the snapshot id to go back to (`sparkjet snapshots list` shows them)")
     p.set_defaults(command="snapshots rollback", run=_rollback, parser=p)
+    help_ = ("force start a job of the members' storage that a persistence restart refuses: "
+             "delete its snapshots and its data in the storage slots, so that it starts empty")
+    p = sub.add_parser("force-start", help=help_, description=help_ + (
+        " (Job.force_start()). The job must not be running. Removes the job's folder of the "
+        "store and its data in every slot under --storage-dir on this host that no running "
+        "task holds, printing each path, and marks the store so that the next run has every "
+        "member, on every host, empty its slot of the job."))
+    p.add_argument("uri", help="the snapshot store: a directory, or s3://, hdfs://, gs:// ...")
+    p.add_argument("--job", required=True,
+                   help="the job's name (JobConfig.name), or its id (decimal or 0x hex)")
+    p.add_argument("--storage-dir", default=None,
+                   help="JobConfig.storage_dir of the job (default: SPARKJET_STORAGE_DIR, else "
+                        "JobConfig's default)")
+    p.set_defaults(command="snapshots force-start", run=_force_start, parser=p)
 
 
 def add_jobs_parser(commands) -> None:
@@ -223,6 +239,27 @@ def _rollback(args) -> int:
           + (f"snapshots {replaced} set aside (no longer restorable). " if replaced else "")
           + f"The next run resumes from snapshot {args.to}: output its sinks committed after "
             f"it is written again.")
+    return 0
+
+
+def _force_start(args) -> int:
+    # The job runtime loads only for this action (it deletes what the runtime keeps).
+    from sparkjet.runtime.config import JobConfig
+    from sparkjet.runtime.persistence import force_start
+
+    try:
+        job_id, name = int(args.job, 0), f"job {args.job}"
+    except ValueError:
+        job_id, name = None, args.job
+    config = JobConfig(name=name, job_id=job_id, snapshot_store=args.uri, storage="members",
+                       storage_dir=args.storage_dir)
+    removed = force_start(config)
+    for path in removed["store"] + removed["slots"]:
+        print(f"removed {path}")
+    for path in removed["held"]:
+        print(f"held by a running task (emptied by the next execution): {path}")
+    print(f"job {args.job!r}: force start: its next run starts empty; every member empties "
+          f"its slot of the job at the next execution")
     return 0
 
 

@@ -52,6 +52,13 @@ MaxBatchDelay = Annotated[float, Meta(ge=0, le=MAX_BATCH_DELAY, extra={"limit": 
 
 Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.base.GUARANTEES
 Codec = Literal["lz4", "raw"]  # sparkjet.snapshot.chunks.CODECS
+RecoveryPolicy = Literal["FULL_RECOVERY_ONLY", "PARTIAL_RECOVERY_MOST_RECENT",
+                         "PARTIAL_RECOVERY_MOST_COMPLETE"]
+#: The persistence settings (Hazelcast's names) and their defaults: given only with
+#: ``storage="members"`` and ``persistence=True``; None elsewhere means "not given".
+PERSISTENCE_DEFAULTS = {"validation_timeout": 120.0, "data_load_timeout": 900.0,
+                        "cluster_data_recovery_policy": "FULL_RECOVERY_ONLY",
+                        "auto_remove_stale_data": True, "rebalance_delay": 0.0}
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,27 @@ class JobConfig:
     - ``storage_dir``: the host-local folder of the slots; None: ``/dev/shm/sparkjet-storage``
       (memory) where there is one, else ``sparkjet-storage`` in the temporary folder. Must
       be given with ``persistence``. ``SPARKJET_STORAGE_DIR`` on a host overrides it there.
+    - Persistence restart (seed 004; Hazelcast's names and defaults), with
+      ``storage="members"`` and ``persistence=True`` only (see
+      :mod:`sparkjet.runtime.persistence` and the README's "Persistence restart"):
+      ``validation_timeout`` (120 s): how long a new driver waits, before its first
+      execution, for as many task slots as the newest committed snapshot had slots;
+      ``data_load_timeout`` (900 s): how long each member may take to verify its slot's
+      replicas of the committed snapshots against the records' checksums before it joins
+      (what it has not verified by then counts as not held; an execution's members get
+      ``start_timeout`` plus this long to start);
+      ``cluster_data_recovery_policy``: "FULL_RECOVERY_ONLY" (the default: every
+      partition of the newest committed snapshot must be held by a slot present, else the
+      job is refused, naming the partitions, slots and hosts), "PARTIAL_RECOVERY_MOST_RECENT"
+      (the newest snapshot complete over the slots present) or
+      "PARTIAL_RECOVERY_MOST_COMPLETE" (the snapshot held whole by the most slots, which
+      must be complete over them); a partial policy gives older snapshots up loudly, and
+      under exactly-once never picks one that a committed phase 2 overtook while the
+      pipeline has a transactional sink or an acknowledging source;
+      ``auto_remove_stale_data`` (True): a slot whose job data is corrupt or from the future
+      (newer than the driver's records) is emptied of this job's data, logged with its
+      path; False: refused, naming the path; ``rebalance_delay`` (0 s): only 0 for now (a
+      lost slot's backups are promoted at once; a delay is refused, not ignored).
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
@@ -197,6 +225,11 @@ class JobConfig:
     storage_dir: Annotated[str, Meta(min_length=1)] | None = None
     durable_tier: Literal["none", "sync"] = "none"
     alignment_timeout: Annotated[Finite, Meta(ge=0)] | None = None
+    validation_timeout: Annotated[float, Meta(ge=0)] | None = None
+    data_load_timeout: Annotated[float, Meta(ge=0)] | None = None
+    cluster_data_recovery_policy: RecoveryPolicy | None = None
+    auto_remove_stale_data: bool | None = None
+    rebalance_delay: Annotated[Finite, Meta(ge=0)] | None = None
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python
@@ -239,6 +272,31 @@ class JobConfig:
                 "host (the default is in memory, which a restart of the host empties)")
         if self.storage_dir is not None:
             object.__setattr__(self, "storage_dir", os.path.abspath(self.storage_dir))
+        # not given is None; the defaults filled in below are taken for not given too, so
+        # that dataclasses.replace(config, persistence=False) works
+        given = [k for k, default in PERSISTENCE_DEFAULTS.items()
+                 if getattr(self, k) is not None and getattr(self, k) != default]
+        persisted = self.storage == "members" and self.persistence
+        if not persisted:
+            for k in PERSISTENCE_DEFAULTS:
+                object.__setattr__(self, k, None)
+        if given and not persisted:
+            why = ("storage is \"shared\": every snapshot is in snapshot_store, and a restart "
+                   "reads it there" if self.storage != "members" else
+                   "persistence is False: the slots are in memory, and nothing of them "
+                   "outlives their hosts")
+            raise InvalidArgumentError(
+                f"JobConfig.{given[0]} is a setting of a persistence restart, which needs "
+                f"storage=\"members\" and persistence=True; {why}")
+        if self.rebalance_delay:
+            raise InvalidArgumentError(
+                f"JobConfig.rebalance_delay={self.rebalance_delay:g}: a delay before a lost "
+                "slot's backups are promoted is not built yet (issue 25); they are promoted at "
+                "once, as with rebalance_delay=0")
+        if persisted:
+            for k, default in PERSISTENCE_DEFAULTS.items():
+                if getattr(self, k) is None:
+                    object.__setattr__(self, k, default)
 
     def storage_root(self) -> str:
         """The folder of this host's storage slots (evaluated where a member runs):

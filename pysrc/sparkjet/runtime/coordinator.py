@@ -23,7 +23,10 @@ the snapshot store: the ``join`` answer also carries the partition table over th
 slots and the snapshot to start from with its committed record (``start``), the
 ``store_read`` action serves the store's files of that snapshot (durable copies, an export)
 to the members, and the phase-2 command carries the committed record, which every slot
-keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``).
+keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``). With persistence
+the placement first hands the slots' reports to ``recover``
+(:func:`~sparkjet.runtime.persistence.recover`): it may pick another snapshot to start from,
+tell members to empty their slot of the job (``wipe`` in their answer) or refuse the start.
 """
 from __future__ import annotations
 
@@ -179,8 +182,16 @@ class ExecutionCoordinator:
 
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
                  security, store: SnapshotStore | None, progress: Callable[[dict], None],
-                 start: dict | None = None, start_store: SnapshotStore | None = None):
+                 start: dict | None = None, start_store: SnapshotStore | None = None,
+                 recover: Callable[[list[dict]], object] | None = None):
         self.config = config
+        #: with persistence: the driver's decision over the joined slots' reports
+        #: (:func:`~sparkjet.runtime.persistence.recover`), its report once made, and the
+        #: members told to empty their slot of the job (index -> why)
+        self.recover = recover
+        self.recovery: dict | None = None
+        self._wipe: dict[int, str] = {}
+        self._start_store = start_store
         #: with the members' storage: what the join answer hands the members to start
         #: from (:func:`~sparkjet.runtime.restore.handed_start`), and the store it is in
         self.start = start
@@ -274,6 +285,8 @@ class ExecutionCoordinator:
             if members_storage:
                 answer.update(self._place())
                 answer["start"] = self.start
+                if i in self._wipe:
+                    answer["wipe"] = self._wipe[i]
             return answer
 
     def _place(self) -> dict:
@@ -282,6 +295,11 @@ class ExecutionCoordinator:
         if self._placement is None:
             reports = [self.slots[m] for m in range(self.members)]
             try:
+                if self.recover is not None:
+                    self._recovered(self.recover(reports))
+                    # a slot emptied of the job keeps no table of it
+                    reports = [dict(r, table=None) if m in self._wipe else r
+                               for m, r in enumerate(reports)]
                 table = table_for(self.config, reports)
             except Exception as e:  # noqa: BLE001 - ends the execution, named
                 self.fail(e)
@@ -295,6 +313,16 @@ class ExecutionCoordinator:
                            "slots": [{"member": m, "uuid": r["uuid"], "host": r["host"]}
                                      for m, r in enumerate(reports)]})
         return self._placement
+
+    def _recovered(self, recovery) -> None:
+        """Takes the persistence restart's decision: what to start from (the store's
+        files of it served from its folder) and which slots empty themselves."""
+        self.recovery, self._wipe = recovery.report, dict(recovery.wipe)
+        if recovery.start is not self.start:
+            self.start = recovery.start
+            if self.start is not None and self._start_store is not None:
+                self.server.on_action("store_read", store_read_handler(self._start_store,
+                                                                       self.start["dir"]))
 
     def _poll(self, body: dict) -> dict:
         i = self._member(body)

@@ -28,6 +28,7 @@ from sparkjet.runtime.lifecycle import (
 )
 from sparkjet.runtime.local_runner import LocalRunner
 from sparkjet.runtime.observability import JobMetrics, MetricsServer, ProgressView
+from sparkjet.runtime.persistence import force_start
 from sparkjet.runtime.restore import log_plan, open_point, plan_restore, start_point
 from sparkjet.runtime.snapshotting import read_fingerprint
 from sparkjet.runtime.spark_runner import SparkRunner
@@ -295,6 +296,18 @@ class Job:
         runner = self._runner
         if isinstance(runner, SparkRunner):
             runner.rescale(self.requested_members)
+
+    def force_start(self) -> dict:
+        """Hazelcast's force start, for a job of the members' storage that a persistence
+        restart refuses (``JobConfig.persistence``, :mod:`sparkjet.runtime.persistence`):
+        deletes the job's folder of ``snapshot_store`` (its log, records, exports and table
+        versions) and the job's data in every storage slot of this host that no running
+        task holds, each path logged as a warning, and marks the store so that the next
+        execution has every member (on every host) empty its slot of the job. The next
+        :meth:`run` starts fresh: from the sources' start, every snapshot given up. Never
+        done implicitly; refused while the job runs. Returns the paths removed
+        (``store``, ``slots``) and the slots held by a running task (``held``)."""
+        return force_start(self.config)
 
 
 class JobHandle:

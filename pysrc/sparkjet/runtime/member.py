@@ -452,13 +452,16 @@ class Member:
                 if p.vertex.kind == SOURCE:
                     p.control.put(("barrier", cmd[1], bool(cmd[2])))
         elif cmd[0] == "commit":
-            for p in self.processors:
-                p.control.put(("commit", cmd[1]))
             if self.slot is not None and len(cmd) > 3:
                 # phase 2 in the slot: the committed record's copy (cmd[3]), and what the
-                # store no longer keeps dropped (cmd[2]: the retained snapshot ids)
+                # store no longer keeps dropped (cmd[2]: the retained snapshot ids). Kept
+                # before any sink commits: a driver that lost its metadata rebuilds it from
+                # the newest copy a slot holds (sparkjet.runtime.persistence), which must
+                # be no older than any output committed
                 keep_committed(self.slot, self.config.id, cmd[1], int(cmd[3]["execution"]),
                                base64.b64decode(cmd[3]["record"]), cmd[2])
+            for p in self.processors:
+                p.control.put(("commit", cmd[1]))
         elif cmd[0] == "end":
             for p in self.processors:
                 if p.vertex.kind == SOURCE:

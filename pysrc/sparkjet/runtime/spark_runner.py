@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from sparkjet.errors import RecoveryRefusedError, StorageSlotError
 from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import ExecutionCoordinator, ExecutionFailedError, short_error
@@ -56,6 +57,8 @@ from sparkjet.runtime.failures import is_deterministic, transient_kind
 from sparkjet.runtime.failures import report as failure_report
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
+from sparkjet.runtime.persistence import recover as persistence_recover
+from sparkjet.runtime.persistence import wait_for_slots
 from sparkjet.runtime.restore import handed_start, own_start, report_fallback
 from sparkjet.runtime.supervision import (
     JobFailedError,
@@ -118,6 +121,10 @@ class SparkRunner:
         self._warned = False
         self._stop_requested = False
         self.cancelled = False
+        #: with persistence: whether an execution of this run has started, so its slots
+        #: were verified (later executions' members skip it: their restore checks every
+        #: chunk it reads, and a restart is what recovery time is measured on)
+        self._loaded = False
 
     def request_stop(self) -> None:
         """Stops the job gracefully: its next snapshot is the terminal one."""
@@ -180,6 +187,11 @@ class SparkRunner:
         result = JobResult(config.id)
         start = time.monotonic()
         attempt, execution = 0, None
+        if config.storage == "members" and config.persistence:
+            # a persistence restart waits (validation_timeout) for its slots' hosts
+            with open_store(config) as store:
+                wait_for_slots(config, store, lambda: available_slots(self.spark),
+                               self.progress)
         while True:
             members = self.members_for_next_execution()
             execution = next_execution(config, len(result.executions), execution)
@@ -232,13 +244,18 @@ class SparkRunner:
         # even be heard.
         tls = self.user_tls or (TLSIdentity.self_signed() if self.tls else None)
         security = LinkSecurity.generate(execution, tls)
+        recover = None
+        if config.storage == "members" and config.persistence and store is not None:
+            def recover(reports, start=start, store=store):
+                return persistence_recover(config, store, plan, execution, start, reports,
+                                           self.progress)
         coord = ExecutionCoordinator(config, execution, topology, host=self.host, security=security,
                                      store=store, progress=self.progress, start=start,
-                                     start_store=start_store)
+                                     start_store=start_store, recover=recover)
         if config.storage == "members":  # records then keep what drivers read without slots
             coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
-                           security)
+                           security, verify=not self._loaded)
         member_refusals: list[int] = []
         # The stage's tag: interruptTag cancels it, on a classic session and over Spark
         # Connect alike (a job group needs the SparkContext). Tags are per thread.
@@ -282,7 +299,11 @@ class SparkRunner:
         if fallback is not None:
             outcome["fallback"] = report_fallback(config, fallback, self.progress, execution)
         try:
-            coord.wait_started(config.start_timeout)
+            coord.wait_started(start_wait(config))
+            self._loaded = True
+            if coord.start is not start:    # the persistence restart took another snapshot
+                restore_from = outcome["restored_from"] = (
+                    None if coord.start is None else coord.start["snapshot"])
             self.max_members_seen = max(self.max_members_seen, members)
             self.member_pids = dict(coord.pids)
             self.progress({"event": "started", "execution": execution, "members": members,
@@ -293,7 +314,8 @@ class SparkRunner:
             outcome["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
             outcome["status"] = "rescaled" if isinstance(e, _RescaleRequested) else "failed"
-            outcome["error"] = short_error(e) if not isinstance(e, ExecutionFailedError) else str(e)
+            whole = (ExecutionFailedError, RecoveryRefusedError, StorageSlotError)
+            outcome["error"] = str(e) if isinstance(e, whole) else short_error(e)
             report = getattr(e, "report", None) or {}
             deterministic = is_deterministic(e)
             outcome.update(deterministic=deterministic,
@@ -317,6 +339,8 @@ class SparkRunner:
             if store is not None:
                 store.close()
             self.member_pids = {}
+        if coord.recovery is not None:
+            outcome["recovery"] = coord.recovery
         events_in, events_out = coord.counters()
         done = coord.done.values()
         ok = outcome["status"] == "ok"
@@ -370,10 +394,11 @@ def spark_security_warning(conf) -> str | None:
 
 
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
-                security: LinkSecurity):
+                security: LinkSecurity, verify: bool = True):
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``. The
     execution's credentials travel inside it (the pickled closure), never through Spark's
-    configuration, job descriptions or UI."""
+    configuration, job descriptions or UI. ``verify``: with persistence, the member checks
+    its slot's replicas against the records before it joins (the first execution of a run)."""
 
     def task(batches):
         # Imported where the task runs, in a Spark Python worker (this function is pickled
@@ -385,12 +410,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
-        from sparkjet.runtime.storage import (
-            claim_slot,
-            decode_table,
-            slot_read_handler,
-            slot_write_handler,
-        )
+        from sparkjet.runtime.persistence import after_join, claim, join_report
+        from sparkjet.runtime.storage import decode_table, slot_read_handler, slot_write_handler
 
         for _ in batches:  # one row per task; nothing to read
             pass
@@ -399,11 +420,12 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         log_to(sys.stderr, job=config.name, execution=execution, member=index)
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
         try:
-            slot = claim_slot(config, execution)   # None: the state is in the shared store
+            # None: the state is in the shared store
+            slot, notes = claim(config, execution)
         except Exception as e:
             _report_before_join(coordinator, security, index, e)
             raise
-        late = _LateMember(config.start_timeout)
+        late = _LateMember(start_wait(config))
         try:
             if slot is None:
                 late.set(Member(plan, config, execution, topology=topology, index=index,
@@ -415,9 +437,11 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                 server.on_put("slot_write", slot_write_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
-                answer = join(client, index, server.location, config.start_timeout,
-                              None if slot is None else slot.join_report(config.id))
+                answer = join(client, index, server.location, start_wait(config),
+                              None if slot is None else join_report(config, slot, notes,
+                                                                    execution, verify))
                 if slot is not None:
+                    after_join(config, slot, answer, execution)
                     # placed after join: the driver's table over the members' slots
                     table = decode_table(answer["table"], "the driver's join answer")
                     slot.write_table(config.id, table.to_bytes())
@@ -439,6 +463,14 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                                           "refused": pa.array([refused], pa.int64())})
 
     return task
+
+
+def start_wait(config: JobConfig) -> float:
+    """How long the members of an execution may take to start: ``start_timeout``, and with
+    persistence ``data_load_timeout`` more (each member verifies its slot before it joins)."""
+    if config.storage == "members" and config.persistence:
+        return config.start_timeout + config.data_load_timeout
+    return config.start_timeout
 
 
 def _report_before_join(coordinator: str, security: LinkSecurity, index: int,

@@ -29,7 +29,9 @@ class JobResult:
     """What a run did, across all its executions."""
 
     job_id: int
-    executions: list[dict] = field(default_factory=list)   # each member's metrics (or failure)
+    #: each execution's metrics (or failure); with persistence, ``recovery``: what the
+    #: restart restored and who held what (sparkjet.runtime.persistence.recover)
+    executions: list[dict] = field(default_factory=list)
     restarts: int = 0
     seconds: float = 0.0
     #: stopped (Job.stop / suspend) before its sources ended: a new run resumes it

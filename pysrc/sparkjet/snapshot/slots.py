@@ -29,6 +29,7 @@ import datetime
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import socket
@@ -39,6 +40,8 @@ from sparkjet._fs import storage_error
 from sparkjet.errors import FencedError, StorageSlotError
 from sparkjet.snapshot.backend import FileSystemBackend
 from sparkjet.snapshot.layout import job_dir as job_folder
+
+_log = logging.getLogger(__name__)
 
 #: Format of ``MEMBER.json`` this code writes and reads.
 SLOT_FORMAT = 1
@@ -117,11 +120,13 @@ class StorageSlot:
 
     @classmethod
     def claim(cls, storage_dir: str, *, job_id: int | None = None, host: str | None = None,
-              durable: bool = False) -> StorageSlot:
+              durable: bool = False, remove_corrupt: bool = False) -> StorageSlot:
         """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
         process: a free one holding ``job_id``'s data first, then any free one, else a new
         one. ``durable``: writes are fsynced (persistence). StorageSlotError when
-        ``storage_dir`` holds a slot of another host; StorageError when it cannot be used."""
+        ``storage_dir`` holds a slot of another host, or one whose ``MEMBER.json`` does not
+        read (``remove_corrupt``: such a slot, when no process holds it, is removed and
+        logged instead); StorageError when it cannot be used."""
         host = host or host_id()
         storage_dir = os.path.abspath(storage_dir)
         try:
@@ -132,7 +137,15 @@ class StorageSlot:
         mine, first = [], []
         for name in names:
             folder = os.path.join(storage_dir, name)
-            identity = _read_identity(folder)
+            try:
+                identity = _read_identity(folder)
+            except StorageSlotError as e:
+                if not remove_corrupt or not _remove_unheld(folder):
+                    raise
+                _log.warning("removed storage slot %s: its MEMBER.json does not read (%s); "
+                             "its data is given up (JobConfig.auto_remove_stale_data)",
+                             folder, e)
+                continue
             if identity is None:          # a slot whose creator died before MEMBER.json
                 mine.append(folder)
                 continue
@@ -181,6 +194,18 @@ class StorageSlot:
             if os.path.isdir(making):   # a half-made slot that nobody would ever take over
                 shutil.rmtree(making, ignore_errors=True)
             raise
+        return cls(folder, identity, fd, durable)
+
+    @classmethod
+    def claim_folder(cls, folder: str, *, durable: bool = False) -> StorageSlot | None:
+        """The slot at ``folder``, locked by this process; None when another process holds
+        it. StorageSlotError when its ``MEMBER.json`` is missing or does not read."""
+        identity = _read_identity(folder)
+        if identity is None:
+            raise StorageSlotError(f"{folder} has no {MEMBER}: not a slot")
+        fd = _try_lock(folder)
+        if fd is None:
+            return None
         return cls(folder, identity, fd, durable)
 
     def release(self) -> None:
@@ -309,10 +334,11 @@ class StorageSlot:
 
     def join_report(self, job_id: int) -> dict:
         """What a member tells the driver at join about its slot for ``job_id``: identity,
-        the newest execution seen and the job's last partition table (base64), if any."""
+        the newest execution seen, the snapshot ids of the records it keeps and the job's
+        last partition table (base64), if any."""
         table = self.read_table(job_id)
         return {"uuid": self.uuid, "host": self.host, "path": self.path,
-                "execution": self.newest_execution(job_id),
+                "execution": self.newest_execution(job_id), "records": self.records(job_id),
                 "table": None if table is None else base64.b64encode(table).decode()}
 
     # -- internals -------------------------------------------------------------------------
@@ -349,6 +375,20 @@ def _read_identity(folder: str) -> SlotIdentity | None:
     path = os.path.join(folder, MEMBER)
     data = _read_bytes(path)
     return None if data is None else SlotIdentity.parse(data, path)
+
+
+def _remove_unheld(folder: str) -> bool:
+    """Removes a slot's folder if no process holds its lock; False if one does."""
+    fd = _try_lock(folder)
+    if fd is None:
+        return False
+    try:
+        shutil.rmtree(folder)
+    except OSError as e:
+        raise storage_error("remove", folder, e) from None
+    finally:
+        os.close(fd)
+    return True
 
 
 def _try_lock(folder: str) -> int | None:

@@ -492,6 +492,35 @@ class SnapshotStore:
         self._cleaner.start()
         return self._info(record)
 
+    def adopt_record(self, data: bytes) -> SnapshotInfo:
+        """Commits a snapshot again from a copy of its validation record (``data``, the
+        bytes a storage slot kept at phase 2): what a persistence restart does when this
+        job's folder of the store was lost (:mod:`sparkjet.runtime.persistence`). The
+        record's execution is registered (unless it is the newest already; this fences
+        off every older one, the driver's current execution too), then the record is
+        written and its commit appended. FencedError when a newer execution than the
+        record's is registered already (its commit would not count)."""
+        digest = xxhash.xxh3_64_hexdigest(data)
+        record = meta.decode(data, ValidationRecord, "a slot's copy of a record",
+                             "validation record")
+        if record.job_id != self.job_id:
+            raise InvalidArgumentError(f"{self.who}: the record is of job {record.job_id}")
+        current = self.current_execution()
+        if current is not None and current > record.execution_id:
+            raise FencedError(f"{self.who}: cannot commit snapshot {record.snapshot_id} of "
+                              f"execution {record.execution_id} again: execution {current} "
+                              "is registered")
+        if current is None or record.execution_id > current:
+            self.register_execution(record.execution_id)
+        directory = self._snapshot_dir(record.snapshot_id, record.execution_id)
+        name = layout.validation_record(digest)
+        self._backend.makedirs(self._path(layout.SNAPSHOTS, directory))
+        self._backend.write(self._path(layout.SNAPSHOTS, directory, name), [data])
+        self._backend.sync_dir(self._path(layout.SNAPSHOTS, directory))
+        self._append(CommitEvent(record.snapshot_id, record.execution_id, directory, name,
+                                 digest, record.created))
+        return self._info(record)
+
     def _retained(self, events=None) -> list[tuple[int, CommitEvent]]:
         """The valid commits a commit keeps: the last ``retained``, oldest first."""
         valid = self._valid_commits(self._events() if events is None else events)

@@ -1,0 +1,742 @@
+"""Persistence restart on the members' storage (seed 004, ``JobConfig.persistence``).
+
+A job whose slots are on disk (``storage="members"``, ``persistence=True``) can be started
+again after its driver and every member died: a new ``Job`` of the same configuration (a
+new driver) finds the newest committed record in ``snapshot_store`` and restores it from
+the slots, as Hazelcast's cluster does after a whole-cluster restart. The steps, with
+Hazelcast's settings (``JobConfig``):
+
+1. **Validation** (``validation_timeout``, 120 s): before its first execution the driver
+   waits until the cluster offers as many task slots as the newest record's partition
+   table had storage slots (:func:`wait_for_slots`); then it goes on with what there is.
+2. **Load** (``data_load_timeout``, 900 s): each member claims its slot (a corrupt
+   ``MEMBER.json``, FENCE, table or record copy is removed, or refused naming its path,
+   per ``auto_remove_stale_data``: :func:`claim`), verifies its replicas of the committed
+   snapshots against the records' checksums (every chunk's, read whole; in the first
+   execution of a run, not at the restarts after it, whose restores check every chunk they
+   read) and joins with a report of what it holds (:func:`join_report`); a file it had no
+   time to verify counts as not held. A file of a snapshot whose record copy the slot
+   lacks (phase 2 did not reach it) counts by its size, checked as the restore reads it.
+3. **Policy** (``cluster_data_recovery_policy``, :func:`recover`, on the driver once every
+   member joined): every file of a snapshot must be held by a slot present, verified (or
+   have a durable copy). ``FULL_RECOVERY_ONLY`` restores the newest committed snapshot or
+   refuses (:class:`~sparkjet.errors.RecoveryRefusedError` naming the vertices,
+   partitions, slots and hosts missing and what to do). ``PARTIAL_RECOVERY_MOST_RECENT``
+   takes the newest snapshot complete over the slots present;
+   ``PARTIAL_RECOVERY_MOST_COMPLETE`` the newest complete snapshot of the partition table
+   that the largest group of slots holds. A snapshot older than the newest committed one
+   replays output the newer ones' phase 2 committed: under exactly-once it is refused
+   while the pipeline has a transactional sink or an acknowledging source; otherwise it
+   is taken with a rollback event in the log and reported (``given_up``: the replay
+   window). Who held what goes to the ``recovery`` progress event, the log and the
+   execution's entry of ``JobResult.executions``.
+
+**Stale slots.** A slot holding another job's data is left alone (only this job's folder of
+a slot is ever looked at). A slot that has seen a newer execution of this job than the
+driver's log registered holds data from the future (the store was replaced by an older
+copy): its job data is removed by its member (``auto_remove_stale_data``, logged with the
+path) or the job is refused, naming it.
+
+**Lost metadata.** When ``snapshot_store`` holds no snapshot of the job but slots hold
+record copies (the job's folder of the store was lost), the driver commits the newest copy
+a slot holds whose execution the slot has seen, says so loudly (a warning and a
+``metadata_rebuilt`` event), registers an execution as new as any the slots have seen and
+ends the current execution, so that the next one (newer than every slot's fence) restores
+it.
+
+**Force start** (:func:`force_start`, ``Job.force_start()``): removes the job's folder of
+the store (its log, records, exports and table versions), the job's data from every slot of
+this host's ``storage_dir`` that no running task holds, and leaves a ``FORCE_START`` mark in
+the store, at which the next execution has every member empty its slot of the job. Logged
+path by path. Never implicit.
+
+Not yet: a ``rebalance_delay`` other than 0 (refused by ``JobConfig``: a lost slot's backups
+are promoted at once) and Merkle-tree resync of a slot that missed snapshots (issue 25, item 2).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from sparkjet.errors import (
+    ExecutionFailedError,
+    FencedError,
+    InvalidArgumentError,
+    PartitionTableError,
+    RecoveryRefusedError,
+    SnapshotCorruptError,
+    SparkjetError,
+    StorageSlotError,
+)
+from sparkjet.partition_table import PartitionTable
+from sparkjet.runtime.config import JobConfig, open_store
+from sparkjet.runtime.lifecycle import RunLock
+from sparkjet.runtime.restore import handed_start
+from sparkjet.runtime.storage import claim_slot, held_ranges
+from sparkjet.snapshot import layout
+from sparkjet.snapshot import records as meta
+from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
+from sparkjet.snapshot.slots import RECORDS, REPLICAS, TABLE, StorageSlot
+
+_log = logging.getLogger("sparkjet.job")
+
+#: The mark ``force_start`` leaves in the job's folder of the store.
+FORCE_START = "FORCE_START.json"
+
+FULL = "FULL_RECOVERY_ONLY"
+MOST_RECENT = "PARTIAL_RECOVERY_MOST_RECENT"
+MOST_COMPLETE = "PARTIAL_RECOVERY_MOST_COMPLETE"
+
+
+def _persisted(config: JobConfig) -> bool:
+    return config.storage == "members" and config.persistence
+
+
+# -- on a member, before join ----------------------------------------------------------------
+
+
+def claim(config: JobConfig, execution: int) -> tuple[StorageSlot | None, dict]:
+    """This member's slot (see :func:`~sparkjet.runtime.storage.claim_slot`), and notes for
+    its join report. With persistence: a slot whose ``MEMBER.json`` does not read is
+    removed or refused (``auto_remove_stale_data``), this job's data in the slot is checked
+    (:func:`check_metadata`), and a slot that has seen a newer execution than ``execution``
+    is left unfenced: the driver decides at join whether its data is from the future or
+    the driver's metadata was lost (:func:`recover`); the member fences it after
+    (:func:`after_join`)."""
+    if not _persisted(config):
+        return claim_slot(config, execution), {}
+    slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
+                             remove_corrupt=config.auto_remove_stale_data)
+    try:
+        notes = {"removed": check_metadata(config, slot)}
+        notes["seen"] = slot.newest_execution(config.id)
+        if notes["seen"] is None or notes["seen"] <= execution:
+            slot.fence(config.id, execution)
+    except BaseException:
+        slot.release()
+        raise
+    return slot, notes
+
+
+def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:
+    """Checks this job's metadata in ``slot`` (FENCE, TABLE.json, the record copies); when
+    some does not read, removes the job's data from the slot and returns what was wrong
+    (``auto_remove_stale_data``), or raises StorageSlotError naming the path."""
+    job = config.id
+    where = slot.job_path(job)
+    if not os.path.isdir(where):
+        return []
+    problems = []
+    try:
+        slot.newest_execution(job)
+    except StorageSlotError as e:
+        problems.append(str(e))
+    table = slot.read_table(job)
+    if table is not None:
+        try:
+            PartitionTable.from_bytes(table)
+        except (ValueError, PartitionTableError) as e:
+            problems.append(f"{slot.job_path(job, TABLE)}: the partition table does not "
+                            f"read ({e})")
+    for sid in slot.records(job):
+        path = slot.job_path(job, RECORDS, f"{sid:020d}")
+        try:
+            record = meta.decode(slot.read_record(job, sid), meta.ValidationRecord, path,
+                                 "record copy")
+            if (record.job_id, record.snapshot_id) != (job, sid):
+                raise SnapshotCorruptError(path, 0, "job and snapshot id",
+                                           f"{record.job_id}/{record.snapshot_id}")
+        except SnapshotCorruptError as e:
+            problems.append(str(e))
+    if not problems:
+        return []
+    if not config.auto_remove_stale_data:
+        raise StorageSlotError(
+            f"storage slot {slot.path}: this job's data in {where} is corrupt: "
+            f"{'; '.join(problems)}. Remove {where} to give it up, or set "
+            f"auto_remove_stale_data=True, or Job.force_start()")
+    _log.warning("storage slot %s: this job's data in %s is corrupt (%s): removed "
+                 "(auto_remove_stale_data)", slot.path, where, "; ".join(problems))
+    slot.remove_job(job)
+    return [f"{where}: {p}" for p in problems]
+
+
+def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: int,
+                verify: bool = True) -> dict:
+    """The slot's join report (:meth:`~sparkjet.snapshot.slots.StorageSlot.join_report`);
+    with persistence also ``seen`` (the newest execution the slot had seen before this
+    one), ``held`` (the chunk files it holds, by snapshot folder, with their sizes),
+    ``loaded`` (per record copy: the files verified against its checksums, those that
+    failed and why, those not verified within ``data_load_timeout``), ``removed`` (corrupt
+    data given up) and, when the slot has seen this execution or a newer one (the driver's
+    log is behind the slots: lost), ``record``: its newest record copy (base64).
+    ``verify`` False (an execution after the first of a run): ``loaded`` is empty and the
+    files count by their size (the restore checks every chunk it reads)."""
+    report = slot.join_report(config.id)
+    if not _persisted(config):
+        return report
+    job = config.id
+    seen = notes.get("seen")
+    report.update(seen=seen, removed=notes.get("removed") or [], held=_held(slot, job),
+                  loaded=_load(config, slot, time.monotonic() + config.data_load_timeout)
+                  if verify else {})
+    if seen is not None and seen >= execution and report["records"]:
+        report["record"] = base64.b64encode(
+            slot.read_record(job, report["records"][-1])).decode()
+    return report
+
+
+def after_join(config: JobConfig, slot: StorageSlot, answer: dict, execution: int) -> None:
+    """What a member does with its slot once the driver answered its join: empties it of
+    the job's data when told to (``wipe``: force start, or data from the future), then
+    fences it (FencedError if it has still seen a newer execution)."""
+    if not _persisted(config):
+        return
+    if answer.get("wipe"):
+        _log.warning("storage slot %s: removing this job's data (%s), as the driver said",
+                     slot.path, answer["wipe"])
+        slot.remove_job(config.id)
+    slot.fence(config.id, execution)
+
+
+def _held(slot: StorageSlot, job: int) -> dict:
+    """``{snapshot folder: {"VERTEX/FILE": [size, ranges]}}`` of the chunk files in the slot:
+    ``ranges`` None for a whole file (the writer's), else the ``[start, end]`` byte ranges a
+    backup's copy holds (its ``.ranges`` sidecar; a copy whose sidecar does not read is left
+    out, logged)."""
+    root = slot.job_path(job, REPLICAS, layout.SNAPSHOTS)
+    out: dict = {}
+    for d in _names(root):
+        for vertex in _names(os.path.join(root, d)):
+            for name in _names(os.path.join(root, d, vertex)):
+                if not name.endswith(".chunks"):
+                    continue
+                path = os.path.join(root, d, vertex, name)
+                try:
+                    size = os.stat(path).st_size
+                    held = held_ranges(path)
+                except FileNotFoundError:
+                    continue
+                except SnapshotCorruptError as e:
+                    _log.warning("storage slot %s: %s: the copy counts as not held", slot.path, e)
+                    continue
+                out.setdefault(d, {})[f"{vertex}/{name}"] = [
+                    size, None if held is None else [list(r) for r in held[1]]]
+    return out
+
+
+def _load(config: JobConfig, slot: StorageSlot, deadline: float) -> dict:
+    """Per record copy the slot keeps (by snapshot id, as a string): ``verified`` (files
+    whose every chunk reads and matches the record), ``bad`` (file -> why) and
+    ``unverified`` (files left when the deadline passed)."""
+    job = config.id
+    out = {}
+    for sid in reversed(slot.records(job)):         # the newest first
+        record = meta.decode(slot.read_record(job, sid), meta.ValidationRecord,
+                             slot.job_path(job, RECORDS, f"{sid:020d}"), "record copy")
+        folder = layout.snapshot_dir(sid, record.execution_id)
+        verified, bad, unverified = 0, {}, []
+        for v in record.vertices.values():
+            for f in v.files:
+                if slot.uuid not in f.holders:
+                    continue
+                rel = f"{folder}/{f.path}"
+                if time.monotonic() > deadline:
+                    unverified.append(rel)
+                    continue
+                path = slot.job_path(job, REPLICAS, layout.SNAPSHOTS, folder, f.path)
+                try:
+                    held = held_ranges(path)
+                    _verify_file(path, f, job, sid, None if held is None else held[1])
+                    verified += 1
+                except (SparkjetError, OSError) as e:
+                    bad[rel] = f"{type(e).__name__}: {e}"
+        out[str(sid)] = {"verified": verified, "bad": bad, "unverified": unverified}
+        if unverified:
+            _log.warning("storage slot %s: %d file(s) of snapshot %d not verified within "
+                         "data_load_timeout=%g s: they count as not held", slot.path,
+                         len(unverified), sid, config.data_load_timeout)
+    return out
+
+
+def _verify_file(path: str, f: meta.FileRecord, job: int, snapshot: int, ranges) -> None:
+    """Every chunk of the file at ``path`` that it holds (all, or those inside ``ranges``:
+    a backup's copy) read and checked against its record ``f``."""
+    size = os.stat(path).st_size
+    if size != f.bytes:
+        raise SnapshotCorruptError(path, min(size, f.bytes), "file size",
+                                   f"{size} bytes, record says {f.bytes}")
+    wanted = [c for c in f.chunks if _inside(ranges, c)]
+    if not wanted:
+        return
+    with pa.memory_map(path) as file:       # pieces of it live on as the payloads
+        buf = file.read_buffer()
+    if ranges is None:
+        found = read_chunks(buf, path)
+        if len(found) != len(f.chunks):
+            raise SnapshotCorruptError(path, 0, "chunk count",
+                                       f"{len(found)}, record says {len(f.chunks)}")
+    else:
+        found = []
+        for c in wanted:
+            span = read_chunks(buf.slice(c.offset, HEADER_SIZE + c.stored_size), path)
+            if len(span) != 1:
+                raise SnapshotCorruptError(path, c.offset, "chunk", "not one chunk there")
+            found.append((c.offset + span[0][0], span[0][1], span[0][2]))
+    for (offset, header, _), want in zip(found, wanted):
+        for what, got, expected in (("offset", offset, want.offset),
+                                    ("checksum", header.checksum, want.checksum),
+                                    ("stored size", header.stored_size, want.stored_size),
+                                    ("job id", header.job_id, job),
+                                    ("snapshot id", header.snapshot_id, snapshot),
+                                    ("partition", header.partition, want.partition)):
+            if got != expected:
+                raise SnapshotCorruptError(path, offset, what, f"{got}, record says {expected}")
+
+
+def _inside(ranges, c) -> bool:
+    """Whether chunk ``c`` lies in ``ranges`` (``[start, end]`` pairs; None: everything)."""
+    if ranges is None:
+        return True
+    end = c.offset + HEADER_SIZE + c.stored_size
+    return any(s <= c.offset and end <= e for s, e in ranges)
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+# -- on the driver, once every member joined -------------------------------------------------
+
+
+@dataclass
+class Recovery:
+    """What :func:`recover` decided: the join answer's ``start`` (possibly another
+    snapshot than the one handed before join), the members that must empty their slot of
+    the job (index -> why), and the report (None: nothing to recover)."""
+
+    start: dict | None
+    wipe: dict[int, str] = field(default_factory=dict)
+    report: dict | None = None
+
+
+def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
+            reports: list[dict], progress) -> Recovery:
+    """The persistence restart's decision over the members' join ``reports`` (see the
+    module doc): force start, lost metadata rebuilt, stale slots, and the recovery policy
+    over the committed snapshots. Raises RecoveryRefusedError (the policy cannot restore),
+    StorageSlotError (a stale slot, ``auto_remove_stale_data=False``) or
+    ExecutionFailedError (metadata rebuilt: the next execution restores it)."""
+    recovery = Recovery(start)
+    removed = [p for r in reports for p in r.get("removed") or []]
+    if _marked(store):
+        recovery.wipe = {i: "force start" for i, r in enumerate(reports)
+                         if r.get("records") or r.get("seen") is not None}
+        _unmark(store)
+        _log.warning("job %r: force start: every member empties its slot of the job (%s)",
+                     config.name, ", ".join(reports[i]["path"] for i in recovery.wipe) or
+                     "none held any of it")
+        recovery.report = {"policy": "force start", "snapshot": None, "given_up": [],
+                           "wiped": [reports[i]["path"] for i in recovery.wipe],
+                           "removed": removed, "slots": {}}
+        progress({"event": "recovery", "execution": execution, **recovery.report})
+        return recovery
+    committed = [s.snapshot_id for s in store.complete()]
+    if not committed and start is None and config.initial_snapshot is None:
+        _rebuild(config, store, execution, reports, progress)   # raises when it rebuilt
+    stale = {i: r for i, r in enumerate(reports)
+             if r.get("seen") is not None and r["seen"] > execution}
+    for i, r in stale.items():
+        why = (f"it has seen execution {r['seen']} of the job, newer than any the driver's "
+               f"snapshot_store registered ({execution} is the newest): its data is from the "
+               f"future (the store was replaced by an older copy?)")
+        if not config.auto_remove_stale_data:
+            raise StorageSlotError(
+                f"storage slot {r['path']} (host {r['host']}): {why}. Remove "
+                f"{r['path']}/jobs/{layout.job_dir(config.id)} to give it up, set "
+                f"auto_remove_stale_data=True, or Job.force_start()")
+        _log.warning("storage slot %s (host %s): %s: its member removes this job's data "
+                     "(auto_remove_stale_data)", r["path"], r["host"], why)
+        recovery.wipe[i] = "data from the future: " + why
+        removed.append(f"{r['path']}/jobs/{layout.job_dir(config.id)}: {why}")
+    present = {r["uuid"]: r for i, r in enumerate(reports) if i not in recovery.wipe}
+    slots = {r["uuid"]: {"member": i, "host": r["host"], "path": r["path"],
+                         "records": list(r.get("records") or []), "holds": [],
+                         "verified": sum(int(x.get("verified", 0))
+                                         for x in (r.get("loaded") or {}).values()),
+                         "bad": sorted(b for x in (r.get("loaded") or {}).values()
+                                       for b in x.get("bad", {})),
+                         "unverified": sum(len(x.get("unverified", []))
+                                           for x in (r.get("loaded") or {}).values())}
+             for i, r in enumerate(reports)}
+    for i in recovery.wipe:
+        slots[reports[i]["uuid"]]["stale"] = recovery.wipe[i]
+    own = start is not None and start.get("export") is None and not start.get("initial")
+    if not own or not committed:
+        if removed or recovery.wipe:
+            recovery.report = {"policy": config.cluster_data_recovery_policy, "snapshot": None,
+                               "given_up": [], "removed": removed, "slots": slots}
+            progress({"event": "recovery", "execution": execution, **recovery.report})
+        return recovery
+    records = {}
+    for sid in committed:
+        data, _, _ = store.committed_record(sid)
+        records[sid] = meta.decode(data, meta.ValidationRecord, f"snapshot {sid}",
+                                   "validation record")
+    missing = {sid: _missing(rec, present) for sid, rec in records.items()}
+    for sid, rec in records.items():
+        for uuid in present:
+            if _holds_whole(rec, uuid, present[uuid]):
+                slots[uuid]["holds"].append(sid)
+    policy = config.cluster_data_recovery_policy
+    newest = committed[-1]
+    chosen = None
+    if policy == FULL:
+        chosen = newest if not missing[newest] else None
+    elif policy == MOST_RECENT:
+        chosen = next((s for s in reversed(committed) if not missing[s]), None)
+    else:
+        group = _largest_group(present)
+        of_group = [s for s in committed if group is not None
+                    and _table_version(records[s].table) == group]
+        chosen = next((s for s in reversed(of_group) if not missing[s]), None)
+    report = {"policy": policy, "newest": newest, "snapshot": chosen,
+              "given_up": [s for s in committed if chosen is not None and s > chosen],
+              "removed": removed, "slots": slots}
+    if chosen is None or chosen != newest:
+        report["missing"] = _describe(missing[newest], records[newest])
+    if chosen is None:
+        progress({"event": "recovery", "execution": execution, **report})
+        raise RecoveryRefusedError(_refusal(config, policy, newest, missing, records,
+                                            present, committed))
+    if chosen != newest:
+        hazards = _replay_hazards(config, dag)
+        if hazards:
+            progress({"event": "recovery", "execution": execution, **report,
+                      "refused": "exactly-once"})
+            raise RecoveryRefusedError(
+                f"job {config.name!r}: {policy} would restore snapshot {chosen}, the newest "
+                f"complete over the slots present, but snapshot(s) "
+                f"{report['given_up']} committed after it and their phase 2 committed "
+                f"{hazards}: an older snapshot replays that output, so exactly-once refuses "
+                f"it. The newest snapshot {newest} lacks "
+                f"{_where(missing[newest])}, held by slot(s) "
+                f"{_slots_named(missing[newest], records[newest])}. Bring those slots back "
+                f"and run again, run with processing_guarantee=\"at-least-once\" to accept "
+                f"the replay, or give the data up with Job.force_start()")
+        store.rollback(chosen, execution_id=execution,
+                       reason=f"{policy}: snapshot(s) {report['given_up']} incomplete over "
+                              f"the slots present")
+        _, _, recovery.start = handed_start(config, store, chosen)
+        _log.warning("job %r: %s restores snapshot %d and gives up snapshot(s) %s (they lack "
+                     "%s): output since snapshot %d is written again (the replay window)",
+                     config.name, policy, chosen, report["given_up"],
+                     _where(missing[newest]), chosen)
+    report["replay_from"] = chosen if chosen != newest else None
+    _log.info("job %r: persistence restart of snapshot %d (%s): %s", config.name, chosen,
+              policy, "; ".join(f"slot {u} ({s['host']}, {s['path']}) holds {s['holds']}"
+                                for u, s in slots.items()))
+    progress({"event": "recovery", "execution": execution, **report})
+    recovery.report = report
+    return recovery
+
+
+def _held_chunks(r: dict, rec: meta.ValidationRecord, f: meta.FileRecord) -> set[int]:
+    """The indexes of the chunks of ``f`` (of ``rec``) that the slot of report ``r`` holds
+    verified: every one of a whole copy, those in a backup's ranges; none when its copy is
+    missing, of another size, failed to verify or was not verified in time."""
+    folder = layout.snapshot_dir(rec.snapshot_id, rec.execution_id)
+    entry = (r.get("held") or {}).get(folder, {}).get(f.path)
+    if not entry or entry[0] != f.bytes:
+        return set()
+    loaded = (r.get("loaded") or {}).get(str(rec.snapshot_id))
+    rel = f"{folder}/{f.path}"
+    if loaded is not None and (rel in loaded.get("bad", {})
+                               or rel in loaded.get("unverified", [])):
+        return set()
+    return {i for i, c in enumerate(f.chunks) if _inside(entry[1], c)}
+
+
+def _missing(rec: meta.ValidationRecord, present: dict) -> dict[str, tuple[set, set]]:
+    """vertex -> (partitions, slots that held them) of the chunks of ``rec`` that no slot
+    present holds verified (and no durable copy has)."""
+    out: dict[str, tuple[set, set]] = {}
+    for vertex, v in rec.vertices.items():
+        for f in v.files:
+            if f.durable:
+                continue
+            covered: set[int] = set()
+            for u in f.holders:
+                if u in present:
+                    covered |= _held_chunks(present[u], rec, f)
+            lost = [c.partition for i, c in enumerate(f.chunks) if i not in covered]
+            if lost:
+                parts, gone = out.setdefault(vertex, (set(), set()))
+                parts.update(lost)
+                gone.update(f.holders)
+    return out
+
+
+def _holds_whole(rec: meta.ValidationRecord, uuid: str, r: dict) -> bool:
+    """Whether the slot holds its share of ``rec``: some verified chunks of every file that
+    names it."""
+    files = [f for v in rec.vertices.values() for f in v.files if uuid in f.holders]
+    return bool(files) and all(_held_chunks(r, rec, f) for f in files)
+
+
+def _table_version(text: str | None):
+    if not text:
+        return None
+    try:
+        return PartitionTable.from_bytes(base64.b64decode(text, validate=True)).version
+    except (binascii.Error, ValueError, PartitionTableError):
+        return None
+
+
+def _largest_group(present: dict):
+    """The table version the most slots present hold (ties: the newer version)."""
+    versions: dict = {}
+    for r in present.values():
+        v = _table_version(r.get("table"))
+        if v is not None:
+            versions[v] = versions.get(v, 0) + 1
+    if not versions:
+        return None
+    return max(versions, key=lambda v: (versions[v], v))
+
+
+def _ranges(parts: set[int]) -> str:
+    ps = sorted(p for p in parts if p >= 0)
+    out, i = [], 0
+    while i < len(ps):
+        j = i
+        while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
+            j += 1
+        out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
+        i = j + 1
+    return ", ".join(out) + (" and broadcast state" if -1 in parts else "")
+
+
+def _where(missing: dict) -> str:
+    return "; ".join(f"{vertex}: partitions {_ranges(parts)}" if parts != {-1}
+                     else f"{vertex}: broadcast state"
+                     for vertex, (parts, _) in sorted(missing.items()))
+
+
+def _hosts(rec: meta.ValidationRecord) -> dict:
+    try:
+        return (PartitionTable.from_bytes(base64.b64decode(rec.table or "")).groups or {})
+    except (binascii.Error, ValueError, PartitionTableError):
+        return {}
+
+
+def _slots_named(missing: dict, rec: meta.ValidationRecord) -> str:
+    hosts = _hosts(rec)
+    gone = sorted(set().union(*(g for _, g in missing.values())))
+    return ", ".join(f"{u} (host {hosts[u]})" if hosts.get(u, u) != u else u for u in gone)
+
+
+def _describe(missing: dict, rec: meta.ValidationRecord) -> dict:
+    hosts = _hosts(rec)
+    return {vertex: {"partitions": _ranges(parts),
+                     "slots": {u: hosts.get(u) for u in sorted(gone)}}
+            for vertex, (parts, gone) in sorted(missing.items())}
+
+
+def _refusal(config, policy, newest, missing, records, present, committed) -> str:
+    rec = records[newest]
+    head = (f"job {config.name!r}: persistence restart refused ({policy}): the newest "
+            f"committed snapshot {newest} lacks {_where(missing[newest])}; no slot present "
+            f"holds a verified copy (they were in slot(s) {_slots_named(missing[newest], rec)}; "
+            f"slots present: {', '.join(sorted(present)) or 'none'})")
+    gone = set().union(*(g for _, g in missing[newest].values()))
+    unloaded = sorted(gone & set(present))
+    if unloaded:
+        head += (f"; slot(s) {', '.join(unloaded)} are present, but their copies failed to "
+                 f"verify or were not verified within data_load_timeout="
+                 f"{config.data_load_timeout:g} s (the recovery event lists them)")
+    if policy == FULL:
+        older = [s for s in reversed(committed[:-1]) if not missing[s]]
+        alt = (f", or a partial policy (cluster_data_recovery_policy="
+               f"\"{MOST_RECENT}\" would restore snapshot {older[0]})" if older else
+               ", or a partial policy")
+        return (head + f". Bring those slots' hosts back and run again (validation_timeout="
+                f"{config.validation_timeout:g} s waits for them){alt}, or give the job's "
+                f"data up with Job.force_start()")
+    return (head + f"; {policy} finds no snapshot the store keeps "
+            f"({committed}) complete over the slots present. Bring those slots' hosts back "
+            f"and run again, or give the job's data up with Job.force_start()")
+
+
+def _replay_hazards(config: JobConfig, dag) -> str:
+    """What an older snapshot would replay under exactly-once ("" when nothing does:
+    at-least-once, or no transactional sink and no acknowledging source)."""
+    if config.processing_guarantee != "exactly-once":
+        return ""
+    sinks = [n for n, s in dag.sinks.items() if getattr(s.sink, "transactional", False)]
+    acking = [v.name for v in dag.sources if getattr(v.source, "acknowledging", False)]
+    parts = []
+    if sinks:
+        parts.append(f"the transactions of sink(s) {sinks}")
+    if acking:
+        parts.append(f"the acknowledgements of source(s) {acking}")
+    return " and ".join(parts)
+
+
+def _rebuild(config: JobConfig, store, execution: int, reports: list[dict], progress) -> None:
+    """The job's folder of the store holds no snapshot: commits again the newest record
+    copy a slot holds (one whose execution the slot has seen), loudly, and ends this
+    execution when a slot has seen a newer execution than it (the next one, registered
+    newer than all, restores it). Returns when no slot holds a record."""
+    best = None
+    for r in reports:
+        if not r.get("record") or r.get("seen") is None:
+            continue
+        data = base64.b64decode(r["record"])
+        try:
+            rec = meta.decode(data, meta.ValidationRecord, f"{r['path']} record copy",
+                              "record copy")
+        except SnapshotCorruptError as e:
+            _log.warning("storage slot %s: its newest record copy does not read: %s",
+                         r["path"], e)
+            continue
+        if rec.job_id != config.id or rec.execution_id > r["seen"]:
+            continue
+        if best is None or (rec.snapshot_id, rec.execution_id) > best[0]:
+            best = ((rec.snapshot_id, rec.execution_id), data, r)
+    if best is None:
+        return
+    (sid, eid), data, r = best
+    seen = max(x["seen"] for x in reports if x.get("seen") is not None)
+    message = (f"job {config.name!r}: snapshot_store {config.snapshot_store} holds no "
+               f"snapshot of this job, but its storage slots do: the driver's metadata was "
+               f"lost. Rebuilding it from the record copy of snapshot {sid} (execution {eid}) "
+               f"in slot {r['uuid']} at {r['path']} (host {r['host']}); the slots have seen "
+               f"execution {seen}")
+    _log.warning("%s", message)
+    try:
+        store.adopt_record(data)
+        if (store.current_execution() or 0) < seen:
+            store.register_execution(seen)
+    except FencedError as e:
+        raise RecoveryRefusedError(f"{message}, but the log cannot take it: {e}. Start the "
+                                   f"job with a new snapshot_store folder") from None
+    progress({"event": "metadata_rebuilt", "execution": execution, "snapshot": sid,
+              "from_execution": eid, "slot": r["uuid"], "path": r["path"], "message": message})
+    raise ExecutionFailedError(f"{message}. Execution {execution} is fenced off by it; the "
+                               f"next execution restores snapshot {sid}")
+
+
+# -- the driver's store, before the first execution ------------------------------------------
+
+
+def wait_for_slots(config: JobConfig, store, available, progress) -> None:
+    """Before a run's first execution: waits up to ``validation_timeout`` s until
+    ``available()`` (the cluster's task slots) reaches the number of storage slots of the
+    newest committed record's partition table, saying so in a ``waiting`` event; then goes
+    on with what there is (the policy decides at join)."""
+    if not _persisted(config):
+        return
+    try:
+        latest = store.latest_complete()
+        if latest is None:
+            return
+        data, _, _ = store.committed_record(latest.snapshot_id)
+        rec = meta.decode(data, meta.ValidationRecord, "the newest record", "validation record")
+    except SparkjetError as e:   # the execution finds it too, and fails by its kind
+        _log.warning("job %r: the newest record does not read (%s): not waiting for its slots",
+                     config.name, e)
+        return
+    want = len(_hosts(rec)) or 0
+    deadline = time.monotonic() + config.validation_timeout
+    said = None
+    while True:
+        have = available()
+        if have >= want or time.monotonic() >= deadline:
+            return
+        if have != said:
+            said = have
+            progress({"event": "waiting", "slots": have, "wanted": want,
+                      "note": f"snapshot {latest.snapshot_id} is in {want} storage slots; "
+                              f"{have} task slot(s) now: waiting up to validation_timeout="
+                              f"{config.validation_timeout:g} s"})
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+# -- force start -----------------------------------------------------------------------------
+
+
+def force_start(config: JobConfig) -> dict:
+    """Deletes the job's data: its folder of ``snapshot_store`` (log, records, exports,
+    table versions) and its data in every slot of this host's ``storage_dir`` that no
+    running task holds; leaves the ``FORCE_START`` mark, at which the next execution has
+    every member empty its slot of the job. Logs each path. Returns what it removed."""
+    if config.storage != "members":
+        raise InvalidArgumentError(
+            f"job {config.name!r}: force start deletes the data of the members' storage "
+            f"slots (storage=\"members\"); with storage={config.storage!r} delete or roll "
+            f"back its snapshots with `sparkjet snapshots`")
+    removed: dict = {"store": [], "slots": [], "held": []}
+    with RunLock(config):
+        store = open_store(config)
+        backend = store._backend
+        job = backend.path(layout.job_dir(config.id))
+        for name in backend.listdir(job):
+            if name == layout.RUNNING:
+                continue
+            path = backend.path(layout.job_dir(config.id), name)
+            if backend.is_dir(path):
+                backend.remove_tree(path)
+            else:
+                backend.remove(path)
+            removed["store"].append(path)
+            _log.warning("force start of job %r: removed %s", config.name, path)
+        backend.write(backend.path(layout.job_dir(config.id), FORCE_START),
+                      [json.dumps({"time": time.time()}).encode()])
+        root = config.storage_root()
+        for name in _names(root):
+            if not name.startswith("slot-"):
+                continue
+            folder = os.path.join(root, name, "jobs", layout.job_dir(config.id))
+            if not os.path.isdir(folder):
+                continue
+            try:
+                slot = StorageSlot.claim_folder(os.path.join(root, name), durable=True)
+            except StorageSlotError as e:
+                removed["held"].append(f"{folder}: {e}")
+                continue
+            if slot is None:
+                removed["held"].append(folder)
+                _log.warning("force start of job %r: %s is held by a running task; the next "
+                             "execution empties it", config.name, folder)
+                continue
+            with slot:
+                slot.remove_job(config.id)
+            removed["slots"].append(folder)
+            _log.warning("force start of job %r: removed %s", config.name, folder)
+        store.close()
+    return removed
+
+
+def _marked(store) -> bool:
+    backend = store._backend
+    return backend.exists(backend.path(layout.job_dir(store.job_id), FORCE_START))
+
+
+def _unmark(store) -> None:
+    backend = store._backend
+    backend.remove(backend.path(layout.job_dir(store.job_id), FORCE_START))
+
+
+__all__ = ["FORCE_START", "Recovery", "after_join", "check_metadata", "claim", "force_start",
+           "join_report", "recover", "wait_for_slots"]

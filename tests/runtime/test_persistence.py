@@ -1,0 +1,339 @@
+"""Persistence restart without Spark (sparkjet.runtime.persistence): the settings, and what a
+member and the driver do with stale slots (corrupt metadata, data from the future) and at a
+force start, on real slots and a real snapshot store in a temporary folder. The restarts
+themselves run on Spark: tests/spark/test_persistence.py."""
+import json
+import logging
+import os
+
+import pytest
+
+from sparkjet.errors import InvalidArgumentError, StorageSlotError
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.runtime.config import open_store
+from sparkjet.runtime.persistence import (
+    FORCE_START,
+    after_join,
+    claim,
+    join_report,
+    recover,
+)
+from sparkjet.snapshot import layout
+from sparkjet.snapshot.slots import StorageSlot
+
+
+def _config(tmp_path, **kw):
+    return JobConfig(name="persisted", snapshot_store=str(tmp_path / "store"), storage="members",
+                     persistence=True, storage_dir=str(tmp_path / "slots"), **kw)
+
+
+def test_the_settings_take_hazelcasts_names_and_defaults(tmp_path):
+    c = _config(tmp_path)
+    assert (c.validation_timeout, c.data_load_timeout, c.cluster_data_recovery_policy,
+            c.auto_remove_stale_data, c.rebalance_delay) == (120.0, 900.0, "FULL_RECOVERY_ONLY",
+                                                             True, 0.0)
+    c = _config(tmp_path, cluster_data_recovery_policy="PARTIAL_RECOVERY_MOST_COMPLETE",
+                validation_timeout=2, auto_remove_stale_data=False)
+    assert c.validation_timeout == 2.0 and not c.auto_remove_stale_data
+    with pytest.raises(InvalidArgumentError, match="cluster_data_recovery_policy must be one of"):
+        _config(tmp_path, cluster_data_recovery_policy="PARTIAL")
+    with pytest.raises(InvalidArgumentError, match="data_load_timeout must be"):
+        _config(tmp_path, data_load_timeout=-1)
+    with pytest.raises(InvalidArgumentError, match=r"validation_timeout .* storage is \"shared\""):
+        JobConfig(snapshot_store=str(tmp_path), validation_timeout=5)
+    with pytest.raises(InvalidArgumentError, match="rebalance_delay .* persistence is False"):
+        JobConfig(snapshot_store=str(tmp_path), storage="members", rebalance_delay=5)
+    assert JobConfig(snapshot_store=str(tmp_path)).validation_timeout is None
+    import dataclasses
+
+    assert dataclasses.replace(_config(tmp_path), persistence=False).validation_timeout is None
+    with pytest.raises(InvalidArgumentError, match="rebalance_delay=240: a delay .* not built"):
+        _config(tmp_path, rebalance_delay=240)
+    assert _config(tmp_path, rebalance_delay=0).rebalance_delay == 0
+
+
+def _slot_with_data(config, execution: int) -> str:
+    """A slot of this host holding some of ``config``'s job data, fenced at ``execution``."""
+    with StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True) as slot:
+        slot.fence(config.id, execution)
+        slot.write_table(config.id, b"not a table")
+        return slot.path
+
+
+@pytest.mark.parametrize("auto_remove", [True, False])
+def test_a_corrupt_member_json_is_removed_or_refused(tmp_path, caplog, auto_remove):
+    config = _config(tmp_path, auto_remove_stale_data=auto_remove)
+    path = _slot_with_data(config, 1)
+    with open(os.path.join(path, "MEMBER.json"), "w") as f:
+        f.write("{not json")
+    if not auto_remove:
+        with pytest.raises(StorageSlotError, match=f"{path}/MEMBER.json is not a slot's"):
+            claim(config, 2)
+        assert os.path.isdir(path)
+        return
+    with caplog.at_level(logging.WARNING):
+        slot, notes = claim(config, 2)
+    with slot:
+        assert slot.path != path and not os.path.exists(path)
+        assert f"removed storage slot {path}" in caplog.text
+
+
+@pytest.mark.parametrize("auto_remove", [True, False])
+def test_a_corrupt_table_gives_the_jobs_data_up_or_is_refused(tmp_path, caplog, auto_remove):
+    config = _config(tmp_path, auto_remove_stale_data=auto_remove)
+    path = _slot_with_data(config, 1)
+    table = os.path.join(path, "jobs", layout.job_dir(config.id), "TABLE.json")
+    if not auto_remove:
+        with pytest.raises(StorageSlotError, match=f"{table}: the partition table does not read"):
+            claim(config, 2)
+        assert os.path.exists(table)
+        return
+    with caplog.at_level(logging.WARNING):
+        slot, notes = claim(config, 2)
+    with slot:
+        assert slot.path == path and not os.path.exists(table)
+        assert notes["removed"] and table in notes["removed"][0]
+        assert slot.newest_execution(config.id) == 2
+        assert "is corrupt" in caplog.text and path in caplog.text
+
+
+def _future_slot(config) -> str:
+    """A slot that has seen execution 7 of the job (a table and a fence, no records)."""
+    from sparkjet.partition_table import PartitionTable
+
+    with StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True) as slot:
+        slot.fence(config.id, 7)
+        slot.write_table(config.id, PartitionTable.create(
+            [slot.uuid], config.partition_count, 0, groups={slot.uuid: slot.uuid}).to_bytes())
+        return slot.path
+
+
+@pytest.mark.parametrize("auto_remove", [True, False])
+def test_a_slot_from_the_future_is_emptied_or_refused(tmp_path, auto_remove):
+    """The store has registered executions up to 4; a slot has seen execution 7 of the job
+    (the store is an older copy): its data is from the future. Another job's data in the
+    same slot is left alone."""
+    config = _config(tmp_path, auto_remove_stale_data=auto_remove)
+    path = _future_slot(config)
+    other = JobConfig(name="other", snapshot_store=str(tmp_path / "store"), storage="members",
+                      persistence=True, storage_dir=str(tmp_path / "slots"))
+    with StorageSlot.claim(other.storage_root(), job_id=other.id) as slot:
+        slot.fence(other.id, 9)
+    store = open_store(config)
+    for e in range(5):
+        store.register_execution(e)
+    slot, notes = claim(config, 4)
+    events = []
+    with slot:
+        assert slot.path == path and notes["seen"] == 7
+        report = join_report(config, slot, notes, 4)
+        if not auto_remove:
+            with pytest.raises(StorageSlotError, match=f"storage slot {path} .* has seen "
+                                                       "execution 7 .* from the future"):
+                recover(config, store, None, 4, None, [report], events.append)
+            return
+        recovery = recover(config, store, None, 4, None, [report], events.append)
+        assert list(recovery.wipe) == [0] and "from the future" in recovery.wipe[0]
+        assert events[-1]["event"] == "recovery" and path in events[-1]["removed"][0]
+        after_join(config, slot, {"wipe": recovery.wipe[0]}, 4)
+        assert slot.newest_execution(config.id) == 4 and slot.read_table(config.id) is None
+        assert slot.newest_execution(other.id) == 9       # another job's: left alone
+
+
+def test_force_start_removes_the_jobs_data_and_marks_the_store(tmp_path):
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import DiscardSink
+    from sparkjet.sources import GeneratorSource
+
+    config = _config(tmp_path)
+    held = StorageSlot.claim(config.storage_root(), job_id=config.id)   # a running task's
+    held.fence(config.id, 3)
+    free = _future_slot(config)
+    store = open_store(config)
+    store.register_execution(3)
+    store.close()
+    job = Job(Pipeline().read_from(GeneratorSource(total=10)).write_to(DiscardSink()), config)
+    with held:
+        removed = job.force_start()
+        job_folder = os.path.join(config.snapshot_store, layout.job_dir(config.id))
+        assert os.path.join(job_folder, "log") in removed["store"]
+        assert removed["slots"] == [os.path.join(free, "jobs", layout.job_dir(config.id))]
+        assert len(removed["held"]) == 1 and held.path in removed["held"][0]
+        assert not os.path.exists(os.path.join(free, "jobs", layout.job_dir(config.id)))
+        assert json.load(open(os.path.join(job_folder, FORCE_START)))["time"] > 0
+        # the next execution: every member holding the job's data empties its slot
+        store = open_store(config)
+        assert store.current_execution() is None
+        store.register_execution(0)
+        report = join_report(config, held, {"seen": 3}, 0)
+        events = []
+        recovery = recover(config, store, None, 0, None, [report], events.append)
+        assert recovery.wipe == {0: "force start"} and recovery.start is None
+        assert not os.path.exists(os.path.join(job_folder, FORCE_START))
+        after_join(config, held, {"wipe": "force start"}, 0)
+        assert held.newest_execution(config.id) == 0
+
+
+# -- the driver's decision over real slots and records (no Spark) -----------------------------
+
+
+def _snapshots(tmp_path, config, ids=(0, 1)):
+    """Snapshots ``ids`` of execution 1 written into two slots of hosts a and b (no
+    backups), committed with a table over them, each slot keeping the record copies."""
+    import base64
+
+    import pyarrow as pa
+
+    from sparkjet.partition_table import PartitionTable
+
+    a = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True)
+    b = StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+    store = open_store(config)
+    store.register_execution(1)
+    for sid in ids:
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            w = store.writer(sid, 1, writer=i, partition_count=7, slot=slot)
+            w.write_table("agg", pa.table({"key": pa.array(range(i * 100, i * 100 + 100),
+                                                           pa.int64())}), key="key")
+            manifests.append(w.finish())
+        store.commit(sid, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        data, _, _ = store.committed_record(sid)
+        for slot in (a, b):
+            slot.write_record(config.id, sid, data, execution=1)
+    return store, a, b
+
+
+def _reports(config, execution, *slots):
+    return [join_report(config, s, {"seen": s.newest_execution(config.id)}, execution)
+            for s in slots]
+
+
+def _start(config, store, sid):
+    from sparkjet.runtime.restore import handed_start
+
+    return handed_start(config, store, sid)[2]
+
+
+def test_full_recovery_only_counts_every_partition_against_the_slots_present(tmp_path):
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    store, a, b = _snapshots(tmp_path, config)
+    with a, b:
+        store.register_execution(2)
+        events = []
+        recovery = recover(config, store, None, 2, _start(config, store, 1),
+                           _reports(config, 2, a, b), events.append)
+        assert recovery.report["snapshot"] == 1 and recovery.report["given_up"] == []
+        assert recovery.report["slots"][b.uuid]["holds"] == [0, 1]
+        assert recovery.report["slots"][a.uuid]["verified"] == 2    # one file per snapshot
+        # slot b's host never comes back
+        from sparkjet.errors import RecoveryRefusedError
+
+        with pytest.raises(RecoveryRefusedError) as e:
+            recover(config, store, None, 2, _start(config, store, 1), _reports(config, 2, a),
+                    events.append)
+        text = str(e.value)
+        assert "refused (FULL_RECOVERY_ONLY): the newest committed snapshot 1 lacks agg: " \
+               "partitions" in text and f"{b.uuid} (host b)" in text, text
+        assert "Job.force_start()" in text and "partial policy" in text, text
+        assert events[-1]["event"] == "recovery" and events[-1]["snapshot"] is None
+        assert list(events[-1]["missing"]["agg"]["slots"]) == [b.uuid]
+
+
+@pytest.mark.parametrize("fault", ["flipped", "timeout"])
+def test_a_replica_that_does_not_verify_in_time_counts_as_not_held(tmp_path, fault):
+    """A flipped byte in slot b's file of snapshot 1 (its checksum fails): snapshot 1 is
+    not complete, and the partial policy takes snapshot 0 at-least-once, saying what it
+    gave up. No time to verify anything (data_load_timeout=0): nothing is held, refused."""
+    config = _config(tmp_path, processing_guarantee="at-least-once",
+                     cluster_data_recovery_policy="PARTIAL_RECOVERY_MOST_RECENT",
+                     data_load_timeout=0 if fault == "timeout" else 900)
+    store, a, b = _snapshots(tmp_path, config)
+    with a, b:
+        if fault == "flipped":
+            (path,) = [p for p in _files(b, config.id) if "000000000001-e" in p]
+            with open(path, "r+b") as f:
+                f.seek(os.path.getsize(path) - 5)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0xFF]))
+        store.register_execution(2)
+        events = []
+        reports = _reports(config, 2, a, b)
+        if fault == "timeout":
+            from sparkjet.errors import RecoveryRefusedError
+
+            with pytest.raises(RecoveryRefusedError, match="not verified within "
+                                                           "data_load_timeout=0 s"):
+                recover(config, store, None, 2, _start(config, store, 1), reports,
+                        events.append)
+            assert all(s["unverified"] == 2 for s in events[-1]["slots"].values())
+            return
+        recovery = recover(config, store, None, 2, _start(config, store, 1), reports,
+                           events.append)
+        report = recovery.report
+        assert report["snapshot"] == 0 and report["given_up"] == [1], report
+        assert report["replay_from"] == 0 and recovery.start["snapshot"] == 0
+        assert report["slots"][b.uuid]["bad"] and report["slots"][b.uuid]["holds"] == [0]
+        assert store.rollbacks() == [0]      # the newer snapshot no longer counts
+
+
+def test_exactly_once_refuses_an_older_snapshot_behind_a_transactional_sink(tmp_path):
+    from sparkjet.errors import RecoveryRefusedError
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import GeneratorSource
+
+    dag = Pipeline().read_from(GeneratorSource(total=10)).write_to(
+        TransactionalFileSink(tmp_path / "out")).plan()
+    config = _config(tmp_path, cluster_data_recovery_policy="PARTIAL_RECOVERY_MOST_RECENT")
+    store, a, b = _snapshots(tmp_path, config)
+    with a, b:
+        for p in _files(b, config.id):
+            if "000000000001-e" in p:
+                os.remove(p)
+        store.register_execution(2)
+        with pytest.raises(RecoveryRefusedError, match=r"would restore snapshot 0,.* exactly-once "
+                                                       r"refuses it"):
+            recover(config, store, dag, 2, _start(config, store, 1), _reports(config, 2, a, b),
+                    lambda e: None)
+        assert store.rollbacks() == []
+
+
+def test_validation_waits_for_as_many_task_slots_as_the_record_had_slots(tmp_path):
+    from sparkjet.runtime.persistence import wait_for_slots
+
+    config = _config(tmp_path, validation_timeout=0.3)
+    store, a, b = _snapshots(tmp_path, config, ids=(0,))
+    with a, b:
+        events = []
+        wait_for_slots(config, store, lambda: 1, events.append)
+        assert [(e["event"], e["slots"], e["wanted"]) for e in events] == [("waiting", 1, 2)]
+        events.clear()
+        wait_for_slots(config, store, lambda: 2, events.append)
+        assert events == []
+
+
+def _files(slot, job):
+    root = os.path.join(slot.job_path(job), "replicas")
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".chunks")]
+
+
+def test_the_cli_force_starts_a_job_by_name(tmp_path, capsys):
+    from sparkjet.cli.main import main
+
+    config = _config(tmp_path)
+    free = _future_slot(config)
+    store = open_store(config)
+    store.register_execution(3)
+    store.close()
+    assert main(["snapshots", "force-start", config.snapshot_store, "--job", config.name,
+                 "--storage-dir", config.storage_dir]) == 0
+    out = capsys.readouterr().out
+    job_folder = os.path.join(config.snapshot_store, layout.job_dir(config.id))
+    assert f"removed {os.path.join(job_folder, 'log')}" in out
+    assert f"removed {os.path.join(free, 'jobs', layout.job_dir(config.id))}" in out
+    assert os.path.exists(os.path.join(job_folder, FORCE_START))
+    assert open_store(config).current_execution() is None
