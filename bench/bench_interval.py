@@ -11,7 +11,10 @@ best). The intervals alternate round by round (``--rounds``).
 
 Per run: **throughput**, the events after the first snapshot over the time from it to the
 terminal snapshot's commit (the job's start and its first second, where the state fills, are
-left out); **the ratio** to the 1 s run of the same round; and the snapshots' median
+left out); **the ratio** to the 1 s run of the same round (the median over the rounds); in
+process also **the CPU ratio**, the 1 s run's CPU seconds per event (of this process, every
+thread) over this run's, a figure other work on a shared machine disturbs less than
+the wall time; and the snapshots' median
 phases, from the coordinator's records: ``duration`` (barrier to commit), ``phase1`` (barrier
 to the last processor's acknowledgement: the processors write their state) and ``commit``
 (the store's commit point: the validation record and the log event).
@@ -55,10 +58,12 @@ def run(spark, interval: float, events: int, keys: int, storage: str, work: str)
                        snapshot_store=os.path.join(work, "store"), max_restarts=0,
                        batch_size=BATCH, **shape, **extra)
     seen: list[tuple[float, int, dict]] = []
+    cpu: list[float] = []
 
     def progress(event):
         if event.get("event") == "snapshot":
             seen.append((time.monotonic(), event.get("events_in", 0), event))
+            cpu.append(time.process_time())
 
     try:
         if spark is None:
@@ -80,7 +85,9 @@ def run(spark, interval: float, events: int, keys: int, storage: str, work: str)
             "snapshots": len(seen), "duration_ms": median("duration_s") * 1e3,
             "phase1_ms": median("phase1_s") * 1e3, "commit_ms": median("commit_s") * 1e3,
             "mb": statistics.median(s["bytes"] for s in snaps) / 1e6,
-            "seconds": t1 - t0}
+            "seconds": t1 - t0,
+            # in process only: this process's CPU seconds per million events
+            "cpu_s_per_m": (cpu[-1] - cpu[0]) / (events - e0) * 1e6 if spark is None else None}
 
 
 def compare(spark, events: int, keys: int, storage: str, rounds: int,
@@ -98,26 +105,33 @@ def compare(spark, events: int, keys: int, storage: str, rounds: int,
             print("  " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                      for k, v in res.items()}), flush=True)
     for interval in intervals:
-        ratios = []
+        ratios, cpu = [], []
         for r in range(rounds):
             by = {x["interval"]: x for x in out["runs"] if x["round"] == r}
             ratios.append(by[interval]["events_per_s"] / by[intervals[0]]["events_per_s"])
+            if spark is None:
+                cpu.append(by[intervals[0]]["cpu_s_per_m"] / by[interval]["cpu_s_per_m"])
         out[f"ratio-{interval:g}"] = statistics.median(ratios)
+        out[f"cpu-ratio-{interval:g}"] = statistics.median(cpu) if cpu else None
     out["load_end"] = os.getloadavg()[0]
     return out
 
 
 def table(result: dict) -> str:
-    lines = [f"{'interval':>8} {'M events/s':>11} {'vs 1 s':>7} {'snapshots':>9} "
-             f"{'duration ms':>11} {'phase1 ms':>9} {'commit ms':>9} {'MB':>6}"]
+    lines = [f"{'interval':>8} {'M events/s':>11} {'vs 1 s':>7} {'CPU vs 1 s':>10} "
+             f"{'snapshots':>9} {'duration ms':>11} {'phase1 ms':>9} {'commit ms':>9} "
+             f"{'MB':>6}"]
     for interval in sorted({x["interval"] for x in result["runs"]}, reverse=True):
         runs = [x for x in result["runs"] if x["interval"] == interval]
 
         def med(k, runs=runs):
             return statistics.median(x[k] for x in runs)
 
+        cpu = result.get(f"cpu-ratio-{interval:g}")
+        cpu = "-" if cpu is None else f"{cpu:.1%}"
+
         lines.append(f"{interval:>8g} {med('events_per_s') / 1e6:>11.2f} "
-                     f"{result[f'ratio-{interval:g}']:>7.1%} {med('snapshots'):>9.0f} "
+                     f"{result[f'ratio-{interval:g}']:>7.1%} {cpu:>10} {med('snapshots'):>9.0f} "
                      f"{med('duration_ms'):>11.0f} {med('phase1_ms'):>9.0f} "
                      f"{med('commit_ms'):>9.1f} {med('mb'):>6.1f}")
     return "\n".join(lines)
