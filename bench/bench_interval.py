@@ -7,7 +7,8 @@ exactly-once. By default on a ``local[2]`` Spark session, two members (``local_p
 each), the shared snapshot store on local disk (fsynced); ``--storage members`` runs the
 members' storage (``backup_count=1``, slots under ``/dev/shm``); ``--in-process`` runs one
 member with ``local_parallelism=2`` in this process (no Spark: what ``py-spy`` profiles
-best). The intervals alternate round by round (``--rounds``).
+best). The intervals alternate round by round (``--rounds``), after an untimed warm-up
+run on Spark.
 
 Per run: **throughput**, the events after the first snapshot over the time from it to the
 terminal snapshot's commit (the job's start and its first second, where the state fills, are
@@ -45,7 +46,8 @@ from bench_recovery import AGGREGATIONS, BATCH, storage_options  # noqa: E402 - 
 INTERVALS = (1.0, 0.2, 0.1)
 
 
-def run(spark, interval: float, events: int, keys: int, storage: str, work: str) -> dict:
+def run(spark, interval: float, events: int, keys: int, storage: str, work: str,
+        codec: str = "lz4") -> dict:
     """One bounded run at ``interval``: throughput after the first snapshot, and the
     snapshots' phases."""
     source = GeneratorSource(total=events, partitions=4, keys=keys, batch_size=BATCH)
@@ -56,7 +58,7 @@ def run(spark, interval: float, events: int, keys: int, storage: str, work: str)
              else {"local_parallelism": 2})
     config = JobConfig(name=f"bench-interval-{interval}", snapshot_interval=interval,
                        snapshot_store=os.path.join(work, "store"), max_restarts=0,
-                       batch_size=BATCH, **shape, **extra)
+                       batch_size=BATCH, snapshot_codec=codec, **shape, **extra)
     seen: list[tuple[float, int, dict]] = []
     cpu: list[float] = []
 
@@ -91,14 +93,17 @@ def run(spark, interval: float, events: int, keys: int, storage: str, work: str)
 
 
 def compare(spark, events: int, keys: int, storage: str, rounds: int,
-            intervals=INTERVALS) -> dict:
+            intervals=INTERVALS, codec: str = "lz4") -> dict:
     out: dict = {"load": os.getloadavg()[0], "events": events, "keys": keys, "storage": storage,
-                 "spark": spark is not None, "runs": []}
+                 "spark": spark is not None, "codec": codec, "runs": []}
+    if spark is not None:       # the members' Python workers start and import: not timed
+        with tempfile.TemporaryDirectory() as work:
+            run(spark, intervals[0], min(events, 10_000_000), keys, storage, work, codec)
     for r in range(rounds):
         order = intervals if r % 2 == 0 else intervals[::-1]
         for interval in order:
             with tempfile.TemporaryDirectory() as work:
-                res = run(spark, interval, events, keys, storage, work)
+                res = run(spark, interval, events, keys, storage, work, codec)
             res["round"] = r
             res["load"] = os.getloadavg()[0]
             out["runs"].append(res)
@@ -149,6 +154,8 @@ def main(argv=None) -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--storage", choices=("shared", "members"), default="shared")
+    parser.add_argument("--codec", choices=("lz4", "raw"), default="lz4",
+                        help="JobConfig.snapshot_codec")
     parser.add_argument("--in-process", action="store_true",
                         help="one member, local_parallelism=2, in this process (no Spark)")
     parser.add_argument("--json", help="also write the results to this file")
@@ -161,9 +168,10 @@ def main(argv=None) -> None:
                               **{"spark.ui.showConsoleProgress": "false"})
     where = "in process, local_parallelism=2" if spark is None else "local[2], 2 members"
     print(f"{args.events:,} events, {args.keys:,} keys, {where}, storage={args.storage}, "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"codec={args.codec}, load average {os.getloadavg()[0]:.1f}", flush=True)
     try:
-        result = compare(spark, args.events, args.keys, args.storage, args.rounds)
+        result = compare(spark, args.events, args.keys, args.storage, args.rounds,
+                         codec=args.codec)
     finally:
         if spark is not None:
             spark.stop()

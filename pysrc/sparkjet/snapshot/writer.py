@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -181,25 +182,30 @@ class SnapshotWriter:
         started at the first: one thread per snapshot and writer, not one per file."""
         if self._queue is None:
             self._queue = queue.Queue()
+            # The thread holds no reference to the writer: a writer dropped unfinished (its
+            # processor failed) ends its thread when it is collected.
             self._thread = threading.Thread(target=self._run_io, name="sparkjet-snapshot-write",
+                                            args=(self._queue, self._backend, self._failed),
                                             daemon=True)
+            weakref.finalize(self, self._queue.put, None)
             self._thread.start()
         self._queue.put(op)
 
-    def _run_io(self) -> None:
+    @staticmethod
+    def _run_io(ops: queue.Queue, backend: StorageBackend, failed: list) -> None:
         """The I/O thread: writes the queued files in order until ``None``, filling in each
         one's record (its bytes and chunks); after a failure it writes nothing more (a
-        failed writer's snapshot is never committed) and keeps the error for the
-        encoding thread to raise."""
-        while (op := self._queue.get()) is not None:
+        failed writer's snapshot is never committed) and keeps the error (in ``failed``)
+        for the encoding thread to raise."""
+        while (op := ops.get()) is not None:
             if isinstance(op, threading.Event):
                 op.set()
                 continue
-            if self._failed:
+            if failed:
                 continue
             path, chunks, record = op
             try:
-                out = self._backend.open_write(path)
+                out = backend.open_write(path)
                 entries, offset = record["chunks"], 0
                 try:
                     for c in chunks:
@@ -215,7 +221,7 @@ class SnapshotWriter:
                 out.close()
                 record["bytes"] = offset
             except BaseException as e:  # noqa: BLE001 - raised by the encoding thread
-                self._failed.append(e)
+                failed.append(e)
 
     def _drain(self) -> None:
         """Waits until every queued file operation has run; raises the I/O thread's error."""
