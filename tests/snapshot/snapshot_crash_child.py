@@ -65,7 +65,16 @@ def in_phase(label, fn):
 
 
 Store, Writer = snapshot_store.SnapshotStore, snapshot_store.SnapshotWriter
-Writer._write = in_phase("chunk files", Writer._write)
+write = Writer._write
+
+
+def write_and_drain(self, *args, **kwargs):
+    # the writer's I/O thread writes the file: wait for it, so that its calls count here
+    write(self, *args, **kwargs)
+    self._drain()
+
+
+Writer._write = in_phase("chunk files", write_and_drain)
 Writer.finish = in_phase("finish", Writer.finish)
 Store.commit = in_phase("validation record", Store.commit)
 append = Store._append

@@ -96,3 +96,23 @@ def test_the_arrow_log_on_a_read_only_disk_names_the_directory(tmp_path):
             ArrowLogWriter(ro / "log", 1, pa.schema([("x", pa.int64())]))
         error = _refused(e, "create directory", ro)
         assert error.errno == errno.EROFS and error.deterministic
+
+
+def test_a_write_that_fails_on_the_writers_thread_fails_the_snapshot_at_finish(tmp_path):
+    """The writer's files are written on its I/O thread while the processor goes on: a write
+    that fails there is raised by finish(), before any manifest exists, the half-written
+    file is removed and nothing is committed."""
+    with tmpfs(tmp_path / "small", "64k") as small:
+        store = SnapshotStore(small / "snaps", job_id=42)
+        store.register_execution(0)
+        w = store.writer(1, 0)
+        w.write_table("agg", state(1, n=50_000), key="key")    # queued: returns at once
+        with pytest.raises(StorageError) as e:
+            w.finish()
+        error = _refused(e, "write", small / "snaps")
+        assert error.errno == errno.ENOSPC
+        with pytest.raises(StorageError):
+            w.finish()                      # never a manifest after a failed write
+        assert store.latest_complete() is None
+        assert list((small / "snaps").rglob("*.chunks")) == []
+        store.close()

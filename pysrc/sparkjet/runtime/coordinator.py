@@ -148,6 +148,7 @@ class SnapshotCoordinator:
                 alignment[name] = aligned
         # processors that disagree on an output's schema: nothing of theirs is committed
         check_agreement(schemas)
+        acked = time.monotonic()
         info = self.store.commit(snapshot_id, self.execution_id, manifests, table=self.table,
                                  plan=self.plan)
         committed = time.monotonic()
@@ -161,7 +162,9 @@ class SnapshotCoordinator:
                        {"execution": self.execution_id,
                         "record": base64.b64encode(data).decode()}])
         record = {"snapshot": snapshot_id, "duration_s": committed - started, "bytes": info.bytes,
-                  "terminal": terminal, "alignment_s": alignment}
+                  "terminal": terminal, "alignment_s": alignment,
+                  # phase 1 (barrier to the last acknowledgement) and the commit point
+                  "phase1_s": acked - started, "commit_s": committed - acked}
         self.records.append(record)
         self.progress({"event": "snapshot", **record, "execution": self.execution_id,
                        "events_in": self.events_in()})

@@ -494,7 +494,8 @@ class RemoteLink:
     One thread polls the coordinator's ``poll`` action: the call is the member's heartbeat
     (it carries the counters and the ended source processors) and its answer carries the
     coordinator's commands, waiting up to a quarter of a second for one. Phase-1
-    acknowledgements go from the processors' own threads (``ack``). A poll that fails
+    acknowledgements go from a thread of each processor's snapshot, once its files are
+    durable (``ack``, :func:`~sparkjet.runtime.snapshotting.acknowledge`). A poll that fails
     (the coordinator ended this execution, or is gone) fails the member.
     """
 

@@ -11,7 +11,8 @@ Snapshot n (Chandy-Lamport):
 3. :func:`finish_barrier`, the same for both: the table versions its joins use from now on
    are recorded, the transactions of the sinks it writes prepared, its outputs' schemas
    recorded, barrier n forwarded into every channel it feeds, and its manifest handed to
-   the coordinator (the phase-1 acknowledgement). The coordinator commits the snapshot in
+   the coordinator (the phase-1 acknowledgement, sent from a thread of its own once the
+   writer's files are durable: :func:`acknowledge`). The coordinator commits the snapshot in
    the store (the commit point), then tells every processor to run phase 2 (sinks commit,
    acknowledging sources ack) on its own thread.
 
@@ -48,6 +49,7 @@ starts at the least watermark of the partitions it now owns.
 from __future__ import annotations
 
 import json
+import threading
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -182,9 +184,22 @@ def forward_barrier(processor, writer, snapshot_id: int, terminal: bool) -> dict
 
 def acknowledge(processor, writer, snapshot_id: int, alignment_s: float | None,
                 schemas: dict) -> None:
-    """Phase 1 of ``processor`` done: its manifest goes to the coordinator."""
-    processor.member.ack(processor.label, snapshot_id, writer.finish(), alignment_s,
-                         schemas=schemas)
+    """Phase 1 of ``processor`` done: its manifest goes to the coordinator once the
+    writer's files are durable (:meth:`~sparkjet.snapshot.writer.SnapshotWriter.finish`),
+    on a thread of its own, while the processor goes on with its input (Flink's
+    asynchronous phase): the fsyncs and, on Spark, the round trip to the driver are off
+    its path. Nothing is committed before the acknowledgement, so nothing changes for
+    exactly-once; a failure fails the member, as the processor's own would."""
+    member = processor.member
+
+    def finish_and_ack():
+        try:
+            member.ack(processor.label, snapshot_id, writer.finish(), alignment_s,
+                       schemas=schemas)
+        except BaseException as e:  # noqa: BLE001 - reported to the member, which ends the execution
+            member.fail(e)
+
+    threading.Thread(target=finish_and_ack, name="sparkjet-snapshot-ack", daemon=True).start()
 
 
 def write_in_flight(writer, vertex: str, index: int, items: list, parallelism: int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,6 +100,10 @@ class SnapshotWriter:
         self._files: list[dict] = []
         self._tables: list[str] = []
         self._finished = False
+        self._made: set[str] = set()        # folders made already
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._failed: list[BaseException] = []
 
     def __repr__(self) -> str:
         return (f"SnapshotWriter(job_id={self.store.job_id}, snapshot_id={self.snapshot_id}, "
@@ -136,58 +141,30 @@ class SnapshotWriter:
     def _write(self, vertex: str, chunks) -> None:
         """Writes chunks (in partition order) to one file as they are encoded.
 
-        One file per call, partitions back to back: one fsync per snapshot and writer (a
-        file per partition cost 271 fsyncs, 30x the time), while the record's byte ranges
-        still let a restore read only its partitions. A thread writes while this one
-        encodes the next chunks (compression and file writes both release the GIL)."""
+        One file per call, partitions back to back: one fsync per file (a file per
+        partition cost 271 fsyncs, 30x the time), while the record's byte ranges still let
+        a restore read only its partitions. The writer's one I/O thread (:meth:`_run_io`)
+        encodes the chunks (compression, which releases the GIL), writes and closes
+        (fsyncs) the file while this thread goes on: :meth:`finish` waits for it before
+        the manifest goes to the commit. (``chunks`` holds its own copy of the state: an
+        encoder's table is grouped by partition into new buffers at the call.)"""
         self.store.check_fence(self.execution_id)
+        self._raise_io_failure()
         chunks = iter(chunks)
         first = next(chunks, None)
         if first is None:
             return
-        backend = self._backend
         directory = self._folder(vertex)
-        backend.makedirs(directory)
+        if directory not in self._made:
+            self._backend.makedirs(directory)
+            self._made.add(directory)
         name = layout.chunk_file(self.writer, self._calls)
         self._calls += 1
-        out = backend.open_write(f"{directory}/{name}")
-        pending: queue.Queue = queue.Queue(maxsize=64)
-        failed: list[BaseException] = []
-
-        def drain():
-            while (item := pending.get()) is not None:
-                if not failed:
-                    try:
-                        for piece in item:
-                            out.write(piece)
-                    except BaseException as e:  # noqa: BLE001 - re-raised by the encoder
-                        failed.append(e)
-
-        writer = threading.Thread(target=drain, name="sparkjet-snapshot-write", daemon=True)
-        writer.start()
-        entries, offset = [], 0
-        try:
-            for c in itertools.chain((first,), chunks):
-                if failed:
-                    break
-                pending.put((c.header_bytes, *c.pieces))
-                entries.append([offset, c.header.stored_size, c.header.checksum,
-                                c.header.entry_count, c.header.partition])
-                offset += c.nbytes
-        except BaseException:
-            pending.put(None)
-            writer.join()
-            out.abort()
-            raise
-        pending.put(None)
-        writer.join()
-        if failed:
-            out.abort()
-            raise failed[0]
-        out.close()
-        record = {"vertex": vertex, "path": f"{vertex}/{name}", "bytes": offset,
-                  "chunks": entries}
+        record = {"vertex": vertex, "path": f"{vertex}/{name}", "bytes": 0, "chunks": []}
+        self._io((f"{directory}/{name}", itertools.chain((first,), chunks), record))
         if self.slot is not None:
+            self._drain()   # replication and the durable copy read the file back
+            offset, entries = record["bytes"], record["chunks"]
             record["slot"] = self.slot.uuid
             if self.replicate is not None:
                 replicas = self.replicate(
@@ -197,7 +174,72 @@ class SnapshotWriter:
             if self.durable:
                 self._copy_to_store(vertex, name, offset)
                 record["durable"] = True
-        self._files.append(record)
+        self._files.append(record)      # (complete once the I/O thread has written it)
+
+    def _io(self, op: tuple) -> None:
+        """Queues a file, ``(path, chunks, record)``, for this writer's one I/O thread,
+        started at the first: one thread per snapshot and writer, not one per file."""
+        if self._queue is None:
+            self._queue = queue.Queue()
+            # The thread holds no reference to the writer: a writer dropped unfinished (its
+            # processor failed) ends its thread when it is collected.
+            self._thread = threading.Thread(target=self._run_io, name="sparkjet-snapshot-write",
+                                            args=(self._queue, self._backend, self._failed),
+                                            daemon=True)
+            weakref.finalize(self, self._queue.put, None)
+            self._thread.start()
+        self._queue.put(op)
+
+    @staticmethod
+    def _run_io(ops: queue.Queue, backend: StorageBackend, failed: list) -> None:
+        """The I/O thread: writes the queued files in order until ``None``, filling in each
+        one's record (its bytes and chunks); after a failure it writes nothing more (a
+        failed writer's snapshot is never committed) and keeps the error (in ``failed``)
+        for the encoding thread to raise."""
+        while (op := ops.get()) is not None:
+            if isinstance(op, threading.Event):
+                op.set()
+                continue
+            if failed:
+                continue
+            path, chunks, record = op
+            try:
+                out = backend.open_write(path)
+                entries, offset = record["chunks"], 0
+                try:
+                    for c in chunks:
+                        out.write(c.header_bytes)
+                        for piece in c.pieces:
+                            out.write(piece)
+                        entries.append([offset, c.header.stored_size, c.header.checksum,
+                                        c.header.entry_count, c.header.partition])
+                        offset += c.nbytes
+                except BaseException:
+                    out.abort()
+                    raise
+                out.close()
+                record["bytes"] = offset
+            except BaseException as e:  # noqa: BLE001 - raised by the encoding thread
+                failed.append(e)
+
+    def _drain(self) -> None:
+        """Waits until every queued file operation has run; raises the I/O thread's error."""
+        if self._queue is not None:
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait()
+        self._raise_io_failure()
+
+    def _stop_io(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._queue = None
+        self._raise_io_failure()
+
+    def _raise_io_failure(self) -> None:
+        if self._failed:
+            raise self._failed[0]
 
     def _copy_to_store(self, vertex: str, name: str, size: int) -> None:
         """The durable copy of a file written into the slot: the same bytes in the store's
@@ -223,8 +265,14 @@ class SnapshotWriter:
     def finish(self) -> Manifest:
         """Ends writing (making the files durable) and returns the manifest to commit."""
         if not self._finished:
-            # A fenced writer's directory may already be gone (the newer execution's
-            # cleanup): say so rather than fail on a missing path.
+            # Every file written and closed (fsynced), or the error. A fenced writer's
+            # directory may already be gone (the newer execution's cleanup): say so rather
+            # than fail on a missing path.
+            try:
+                self._stop_io()
+            except BaseException:
+                self.store.check_fence(self.execution_id)
+                raise
             self.store.check_fence(self.execution_id)
             self._finished = True
             for vertex in {f["vertex"] for f in self._files}:
