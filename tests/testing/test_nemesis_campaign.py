@@ -190,3 +190,85 @@ def test_partitions_of_a_namespaced_standalone_cluster_under_a_running_job(tmp_p
     part = out["per_kind"]["partition"]
     assert part["faults"] == 7 and part["lost"] == 0 and part["duplicated"] == 0, part
     assert all(not r["violations"] for r in out["rounds"]), out["rounds"]
+
+
+def _fake_round(kind, index, faults, rng, server):
+    """A round as the campaign's loop sees one, without a job: its fault names are its own
+    random draws (so a resumed run must draw as an unbroken one does)."""
+    from types import SimpleNamespace
+
+    from sparkjet.testing.nemesis_campaign import FaultRecord, NemesisRound
+
+    records = [FaultRecord(kind, f"{kind}-{rng.randrange(10**6)}: fault {j} of round {index}",
+                           0.0, 0.0, round(rng.uniform(0, 5), 3)) for j in range(faults)]
+    return NemesisRound(kind, "file", records, rng.randrange(3), 1.0,
+                        SimpleNamespace(lost_count=0, duplicated_count=0, valid=True), 0,
+                        server=server)
+
+
+def test_a_campaign_stopped_and_resumed_is_the_campaign_run_at_once(tmp_path):
+    """`--log FILE` and `--resume` (issue 27: a 1,000-fault run over several sittings): a
+    run stopped during its third round and resumed from its log runs the rounds an unbroken
+    run would (the same kinds in the same order, a partition round interleaved among the
+    local ones, the same servers, the same random draws), and its summary counts every
+    round of the log. No job runs: the rounds are stand-ins."""
+    from sparkjet.errors import NemesisError
+    from sparkjet.testing import nemesis_campaign as nc
+
+    kinds, fpr, total = ("kill", "server", "partition"), 7, 28   # 4 rounds of 7 faults
+    whole = nc.run(tmp_path / "a", total, kinds, seed=11, progress=lambda _: None,
+                   faults_per_round=fpr, log=tmp_path / "whole.log", runner=_fake_round)
+
+    log = tmp_path / "stopped.log"
+
+    def stops_in_round_3(kind, index, faults, rng, server):
+        if index == 2:
+            with open(log, "a") as f:
+                f.write('ROUND-JSON {"kind": "partiti')     # a line cut short
+            raise KeyboardInterrupt
+        return _fake_round(kind, index, faults, rng, server)
+
+    with pytest.raises(KeyboardInterrupt):
+        nc.run(tmp_path / "b", total, kinds, seed=11, progress=lambda _: None,
+               faults_per_round=fpr, log=log, runner=stops_in_round_3)
+    assert len(nc.read_log(log)[1]) == 2
+    with pytest.raises(NemesisError, match="holds 2 rounds.*--resume"):
+        nc.run(tmp_path / "b", total, kinds, seed=11, faults_per_round=fpr, log=log,
+               runner=_fake_round)
+    with pytest.raises(NemesisError, match="seed 11 \\(not 12\\)"):
+        nc.run(tmp_path / "b", total, kinds, seed=12, faults_per_round=fpr, log=log,
+               resume=True, runner=_fake_round)
+    lines: list[str] = []
+    resumed = nc.run(tmp_path / "b", total, kinds, seed=11, progress=lines.append,
+                     faults_per_round=fpr, log=log, resume=True, runner=_fake_round)
+    assert "resuming" in lines[0] and "2 rounds, 14 faults done" in lines[0]
+
+    def rounds(results):
+        return [(r.kind, r.server, [f.name for f in r.faults], [f.recovered for f in r.faults],
+                 r.restarts) for r in results]
+
+    assert [r.kind for r in whole] == ["kill", "server", "partition", "kill"]
+    assert rounds(resumed) == rounds(whole)
+    assert rounds(nc.from_log(open(log))) == rounds(whole)
+    assert nc.summary(resumed) == nc.summary(whole)
+    headers, logged = nc.read_log(log)
+    assert len(headers) == 2 and [d["index"] for d in logged] == [0, 1, 2, 3]
+    assert all(d["seed"] == 11 and "commit" in d and "version" in d for d in logged)
+
+
+def test_partition_rounds_keep_their_share_of_the_faults():
+    """`--nemesis all`: one partition round (7 faults) after every few rounds of each local
+    kind, so that every kind gets about the same share however early the run stops."""
+    from sparkjet.testing.nemesis_campaign import KINDS, kind_of
+
+    kinds = (*KINDS, "partition")
+    for fpr in (1, 4, 8):
+        faults: dict[str, int] = {}
+        for i in range(300):
+            k = kind_of(i, kinds, fpr)
+            faults[k] = faults.get(k, 0) + (7 if k == "partition" else fpr)
+        share = faults["partition"] / sum(faults.values())
+        assert 0.6 / len(kinds) < share < 1.4 / len(kinds), (fpr, faults)
+    first = [kind_of(i, kinds, 4) for i in range(13)]
+    assert first == [*KINDS, *KINDS, "partition"]
+    assert [kind_of(i, ("partition",), 4) for i in range(3)] == ["partition"] * 3
