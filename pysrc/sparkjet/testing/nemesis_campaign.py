@@ -80,7 +80,7 @@ from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.errors import JobFailedError, NemesisError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.testing import nemesis
+from sparkjet.testing import nemesis, operators
 from sparkjet.testing.proxy import Proxy
 
 __all__ = ["KINDS", "FaultRecord", "NemesisRound", "run", "summary"]
@@ -104,6 +104,15 @@ SERVER_SINKS = {"postgres": "postgres", "kafka": "file", "s3": "s3", "redis": "f
 SERVER_FAULTS = {"postgres": ("halt", "halt-immediate", "pause"),
                  "kafka": ("halt", "kill", "pause"), "s3": ("halt",),
                  "redis": ("halt", "kill", "pause")}
+#: The operators each sink can hold: an upsert sink keyed by ``key`` holds one row per key.
+SINK_OPERATORS = {"sqlite": operators.KEYED}
+
+
+def operators_for(sink: str) -> tuple[str, ...]:
+    """The stateful operators a round into ``sink`` may run, in the order rounds take them."""
+    return SINK_OPERATORS.get(sink, operators.OPERATORS)
+
+
 #: Events per second fed to a Kafka or Redis source before the job (the job is slowed to
 #: this rate, so that it runs while the faults come).
 FEED_RATE = 10_000
@@ -132,6 +141,7 @@ class NemesisRound:
     violations: list[str] = field(default_factory=list)   # broken promises seen otherwise
     server: str | None = None       # the server of a ``server`` round (:data:`SERVERS`)
     operator: str = "keyed"         # the stateful operator the job ran
+    repeated: int = 0               # committed rows repeating an update or a window
 
     @property
     def lost(self) -> int:
@@ -145,7 +155,10 @@ class NemesisRound:
 
     @property
     def duplicated(self) -> int:
-        return self.report.duplicated_count if self.report is not None else 0
+        """Outputs committed twice: the checker's duplicates, and rows that repeat an update
+        (a key's count) or a window already committed."""
+        return (self.report.duplicated_count + self.repeated if self.report is not None
+                else 0)
 
     @property
     def valid(self) -> bool:
@@ -158,8 +171,8 @@ class NemesisRound:
             return False
         stale_ok = self.sink == "sqlite" or self.stale_reads == 0
         if self.error is not None:
-            return self.report.duplicated_count == 0 and stale_ok
-        return self.report.valid and stale_ok
+            return self.duplicated == 0 and stale_ok
+        return self.report.valid and self.repeated == 0 and stale_ok
 
 
 class Servers:
@@ -342,15 +355,20 @@ def _feed_redis(servers: Servers, stream: str, events) -> None:
 
 
 def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: Servers,
-              *, rate: float = 100_000, server: str | None = None) -> NemesisRound:
-    """One job with ``faults`` faults of ``kind`` (see the module doc); a ``server`` round
-    on ``server`` (one of :data:`SERVERS`, PostgreSQL by default)."""
+              *, rate: float = 100_000, server: str | None = None,
+              operator: str = "keyed") -> NemesisRound:
+    """One job with ``faults`` faults of ``kind`` (see the module doc) running ``operator``
+    (:data:`sparkjet.testing.operators.OPERATORS`; one :func:`operators_for` the sink); a
+    ``server`` round on ``server`` (one of :data:`SERVERS`, PostgreSQL by default)."""
     work.mkdir(parents=True, exist_ok=True)
     if kind == "server":
         server = server or "postgres"
     else:
         server = None
     sink_kind = SERVER_SINKS[server] if server else SINKS[kind]
+    if operator not in operators_for(sink_kind):
+        raise ValueError(f"operator {operator!r} cannot write to the {sink_kind} sink: one of "
+                         f"{operators_for(sink_kind)}")
     seed = rng.randrange(2**32)
     # long enough for the faults (each held up to ~2 s; a Redis or S3 outage up to 5 s, a
     # Kafka one until the restarted member met it) with some calm between them
@@ -362,7 +380,7 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
         rate = FEED_RATE
     # the generator is the input (and the checker's reference); a Kafka or Redis round
     # feeds its events to the server, and the job reads them from there
-    source = GeneratorSource(total=int(rate * seconds), partitions=4, keys=2_000, rate=rate,
+    source = GeneratorSource(total=int(rate * seconds), partitions=4, keys=5_000, rate=rate,
                              batch_size=5_000, seed=seed)
     name = f"nemesis_{work.name}_{seed:x}".replace("-", "_")
     table = name
@@ -409,16 +427,15 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
         stream = Pipeline().read_from(job_source)
         if fed:
             stream = stream.map_batches(functools.partial(_throttle, rate))
-        job = Job(stream.group_by("key")
-                  .aggregate(count="count", sum=("sum", "value")).write_to(sink), config)
+        job = Job(operators.build(stream, operator).write_to(sink), config)
 
         def read():
+            """Every row the sink committed (SQLite: one per key), in commit order."""
             if sink_kind == "sqlite":
                 return SQLiteUpsertSink.read(work / "out.sqlite", "out")
             if sink_kind in ("file", "s3"):
-                return verify.last_update_per_key(
-                    TransactionalFileSink.read(out_path, filesystem=filesystem))
-            return verify.last_update_per_key(PostgresSink.read(servers.dsn(False), table))
+                return TransactionalFileSink.read(out_path, filesystem=filesystem)
+            return PostgresSink.read(servers.dsn(False), table)
 
         skew = None
         env_before = {}
@@ -452,7 +469,9 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
                             n.heal()
 
         stale = [0]
-        reader = threading.Thread(target=_stale_reader, args=(read, stop, stale), daemon=True)
+        reader = threading.Thread(target=_stale_reader,
+                                  args=(read, stop, stale, operator in operators.KEYED),
+                                  daemon=True)
         injector = threading.Thread(
             target=_inject, daemon=True,
             args=(kind, faults, rng, job, servers, store, skew, records, lock, stop, active,
@@ -483,22 +502,25 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
         except Exception as e:  # noqa: BLE001 (reported: the sink cannot be read back)
             return NemesisRound(kind, sink_kind, records, events["restarts"], elapsed, None,
                                 stale[0], error or f"the sink could not be read: {e}",
-                                server=server)
-    report = verify.check_aggregates(source.expected_counts(), out.select(["key", "count", "sum"]),
-                                     key="key", columns=["count", "sum"],
-                                     guarantee="exactly-once")
+                                server=server, operator=operator)
+    report, repeated = operators.check(operator, source, out)
     notes = []
+    if repeated:
+        notes.append(f"{repeated} rows repeated an update or a window already committed")
     if server == "postgres":
         notes += _prepared_left(servers)
     return NemesisRound(kind, sink_kind, records,
                         result.restarts if result is not None else events["restarts"], elapsed,
-                        report, stale[0], error, notes, server=server)
+                        report, stale[0], error, notes, server=server, operator=operator,
+                        repeated=repeated)
 
 
-def _stale_reader(read, stop: threading.Event, stale: list) -> None:
-    """Reads the sink's committed contents every 0.3 s; a key whose count went down since
-    the last read is a stale read."""
+def _stale_reader(read, stop: threading.Event, stale: list, keyed: bool) -> None:
+    """Reads the sink's committed contents every 0.3 s: a key whose count went down since
+    the last read (``keyed``: one row per key, updated), or fewer committed rows than the
+    last read (the others: rows are only added), is a stale read."""
     seen: dict = {}
+    rows = 0
     while not stop.wait(0.3):
         try:
             t = read()
@@ -506,6 +528,11 @@ def _stale_reader(read, stop: threading.Event, stale: list) -> None:
             continue
         if t.num_rows == 0:
             continue
+        if not keyed:
+            stale[0] += t.num_rows < rows
+            rows = max(rows, t.num_rows)
+            continue
+        t = verify.last_update_per_key(t)
         for key, count in zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
                               strict=True):
             if count < seen.get(key, 0):
@@ -752,7 +779,12 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
     (with its index, the seed, the package version and git commit), after a ``RUN-JSON``
     header per sitting; ``resume``: continue the run ``log`` holds (same seed, kinds and
     faults per round), from the round after its last, and return its rounds with the new
-    ones. ``runner(kind, index, faults, rng, server)`` replaces the real rounds (tests)."""
+    ones. ``runner(kind, index, faults, rng, server, operator)`` replaces the real rounds
+    (tests).
+
+    Rounds of a kind take the stateful operators of :mod:`sparkjet.testing.operators` in
+    turn, those its sink can hold (:func:`operators_for`); a ``server`` round takes the
+    next server, and each server the operators in turn."""
     import json
 
     info = build_info()
@@ -815,22 +847,28 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
             ordinal = seen.get(kind, 0)
             seen[kind] = ordinal + 1
             rng = round_rng(seed, i)
-            server = None
+            server, operator = None, "keyed"      # a partition round's job is keyed
+            turn = ordinal
             if kind == "server":
                 server = servers.servers[ordinal % len(servers.servers)]
+                turn = ordinal // len(servers.servers)    # each server through every operator
+            if kind != "partition":
+                ops = operators_for(SERVER_SINKS[server] if server else SINKS[kind])
+                operator = ops[turn % len(ops)]
             if kind == "partition":
                 n = min(PARTITION_ROUND, total_faults - done)
             else:
                 n = min(faults_per_round, total_faults - done)
             if runner is not None:
-                r = runner(kind, i, n, rng, server)
+                r = runner(kind, i, n, rng, server, operator)
             else:
                 folder = work / f"{'partition' if kind == 'partition' else 'round'}-{i:05d}"
                 shutil.rmtree(folder, ignore_errors=True)   # a round cut short before
                 if kind == "partition":
                     r = partition.round(folder, n, rng, progress)
                 else:
-                    r = run_round(folder, kind, n, rng, servers, server=server)
+                    r = run_round(folder, kind, n, rng, servers, server=server,
+                                  operator=operator)
             results.append(r)
             done += len(r.faults)
             line = round_json(r, index=i, seed=seed, **info)
