@@ -293,7 +293,7 @@ def test_rounds_take_in_turn_the_operators_their_sink_holds(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.long     # about a minute: `python -m pytest -m long` runs it
+@pytest.mark.long     # about two minutes: `python -m pytest -m long` runs it
 def test_the_server_kind_stops_every_server_under_a_running_job(tmp_path):
     """One round on each server of the server kind, one fault each: PostgreSQL under the
     2PC sink, the Kafka broker under a Kafka source, the S3 server under the file sink on
