@@ -314,6 +314,49 @@ def test_an_s3_outage_is_waited_out_and_the_output_is_exactly_once(tmp_path, mon
         servers[-1].stop()
 
 
+def test_a_member_an_s3_outage_failed_while_it_wrote_files_exits(tmp_path, monkeypatch):
+    """Found by the nemesis campaign's S3 rounds (issue 27): a keyed aggregate writes its
+    updates to staged files on S3 at every batch; an outage fails the execution while some
+    of them are open, and the member process never ended: at its exit the interpreter's
+    final garbage collection closed the S3 streams left open after pyarrow had shut its S3
+    client down (``atexit``), and that close waits forever. The supervisor waited for the
+    member with it: the job hung without a message. Now a member process ends as soon as
+    its result is written, without the interpreter's finalization; the job waits the
+    outage out and its output is exactly-once."""
+    pytest.importorskip("moto.server")
+    from helpers import s3_server
+
+    from sparkjet.sinks import TransactionalFileSink
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    server, endpoint = s3_server.start()
+    servers = [server]
+    try:
+        src = GeneratorSource(total=600_000, partitions=4, keys=2_000, rate=100_000,
+                              batch_size=5_000)
+        out, fs = f"{s3_server.BUCKET}/open-files", s3_server.s3_filesystem(endpoint)
+        job = Job(Pipeline().read_from(src).group_by("key")
+                  .aggregate(count="count", sum=("sum", "value"))
+                  .write_to(TransactionalFileSink(out, filesystem=fs)),
+                  config("s3-open-files", tmp_path, max_restarts=20, restart_backoff=0.05))
+        outage = Outage(lambda: s3_server.halt(servers[-1]),
+                        lambda: servers.append(s3_server.restart(endpoint)), seconds=4.0)
+        done: list = []
+        runner = threading.Thread(target=lambda: done.append(run(job, outage)), daemon=True)
+        runner.start()
+        runner.join(600)
+        assert done, "the job did not end (a member process hung at its exit?)"
+        check_transient_restarts(outage, done[0], job.config)
+        report = verify.check_aggregates(
+            src.expected_counts(),
+            verify.last_update_per_key(TransactionalFileSink.read(out, filesystem=fs)),
+            key="key", columns=["count", "sum"], guarantee="exactly-once")
+        assert report.valid, str(report)
+    finally:
+        servers[-1].stop()
+
+
 # -- Redis -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 RESULT EVENTS`` runs one execution and writes its metrics to RESULT (progress events, one
 JSON object per line, to EVENTS). Exit code 0 on success, 1 on failure."""
 import json
+import os
 import sys
 import traceback
 
@@ -37,5 +38,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Ends the member process with ``code`` once its result is written, without the
+    interpreter's finalization: that would close what a failed execution left open (its
+    staged output files, say) after the libraries' ``atexit`` hooks shut their clients
+    down, and pyarrow's S3 output streams, closed then, wait forever (the supervisor with
+    them). Found by the nemesis campaign's S3 outages."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass    # a closed or broken stream: nothing more can be said on it
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:])
+    except BaseException:  # noqa: BLE001 - said on stderr, the member's log; exit non-zero
+        traceback.print_exc()
+        code = 1
+    exit_now(code)

@@ -46,6 +46,19 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.spark import local_session
 from sparkjet.testing import nemesis_cli
+from sparkjet.testing.operators import (  # the operators' helpers, shared
+    _BETWEEN,
+    _COUNT_SUM,
+    _TABLE,
+    _count_and_sum,
+    _enriched,
+    _expected_ids,
+    _final_windows,
+    _pairs,
+    _uids,
+    _with_uid,
+    expected_windows,
+)
 from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 from sparkjet.windows import sliding, tumbling
 
@@ -328,93 +341,6 @@ def _kafka_read(bootstrap: str, topic: str) -> pa.Table:
 
 def _ids(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.select(["id", "key"])
-
-
-def _with_uid(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``uid``: the id, but one event in eight repeats the one before it."""
-    ids = batch["id"]
-    return batch.append_column("uid", pc.if_else(pc.equal(pc.bit_wise_and(ids, 7), 7),
-                                                 pc.subtract(ids, 1), ids))
-
-
-def _uids(batch: pa.RecordBatch) -> pa.RecordBatch:
-    return batch.select(["uid", "id"])
-
-
-#: The "join" round's interval: a left row at t meets right rows of its key in [t - 2000, t + 1000].
-_BETWEEN = (-2_000, 1_000)
-#: The "enrich" round's table: the even keys, with a weight.
-_TABLE = pa.table({"key": pa.array(np.arange(0, 5_000, 2), pa.int64()),
-                   "weight": pa.array(np.arange(0, 5_000, 2) * 0.5)})
-
-
-def _pairs(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A joined pair as one int: the left id and where the right one falls in the interval."""
-    left, right = batch["id"], batch["id_right"]
-    pair = pc.add(pc.multiply(left, 4096), pc.subtract(pc.subtract(right, left), _BETWEEN[0]))
-    return pa.record_batch({"pair": pair, "id": left})
-
-
-def _enriched(batch: pa.RecordBatch) -> pa.RecordBatch:
-    return batch.select(["id", "key", "weight"])
-
-
-def _expected_ids(kind: str, source) -> np.ndarray:
-    """What a failure-free run of a "dedup", "join" or "enrich" round writes, as ids."""
-    e = source.events(0, source.total).select(["id", "key", "value"]).to_pandas()
-    if kind == "dedup":
-        ids = e["id"].to_numpy()
-        return ids[ids % 8 != 7]
-    if kind == "enrich":
-        return e["id"].to_numpy()[e["key"].to_numpy() % 2 == 0]
-    left, right = e[e["value"] < 600], e[e["value"] >= 400]
-    m = left.merge(right, on="key", suffixes=("", "_right"))
-    d = m["id_right"] - m["id"]
-    m = m[(d >= _BETWEEN[0]) & (d <= _BETWEEN[1])]
-    return (m["id"] * 4096 + (m["id_right"] - m["id"] - _BETWEEN[0])).to_numpy()
-
-
-_COUNT_SUM = pa.schema([("count", pa.int64()), ("sum", pa.float64())])
-
-
-def _count_and_sum(b):
-    """The keyed count and sum, as keyed state: the rolling aggregate's output."""
-    count = b.state["count"].fill_null(0).to_numpy() + np.diff(b.offsets)
-    total = b.state["sum"].fill_null(0.0).to_numpy() + np.add.reduceat(
-        b.rows["value"].to_numpy(), b.offsets[:-1])
-    state = pa.table({"count": count, "sum": total})
-    return b.keys.append_column("count", state["count"]).append_column("sum", state["sum"]), state
-
-
-def expected_windows(sources: list, window) -> pa.Table:
-    """Every (key, window_start) of ``window`` over the events of ``sources`` with ``id``
-    as event time, with its count and sum: what a failure-free run emits."""
-    import pandas as pd
-
-    events = pd.concat([s.events(0, s.total).select(["id", "key", "value"]).to_pandas()
-                        for s in sources])
-    parts = []
-    for i in range(window.size // window.slide):
-        start = (events["id"] // window.slide - i) * window.slide
-        part = events.assign(window_start=start)
-        parts.append(part[part["window_start"] + window.size > part["id"]])
-    g = pd.concat(parts).groupby(["key", "window_start"])["value"]
-    out = pd.DataFrame({"count": g.count(), "sum": g.sum()}).reset_index()
-    return pa.Table.from_pandas(out, preserve_index=False)
-
-
-def _final_windows(out: pa.Table) -> tuple[pa.Table, int]:
-    """Per (key, window), the row with the largest count (at-least-once may emit a window
-    again after a replay, with a count at least as large), and how many rows repeated a
-    window."""
-    if out.num_rows == 0:
-        return pa.table({"key": pa.array([], pa.int64()), "window_start": pa.array([], pa.int64()),
-                         "count": pa.array([], pa.int64()), "sum": pa.array([], pa.float64())}), 0
-    t = out.select(["key", "window_start", "count", "sum"]).sort_by(
-        [("key", "ascending"), ("window_start", "ascending"), ("count", "descending")])
-    k, w = t.column("key").to_numpy(), t.column("window_start").to_numpy()
-    first = np.concatenate([[True], (k[1:] != k[:-1]) | (w[1:] != w[:-1])])
-    return t.filter(pa.array(first)), int((~first).sum())
 
 
 #: Keyed state, deduplication and joins run into the file sink only: the sinks are the same code

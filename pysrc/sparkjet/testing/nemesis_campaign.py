@@ -17,16 +17,37 @@ kind           fault                                                            
                or back (libfaketime, while it runs)
 ``disk``       the snapshot store's file system (a small tmpfs) full, the store    file
                read-only, or the store's folder removed and put back
-``server``     PostgreSQL stopped hard (``immediate``) or cleanly and restarted,   PostgreSQL
-               or paused (SIGSTOP); prepared transactions are left behind         2PC
+``server``     a server stopped hard and restarted, or paused (SIGSTOP); rounds   see below
+               take the servers in turn (:data:`SERVERS`)
 ``network``    the link to PostgreSQL through a :class:`~.proxy.Proxy`: delayed   PostgreSQL
                (with jitter: connections reorder), lossy, stalled (a partition    2PC
                with the connections open), or every connection reset
 =============  =================================================================  =========
 
-and, with ``--standalone``-style namespaces available (root, ``ip``, ``nft``), the
-``partition`` kind: :func:`sparkjet.testing.partition_campaign.run` on a standalone Spark
-cluster whose workers are network namespaces.
+The ``server`` kind's servers (the tests' launchers, ``helpers.*``; a server that cannot be
+started here is left out with the reason):
+
+- PostgreSQL under the 2PC sink: its fast or immediate shutdown (prepared transactions are
+  left behind; none may stay after the job), or paused;
+- the Kafka broker (noida-db) under a Kafka source, into files: SIGTERM, SIGKILL or paused,
+  and the member killed while it is down (see :func:`_server_fault`); its input is fed and
+  saved by the broker before the job starts. Not a Kafka sink: noida-db loses transactions
+  across its own restart, so its exactly-once output could not be checked after one;
+- the S3 server (moto) under the transactional file sink on S3: stopped and restarted;
+- Redis (its data in an append-only file, fsynced) under a Redis stream source, into
+  files: SIGTERM, SIGKILL or paused.
+
+In every round the input is the deterministic generator's, and the check is against it.
+
+and, with network namespaces available (root, ``ip``, ``nft``), the ``partition`` kind:
+:meth:`sparkjet.testing.partition_campaign.Cluster.round` on a standalone Spark cluster
+whose workers are network namespaces, one such round interleaved after every few local
+rounds (:func:`kind_of`) so that a run stopped early has had its share of partitions.
+
+Each round's random draws depend only on the seed and the round's index
+(:func:`round_rng`), so a run logged with ``log=`` and stopped can be resumed
+(``resume=True``; ``--log FILE --resume`` on the command line) and draws the rounds an
+unbroken run would.
 
 Per kind the report gives: faults injected, restarts of the job, time to recover (from a
 fault's heal, or a kill, to the next complete snapshot), lost and duplicated outputs
@@ -37,8 +58,10 @@ goes down between two reads (committed output that went back) is a stale read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -46,7 +69,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+import pyarrow as pa
+
 from sparkjet import verify
+from sparkjet._version import __version__
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
 from sparkjet.connectors.postgres import PostgresSink
@@ -54,16 +80,42 @@ from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.errors import JobFailedError, NemesisError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.testing import nemesis
+from sparkjet.testing import nemesis, operators
 from sparkjet.testing.proxy import Proxy
 
 __all__ = ["KINDS", "FaultRecord", "NemesisRound", "run", "summary"]
 
 #: Every kind of a local round, in the order ``all`` cycles through them.
 KINDS = ("kill", "pause", "clock", "disk", "server", "network")
-#: The sink each kind writes to.
+#: The sink each kind writes to (``server``: see :data:`SERVER_SINKS`).
 SINKS = {"kill": "sqlite", "pause": "sqlite", "clock": "file", "disk": "file",
          "server": "postgres", "network": "postgres"}
+#: The servers the ``server`` kind stops under a running job, in the order its rounds take
+#: them: PostgreSQL (the 2PC sink), the Kafka broker (a Kafka source), the S3 server (the
+#: transactional file sink on S3) and Redis (a Redis stream source).
+SERVERS = ("postgres", "kafka", "s3", "redis")
+#: The sink of a ``server`` round on each server. A Kafka *sink* is not used: noida-db (the
+#: tests' broker) does not keep its transactions across its own restart
+#: (``tests/runtime/test_outages.py::test_noida_db_keeps_transactions_across_a_restart``),
+#: so its exactly-once output could not be checked after one; a Kafka source can be.
+SERVER_SINKS = {"postgres": "postgres", "kafka": "file", "s3": "s3", "redis": "file"}
+#: The faults of each server (all with the server's data kept: a halt is SIGTERM or the
+#: server's own fast shutdown, a kill SIGKILL, a pause SIGSTOP for the hold).
+SERVER_FAULTS = {"postgres": ("halt", "halt-immediate", "pause"),
+                 "kafka": ("halt", "kill", "pause"), "s3": ("halt",),
+                 "redis": ("halt", "kill", "pause")}
+#: The operators each sink can hold: an upsert sink keyed by ``key`` holds one row per key.
+SINK_OPERATORS = {"sqlite": operators.KEYED}
+
+
+def operators_for(sink: str) -> tuple[str, ...]:
+    """The stateful operators a round into ``sink`` may run, in the order rounds take them."""
+    return SINK_OPERATORS.get(sink, operators.OPERATORS)
+
+
+#: Events per second fed to a Kafka or Redis source before the job (the job is slowed to
+#: this rate, so that it runs while the faults come).
+FEED_RATE = 10_000
 
 
 @dataclass
@@ -87,6 +139,9 @@ class NemesisRound:
     error: str | None = None        # the job's own failure, if it failed
     notes: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)   # broken promises seen otherwise
+    server: str | None = None       # the server of a ``server`` round (:data:`SERVERS`)
+    operator: str = "keyed"         # the stateful operator the job ran
+    repeated: int = 0               # committed rows repeating an update or a window
 
     @property
     def lost(self) -> int:
@@ -100,7 +155,10 @@ class NemesisRound:
 
     @property
     def duplicated(self) -> int:
-        return self.report.duplicated_count if self.report is not None else 0
+        """Outputs committed twice: the checker's duplicates, and rows that repeat an update
+        (a key's count) or a window already committed."""
+        return (self.report.duplicated_count + self.repeated if self.report is not None
+                else 0)
 
     @property
     def valid(self) -> bool:
@@ -113,20 +171,36 @@ class NemesisRound:
             return False
         stale_ok = self.sink == "sqlite" or self.stale_reads == 0
         if self.error is not None:
-            return self.report.duplicated_count == 0 and stale_ok
-        return self.report.valid and stale_ok
+            return self.duplicated == 0 and stale_ok
+        return self.report.valid and self.repeated == 0 and stale_ok
 
 
 class Servers:
-    """The servers a campaign's rounds need, started once: PostgreSQL (the tests' launcher,
-    ``helpers.postgres_server``, when importable) behind a :class:`Proxy`."""
+    """The servers a campaign's rounds need, started once with the tests' launchers
+    (``helpers.*``, importable when the repository's ``tests/`` folder is on the path):
+    PostgreSQL behind a :class:`Proxy`, and for the ``server`` kind the Kafka broker
+    (noida-db), the S3 server (moto) and Redis. A kind (or a server of the ``server`` kind)
+    whose server cannot be started is left out with the reason (:attr:`why_not`,
+    :attr:`why_not_server`)."""
 
     def __init__(self):
         self.postgres = None
         self.proxy: Proxy | None = None
+        self.kafka = None
+        self.redis = None
+        self.s3 = None                  # an _S3 (the moto server, its endpoint, a filesystem)
         self.why_not: dict[str, str] = {}
+        self.why_not_server: dict[str, str] = {}
+        self._directory: str | None = None
+
+    @property
+    def servers(self) -> list[str]:
+        """The servers of the ``server`` kind that run here, in :data:`SERVERS` order."""
+        return [s for s in SERVERS if s not in self.why_not_server]
 
     def start(self, kinds) -> Servers:
+        import tempfile
+
         if {"server", "network"} & set(kinds):
             try:
                 from helpers import postgres_server  # the tests' launcher, when on the path
@@ -142,11 +216,56 @@ class Servers:
                         self.why_not[k] = f"needs PostgreSQL: {e}"
                 else:
                     self.proxy = Proxy(f"127.0.0.1:{self.postgres.port}").start()
+        if "server" in kinds:
+            self.why_not.pop("server", None)
+            if self.postgres is None:
+                self.why_not_server["postgres"] = self.why_not.get("network", "not started")
+            self._directory = tempfile.mkdtemp(prefix="sparkjet-nemesis-servers-")
+            for name, launch in (("kafka", self._start_kafka), ("s3", self._start_s3),
+                                 ("redis", self._start_redis)):
+                try:
+                    launch()
+                except ImportError as e:
+                    self.why_not_server[name] = (
+                        f"needs {e.name}: put the repository's tests/ folder on PYTHONPATH "
+                        "and install the test extras (pip install '.[test]')")
+                except Exception as e:  # noqa: BLE001 (reported: the server cannot start here)
+                    self.why_not_server[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            if not self.servers:
+                self.why_not["server"] = "no server could be started: " + "; ".join(
+                    f"{k}: {v}" for k, v in self.why_not_server.items())
         if "clock" in kinds and nemesis.missing("clock"):
             self.why_not["clock"] = nemesis.missing("clock")
         if "disk" in kinds and nemesis.missing("disk"):
             self.why_not["disk"] = nemesis.missing("disk")
         return self
+
+    def _start_kafka(self) -> None:
+        import confluent_kafka  # noqa: F401 (the broker's client: ImportError if missing)
+        from helpers import kafka_broker
+
+        folder = Path(self._directory) / "kafka"
+        folder.mkdir()
+        self.kafka = kafka_broker.start(folder)
+
+    def _start_s3(self) -> None:
+        import logging
+
+        import moto.server  # noqa: F401 (ImportError if missing)
+        from helpers import s3_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)   # not a line per request
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "x")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "x")
+        self.s3 = _S3(s3_server)
+
+    def _start_redis(self) -> None:
+        import redis  # noqa: F401 (the client: ImportError if missing)
+        from helpers import redis_server
+
+        folder = Path(self._directory) / "redis"
+        folder.mkdir()
+        self.redis = redis_server.start(folder, persist=True)
 
     def dsn(self, through_proxy: bool) -> str:
         port = self.proxy.port if through_proxy else self.postgres.port
@@ -161,25 +280,136 @@ class Servers:
                 if self.postgres.process.poll() is not None:
                     self.postgres.restart()
             self.postgres.stop()
+        for server in (self.kafka, self.redis, self.s3):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+
+class _S3:
+    """The S3 server (``helpers.s3_server``: moto, in this process) as an outage sees it:
+    :meth:`halt` stops it answering, :meth:`restart` brings it back on the same endpoint
+    with the same objects."""
+
+    def __init__(self, helper):
+        self.helper = helper
+        self.server, self.endpoint = helper.start()
+        # no retries, short timeouts: the job sees the outage (see the helper)
+        self.filesystem = helper.s3_filesystem(self.endpoint)
+        self.bucket = helper.BUCKET
+
+    def halt(self) -> None:
+        self.helper.halt(self.server)
+
+    def restart(self) -> None:
+        self.server = self.helper.restart(self.endpoint)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _throttle(rate: float, batch):
+    """Slows a job reading from a server to ``rate`` rows a second (its input is there
+    before it starts: without this it would end before the faults come)."""
+    time.sleep(batch.num_rows / rate)
+    return batch
+
+
+def _feed_kafka(servers: Servers, topic: str, events) -> None:
+    """``events`` (id, key, value) into a new ``topic`` of 4 partitions as JSON, event ``i``
+    to partition ``i % 4`` (ids rise in every partition), once the broker saved them: its
+    restart under the job then loses nothing of the input."""
+    import json
+
+    from confluent_kafka import Producer
+    from helpers import kafka_broker
+
+    kafka_broker.create_topic(servers.kafka.bootstrap, topic, 4)
+    producer = Producer({"bootstrap.servers": servers.kafka.bootstrap,
+                         "queue.buffering.max.messages": 2_000_000, "linger.ms": 20})
+    for row in events.to_pylist():
+        producer.produce(topic, json.dumps(row).encode(), partition=row["id"] % 4)
+        producer.poll(0)
+    if producer.flush(60) != 0:
+        raise NemesisError(f"feeding Kafka topic {topic}: records not delivered in 60 s")
+    n = events.num_rows
+    kafka_broker.saved_copy(servers.kafka, topic, {p: len(range(p, n, 4)) for p in range(4)},
+                            timeout=60)
+
+
+def _feed_redis(servers: Servers, stream: str, events) -> None:
+    """``events`` (id, key, value) onto the 4 partitions of a Redis stream (event ``i`` to
+    partition ``i % 4``), then the end markers."""
+    from sparkjet.sources import RedisStreamProducer  # loads pandas: Redis rounds only
+
+    producer = RedisStreamProducer(stream, 4, servers.redis.url)
+    try:
+        ids = events.column("id").to_numpy()
+        for p in range(4):
+            producer.add_many(p, events.filter(pa.array(ids % 4 == p)))
+        producer.end()
+    finally:
+        producer.close()
 
 
 def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: Servers,
-              *, rate: float = 100_000) -> NemesisRound:
-    """One job with ``faults`` faults of ``kind`` (see the module doc)."""
+              *, rate: float = 100_000, server: str | None = None,
+              operator: str = "keyed") -> NemesisRound:
+    """One job with ``faults`` faults of ``kind`` (see the module doc) running ``operator``
+    (:data:`sparkjet.testing.operators.OPERATORS`; one :func:`operators_for` the sink); a
+    ``server`` round on ``server`` (one of :data:`SERVERS`, PostgreSQL by default)."""
     work.mkdir(parents=True, exist_ok=True)
-    sink_kind = SINKS[kind]
+    if kind == "server":
+        server = server or "postgres"
+    else:
+        server = None
+    sink_kind = SERVER_SINKS[server] if server else SINKS[kind]
+    if operator not in operators_for(sink_kind):
+        raise ValueError(f"operator {operator!r} cannot write to the {sink_kind} sink: one of "
+                         f"{operators_for(sink_kind)}")
     seed = rng.randrange(2**32)
-    # long enough for the faults (each held up to ~2 s) with some calm between them
-    seconds = 3.0 + 2.5 * faults
+    # long enough for the faults (each held up to ~2 s; a Redis or S3 outage up to 5 s, a
+    # Kafka one until the restarted member met it) with some calm between them
+    seconds = 3.0 + (6.0 if server in ("kafka", "redis", "s3") else 2.5) * faults
     if kind == "clock":
         rate /= 4       # libfaketime slows every clock call of the member several times
-    source = GeneratorSource(total=int(rate * seconds), partitions=4, keys=2_000, rate=rate,
+    fed = server in ("kafka", "redis")
+    if fed:
+        rate = FEED_RATE
+    # the generator is the input (and the checker's reference); a Kafka or Redis round
+    # feeds its events to the server, and the job reads them from there
+    source = GeneratorSource(total=int(rate * seconds), partitions=4, keys=5_000, rate=rate,
                              batch_size=5_000, seed=seed)
-    table = f"nemesis_{work.name}_{seed:x}".replace("-", "_")
+    name = f"nemesis_{work.name}_{seed:x}".replace("-", "_")
+    table = name
+    if server == "kafka":
+        _feed_kafka(servers, name, source.events(0, source.total).select(["id", "key", "value"]))
+        from sparkjet.sources import KafkaSource  # loads pandas: only for these rounds
+
+        job_source = KafkaSource(name, servers.kafka.bootstrap, value="json", bounded=True,
+                                 timeout=2.0, schema=pa.schema([("id", pa.int64()),
+                                                                ("key", pa.int64()),
+                                                                ("value", pa.float64())]))
+    elif server == "redis":
+        _feed_redis(servers, name, source.events(0, source.total).select(["id", "key", "value"]))
+        from sparkjet.sources import RedisStreamSource  # loads pandas: these rounds only
+
+        job_source = RedisStreamSource(name, 4, servers.redis.url, schema=pa.schema(
+            [("id", pa.int64()), ("key", pa.int64()), ("value", pa.float64()),
+             ("_id", pa.string())]))
+    else:
+        job_source = source
+    filesystem = None
+    out_path: str | Path = work / "out"
     if sink_kind == "sqlite":
         sink = SQLiteUpsertSink(work / "out.sqlite", "out", key=["key"])
-    elif sink_kind == "file":
-        sink = TransactionalFileSink(work / "out")
+    elif sink_kind in ("file", "s3"):
+        if sink_kind == "s3":
+            filesystem = servers.s3.filesystem
+            out_path = f"{servers.s3.bucket}/{name}"
+        sink = TransactionalFileSink(out_path, filesystem=filesystem)
     else:
         PostgresSink.drop(servers.dsn(False), table)
         sink = PostgresSink(servers.dsn(kind == "network"), table)
@@ -194,15 +424,18 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
         config = JobConfig(name=f"nemesis-{work.name}", processing_guarantee="exactly-once",
                            snapshot_store=str(store), snapshot_interval=0.2,
                            max_restarts=faults * 3 + 10, restart_backoff=0.05)
-        job = Job(Pipeline().read_from(source).group_by("key")
-                  .aggregate(count="count", sum=("sum", "value")).write_to(sink), config)
+        stream = Pipeline().read_from(job_source)
+        if fed:
+            stream = stream.map_batches(functools.partial(_throttle, rate))
+        job = Job(operators.build(stream, operator).write_to(sink), config)
 
         def read():
+            """Every row the sink committed (SQLite: one per key), in commit order."""
             if sink_kind == "sqlite":
                 return SQLiteUpsertSink.read(work / "out.sqlite", "out")
-            if sink_kind == "file":
-                return verify.last_update_per_key(TransactionalFileSink.read(work / "out"))
-            return verify.last_update_per_key(PostgresSink.read(servers.dsn(False), table))
+            if sink_kind in ("file", "s3"):
+                return TransactionalFileSink.read(out_path, filesystem=filesystem)
+            return PostgresSink.read(servers.dsn(False), table)
 
         skew = None
         env_before = {}
@@ -236,11 +469,13 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
                             n.heal()
 
         stale = [0]
-        reader = threading.Thread(target=_stale_reader, args=(read, stop, stale), daemon=True)
+        reader = threading.Thread(target=_stale_reader,
+                                  args=(read, stop, stale, operator in operators.KEYED),
+                                  daemon=True)
         injector = threading.Thread(
             target=_inject, daemon=True,
             args=(kind, faults, rng, job, servers, store, skew, records, lock, stop, active,
-                  events))
+                  events, server))
         start = time.monotonic()
         reader.start()
         injector.start()
@@ -266,22 +501,26 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
             out = read()
         except Exception as e:  # noqa: BLE001 (reported: the sink cannot be read back)
             return NemesisRound(kind, sink_kind, records, events["restarts"], elapsed, None,
-                                stale[0], error or f"the sink could not be read: {e}")
-    report = verify.check_aggregates(source.expected_counts(), out.select(["key", "count", "sum"]),
-                                     key="key", columns=["count", "sum"],
-                                     guarantee="exactly-once")
+                                stale[0], error or f"the sink could not be read: {e}",
+                                server=server, operator=operator)
+    report, repeated = operators.check(operator, source, out)
     notes = []
-    if kind == "server" and servers.postgres is not None:
+    if repeated:
+        notes.append(f"{repeated} rows repeated an update or a window already committed")
+    if server == "postgres":
         notes += _prepared_left(servers)
     return NemesisRound(kind, sink_kind, records,
                         result.restarts if result is not None else events["restarts"], elapsed,
-                        report, stale[0], error, notes)
+                        report, stale[0], error, notes, server=server, operator=operator,
+                        repeated=repeated)
 
 
-def _stale_reader(read, stop: threading.Event, stale: list) -> None:
-    """Reads the sink's committed contents every 0.3 s; a key whose count went down since
-    the last read is a stale read."""
+def _stale_reader(read, stop: threading.Event, stale: list, keyed: bool) -> None:
+    """Reads the sink's committed contents every 0.3 s: a key whose count went down since
+    the last read (``keyed``: one row per key, updated), or fewer committed rows than the
+    last read (the others: rows are only added), is a stale read."""
     seen: dict = {}
+    rows = 0
     while not stop.wait(0.3):
         try:
             t = read()
@@ -289,6 +528,11 @@ def _stale_reader(read, stop: threading.Event, stale: list) -> None:
             continue
         if t.num_rows == 0:
             continue
+        if not keyed:
+            stale[0] += t.num_rows < rows
+            rows = max(rows, t.num_rows)
+            continue
+        t = verify.last_update_per_key(t)
         for key, count in zip(t.column("key").to_pylist(), t.column("count").to_pylist(),
                               strict=True):
             if count < seen.get(key, 0):
@@ -305,7 +549,8 @@ def _prepared_left(servers: Servers) -> list[str]:
     return [f"prepared transactions left on PostgreSQL: {[g for (g,) in left]}"] if left else []
 
 
-def _inject(kind, faults, rng, job, servers, store, skew, records, lock, stop, active, events):
+def _inject(kind, faults, rng, job, servers, store, skew, records, lock, stop, active, events,
+            server):
     """Injects ``faults`` faults of ``kind`` one after another, each at a random moment of
     the running job and held a random while."""
     done = 0
@@ -319,14 +564,16 @@ def _inject(kind, faults, rng, job, servers, store, skew, records, lock, stop, a
         pid = job.member_pid
         if pid is None:
             continue
-        hold = rng.uniform(0.2, 2.0)
+        # a Redis client retries a short outage itself: longer ones reach the job
+        hold = rng.uniform(0.2, 5.0 if server in ("redis", "s3") else 2.0)
         # a fatal disk fault only ends a round that had other faults before it
-        n = _nemesis(kind, rng, pid, servers, store, skew, hold, 0 < done == faults - 1)
+        n = _nemesis(kind, rng, pid, servers, store, skew, hold, 0 < done == faults - 1,
+                     server, job)
         if n is None:
             continue
         label = _LABELS.get(type(n).__name__, "kill")
-        if isinstance(n, nemesis.ServerOutage):
-            label = n.name.split(" ", 1)[1]            # "halt", "halt-immediate"
+        if kind == "server":
+            label = n.label                             # "postgres-halt", "kafka-kill", ...
         record = FaultRecord(kind, f"{label}: {n.name if isinstance(n, nemesis.Nemesis) else n}",
                              time.monotonic())
         try:
@@ -354,7 +601,7 @@ _LABELS = {"Pause": "pause", "ClockSkew": "skew", "DiskFull": "full", "ReadOnly"
            "ResetLinks": "reset"}
 
 
-def _nemesis(kind, rng, pid, servers, store, skew, hold, last):
+def _nemesis(kind, rng, pid, servers, store, skew, hold, last, server=None, job=None):
     if kind == "kill":
         return f"kill -9 member {pid}"
     if kind == "pause":
@@ -375,12 +622,8 @@ def _nemesis(kind, rng, pid, servers, store, skew, hold, last):
             return nemesis.ReadOnly(store)
         return nemesis.Removed(store)
     if kind == "server":
-        which = rng.choice(["halt", "halt-immediate", "pause"])
-        pg = servers.postgres
-        if which == "pause":
-            return nemesis.Pause(pg.process.pid, name="pause PostgreSQL")
-        return nemesis.ServerOutage(_Halt(pg, "immediate" if which == "halt-immediate"
-                                          else "fast"), name=f"PostgreSQL {which}")
+        server = server or "postgres"
+        return _server_fault(server, rng.choice(SERVER_FAULTS[server]), servers, pid, job)
     proxy = servers.proxy
     which = rng.choice(["delay", "loss", "stall", "reset"])
     if which == "delay":
@@ -392,26 +635,181 @@ def _nemesis(kind, rng, pid, servers, store, skew, hold, last):
     return nemesis.ResetLinks(proxy)
 
 
-class _Halt:
-    """A PostgreSQL server's halt in one mode, for :class:`nemesis.ServerOutage`."""
+def _server_fault(server: str, which: str, servers: Servers, member: int,
+                  job=None) -> nemesis.Nemesis:
+    """The fault ``which`` (of :data:`SERVER_FAULTS`) of ``server``, its ``label`` set
+    ("kafka-kill") for the per-kind report.
 
-    def __init__(self, server, mode: str):
-        self.server, self.mode = server, mode
+    The Kafka broker's faults come with the member killed while the broker is down: a
+    running Kafka source has nothing to ask the broker for (noida-db answers a fetch with
+    the whole partition, so the reader holds its input after the first fetch, and the
+    group offsets it commits are asynchronous and for monitoring only), so a broker outage
+    alone would go unseen. The restarted execution must reconnect to the broker while it
+    is down (its restore reads the watermarks, its reader fetches again from the snapshot's
+    offsets) and wait it out: the fault holds until the next member has run a while."""
+    target = {"postgres": servers.postgres, "kafka": servers.kafka, "redis": servers.redis,
+              "s3": servers.s3}[server]
+    title = {"postgres": "PostgreSQL", "kafka": "Kafka broker", "redis": "Redis",
+             "s3": "S3 server"}[server]
+    if which == "pause":
+        n = nemesis.Pause(target.process.pid, name=f"pause {title}")
+    else:
+        n = nemesis.ServerOutage(_Halt(target, which), name=f"{title} {which}")
+    n.label = f"{server}-{which}"
+    if server == "kafka":
+        n = _AndKill(n, member, lambda: job.member_pid if job is not None else None)
+    return n
+
+
+class _AndKill(nemesis.Nemesis):
+    """``inner`` injected, then the member SIGKILLed; healing waits until the next member
+    (``current()``: its pid) has run for longer than the Kafka source's timeout (2 s), so
+    that it meets the fault, then heals ``inner``."""
+
+    def __init__(self, inner: nemesis.Nemesis, member: int, current):
+        super().__init__()
+        self.inner, self.member, self.current = inner, member, current
+        self.name = f"{inner.name}, member {member} killed"
+        self.label = inner.label
+
+    def _inject(self) -> None:
+        self.inner.start()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.member, signal.SIGKILL)
+
+    def _undo(self) -> None:
+        deadline = time.monotonic() + 30
+        while self.current() in (None, self.member) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.5)
+        self.inner.heal()
+
+
+class _Halt:
+    """A server's halt in one way, for :class:`nemesis.ServerOutage`: ``halt`` (the
+    server's own: PostgreSQL's fast shutdown, SIGTERM, moto's listener closed),
+    ``halt-immediate`` (PostgreSQL's immediate shutdown, crash recovery at restart), or
+    ``kill`` (SIGKILL). The data stays; ``restart`` brings it back on the same port."""
+
+    def __init__(self, server, how: str):
+        self.server, self.how = server, how
 
     def halt(self) -> None:
-        self.server.halt(self.mode)
+        if self.how == "kill":
+            self.server.process.kill()
+            self.server.process.wait()
+        elif self.how == "halt-immediate":
+            self.server.halt("immediate")
+        else:
+            self.server.halt()
 
     def restart(self) -> None:
         self.server.restart()
 
 
+#: The faults of a partition round (one of each of ``partition_campaign.FAULTS``).
+PARTITION_ROUND = 7
+
+
+def kind_of(index: int, kinds, faults_per_round: int) -> str:
+    """The kind of round ``index`` of a campaign over ``kinds``: the local kinds in turn,
+    and with ``partition`` among them one partition round (:data:`PARTITION_ROUND` faults)
+    after every ``m`` rounds of each local kind, ``m`` such that each kind gets about the
+    same share of the faults (``m = 2`` at 4 faults a round). So a run stopped early has
+    had its partitions too."""
+    local = [k for k in kinds if k != "partition"]
+    if not local:
+        return "partition"
+    if "partition" not in kinds:
+        return local[index % len(local)]
+    m = max(1, round(PARTITION_ROUND / faults_per_round))
+    at = index % (m * len(local) + 1)
+    return "partition" if at == m * len(local) else local[at % len(local)]
+
+
+def round_rng(seed: int, index: int) -> random.Random:
+    """Round ``index``'s random draws: the same whatever ran before it, so that a resumed
+    run (``--resume``) draws what an unbroken one would."""
+    return random.Random(f"sparkjet-nemesis/{seed}/{index}")
+
+
+def build_info() -> dict:
+    """The package version and, from a checkout, the git commit (``+dirty`` with changes):
+    what a log's rounds ran."""
+    import subprocess
+
+    commit = None
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+        if commit and subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                     cwd=here, capture_output=True, text=True,
+                                     timeout=10).stdout.strip():
+            commit += "+dirty"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"version": __version__, "commit": commit}
+
+
+def read_log(path) -> tuple[list[dict], list[dict]]:
+    """A campaign log's ``RUN-JSON`` headers (one per sitting) and ``ROUND-JSON`` rounds, as
+    dicts; a line cut short by a stopped run is skipped."""
+    import json
+
+    headers, rounds = [], []
+    with contextlib.suppress(FileNotFoundError), open(path) as f:
+        for line in f:
+            for tag, into in (("RUN-JSON ", headers), ("ROUND-JSON ", rounds)):
+                if line.startswith(tag):
+                    with contextlib.suppress(json.JSONDecodeError):
+                        into.append(json.loads(line[len(tag):]))
+    return headers, rounds
+
+
 def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=print,
-        faults_per_round: int = 4, servers: Servers | None = None) -> list[NemesisRound]:
-    """Rounds over ``kinds`` in turn until ``total_faults`` faults were injected. Kinds
-    that cannot run here are left out with the reason (``progress``)."""
-    rng = random.Random(seed)
-    own = servers is None
-    servers = servers or Servers().start(kinds)
+        faults_per_round: int = 4, servers: Servers | None = None, *, partition=None,
+        log=None, resume: bool = False, runner=None) -> list[NemesisRound]:
+    """Rounds over ``kinds`` (:func:`kind_of`) until ``total_faults`` faults were injected.
+    Kinds that cannot run here are left out with the reason (``progress``). The ``server``
+    kind's rounds take the servers that run here in turn (:data:`SERVERS`).
+
+    ``partition``: a :class:`sparkjet.testing.partition_campaign.Cluster` for the
+    ``partition`` kind. ``log``: a file every round's ``ROUND-JSON`` line is appended to
+    (with its index, the seed, the package version and git commit), after a ``RUN-JSON``
+    header per sitting; ``resume``: continue the run ``log`` holds (same seed, kinds and
+    faults per round), from the round after its last, and return its rounds with the new
+    ones. ``runner(kind, index, faults, rng, server, operator)`` replaces the real rounds
+    (tests).
+
+    Rounds of a kind take the stateful operators of :mod:`sparkjet.testing.operators` in
+    turn, those its sink can hold (:func:`operators_for`); a ``server`` round takes the
+    next server, and each server the operators in turn."""
+    import json
+
+    info = build_info()
+    done_rounds: list[dict] = []
+    headers: list[dict] = []
+    if log is not None:
+        headers, done_rounds = read_log(log)
+        if done_rounds and not resume:
+            raise NemesisError(f"{log} holds {len(done_rounds)} rounds of a campaign: "
+                               "--resume to continue it, or log to another file")
+        if resume and headers:
+            first = headers[0]
+            wanted = {"seed": seed, "kinds": list(kinds), "faults_per_round": faults_per_round}
+            differ = {k: (first.get(k), v) for k, v in wanted.items() if first.get(k) != v}
+            if differ:
+                raise NemesisError(f"--resume: {log} is a run with " + ", ".join(
+                    f"{k} {was!r} (not {now!r})" for k, (was, now) in differ.items())
+                    + ": resume it with the same command")
+        done_rounds = [d for d in done_rounds if d.get("seed") == seed]
+    own = servers is None and runner is None
+    servers = servers or (Servers() if runner else Servers().start(kinds))
+    if "partition" in kinds and runner is None:
+        why = "needs a partition_campaign.Cluster" if partition is None else partition.why_not
+        if why:
+            servers.why_not["partition"] = why
     try:
         runnable = [k for k in kinds if k not in servers.why_not]
         for k in kinds:
@@ -419,24 +817,66 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
                 progress(f"kind {k} left out: {servers.why_not[k]}")
         if not runnable:
             return []
-        results: list[NemesisRound] = []
-        done, i, idle = 0, 0, 0
+        if "server" in runnable:
+            for k, why in servers.why_not_server.items():
+                progress(f"server {k} left out of kind server: {why}")
+        if resume and headers and (headers[0].get("runnable"), headers[0].get("servers")) != (
+                runnable, servers.servers):
+            raise NemesisError(
+                f"--resume: the kinds and servers that run here ({runnable}, servers "
+                f"{servers.servers}) are not those of {log} ({headers[0].get('runnable')}, "
+                f"servers {headers[0].get('servers')}): its rounds would not be drawn again")
+        header = {"seed": seed, "kinds": list(kinds), "faults_per_round": faults_per_round,
+                  "faults": total_faults, "runnable": runnable, "servers": servers.servers,
+                  **info, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if resume and done_rounds:
+            progress(f"resuming {log}: {len(done_rounds)} rounds, "
+                     f"{sum(len(d['faults']) for d in done_rounds)} faults done")
+        if log is not None:
+            _append(log, "RUN-JSON " + json.dumps(header))
+        results = from_log("ROUND-JSON " + json.dumps(d) for d in done_rounds)
+        done = sum(len(r.faults) for r in results)
+        i = max((d["index"] for d in done_rounds), default=-1) + 1
+        seen: dict[str, int] = {}           # rounds of each kind before round i
+        for j in range(i):
+            k = kind_of(j, runnable, faults_per_round)
+            seen[k] = seen.get(k, 0) + 1
+        idle = 0
         while done < total_faults:
-            kind = runnable[i % len(runnable)]
-            n = min(faults_per_round, total_faults - done)
-            r = run_round(work / f"round-{i:05d}", kind, n, rng, servers)
+            kind = kind_of(i, runnable, faults_per_round)
+            ordinal = seen.get(kind, 0)
+            seen[kind] = ordinal + 1
+            rng = round_rng(seed, i)
+            server, operator = None, "keyed"      # a partition round's job is keyed
+            turn = ordinal
+            if kind == "server":
+                server = servers.servers[ordinal % len(servers.servers)]
+                turn = ordinal // len(servers.servers)    # each server through every operator
+            if kind != "partition":
+                ops = operators_for(SERVER_SINKS[server] if server else SINKS[kind])
+                operator = ops[turn % len(ops)]
+            if kind == "partition":
+                n = min(PARTITION_ROUND, total_faults - done)
+            else:
+                n = min(faults_per_round, total_faults - done)
+            if runner is not None:
+                r = runner(kind, i, n, rng, server, operator)
+            else:
+                folder = work / f"{'partition' if kind == 'partition' else 'round'}-{i:05d}"
+                shutil.rmtree(folder, ignore_errors=True)   # a round cut short before
+                if kind == "partition":
+                    r = partition.round(folder, n, rng, progress)
+                else:
+                    r = run_round(folder, kind, n, rng, servers, server=server,
+                                  operator=operator)
             results.append(r)
             done += len(r.faults)
+            line = round_json(r, index=i, seed=seed, **info)
+            if log is not None:
+                _append(log, line)
             i += 1
-            rec = [f.recovered for f in r.faults if f.recovered is not None]
-            progress(f"round {i}: {kind:8} {r.sink:9} faults {len(r.faults):2} restarts "
-                     f"{r.restarts:2} {r.seconds:5.1f}s recover max "
-                     f"{max(rec) if rec else '-'} lost {r.lost} duplicated {r.duplicated} "
-                     f"stale {r.stale_reads} {'valid' if r.valid else 'INVALID'}"
-                     + (f"\n    failed: {r.error}" if r.error else "")
-                     + "".join(f"\n    {note}" for note in r.notes)
-                     + "".join(f"\n    VIOLATION: {v}" for v in r.violations))
-            progress(round_json(r))
+            progress(f"round {i}: " + round_line(r))
+            progress(line)
             idle = idle + 1 if not r.faults else 0
             if idle == 3:
                 break
@@ -446,17 +886,45 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
             servers.stop()
 
 
-def round_json(r: NemesisRound) -> str:
-    """One round as a ``ROUND-JSON`` line: a long run's log can be summed up while it runs
-    (:func:`from_log`)."""
+def _append(log, line: str) -> None:
+    """``line`` at the end of ``log``, on a line of its own (after a line a stopped run cut
+    short), flushed to disk: a run stopped any time keeps every round it finished."""
+    with open(log, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write(line.encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def round_line(r: NemesisRound) -> str:
+    """A round as a line of the campaign's output."""
+    rec = [f.recovered for f in r.faults if f.recovered is not None]
+    return (f"{r.kind:9} {r.server or '':8} {r.operator:8} {r.sink:8} faults "
+            f"{len(r.faults):2} restarts {r.restarts:2} {r.seconds:5.1f}s recover max "
+            f"{max(rec) if rec else '-'} lost {r.lost} duplicated {r.duplicated} "
+            f"stale {r.stale_reads} {'valid' if r.valid else 'INVALID'}"
+            + "".join(f"\n    {f.name}" for f in r.faults if r.kind == "partition")
+            + (f"\n    failed: {r.error}" if r.error else "")
+            + "".join(f"\n    {note}" for note in r.notes)
+            + "".join(f"\n    VIOLATION: {v}" for v in r.violations))
+
+
+def round_json(r: NemesisRound, **extra) -> str:
+    """One round as a ``ROUND-JSON`` line (with ``extra``: the round's index, the seed, the
+    build): a long run's log can be summed up while it runs (:func:`from_log`)."""
     import json
 
-    return "ROUND-JSON " + json.dumps({
+    return "ROUND-JSON " + json.dumps({**extra,
         "kind": r.kind, "sink": r.sink, "faults": [f.name for f in r.faults],
         "recovered": [f.recovered for f in r.faults], "restarts": r.restarts,
         "seconds": round(r.seconds, 1), "lost": r.lost, "unfinished": r.unfinished,
         "duplicated": r.duplicated, "stale_reads": r.stale_reads, "error": r.error,
-        "notes": r.notes, "violations": r.violations, "valid": r.valid})
+        "notes": r.notes, "violations": r.violations, "valid": r.valid, "server": r.server,
+        "operator": r.operator})
 
 
 def from_log(lines) -> list[NemesisRound]:
@@ -468,7 +936,11 @@ def from_log(lines) -> list[NemesisRound]:
     for line in lines:
         if not line.startswith("ROUND-JSON "):
             continue
-        d = json.loads(line[len("ROUND-JSON "):])
+        try:
+            d = json.loads(line[len("ROUND-JSON "):])
+        except json.JSONDecodeError:
+            continue            # the last line of a run stopped while writing it
+
         # the counts the summary needs, standing in for the checker's report
         report = SimpleNamespace(lost_count=d["lost"] + d["unfinished"],
                                  duplicated_count=d["duplicated"],
@@ -477,7 +949,8 @@ def from_log(lines) -> list[NemesisRound]:
                   for n, rec in zip(d["faults"], d["recovered"], strict=True)]
         rounds.append(NemesisRound(d["kind"], d["sink"], faults, d["restarts"], d["seconds"],
                                    report, d["stale_reads"], d["error"], d["notes"],
-                                   d["violations"]))
+                                   d["violations"], d.get("server"),
+                                   d.get("operator", "keyed")))
     return rounds
 
 

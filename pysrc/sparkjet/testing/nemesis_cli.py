@@ -1,7 +1,9 @@
 """The command line of the nemesis campaigns: ``python -m sparkjet.campaign --nemesis KINDS
 --faults N`` (the options :func:`add_arguments` adds to the kill campaign's parser,
 :func:`main` runs them): the local kinds of :mod:`sparkjet.testing.nemesis_campaign` and
-the partitions of :mod:`sparkjet.testing.partition_campaign`."""
+the partitions of :mod:`sparkjet.testing.partition_campaign`, interleaved
+(:func:`~sparkjet.testing.nemesis_campaign.kind_of`). ``--log FILE`` keeps every round;
+``--resume`` continues the run a log holds, over several sittings."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from sparkjet.cli.args import positive_int
+from sparkjet.errors import NemesisError
 from sparkjet.testing import partition_campaign
 from sparkjet.testing.nemesis_campaign import KINDS, per_kind, round_json, run, summary
 
@@ -34,6 +37,13 @@ def add_arguments(parser) -> None:
                        help="faults in all for --nemesis (default 100)")
     group.add_argument("--faults-per-round", type=positive_int, default=4,
                        help="faults of one kind per job (default 4)")
+    group.add_argument("--log", default=None, metavar="FILE",
+                       help="append every round (its ROUND-JSON line, with the round's index, "
+                            "the seed, the package version and git commit) to FILE")
+    group.add_argument("--resume", action="store_true",
+                       help="with --log: continue the run FILE holds (the same command: seed, "
+                            "kinds, faults per round) from the round after its last; the "
+                            "summary counts every round in FILE")
 
 
 def kinds_of(text: str) -> tuple[str, ...]:
@@ -65,19 +75,21 @@ def main(args) -> int:
     # SIGTERM ends the run as Ctrl-C does: the servers it started are stopped on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     _servers_importable(progress)
-    local = [k for k in kinds if k != "partition"]
+    if args.resume and not args.log:
+        raise SystemExit("--resume needs --log FILE: the log of the run to continue")
+    partition = partition_campaign.Cluster() if "partition" in kinds else None
     with tempfile.TemporaryDirectory(prefix="sparkjet-nemesis-") as tmp:
         work = Path(args.dir or tmp)
-        partition_share = 0
-        if "partition" in kinds:
-            # a round of every partition costs a Spark cluster's time: a share of the faults
-            partition_share = max(1, args.faults // len(kinds)) if local else args.faults
-        results = run(work / "local", args.faults - partition_share, local, args.seed,
-                      progress, args.faults_per_round) if local and \
-            args.faults > partition_share else []
-        if "partition" in kinds:
-            results += partition_campaign.run(work / "partition", partition_share, args.seed,
-                                              progress)
+        try:
+            # the kinds in turn, a partition round interleaved after every few local rounds
+            results = run(work, args.faults, kinds, args.seed, progress,
+                          args.faults_per_round, partition=partition, log=args.log,
+                          resume=args.resume)
+        except NemesisError as e:
+            raise SystemExit(str(e)) from None
+        finally:
+            if partition is not None:
+                partition.close()
     print(summary(results))
     if args.json:
         print("NEMESIS-JSON " + json.dumps({

@@ -28,6 +28,7 @@ ended (a zombie's late commit would show), and reported like the other kinds.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -40,10 +41,10 @@ from sparkjet.errors import JobFailedError, NamespacesUnavailableError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.testing import nemesis, netns
-from sparkjet.testing.nemesis_campaign import FaultRecord, NemesisRound, round_json
+from sparkjet.testing.nemesis_campaign import FaultRecord, NemesisRound, round_json, round_line
 from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 
-__all__ = ["FAULTS", "run"]
+__all__ = ["FAULTS", "Cluster", "run"]
 
 #: The faults in the order they cycle.
 FAULTS = ("isolate", "driver-minority", "split", "bridge", "flapping", "one-way", "loss")
@@ -83,46 +84,72 @@ def _fault(name: str, net, rng: random.Random) -> nemesis.Nemesis:
     return nemesis.PacketLoss(net, hosts[one], 30)
 
 
+class Cluster:
+    """The namespaced standalone cluster partition rounds run on: started at the first
+    :meth:`round` and kept for the next ones (a campaign interleaves them with its local
+    rounds), stopped by :meth:`close`. :attr:`why_not` says why namespaces cannot be made
+    here (None where they can)."""
+
+    def __init__(self, rate: float = 40_000):
+        self.rate = rate
+        self.why_not = netns.available() or nemesis.missing("partition")
+        self._stack: contextlib.ExitStack | None = None
+
+    def round(self, work: Path, faults: int, rng: random.Random, progress=print,
+              kinds: tuple[str, ...] = FAULTS) -> NemesisRound:
+        """One job with ``faults`` partitions, the first ``faults`` of ``kinds`` in turn."""
+        if self._stack is None:
+            stack = contextlib.ExitStack()
+            try:
+                self.net = stack.enter_context(netns.Network(hosts=3))
+                self.cluster = stack.enter_context(
+                    StandaloneCluster(workers=3, cores=1, memory="1g", network=self.net))
+                self.spark = self.cluster.session("sparkjet-partitions", **SPARK_CONF)
+                stack.callback(self.spark.stop)
+                self.spark.sparkContext.setLogLevel("OFF")
+            except BaseException:
+                stack.close()
+                raise
+            self._stack = stack
+        names = [kinds[j % len(kinds)] for j in range(faults)]
+        return run_round(work, self.net, self.cluster, self.spark, names, rng, self.rate,
+                         progress)
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+
 def run(work: Path, faults: int, seed: int = 0, progress=print, *, rate: float = 40_000,
         kinds: tuple[str, ...] = FAULTS) -> list[NemesisRound]:
     """Runs ``faults`` partitions (cycling through ``kinds``) under one job per
     ``len(kinds)`` faults on a namespaced standalone cluster; one
     :class:`~sparkjet.testing.nemesis_campaign.NemesisRound` per job. Where namespaces
-    cannot be made, says why (``progress``) and returns nothing."""
-    reason = netns.available() or nemesis.missing("partition")
-    if reason:
-        progress(f"kind partition left out: {reason}")
+    cannot be made, says why (``progress``) and returns nothing. (``python -m
+    sparkjet.campaign --nemesis partition`` runs them through
+    :func:`sparkjet.testing.nemesis_campaign.run`, which interleaves them with the other
+    kinds.)"""
+    cluster = Cluster(rate)
+    if cluster.why_not:
+        progress(f"kind partition left out: {cluster.why_not}")
         return []
     rng = random.Random(seed)
     results: list[NemesisRound] = []
     try:
-        with netns.Network(hosts=3) as net, \
-                StandaloneCluster(workers=3, cores=1, memory="1g", network=net) as cluster:
-            spark = cluster.session("sparkjet-partitions", **SPARK_CONF)
-            spark.sparkContext.setLogLevel("OFF")
-            try:
-                done, i = 0, 0
-                while done < faults:
-                    n = min(len(kinds), faults - done)
-                    names = [kinds[(done + j) % len(kinds)] for j in range(n)]
-                    r = run_round(work / f"partition-{i:04d}", net, cluster, spark, names, rng,
-                                  rate, progress)
-                    results.append(r)
-                    done += max(1, len(r.faults))
-                    i += 1
-                    rec = [f.recovered for f in r.faults if f.recovered is not None]
-                    progress(f"round {i}: partition {', '.join(f.name for f in r.faults)}: "
-                             f"restarts {r.restarts} {r.seconds:.1f}s recover max "
-                             f"{max(rec) if rec else '-'} lost {r.lost} duplicated "
-                             f"{r.duplicated} {'valid' if r.valid else 'INVALID'}"
-                             + (f"\n    failed: {r.error}" if r.error else "")
-                             + "".join(f"\n    {n}" for n in r.notes)
-                             + "".join(f"\n    VIOLATION: {v}" for v in r.violations))
-                    progress(round_json(r))
-            finally:
-                spark.stop()
+        done, i = 0, 0
+        while done < faults:
+            r = cluster.round(work / f"partition-{i:04d}", min(len(kinds), faults - done),
+                              rng, progress, kinds)
+            results.append(r)
+            done += max(1, len(r.faults))
+            i += 1
+            progress(f"round {i}: " + round_line(r))
+            progress(round_json(r))
     except NamespacesUnavailableError as e:
         progress(f"kind partition left out: {e}")
+    finally:
+        cluster.close()
     return results
 
 

@@ -59,8 +59,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from sparkjet import verify
 from sparkjet.cli.args import positive_int
@@ -71,13 +69,11 @@ from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.snapshot import layout
 from sparkjet.spark import local_session
-from sparkjet.testing import campaign as kills
-from sparkjet.testing import nemesis
+from sparkjet.testing import nemesis, operators
 from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
-from sparkjet.windows import session, sliding
 
 #: The stateful pipelines, taken in turn.
-OPERATORS = ("keyed", "windowed", "session", "state", "dedup", "join", "enrich")
+OPERATORS = operators.OPERATORS
 
 
 @dataclass(frozen=True)
@@ -141,22 +137,6 @@ class RoundResult:
 
 # ---- the pipelines ------------------------------------------------------------------------
 
-#: The session rounds' gap (event time is the event id; a key recurs every ~5000 ids).
-SESSION_GAP = 4_000
-
-
-def _sessions_expected(source) -> pa.Table:
-    import pandas as pd
-
-    e = source.events(0, source.total).select(["id", "key", "value"]).to_pandas()
-    e = e.sort_values(["key", "id"])
-    new = (e["key"] != e["key"].shift()) | (e["id"] - e["id"].shift() >= SESSION_GAP)
-    g = e.assign(session=new.cumsum()).groupby(["key", "session"])
-    out = pd.DataFrame({"window_start": g["id"].min(), "count": g["value"].count(),
-                        "sum": g["value"].sum()}).reset_index().drop(columns="session")
-    return pa.Table.from_pandas(out, preserve_index=False)
-
-
 def operator_job(work: Path, op: str, seed: int, events: int, rate: float,
                  config: dict) -> tuple[Job, callable, callable]:
     """The round's job (`op` of :data:`OPERATORS`, exactly-once into files under `work`),
@@ -165,33 +145,7 @@ def operator_job(work: Path, op: str, seed: int, events: int, rate: float,
     emitted twice (after a refused run, its lost count means nothing)."""
     source = GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate,
                              batch_size=5_000, seed=seed)
-    stream = Pipeline().read_from(source)
-    window = sliding(40_000, 20_000)
-    if op in ("windowed", "session", "join"):
-        stream = stream.with_timestamps("id")
-    elif op == "dedup":
-        stream = stream.map_batches(kills._with_uid).with_timestamps("id", max_lag=10)
-    if op == "keyed":
-        stream = stream.group_by("key").aggregate(count="count", sum=("sum", "value"))
-    elif op == "state":
-        stream = stream.group_by("key").map_state(kills._count_and_sum, state=kills._COUNT_SUM)
-    elif op == "windowed":
-        stream = stream.group_by("key").window(window).aggregate(count="count",
-                                                                 sum=("sum", "value"))
-    elif op == "session":
-        stream = stream.group_by("key").window(session(SESSION_GAP)).aggregate(
-            count="count", sum=("sum", "value"))
-    elif op == "dedup":
-        stream = stream.deduplicate("uid", within=10_000).map_batches(kills._uids)
-    elif op == "join":
-        left = stream.filter(pc.field("value") < 600)
-        right = stream.filter(pc.field("value") >= 400)
-        stream = left.join_interval(right, on="key", between=kills._BETWEEN).map_batches(
-            kills._pairs)
-    elif op == "enrich":
-        stream = stream.join_table(kills._TABLE, on="key").map_batches(kills._enriched)
-    else:
-        raise ValueError(f"operator must be one of {OPERATORS}, got {op!r}")
+    stream = operators.build(Pipeline().read_from(source), op)
     out = work / "out"
     settings = dict(name=f"storage-campaign-{work.name}", processing_guarantee="exactly-once",
                     snapshot_store=str(work / "snapshots"), snapshot_interval=0.3,
@@ -201,28 +155,7 @@ def operator_job(work: Path, op: str, seed: int, events: int, rate: float,
     job = Job(full, JobConfig(**{**settings, **config}))
 
     def check() -> tuple[verify.Report, int]:
-        got = TransactionalFileSink.read(out)
-        if op in ("keyed", "state"):
-            actual = (verify.last_update_per_key(got) if got.num_rows else
-                      pa.table({"key": pa.array([], pa.int64()),
-                                "count": pa.array([], pa.int64()),
-                                "sum": pa.array([], pa.float64())}))
-            # every update committed once: a (key, count) twice is an update replayed into
-            # the output (which the last update per key would not show)
-            repeated = (got.num_rows - got.group_by(["key", "count"]).aggregate([]).num_rows
-                        if got.num_rows else 0)
-            return verify.check_aggregates(source.expected_counts(), actual, key="key",
-                                           columns=["count", "sum"]), repeated
-        if op in ("windowed", "session"):
-            actual, repeated = kills._final_windows(got)
-            expected = (kills.expected_windows([source], window) if op == "windowed"
-                        else _sessions_expected(source))
-            return verify.check_aggregates(expected, actual, key=["key", "window_start"],
-                                           columns=["count", "sum"]), repeated
-        column = {"dedup": "uid", "join": "pair", "enrich": "id"}[op]
-        wanted = pa.array(kills._expected_ids(op, source))
-        ids = got.column(column) if got.num_columns else pa.array([], pa.int64())
-        return verify.check_events(wanted, wanted, ids), 0
+        return operators.check(op, source, TransactionalFileSink.read(out))
     return job, lambda: Job(full, job.config), check
 
 
