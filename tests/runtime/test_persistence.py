@@ -22,8 +22,8 @@ from sparkjet.snapshot import layout
 from sparkjet.snapshot.slots import StorageSlot
 
 
-def _config(tmp_path, **kw):
-    return JobConfig(name="persisted", snapshot_store=str(tmp_path / "store"), storage="members",
+def _config(tmp_path, name="persisted", **kw):
+    return JobConfig(name=name, snapshot_store=str(tmp_path / "store"), storage="members",
                      persistence=True, storage_dir=str(tmp_path / "slots"), **kw)
 
 
@@ -76,6 +76,23 @@ def test_a_corrupt_member_json_is_removed_or_refused(tmp_path, caplog, auto_remo
     with slot:
         assert slot.path != path and not os.path.exists(path)
         assert f"removed storage slot {path}" in caplog.text
+
+
+def test_a_corrupt_slot_holding_another_jobs_data_is_passed_over_not_removed(tmp_path, caplog):
+    """A slot whose MEMBER.json does not read (a newer format, a torn write) that holds
+    another job's data is never removed by this job's claim: the other job's data is not
+    this job's to give up (it used to be removed whole)."""
+    config = _config(tmp_path)
+    other = _config(tmp_path, name="another-job")
+    path = _slot_with_data(other, 1)
+    with open(os.path.join(path, "MEMBER.json"), "w") as f:
+        f.write("{not json")
+    with caplog.at_level(logging.WARNING):
+        slot, _ = claim(config, 2)
+    with slot:
+        assert slot.path != path
+        assert os.path.isdir(os.path.join(path, "jobs", layout.job_dir(other.id)))
+        assert f"storage slot {path} passed over" in caplog.text
 
 
 @pytest.mark.parametrize("auto_remove", [True, False])

@@ -140,7 +140,16 @@ class StorageSlot:
             try:
                 identity = _read_identity(folder)
             except StorageSlotError as e:
-                if not remove_corrupt or not _remove_unheld(folder):
+                if not remove_corrupt:
+                    raise
+                others = _other_jobs(folder, job_id)
+                if others:
+                    # another job's data is not this job's to give up: passed over
+                    _log.warning("storage slot %s passed over: its MEMBER.json does not read "
+                                 "(%s) and it holds data of other jobs (%s); remove it by hand "
+                                 "to give that data up", folder, e, ", ".join(others))
+                    continue
+                if not _remove_unheld(folder):
                     raise
                 _log.warning("removed storage slot %s: its MEMBER.json does not read (%s); "
                              "its data is given up (JobConfig.auto_remove_stale_data)",
@@ -375,6 +384,21 @@ def _read_identity(folder: str) -> SlotIdentity | None:
     path = os.path.join(folder, MEMBER)
     data = _read_bytes(path)
     return None if data is None else SlotIdentity.parse(data, path)
+
+
+def _other_jobs(folder: str, job_id: int | None) -> list[str]:
+    """The job folders in slot ``folder`` other than ``job_id``'s (every one, and anything
+    under ``jobs/`` that cannot be listed, counts: only data known to be nobody else's may
+    be removed)."""
+    jobs = os.path.join(folder, JOBS)
+    try:
+        names = os.listdir(jobs)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [f"{jobs} ({e.strerror})"]
+    mine = job_folder(job_id) if job_id is not None else None
+    return sorted(n for n in names if n != mine)
 
 
 def _remove_unheld(folder: str) -> bool:
