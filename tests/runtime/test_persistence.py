@@ -105,10 +105,15 @@ def test_a_corrupt_table_gives_the_jobs_data_up_or_is_refused(tmp_path, caplog, 
             claim(config, 2)
         assert os.path.exists(table)
         return
+    kept = os.path.join(path, "jobs", layout.job_dir(config.id), "replicas", "kept")
+    os.makedirs(os.path.dirname(kept), exist_ok=True)
+    with open(kept, "wb") as f:         # a replica: not the corrupt table's to give up
+        f.write(b"x")
     with caplog.at_level(logging.WARNING):
         slot, notes = claim(config, 2)
     with slot:
         assert slot.path == path and not os.path.exists(table)
+        assert os.path.exists(kept), "the corrupt table took the slot's replicas with it"
         assert notes["removed"] and table in notes["removed"][0]
         assert slot.newest_execution(config.id) == 2
         assert "is corrupt" in caplog.text and path in caplog.text

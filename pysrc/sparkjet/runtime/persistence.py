@@ -10,7 +10,8 @@ Hazelcast's settings (``JobConfig``):
    waits until the cluster offers as many task slots as the newest record's partition
    table had storage slots (:func:`wait_for_slots`); then it goes on with what there is.
 2. **Load** (``data_load_timeout``, 900 s): each member claims its slot (a corrupt
-   ``MEMBER.json``, FENCE, table or record copy is removed, or refused naming its path,
+   ``MEMBER.json`` (of a slot with no other job's data), FENCE, table or record copy is
+   removed alone, or refused naming its path,
    per ``auto_remove_stale_data``: :func:`claim`), verifies its replicas of the committed
    snapshots against the records' checksums (every chunk's, read whole; in the first
    execution of a run, not at the restarts after it, whose restores check every chunk they
@@ -65,6 +66,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from sparkjet._fs import storage_error
 from sparkjet.errors import (
     ExecutionFailedError,
     FencedError,
@@ -83,7 +85,7 @@ from sparkjet.runtime.storage import claim_slot, held_ranges
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
-from sparkjet.snapshot.slots import RECORDS, REPLICAS, TABLE, StorageSlot
+from sparkjet.snapshot.slots import FENCE, RECORDS, REPLICAS, TABLE, StorageSlot
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -127,24 +129,25 @@ def claim(config: JobConfig, execution: int) -> tuple[StorageSlot | None, dict]:
 
 def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:
     """Checks this job's metadata in ``slot`` (FENCE, TABLE.json, the record copies); when
-    some does not read, removes the job's data from the slot and returns what was wrong
-    (``auto_remove_stale_data``), or raises StorageSlotError naming the path."""
+    some does not read, removes those files alone (the slot's verified replicas and its
+    other record copies stay) and returns what was wrong (``auto_remove_stale_data``), or
+    raises StorageSlotError naming the path."""
     job = config.id
     where = slot.job_path(job)
     if not os.path.isdir(where):
         return []
-    problems = []
+    problems: list[tuple[str, str]] = []         # (what is wrong, the file to remove)
     try:
         slot.newest_execution(job)
     except StorageSlotError as e:
-        problems.append(str(e))
+        problems.append((str(e), slot.job_path(job, FENCE)))
     table = slot.read_table(job)
     if table is not None:
         try:
             PartitionTable.from_bytes(table)
         except (ValueError, PartitionTableError) as e:
-            problems.append(f"{slot.job_path(job, TABLE)}: the partition table does not "
-                            f"read ({e})")
+            problems.append((f"{slot.job_path(job, TABLE)}: the partition table does not "
+                             f"read ({e})", slot.job_path(job, TABLE)))
     for sid in slot.records(job):
         path = slot.job_path(job, RECORDS, f"{sid:020d}")
         try:
@@ -154,18 +157,25 @@ def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:
                 raise SnapshotCorruptError(path, 0, "job and snapshot id",
                                            f"{record.job_id}/{record.snapshot_id}")
         except SnapshotCorruptError as e:
-            problems.append(str(e))
+            problems.append((str(e), path))
     if not problems:
         return []
+    said = "; ".join(what for what, _ in problems)
     if not config.auto_remove_stale_data:
         raise StorageSlotError(
-            f"storage slot {slot.path}: this job's data in {where} is corrupt: "
-            f"{'; '.join(problems)}. Remove {where} to give it up, or set "
-            f"auto_remove_stale_data=True, or Job.force_start()")
-    _log.warning("storage slot %s: this job's data in %s is corrupt (%s): removed "
-                 "(auto_remove_stale_data)", slot.path, where, "; ".join(problems))
-    slot.remove_job(job)
-    return [f"{where}: {p}" for p in problems]
+            f"storage slot {slot.path}: this job's data in {where} is corrupt: {said}. "
+            f"Remove the files named to give them up, or set auto_remove_stale_data=True, "
+            f"or Job.force_start()")
+    for _, path in problems:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise storage_error("remove", path, e) from None
+    _log.warning("storage slot %s: this job's metadata in %s is corrupt (%s): those files "
+                 "removed (auto_remove_stale_data)", slot.path, where, said)
+    return [f"{where}: {what}" for what, _ in problems]
 
 
 def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: int,
