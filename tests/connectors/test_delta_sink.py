@@ -95,7 +95,10 @@ def test_rows_visible_only_after_phase_two_and_read_alike_by_deltalake_and_duckd
     assert dt.transaction_version(f"{APP}-p0") == 2
     assert dt.transaction_version(f"{APP}-p0-execution") == 1
     staged = tmp_path / "t" / "_sparkjet_staging"
-    assert not list(staged.rglob("*.arrow")), "committed staging is deleted"
+    # committed files go at the next snapshot's phase 2; the last snapshot's stay while its
+    # record is the one a run would restore
+    listed = {t["file"].rsplit("/", 1)[1] for t in state["transactions"]}
+    assert {f.name for f in staged.rglob("*.arrow")} == listed
 
 
 def test_one_commit_per_phase_two_holds_every_due_snapshot(tmp_path):
@@ -187,7 +190,8 @@ def test_recovery_commits_each_prepared_snapshot_exactly_once(tmp_path, crash):
     w2.commit(3)
     assert ids(path) == list(range(75))
     w2.close()
-    assert not list((tmp_path / "t" / "_sparkjet_staging").rglob("*.arrow"))
+    left = (tmp_path / "t" / "_sparkjet_staging").rglob("*.arrow")
+    assert all(f.name.endswith("-s3.arrow") for f in left), "only the last snapshot's stay"
 
 
 _CHILD = textwrap.dedent("""
@@ -261,7 +265,7 @@ def test_recovery_after_a_rescale_commits_every_old_processor(tmp_path):
     assert sorted(f.name for f in staged.rglob("*.arrow")) == ["e000000000001-s1.arrow"] * 3
     for w in new:
         w.close()
-    assert not list(staged.rglob("*.arrow"))
+    assert len(list(staged.rglob("*.arrow"))) == 3, "kept while record 1 is the one to restore"
 
 
 def test_a_zombie_of_an_older_execution_is_fenced(tmp_path):
@@ -462,7 +466,8 @@ def test_a_table_on_s3_with_staging_on_s3(s3):
     assert DeltaTable(uri, storage_options=options).transaction_version(f"{APP}-p0") == 2
     staged = s3_filesystem(s3).get_file_info(pafs.FileSelector("lake/staging/t",
                                                                recursive=True))
-    assert not [f for f in staged if f.is_file]
+    # snapshot 1's file went at snapshot 2's phase 2; 2's stays while its record is the last
+    assert [f.base_name for f in staged if f.is_file] == ["e000000000002-s2.arrow"]
 
 
 def test_an_unreachable_object_store_is_a_connector_error_in_bounded_time():

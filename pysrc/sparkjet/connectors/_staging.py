@@ -115,14 +115,6 @@ class StagedSnapshots:
         for f in gone:
             self.backend.remove(self.backend.path(f))
 
-    def close(self) -> None:
-        """A clean end: deletes every committed snapshot's file (what is staged and not
-        committed stays for the next recovery)."""
-        with self._lock:
-            gone, self._committed = [f for _, f in self._committed], []
-        for f in gone:
-            self.backend.remove(self.backend.path(f))
-
     def batches(self, txn: dict) -> list:
         """The rows of staged snapshot `txn`: in memory if this writer staged them, else
         read back from their file."""

@@ -453,11 +453,9 @@ class DeltaWriter(SinkWriter):
 
     def close(self) -> None:
         """At-least-once and none: appends what is buffered. Exactly-once: discards the
-        open, unprepared rows (a replay writes them again) and deletes the committed
-        snapshots' staged files; staged, uncommitted snapshots stay for :meth:`recover`."""
+        open, unprepared rows (a replay writes them again); staged snapshots stay for
+        :meth:`recover` (those the last snapshot lists even when committed)."""
         if self._exactly_once:
             self._open, self._open_rows = [], 0
-            if self._staged is not None:
-                self._staged.close()
         else:
             self._append_open()

@@ -526,7 +526,6 @@ class KafkaWriter(_ProducerBase):
         self._open = []
         if self._producer is not None:
             self._producer.flush(self.sink.timeout)
-        self._staged.close()
         if self._marker_consumer is not None:
             self._marker_consumer.close()
             self._marker_consumer = None
