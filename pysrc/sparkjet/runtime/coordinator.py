@@ -499,7 +499,9 @@ class ExecutionCoordinator:
                 if time.monotonic() > deadline:
                     raise ExecutionFailedError(
                         f"only {len(self.seen)} of {self.members} members of execution "
-                        f"{self.execution_id} started within {timeout:.0f} s (start_timeout)")
+                        f"{self.execution_id} started within {timeout:.0f} s (start_timeout"
+                        + (", and data_load_timeout for the members to verify their slots"
+                           if timeout > self.config.start_timeout else "") + ")")
                 self._cv.wait(0.1)
 
     def run(self, snapshot_id: int) -> None:

@@ -299,7 +299,7 @@ class SparkRunner:
         if fallback is not None:
             outcome["fallback"] = report_fallback(config, fallback, self.progress, execution)
         try:
-            coord.wait_started(start_wait(config))
+            coord.wait_started(start_wait(config, not self._loaded))
             self._loaded = True
             if coord.start is not start:    # the persistence restart took another snapshot
                 restore_from = outcome["restored_from"] = (
@@ -425,7 +425,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         except Exception as e:
             _report_before_join(coordinator, security, index, e)
             raise
-        late = _LateMember(start_wait(config))
+        late = _LateMember(start_wait(config, verify))
         try:
             if slot is None:
                 late.set(Member(plan, config, execution, topology=topology, index=index,
@@ -437,7 +437,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                 server.on_put("slot_write", slot_write_handler(slot, config.id))
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
-                answer = join(client, index, server.location, start_wait(config),
+                answer = join(client, index, server.location, start_wait(config, verify),
                               None if slot is None else join_report(config, slot, notes,
                                                                     execution, verify))
                 if slot is not None:
@@ -465,10 +465,11 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
     return task
 
 
-def start_wait(config: JobConfig) -> float:
+def start_wait(config: JobConfig, verify: bool = True) -> float:
     """How long the members of an execution may take to start: ``start_timeout``, and with
-    persistence ``data_load_timeout`` more (each member verifies its slot before it joins)."""
-    if config.storage == "members" and config.persistence:
+    persistence ``data_load_timeout`` more when they verify their slots before they join
+    (``verify``: the first execution of a run; the restarts after it do not verify)."""
+    if config.storage == "members" and config.persistence and verify:
         return config.start_timeout + config.data_load_timeout
     return config.start_timeout
 

@@ -516,6 +516,8 @@ def slot_write_handler(slot: StorageSlot, job_id: int):
             os.replace(side + ".part", side)
             sidecar = True
             os.replace(temp, final)
+            if slot.durable:    # the renames made durable before the copy is called verified
+                backend.sync_dir(os.path.dirname(final))
         except BaseException:
             # a copy whose sidecar is not its own would hand on another's ranges: both go
             for name in (temp, side + ".part", *((side, final) if sidecar else ())):
