@@ -1,7 +1,7 @@
 """Persistence restart without Spark (sparkjet.runtime.persistence): the settings, and what a
 member and the driver do with stale slots (corrupt metadata, data from the future) and at a
 force start, on real slots and a real snapshot store in a temporary folder. The restarts
-themselves run on Spark: tests/spark/test_persistence.py."""
+themselves run on Spark: tests/spark/test_spark_persistence.py."""
 import json
 import logging
 import os
