@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from sparkjet.errors import InvalidArgumentError, StorageSlotError
+from sparkjet.errors import InvalidArgumentError, RecoveryRefusedError, StorageSlotError
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.config import open_store
 from sparkjet.runtime.persistence import (
@@ -130,11 +130,20 @@ def _future_slot(config) -> str:
         return slot.path
 
 
+def _plan(sink):
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sources import GeneratorSource
+
+    return Pipeline().read_from(GeneratorSource(total=10)).write_to(sink).plan()
+
+
 @pytest.mark.parametrize("auto_remove", [True, False])
 def test_a_slot_from_the_future_is_emptied_or_refused(tmp_path, auto_remove):
     """The store has registered executions up to 4; a slot has seen execution 7 of the job
     (the store is an older copy): its data is from the future. Another job's data in the
     same slot is left alone."""
+    from sparkjet.sinks import DiscardSink, TransactionalFileSink
+
     config = _config(tmp_path, auto_remove_stale_data=auto_remove)
     path = _future_slot(config)
     other = JobConfig(name="other", snapshot_store=str(tmp_path / "store"), storage="members",
@@ -149,12 +158,18 @@ def test_a_slot_from_the_future_is_emptied_or_refused(tmp_path, auto_remove):
     with slot:
         assert slot.path == path and notes["seen"] == 7
         report = join_report(config, slot, notes, 4)
+        # under exactly-once with a transactional sink the newer executions may have
+        # committed output past the store's newest snapshot: refused, whatever the setting
+        with pytest.raises(RecoveryRefusedError, match="would replay the transactions"):
+            recover(config, store, _plan(TransactionalFileSink(tmp_path / "out")), 4, None,
+                    [report], events.append)
+        dag = _plan(DiscardSink())
         if not auto_remove:
             with pytest.raises(StorageSlotError, match=f"storage slot {path} .* has seen "
                                                        "execution 7 .* from the future"):
-                recover(config, store, None, 4, None, [report], events.append)
+                recover(config, store, dag, 4, None, [report], events.append)
             return
-        recovery = recover(config, store, None, 4, None, [report], events.append)
+        recovery = recover(config, store, dag, 4, None, [report], events.append)
         assert list(recovery.wipe) == [0] and "from the future" in recovery.wipe[0]
         assert events[-1]["event"] == "recovery" and path in events[-1]["removed"][0]
         after_join(config, slot, {"wipe": recovery.wipe[0]}, 4)
@@ -194,6 +209,25 @@ def test_force_start_removes_the_jobs_data_and_marks_the_store(tmp_path):
         assert not os.path.exists(os.path.join(job_folder, FORCE_START))
         after_join(config, held, {"wipe": "force start"}, 0)
         assert held.newest_execution(config.id) == 0
+
+
+def test_force_start_is_refused_under_exactly_once_with_a_transactional_sink(tmp_path):
+    """Force start under exactly-once with a transactional sink would start the execution
+    and snapshot ids again at 0 while the sink keeps the old ones (fenced, or taken as
+    committed already): refused, nothing removed (review finding)."""
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import GeneratorSource
+
+    config = _config(tmp_path)
+    store = open_store(config)
+    store.register_execution(3)
+    store.close()
+    job = Job(Pipeline().read_from(GeneratorSource(total=10))
+              .write_to(TransactionalFileSink(tmp_path / "out")), config)
+    with pytest.raises(InvalidArgumentError, match="new job name"):
+        job.force_start()
+    assert open_store(config).current_execution() == 3
 
 
 # -- the driver's decision over real slots and records (no Spark) -----------------------------
@@ -351,8 +385,13 @@ def test_the_cli_force_starts_a_job_by_name(tmp_path, capsys):
     store = open_store(config)
     store.register_execution(3)
     store.close()
-    assert main(["snapshots", "force-start", config.snapshot_store, "--job", config.name,
-                 "--storage-dir", config.storage_dir]) == 0
+    args = ["snapshots", "force-start", config.snapshot_store, "--job", config.name,
+            "--storage-dir", config.storage_dir]
+    # without a pipeline to look at, exactly-once is refused unless the user says otherwise
+    assert main(args) != 0
+    assert "--no-transactional-outputs" in capsys.readouterr().err
+    assert open_store(config).current_execution() == 3, "a refused force start removed data"
+    assert main(args + ["--no-transactional-outputs"]) == 0
     out = capsys.readouterr().out
     job_folder = os.path.join(config.snapshot_store, layout.job_dir(config.id))
     assert f"removed {os.path.join(job_folder, 'log')}" in out

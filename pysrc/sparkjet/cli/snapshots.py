@@ -65,6 +65,11 @@ def add_parser(commands) -> None:
     p.add_argument("--storage-dir", default=None,
                    help="JobConfig.storage_dir of the job (default: SPARKJET_STORAGE_DIR, else "
                         "JobConfig's default)")
+    p.add_argument("--no-transactional-outputs", action="store_true",
+                   help="say that the job runs at-least-once, or has no transactional sink and "
+                        "no acknowledging source (without it, refused: under exactly-once "
+                        "those keep the job's old execution and snapshot ids, which start "
+                        "again at 0; Job.force_start() checks the pipeline itself)")
     p.set_defaults(command="snapshots force-start", run=_force_start, parser=p)
 
 
@@ -253,7 +258,7 @@ def _force_start(args) -> int:
         job_id, name = None, args.job
     config = JobConfig(name=name, job_id=job_id, snapshot_store=args.uri, storage="members",
                        storage_dir=args.storage_dir)
-    removed = force_start(config)
+    removed = force_start(config, without_transactions=args.no_transactional_outputs)
     for path in removed["store"] + removed["slots"]:
         print(f"removed {path}")
     for path in removed["held"]:

@@ -307,7 +307,7 @@ class Job:
         :meth:`run` starts fresh: from the sources' start, every snapshot given up. Never
         done implicitly; refused while the job runs. Returns the paths removed
         (``store``, ``slots``) and the slots held by a running task (``held``)."""
-        return force_start(self.config)
+        return force_start(self.config, self.plan)
 
 
 class JobHandle:

@@ -366,10 +366,19 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
         _rebuild(config, store, execution, reports, progress)   # raises when it rebuilt
     stale = {i: r for i, r in enumerate(reports)
              if r.get("seen") is not None and r["seen"] > execution}
+    hazards = _replay_hazards(config, dag) if stale else ""
     for i, r in stale.items():
         why = (f"it has seen execution {r['seen']} of the job, newer than any the driver's "
                f"snapshot_store registered ({execution} is the newest): its data is from the "
                f"future (the store was replaced by an older copy?)")
+        if hazards:
+            # the newer executions may have committed output past the store's newest
+            # snapshot: restoring that one would replay it
+            raise RecoveryRefusedError(
+                f"storage slot {r['path']} (host {r['host']}): {why}. Under exactly-once "
+                f"restoring the store's newest snapshot would replay {hazards} that the newer "
+                f"executions may have committed. Put the store's newer copy back, or give "
+                f"the job's data up under a new job name")
         if not config.auto_remove_stale_data:
             raise StorageSlotError(
                 f"storage slot {r['path']} (host {r['host']}): {why}. Remove "
@@ -686,11 +695,29 @@ def wait_for_slots(config: JobConfig, store, available, progress) -> None:
 # -- force start -----------------------------------------------------------------------------
 
 
-def force_start(config: JobConfig) -> dict:
+def force_start(config: JobConfig, dag=None, *, without_transactions: bool = False) -> dict:
     """Deletes the job's data: its folder of ``snapshot_store`` (log, records, exports,
     table versions) and its data in every slot of this host's ``storage_dir`` that no
     running task holds; leaves the ``FORCE_START`` mark, at which the next execution has
-    every member empty its slot of the job. Logs each path. Returns what it removed."""
+    every member empty its slot of the job. Logs each path. Returns what it removed.
+
+    Refused under exactly-once when the pipeline ``dag`` (None: unknown, assumed so) has
+    a transactional sink or an acknowledging source: the job's execution and snapshot ids
+    would start again at 0 while those systems keep the old ones (a Kafka sink's markers, a
+    Delta table's transaction versions, a registry of executions), so its new output would
+    be fenced off or taken as committed already. ``without_transactions``: the caller
+    (the CLI, which has no pipeline) says there is none of those."""
+    hazards = ("" if without_transactions or config.processing_guarantee != "exactly-once"
+               else _replay_hazards(config, dag) if dag is not None
+               else "the transactions of any transactional sink")
+    if hazards:
+        raise InvalidArgumentError(
+            f"job {config.name!r}: force start refused under exactly-once: the job's "
+            f"execution and snapshot ids would start again at 0 while {hazards} keep the "
+            f"old ones (newer output fenced off, or taken as committed already and lost). "
+            f"Start the pipeline under a new job name (JobConfig.name) instead, which "
+            f"starts empty with ids of its own (`sparkjet snapshots force-start "
+            f"--no-transactional-outputs` when the job has neither)")
     if config.storage != "members":
         raise InvalidArgumentError(
             f"job {config.name!r}: force start deletes the data of the members' storage "
