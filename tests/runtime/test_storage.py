@@ -756,7 +756,7 @@ def test_two_lost_slots_of_three_are_refused_by_partition_with_one_backup(tmp_pa
     c holds every partition and the state comes back whole."""
     import shutil
 
-    from sparkjet.runtime.storage import _ranges, check_reachable
+    from sparkjet.runtime.storage import check_reachable, partition_ranges
 
     slots, clients = three_hosts
     store, table, state = _replicated(tmp_path, slots, clients, backup_count)
@@ -775,7 +775,7 @@ def test_two_lost_slots_of_three_are_refused_by_partition_with_one_backup(tmp_pa
     with pytest.raises(SnapshotIncompleteError) as caught:
         check_reachable(store, 0, member)
     message = str(caught.value)
-    assert f"agg: partitions {_ranges(set(gone))};" in message, message
+    assert f"agg: partitions {partition_ranges(set(gone))};" in message, message
     assert f"{a.uuid} (host host-a)" in message and f"{b.uuid} (host host-b)" in message
     assert c.uuid not in message and "src" not in message    # broadcast state: c has it
     with pytest.raises(SnapshotIncompleteError):

@@ -81,7 +81,7 @@ from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.lifecycle import RunLock
 from sparkjet.runtime.restore import handed_start
-from sparkjet.runtime.storage import claim_slot, held_ranges
+from sparkjet.runtime.storage import claim_slot, held_ranges, partition_ranges
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
@@ -534,20 +534,8 @@ def _largest_group(present: dict):
     return max(versions, key=lambda v: (versions[v], v))
 
 
-def _ranges(parts: set[int]) -> str:
-    ps = sorted(p for p in parts if p >= 0)
-    out, i = [], 0
-    while i < len(ps):
-        j = i
-        while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
-            j += 1
-        out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
-        i = j + 1
-    return ", ".join(out) + (" and broadcast state" if -1 in parts else "")
-
-
 def _where(missing: dict) -> str:
-    return "; ".join(f"{vertex}: partitions {_ranges(parts)}" if parts != {-1}
+    return "; ".join(f"{vertex}: partitions {partition_ranges(parts)}" if parts != {-1}
                      else f"{vertex}: broadcast state"
                      for vertex, (parts, _) in sorted(missing.items()))
 
@@ -567,7 +555,7 @@ def _slots_named(missing: dict, rec: meta.ValidationRecord) -> str:
 
 def _describe(missing: dict, rec: meta.ValidationRecord) -> dict:
     hosts = _hosts(rec)
-    return {vertex: {"partitions": _ranges(parts),
+    return {vertex: {"partitions": partition_ranges(parts),
                      "slots": {u: hosts.get(u) for u in sorted(gone)}}
             for vertex, (parts, gone) in sorted(missing.items())}
 

@@ -317,7 +317,7 @@ def check_reachable(store, snapshot_id: int, member) -> None:
     if not lost:
         return
     where = "; ".join(
-        f"{vertex}: {'broadcast state' if parts == {-1} else 'partitions ' + _ranges(parts)}"
+        f"{vertex}: {'broadcast state' if parts == {-1} else 'partitions ' + partition_ranges(parts)}"
         for vertex, parts in sorted(lost.items()))
     slots = ", ".join(f"{u} (host {hosts[u]})" if u in hosts and hosts[u] != u else u
                       for u in sorted(gone))
@@ -329,7 +329,7 @@ def check_reachable(store, snapshot_id: int, member) -> None:
         f"export")
 
 
-def _ranges(parts: set[int]) -> str:
+def partition_ranges(parts: set[int]) -> str:
     """Partitions as ranges: ``0-3, 7, 9-10`` (broadcast state, -1, left out)."""
     ps = sorted(p for p in parts if p >= 0)
     out, i = [], 0
@@ -721,6 +721,6 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
 
 __all__ = ["RANGES_SUFFIX", "DriverStoreFiles", "SlotWriterLink", "backup_ranges",
            "check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
-           "encode_table", "held_ranges", "keep_committed", "replicator",
+           "encode_table", "held_ranges", "keep_committed", "partition_ranges", "replicator",
            "slot_files", "slot_read_handler", "slot_write_handler", "slot_writer",
            "store_read_handler", "table_for"]
