@@ -66,7 +66,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from sparkjet._fs import storage_error
 from sparkjet.errors import (
     ExecutionFailedError,
     FencedError,
@@ -85,7 +84,7 @@ from sparkjet.runtime.storage import claim_slot, held_ranges, partition_ranges
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
-from sparkjet.snapshot.slots import FENCE, RECORDS, REPLICAS, TABLE, StorageSlot
+from sparkjet.snapshot.slots import FENCE, RECORDS, REPLICAS, TABLE, StorageSlot, remove_file
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -167,12 +166,7 @@ def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:
             f"Remove the files named to give them up, or set auto_remove_stale_data=True, "
             f"or Job.force_start()")
     for _, path in problems:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise storage_error("remove", path, e) from None
+        remove_file(path)
     _log.warning("storage slot %s: this job's metadata in %s is corrupt (%s): those files "
                  "removed (auto_remove_stale_data)", slot.path, where, said)
     return [f"{where}: {what}" for what, _ in problems]

@@ -304,13 +304,7 @@ class StorageSlot:
         self._check_claimed()
         for old in self.records(job_id):
             if old < snapshot_id:
-                path = self.job_path(job_id, RECORDS, f"{old:020d}")
-                try:
-                    os.remove(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    raise storage_error("remove", path, e) from None
+                remove_file(self.job_path(job_id, RECORDS, f"{old:020d}"))
 
     def write_table(self, job_id: int, table: bytes) -> None:
         """Keeps the job's last partition table (``PartitionTable.to_bytes()``, which
@@ -384,6 +378,16 @@ def _read_identity(folder: str) -> SlotIdentity | None:
     path = os.path.join(folder, MEMBER)
     data = _read_bytes(path)
     return None if data is None else SlotIdentity.parse(data, path)
+
+
+def remove_file(path: str) -> None:
+    """Removes a file of a slot (gone already: nothing to do); StorageError naming it."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise storage_error("remove", path, e) from None
 
 
 def _other_jobs(folder: str, job_id: int | None) -> list[str]:
@@ -488,4 +492,4 @@ def _listdir(folder: str) -> list[str]:
         raise storage_error("list", folder, e) from None
 
 
-__all__ = ["SLOT_FORMAT", "SlotIdentity", "StorageSlot", "host_id"]
+__all__ = ["SLOT_FORMAT", "SlotIdentity", "StorageSlot", "host_id", "remove_file"]
