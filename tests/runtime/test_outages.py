@@ -285,36 +285,49 @@ def consume(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
 
 # -- S3 ----------------------------------------------------------------------------------------
 
-def test_an_s3_outage_is_waited_out_and_the_output_is_exactly_once(tmp_path, monkeypatch):
-    """The transactional file sink on S3 (moto's server): the server stops answering and
-    comes back on the same port with the same objects; the restarted execution's sink
-    connects anew, and the committed files hold every id once."""
+@pytest.fixture
+def s3(monkeypatch):
+    """moto's S3 server of one test, and what an outage of it does: ``(s3_server, endpoint,
+    outage(**kw))``; the outage halts the newest server and restarts one on the same port
+    with the same objects."""
     pytest.importorskip("moto.server")
     from helpers import s3_server
-
-    from sparkjet.sinks import TransactionalFileSink
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
     server, endpoint = s3_server.start()
     servers = [server]
+
+    def outage(**kw):
+        return Outage(lambda: s3_server.halt(servers[-1]),
+                      lambda: servers.append(s3_server.restart(endpoint)), **kw)
+
     try:
-        total = 40_000
-        # the helper's filesystem does not retry (pyarrow's default retries would hide a
-        # short outage from the job: then nothing here would be tested)
-        out, fs = f"{s3_server.BUCKET}/outage", s3_server.s3_filesystem(endpoint)
-        sink = TransactionalFileSink(out, rows_per_file=5_000, filesystem=fs)
-        job = Job(Pipeline().read_from(source(total)).write_to(sink), config("s3", tmp_path))
-        outage = Outage(lambda: s3_server.halt(servers[-1]),
-                        lambda: servers.append(s3_server.restart(endpoint)))
-        result = run(job, outage)
-        check_transient_restarts(outage, result, job.config)
-        check_exactly_once(TransactionalFileSink.read(out, filesystem=fs).column("id"), total)
+        yield s3_server, endpoint, outage
     finally:
         servers[-1].stop()
 
 
-def test_a_member_an_s3_outage_failed_while_it_wrote_files_exits(tmp_path, monkeypatch):
+def test_an_s3_outage_is_waited_out_and_the_output_is_exactly_once(tmp_path, s3):
+    """The transactional file sink on S3 (moto's server): the server stops answering and
+    comes back on the same port with the same objects; the restarted execution's sink
+    connects anew, and the committed files hold every id once."""
+    from sparkjet.sinks import TransactionalFileSink
+
+    s3_server, endpoint, s3_outage = s3
+    total = 40_000
+    # the helper's filesystem does not retry (pyarrow's default retries would hide a
+    # short outage from the job: then nothing here would be tested)
+    out, fs = f"{s3_server.BUCKET}/outage", s3_server.s3_filesystem(endpoint)
+    sink = TransactionalFileSink(out, rows_per_file=5_000, filesystem=fs)
+    job = Job(Pipeline().read_from(source(total)).write_to(sink), config("s3", tmp_path))
+    outage = s3_outage()
+    result = run(job, outage)
+    check_transient_restarts(outage, result, job.config)
+    check_exactly_once(TransactionalFileSink.read(out, filesystem=fs).column("id"), total)
+
+
+def test_a_member_an_s3_outage_failed_while_it_wrote_files_exits(tmp_path, s3):
     """Found by the nemesis campaign's S3 rounds (issue 27): a keyed aggregate writes its
     updates to staged files on S3 at every batch; an outage fails the execution while some
     of them are open, and the member process never ended: at its exit the interpreter's
@@ -323,38 +336,28 @@ def test_a_member_an_s3_outage_failed_while_it_wrote_files_exits(tmp_path, monke
     member with it: the job hung without a message. Now a member process ends as soon as
     its result is written, without the interpreter's finalization; the job waits the
     outage out and its output is exactly-once."""
-    pytest.importorskip("moto.server")
-    from helpers import s3_server
-
     from sparkjet.sinks import TransactionalFileSink
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
-    server, endpoint = s3_server.start()
-    servers = [server]
-    try:
-        src = GeneratorSource(total=600_000, partitions=4, keys=2_000, rate=100_000,
-                              batch_size=5_000)
-        out, fs = f"{s3_server.BUCKET}/open-files", s3_server.s3_filesystem(endpoint)
-        job = Job(Pipeline().read_from(src).group_by("key")
-                  .aggregate(count="count", sum=("sum", "value"))
-                  .write_to(TransactionalFileSink(out, filesystem=fs)),
-                  config("s3-open-files", tmp_path, max_restarts=20, restart_backoff=0.05))
-        outage = Outage(lambda: s3_server.halt(servers[-1]),
-                        lambda: servers.append(s3_server.restart(endpoint)), seconds=4.0)
-        done: list = []
-        runner = threading.Thread(target=lambda: done.append(run(job, outage)), daemon=True)
-        runner.start()
-        runner.join(600)
-        assert done, "the job did not end (a member process hung at its exit?)"
-        check_transient_restarts(outage, done[0], job.config)
-        report = verify.check_aggregates(
-            src.expected_counts(),
-            verify.last_update_per_key(TransactionalFileSink.read(out, filesystem=fs)),
-            key="key", columns=["count", "sum"], guarantee="exactly-once")
-        assert report.valid, str(report)
-    finally:
-        servers[-1].stop()
+    s3_server, endpoint, s3_outage = s3
+    src = GeneratorSource(total=600_000, partitions=4, keys=2_000, rate=100_000,
+                          batch_size=5_000)
+    out, fs = f"{s3_server.BUCKET}/open-files", s3_server.s3_filesystem(endpoint)
+    job = Job(Pipeline().read_from(src).group_by("key")
+              .aggregate(count="count", sum=("sum", "value"))
+              .write_to(TransactionalFileSink(out, filesystem=fs)),
+              config("s3-open-files", tmp_path, max_restarts=20, restart_backoff=0.05))
+    outage = s3_outage(seconds=4.0)
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(run(job, outage)), daemon=True)
+    runner.start()
+    runner.join(600)
+    assert done, "the job did not end (a member process hung at its exit?)"
+    check_transient_restarts(outage, done[0], job.config)
+    report = verify.check_aggregates(
+        src.expected_counts(),
+        verify.last_update_per_key(TransactionalFileSink.read(out, filesystem=fs)),
+        key="key", columns=["count", "sum"], guarantee="exactly-once")
+    assert report.valid, str(report)
 
 
 # -- Redis -------------------------------------------------------------------------------------
