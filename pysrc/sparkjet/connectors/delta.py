@@ -17,12 +17,14 @@ digits).
    below the version of ``{app_id}-p{P}`` (committed already) and appends the others in
    **one Delta commit** that also sets ``{app_id}-p{P}`` to the newest of them and
    ``{app_id}-p{P}-execution`` to this execution. Delta makes the rows and the versions
-   visible together or not at all; then the staged files are deleted.
+   visible together or not at all; the staged files go once no restorable snapshot lists
+   them (:mod:`sparkjet.connectors._staging`).
 4. :meth:`DeltaWriter.recover` (after a restart from snapshot *n*) does the same for every
    processor index the restored state names and every index that maps to this processor
    (``old % processors``), so a crash anywhere -- before, during or after Delta's commit, or
    during the recovery itself -- neither loses nor repeats a row. It then deletes the staged
-   files of those indexes (their snapshots are in the table, or never completed).
+   files of those indexes that the restored snapshot does not list (their snapshots are in
+   the table, or never completed); those it lists go at the next snapshot's commit.
 
 **Fencing.** Recovery sets ``{app_id}-p{P}-execution`` to its execution (an empty commit
 where nothing is due) for every index it owns; every later commit of the index checks that

@@ -22,7 +22,8 @@ in the open transaction across phase 1; it keeps them in durable staging.
    in the same transaction, commits the offset *n + 1* of the consumer group
    ``{transactional_id}-p{processor}`` (``send_offsets_to_transaction``; the offset is a
    marker on partition 0 of the topic, no consumer uses it). Kafka makes the records and
-   the marker visible together or not at all. Then the staged files are deleted.
+   the marker visible together or not at all. The staged files go once no restorable
+   snapshot lists them (:mod:`sparkjet.connectors._staging`).
 4. :meth:`KafkaWriter.recover` (after a restart from snapshot *n*): for every old processor
    whose staged snapshots the restored state lists, reads its group's marker ``m``: the
    snapshots below ``m`` are in Kafka already; the others are produced from their staged
