@@ -199,7 +199,8 @@ def test_partitions_of_a_namespaced_standalone_cluster_under_a_running_job(tmp_p
     assert all(not r["violations"] for r in out["rounds"]), out["rounds"]
 
 
-def _fake_round(kind, index, faults, rng, server, operator):
+def _fake_round(kind, index, faults, rng, server, operator, sink="file",
+                guarantee="exactly-once"):
     """A round as the campaign's loop sees one, without a job: its fault names are its own
     random draws (so a resumed run must draw as an unbroken one does)."""
     from types import SimpleNamespace
@@ -208,9 +209,9 @@ def _fake_round(kind, index, faults, rng, server, operator):
 
     records = [FaultRecord(kind, f"{kind}-{rng.randrange(10**6)}: fault {j} of round {index}",
                            0.0, 0.0, round(rng.uniform(0, 5), 3)) for j in range(faults)]
-    return NemesisRound(kind, "file", records, rng.randrange(3), 1.0,
+    return NemesisRound(kind, sink, records, rng.randrange(3), 1.0,
                         SimpleNamespace(lost_count=0, duplicated_count=0, valid=True), 0,
-                        server=server, operator=operator)
+                        server=server, operator=operator, guarantee=guarantee)
 
 
 def test_a_campaign_stopped_and_resumed_is_the_campaign_run_at_once(tmp_path):
@@ -228,12 +229,12 @@ def test_a_campaign_stopped_and_resumed_is_the_campaign_run_at_once(tmp_path):
 
     log = tmp_path / "stopped.log"
 
-    def stops_in_round_3(kind, index, faults, rng, server, operator):
+    def stops_in_round_3(kind, index, faults, rng, server, operator, **turn):
         if index == 2:
             with open(log, "a") as f:
                 f.write('ROUND-JSON {"kind": "partiti')     # a line cut short
             raise KeyboardInterrupt
-        return _fake_round(kind, index, faults, rng, server, operator)
+        return _fake_round(kind, index, faults, rng, server, operator, **turn)
 
     with pytest.raises(KeyboardInterrupt):
         nc.run(tmp_path / "b", total, kinds, seed=11, progress=lambda _: None,
@@ -251,7 +252,7 @@ def test_a_campaign_stopped_and_resumed_is_the_campaign_run_at_once(tmp_path):
     assert "resuming" in lines[0] and "2 rounds, 14 faults done" in lines[0]
 
     def rounds(results):
-        return [(r.kind, r.server, r.operator, [f.name for f in r.faults],
+        return [(r.kind, r.server, r.operator, r.sink, r.guarantee, [f.name for f in r.faults],
                  [f.recovered for f in r.faults], r.restarts) for r in results]
 
     assert [r.kind for r in whole] == ["kill", "server", "partition", "kill"]
@@ -281,22 +282,34 @@ def test_partition_rounds_keep_their_share_of_the_faults():
     assert [kind_of(i, ("partition",), 4) for i in range(3)] == ["partition"] * 3
 
 
-def test_rounds_take_in_turn_the_operators_their_sink_holds(tmp_path):
-    """Each kind's rounds take the stateful operators in turn (the SQLite upsert sink only
-    those with a row per key), and each server of the server kind takes every operator."""
+def test_rounds_take_in_turn_their_sinks_operators_and_guarantees(tmp_path):
+    """Each kind's rounds take its sinks in turn, each sink the stateful operators it can
+    hold (an upsert sink only those with a row per key) and every guarantee; each server of
+    the server kind takes every operator, starting with the keyed one."""
     from sparkjet.testing import nemesis_campaign as nc
-    from sparkjet.testing.operators import OPERATORS
+    from sparkjet.testing import sinks
+    from sparkjet.testing.operators import KEYED, OPERATORS
 
-    results = nc.run(tmp_path, 3 * 14, ("kill", "clock", "server"), seed=1,
+    rounds = 3 * len(nc.SINKS["kill"])           # every sink of kill through every guarantee
+    results = nc.run(tmp_path, 3 * rounds, ("kill", "clock", "server"), seed=1,
                      progress=lambda _: None, faults_per_round=1, runner=_fake_round)
     by_kind: dict[str, list] = {}
     for r in results:
-        by_kind.setdefault(r.kind, []).append((r.server, r.operator) if r.server else r.operator)
-    assert by_kind["kill"] == ["keyed", "state"] * 7
-    assert by_kind["clock"] == [*OPERATORS, *OPERATORS]
+        by_kind.setdefault(r.kind, []).append(r)
+    for kind in ("kill", "clock"):
+        got = by_kind[kind]
+        assert len(got) == rounds
+        assert [r.sink for r in got[:len(nc.SINKS[kind])]] == list(nc.SINKS[kind])
+        assert {(r.sink, r.guarantee) for r in got} >= {
+            (s, g) for s in nc.SINKS[kind] for g in ("exactly-once", "at-least-once")}, kind
+        assert all(r.operator in KEYED for r in got if r.sink in sinks.UPSERT)
+        assert {r.operator for r in got} == set(OPERATORS), kind
+    assert {r.sink for r in by_kind["kill"]} & set(sinks.UPSERT) == {"sqlite"}
     servers = nc.SERVERS
-    assert by_kind["server"][:8] == [(s, "keyed") for s in servers] + [
-        (s, "windowed") for s in servers]
+    assert [(r.server, r.operator, r.sink) for r in by_kind["server"][:4]] == [
+        (s, "keyed", nc.SERVER_SINKS[s][0]) for s in servers]
+    assert {r.sink for r in by_kind["server"] if r.server == "postgres"} == {
+        "postgres", "postgres-upsert"}
 
 
 @pytest.mark.slow

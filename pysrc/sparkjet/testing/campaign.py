@@ -36,16 +36,12 @@ import pyarrow.compute as pc
 
 from sparkjet import verify
 from sparkjet.cli.args import nonnegative_int, positive_int
-from sparkjet.connectors.delta import DeltaSink
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
-from sparkjet.connectors.kafka.sink import KafkaSink
-from sparkjet.connectors.postgres import PostgresSink
-from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.spark import local_session
-from sparkjet.testing import nemesis_cli
+from sparkjet.testing import nemesis_cli, sinks
 from sparkjet.testing.operators import (  # the operators' helpers, shared
     _BETWEEN,
     _COUNT_SUM,
@@ -173,22 +169,15 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     windowed = pipeline_kind in WINDOWED
     window = tumbling(50_000) if pipeline_kind == "union" else sliding(40_000, 20_000)
 
-    def sink_at(name: str, key: list):
-        if sink_kind == "kafka":
-            return _kafka_sink(kafka, f"{work.name}-{name}-{seed:x}", work / f"{name}-staging",
-                               key[0])
-        if sink_kind == "file":
-            return TransactionalFileSink(work / name)
-        if sink_kind == "delta":
-            return DeltaSink(work / f"{name}.delta")
-        if sink_kind in POSTGRES:
-            PostgresSink.drop(postgres, f"{work.name}-{name}")
-            return PostgresSink(postgres, f"{work.name}-{name}", **POSTGRES[sink_kind](key))
-        return SQLiteUpsertSink(work / f"{name}.sqlite", "out", key=key)
+    readers = {}
 
-    key = (["key", "window_start"] if windowed else ["key"] if pipeline_kind in ("keyed", "state")
-           else ["uid"] if pipeline_kind == "dedup" else ["pair"] if pipeline_kind == "join"
-           else ["id"])
+    def sink_at(name: str, key: list):
+        made = sinks.make(sink_kind, work, f"{work.name}-{name}-{seed:x}", key,
+                          postgres=postgres, kafka=kafka)
+        readers[name] = made.read
+        return made.sink
+
+    key = sinks.output_key(pipeline_kind)
     sink = sink_at("out", key)
     streams = [Pipeline().read_from(s) for s in sources]
     if windowed or pipeline_kind == "join":
@@ -253,21 +242,11 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
             t.join()
     seconds = time.monotonic() - start
 
-    def read(name: str) -> pa.Table:
-        if sink_kind in POSTGRES:
-            return PostgresSink.read(postgres, f"{work.name}-{name}")
-        if sink_kind == "kafka":
-            return _kafka_read(kafka, f"{work.name}-{name}-{seed:x}")
-        if sink_kind == "delta":
-            return DeltaSink.read(work / f"{name}.delta")
-        return (TransactionalFileSink.read(work / name) if sink_kind == "file"
-                else SQLiteUpsertSink.read(work / f"{name}.sqlite", "out"))
-
-    out = read("out")
+    out = readers["out"]()
     duplicate_rows = 0
     if pipeline_kind in ("keyed", "state"):
         actual = (verify.last_update_per_key(out)
-                  if sink_kind in ("file", "postgres", "kafka", "delta")
+                  if sink_kind not in sinks.UPSERT
                   else out.select(["key", "count", "sum"]))
         report = verify.check_aggregates(sources[0].expected_counts(), actual, key="key",
                                          columns=["count", "sum"], guarantee=guarantee)
@@ -279,7 +258,7 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
         if pipeline_kind == "branching":
             events_ = sources[0].events(0, events)
             wanted = events_.filter(pc.less(events_["value"], 100))["id"]
-            copy = read("copy")
+            copy = readers["copy"]()
             got = copy.column("id") if copy.num_columns else pa.array([], pa.int64())
             copied = verify.check_events(wanted, wanted, got, guarantee=guarantee)
             if not copied.valid_for(guarantee):
@@ -310,35 +289,6 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
 
 
 WINDOWED = ("windowed", "union", "branching")
-#: The PostgreSQL sink kinds (not in the plans: they need a server; tests/connectors/test_postgres_sink.py
-#: runs them) and their modes.
-POSTGRES = {"postgres": lambda key: {},
-            "postgres-upsert": lambda key: {"mode": "upsert", "key": key}}
-
-
-def _kafka_sink(bootstrap: str, topic: str, staging: Path, key: str):
-    """A Kafka sink on a new 4-partition topic (created here), keyed by `key`."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topic, num_partitions=4,
-                                           replication_factor=1)]).values():
-        f.result(30)
-    return KafkaSink(topic, bootstrap, staging=staging, key=key)
-
-
-def _kafka_read(bootstrap: str, topic: str) -> pa.Table:
-    """The JSON rows a read_committed consumer reads from `topic` now."""
-    import json
-
-
-    values = KafkaSink.read(topic, bootstrap)
-    if values.num_rows == 0:
-        return pa.table({})
-    return pa.Table.from_pylist([json.loads(v) for v in values.column("value").to_pylist()])
-
-
 def _ids(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.select(["id", "key"])
 

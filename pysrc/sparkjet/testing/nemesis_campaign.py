@@ -1,41 +1,48 @@
-"""Nemesis campaigns: exactly-once jobs run while every kind of nemesis of
-:mod:`sparkjet.testing.nemesis` acts on them, checked by :mod:`sparkjet.verify` and by what
-the sink holds afterwards, with a report per kind.
+"""Nemesis campaigns: jobs run while every kind of nemesis of :mod:`sparkjet.testing.nemesis`
+acts on them, checked by :mod:`sparkjet.verify` against what the sink holds afterwards, with
+a report per kind.
 
 ``python -m sparkjet.campaign --nemesis all --faults 200`` runs one; the test suite runs a
-few faults (``tests/testing/test_nemesis_campaign.py``). Each round runs a keyed count and
-sum (exactly-once, one member process, restarted by the local supervisor) from a
-deterministic generator into one sink, and injects faults of one kind at random moments,
-each held a random while and then healed:
+few faults (``tests/testing/test_nemesis_campaign.py``). Each round runs one stateful
+operator (:mod:`sparkjet.testing.operators`; one member process, restarted by the local
+supervisor) from a deterministic generator into one sink under one guarantee, and injects
+faults of one kind at random moments, each held a random while and then healed. A kind's
+rounds take its sinks (:data:`SINKS`, of :mod:`sparkjet.testing.sinks`), the operators the
+sink can hold and the guarantees (:data:`GUARANTEES`: two exactly-once rounds, then one
+at-least-once) in turn:
 
-=============  =================================================================  =========
-kind           fault                                                              sink
-=============  =================================================================  =========
-``kill``       the member killed (SIGKILL)                                        SQLite
-``pause``      the member stopped (SIGSTOP) and resumed                           SQLite
-``clock``      the member's wall clock skewed or jumped by up to an hour, forward  file
-               or back (libfaketime, while it runs)
-``disk``       the snapshot store's file system (a small tmpfs) full, the store    file
-               read-only, or the store's folder removed and put back
+=============  =================================================================  ===========
+kind           fault                                                              sinks
+=============  =================================================================  ===========
+``kill``       the member killed (SIGKILL)                                        SQLite,
+                                                                                  Delta,
+                                                                                  Kafka, file
+``pause``      the member stopped (SIGSTOP) and resumed                           the same
+``clock``      the member's wall clock skewed or jumped by up to an hour, forward  file, Delta,
+               or back (libfaketime, while it runs)                               Kafka
+``disk``       the file system of the snapshot store and the sink's files (a      file, Delta
+               small tmpfs) full, the store read-only, or the store's folder
+               removed and put back
 ``server``     a server stopped hard and restarted, or paused (SIGSTOP); rounds   see below
                take the servers in turn (:data:`SERVERS`)
 ``network``    the link to PostgreSQL through a :class:`~.proxy.Proxy`: delayed   PostgreSQL
-               (with jitter: connections reorder), lossy, stalled (a partition    2PC
-               with the connections open), or every connection reset
-=============  =================================================================  =========
+               (with jitter: connections reorder), lossy, stalled (a partition    2PC and
+               with the connections open), or every connection reset              upsert
+=============  =================================================================  ===========
 
 The ``server`` kind's servers (the tests' launchers, ``helpers.*``; a server that cannot be
 started here is left out with the reason):
 
-- PostgreSQL under the 2PC sink: its fast or immediate shutdown (prepared transactions are
-  left behind; none may stay after the job), or paused;
+- PostgreSQL under the 2PC and the upsert sink: its fast or immediate shutdown (prepared
+  transactions are left behind; none may stay after the job), or paused;
 - the Kafka broker (noida-db) under a Kafka source, into files: SIGTERM, SIGKILL or paused,
   and the member killed while it is down (see :func:`_server_fault`); its input is fed and
-  saved by the broker before the job starts. Not a Kafka sink: noida-db loses transactions
-  across its own restart, so its exactly-once output could not be checked after one;
+  saved by the broker before the job starts; into files or Delta. Not a Kafka sink: noida-db
+  loses transactions across its own restart, so its exactly-once output could not be
+  checked after one;
 - the S3 server (moto) under the transactional file sink on S3: stopped and restarted;
 - Redis (its data in an append-only file, fsynced) under a Redis stream source, into
-  files: SIGTERM, SIGKILL or paused.
+  files, Delta or Kafka: SIGTERM, SIGKILL or paused.
 
 In every round the input is the deterministic generator's, and the check is against it.
 
@@ -51,7 +58,8 @@ unbroken run would.
 
 Per kind the report gives: faults injected, restarts of the job, time to recover (from a
 fault's heal, or a kill, to the next complete snapshot), lost and duplicated outputs
-(:func:`sparkjet.verify.check_aggregates` on the sink's final contents), and stale reads:
+(:func:`sparkjet.verify` on the sink's final contents; duplicates of at-least-once rounds
+apart, as they are allowed), the rounds per sink and guarantee, and stale reads:
 a reader polls the sink's committed contents while the job runs, and a key whose count
 goes down between two reads (committed output that went back) is a stale read.
 """
@@ -73,44 +81,63 @@ import pyarrow as pa
 
 from sparkjet import verify
 from sparkjet._version import __version__
-from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
-from sparkjet.connectors.postgres import PostgresSink
-from sparkjet.connectors.sqlite import SQLiteUpsertSink
 from sparkjet.errors import JobFailedError, NemesisError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
-from sparkjet.testing import nemesis, operators
+from sparkjet.testing import nemesis, operators, sinks
 from sparkjet.testing.proxy import Proxy
 
 __all__ = ["KINDS", "FaultRecord", "NemesisRound", "run", "summary"]
 
 #: Every kind of a local round, in the order ``all`` cycles through them.
 KINDS = ("kill", "pause", "clock", "disk", "server", "network")
-#: The sink each kind writes to (``server``: see :data:`SERVER_SINKS`).
-SINKS = {"kill": "sqlite", "pause": "sqlite", "clock": "file", "disk": "file",
-         "server": "postgres", "network": "postgres"}
+#: The sinks each kind's rounds write to, taken in turn (``server``: see
+#: :data:`SERVER_SINKS`; the kinds of :mod:`sparkjet.testing.sinks`, and ``s3``: the
+#: transactional file sink on the S3 server). A Kafka sink needs the broker: without it the
+#: rounds leave it out. The ``network`` kind's faults are on the link to PostgreSQL.
+SINKS = {"kill": ("sqlite", "delta", "kafka", "file"),
+         "pause": ("sqlite", "kafka", "delta", "file"),
+         "clock": ("file", "delta", "kafka"),
+         "disk": ("file", "delta"),
+         "server": ("postgres", "postgres-upsert"),
+         "network": ("postgres", "postgres-upsert")}
 #: The servers the ``server`` kind stops under a running job, in the order its rounds take
-#: them: PostgreSQL (the 2PC sink), the Kafka broker (a Kafka source), the S3 server (the
-#: transactional file sink on S3) and Redis (a Redis stream source).
+#: them: PostgreSQL (the 2PC and upsert sinks), the Kafka broker (a Kafka source), the S3
+#: server (the transactional file sink on S3) and Redis (a Redis stream source).
 SERVERS = ("postgres", "kafka", "s3", "redis")
-#: The sink of a ``server`` round on each server. A Kafka *sink* is not used: noida-db (the
-#: tests' broker) does not keep its transactions across its own restart
+#: The sinks of a ``server`` round on each server, in turn. A Kafka *sink* is not used in a
+#: round that restarts the broker: noida-db (the tests' broker) does not keep its
+#: transactions across its own restart
 #: (``tests/runtime/test_outages.py::test_noida_db_keeps_transactions_across_a_restart``),
-#: so its exactly-once output could not be checked after one; a Kafka source can be.
-SERVER_SINKS = {"postgres": "postgres", "kafka": "file", "s3": "s3", "redis": "file"}
+#: so its exactly-once output could not be checked after one; a Kafka source can be, and a
+#: Kafka sink is in the other kinds' rounds.
+SERVER_SINKS = {"postgres": ("postgres", "postgres-upsert"), "kafka": ("file", "delta"),
+                "s3": ("s3",), "redis": ("file", "delta", "kafka")}
+#: The processing guarantees rounds take in turn: two exactly-once rounds, then one
+#: at-least-once (nothing lost; duplicates allowed and counted apart).
+GUARANTEES = ("exactly-once", "exactly-once", "at-least-once")
 #: The faults of each server (all with the server's data kept: a halt is SIGTERM or the
 #: server's own fast shutdown, a kill SIGKILL, a pause SIGSTOP for the hold).
 SERVER_FAULTS = {"postgres": ("halt", "halt-immediate", "pause"),
                  "kafka": ("halt", "kill", "pause"), "s3": ("halt",),
                  "redis": ("halt", "kill", "pause")}
-#: The operators each sink can hold: an upsert sink keyed by ``key`` holds one row per key.
-SINK_OPERATORS = {"sqlite": operators.KEYED}
 
 
 def operators_for(sink: str) -> tuple[str, ...]:
-    """The stateful operators a round into ``sink`` may run, in the order rounds take them."""
-    return SINK_OPERATORS.get(sink, operators.OPERATORS)
+    """The stateful operators a round into ``sink`` may run, in the order rounds take them:
+    an upsert sink (one row per key) holds only those whose output is a row per key."""
+    return operators.KEYED if sink in sinks.UPSERT else operators.OPERATORS
+
+
+def sinks_for(kind: str, server: str | None, servers: Servers | None = None) -> tuple[str, ...]:
+    """The sinks rounds of ``kind`` (on ``server``) take in turn, those ``servers`` can hold
+    (a Kafka sink needs the broker)."""
+    every = SERVER_SINKS[server] if server else SINKS[kind]
+    if servers is None or not ({"kafka"} & (servers.why_not_sink.keys()
+                                            | servers.why_not_server.keys())):
+        return every
+    return tuple(s for s in every if s != "kafka") or every
 
 
 #: Events per second fed to a Kafka or Redis source before the job (the job is slowed to
@@ -142,6 +169,7 @@ class NemesisRound:
     server: str | None = None       # the server of a ``server`` round (:data:`SERVERS`)
     operator: str = "keyed"         # the stateful operator the job ran
     repeated: int = 0               # committed rows repeating an update or a window
+    guarantee: str = "exactly-once"
 
     @property
     def lost(self) -> int:
@@ -156,23 +184,25 @@ class NemesisRound:
     @property
     def duplicated(self) -> int:
         """Outputs committed twice: the checker's duplicates, and rows that repeat an update
-        (a key's count) or a window already committed."""
+        (a key's count) or a window already committed. At-least-once allows them."""
         return (self.report.duplicated_count + self.repeated if self.report is not None
                 else 0)
 
     @property
     def valid(self) -> bool:
-        """Exactly-once kept (nothing lost, nothing duplicated), no stale read from a
-        transactional sink, or the job ended with a clear error and what it committed has
-        no duplicate. An idempotent upsert sink (SQLite) may be read stale: it writes at
-        prepare, before the snapshot completes, and a restart replays from the snapshot
-        before, so a reader can see a value go back until the replay catches up."""
+        """The round's guarantee kept (nothing lost; under exactly-once nothing duplicated),
+        no stale read from a transactional sink, or the job ended with a clear error and,
+        under exactly-once, what it committed has no duplicate. An upsert sink (SQLite,
+        PostgreSQL's upsert mode) may be read stale: it writes at prepare, before the
+        snapshot completes, and a restart replays from the snapshot before, so a reader can
+        see a value go back until the replay catches up."""
         if self.report is None or self.violations:
             return False
-        stale_ok = self.sink == "sqlite" or self.stale_reads == 0
+        exactly = self.guarantee == "exactly-once"
+        stale_ok = self.sink in sinks.UPSERT or self.stale_reads == 0
         if self.error is not None:
-            return self.duplicated == 0 and stale_ok
-        return self.report.valid and self.repeated == 0 and stale_ok
+            return (self.duplicated == 0 or not exactly) and stale_ok
+        return self.report.valid and (self.repeated == 0 or not exactly) and stale_ok
 
 
 class Servers:
@@ -191,6 +221,7 @@ class Servers:
         self.s3 = None                  # an _S3 (the moto server, its endpoint, a filesystem)
         self.why_not: dict[str, str] = {}
         self.why_not_server: dict[str, str] = {}
+        self.why_not_sink: dict[str, str] = {}
         self._directory: str | None = None
 
     @property
@@ -234,6 +265,15 @@ class Servers:
             if not self.servers:
                 self.why_not["server"] = "no server could be started: " + "; ".join(
                     f"{k}: {v}" for k, v in self.why_not_server.items())
+        if self.kafka is None and "kafka" not in self.why_not_server and any(
+                "kafka" in SINKS.get(k, ()) for k in kinds):
+            # the Kafka sink of the other kinds' rounds: without the broker they leave it out
+            if self._directory is None:
+                self._directory = tempfile.mkdtemp(prefix="sparkjet-nemesis-servers-")
+            try:
+                self._start_kafka()
+            except Exception as e:  # noqa: BLE001 (reported: rounds leave the Kafka sink out)
+                self.why_not_sink["kafka"] = f"{type(e).__name__}: {str(e)[:300]}"
         if "clock" in kinds and nemesis.missing("clock"):
             self.why_not["clock"] = nemesis.missing("clock")
         if "disk" in kinds and nemesis.missing("disk"):
@@ -356,7 +396,8 @@ def _feed_redis(servers: Servers, stream: str, events) -> None:
 
 def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: Servers,
               *, rate: float = 100_000, server: str | None = None,
-              operator: str = "keyed") -> NemesisRound:
+              operator: str = "keyed", sink: str | None = None,
+              guarantee: str = "exactly-once") -> NemesisRound:
     """One job with ``faults`` faults of ``kind`` (see the module doc) running ``operator``
     (:data:`sparkjet.testing.operators.OPERATORS`; one :func:`operators_for` the sink); a
     ``server`` round on ``server`` (one of :data:`SERVERS`, PostgreSQL by default)."""
@@ -365,7 +406,10 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
         server = server or "postgres"
     else:
         server = None
-    sink_kind = SERVER_SINKS[server] if server else SINKS[kind]
+    sink_kind = sink or sinks_for(kind, server)[0]
+    if sink_kind not in sinks_for(kind, server):
+        raise ValueError(f"a {kind} round{f' on {server}' if server else ''} writes to one of "
+                         f"{sinks_for(kind, server)}, not {sink_kind!r}")
     if operator not in operators_for(sink_kind):
         raise ValueError(f"operator {operator!r} cannot write to the {sink_kind} sink: one of "
                          f"{operators_for(sink_kind)}")
@@ -383,7 +427,6 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
     source = GeneratorSource(total=int(rate * seconds), partitions=4, keys=5_000, rate=rate,
                              batch_size=5_000, seed=seed)
     name = f"nemesis_{work.name}_{seed:x}".replace("-", "_")
-    table = name
     if server == "kafka":
         _feed_kafka(servers, name, source.events(0, source.total).select(["id", "key", "value"]))
         from sparkjet.sources import KafkaSource  # loads pandas: only for these rounds
@@ -401,41 +444,33 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
              ("_id", pa.string())]))
     else:
         job_source = source
-    filesystem = None
-    out_path: str | Path = work / "out"
-    if sink_kind == "sqlite":
-        sink = SQLiteUpsertSink(work / "out.sqlite", "out", key=["key"])
-    elif sink_kind in ("file", "s3"):
-        if sink_kind == "s3":
-            filesystem = servers.s3.filesystem
-            out_path = f"{servers.s3.bucket}/{name}"
-        sink = TransactionalFileSink(out_path, filesystem=filesystem)
-    else:
-        PostgresSink.drop(servers.dsn(False), table)
-        sink = PostgresSink(servers.dsn(kind == "network"), table)
-
     disk = work / "disk"
     store = disk / "snapshots"      # a folder of the file system, so it can be moved away
+    # a disk round's sink writes its files (staged output, Delta's log) on the same small
+    # file system as the snapshot store: a full disk meets both
+    folder = disk if kind == "disk" else work
     mount = contextlib.nullcontext(disk)
     if kind == "disk":
         mount = nemesis.tmpfs(disk, "48m")
     with mount:
         store.mkdir(parents=True, exist_ok=True)
-        config = JobConfig(name=f"nemesis-{work.name}", processing_guarantee="exactly-once",
+        if sink_kind == "s3":
+            made = sinks.make("file", servers.s3.bucket, name, [],
+                              filesystem=servers.s3.filesystem)
+        else:
+            made = sinks.make(sink_kind, folder, name, sinks.output_key(operator),
+                              postgres=servers.dsn(kind == "network") if servers.postgres
+                              else None,
+                              postgres_read=servers.dsn(False) if servers.postgres else None,
+                              kafka=servers.kafka.bootstrap if servers.kafka else None)
+        sink, read = made.sink, made.read
+        config = JobConfig(name=f"nemesis-{work.name}", processing_guarantee=guarantee,
                            snapshot_store=str(store), snapshot_interval=0.2,
                            max_restarts=faults * 3 + 10, restart_backoff=0.05)
         stream = Pipeline().read_from(job_source)
         if fed:
             stream = stream.map_batches(functools.partial(_throttle, rate))
         job = Job(operators.build(stream, operator).write_to(sink), config)
-
-        def read():
-            """Every row the sink committed (SQLite: one per key), in commit order."""
-            if sink_kind == "sqlite":
-                return SQLiteUpsertSink.read(work / "out.sqlite", "out")
-            if sink_kind in ("file", "s3"):
-                return TransactionalFileSink.read(out_path, filesystem=filesystem)
-            return PostgresSink.read(servers.dsn(False), table)
 
         skew = None
         env_before = {}
@@ -502,8 +537,8 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
         except Exception as e:  # noqa: BLE001 (reported: the sink cannot be read back)
             return NemesisRound(kind, sink_kind, records, events["restarts"], elapsed, None,
                                 stale[0], error or f"the sink could not be read: {e}",
-                                server=server, operator=operator)
-    report, repeated = operators.check(operator, source, out)
+                                server=server, operator=operator, guarantee=guarantee)
+    report, repeated = operators.check(operator, source, out, guarantee=guarantee)
     notes = []
     if repeated:
         notes.append(f"{repeated} rows repeated an update or a window already committed")
@@ -512,7 +547,7 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
     return NemesisRound(kind, sink_kind, records,
                         result.restarts if result is not None else events["restarts"], elapsed,
                         report, stale[0], error, notes, server=server, operator=operator,
-                        repeated=repeated)
+                        repeated=repeated, guarantee=guarantee)
 
 
 def _stale_reader(read, stop: threading.Event, stale: list, keyed: bool) -> None:
@@ -847,20 +882,25 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
             ordinal = seen.get(kind, 0)
             seen[kind] = ordinal + 1
             rng = round_rng(seed, i)
-            server, operator = None, "keyed"      # a partition round's job is keyed
+            # a partition round's job is keyed, exactly-once, into files
+            server, operator, sink, guarantee = None, "keyed", "file", "exactly-once"
             turn = ordinal
             if kind == "server":
                 server = servers.servers[ordinal % len(servers.servers)]
                 turn = ordinal // len(servers.servers)    # each server through every operator
             if kind != "partition":
-                ops = operators_for(SERVER_SINKS[server] if server else SINKS[kind])
+                kinds_of_sink = sinks_for(kind, server, servers)
+                sink = kinds_of_sink[turn % len(kinds_of_sink)]
+                ops = operators_for(sink)
                 operator = ops[turn % len(ops)]
+                # each sink through every guarantee: the guarantee turns once the sinks have
+                guarantee = GUARANTEES[turn // len(kinds_of_sink) % len(GUARANTEES)]
             if kind == "partition":
                 n = min(PARTITION_ROUND, total_faults - done)
             else:
                 n = min(faults_per_round, total_faults - done)
             if runner is not None:
-                r = runner(kind, i, n, rng, server, operator)
+                r = runner(kind, i, n, rng, server, operator, sink=sink, guarantee=guarantee)
             else:
                 folder = work / f"{'partition' if kind == 'partition' else 'round'}-{i:05d}"
                 shutil.rmtree(folder, ignore_errors=True)   # a round cut short before
@@ -868,7 +908,7 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
                     r = partition.round(folder, n, rng, progress)
                 else:
                     r = run_round(folder, kind, n, rng, servers, server=server,
-                                  operator=operator)
+                                  operator=operator, sink=sink, guarantee=guarantee)
             results.append(r)
             done += len(r.faults)
             line = round_json(r, index=i, seed=seed, **info)
@@ -903,7 +943,8 @@ def _append(log, line: str) -> None:
 def round_line(r: NemesisRound) -> str:
     """A round as a line of the campaign's output."""
     rec = [f.recovered for f in r.faults if f.recovered is not None]
-    return (f"{r.kind:9} {r.server or '':8} {r.operator:8} {r.sink:8} faults "
+    return (f"{r.kind:9} {r.server or '':8} {r.operator:8} {r.sink:15} "
+            f"{'EO' if r.guarantee == 'exactly-once' else 'ALO'} faults "
             f"{len(r.faults):2} restarts {r.restarts:2} {r.seconds:5.1f}s recover max "
             f"{max(rec) if rec else '-'} lost {r.lost} duplicated {r.duplicated} "
             f"stale {r.stale_reads} {'valid' if r.valid else 'INVALID'}"
@@ -924,7 +965,7 @@ def round_json(r: NemesisRound, **extra) -> str:
         "seconds": round(r.seconds, 1), "lost": r.lost, "unfinished": r.unfinished,
         "duplicated": r.duplicated, "stale_reads": r.stale_reads, "error": r.error,
         "notes": r.notes, "violations": r.violations, "valid": r.valid, "server": r.server,
-        "operator": r.operator})
+        "operator": r.operator, "guarantee": r.guarantee})
 
 
 def from_log(lines) -> list[NemesisRound]:
@@ -950,27 +991,31 @@ def from_log(lines) -> list[NemesisRound]:
         rounds.append(NemesisRound(d["kind"], d["sink"], faults, d["restarts"], d["seconds"],
                                    report, d["stale_reads"], d["error"], d["notes"],
                                    d["violations"], d.get("server"),
-                                   d.get("operator", "keyed")))
+                                   d.get("operator", "keyed"),
+                                   guarantee=d.get("guarantee", "exactly-once")))
     return rounds
 
 
 def per_kind(results: list[NemesisRound]) -> dict[str, dict]:
-    """Per kind: rounds, faults, restarts, recovery times (p50, max), lost, duplicated,
-    stale reads, failed jobs, invalid rounds."""
+    """Per kind: rounds, faults, restarts, recovery times (p50, max), lost, duplicated
+    under exactly-once (``duplicated``) and at-least-once (``alo_duplicated``, allowed),
+    stale reads, failed jobs, invalid rounds, and the rounds per sink and guarantee."""
     out: dict[str, dict] = {}
     for r in results:
         k = out.setdefault(r.kind, {"rounds": 0, "faults": 0, "restarts": 0, "recover": [],
-                                    "lost": 0, "unfinished": 0, "duplicated": 0, "stale_reads": 0,
-                                    "failed": 0,
-                                    "invalid": 0, "names": {}})
+                                    "lost": 0, "unfinished": 0, "duplicated": 0,
+                                    "alo_duplicated": 0, "stale_reads": 0, "failed": 0,
+                                    "invalid": 0, "names": {}, "sinks": {}})
         k["rounds"] += 1
         k["faults"] += len(r.faults)
         k["restarts"] += r.restarts
         k["recover"] += [f.recovered for f in r.faults if f.recovered is not None]
         k["lost"] += r.lost
         k["unfinished"] += r.unfinished
-        k["duplicated"] += r.duplicated
+        k["duplicated" if r.guarantee == "exactly-once" else "alo_duplicated"] += r.duplicated
         k["stale_reads"] += r.stale_reads
+        tag = f"{r.sink} {'EO' if r.guarantee == 'exactly-once' else 'ALO'}"
+        k["sinks"][tag] = k["sinks"].get(tag, 0) + 1
         k["failed"] += r.error is not None
         k["invalid"] += not r.valid
         for f in r.faults:
@@ -985,17 +1030,23 @@ def per_kind(results: list[NemesisRound]) -> dict[str, dict]:
 
 
 def summary(results: list[NemesisRound]) -> str:
+    """The per-kind table of :func:`per_kind`: ``duplicated`` counts exactly-once rounds
+    (must be 0), ``dup ALO`` at-least-once ones (allowed)."""
     lines = [f"{'kind':10}{'rounds':>7}{'faults':>7}{'restarts':>9}{'recover p50':>12}"
-             f"{'max':>7}{'lost':>6}{'duplicated':>11}{'stale':>9}{'failed':>7}{'invalid':>8}"]
-    total = {"faults": 0, "lost": 0, "duplicated": 0, "stale_reads": 0, "invalid": 0}
+             f"{'max':>7}{'lost':>6}{'duplicated':>11}{'dup ALO':>8}{'stale':>7}{'failed':>7}"
+             f"{'invalid':>8}"]
+    total = {"faults": 0, "lost": 0, "duplicated": 0, "alo_duplicated": 0, "stale_reads": 0,
+             "invalid": 0}
     for kind, k in per_kind(results).items():
         p50 = f"{k['recover_p50']:.2f}s" if k["recover_p50"] is not None else "-"
         mx = f"{k['recover_max']:.1f}s" if k["recover_max"] is not None else "-"
         lines.append(f"{kind:10}{k['rounds']:>7}{k['faults']:>7}{k['restarts']:>9}{p50:>12}"
-                     f"{mx:>7}{k['lost']:>6}{k['duplicated']:>11}{k['stale_reads']:>9}"
-                     f"{k['failed']:>7}{k['invalid']:>8}")
+                     f"{mx:>7}{k['lost']:>6}{k['duplicated']:>11}{k['alo_duplicated']:>8}"
+                     f"{k['stale_reads']:>7}{k['failed']:>7}{k['invalid']:>8}")
         for t in total:
             total[t] += k[t]
         lines.append("    " + ", ".join(f"{n} {c}" for n, c in sorted(k["names"].items())))
+        lines.append("    rounds into " + ", ".join(f"{n} {c}"
+                                                    for n, c in sorted(k["sinks"].items())))
     lines.append("all: " + ", ".join(f"{t} {v}" for t, v in total.items()))
     return "\n".join(lines)

@@ -28,7 +28,8 @@ ALL = (*KINDS, "partition")
 def add_arguments(parser) -> None:
     """The nemesis campaign's options of ``python -m sparkjet.campaign``."""
     group = parser.add_argument_group(
-        "nemesis campaign", "exactly-once jobs under every kind of nemesis, a report per kind "
+        "nemesis campaign", "jobs (exactly-once and at-least-once, into every sink) under "
+        "every kind of nemesis, a report per kind "
         f"(kinds: {', '.join(ALL)}; see sparkjet.testing.nemesis_campaign)")
     group.add_argument("--nemesis", default=None, metavar="KINDS",
                        help="'all' or a comma-separated list of kinds: run the nemesis "
