@@ -220,7 +220,7 @@ def test_scatter_rejects_out_of_range_ids():
 
 
 def test_partition_order_is_stable_and_matches_take():
-    from sparkjet.snapshot.chunks import _partition_order
+    from sparkjet._batches import group_rows
 
     rng = np.random.default_rng(5)
     n = 20_000
@@ -228,7 +228,7 @@ def test_partition_order_is_stable_and_matches_take():
                       "s": pa.array([str(i) for i in range(n)]), "b": rng.integers(0, 2, n).astype(bool),
                       "n": pa.array([None if i % 5 == 0 else i for i in range(n)], pa.int16())})
     pids = sparkjet.partition_ids(table["k"], 271)
-    ordered, starts = _partition_order(table, pids, 271)
+    ordered, starts = group_rows(table, pids.to_numpy(), 271)
     perm = np.argsort(pids.to_numpy(), kind="stable")
     assert pa.Table.from_batches([ordered]).equals(table.take(perm))
     counts = np.bincount(pids.to_numpy(), minlength=271)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import xxhash
 
 from sparkjet import _native
+from sparkjet._batches import group_rows
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, partition_ids
 
@@ -132,7 +133,7 @@ class ChunkEncoder:
         if table.num_rows == 0:
             return iter(())
         pids = partition_ids(table, self.partition_count, key=key, key_type=key_type)
-        ordered, starts = _partition_order(table, pids, self.partition_count)
+        ordered, starts = group_rows(table, _ids(pids), self.partition_count)
         schema_message = ordered.schema.serialize()
 
         def chunks():
@@ -418,39 +419,17 @@ def _has_dictionary(schema: pa.Schema) -> bool:
     return any(walk(f.type) for f in schema)
 
 
+def _ids(pids: pa.Int32Array) -> np.ndarray:
+    """Partition ids as an int32 numpy view (no copy)."""
+    return np.frombuffer(pids.buffers()[1], np.int32, len(pids), pids.offset * 4)
+
+
 def _scatter(pids: pa.Int32Array, partition_count: int, *, with_perm: bool):
     n = len(pids)
-    ids = np.frombuffer(pids.buffers()[1], np.int32, n, pids.offset * 4)
     starts = np.empty(partition_count + 1, np.int64)
     perm = np.empty(n if with_perm else 0, np.int64)
-    _native.scatter(ids, partition_count, starts, perm if with_perm else None)
+    _native.scatter(_ids(pids), partition_count, starts, perm if with_perm else None)
     return starts, perm
-
-
-def _partition_order(table: pa.Table, pids: pa.Int32Array, partition_count: int):
-    """The table's rows grouped by partition (stable) as one RecordBatch, and each
-    partition's start row.
-    Fixed-width columns without nulls move in one native pass; others go through take."""
-    ids = np.frombuffer(pids.buffers()[1], np.int32, len(pids), pids.offset * 4)
-    n = len(ids)
-    starts, _ = _scatter(pids, partition_count, with_perm=False)
-    perm = None
-    columns = []
-    for column in table.columns:
-        t = column.type
-        width = t.bit_width // 8 if pa.types.is_primitive(t) and t.bit_width % 8 == 0 else 0
-        if width and column.null_count == 0:
-            src = column.combine_chunks()
-            data = src.buffers()[1]
-            out = pa.allocate_buffer(n * width)
-            _native.scatter_fixed(data.slice(src.offset * width, n * width), width, ids, starts,
-                                  out)
-            columns.append(pa.Array.from_buffers(t, n, [None, out]))
-        else:
-            if perm is None:
-                _, perm = _scatter(pids, partition_count, with_perm=True)
-            columns.append(column.take(perm).combine_chunks())
-    return pa.RecordBatch.from_arrays(columns, schema=table.schema), starts
 
 
 def _binary(values, what: str) -> pa.Array:
