@@ -91,7 +91,7 @@ class Topology:
                              f"partitions on these {members} members' slots")
         self.table = table
         self.slots = list(slots) if slots is not None else None
-        owner = np.zeros(count, dtype=np.int64)
+        owner = np.zeros(count, dtype=np.int32)
         if self.keyed:
             lp = self.local_parallelism
             names = self.slots or [f"member-{i}" for i in range(members)]
