@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -276,6 +277,43 @@ def test_pause_of_processes_all_gone_is_an_error():
     p.wait()
     with pytest.raises(NemesisError, match="no such process"):
         nemesis.Pause(p.pid).start()
+
+
+def test_a_pause_of_this_process_stops_every_thread_and_resumes_it():
+    """The partition rounds' ``pause-driver``: this process (all of it) is stopped by a
+    helper and resumed. A watcher process sees it in state T; a thread of its own goes on
+    after it."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         f"end = time.monotonic() + 5\nseen = ''\n"
+         "while time.monotonic() < end and 'T' not in seen:\n"
+         f"    seen += open('/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+         "    time.sleep(0.01)\n"
+         "print(seen[-1])\n"], stdout=subprocess.PIPE, text=True)
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    time.sleep(0.2)
+    pause = nemesis.SelfPause(0.8)
+    stopped_at = time.monotonic()
+    pause.start()
+    pause.heal()
+    time.sleep(0.1)
+    done.set()
+    ticker.join()
+    assert watcher.communicate(timeout=10)[0].strip() == "T"
+    assert ticks[-1] > stopped_at         # the thread ran on after the pause
+    assert not pause.active
+    with pytest.raises(ValueError, match="seconds must be"):
+        nemesis.SelfPause(0)
 
 
 def test_teardown_removes_namespaces_and_bridge_even_after_a_failure():

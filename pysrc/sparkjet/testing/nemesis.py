@@ -517,6 +517,37 @@ class Pause(Nemesis):
                 os.kill(pid, signal.SIGCONT)
 
 
+class SelfPause(Nemesis):
+    """This process (the driver, where a campaign runs it) SIGSTOPped for ``seconds`` and
+    then SIGCONTed by a helper process, the only way a process can be stopped and resumed
+    whole (every thread stops, the one that asked included). :meth:`start` returns once
+    the process runs again; :meth:`heal` waits for the helper and resumes the process
+    should the helper have failed to."""
+
+    def __init__(self, seconds: float, name: str | None = None):
+        super().__init__()
+        if not 0 < seconds <= 300:
+            raise ValueError(f"seconds must be in (0, 300], got {seconds!r}")
+        self.seconds = seconds
+        self.name = name or f"pause driver {seconds:.1f}s"
+        self._helper: subprocess.Popen | None = None
+
+    def _inject(self) -> None:
+        pid = os.getpid()
+        # the helper stops this process, sleeps, resumes it; SIGCONT is sent again on its
+        # way out so that no exit path of the helper leaves this process stopped
+        self._helper = subprocess.Popen(
+            ["sh", "-c", f"trap 'kill -CONT {pid}' EXIT; kill -STOP {pid}; "
+                         f"sleep {self.seconds:.3f}"], start_new_session=True)
+        # the helper's SIGSTOP lands while this thread waits for it to exit
+        self._helper.wait()
+
+    def _undo(self) -> None:
+        helper, self._helper = self._helper, None
+        if helper is not None and helper.poll() is None:
+            helper.wait(self.seconds + 10)
+
+
 class ServerOutage(Nemesis):
     """``server.halt()`` (it ends hard, keeping its data), ``server.restart()`` at heal
     (same port and data; it waits until the server answers). Any object with those two

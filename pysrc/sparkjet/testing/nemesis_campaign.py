@@ -742,7 +742,7 @@ class _Halt:
         self.server.restart()
 
 
-#: The faults of a partition round (one of each of ``partition_campaign.FAULTS``).
+#: The faults of a partition round (that many of ``partition_campaign.FAULTS`` in turn).
 PARTITION_ROUND = 7
 
 

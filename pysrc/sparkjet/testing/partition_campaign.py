@@ -6,7 +6,7 @@ the nemesis campaign (:mod:`sparkjet.testing.nemesis_campaign`).
 the member in it) runs in host ``i``; the master and the driver (the coordinator) are in the
 root namespace, reached through the gateway. An exactly-once keyed count and sum into files
 runs on every slot (3 members), and the faults, one at a time and each healed before the
-next, cycle through:
+next, cycle through (a round takes them in turn from a random one):
 
 - ``isolate``: one worker cut from everyone (the driver included): its member is declared
   silent, the execution restarts on the other two (a quorum of 3 seen), and the isolated
@@ -18,7 +18,14 @@ next, cycle through:
   stalls; the driver sees all);
 - ``flapping``: a worker isolated and let back every second;
 - ``one-way``: the packets from one worker to the others dropped, the other way flowing;
-- ``loss``: 30% of one worker's packets dropped (nftables ``numgen``).
+- ``loss``: 30% of one worker's packets dropped (nftables ``numgen``);
+- ``bandwidth``: one worker's link capped at 256 kbit/s to 4 Mbit/s (``tc tbf``);
+- ``pause-member``: a member's Python worker SIGSTOPped for 2-6 s (declared silent past
+  ``heartbeat_timeout``, 3 s: a zombie when it resumes, which must never commit);
+- ``pause-executor``: a worker's executor JVM SIGSTOPped for 2-16 s (its member runs on;
+  past Spark's network timeout the executor is given up);
+- ``pause-driver``: the driver itself (this process) SIGSTOPped for 2-6 s by a helper
+  process: every member loses its coordinator for that long.
 
 Each is held 2-8 s (isolate and split 2-16 s: some shorter than ``heartbeat_timeout``, some
 longer than Spark's network timeout, after which Spark gives the executor up and the job
@@ -37,7 +44,7 @@ from pathlib import Path
 from sparkjet import verify
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
-from sparkjet.errors import JobFailedError, NamespacesUnavailableError
+from sparkjet.errors import JobFailedError, NamespacesUnavailableError, NemesisError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.testing import nemesis, netns
@@ -47,7 +54,8 @@ from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 __all__ = ["FAULTS", "Cluster", "run"]
 
 #: The faults in the order they cycle.
-FAULTS = ("isolate", "driver-minority", "split", "bridge", "flapping", "one-way", "loss")
+FAULTS = ("isolate", "driver-minority", "split", "bridge", "flapping", "one-way", "loss",
+          "bandwidth", "pause-member", "pause-executor", "pause-driver")
 
 #: Spark's own failure detection, shortened so that an executor behind a partition is given
 #: up in seconds (its slot freed for a restart), not in Spark's default 120 s.
@@ -62,10 +70,25 @@ SPARK_CONF = {
 }
 
 
-def _fault(name: str, net, rng: random.Random) -> nemesis.Nemesis:
+def _fault(name: str, net, rng: random.Random, cluster=None, job=None,
+           hold: float = 1.0) -> nemesis.Nemesis | None:
+    """The fault ``name`` of :data:`FAULTS` (None: it has nothing to act on now, such as a
+    pause of a member while none runs)."""
     hosts = net.hosts
     one = rng.randrange(len(hosts))
     others = [h for h in hosts if h.index != one]
+    if name == "bandwidth":
+        return nemesis.BandwidthCap(net, hosts[one], rng.choice(["256kbit", "1mbit", "4mbit"]))
+    if name == "pause-member":
+        pids = sorted((job.member_pids or {}).values()) if job is not None else []
+        return nemesis.Pause(pids[one % len(pids)], name=f"pause member {pids[one % len(pids)]}") \
+            if pids else None
+    if name == "pause-executor":
+        pids = cluster.executor_pids(one) if cluster is not None else []
+        return nemesis.Pause(pids, name=f"pause executor JVM of worker {one} {pids}") \
+            if pids else None
+    if name == "pause-driver":
+        return nemesis.SelfPause(hold)
     if name == "isolate":
         return nemesis.isolate(net, hosts[one])
     if name == "driver-minority":
@@ -111,7 +134,10 @@ class Cluster:
                 stack.close()
                 raise
             self._stack = stack
-        names = [kinds[j % len(kinds)] for j in range(faults)]
+        # the faults in turn from a random one: with more kinds than faults a round, every
+        # kind comes up over a campaign's rounds
+        first = rng.randrange(len(kinds))
+        names = [kinds[(first + j) % len(kinds)] for j in range(faults)]
         return run_round(work, self.net, self.cluster, self.spark, names, rng, self.rate,
                          progress)
 
@@ -211,19 +237,31 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
                 time.sleep(0.05)
             if stop.is_set():
                 return
-            n = _fault(name, net, rng)
-            # some isolations outlast Spark's own network timeout (10 s): the executor is
-            # given up and the job rescales to the 2 workers left while the cut-off member,
-            # a zombie, still runs
-            hold = rng.uniform(2.0, 16.0 if name in ("isolate", "split") else 8.0)
+            # some isolations and executor pauses outlast Spark's own network timeout
+            # (10 s): the executor is given up and the job rescales to the 2 workers left
+            # while the cut-off member, a zombie, still runs; member and driver pauses
+            # straddle heartbeat_timeout (3 s)
+            hold = rng.uniform(2.0, 16.0 if name in ("isolate", "split", "pause-executor")
+                               else 6.0 if name.startswith("pause") else 8.0)
+            n = _fault(name, net, rng, cluster, job, hold)
+            if n is None:
+                progress(f"  {name}: nothing to act on now, skipped")
+                continue
             record = FaultRecord("partition", f"{name} ({n.name}, {hold:.1f}s)",
                                  time.monotonic())
             with lock:
                 active.append(n)
-            n.start()
+            try:
+                n.start()           # a pause of the driver returns once it runs again
+            except NemesisError as e:     # the member or executor exited meanwhile
+                progress(f"  {name}: {e}, skipped")
+                with lock:
+                    active.remove(n)
+                continue
             started[id(n)] = time.monotonic()
             progress(f"  {record.name}: injected")
-            stop.wait(hold)
+            if name != "pause-driver":
+                stop.wait(hold)
             n.heal()
             progress(f"  {name}: healed")
             with lock:
