@@ -1,6 +1,7 @@
 """The job runtime end to end: pipelines on the generator into real sinks, snapshots, restarts
 from the last snapshot, and the output checked against a failure-free computation."""
 import threading
+import time
 
 import numpy as np
 import pyarrow.compute as pc
@@ -203,6 +204,33 @@ def _coordinator(members: int, config: JobConfig | None = None, progress=lambda 
                                  host="127.0.0.1", security=security, store=None,
                                  progress=progress)
     return coord, security
+
+
+def test_a_pause_of_the_driver_itself_declares_no_member_silent():
+    """Found by the partition rounds' ``pause-driver``: the driver SIGSTOPped past
+    heartbeat_timeout took no poll meanwhile (its server threads were stopped too), and
+    on waking declared a healthy member silent and restarted the execution. Silence now
+    counts from the end of the driver's own pause; a member that stays silent after it is
+    still declared so."""
+    from sparkjet.errors import ExecutionFailedError
+    from sparkjet.testing.nemesis import SelfPause
+
+    coord, _ = _coordinator(1, JobConfig(name="pause", processing_guarantee="none",
+                                         heartbeat_timeout=0.6))
+    try:
+        coord.seen[0] = time.monotonic()     # member 0 polled (as the poll action records)
+        coord.check()
+        SelfPause(1.0).start()               # this process stopped whole past the timeout
+        coord.check()                        # no member silent: the driver was
+        time.sleep(0.2)
+        coord.check()
+        deadline = time.monotonic() + 10
+        with pytest.raises(ExecutionFailedError, match="member 0 .* silent for"):
+            while time.monotonic() < deadline:   # no poll comes: silent past the timeout
+                coord.check()
+                time.sleep(0.05)
+    finally:
+        coord.close()
 
 
 def test_with_members_storage_the_driver_places_partitions_over_the_joined_slots():

@@ -205,6 +205,7 @@ class ExecutionCoordinator:
         self._cv = threading.Condition()
         self._commands: dict[int, list] = {i: [] for i in range(self.members)}
         self.seen: dict[int, float] = {}
+        self._checked_at = time.monotonic()     # the last check() (see there)
         self.pids: dict[int, int] = {}
         #: each member's exchange location, as it joined
         self.locations: dict[int, str] = {}
@@ -476,6 +477,15 @@ class ExecutionCoordinator:
         now = time.monotonic()
         timeout = self.config.heartbeat_timeout
         with self._cv:
+            if now - self._checked_at > timeout / 2:
+                # This process did not run for a while (paused, stopped, starved of CPU):
+                # the members' polls could not be taken either, so their silence counts
+                # from now, not from before the pause (as Hazelcast resets its heartbeat
+                # times after a pause of the detector). A member that died meanwhile is
+                # found one heartbeat_timeout later.
+                for i in self.seen:
+                    self.seen[i] = max(self.seen[i], now)
+            self._checked_at = now
             silent = [(i, now - t) for i, t in self.seen.items()
                       if i not in self.done and now - t > timeout]
         if silent:
