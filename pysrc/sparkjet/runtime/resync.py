@@ -18,7 +18,7 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    over the entries of the same (vertex, partition)s that its old copies hold and runs the
    :class:`~sparkjet.merkle.SyncSession` walk with the holder, message by message.
 3. **Fetch** (file stream ``merkle_rows``, Flight ``DoGet``): the holder's rows under the
-   differing leaves, each with its position in its partition, as an lz4 Arrow IPC stream.
+   differing leaves, each with its position in its partition, as a zstd Arrow IPC stream.
 4. **Rebuild and verify**: per partition, the old rows under equal leaves are kept in their
    order, the fetched rows put at their positions; the partition's entry count and root
    hash must equal the holder's (else :class:`~sparkjet.errors.MerkleSyncError`, naming
@@ -46,6 +46,7 @@ import base64
 import json
 import logging
 import os
+import struct
 import threading
 import time
 import uuid as uuidlib
@@ -67,7 +68,17 @@ from sparkjet.errors import (
 from sparkjet.merkle import MerkleForest, choose_depth
 from sparkjet.merkle.compare import leaf_set, rows_under_leaves
 from sparkjet.merkle.forest import MODES, check_depth
-from sparkjet.merkle.protocol import HEADER, HELLO, HELLO_BODY, LEAVES, Party
+from sparkjet.merkle.protocol import (
+    GROUP,
+    HEADER,
+    HELLO,
+    HELLO_BODY,
+    LEAF,
+    LEAVES,
+    NODES,
+    PAIR,
+    Party,
+)
 from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.storage import (
     RANGES_SUFFIX,
@@ -127,6 +138,55 @@ def _read_chunk(read, path: str, c: meta.ChunkEntry, where: str):
     return buf.slice(0, HEADER_SIZE), header, payload
 
 
+#: The largest walk message a side unpacks (a bound on what a hostile size asks for).
+MAX_MESSAGE = 1 << 30
+
+
+def _pack(message: bytes) -> str:
+    """A walk message for a JSON body: its items' node orders as differences (small
+    numbers, where the orders themselves fill half the message), zstd, base64. The message
+    itself (:mod:`sparkjet.merkle.protocol`) is unchanged: :func:`_unpack` gives it back."""
+    kind, _, _, groups, items = HEADER.unpack_from(message)
+    head = HEADER.size + groups * GROUP.itemsize
+    if kind == NODES and len(message) == head + items * PAIR.itemsize:
+        pairs = np.frombuffer(message, PAIR, items, head)
+        nodes = pairs["node"].astype(np.int64)
+        body = (bytes(message[:head]) + np.diff(nodes, prepend=0).astype("<i4").tobytes()
+                + pairs["hash"].astype("<i4").tobytes())
+    elif kind == LEAVES and len(message) == head + items * LEAF.itemsize:
+        nodes = np.frombuffer(message, LEAF, items, head).astype(np.int64)
+        body = bytes(message[:head]) + np.diff(nodes, prepend=0).astype("<i4").tobytes()
+    else:
+        body = bytes(message)
+    return _b64(struct.pack(">I", len(body)) + pa.compress(body, codec="zstd", asbytes=True))
+
+
+def _unpack(text, what: str) -> bytes:
+    """The walk message :func:`_pack` packed; InvalidArgumentError when it does not read."""
+    raw = _unb64(text, what)
+    if len(raw) < 4 or struct.unpack_from(">I", raw)[0] > MAX_MESSAGE:
+        raise InvalidArgumentError(f"{what}: not a packed Merkle message")
+    size = struct.unpack_from(">I", raw)[0]
+    try:
+        body = pa.decompress(raw[4:], decompressed_size=size, codec="zstd", asbytes=True)
+    except (pa.ArrowException, ValueError) as e:
+        raise InvalidArgumentError(f"{what}: the message does not decompress ({e})") from None
+    if len(body) < HEADER.size:
+        raise InvalidArgumentError(f"{what}: {len(body)} bytes, no header")
+    kind, _, _, groups, items = HEADER.unpack_from(body)
+    head = HEADER.size + groups * GROUP.itemsize
+    if kind == NODES and len(body) == head + items * PAIR.itemsize:
+        deltas = np.frombuffer(body, "<i4", items, head)
+        pairs = np.empty(items, PAIR)
+        pairs["node"] = np.cumsum(deltas, dtype=np.int64)
+        pairs["hash"] = np.frombuffer(body, "<i4", items, head + 4 * items)
+        return body[:head] + pairs.tobytes()
+    if kind == LEAVES and len(body) == head + items * LEAF.itemsize:
+        nodes = np.cumsum(np.frombuffer(body, "<i4", items, head), dtype=np.int64)
+        return body[:head] + nodes.astype(LEAF).tobytes()
+    return body
+
+
 def _decode(header: ChunkHeader, payload, where: str, offset: int) -> pa.Table:
     """A chunk's entries as a table: its rows, or (key, value) binary columns."""
     if header.entries:
@@ -146,16 +206,17 @@ def _key_of(entries: bool, key) -> tuple[str, ...]:
 
 def _forest(tables: dict[int, pa.Table], keys, depth: int, partition_count: int) -> MerkleForest:
     forest = MerkleForest(partition_count, depth, value_hash="entry")
-    for t in tables.values():
-        if t.num_rows:
-            values = [n for n in t.schema.names if n not in keys and n not in (PART, POS)]
-            forest.add(t, key=list(keys), value=values)
+    full = [t for t in tables.values() if t.num_rows]
+    if full:
+        t = full[0] if len(full) == 1 else pa.concat_tables(full)
+        values = [n for n in t.schema.names if n not in keys and n not in (PART, POS)]
+        forest.add(t, key=list(keys), value=values)
     return forest
 
 
 def _ipc(table: pa.Table) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+    options = pa.ipc.IpcWriteOptions(compression="zstd", use_threads=False)
     with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue()
@@ -220,7 +281,7 @@ class MerkleHolder:
         for p, pieces in parts.items():
             t = pa.concat_tables(pieces)
             tables[p] = t.append_column(PART, pa.array(np.full(t.num_rows, p, np.int32))) \
-                .append_column(POS, pa.array(np.arange(t.num_rows, dtype=np.int64)))
+                .append_column(POS, pa.array(np.arange(t.num_rows, dtype=np.int32)))
         forest = _forest(tables, keys, depth, count)
         party = Party("fresh", forest)
         party.receive_hello(_unb64(body.get("hello"), "merkle_open hello"))
@@ -240,22 +301,27 @@ class MerkleHolder:
     def step(self, body: dict) -> dict:
         """One message of the walk in, the answer out (``{session, message}``)."""
         session = self._session(body)
-        reply = session.party.receive_nodes(_unb64(body.get("message"), "merkle_step"))
-        return {"message": _b64(reply)}
+        reply = session.party.receive_nodes(_unpack(body.get("message"), "merkle_step"))
+        return {"message": _pack(reply)}
 
     def rows(self, body: dict):
-        """The rows under the leaves of the ``leaves`` message (an lz4 Arrow IPC stream,
+        """The rows under the leaves of the ``leaves`` message (a zstd Arrow IPC stream,
         with their partition and position); ends the session."""
         session = self._session(body)
         with self._lock:
             self._sessions.pop(str(body.get("session")), None)
         level, partitions, nodes = session.party.receive_leaves(
-            _unb64(body.get("leaves"), "merkle_rows leaves"))
+            _unpack(body.get("leaves"), "merkle_rows leaves"))
         rows = session.table.filter(_under(session, level, partitions, nodes))
-        data = _ipc(rows)
+        # grouped by partition already (the session's rows are): counts say where each
+        # group ends, so the partition column stays home
+        found, counts = np.unique(rows[PART].to_numpy(), return_counts=True) \
+            if rows.num_rows else (np.empty(0, np.int32), np.empty(0, np.int64))
+        data = _ipc(rows.drop_columns([PART]).combine_chunks())
         pieces = (data.slice(at, min(READ_PIECE, data.size - at))
                   for at in range(0, data.size, READ_PIECE))
-        return {"rows": rows.num_rows, "bytes": data.size}, pieces
+        return {"rows": rows.num_rows, "bytes": data.size,
+                "parts": [[int(p), int(n)] for p, n in zip(found, counts)]}, pieces
 
 
 def _under(session, level: int, partitions, nodes):
@@ -395,15 +461,55 @@ def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: met
                    "from the record's checksums (rows reordered between the snapshots): "
                    "copied as byte ranges")
         copy += [c for c in keyed if c.partition in mismatched]
-    if copy:
-        read = PeerSlotFile(client, holder, rel, member).range_reader()
-        for c in copy:
-            head, _, payload = _read_chunk(read, rel, c, f"slot {holder}")
-            chunks[c.offset] = head.to_pybytes() + bytes(payload)
-            report.copied_bytes += HEADER_SIZE + c.stored_size
+    report.copied_bytes += _copy_chunks(client, holder, rel, copy, member, chunks)
     _write_copy(slot, job_id, rel, f.bytes, chunks)
     report.seconds = time.monotonic() - began
     return report
+
+
+def copy_file(slot: StorageSlot, job_id: int, client, holder: str,
+              record: meta.ValidationRecord, f: meta.FileRecord, partitions, *,
+              member: int = -1) -> ResyncReport:
+    """A full copy of ``f``'s chunks of ``partitions`` from slot ``holder`` as byte ranges
+    (``slot_read``), each checked against the record: what a resync falls back to, and
+    what it is measured against (``bench/bench_merkle_resync.py``)."""
+    began = time.monotonic()
+    parts = set(partitions)
+    wanted = [c for c in f.chunks if c.partition in parts]
+    rel = f"{layout.SNAPSHOTS}/{layout.snapshot_dir(record.snapshot_id, record.execution_id)}/{f.path}"
+    report = ResyncReport(rel, holder, 0, sorted(parts),
+                          entries=sum(c.entry_count for c in wanted),
+                          full_copy_bytes=sum(HEADER_SIZE + c.stored_size for c in wanted))
+    chunks: dict = {}
+    report.copied_bytes = _copy_chunks(client, holder, rel, wanted, member, chunks)
+    _write_copy(slot, job_id, rel, f.bytes, chunks)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _copy_chunks(client, holder: str, rel: str, copy, member: int, chunks: dict) -> int:
+    """Reads ``copy`` (chunk entries) of ``rel`` from slot ``holder`` into ``chunks``
+    (offset -> bytes), each checked against the record; the bytes read."""
+    if not copy:
+        return 0
+    read = PeerSlotFile(client, holder, rel, member).range_reader()
+    n = 0
+    runs: list[list] = []           # adjacent chunks read in one stream
+    for c in sorted(copy, key=lambda c: c.offset):
+        if runs and runs[-1][-1].offset + HEADER_SIZE + runs[-1][-1].stored_size == c.offset:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    for run in runs:
+        start = run[0].offset
+        data = read(start, run[-1].offset + HEADER_SIZE + run[-1].stored_size - start)
+        data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+        for c in run:
+            piece = data.slice(c.offset - start, HEADER_SIZE + c.stored_size)
+            head, _, payload = _read_chunk(lambda o, _n, p=piece: p, rel, c, f"slot {holder}")
+            chunks[c.offset] = piece.to_pybytes()
+            n += HEADER_SIZE + c.stored_size
+    return n
 
 
 def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_count, rel,
@@ -432,14 +538,16 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
         pieces = [t for t in pieces if t.schema.equals(schema)]
         if pieces:
             old_tables[p] = pa.concat_tables(pieces)
-    stale = Party("stale", _forest(old_tables, keys, depth, partition_count))
+    trees = _forest(old_tables, keys, depth, partition_count)
+    stale = Party("stale", trees)
     stale.receive_hello(_unb64(answer["hello"], "holder hello"))
     message = stale.roots()
     while True:
-        body = {"session": session, "message": _b64(message)}
-        reply = _unb64(client.action(STEP, body)["message"], "merkle_step answer")
+        body = {"session": session, "message": _pack(message)}
+        answer_step = client.action(STEP, body)
+        reply = _unpack(answer_step["message"], "merkle_step answer")
         report.messages += 2
-        report.tree_bytes += _json_size(body) + _json_size({"message": _b64(reply)})
+        report.tree_bytes += _json_size(body) + _json_size(answer_step)
         if HEADER.unpack_from(reply)[0] == LEAVES:
             leaves = reply
             break
@@ -452,7 +560,7 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     ids = lparts * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes) else \
         np.empty(0, np.int64)
     report.differing_leaves = len(ids)
-    body = {"session": session, "leaves": _b64(leaves)}
+    body = {"session": session, "leaves": _pack(leaves)}
     info, pieces = client.get_file(ROWS, body)
     data = b"".join(p.to_pybytes() for p in pieces)
     report.messages += 2
@@ -460,34 +568,63 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     report.row_bytes += len(data) + _json_size(info)
     fetched = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     report.rows_fetched = fetched.num_rows
-    under = leaf_set(ids, depth, partition_count) if len(ids) else None
-    rebuilt = {}
-    fetched_parts = fetched[PART].to_numpy() if fetched.num_rows else np.empty(0, np.int32)
-    for p in parts:
-        mine = fetched.filter(pa.array(fetched_parts == p)) if fetched.num_rows else fetched
-        pos = mine[POS].to_numpy() if mine.num_rows else np.empty(0, np.int64)
-        mine = mine.drop_columns([PART, POS])
-        kept = old_tables.get(p)
-        if kept is None:
-            kept = schema.empty_table()
-        elif under is not None and kept.num_rows:
-            mask = rows_under_leaves(kept, keys, None, under)
-            kept = kept.filter(pa.compute.invert(mask))
+    # one table of every partition's old entries, then one take that puts each partition's
+    # kept rows (under equal leaves, in their order) and fetched rows (at their positions)
+    # in the holder's order
+    olds = [old_tables[p] for p in parts if p in old_tables]
+    old_all = pa.concat_tables(olds) if olds else schema.empty_table()
+    starts = np.cumsum([0] + [old_tables[p].num_rows if p in old_tables else 0 for p in parts])
+    if len(ids) and old_all.num_rows:
+        under = rows_under_leaves(old_all, keys, None, leaf_set(ids, depth, partition_count))
+        keep = ~under.to_numpy(zero_copy_only=False)
+    else:
+        keep = np.ones(old_all.num_rows, bool)
+    groups = info.get("parts") or []
+    fetched_parts = np.repeat([int(p) for p, _ in groups], [int(n) for _, n in groups]) \
+        .astype(np.int32)
+    if len(fetched_parts) != fetched.num_rows:
+        raise MerkleSyncError(f"{where}: the holder sent {fetched.num_rows} rows but counted "
+                              f"{len(fetched_parts)} by partition")
+    by_part = np.argsort(fetched_parts, kind="stable")
+    fetched_pos = fetched[POS].to_numpy().astype(np.int64)[by_part] if fetched.num_rows \
+        else np.empty(0, np.int64)
+    bounds = np.searchsorted(fetched_parts[by_part], parts + [np.iinfo(np.int32).max])
+    base = old_all.num_rows
+    order, sizes = [], {}
+    for i, p in enumerate(parts):
+        kept = np.flatnonzero(keep[starts[i]:starts[i + 1]]) + starts[i]
+        pos = fetched_pos[bounds[i]:bounds[i + 1]]
+        mine = by_part[bounds[i]:bounds[i + 1]] + base
         want = int(answer["counts"][str(p)])
-        n = kept.num_rows + mine.num_rows
+        n = len(kept) + len(pos)
         if n != want or (len(pos) and (pos.max() >= n or len(np.unique(pos)) != len(pos))):
             raise MerkleSyncError(
-                f"{where}: partition {p} rebuilt with {n} entries ({kept.num_rows} kept, "
-                f"{mine.num_rows} fetched), the holder has {want}: nothing of the file is "
+                f"{where}: partition {p} rebuilt with {n} entries ({len(kept)} kept, "
+                f"{len(pos)} fetched), the holder has {want}: nothing of the file is "
                 f"kept; copy the partition whole or from another holder")
+        take = np.empty(n, np.int64)
         free = np.ones(n, bool)
         free[pos] = False
-        order = np.empty(n, np.int64)
-        order[np.flatnonzero(free)] = np.arange(kept.num_rows)
-        order[pos] = kept.num_rows + np.arange(mine.num_rows)
-        both = pa.concat_tables([kept, mine.cast(kept.schema)]) if n else kept
-        rebuilt[p] = both.take(pa.array(order)) if n else both
-    check = _forest(rebuilt, keys, depth, partition_count).roots
+        take[free] = kept
+        take[pos] = mine
+        order.append(take)
+        sizes[p] = n
+    fetched = fetched.drop_columns([POS]).cast(old_all.schema)
+    both = pa.concat_tables([old_all, fetched]).combine_chunks()
+    whole = both.take(pa.array(np.concatenate(order) if order else np.empty(0, np.int64)))
+    rebuilt, at = {}, 0
+    for p in parts:
+        rebuilt[p] = whole.slice(at, sizes[p])
+        at += sizes[p]
+    # the rebuilt partitions' trees: the old forest without the old rows under the
+    # differing leaves (those not kept), plus the rows fetched; the rows received are what
+    # is checked, at the cost of the changes rather than of the whole state
+    values = [n for n in schema.names if n not in keys]
+    if not keep.all():
+        trees.remove(old_all.filter(pa.array(~keep)), key=list(keys), value=values)
+    if fetched.num_rows:
+        trees.add(fetched, key=list(keys), value=values)
+    check = trees.roots
     for p in parts:
         want = int(answer["roots"][str(p)])
         if int(check[p]) != want:
@@ -606,4 +743,5 @@ def resync_slot(slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
     return out
 
 
-__all__ = ["MerkleHolder", "ResyncReport", "resolve_depth", "resync_file", "resync_slot"]
+__all__ = ["MerkleHolder", "ResyncReport", "copy_file", "resolve_depth", "resync_file",
+           "resync_slot"]
