@@ -190,3 +190,68 @@ def test_merkle_tree_depth_is_an_int_in_2_to_27_or_auto(depth):
     assert 2 <= resolve_depth("auto", 10_000_000, 271, 271, 16) <= 27
     with pytest.raises(InvalidArgumentError, match=r"2\.\.27"):
         resolve_depth(depth if depth != "deep" else 0, 10, 1, 271, 16)
+
+
+def test_resync_slot_syncs_the_files_the_record_gives_it_entries_and_broadcast_too(cluster):
+    """The record's partition table says which partitions slot b holds; keyed entries (bytes)
+    sync by Merkle trees like tables, broadcast state is copied whole."""
+    import base64
+
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.resync import resync_slot
+    from sparkjet.snapshot.chunks import decode_entries
+
+    a, b, client, _, store = cluster
+    table = base64.b64encode(PartitionTable.create([a.uuid, b.uuid], PARTITIONS, 1).to_bytes())
+
+    def snapshot(sid, values, extra):
+        w = store.writer(sid, 5, writer=0, partition_count=PARTITIONS, slot=a, chunk_size=16384)
+        w.write_table("agg", _state(values), key="key")
+        keys = [f"k{i}".encode() for i in range(3000)] + [f"x{i}".encode() for i in range(extra)]
+        w.write_entries("kv", keys, [b"v%d" % (i + sid) if i % 500 == 0 else b"v%d" % i
+                                     for i in range(len(keys))])
+        w.write_broadcast_entries("src", [b"0"], [f"offset {sid}".encode()])
+        store.commit(sid, 5, [w.finish()], table=table.decode(), plan='{"v": 1}')
+        data, _, _ = store.committed_record(sid)
+        return meta.decode(data, meta.ValidationRecord, f"snapshot {sid}", "record")
+
+    rec0 = snapshot(0, [float(i) for i in range(N)], 0)
+    for v in rec0.vertices.values():
+        for f in v.files:
+            src = os.path.join(a.job_path(JOB, REPLICAS), *_rel(rec0, f).split("/"))
+            dst = os.path.join(b.replicas(JOB).root, *_rel(rec0, f).split("/"))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(src, dst)
+    values = [float(i) + (i % 997 == 0) for i in range(N)]
+    rec1 = snapshot(1, values, 3)
+    reports = {r.path.split("/")[2]: r for r in resync_slot(
+        b, JOB, rec1, rec0, {a.uuid: client}, keys={"agg": "key"}, depth=12)}
+    assert set(reports) == {"agg", "kv", "src"}
+    assert reports["agg"].fallback == {} and reports["kv"].fallback == {}
+    assert reports["kv"].rows_fetched < 100 and reports["agg"].rows_fetched < N // 10
+    assert reports["src"].copied_bytes == reports["src"].full_copy_bytes > 0
+    for v in rec1.vertices.values():
+        for f in v.files:
+            path = os.path.join(b.job_path(JOB, REPLICAS), *_rel(rec1, f).split("/"))
+            _verify_file(path, f, JOB, 1, held_ranges(path)[1])
+    got, _ = _restored(b, rec1, rec1.vertices["agg"].files[0], set(range(PARTITIONS)))
+    assert got.sort_by("key").equals(_state(values))
+    f = rec1.vertices["kv"].files[0]
+    with open(os.path.join(b.job_path(JOB, REPLICAS), *_rel(rec1, f).split("/")), "rb") as fh:
+        data = fh.read()
+    kv = {}
+    for _, header, payload in read_chunks(data):
+        k, v = decode_entries(header, payload)
+        kv.update(zip(k.to_pylist(), v.to_pylist()))
+    assert len(kv) == 3003 and kv[b"k500"] == b"v501" and kv[b"x2"] == b"v3002"
+
+
+def test_a_packed_walk_message_that_does_not_read_is_refused():
+    from sparkjet.runtime.resync import _pack, _unpack
+
+    msg = bytes.fromhex("01000000000000010000000200000000000000020000000100000001ffffff01")
+    assert _unpack(_pack(msg), "m") == msg
+    for bad, match in (("@@", "not base64"), ("AAAA", "not a packed"),
+                       ("f////w==", "not a packed"), ("AAAAEAAAAAA=", "does not decompress")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            _unpack(bad, "merkle_step")

@@ -169,7 +169,7 @@ def _unpack(text, what: str) -> bytes:
     size = struct.unpack_from(">I", raw)[0]
     try:
         body = pa.decompress(raw[4:], decompressed_size=size, codec="zstd", asbytes=True)
-    except (pa.ArrowException, ValueError) as e:
+    except (pa.ArrowException, ValueError, OSError) as e:
         raise InvalidArgumentError(f"{what}: the message does not decompress ({e})") from None
     if len(body) < HEADER.size:
         raise InvalidArgumentError(f"{what}: {len(body)} bytes, no header")
@@ -710,7 +710,7 @@ def resync_slot(slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
                 old: meta.ValidationRecord | None, clients: dict, *, keys: dict | None = None,
                 depth=10, partition_count: int | None = None) -> list[ResyncReport]:
     """Resyncs every file of ``record`` whose partitions the record's table gives ``slot``
-    (as primary or backup; broadcast state of every file that names it) and that it does
+    (as primary or backup; the broadcast state of every file) and that it does
     not hold yet, each from the first of its holders in ``clients`` (slot uuid -> exchange
     client of the member holding it). ``keys``: vertex -> state key. SnapshotIncompleteError
     when no holder of a file is reachable."""
@@ -727,7 +727,7 @@ def resync_slot(slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
             if f.slot == slot.uuid:
                 continue
             parts = {c.partition for c in f.chunks if c.partition in mine}
-            if parts and any(c.partition < 0 for c in f.chunks):
+            if any(c.partition < 0 for c in f.chunks):     # every slot holds broadcast state
                 parts.add(-1)
             rel = f"{layout.SNAPSHOTS}/{folder}/{f.path}"
             if not parts or os.path.exists(os.path.join(slot.job_path(job_id, REPLICAS), *rel.split("/"))):
