@@ -255,3 +255,32 @@ def test_a_packed_walk_message_that_does_not_read_is_refused():
                        ("f////w==", "not a packed"), ("AAAAEAAAAAA=", "does not decompress")):
         with pytest.raises(InvalidArgumentError, match=match):
             _unpack(bad, "merkle_step")
+
+
+class _Member:
+    """What slot_files asks of a member: the slots of the execution and its peers."""
+
+    def __init__(self, slots, peers):
+        self.topology = type("T", (), {"slots": slots})()
+        self.peers = peers
+
+
+def test_a_restore_reads_the_resynced_copy_from_its_own_slot(cluster):
+    """Once resynced, slot b's copy is a replica of the current snapshot for a restore on b:
+    read from disk (chunk by chunk against the record) though the record names only slot a,
+    whose member is gone."""
+    from sparkjet.runtime.storage import slot_files
+
+    a, b, client, server, store = cluster
+    old = _state([float(i) for i in range(N)])
+    rec0 = _snapshot(store, a, 0, old)
+    _stale_copy(a, b, rec0)
+    new = _changed(old)
+    rec1 = _snapshot(store, a, 1, new)
+    f = rec1.vertices["agg"].files[0]
+    resync_file(b, JOB, client, a.uuid, rec1, f, {c.partition for c in f.chunks}, rec0,
+                key="key", depth=10, partition_count=PARTITIONS)
+    server.close()                      # slot a's member is gone
+    store.slot_files = slot_files(_Member([a.uuid, b.uuid], {0: client}), b, JOB)
+    got = store.restore("agg", snapshot_id=1)
+    assert got.table.sort_by("key").equals(new.sort_by("key"))

@@ -688,7 +688,7 @@ def _write_copy(slot: StorageSlot, job_id: int, rel: str, size: int, chunks: dic
                 out.flush()
                 os.fsync(out.fileno())
         with open(side + ".part", "w") as out:
-            json.dump({"size": size, "ranges": ranges}, out)
+            json.dump({"size": size, "ranges": ranges, "resynced": True}, out)
             if slot.durable:
                 out.flush()
                 os.fsync(out.fileno())
