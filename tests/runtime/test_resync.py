@@ -284,3 +284,20 @@ def test_a_restore_reads_the_resynced_copy_from_its_own_slot(cluster):
     store.slot_files = slot_files(_Member([a.uuid, b.uuid], {0: client}), b, JOB)
     got = store.restore("agg", snapshot_id=1)
     assert got.table.sort_by("key").equals(new.sort_by("key"))
+
+
+def test_a_table_without_its_state_key_goes_as_byte_ranges(cluster):
+    a, b, client, _, store = cluster
+    rec0 = _snapshot(store, a, 0, _state([float(i) for i in range(2000)]))
+    _stale_copy(a, b, rec0)
+    new = _state([float(i) + 1 for i in range(2000)])
+    rec1 = _snapshot(store, a, 1, new)
+    f = rec1.vertices["agg"].files[0]
+    parts = {c.partition for c in f.chunks}
+    report = resync_file(b, JOB, client, a.uuid, rec1, f, parts, rec0, key=None,
+                         partition_count=PARTITIONS)
+    assert set(report.fallback) == parts and "state key" in report.fallback[min(parts)]
+    assert report.copied_bytes == report.full_copy_bytes
+    got, path = _restored(b, rec1, f, parts)
+    assert got.sort_by("key").equals(new)
+    _verify_file(path, f, JOB, 1, held_ranges(path)[1])

@@ -36,9 +36,11 @@ The granularity is the entry: what moves is the walk's messages, the chunk heade
 rows under differing leaves. :class:`ResyncReport` gives bytes synced against a full copy's
 (the chunks' stored bytes).
 
-Not done here: choosing when to resync (the driver's join answer naming a returning slot's
-missed partitions) and counting a resynced copy as a holder in the restore and the
-recovery policy (their holders come from the committed record).
+A member's restore reads a resynced copy from its own slot before the holders the record
+names (:func:`~sparkjet.runtime.storage.resynced_copy`: the sidecar says ``"resynced"``).
+Not done here: choosing when to resync (the member, or the driver's join answer, naming a
+returning slot's missed partitions before the restore), and the recovery policy counting a
+resynced copy (it counts the holders the committed record names).
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ import pyarrow as pa
 import xxhash
 
 from sparkjet.errors import (
+    ExchangeRefusedError,
     InvalidArgumentError,
     MerkleSyncError,
     SnapshotCorruptError,
@@ -449,9 +452,10 @@ def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: met
         try:
             built, mismatched = _merkle(slot, job_id, client, holder, f, keyed, old, key,
                                         depth, partition_count, rel, where, report)
-        except (InvalidArgumentError, UnsupportedTypeError) as e:
+        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError) as e:
             # entries the trees cannot take (no state key, a column type the value hash
-            # does not read): the partitions go as byte ranges
+            # does not read; the holder refused to open the walk for such a reason): the
+            # partitions go as byte ranges, which fail in turn if the holder cannot serve
             built, mismatched = {}, {c.partition for c in keyed}
             report.fallback = {p: f"{type(e).__name__}: {e}" for p in sorted(mismatched)}
         chunks.update(built)
@@ -526,6 +530,10 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     answer = client.action(OPEN, body)
     report.messages += 1
     report.tree_bytes += _json_size(body)
+    if len(answer.get("headers") or []) != len(keyed):
+        raise MerkleSyncError(f"{where}: the holder sent {len(answer.get('headers') or [])} "
+                              f"chunk headers for {len(keyed)} chunks; nothing of the file "
+                              f"is kept")
     header_bytes = sum(len(h[0]) for h in answer["headers"])
     report.header_bytes += header_bytes
     report.tree_bytes += _json_size(answer) - header_bytes
