@@ -301,3 +301,41 @@ def test_a_table_without_its_state_key_goes_as_byte_ranges(cluster):
     got, path = _restored(b, rec1, f, parts)
     assert got.sort_by("key").equals(new)
     _verify_file(path, f, JOB, 1, held_ranges(path)[1])
+
+
+def test_before_a_restore_a_member_resyncs_what_its_slot_missed_and_reads_it_locally(cluster):
+    """resync_for_restore (what Member._restore_handed calls): slot b keeps the record copy
+    and files of snapshot 0; the record of snapshot 1 names only slot a. b resyncs the
+    partitions it restores, says so in a merkle_resync event, and its restore then reads
+    them from its own slot (slot a's member gone)."""
+    from sparkjet.runtime.resync import resync_for_restore
+    from sparkjet.runtime.storage import slot_files
+
+    a, b, client, server, store = cluster
+    old = _state([float(i) for i in range(N)])
+    rec0 = _snapshot(store, a, 0, old)
+    _stale_copy(a, b, rec0)
+    b.write_record(JOB, 0, store.committed_record(0)[0])
+    new = _changed(old)
+    rec1 = _snapshot(store, a, 1, new)
+    member = _Member([a.uuid, b.uuid], {0: client})
+    events = []
+    restored = {0, 2, 5}
+    reports = resync_for_restore(member, b, JOB, rec1, {"agg": (restored, "key")}, depth=10,
+                                 partition_count=PARTITIONS, progress=events.append)
+    assert [r.partitions for r in reports] == [sorted(restored)]
+    (event,) = events
+    assert event["event"] == "merkle_resync" and 0 < event["bytes"] < event["full_copy_bytes"]
+    # done once: a copy in place is not synced again
+    assert resync_for_restore(member, b, JOB, rec1, {"agg": (restored, "key")}) == []
+    server.close()
+    store.slot_files = slot_files(member, b, JOB)
+    got = store.restore("agg", sorted(restored), snapshot_id=1).table
+    want = new.filter(pa.array([p in restored for p in _partitions(new)]))
+    assert got.sort_by("key").equals(want.sort_by("key"))
+
+
+def _partitions(table):
+    from sparkjet.partitioning import partition_ids
+
+    return partition_ids(table, PARTITIONS, key="key").to_pylist()

@@ -61,6 +61,7 @@ import xxhash
 
 from sparkjet.errors import (
     ExchangeRefusedError,
+    FencedError,
     InvalidArgumentError,
     MerkleSyncError,
     SnapshotCorruptError,
@@ -751,5 +752,67 @@ def resync_slot(slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
     return out
 
 
+def resync_for_restore(member, slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
+                       wanted: dict, *, depth=10, partition_count: int = 271,
+                       progress=None) -> list[ResyncReport]:
+    """What a member does before it restores ``record`` (:meth:`Member._restore_handed`):
+    for each vertex in ``wanted`` (vertex -> (partitions it restores, state key)), each file
+    of the record holding some of those partitions of which its slot has no copy, when the
+    slot keeps a copy of an older snapshot's file of that vertex (it missed the snapshots
+    since: a member that was away, a slot reclaimed), resyncs those partitions (and the
+    file's broadcast state) from a holder that a member of this execution holds
+    (``member.topology.slots`` and ``member.peers``, as ``slot_files`` reads them); the
+    restore then reads them from the slot. A resync that fails is logged and the restore
+    reads those partitions from the holders, as without it. ``progress`` gets one
+    ``merkle_resync`` event with the bytes synced and a full copy's."""
+    old = None
+    older = [s for s in slot.records(job_id) if s < record.snapshot_id]
+    if older:
+        try:
+            old = meta.decode(slot.read_record(job_id, older[-1]), meta.ValidationRecord,
+                              slot.job_path(job_id, "records", f"{older[-1]:020d}"),
+                              "record copy")
+        except SnapshotCorruptError as e:
+            _log.warning("Merkle resync: slot %s: %s: no resync", slot.uuid, e)
+    if old is None:
+        return []
+    members = {u: i for i, u in enumerate(member.topology.slots or []) if u != slot.uuid}
+    folder = layout.snapshot_dir(record.snapshot_id, record.execution_id)
+    reports = []
+    for vertex, (parts, key) in wanted.items():
+        if vertex not in record.vertices or vertex not in old.vertices:
+            continue
+        for f in record.vertices[vertex].files:
+            mine = {c.partition for c in f.chunks if c.partition in parts}
+            rel = f"{layout.SNAPSHOTS}/{folder}/{f.path}"
+            # a copy in place (its own, a backup's, a resynced one) is read as it is; the
+            # record may name this slot and it lack the file (lost since, or never kept)
+            if not mine or os.path.exists(
+                    os.path.join(slot.job_path(job_id, REPLICAS), *rel.split("/"))):
+                continue
+            if any(c.partition < 0 for c in f.chunks):
+                mine.add(-1)
+            holder = next((u for u in f.holders if u in members), None)
+            if holder is None:
+                continue            # the restore names what no member holds
+            try:
+                reports.append(resync_file(
+                    slot, job_id, member.peers[members[holder]], holder, record, f, mine, old,
+                    key=key, depth=depth, partition_count=partition_count,
+                    member=members[holder]))
+            except FencedError:
+                raise       # this execution is over: no restore follows
+            except (SparkjetError, OSError) as e:
+                _log.warning("Merkle resync of %s from slot %s failed (%s: %s): the restore "
+                             "reads partitions %s from the holders", rel, holder,
+                             type(e).__name__, e, sorted(mine))
+    if reports and progress is not None:
+        progress({"event": "merkle_resync", "snapshot": record.snapshot_id,
+                  "files": [r.to_dict() for r in reports],
+                  "bytes": sum(r.synced_bytes for r in reports),
+                  "full_copy_bytes": sum(r.full_copy_bytes for r in reports)})
+    return reports
+
+
 __all__ = ["MerkleHolder", "ResyncReport", "copy_file", "resolve_depth", "resync_file",
-           "resync_slot"]
+           "resync_for_restore", "resync_slot"]
