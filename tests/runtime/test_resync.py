@@ -165,7 +165,9 @@ def test_a_root_that_does_not_match_the_rows_is_refused_and_nothing_kept(cluster
     assert not os.path.exists(os.path.join(b.job_path(JOB, REPLICAS), *_rel(rec1, f).split("/")))
 
 
-def test_a_slot_with_nothing_old_fetches_every_row(cluster):
+def test_when_most_entries_changed_the_ranges_are_copied_instead(cluster):
+    """The walk finds nearly every leaf differing (almost nothing old): fetching their rows
+    would move more than the chunks, so the partitions go as byte ranges, said so."""
     a, b, client, _, store = cluster
     rec0 = _snapshot(store, a, 0, _state([1.0] * 100))
     new = _state([float(i) for i in range(3000)])
@@ -174,9 +176,12 @@ def test_a_slot_with_nothing_old_fetches_every_row(cluster):
     parts = {c.partition for c in f.chunks}
     report = resync_file(b, JOB, client, a.uuid, rec1, f, parts, rec0, key="key",
                          depth="auto", partition_count=PARTITIONS)
-    assert report.rows_fetched == 3000 and report.fallback == {}
+    assert report.rows_fetched == 0 and set(report.fallback) == parts
+    assert "a copy of the ranges moves less" in report.fallback[min(parts)]
+    assert report.copied_bytes == report.full_copy_bytes
     got, path = _restored(b, rec1, f, parts)
     assert got.sort_by("key").equals(new.sort_by("key"))
+    _verify_file(path, f, JOB, 1, held_ranges(path)[1])
 
 
 @pytest.mark.parametrize("depth", [1, 28, "deep", 10.0, True])

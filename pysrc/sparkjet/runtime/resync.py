@@ -30,23 +30,27 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    plus its ``.ranges`` sidecar), verified by the record like any other.
 5. **Fallback**: a partition whose rebuilt bytes differ (its rows were reordered between
    the snapshots, so the entries agree but the bytes do not) and broadcast state are
-   copied as byte ranges (``slot_read``), and the report says so.
+   copied as byte ranges (``slot_read``), and the report says so. So are all the file's
+   partitions when most entries changed: the walk stops once it has moved a quarter of a
+   copy's bytes (:data:`WALK_SHARE`), and no rows are fetched when over 3/4 of the entries
+   lie under the differing leaves (:data:`COPY_SHARE`).
 
 The granularity is the entry: what moves is the walk's messages, the chunk headers and the
 rows under differing leaves. :class:`ResyncReport` gives bytes synced against a full copy's
 (the chunks' stored bytes).
 
-A member's restore reads a resynced copy from its own slot before the holders the record
+In a job, a member calls :func:`resync_for_restore` before it restores (the partitions it
+owns, from files its slot has no copy of, when the slot keeps an older snapshot's copies),
+and its restore then reads a resynced copy from its own slot before the holders the record
 names (:func:`~sparkjet.runtime.storage.resynced_copy`: the sidecar says ``"resynced"``).
-Not done here: choosing when to resync (the member, or the driver's join answer, naming a
-returning slot's missed partitions before the restore), and the recovery policy counting a
-resynced copy (it counts the holders the committed record names).
+The recovery policy still counts only the holders the committed record names.
 """
 from __future__ import annotations
 
 import base64
 import json
 import logging
+import math
 import os
 import struct
 import threading
@@ -112,6 +116,11 @@ PART, POS = "__sparkjet_partition", "__sparkjet_pos"
 ENTRY_KEY = "key"
 #: Sessions a holder keeps open at once (the oldest goes first).
 MAX_SESSIONS = 4
+#: The share of the entries that, once the walk finds them under differing leaves, makes
+#: a resync copy the ranges instead.
+COPY_SHARE = 0.75
+#: The share of a copy's bytes past which the walk stops and the ranges are copied.
+WALK_SHARE = 0.25
 #: ``merkle_tree_depth="auto"``: the share of entries assumed changed.
 AUTO_CHANGED = 0.001
 
@@ -224,6 +233,10 @@ def _ipc(table: pa.Table) -> pa.Buffer:
     with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue()
+
+
+class _CopyInstead(Exception):
+    """The walk found most entries changed: the partitions go as byte ranges."""
 
 
 # -- the holder ------------------------------------------------------------------------------
@@ -453,12 +466,14 @@ def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: met
         try:
             built, mismatched = _merkle(slot, job_id, client, holder, f, keyed, old, key,
                                         depth, partition_count, rel, where, report)
-        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError) as e:
+        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError,
+                _CopyInstead) as e:
             # entries the trees cannot take (no state key, a column type the value hash
             # does not read; the holder refused to open the walk for such a reason): the
             # partitions go as byte ranges, which fail in turn if the holder cannot serve
             built, mismatched = {}, {c.partition for c in keyed}
-            report.fallback = {p: f"{type(e).__name__}: {e}" for p in sorted(mismatched)}
+            why = str(e) if isinstance(e, _CopyInstead) else f"{type(e).__name__}: {e}"
+            report.fallback = {p: why for p in sorted(mismatched)}
         chunks.update(built)
         for p in sorted(mismatched):
             report.fallback.setdefault(
@@ -551,8 +566,16 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     stale = Party("stale", trees)
     stale.receive_hello(_unb64(answer["hello"], "holder hello"))
     message = stale.roots()
+    copy_bytes = sum(HEADER_SIZE + c.stored_size for c in keyed)
     while True:
         body = {"session": session, "message": _pack(message)}
+        # a message and its answer, about twice as long, past the share of a copy: most
+        # nodes differ level after level, so most entries changed
+        if report.tree_bytes + 3 * _json_size(body) > WALK_SHARE * copy_bytes:
+            raise _CopyInstead(f"the walk would move over {WALK_SHARE:.0%} of a copy's "
+                               f"{copy_bytes:,} bytes by level "
+                               f"{HEADER.unpack_from(message)[1] + 1} of {depth} (most "
+                               f"entries changed): a copy of the ranges moves less")
         answer_step = client.action(STEP, body)
         reply = _unpack(answer_step["message"], "merkle_step answer")
         report.messages += 2
@@ -569,6 +592,17 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     ids = lparts * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes) else \
         np.empty(0, np.int64)
     report.differing_leaves = len(ids)
+    # Most entries changed (over 3/4 of them would be fetched: with the walk and the
+    # re-encoding, a copy costs less): the ranges instead.
+    # Rows under a differing leaf, about: entries x differing / leaves holding entries
+    # (of L leaves, L (1 - exp(-entries / L)) hold some, the entries spread by their hash).
+    total = sum(int(n) for n in answer["counts"].values())
+    slots = len(parts) << (depth - 1)
+    holding = slots * -math.expm1(-total / slots)
+    likely = total * min(1.0, len(ids) / max(1, holding))
+    if likely > COPY_SHARE * total:
+        raise _CopyInstead(f"about {likely:,.0f} of the {total:,} entries lie under the "
+                           f"{len(ids):,} differing leaves: a copy of the ranges moves less")
     body = {"session": session, "leaves": _pack(leaves)}
     info, pieces = client.get_file(ROWS, body)
     data = b"".join(p.to_pybytes() for p in pieces)
