@@ -12,13 +12,14 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    partitions (checked against their checksums), builds a :class:`~sparkjet.merkle.MerkleForest`
    of ``merkle_tree_depth`` levels over their entries (``value_hash="entry"``: each value
    bound to its key; a table chunk's entries are its rows, keyed by the vertex's state key;
-   an entry chunk's are its key and value bytes), and answers its hello, the schema, every
-   partition's root and entry count, and the 64-byte headers of those chunks.
+   an entry chunk's are its key and value bytes), and answers its hello, the schema, and
+   every partition's root and entry count.
 2. **Walk** (``merkle_step``, one action per tree level): the stale slot builds its forest
    over the entries of the same (vertex, partition)s that its old copies hold and runs the
    :class:`~sparkjet.merkle.SyncSession` walk with the holder, message by message.
 3. **Fetch** (file stream ``merkle_rows``, Flight ``DoGet``): the holder's rows under the
-   differing leaves, each with its position in its partition, as a zstd Arrow IPC stream.
+   differing leaves, each with its position in its partition, as a zstd Arrow IPC stream,
+   and the 64-byte headers of the chunks.
 4. **Rebuild and verify**: per partition, the old rows under equal leaves are kept in their
    order, the fetched rows put at their positions; the partition's entry count and root
    hash must equal the holder's (else :class:`~sparkjet.errors.MerkleSyncError`, naming
@@ -246,6 +247,7 @@ class _Session:
     def __init__(self, party: Party, table: pa.Table, keys, depth: int, partition_count: int):
         self.party, self.table, self.keys = party, table, keys
         self.depth, self.partition_count = depth, partition_count
+        self.headers: list = []
 
 
 class MerkleHolder:
@@ -304,13 +306,14 @@ class MerkleHolder:
         party.receive_hello(_unb64(body.get("hello"), "merkle_open hello"))
         roots = forest.roots
         session = _Session(party, pa.concat_tables(tables.values()), keys, depth, count)
+        session.headers = headers       # sent with the rows: a walk that stops needs none
         with self._lock:
             self._sessions[str(body.get("session"))] = session
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
         schema = next(iter(tables.values())).schema
         schema = pa.schema([f for f in schema if f.name not in (PART, POS)], schema.metadata)
-        return {"hello": _b64(party.hello()), "headers": headers, "entries": entries,
+        return {"hello": _b64(party.hello()), "entries": entries,
                 "schema": _b64(schema.serialize()),
                 "roots": {str(p): int(roots[p]) for p in tables},
                 "counts": {str(p): tables[p].num_rows for p in tables}}
@@ -337,7 +340,7 @@ class MerkleHolder:
         data = _ipc(rows.drop_columns([PART]).combine_chunks())
         pieces = (data.slice(at, min(READ_PIECE, data.size - at))
                   for at in range(0, data.size, READ_PIECE))
-        return {"rows": rows.num_rows, "bytes": data.size,
+        return {"rows": rows.num_rows, "bytes": data.size, "headers": session.headers,
                 "parts": [[int(p), int(n)] for p, n in zip(found, counts)]}, pieces
 
 
@@ -546,13 +549,7 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     answer = client.action(OPEN, body)
     report.messages += 1
     report.tree_bytes += _json_size(body)
-    if len(answer.get("headers") or []) != len(keyed):
-        raise MerkleSyncError(f"{where}: the holder sent {len(answer.get('headers') or [])} "
-                              f"chunk headers for {len(keyed)} chunks; nothing of the file "
-                              f"is kept")
-    header_bytes = sum(len(h[0]) for h in answer["headers"])
-    report.header_bytes += header_bytes
-    report.tree_bytes += _json_size(answer) - header_bytes
+    report.tree_bytes += _json_size(answer)
     entries = bool(answer["entries"])
     keys = _key_of(entries, key)
     schema = pa.ipc.read_schema(pa.py_buffer(_unb64(answer["schema"], "schema")))
@@ -608,7 +605,12 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
     data = b"".join(p.to_pybytes() for p in pieces)
     report.messages += 2
     report.tree_bytes += _json_size(body)
-    report.row_bytes += len(data) + _json_size(info)
+    if len(info.get("headers") or []) != len(keyed):
+        raise MerkleSyncError(f"{where}: the holder sent {len(info.get('headers') or [])} "
+                              f"chunk headers for {len(keyed)} chunks; nothing of the file "
+                              f"is kept")
+    report.header_bytes = sum(len(h[0]) for h in info["headers"])
+    report.row_bytes += len(data) + _json_size(info) - report.header_bytes
     fetched = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     report.rows_fetched = fetched.num_rows
     # one table of every partition's old entries, then one take that puts each partition's
@@ -676,7 +678,7 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
                 f"is {want} (depth {depth}, {rebuilt[p].num_rows} entries): the rows fetched "
                 f"or the holder's tree are damaged; nothing of the file is kept. Copy the "
                 f"partition whole or from another holder")
-    return _encode(keyed, answer["headers"], rebuilt, entries, rel, where)
+    return _encode(keyed, info["headers"], rebuilt, entries, rel, where)
 
 
 def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
