@@ -297,8 +297,8 @@ class MerkleHolder:
             raise InvalidArgumentError(f"merkle_open of {path}: no chunks named")
         keys = _key_of(entries, body.get("key"))
         tables = {}
-        for p, pieces in parts.items():
-            t = pa.concat_tables(pieces)
+        for p in sorted(parts):     # ascending: the rows stream counts them in this order
+            t = pa.concat_tables(parts[p])
             tables[p] = t.append_column(PART, pa.array(np.full(t.num_rows, p, np.int32))) \
                 .append_column(POS, pa.array(np.arange(t.num_rows, dtype=np.int32)))
         forest = _forest(tables, keys, depth, count)
@@ -529,7 +529,7 @@ def _copy_chunks(client, holder: str, rel: str, copy, member: int, chunks: dict)
         data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
         for c in run:
             piece = data.slice(c.offset - start, HEADER_SIZE + c.stored_size)
-            head, _, payload = _read_chunk(lambda o, _n, p=piece: p, rel, c, f"slot {holder}")
+            _read_chunk(lambda _o, _n, p=piece: p, rel, c, f"slot {holder}")   # checked
             chunks[c.offset] = piece.to_pybytes()
             n += HEADER_SIZE + c.stored_size
     return n
@@ -544,12 +544,11 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
                                                              MODES["entry"])
     body = {"session": session, "slot": holder, "path": rel, "key": key, "depth": depth,
             "partition_count": partition_count, "hello": _b64(hello),
-                "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
+            "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
                        for c in keyed]}
     answer = client.action(OPEN, body)
-    report.messages += 1
-    report.tree_bytes += _json_size(body)
-    report.tree_bytes += _json_size(answer)
+    report.messages += 2
+    report.tree_bytes += _json_size(body) + _json_size(answer)
     entries = bool(answer["entries"])
     keys = _key_of(entries, key)
     schema = pa.ipc.read_schema(pa.py_buffer(_unb64(answer["schema"], "schema")))
