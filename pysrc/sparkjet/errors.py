@@ -450,6 +450,16 @@ class StorageSlotError(SparkjetError, RuntimeError):
     deterministic = True
 
 
+class MerkleSyncError(SparkjetError, ValueError):
+    """A Merkle resync of a slot's stale replica (:mod:`sparkjet.runtime.resync`) did not
+    end in the holder's data: the rebuilt partition's entry count or root hash differs from
+    the holder's (a holder whose rows and tree disagree, rows damaged on the way). Names the
+    vertex, partition, file and holder slot; nothing of the file is kept. Copy the
+    partition whole (the backup stream) or from another holder."""
+
+    deterministic = True
+
+
 class LogLockedError(SparkjetError, RuntimeError):
     """Another live writer holds the log: a log has one writer at a time."""
 

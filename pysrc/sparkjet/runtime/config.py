@@ -188,6 +188,10 @@ class JobConfig:
       (newer than the driver's records) is emptied of this job's data, logged with its
       path; False: refused, naming the path; ``rebalance_delay`` (0 s): only 0 for now (a
       lost slot's backups are promoted at once; a delay is refused, not ignored).
+    - ``merkle_tree_depth``: levels of the Merkle trees a slot that missed snapshots syncs
+      its partitions with (:mod:`sparkjet.runtime.resync`): Hazelcast's ``merkle-tree.depth``,
+      default 10, an int in 2..27, or "auto" (:func:`sparkjet.merkle.choose_depth` for the
+      entries synced, assuming about 0.1 % of them changed).
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"
@@ -230,6 +234,7 @@ class JobConfig:
     cluster_data_recovery_policy: RecoveryPolicy | None = None
     auto_remove_stale_data: bool | None = None
     rebalance_delay: Annotated[Finite, Meta(ge=0)] | None = None
+    merkle_tree_depth: int | str = 10
 
     def __post_init__(self):
         # Every field against its annotation; frozen, so the checked values (plain Python
@@ -293,6 +298,7 @@ class JobConfig:
                 f"JobConfig.rebalance_delay={self.rebalance_delay:g}: a delay before a lost "
                 "slot's backups are promoted is not built yet (issue 25); they are promoted at "
                 "once, as with rebalance_delay=0")
+        check_merkle_depth(self.merkle_tree_depth)
         if persisted:
             for k, default in PERSISTENCE_DEFAULTS.items():
                 if getattr(self, k) is None:
@@ -318,6 +324,20 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+MERKLE_DEPTHS = (2, 27)
+
+
+def check_merkle_depth(depth) -> None:
+    """Raises InvalidArgumentError naming ``depth`` unless it is an int in 2..27 or
+    "auto" (``JobConfig.merkle_tree_depth``)."""
+    low, high = MERKLE_DEPTHS
+    if depth == "auto" or (type(depth) is int and low <= depth <= high):
+        return
+    raise InvalidArgumentError(
+        f"JobConfig.merkle_tree_depth={depth!r}: the depth of the Merkle trees of a resync "
+        f"is an int in {low}..{high} (levels; Hazelcast's default is 10) or \"auto\"")
 
 
 def open_store(config: JobConfig, *, job_id: int | None = None, job_name: str | None = None,

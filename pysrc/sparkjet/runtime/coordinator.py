@@ -350,7 +350,8 @@ class ExecutionCoordinator:
     def _restored(self, body: dict) -> dict:
         """A member restored its state and rebuilt its operators; after the last one, the
         "restored" event: the snapshot, the slowest member's phases (``read_s``,
-        ``rebuild_s``, ``seconds``) and the keys restored by all."""
+        ``rebuild_s``, ``seconds``), the keys restored by all and, when members synced stale
+        copies by Merkle trees first, what that moved (``merkle_resync``)."""
         i = self._member(body)
         with self._cv:
             if i in self.restored:
@@ -365,6 +366,10 @@ class ExecutionCoordinator:
         for k in ("read_s", "rebuild_s", "seconds"):
             event[k] = max(float(r.get(k) or 0.0) for r in reports)
         event["keys"] = sum(int(r.get("keys") or 0) for r in reports)
+        synced = [r["merkle_resync"] for r in reports if isinstance(r.get("merkle_resync"), dict)]
+        if synced:      # members that resynced stale copies before they restored
+            event["merkle_resync"] = {k: sum(int(x.get(k) or 0) for x in synced) for k in (
+                "files", "bytes", "full_copy_bytes", "rows_fetched", "fallback_partitions")}
         self.progress(event)
         return {}
 

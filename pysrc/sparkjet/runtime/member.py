@@ -30,7 +30,9 @@ from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import (
     ExchangeError,
     ExchangeFencedError,
+    FencedError,
     MemberFailedError,  # noqa: F401 (defined there; named here too)
+    SparkjetError,
 )
 from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
@@ -50,6 +52,7 @@ from sparkjet.runtime.restore import (
     plan_restore,
     report_fallback,
 )
+from sparkjet.runtime.resync import resync_for_restore
 from sparkjet.runtime.snapshotting import (
     read_fingerprint,
     restore_processors,
@@ -159,6 +162,8 @@ class Member:
         #: the restore under way: what the "restored" event will say, and the keyed
         #: processors whose operators are still rebuilding their state (None: no restore)
         self._restoring: dict | None = None
+        #: what a Merkle resync before the restore moved (see _resync), for "restored"
+        self._resynced: dict | None = None
         self._rebuilding: set[str] = set()
 
     # -- the distributed side ----------------------------------------------------------
@@ -370,8 +375,42 @@ class Member:
                               self.link.client))
         view.slot_files = slot_files(self, self.slot, point.job_id)
         if point.export is None:
+            if self.slot is not None and not self.config.state_mapping:
+                try:
+                    self._resync(view, point)
+                except FencedError:
+                    raise
+                except (SparkjetError, OSError) as e:   # an optimization: the restore goes on
+                    _log.warning("Merkle resync before the restore of snapshot %d failed "
+                                 "(%s: %s): the restore reads from the holders",
+                                 point.snapshot_id, type(e).__name__, e)
             check_reachable(view, point.snapshot_id, self)
         return self._restore_from(point, view)
+
+    def _resync(self, view: RecordView, point: StartPoint) -> None:
+        """Merkle resync of the keyed partitions this member restores from files its slot
+        does not hold, when the slot keeps an older snapshot's copies of them (it missed
+        the snapshots since): :func:`~sparkjet.runtime.resync.resync_for_restore`."""
+        wanted: dict = {}
+        for p in self.processors:
+            v = p.vertex
+            if v.kind == SOURCE or v.single:
+                continue
+            parts, _ = wanted.setdefault(v.name, (set(), v.stage.key))
+            parts.update(self.topology.partitions_of(v.name, p.index))
+        if wanted:
+            record = view._resolve(point.snapshot_id, None).record
+            reports = resync_for_restore(self, self.slot, point.job_id, record, wanted,
+                                         depth=self.config.merkle_tree_depth,
+                                         partition_count=self.config.partition_count,
+                                         progress=lambda e: self.progress(
+                                             {**e, "execution": self.execution_id}))
+            if reports:     # goes with "restored" (on Spark, through the coordinator)
+                self._resynced = {
+                    "files": len(reports), "bytes": sum(r.synced_bytes for r in reports),
+                    "full_copy_bytes": sum(r.full_copy_bytes for r in reports),
+                    "rows_fetched": sum(r.rows_fetched for r in reports),
+                    "fallback_partitions": sum(len(r.fallback) for r in reports)}
 
     def _restore_from(self, point: StartPoint, store) -> int:
         """Restores ``point`` from ``store``; returns the next snapshot id."""
@@ -392,6 +431,8 @@ class Member:
             self._restoring = {"snapshot": point.snapshot_id, "export": point.export,
                                "job": point.job_name, "read_s": time.monotonic() - read_start,
                                "rebuild_s": 0.0, "keys": 0, "started": read_start}
+            if self._resynced is not None:
+                self._restoring["merkle_resync"] = self._resynced
             self._rebuilding = {p.label for p in self.processors if p.vertex.kind != SOURCE}
         if not self._rebuilding:
             self._report_restored()

@@ -52,7 +52,8 @@ the store, at which the next execution has every member empty its slot of the jo
 path by path. Never implicit.
 
 Not yet: a ``rebalance_delay`` other than 0 (refused by ``JobConfig``: a lost slot's backups
-are promoted at once) and Merkle-tree resync of a slot that missed snapshots (issue 25, item 2).
+are promoted at once). A slot that missed snapshots is synced by Merkle trees before its
+member restores (:mod:`sparkjet.runtime.resync`), not by this module.
 """
 from __future__ import annotations
 

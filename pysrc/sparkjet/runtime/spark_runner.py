@@ -411,6 +411,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
         from sparkjet.runtime.persistence import after_join, claim, join_report
+        from sparkjet.runtime.resync import MerkleHolder
         from sparkjet.runtime.storage import decode_table, slot_read_handler, slot_write_handler
 
         for _ in batches:  # one row per task; nothing to read
@@ -435,6 +436,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             if slot is not None:    # peers read, and back up into, this member's slot
                 server.on_get("slot_read", slot_read_handler(slot, config.id))
                 server.on_put("slot_write", slot_write_handler(slot, config.id))
+                # and sync a stale replica of theirs from it by Merkle trees
+                MerkleHolder(slot, config.id).register(server)
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
                 answer = join(client, index, server.location, start_wait(config, verify),

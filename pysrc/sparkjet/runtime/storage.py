@@ -47,7 +47,7 @@ from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import open_backend
 from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE, HEADER_SIZE
 from sparkjet.snapshot.reading import partition_holders
-from sparkjet.snapshot.slots import StorageSlot
+from sparkjet.snapshot.slots import REPLICAS, StorageSlot
 from sparkjet.snapshot.writer import SnapshotWriter
 
 _log = logging.getLogger(__name__)
@@ -173,6 +173,21 @@ def held_ranges(path: str) -> tuple[int, list[tuple[int, int]]] | None:
     return size, merged
 
 
+def resynced_copy(slot: StorageSlot, job_id: int, path: str) -> bool:
+    """Whether the slot holds a copy of ``path`` that a Merkle resync wrote
+    (:mod:`sparkjet.runtime.resync`: its ranges sidecar says ``"resynced"``): a replica of
+    the snapshot that the record does not name, which a restore reads before the holders'
+    (each chunk is checked against the record as any copy's)."""
+    if ".." in path.split("/"):
+        return False
+    where = os.path.join(slot.job_path(job_id, REPLICAS), *path.split("/")) + RANGES_SUFFIX
+    try:
+        with open(where, "rb") as f:
+            return json.loads(f.read()).get("resynced") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class LocalSlotFile:
     """A chunk file in this member's own slot: the writer's whole file, or a backup's copy
     holding the byte ranges of the partitions its slot backs (:func:`held_ranges`), whose
@@ -264,12 +279,13 @@ class PeerSlotFile:
 
 def slot_files(member, slot: StorageSlot, job_id: int):
     """The store's ``slot_files`` resolver of a member: a file from its own slot's copy
-    from disk, else from the first slot holding one that a member of this execution holds,
+    from disk (one it holds, or one a Merkle resync brought up to date: :func:`resynced_copy`),
+    else from the first slot holding one that a member of this execution holds,
     over the exchange; SnapshotIncompleteError naming every slot when none is held."""
     members = {uuid: i for i, uuid in enumerate(member.topology.slots or [])}
 
     def resolve(uuids: list[str], path: str):
-        if slot.uuid in uuids:
+        if slot.uuid in uuids or resynced_copy(slot, job_id, path):
             return LocalSlotFile(slot, job_id, path)
         for uuid in uuids:
             i = members.get(uuid)
@@ -722,5 +738,5 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
 __all__ = ["RANGES_SUFFIX", "DriverStoreFiles", "SlotWriterLink", "backup_ranges",
            "check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
            "encode_table", "held_ranges", "keep_committed", "partition_ranges", "replicator",
-           "slot_files", "slot_read_handler", "slot_write_handler", "slot_writer",
-           "store_read_handler", "table_for"]
+           "resynced_copy", "slot_files", "slot_read_handler", "slot_write_handler",
+           "slot_writer", "store_read_handler", "table_for"]

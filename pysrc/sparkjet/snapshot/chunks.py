@@ -256,6 +256,32 @@ class ChunkEncoder:
         return Chunk(header, raw, tuple(pieces))
 
 
+def encode_payload(header: ChunkHeader, data) -> list:
+    """The stored payload pieces of one chunk like ``header`` (its codec and kind) holding
+    ``data``: a table (a table chunk) or a ``(keys, values)`` pair of binary arrays (an
+    entry chunk), encoded as :class:`ChunkEncoder` encodes a chunk of those rows. A chunk
+    rebuilt from the same rows has the same bytes, so its checksum tells whether it is the
+    chunk ``header`` describes (the Merkle resync, :mod:`sparkjet.runtime.resync`)."""
+    if header.entries:
+        keys, values = _binary(data[0], "keys"), _binary(data[1], "values")
+        sizes = np.empty(len(keys), np.int64)
+        kd, vd = _binary_desc(keys), _binary_desc(values)
+        _native.entries_sizes(kd, vd, sizes)
+        buf = bytearray(int(sizes.sum()))
+        _native.entries_encode(kd, vd, np.arange(len(keys), dtype=np.int64), buf)
+        if header.codec == _native.CODEC_LZ4:
+            return [lz4.block.compress(buf, store_size=False)]
+        return [buf]
+    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    batch = table.combine_chunks().to_batches()[0] if table.num_rows else \
+        pa.RecordBatch.from_pylist([], schema=table.schema)
+    if header.codec == _native.CODEC_ARROW_LZ4:
+        return [_ipc_stream(batch, _LZ4_OPTIONS)]
+    if _has_dictionary(batch.schema):
+        return [_ipc_stream(batch, _RAW_OPTIONS)]
+    return [batch.schema.serialize(), batch.serialize()]
+
+
 def read_chunks(buf, source: str = "") -> list[tuple[int, ChunkHeader, memoryview]]:
     """(offset, header, stored payload) of every chunk in a chunk file's bytes, each
     header checked and each payload's checksum verified."""

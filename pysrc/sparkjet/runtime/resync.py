@@ -1,0 +1,853 @@
+"""Merkle resync of a storage slot that missed snapshots (issue 25 item 2; seed 004's
+"Synchronizing persisted data faster", ``shared/HAZELCAST.md`` §5).
+
+A slot that comes back (a member that was away, a slot reclaimed after its task died)
+holds replicas of an older snapshot's chunk files, while the newest committed snapshot's
+record names partitions it should hold. Instead of copying those partitions' byte ranges
+whole (the backup stream, :mod:`sparkjet.runtime.storage`), it syncs them from a current
+holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
+
+1. **Open** (action ``merkle_open`` on the holder's exchange server, fenced by the
+   execution like every action): the holder reads its copy of the file's chunks of those
+   partitions (checked against their checksums), builds a :class:`~sparkjet.merkle.MerkleForest`
+   of ``merkle_tree_depth`` levels over their entries (``value_hash="entry"``: each value
+   bound to its key; a table chunk's entries are its rows, keyed by the vertex's state key;
+   an entry chunk's are its key and value bytes), and answers its hello, the schema, and
+   every partition's root and entry count.
+2. **Walk** (``merkle_step``, one action per tree level): the stale slot builds its forest
+   over the entries of the same (vertex, partition)s that its old copies hold and runs the
+   :class:`~sparkjet.merkle.SyncSession` walk with the holder, message by message.
+3. **Fetch** (file stream ``merkle_rows``, Flight ``DoGet``): the holder's rows under the
+   differing leaves, each with its position in its partition, as a zstd Arrow IPC stream,
+   and the 64-byte headers of the chunks.
+4. **Rebuild and verify**: per partition, the old rows under equal leaves are kept in their
+   order, the fetched rows put at their positions; the partition's entry count and root
+   hash must equal the holder's (else :class:`~sparkjet.errors.MerkleSyncError`, naming
+   vertex, partition, file and holder, and nothing is kept). The rows are cut into the
+   holder's chunks (their entry counts) and encoded as the writer encodes them
+   (:func:`~sparkjet.snapshot.chunks.encode_payload`): a chunk whose payload hashes to the
+   record's checksum is the holder's chunk byte for byte, so the copy is a replica of the
+   current snapshot like one the backup stream wrote (a sparse file of the file's size
+   plus its ``.ranges`` sidecar), verified by the record like any other.
+5. **Fallback**: a partition whose rebuilt bytes differ (its rows were reordered between
+   the snapshots, so the entries agree but the bytes do not) and broadcast state are
+   copied as byte ranges (``slot_read``), and the report says so. So are all the file's
+   partitions when most entries changed: the walk stops once it has moved a quarter of a
+   copy's bytes (:data:`WALK_SHARE`), and no rows are fetched when over 3/4 of the entries
+   lie under the differing leaves (:data:`COPY_SHARE`).
+
+The granularity is the entry: what moves is the walk's messages, the chunk headers and the
+rows under differing leaves. :class:`ResyncReport` gives bytes synced against a full copy's
+(the chunks' stored bytes).
+
+In a job, a member calls :func:`resync_for_restore` before it restores (the partitions it
+owns, from files its slot has no copy of, when the slot keeps an older snapshot's copies),
+and its restore then reads a resynced copy from its own slot before the holders the record
+names (:func:`~sparkjet.runtime.storage.resynced_copy`: the sidecar says ``"resynced"``).
+The recovery policy still counts only the holders the committed record names.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import struct
+import threading
+import time
+import uuid as uuidlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from sparkjet.errors import (
+    ExchangeRefusedError,
+    FencedError,
+    InvalidArgumentError,
+    MerkleSyncError,
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
+    SparkjetError,
+    UnsupportedTypeError,
+)
+from sparkjet.merkle import MerkleForest, choose_depth
+from sparkjet.merkle.compare import leaf_set, rows_under_leaves
+from sparkjet.merkle.forest import MODES, check_depth
+from sparkjet.merkle.protocol import (
+    GROUP,
+    HEADER,
+    HELLO,
+    HELLO_BODY,
+    LEAF,
+    LEAVES,
+    NODES,
+    PAIR,
+    Party,
+)
+from sparkjet.partition_table import PartitionTable
+from sparkjet.runtime.storage import (
+    RANGES_SUFFIX,
+    READ_PIECE,
+    LocalSlotFile,
+    PeerSlotFile,
+    held_ranges,
+)
+from sparkjet.snapshot import layout
+from sparkjet.snapshot import records as meta
+from sparkjet.snapshot.chunks import (
+    HEADER_SIZE,
+    ChunkHeader,
+    decode_entries,
+    decode_table,
+    encode_payload,
+    read_chunks,
+)
+from sparkjet.snapshot.slots import REPLICAS, StorageSlot
+
+_log = logging.getLogger(__name__)
+
+OPEN, STEP, ROWS = "merkle_open", "merkle_step", "merkle_rows"
+#: Columns the fetched rows carry besides the entry's: its partition and its position there.
+PART, POS = "__sparkjet_partition", "__sparkjet_pos"
+#: The key column of an entry chunk's entries (its value: ``value``).
+ENTRY_KEY = "key"
+#: Sessions a holder keeps open at once (the oldest goes first).
+MAX_SESSIONS = 4
+#: The share of the entries that, once the walk finds them under differing leaves, makes
+#: a resync copy the ranges instead.
+COPY_SHARE = 0.75
+#: The share of a copy's bytes past which the walk stops and the ranges are copied.
+WALK_SHARE = 0.25
+#: ``merkle_tree_depth="auto"``: the share of entries assumed changed.
+AUTO_CHANGED = 0.001
+
+
+def _b64(data) -> str:
+    return base64.b64encode(bytes(data)).decode()
+
+
+def _unb64(text, what: str) -> bytes:
+    try:
+        return base64.b64decode(str(text), validate=True)
+    except ValueError:
+        raise InvalidArgumentError(f"{what}: not base64") from None
+
+
+def _read_chunk(read, path: str, c: meta.ChunkEntry, where: str):
+    """(header bytes, header, payload) of chunk ``c`` of ``path``, checked against its
+    checksum and the record."""
+    buf = read(c.offset, HEADER_SIZE + c.stored_size)
+    buf = buf if isinstance(buf, pa.Buffer) else pa.py_buffer(buf)
+    found = read_chunks(buf, f"{where}: {path}")
+    if len(found) != 1:
+        raise SnapshotCorruptError(f"{where}: {path}", c.offset, "chunk", "not one chunk there")
+    _, header, payload = found[0]
+    if header.checksum != c.checksum or header.partition != c.partition:
+        raise SnapshotCorruptError(f"{where}: {path}", c.offset, "checksum",
+                                   f"{header.checksum:016x}, record says {c.checksum:016x}")
+    return buf.slice(0, HEADER_SIZE), header, payload
+
+
+#: The largest walk message a side unpacks (a bound on what a hostile size asks for).
+MAX_MESSAGE = 1 << 30
+
+
+def _pack(message: bytes) -> str:
+    """A walk message for a JSON body: its items' node orders as differences (small
+    numbers, where the orders themselves fill half the message), zstd, base64. The message
+    itself (:mod:`sparkjet.merkle.protocol`) is unchanged: :func:`_unpack` gives it back."""
+    kind, _, _, groups, items = HEADER.unpack_from(message)
+    head = HEADER.size + groups * GROUP.itemsize
+    if kind == NODES and len(message) == head + items * PAIR.itemsize:
+        pairs = np.frombuffer(message, PAIR, items, head)
+        nodes = pairs["node"].astype(np.int64)
+        body = (bytes(message[:head]) + np.diff(nodes, prepend=0).astype("<i4").tobytes()
+                + pairs["hash"].astype("<i4").tobytes())
+    elif kind == LEAVES and len(message) == head + items * LEAF.itemsize:
+        nodes = np.frombuffer(message, LEAF, items, head).astype(np.int64)
+        body = bytes(message[:head]) + np.diff(nodes, prepend=0).astype("<i4").tobytes()
+    else:
+        body = bytes(message)
+    return _b64(struct.pack(">I", len(body)) + pa.compress(body, codec="zstd", asbytes=True))
+
+
+def _unpack(text, what: str) -> bytes:
+    """The walk message :func:`_pack` packed; InvalidArgumentError when it does not read."""
+    raw = _unb64(text, what)
+    if len(raw) < 4 or struct.unpack_from(">I", raw)[0] > MAX_MESSAGE:
+        raise InvalidArgumentError(f"{what}: not a packed Merkle message")
+    size = struct.unpack_from(">I", raw)[0]
+    try:
+        body = pa.decompress(raw[4:], decompressed_size=size, codec="zstd", asbytes=True)
+    except (pa.ArrowException, ValueError, OSError) as e:
+        raise InvalidArgumentError(f"{what}: the message does not decompress ({e})") from None
+    if len(body) < HEADER.size:
+        raise InvalidArgumentError(f"{what}: {len(body)} bytes, no header")
+    kind, _, _, groups, items = HEADER.unpack_from(body)
+    head = HEADER.size + groups * GROUP.itemsize
+    if kind == NODES and len(body) == head + items * PAIR.itemsize:
+        deltas = np.frombuffer(body, "<i4", items, head)
+        pairs = np.empty(items, PAIR)
+        pairs["node"] = np.cumsum(deltas, dtype=np.int64)
+        pairs["hash"] = np.frombuffer(body, "<i4", items, head + 4 * items)
+        return body[:head] + pairs.tobytes()
+    if kind == LEAVES and len(body) == head + items * LEAF.itemsize:
+        nodes = np.cumsum(np.frombuffer(body, "<i4", items, head), dtype=np.int64)
+        return body[:head] + nodes.astype(LEAF).tobytes()
+    return body
+
+
+def _decode(header: ChunkHeader, payload, where: str, offset: int) -> pa.Table:
+    """A chunk's entries as a table: its rows, or (key, value) binary columns."""
+    if header.entries:
+        keys, values = decode_entries(header, payload, where, offset)
+        return pa.table({ENTRY_KEY: keys, "value": values})
+    return decode_table(header, payload, where, offset)
+
+
+def _key_of(entries: bool, key) -> tuple[str, ...]:
+    if entries:
+        return (ENTRY_KEY,)
+    if key is None:
+        raise InvalidArgumentError("a table chunk's entries need the vertex's state key "
+                                   "(key=) to be placed in Merkle leaves")
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _forest(tables: dict[int, pa.Table], keys, depth: int, partition_count: int) -> MerkleForest:
+    forest = MerkleForest(partition_count, depth, value_hash="entry")
+    full = [t for t in tables.values() if t.num_rows]
+    if full:
+        t = full[0] if len(full) == 1 else pa.concat_tables(full)
+        values = [n for n in t.schema.names if n not in keys and n not in (PART, POS)]
+        forest.add(t, key=list(keys), value=values)
+    return forest
+
+
+def _ipc(table: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd", use_threads=False)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+class _CopyInstead(Exception):
+    """The walk found most entries changed: the partitions go as byte ranges."""
+
+
+# -- the holder ------------------------------------------------------------------------------
+
+
+class _Session:
+    def __init__(self, party: Party, table: pa.Table, keys, depth: int, partition_count: int):
+        self.party, self.table, self.keys = party, table, keys
+        self.depth, self.partition_count = depth, partition_count
+        self.headers: list = []
+
+
+class MerkleHolder:
+    """The holder's side, on a member's exchange server (:meth:`register`): the actions
+    ``merkle_open`` and ``merkle_step`` and the file stream ``merkle_rows`` over the chunk
+    files of ``slot`` for ``job_id`` (its own or the ranges a backup holds; anything else
+    is refused, as ``slot_read`` refuses it)."""
+
+    def __init__(self, slot: StorageSlot, job_id: int):
+        self.slot, self.job_id = slot, job_id
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def register(self, server) -> None:
+        server.on_action(OPEN, self.open)
+        server.on_action(STEP, self.step)
+        server.on_get(ROWS, self.rows)
+
+    def _session(self, body: dict) -> _Session:
+        with self._lock:
+            session = self._sessions.get(str(body.get("session")))
+        if session is None:
+            raise InvalidArgumentError(f"no Merkle sync session {body.get('session')!r} on "
+                                       f"slot {self.slot.uuid} (never opened, or ended)")
+        return session
+
+    def open(self, body: dict) -> dict:
+        """Body ``{session, slot, path, chunks: [[offset, stored_size, checksum,
+        entry_count, partition], ...], key, depth, partition_count, hello}``."""
+        if body.get("slot") != self.slot.uuid:
+            raise InvalidArgumentError(f"this member holds slot {self.slot.uuid}, not "
+                                       f"{body.get('slot')!r}")
+        depth, count = body.get("depth"), body.get("partition_count")
+        check_depth(depth)
+        path = str(body.get("path"))
+        where = f"slot {self.slot.uuid}"
+        read = LocalSlotFile(self.slot, self.job_id, path).range_reader()
+        headers, parts = [], {}
+        entries = None
+        for raw in body.get("chunks") or []:
+            c = meta.convert(raw, meta.ChunkEntry, "merkle_open chunk")
+            head, header, payload = _read_chunk(read, path, c, where)
+            entries = header.entries
+            headers.append([_b64(head), header.codec, header.flags])
+            parts.setdefault(c.partition, []).append(_decode(header, payload, path, c.offset))
+        if entries is None:
+            raise InvalidArgumentError(f"merkle_open of {path}: no chunks named")
+        keys = _key_of(entries, body.get("key"))
+        tables = {}
+        for p in sorted(parts):     # ascending: the rows stream counts them in this order
+            t = pa.concat_tables(parts[p])
+            tables[p] = t.append_column(PART, pa.array(np.full(t.num_rows, p, np.int32))) \
+                .append_column(POS, pa.array(np.arange(t.num_rows, dtype=np.int32)))
+        forest = _forest(tables, keys, depth, count)
+        party = Party("fresh", forest)
+        party.receive_hello(_unb64(body.get("hello"), "merkle_open hello"))
+        roots = forest.roots
+        session = _Session(party, pa.concat_tables(tables.values()), keys, depth, count)
+        session.headers = headers       # sent with the rows: a walk that stops needs none
+        with self._lock:
+            self._sessions[str(body.get("session"))] = session
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+        schema = next(iter(tables.values())).schema
+        schema = pa.schema([f for f in schema if f.name not in (PART, POS)], schema.metadata)
+        return {"hello": _b64(party.hello()), "entries": entries,
+                "schema": _b64(schema.serialize()),
+                "roots": {str(p): int(roots[p]) for p in tables},
+                "counts": {str(p): tables[p].num_rows for p in tables}}
+
+    def step(self, body: dict) -> dict:
+        """One message of the walk in, the answer out (``{session, message}``)."""
+        session = self._session(body)
+        reply = session.party.receive_nodes(_unpack(body.get("message"), "merkle_step"))
+        return {"message": _pack(reply)}
+
+    def rows(self, body: dict):
+        """The rows under the leaves of the ``leaves`` message (a zstd Arrow IPC stream,
+        with their partition and position); ends the session."""
+        session = self._session(body)
+        with self._lock:
+            self._sessions.pop(str(body.get("session")), None)
+        level, partitions, nodes = session.party.receive_leaves(
+            _unpack(body.get("leaves"), "merkle_rows leaves"))
+        rows = session.table.filter(_under(session, level, partitions, nodes))
+        # grouped by partition already (the session's rows are): counts say where each
+        # group ends, so the partition column stays home
+        found, counts = np.unique(rows[PART].to_numpy(), return_counts=True) \
+            if rows.num_rows else (np.empty(0, np.int32), np.empty(0, np.int64))
+        data = _ipc(rows.drop_columns([PART]).combine_chunks())
+        pieces = (data.slice(at, min(READ_PIECE, data.size - at))
+                  for at in range(0, data.size, READ_PIECE))
+        return {"rows": rows.num_rows, "bytes": data.size, "headers": session.headers,
+                "parts": [[int(p), int(n)] for p, n in zip(found, counts)]}, pieces
+
+
+def _under(session, level: int, partitions, nodes):
+    """Mask of the session's rows under the differing leaves."""
+    depth, count = session.depth, session.partition_count
+    per = 1 << (depth - 1)
+    ids = (partitions * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes)
+           else np.empty(0, np.int64))
+    table = session.table
+    if not len(ids) or not table.num_rows:
+        return pa.array(np.zeros(table.num_rows, bool))
+    return rows_under_leaves(table, session.keys, None, leaf_set(ids, depth, count))
+
+
+# -- the stale slot --------------------------------------------------------------------------
+
+
+@dataclass
+class ResyncReport:
+    """What one file's resync moved. ``synced_bytes`` (walk, headers, rows and ranges
+    copied) against ``full_copy_bytes`` (the stored bytes of the chunks a copy moves)."""
+
+    path: str
+    holder: str
+    depth: int
+    partitions: list[int]
+    entries: int = 0
+    differing_leaves: int = 0
+    rows_fetched: int = 0
+    tree_bytes: int = 0
+    header_bytes: int = 0
+    row_bytes: int = 0
+    copied_bytes: int = 0
+    full_copy_bytes: int = 0
+    messages: int = 0
+    fallback: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def synced_bytes(self) -> int:
+        return self.tree_bytes + self.header_bytes + self.row_bytes + self.copied_bytes
+
+    def to_dict(self) -> dict:
+        out = dict(self.__dict__)
+        out["synced_bytes"] = self.synced_bytes
+        return out
+
+
+def resolve_depth(depth, entries: int, partitions: int, partition_count: int,
+                  row_bytes: int) -> int:
+    """``merkle_tree_depth`` as a number: an int as is, "auto" :func:`~sparkjet.merkle.choose_depth`
+    for ``entries`` over ``partitions`` of ``partition_count`` (about 0.1 % changed), within
+    160 MiB per forest."""
+    if depth != "auto":
+        check_depth(depth)
+        return depth
+    parts = max(1, partitions)
+    limit = max(1, 160 * 2**20 * parts // partition_count)
+    return choose_depth(max(1, entries), max(1, int(entries * AUTO_CHANGED)), parts,
+                        row_bytes=max(1, row_bytes), memory_limit=limit)
+
+
+def _old_tables(slot: StorageSlot, job_id: int, old: meta.ValidationRecord | None, vertex: str,
+                parts: set[int]) -> dict[int, list[pa.Table]]:
+    """The entries of ``vertex``'s ``parts`` that the slot's copies of ``old`` hold (a chunk
+    that does not read is left out, logged: its entries are then fetched)."""
+    out: dict[int, list[pa.Table]] = {}
+    if old is None or vertex not in old.vertices:
+        return out
+    folder = layout.snapshot_dir(old.snapshot_id, old.execution_id)
+    for f in old.vertices[vertex].files:
+        path = f"{layout.SNAPSHOTS}/{folder}/{f.path}"
+        local = os.path.join(slot.job_path(job_id, REPLICAS), *path.split("/"))
+        if not os.path.exists(local):
+            continue
+        try:
+            file = LocalSlotFile(slot, job_id, path)
+            read = file.range_reader()
+        except SparkjetError as e:
+            _log.warning("Merkle resync: slot %s: %s: %s", slot.uuid, path, e)
+            continue
+        for c in f.chunks:
+            if c.partition not in parts or not file.holds(c.offset, HEADER_SIZE + c.stored_size):
+                continue
+            try:
+                _, header, payload = _read_chunk(read, path, c, f"slot {slot.uuid}")
+                out.setdefault(c.partition, []).append(
+                    _decode(header, payload, path, c.offset))
+            except (SparkjetError, OSError) as e:
+                _log.warning("Merkle resync: slot %s: old chunk at %d of %s left out (%s): its "
+                             "entries are fetched", slot.uuid, c.offset, path, e)
+    return out
+
+
+def _json_size(doc: dict) -> int:
+    return len(json.dumps(doc))
+
+
+def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: meta.ValidationRecord,
+                f: meta.FileRecord, partitions, old: meta.ValidationRecord | None, *,
+                key=None, depth=10, partition_count: int = 271, member: int = -1
+                ) -> ResyncReport:
+    """Brings ``slot``'s copy of file ``f`` of snapshot ``record`` (its chunks of
+    ``partitions``; -1: broadcast state) up to date from slot ``holder`` (reached over
+    ``client``, the holder member's exchange client) with Merkle trees, starting from the
+    entries of the same vertex and partitions that the slot's copies of the older snapshot
+    ``old`` hold. ``key``: the vertex's state key (table chunks). Writes the copy, verified
+    chunk by chunk against the record, and returns the :class:`ResyncReport`;
+    MerkleSyncError when the rebuilt entries are not the holder's."""
+    began = time.monotonic()
+    parts = set(partitions)
+    wanted = [c for c in f.chunks if c.partition in parts]
+    keyed = [c for c in wanted if c.partition >= 0]
+    rel = f"{layout.SNAPSHOTS}/{layout.snapshot_dir(record.snapshot_id, record.execution_id)}/{f.path}"
+    entries = sum(c.entry_count for c in keyed)
+    stored = sum(c.stored_size for c in keyed)
+    depth = resolve_depth(depth, entries, len({c.partition for c in keyed}), partition_count,
+                          stored // max(1, entries))
+    report = ResyncReport(rel, holder, depth, sorted(parts), entries=entries,
+                          full_copy_bytes=sum(HEADER_SIZE + c.stored_size for c in wanted))
+    where = f"Merkle resync of {rel} (vertex {f.vertex}) from slot {holder}"
+    chunks: dict[int, bytes | pa.Buffer] = {}      # offset -> the chunk's bytes
+    copy = [c for c in wanted if c.partition < 0]
+    if keyed:
+        try:
+            built, mismatched = _merkle(slot, job_id, client, holder, f, keyed, old, key,
+                                        depth, partition_count, rel, where, report)
+        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError,
+                _CopyInstead) as e:
+            # entries the trees cannot take (no state key, a column type the value hash
+            # does not read; the holder refused to open the walk for such a reason): the
+            # partitions go as byte ranges, which fail in turn if the holder cannot serve
+            built, mismatched = {}, {c.partition for c in keyed}
+            why = str(e) if isinstance(e, _CopyInstead) else f"{type(e).__name__}: {e}"
+            report.fallback = {p: why for p in sorted(mismatched)}
+        chunks.update(built)
+        for p in sorted(mismatched):
+            report.fallback.setdefault(
+                p, "the rebuilt rows are the holder's entries, but their chunks' bytes differ "
+                   "from the record's checksums (rows reordered between the snapshots): "
+                   "copied as byte ranges")
+        copy += [c for c in keyed if c.partition in mismatched]
+    report.copied_bytes += _copy_chunks(client, holder, rel, copy, member, chunks)
+    _write_copy(slot, job_id, rel, f.bytes, chunks)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def copy_file(slot: StorageSlot, job_id: int, client, holder: str,
+              record: meta.ValidationRecord, f: meta.FileRecord, partitions, *,
+              member: int = -1) -> ResyncReport:
+    """A full copy of ``f``'s chunks of ``partitions`` from slot ``holder`` as byte ranges
+    (``slot_read``), each checked against the record: what a resync falls back to, and
+    what it is measured against (``bench/bench_merkle_resync.py``)."""
+    began = time.monotonic()
+    parts = set(partitions)
+    wanted = [c for c in f.chunks if c.partition in parts]
+    rel = f"{layout.SNAPSHOTS}/{layout.snapshot_dir(record.snapshot_id, record.execution_id)}/{f.path}"
+    report = ResyncReport(rel, holder, 0, sorted(parts),
+                          entries=sum(c.entry_count for c in wanted),
+                          full_copy_bytes=sum(HEADER_SIZE + c.stored_size for c in wanted))
+    chunks: dict = {}
+    report.copied_bytes = _copy_chunks(client, holder, rel, wanted, member, chunks)
+    _write_copy(slot, job_id, rel, f.bytes, chunks)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _copy_chunks(client, holder: str, rel: str, copy, member: int, chunks: dict) -> int:
+    """Reads ``copy`` (chunk entries) of ``rel`` from slot ``holder`` into ``chunks``
+    (offset -> bytes), each checked against the record; the bytes read."""
+    if not copy:
+        return 0
+    read = PeerSlotFile(client, holder, rel, member).range_reader()
+    n = 0
+    runs: list[list] = []           # adjacent chunks read in one stream
+    for c in sorted(copy, key=lambda c: c.offset):
+        if runs and runs[-1][-1].offset + HEADER_SIZE + runs[-1][-1].stored_size == c.offset:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    for run in runs:
+        start = run[0].offset
+        data = read(start, run[-1].offset + HEADER_SIZE + run[-1].stored_size - start)
+        data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+        for c in run:
+            piece = data.slice(c.offset - start, HEADER_SIZE + c.stored_size)
+            _read_chunk(lambda _o, _n, p=piece: p, rel, c, f"slot {holder}")   # checked
+            chunks[c.offset] = piece.to_pybytes()
+            n += HEADER_SIZE + c.stored_size
+    return n
+
+
+def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_count, rel,
+            where, report):
+    """The walk, the fetch and the rebuild: ({offset: chunk bytes} of the partitions rebuilt
+    byte for byte, {partitions whose bytes differ})."""
+    session = str(uuidlib.uuid4())
+    hello = HEADER.pack(HELLO, 0, 0, 0, 0) + HELLO_BODY.pack(depth, partition_count,
+                                                             MODES["entry"])
+    body = {"session": session, "slot": holder, "path": rel, "key": key, "depth": depth,
+            "partition_count": partition_count, "hello": _b64(hello),
+            "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
+                       for c in keyed]}
+    answer = client.action(OPEN, body)
+    report.messages += 2
+    report.tree_bytes += _json_size(body) + _json_size(answer)
+    entries = bool(answer["entries"])
+    keys = _key_of(entries, key)
+    schema = pa.ipc.read_schema(pa.py_buffer(_unb64(answer["schema"], "schema")))
+    parts = sorted({c.partition for c in keyed})
+    old_tables = {}
+    for p, pieces in _old_tables(slot, job_id, old, f.vertex, set(parts)).items():
+        pieces = [t for t in pieces if t.schema.equals(schema)]
+        if pieces:
+            old_tables[p] = pa.concat_tables(pieces)
+    trees = _forest(old_tables, keys, depth, partition_count)
+    stale = Party("stale", trees)
+    stale.receive_hello(_unb64(answer["hello"], "holder hello"))
+    message = stale.roots()
+    copy_bytes = sum(HEADER_SIZE + c.stored_size for c in keyed)
+    while True:
+        body = {"session": session, "message": _pack(message)}
+        # a message and its answer, about twice as long, past the share of a copy: most
+        # nodes differ level after level, so most entries changed
+        if report.tree_bytes + 3 * _json_size(body) > WALK_SHARE * copy_bytes:
+            raise _CopyInstead(f"the walk would move over {WALK_SHARE:.0%} of a copy's "
+                               f"{copy_bytes:,} bytes by level "
+                               f"{HEADER.unpack_from(message)[1] + 1} of {depth} (most "
+                               f"entries changed): a copy of the ranges moves less")
+        answer_step = client.action(STEP, body)
+        reply = _unpack(answer_step["message"], "merkle_step answer")
+        report.messages += 2
+        report.tree_bytes += _json_size(body) + _json_size(answer_step)
+        if HEADER.unpack_from(reply)[0] == LEAVES:
+            leaves = reply
+            break
+        message = stale.receive_nodes(reply)
+        if HEADER.unpack_from(message)[0] == LEAVES:
+            leaves = message
+            break
+    level, lparts, nodes = stale.receive_leaves(leaves)
+    per = 1 << (depth - 1)
+    ids = lparts * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes) else \
+        np.empty(0, np.int64)
+    report.differing_leaves = len(ids)
+    # Most entries changed (over 3/4 of them would be fetched: with the walk and the
+    # re-encoding, a copy costs less): the ranges instead.
+    # Rows under a differing leaf, about: entries x differing / leaves holding entries
+    # (of L leaves, L (1 - exp(-entries / L)) hold some, the entries spread by their hash).
+    total = sum(int(n) for n in answer["counts"].values())
+    slots = len(parts) << (depth - 1)
+    holding = slots * -math.expm1(-total / slots)
+    likely = total * min(1.0, len(ids) / max(1, holding))
+    if likely > COPY_SHARE * total:
+        raise _CopyInstead(f"about {likely:,.0f} of the {total:,} entries lie under the "
+                           f"{len(ids):,} differing leaves: a copy of the ranges moves less")
+    body = {"session": session, "leaves": _pack(leaves)}
+    info, pieces = client.get_file(ROWS, body)
+    data = b"".join(p.to_pybytes() for p in pieces)
+    report.messages += 2
+    report.tree_bytes += _json_size(body)
+    if len(info.get("headers") or []) != len(keyed):
+        raise MerkleSyncError(f"{where}: the holder sent {len(info.get('headers') or [])} "
+                              f"chunk headers for {len(keyed)} chunks; nothing of the file "
+                              f"is kept")
+    report.header_bytes = sum(len(h[0]) for h in info["headers"])
+    report.row_bytes += len(data) + _json_size(info) - report.header_bytes
+    fetched = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    report.rows_fetched = fetched.num_rows
+    # one table of every partition's old entries, then one take that puts each partition's
+    # kept rows (under equal leaves, in their order) and fetched rows (at their positions)
+    # in the holder's order
+    olds = [old_tables[p] for p in parts if p in old_tables]
+    old_all = pa.concat_tables(olds) if olds else schema.empty_table()
+    starts = np.cumsum([0] + [old_tables[p].num_rows if p in old_tables else 0 for p in parts])
+    if len(ids) and old_all.num_rows:
+        under = rows_under_leaves(old_all, keys, None, leaf_set(ids, depth, partition_count))
+        keep = ~under.to_numpy(zero_copy_only=False)
+    else:
+        keep = np.ones(old_all.num_rows, bool)
+    groups = info.get("parts") or []
+    fetched_parts = np.repeat([int(p) for p, _ in groups], [int(n) for _, n in groups]) \
+        .astype(np.int32)
+    if len(fetched_parts) != fetched.num_rows:
+        raise MerkleSyncError(f"{where}: the holder sent {fetched.num_rows} rows but counted "
+                              f"{len(fetched_parts)} by partition")
+    by_part = np.argsort(fetched_parts, kind="stable")
+    fetched_pos = fetched[POS].to_numpy().astype(np.int64)[by_part] if fetched.num_rows \
+        else np.empty(0, np.int64)
+    bounds = np.searchsorted(fetched_parts[by_part], parts + [np.iinfo(np.int32).max])
+    base = old_all.num_rows
+    order, sizes = [], {}
+    for i, p in enumerate(parts):
+        kept = np.flatnonzero(keep[starts[i]:starts[i + 1]]) + starts[i]
+        pos = fetched_pos[bounds[i]:bounds[i + 1]]
+        mine = by_part[bounds[i]:bounds[i + 1]] + base
+        want = int(answer["counts"][str(p)])
+        n = len(kept) + len(pos)
+        if n != want or (len(pos) and (pos.max() >= n or len(np.unique(pos)) != len(pos))):
+            raise MerkleSyncError(
+                f"{where}: partition {p} rebuilt with {n} entries ({len(kept)} kept, "
+                f"{len(pos)} fetched), the holder has {want}: nothing of the file is "
+                f"kept; copy the partition whole or from another holder")
+        take = np.empty(n, np.int64)
+        free = np.ones(n, bool)
+        free[pos] = False
+        take[free] = kept
+        take[pos] = mine
+        order.append(take)
+        sizes[p] = n
+    fetched = fetched.drop_columns([POS]).cast(old_all.schema)
+    both = pa.concat_tables([old_all, fetched]).combine_chunks()
+    whole = both.take(pa.array(np.concatenate(order) if order else np.empty(0, np.int64)))
+    rebuilt, at = {}, 0
+    for p in parts:
+        rebuilt[p] = whole.slice(at, sizes[p])
+        at += sizes[p]
+    # the rebuilt partitions' trees: the old forest without the old rows under the
+    # differing leaves (those not kept), plus the rows fetched; the rows received are what
+    # is checked, at the cost of the changes rather than of the whole state
+    values = [n for n in schema.names if n not in keys]
+    if not keep.all():
+        trees.remove(old_all.filter(pa.array(~keep)), key=list(keys), value=values)
+    if fetched.num_rows:
+        trees.add(fetched, key=list(keys), value=values)
+    check = trees.roots
+    for p in parts:
+        want = int(answer["roots"][str(p)])
+        if int(check[p]) != want:
+            raise MerkleSyncError(
+                f"{where}: partition {p} rebuilt has root hash {int(check[p])}, the holder's "
+                f"is {want} (depth {depth}, {rebuilt[p].num_rows} entries): the rows fetched "
+                f"or the holder's tree are damaged; nothing of the file is kept. Copy the "
+                f"partition whole or from another holder")
+    return _encode(keyed, info["headers"], rebuilt, entries, rel, where)
+
+
+def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
+    """Cuts each partition's rows into the holder's chunks and encodes them; a chunk counts
+    only if its payload hashes to the record's checksum."""
+    built, mismatched, at = {}, set(), {}
+    for c, (head, codec, flags) in zip(keyed, headers):
+        head = _unb64(head, "chunk header")
+        start = at.get(c.partition, 0)
+        at[c.partition] = start + c.entry_count
+        if c.partition in mismatched:
+            continue
+        rows = rebuilt[c.partition].slice(start, c.entry_count)
+        header = ChunkHeader(codec, flags, 0, 0, 0, c.partition, c.entry_count, 0, 0, 0)
+        data = (rows[ENTRY_KEY].combine_chunks(), rows["value"].combine_chunks()) if entries \
+            else rows
+        pieces = encode_payload(header, data)
+        digest = xxhash.xxh3_64()
+        size = 0
+        for piece in pieces:
+            digest.update(piece)
+            size += len(memoryview(piece).cast("B"))
+        if digest.intdigest() != c.checksum or size != c.stored_size:
+            mismatched.add(c.partition)
+            continue
+        chunk = head + b"".join(bytes(memoryview(x).cast("B")) for x in pieces)
+        read_chunks(pa.py_buffer(chunk), f"{where}: rebuilt chunk at {c.offset}")  # header too
+        built[c.offset] = chunk
+    built = {c.offset: built[c.offset] for c in keyed
+             if c.offset in built and c.partition not in mismatched}
+    return built, mismatched
+
+
+def _write_copy(slot: StorageSlot, job_id: int, rel: str, size: int, chunks: dict) -> None:
+    """The copy of ``rel`` in the slot: a sparse file of ``size`` bytes holding ``chunks``
+    (offset -> bytes) and its ranges sidecar, renamed into place (as the backup stream
+    writes one)."""
+    backend = slot.replicas(job_id)
+    final = os.path.join(backend.root, *rel.split("/"))
+    temp, side = final + ".part", final + RANGES_SUFFIX
+    os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+    ranges = []
+    try:
+        with open(temp, "wb") as out:
+            out.truncate(size)
+            for offset in sorted(chunks):
+                data = chunks[offset]
+                out.seek(offset)
+                out.write(data)
+                ranges.append([offset, len(data), xxhash.xxh3_64(data).hexdigest()])
+            if slot.durable:
+                out.flush()
+                os.fsync(out.fileno())
+        with open(side + ".part", "w") as out:
+            json.dump({"size": size, "ranges": ranges, "resynced": True}, out)
+            if slot.durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(side + ".part", side)
+        os.replace(temp, final)
+        if slot.durable:
+            backend.sync_dir(os.path.dirname(final))
+    except BaseException:
+        for name in (temp, side + ".part"):
+            try:
+                os.remove(name)
+            except FileNotFoundError:
+                pass
+        raise
+    held_ranges(final)          # the sidecar reads back
+
+
+def resync_slot(slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
+                old: meta.ValidationRecord | None, clients: dict, *, keys: dict | None = None,
+                depth=10, partition_count: int | None = None) -> list[ResyncReport]:
+    """Resyncs every file of ``record`` whose partitions the record's table gives ``slot``
+    (as primary or backup; the broadcast state of every file) and that it does
+    not hold yet, each from the first of its holders in ``clients`` (slot uuid -> exchange
+    client of the member holding it). ``keys``: vertex -> state key. SnapshotIncompleteError
+    when no holder of a file is reachable."""
+    if record.table is None:
+        raise InvalidArgumentError(f"snapshot {record.snapshot_id}: no partition table in "
+                                   "its record (not the members' storage)")
+    table = PartitionTable.from_bytes(base64.b64decode(record.table))
+    count = partition_count or table.partition_count
+    mine = {p for p in range(table.partition_count) if slot.uuid in table.replicas(p)}
+    folder = layout.snapshot_dir(record.snapshot_id, record.execution_id)
+    out = []
+    for vertex, v in record.vertices.items():
+        for f in v.files:
+            if f.slot == slot.uuid:
+                continue
+            parts = {c.partition for c in f.chunks if c.partition in mine}
+            if any(c.partition < 0 for c in f.chunks):     # every slot holds broadcast state
+                parts.add(-1)
+            rel = f"{layout.SNAPSHOTS}/{folder}/{f.path}"
+            if not parts or os.path.exists(os.path.join(slot.job_path(job_id, REPLICAS), *rel.split("/"))):
+                continue
+            holder = next((u for u in f.holders if u in clients and u != slot.uuid), None)
+            if holder is None:
+                raise SnapshotIncompleteError(
+                    f"Merkle resync of slot {slot.uuid}: no holder of {rel} ({', '.join(f.holders)}) "
+                    f"is reachable")
+            out.append(resync_file(slot, job_id, clients[holder], holder, record, f, parts, old,
+                                   key=(keys or {}).get(vertex), depth=depth,
+                                   partition_count=count))
+    return out
+
+
+def resync_for_restore(member, slot: StorageSlot, job_id: int, record: meta.ValidationRecord,
+                       wanted: dict, *, depth=10, partition_count: int = 271,
+                       progress=None) -> list[ResyncReport]:
+    """What a member does before it restores ``record`` (:meth:`Member._restore_handed`):
+    for each vertex in ``wanted`` (vertex -> (partitions it restores, state key)), each file
+    of the record holding some of those partitions of which its slot has no copy, when the
+    slot keeps a copy of an older snapshot's file of that vertex (it missed the snapshots
+    since: a member that was away, a slot reclaimed), resyncs those partitions (and the
+    file's broadcast state) from a holder that a member of this execution holds
+    (``member.topology.slots`` and ``member.peers``, as ``slot_files`` reads them); the
+    restore then reads them from the slot. A resync that fails is logged and the restore
+    reads those partitions from the holders, as without it. ``progress`` gets one
+    ``merkle_resync`` event with the bytes synced and a full copy's."""
+    old = None
+    older = [s for s in slot.records(job_id) if s < record.snapshot_id]
+    if older:
+        try:
+            old = meta.decode(slot.read_record(job_id, older[-1]), meta.ValidationRecord,
+                              slot.job_path(job_id, "records", f"{older[-1]:020d}"),
+                              "record copy")
+        except SnapshotCorruptError as e:
+            _log.warning("Merkle resync: slot %s: %s: no resync", slot.uuid, e)
+    if old is None:
+        return []
+    members = {u: i for i, u in enumerate(member.topology.slots or []) if u != slot.uuid}
+    folder = layout.snapshot_dir(record.snapshot_id, record.execution_id)
+    reports = []
+    for vertex, (parts, key) in wanted.items():
+        if vertex not in record.vertices or vertex not in old.vertices:
+            continue
+        for f in record.vertices[vertex].files:
+            mine = {c.partition for c in f.chunks if c.partition in parts}
+            rel = f"{layout.SNAPSHOTS}/{folder}/{f.path}"
+            # a copy in place (its own, a backup's, a resynced one) is read as it is; the
+            # record may name this slot and it lack the file (lost since, or never kept)
+            if not mine or os.path.exists(
+                    os.path.join(slot.job_path(job_id, REPLICAS), *rel.split("/"))):
+                continue
+            if any(c.partition < 0 for c in f.chunks):
+                mine.add(-1)
+            holder = next((u for u in f.holders if u in members), None)
+            if holder is None:
+                continue            # the restore names what no member holds
+            try:
+                reports.append(resync_file(
+                    slot, job_id, member.peers[members[holder]], holder, record, f, mine, old,
+                    key=key, depth=depth, partition_count=partition_count,
+                    member=members[holder]))
+            except FencedError:
+                raise       # this execution is over: no restore follows
+            except (SparkjetError, OSError) as e:
+                _log.warning("Merkle resync of %s from slot %s failed (%s: %s): the restore "
+                             "reads partitions %s from the holders", rel, holder,
+                             type(e).__name__, e, sorted(mine))
+    if reports and progress is not None:
+        progress({"event": "merkle_resync", "snapshot": record.snapshot_id,
+                  "files": [r.to_dict() for r in reports],
+                  "bytes": sum(r.synced_bytes for r in reports),
+                  "full_copy_bytes": sum(r.full_copy_bytes for r in reports)})
+    return reports
+
+
+__all__ = ["MerkleHolder", "ResyncReport", "copy_file", "resolve_depth", "resync_file",
+           "resync_for_restore", "resync_slot"]
