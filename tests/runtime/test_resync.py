@@ -344,3 +344,75 @@ def _partitions(table):
     from sparkjet.partitioning import partition_ids
 
     return partition_ids(table, PARTITIONS, key="key").to_pylist()
+
+
+def test_a_malformed_holder_answer_leaves_the_restore_to_the_holders(cluster):
+    """Review finding: a holder answering the walk with malformed data (here counts that
+    are not numbers, as a buggy or hostile peer might) made resync_for_restore raise a raw
+    ValueError, failing the restore it only meant to speed up. It is logged now, nothing
+    is written, and the restore reads from the holders."""
+    from sparkjet.runtime.resync import resync_for_restore
+
+    a, b, client, server, store = cluster
+    old = _state([float(i) for i in range(N)])
+    rec0 = _snapshot(store, a, 0, old)
+    _stale_copy(a, b, rec0)
+    b.write_record(JOB, 0, store.committed_record(0)[0])
+    rec1 = _snapshot(store, a, 1, _changed(old))
+    holder = MerkleHolder(a, JOB)
+
+    def malformed(body):
+        answer = holder.open(body)
+        answer["counts"] = {p: "many" for p in answer["counts"]}
+        return answer
+    holder.register(server)
+    server.on_action("merkle_open", malformed)
+    member = _Member([a.uuid, b.uuid], {0: client})
+    assert resync_for_restore(member, b, JOB, rec1, {"agg": ({0, 2, 5}, "key")},
+                              partition_count=PARTITIONS) == []
+    f = rec1.vertices["agg"].files[0]
+    assert not os.path.exists(os.path.join(b.job_path(JOB, REPLICAS), *_rel(rec1, f).split("/")))
+    assert holder._sessions == {}          # the stale side closed the session it gave up
+
+
+def test_a_slot_without_older_files_resyncs_nothing(cluster):
+    """Review finding: a slot keeping only an older record (its files gone) ran a whole walk
+    and wrote a copy of every byte to read it back; now there is nothing to start from, so
+    the restore reads from the holders directly."""
+    from sparkjet.runtime.resync import resync_for_restore
+
+    a, b, client, server, store = cluster
+    old = _state([float(i) for i in range(N)])
+    _snapshot(store, a, 0, old)
+    b.write_record(JOB, 0, store.committed_record(0)[0])     # the record, not the files
+    rec1 = _snapshot(store, a, 1, _changed(old))
+    MerkleHolder(a, JOB).register(server)
+    member = _Member([a.uuid, b.uuid], {0: client})
+    assert resync_for_restore(member, b, JOB, rec1, {"agg": ({0, 2, 5}, "key")},
+                              partition_count=PARTITIONS) == []
+
+
+def test_a_resync_of_a_fenced_execution_writes_no_copy(cluster):
+    """Review finding: the copy was renamed into place without the slot's fence; an
+    execution the slot has moved past now gets FencedError and leaves no file."""
+    from sparkjet.errors import FencedError
+
+    a, b, client, server, store = cluster
+    old = _state([float(i) for i in range(N)])
+    rec0 = _snapshot(store, a, 0, old)
+    _stale_copy(a, b, rec0)
+    rec1 = _snapshot(store, a, 1, _changed(old))
+    f = rec1.vertices["agg"].files[0]
+    MerkleHolder(a, JOB).register(server)
+    b.fence(JOB, 9)                          # a newer execution has claimed the slot
+    with pytest.raises(FencedError):
+        resync_file(b, JOB, client, a.uuid, rec1, f, {c.partition for c in f.chunks}, rec0,
+                    key="key", depth=8, partition_count=PARTITIONS, execution=5)
+    assert not os.path.exists(os.path.join(b.job_path(JOB, REPLICAS), *_rel(rec1, f).split("/")))
+
+
+def test_an_explicit_depth_too_deep_for_memory_is_lowered():
+    """Review finding: merkle_tree_depth 27 asked for about 145 GB of trees; the deepest
+    depth within 512 MiB is used instead (18 at 271 partitions), said in a warning."""
+    assert resolve_depth(27, 1000, 1, 271, 16) == 18
+    assert resolve_depth(12, 1000, 1, 271, 16) == 12

@@ -191,7 +191,9 @@ class JobConfig:
     - ``merkle_tree_depth``: levels of the Merkle trees a slot that missed snapshots syncs
       its partitions with (:mod:`sparkjet.runtime.resync`): Hazelcast's ``merkle-tree.depth``,
       default 10, an int in 2..27, or "auto" (:func:`sparkjet.merkle.choose_depth` for the
-      entries synced, assuming about 0.1 % of them changed).
+      entries synced, assuming about 0.1 % of them changed). A depth whose trees over
+      ``partition_count`` partitions would take over 512 MiB is lowered to the deepest that
+      fits, with a warning (at 271 partitions: 18).
     """
 
     name: Annotated[str, Meta(min_length=1)] = "sparkjet-job"

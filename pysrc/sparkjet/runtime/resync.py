@@ -49,6 +49,7 @@ The recovery policy still counts only the holders the committed record names.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import math
@@ -110,13 +111,15 @@ from sparkjet.snapshot.slots import REPLICAS, StorageSlot
 
 _log = logging.getLogger(__name__)
 
-OPEN, STEP, ROWS = "merkle_open", "merkle_step", "merkle_rows"
+OPEN, STEP, ROWS, CLOSE = "merkle_open", "merkle_step", "merkle_rows", "merkle_close"
 #: Columns the fetched rows carry besides the entry's: its partition and its position there.
 PART, POS = "__sparkjet_partition", "__sparkjet_pos"
 #: The key column of an entry chunk's entries (its value: ``value``).
 ENTRY_KEY = "key"
-#: Sessions a holder keeps open at once (the oldest goes first).
+#: Sessions a holder keeps open at once (the oldest goes first), and how long one unused
+#: stays (a stale side that gave up, or died, never closes its own).
 MAX_SESSIONS = 4
+SESSION_IDLE_S = 120.0
 #: The share of the entries that, once the walk finds them under differing leaves, makes
 #: a resync copy the ranges instead.
 COPY_SHARE = 0.75
@@ -248,6 +251,7 @@ class _Session:
         self.party, self.table, self.keys = party, table, keys
         self.depth, self.partition_count = depth, partition_count
         self.headers: list = []
+        self.used = time.monotonic()
 
 
 class MerkleHolder:
@@ -264,11 +268,21 @@ class MerkleHolder:
     def register(self, server) -> None:
         server.on_action(OPEN, self.open)
         server.on_action(STEP, self.step)
+        server.on_action(CLOSE, self.close)
         server.on_get(ROWS, self.rows)
+
+    def _expire(self) -> None:
+        """Drops the sessions unused for SESSION_IDLE_S (with the lock held)."""
+        now = time.monotonic()
+        for name in [k for k, v in self._sessions.items() if now - v.used > SESSION_IDLE_S]:
+            del self._sessions[name]
 
     def _session(self, body: dict) -> _Session:
         with self._lock:
+            self._expire()
             session = self._sessions.get(str(body.get("session")))
+            if session is not None:
+                session.used = time.monotonic()
         if session is None:
             raise InvalidArgumentError(f"no Merkle sync session {body.get('session')!r} on "
                                        f"slot {self.slot.uuid} (never opened, or ended)")
@@ -308,6 +322,7 @@ class MerkleHolder:
         session = _Session(party, pa.concat_tables(tables.values()), keys, depth, count)
         session.headers = headers       # sent with the rows: a walk that stops needs none
         with self._lock:
+            self._expire()
             self._sessions[str(body.get("session"))] = session
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
@@ -317,6 +332,13 @@ class MerkleHolder:
                 "schema": _b64(schema.serialize()),
                 "roots": {str(p): int(roots[p]) for p in tables},
                 "counts": {str(p): tables[p].num_rows for p in tables}}
+
+    def close(self, body: dict) -> dict:
+        """Ends session ``{session}`` (a walk that stopped for a copy, or failed): its rows
+        and trees are let go at once. Closing one that is gone is no error."""
+        with self._lock:
+            found = self._sessions.pop(str(body.get("session")), None) is not None
+        return {"closed": found}
 
     def step(self, body: dict) -> dict:
         """One message of the walk in, the answer out (``{session, message}``)."""
@@ -390,6 +412,10 @@ class ResyncReport:
         return out
 
 
+#: The most memory one Merkle forest of an explicit ``merkle_tree_depth`` may take.
+EXPLICIT_LIMIT = 512 * 2**20
+
+
 def resolve_depth(depth, entries: int, partitions: int, partition_count: int,
                   row_bytes: int) -> int:
     """``merkle_tree_depth`` as a number: an int as is, "auto" :func:`~sparkjet.merkle.choose_depth`
@@ -397,11 +423,43 @@ def resolve_depth(depth, entries: int, partitions: int, partition_count: int,
     160 MiB per forest."""
     if depth != "auto":
         check_depth(depth)
-        return depth
+        # a forest holds 4 bytes per node of every partition's tree on each side of the
+        # walk (and in every session a holder keeps): deeper than fits in EXPLICIT_LIMIT,
+        # the deepest that fits is used (a depth of 27 would ask for about 145 GB)
+        fits = depth
+        while fits > 2 and 4 * partition_count * ((1 << fits) - 1) > EXPLICIT_LIMIT:
+            fits -= 1
+        if fits != depth:
+            _log.warning("merkle_tree_depth %d: a forest of %d partitions would take %.1f GB; "
+                         "depth %d is used (%d MB)", depth, partition_count,
+                         4 * partition_count * ((1 << depth) - 1) / 1e9, fits,
+                         4 * partition_count * ((1 << fits) - 1) // 2**20)
+        return fits
     parts = max(1, partitions)
     limit = max(1, 160 * 2**20 * parts // partition_count)
     return choose_depth(max(1, entries), max(1, int(entries * AUTO_CHANGED)), parts,
                         row_bytes=max(1, row_bytes), memory_limit=limit)
+
+
+def _holds_old(slot: StorageSlot, job_id: int, old: meta.ValidationRecord, vertex: str,
+               parts: set[int]) -> bool:
+    """Whether the slot's copies of ``old`` hold a chunk of ``vertex``'s ``parts`` (what a
+    walk would start from: without one, a resync is a copy with extra steps)."""
+    if vertex not in old.vertices:
+        return False
+    folder = layout.snapshot_dir(old.snapshot_id, old.execution_id)
+    for f in old.vertices[vertex].files:
+        path = f"{layout.SNAPSHOTS}/{folder}/{f.path}"
+        if not os.path.exists(os.path.join(slot.job_path(job_id, REPLICAS), *path.split("/"))):
+            continue
+        try:
+            file = LocalSlotFile(slot, job_id, path)
+        except SparkjetError:
+            continue
+        if any(c.partition in parts and file.holds(c.offset, HEADER_SIZE + c.stored_size)
+               for c in f.chunks):
+            return True
+    return False
 
 
 def _old_tables(slot: StorageSlot, job_id: int, old: meta.ValidationRecord | None, vertex: str,
@@ -442,15 +500,16 @@ def _json_size(doc: dict) -> int:
 
 def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: meta.ValidationRecord,
                 f: meta.FileRecord, partitions, old: meta.ValidationRecord | None, *,
-                key=None, depth=10, partition_count: int = 271, member: int = -1
-                ) -> ResyncReport:
+                key=None, depth=10, partition_count: int = 271, member: int = -1,
+                execution: int | None = None) -> ResyncReport:
     """Brings ``slot``'s copy of file ``f`` of snapshot ``record`` (its chunks of
     ``partitions``; -1: broadcast state) up to date from slot ``holder`` (reached over
     ``client``, the holder member's exchange client) with Merkle trees, starting from the
     entries of the same vertex and partitions that the slot's copies of the older snapshot
     ``old`` hold. ``key``: the vertex's state key (table chunks). Writes the copy, verified
     chunk by chunk against the record, and returns the :class:`ResyncReport`;
-    MerkleSyncError when the rebuilt entries are not the holder's."""
+    MerkleSyncError when the rebuilt entries are not the holder's. ``execution``: the one
+    resyncing; FencedError, and no copy, when the slot has seen a newer one."""
     began = time.monotonic()
     parts = set(partitions)
     wanted = [c for c in f.chunks if c.partition in parts]
@@ -485,14 +544,21 @@ def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: met
                    "copied as byte ranges")
         copy += [c for c in keyed if c.partition in mismatched]
     report.copied_bytes += _copy_chunks(client, holder, rel, copy, member, chunks)
-    _write_copy(slot, job_id, rel, f.bytes, chunks)
+    _write_copy(slot, job_id, rel, f.bytes, chunks, _fence(slot, job_id, execution))
     report.seconds = time.monotonic() - began
     return report
 
 
+def _fence(slot: StorageSlot, job_id: int, execution: int | None):
+    """What a copy's writer calls before it renames the copy into place."""
+    if execution is None:
+        return None
+    return lambda: slot.check_fence(job_id, execution)
+
+
 def copy_file(slot: StorageSlot, job_id: int, client, holder: str,
               record: meta.ValidationRecord, f: meta.FileRecord, partitions, *,
-              member: int = -1) -> ResyncReport:
+              member: int = -1, execution: int | None = None) -> ResyncReport:
     """A full copy of ``f``'s chunks of ``partitions`` from slot ``holder`` as byte ranges
     (``slot_read``), each checked against the record: what a resync falls back to, and
     what it is measured against (``bench/bench_merkle_resync.py``)."""
@@ -505,7 +571,7 @@ def copy_file(slot: StorageSlot, job_id: int, client, holder: str,
                           full_copy_bytes=sum(HEADER_SIZE + c.stored_size for c in wanted))
     chunks: dict = {}
     report.copied_bytes = _copy_chunks(client, holder, rel, wanted, member, chunks)
-    _write_copy(slot, job_id, rel, f.bytes, chunks)
+    _write_copy(slot, job_id, rel, f.bytes, chunks, _fence(slot, job_id, execution))
     report.seconds = time.monotonic() - began
     return report
 
@@ -547,6 +613,18 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
             "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
                        for c in keyed]}
     answer = client.action(OPEN, body)
+    try:
+        return _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
+                     partition_count, rel, where, report)
+    finally:
+        # the holder lets the session go at once (rows() ended it already on success)
+        with contextlib.suppress(Exception):
+            client.action(CLOSE, {"session": session})
+
+
+def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
+          partition_count, rel, where, report):
+    """:func:`_merkle` once the holder opened the session."""
     report.messages += 2
     report.tree_bytes += _json_size(body) + _json_size(answer)
     entries = bool(answer["entries"])
@@ -641,7 +719,8 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
         mine = by_part[bounds[i]:bounds[i + 1]] + base
         want = int(answer["counts"][str(p)])
         n = len(kept) + len(pos)
-        if n != want or (len(pos) and (pos.max() >= n or len(np.unique(pos)) != len(pos))):
+        if n != want or (len(pos) and (pos.max() >= n or pos.min() < 0
+                                       or len(np.unique(pos)) != len(pos))):
             raise MerkleSyncError(
                 f"{where}: partition {p} rebuilt with {n} entries ({len(kept)} kept, "
                 f"{len(pos)} fetched), the holder has {want}: nothing of the file is "
@@ -711,13 +790,17 @@ def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
     return built, mismatched
 
 
-def _write_copy(slot: StorageSlot, job_id: int, rel: str, size: int, chunks: dict) -> None:
+def _write_copy(slot: StorageSlot, job_id: int, rel: str, size: int, chunks: dict,
+                fence=None) -> None:
     """The copy of ``rel`` in the slot: a sparse file of ``size`` bytes holding ``chunks``
     (offset -> bytes) and its ranges sidecar, renamed into place (as the backup stream
-    writes one)."""
+    writes one). ``fence()``, called before the renames, raises FencedError when the slot
+    has seen a newer execution than the one resyncing."""
     backend = slot.replicas(job_id)
     final = os.path.join(backend.root, *rel.split("/"))
-    temp, side = final + ".part", final + RANGES_SUFFIX
+    # a name of its own: a backup stream (``slot_write``) may write ``final + ".part"``
+    tag = f".resync-{uuidlib.uuid4().hex[:12]}.part"
+    temp, side = final + tag, final + RANGES_SUFFIX
     os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
     ranges = []
     try:
@@ -731,17 +814,19 @@ def _write_copy(slot: StorageSlot, job_id: int, rel: str, size: int, chunks: dic
             if slot.durable:
                 out.flush()
                 os.fsync(out.fileno())
-        with open(side + ".part", "w") as out:
+        with open(side + tag, "w") as out:
             json.dump({"size": size, "ranges": ranges, "resynced": True}, out)
             if slot.durable:
                 out.flush()
                 os.fsync(out.fileno())
-        os.replace(side + ".part", side)
+        if fence is not None:
+            fence()         # a newer execution took the slot: it must not see this copy
+        os.replace(side + tag, side)
         os.replace(temp, final)
         if slot.durable:
             backend.sync_dir(os.path.dirname(final))
     except BaseException:
-        for name in (temp, side + ".part"):
+        for name in (temp, side + tag):
             try:
                 os.remove(name)
             except FileNotFoundError:
@@ -830,14 +915,16 @@ def resync_for_restore(member, slot: StorageSlot, job_id: int, record: meta.Vali
             holder = next((u for u in f.holders if u in members), None)
             if holder is None:
                 continue            # the restore names what no member holds
+            if not _holds_old(slot, job_id, old, vertex, mine):
+                continue            # nothing to start a walk from: the restore reads them
             try:
                 reports.append(resync_file(
                     slot, job_id, member.peers[members[holder]], holder, record, f, mine, old,
                     key=key, depth=depth, partition_count=partition_count,
-                    member=members[holder]))
+                    member=members[holder], execution=getattr(member, "execution_id", None)))
             except FencedError:
                 raise       # this execution is over: no restore follows
-            except (SparkjetError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 (an optimization: a malformed answer, a peer gone, no memory; the restore reads from the holders)
                 _log.warning("Merkle resync of %s from slot %s failed (%s: %s): the restore "
                              "reads partitions %s from the holders", rel, holder,
                              type(e).__name__, e, sorted(mine))
