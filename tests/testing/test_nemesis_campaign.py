@@ -290,7 +290,8 @@ def test_rounds_take_in_turn_their_sinks_operators_and_guarantees(tmp_path):
     from sparkjet.testing import sinks
     from sparkjet.testing.operators import KEYED, OPERATORS
 
-    rounds = 3 * len(nc.SINKS["kill"])           # every sink of kill through every guarantee
+    # every sink of kill through every operator (7) and guarantee
+    rounds = len(OPERATORS) * len(nc.SINKS["kill"])
     results = nc.run(tmp_path, 3 * rounds, ("kill", "clock", "server"), seed=1,
                      progress=lambda _: None, faults_per_round=1, runner=_fake_round)
     by_kind: dict[str, list] = {}
@@ -303,7 +304,8 @@ def test_rounds_take_in_turn_their_sinks_operators_and_guarantees(tmp_path):
         assert {(r.sink, r.guarantee) for r in got} >= {
             (s, g) for s in nc.SINKS[kind] for g in ("exactly-once", "at-least-once")}, kind
         assert all(r.operator in KEYED for r in got if r.sink in sinks.UPSERT)
-        assert {r.operator for r in got} == set(OPERATORS), kind
+        assert {(r.sink, r.operator) for r in got} == {
+            (s, o) for s in nc.SINKS[kind] for o in nc.operators_for(s)}, kind
     assert {r.sink for r in by_kind["kill"]} & set(sinks.UPSERT) == {"sqlite"}
     servers = nc.SERVERS
     assert [(r.server, r.operator, r.sink) for r in by_kind["server"][:4]] == [

@@ -534,10 +534,16 @@ class SelfPause(Nemesis):
 
     def _inject(self) -> None:
         pid = os.getpid()
-        # the helper stops this process, sleeps, resumes it; SIGCONT is sent again on its
-        # way out so that no exit path of the helper leaves this process stopped
+        # the helper stops this process, sleeps, resumes it; SIGCONT is sent again on any
+        # way out of it (dash runs no EXIT trap when a signal ends it, so the signals are
+        # trapped too); a second, independent guard resumes it a while later should the
+        # helper be SIGKILLed
+        resume = f"kill -CONT {pid}"
+        subprocess.Popen(["sh", "-c", f"sleep {self.seconds + 5:.3f}; {resume}"],
+                         start_new_session=True, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
         self._helper = subprocess.Popen(
-            ["sh", "-c", f"trap 'kill -CONT {pid}' EXIT; kill -STOP {pid}; "
+            ["sh", "-c", f"trap '{resume}; exit' EXIT INT TERM HUP; kill -STOP {pid}; "
                          f"sleep {self.seconds:.3f}"], start_new_session=True)
         # the helper's SIGSTOP lands while this thread waits for it to exit
         self._helper.wait()

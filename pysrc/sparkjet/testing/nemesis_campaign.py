@@ -891,10 +891,12 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
             if kind != "partition":
                 kinds_of_sink = sinks_for(kind, server, servers)
                 sink = kinds_of_sink[turn % len(kinds_of_sink)]
+                # each sink through every operator it holds and every guarantee: they turn
+                # once the sinks have
+                cycle = turn // len(kinds_of_sink)
                 ops = operators_for(sink)
-                operator = ops[turn % len(ops)]
-                # each sink through every guarantee: the guarantee turns once the sinks have
-                guarantee = GUARANTEES[turn // len(kinds_of_sink) % len(GUARANTEES)]
+                operator = ops[cycle % len(ops)]
+                guarantee = GUARANTEES[cycle % len(GUARANTEES)]
             if kind == "partition":
                 n = min(PARTITION_ROUND, total_faults - done)
             else:
