@@ -205,7 +205,11 @@ class ExecutionCoordinator:
         self._cv = threading.Condition()
         self._commands: dict[int, list] = {i: [] for i in range(self.members)}
         self.seen: dict[int, float] = {}
-        self._checked_at = time.monotonic()     # the last check() (see there)
+        # a pause of this process (SIGSTOP, a VM stall) must not count as the members'
+        # silence: _watch notices its own gaps (see there)
+        self._watching = threading.Event()
+        threading.Thread(target=self._watch, name=f"sparkjet-pause-watch-e{execution_id}",
+                         daemon=True).start()
         self.pids: dict[int, int] = {}
         #: each member's exchange location, as it joined
         self.locations: dict[int, str] = {}
@@ -482,15 +486,6 @@ class ExecutionCoordinator:
         now = time.monotonic()
         timeout = self.config.heartbeat_timeout
         with self._cv:
-            if now - self._checked_at > timeout / 2:
-                # This process did not run for a while (paused, stopped, starved of CPU):
-                # the members' polls could not be taken either, so their silence counts
-                # from now, not from before the pause (as Hazelcast resets its heartbeat
-                # times after a pause of the detector). A member that died meanwhile is
-                # found one heartbeat_timeout later.
-                for i in self.seen:
-                    self.seen[i] = max(self.seen[i], now)
-            self._checked_at = now
             silent = [(i, now - t) for i, t in self.seen.items()
                       if i not in self.done and now - t > timeout]
         if silent:
@@ -498,6 +493,24 @@ class ExecutionCoordinator:
             raise ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) silent for "
                                        f"{quiet:.1f} s (heartbeat_timeout={timeout} s)",
                                        {"member": i})
+
+    def _watch(self) -> None:
+        """Ticks every 50 ms until the execution ends. A tick that comes over half the
+        heartbeat timeout after the one before means this whole process did not run
+        meanwhile (stopped, paused, its VM stalled): no member's poll could be taken
+        either, so every member's silence counts from then, not from before the pause
+        (as Hazelcast resets its heartbeat times after a pause of the detector). A member
+        that died meanwhile is found one heartbeat_timeout later. A slow phase of the
+        snapshot loop is no pause: this thread runs on through it, and the polls with it."""
+        gap = self.config.heartbeat_timeout / 2
+        last = time.monotonic()
+        while not self._watching.wait(0.05) and not self._failed.is_set():
+            now = time.monotonic()
+            if now - last > gap:
+                with self._cv:
+                    for i in self.seen:
+                        self.seen[i] = max(self.seen[i], now)
+            last = now
 
     def wait_started(self, timeout: float) -> None:
         """Waits until every member has polled once (it restored its state and runs)."""
@@ -531,6 +544,7 @@ class ExecutionCoordinator:
         self._finished.set()
 
     def close(self) -> None:
+        self._watching.set()
         self.fail(ExecutionFailedError(f"execution {self.execution_id} is over"))
         self.server.close(timeout=2.0)
 
