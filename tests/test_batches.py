@@ -48,6 +48,12 @@ def test_split_by_a_sliced_batch_and_negative_values():
         assert got == _reference(batch, values)
 
 
+def test_split_by_float_values_keeps_them_apart():
+    batch = _batch(4, np.random.default_rng(3))
+    got = [(k, rows.num_rows) for k, rows in split_by(batch, np.array([1.2, 1.7, 1.2, 0.5]))]
+    assert [n for _, n in got] == [1, 2, 1]
+
+
 def test_split_by_one_value_returns_the_batch_itself():
     batch = _batch(100, np.random.default_rng(1))
     [(value, rows)] = split_by(batch, np.full(100, 3))

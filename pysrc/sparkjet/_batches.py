@@ -24,7 +24,7 @@ def split_by(batch: pa.RecordBatch, values: np.ndarray) -> list[tuple[int, pa.Re
     if (values == first).all():
         return [(int(first), batch)]
     low, high = values.min(), values.max()
-    if 0 <= low and high < _GROUPED_VALUES:
+    if values.dtype.kind in "iu" and 0 <= low and high < _GROUPED_VALUES:
         # small non-negative values (a target processor, a partition, an ordinal): one
         # counting pass and each column moved once, in native code (group_rows)
         ordered, starts = group_rows(batch, values.astype(np.int32, copy=False), int(high) + 1)
