@@ -34,7 +34,7 @@ def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path, kills):
         [sys.executable, "-m", "sparkjet.testing.campaign", "--standalone", "3", "--kills",
          str(kills),
          "--seed", "2", "--json", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, check=False)
+        capture_output=True, text=True, timeout=max(900, 300 + 60 * kills), check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("CAMPAIGN-JSON ")]
     assert done.returncode == 0 and lines, done.stdout[-4000:] + done.stderr[-4000:]
     found = json.loads(lines[0].split(" ", 1)[1])
