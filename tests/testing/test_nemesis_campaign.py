@@ -16,7 +16,6 @@ from sparkjet.sources import GeneratorSource
 from sparkjet.testing import nemesis
 
 
-@pytest.mark.slow
 def _report(lines: list[str], results) -> None:
     """Skips a run whose kinds could not all run here (in CI: fails), and prints it."""
     from sparkjet.testing import nemesis_campaign
@@ -29,6 +28,7 @@ def _report(lines: list[str], results) -> None:
     print(nemesis_campaign.summary(results))
 
 
+@pytest.mark.slow
 def test_exactly_once_through_a_long_pause_and_a_full_snapshot_disk(spark, tmp_path):
     reason = nemesis.missing("disk")
     if reason:
