@@ -21,6 +21,10 @@ from sparkjet.sinks import TransactionalFileSink
 from sparkjet.sources import GeneratorSource
 from sparkjet.testing.campaign import SPARK_PLAN, run_campaign, summary
 
+#: The events of the jobs whose member is killed at snapshot 1 or 2 (0.3 s each): 2 s at
+#: 400,000 a second, of which a restarted execution replays at most ~0.3 s and runs the rest.
+KILLED_TOTAL = 800_000
+
 
 def keyed_job(tmp_path: Path, source: GeneratorSource, **config) -> Job:
     return keyed_spark_job(tmp_path, source, "spark", **config)
@@ -81,7 +85,7 @@ def test_rescale_on_request_keeps_state(spark, tmp_path):
 
 
 def test_kill_a_member_mid_run(spark, tmp_path):
-    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+    source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000, batch_size=10_000,
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2)
     killed = []
@@ -104,7 +108,7 @@ def test_with_members_storage_a_killed_members_slot_is_reclaimed_with_its_partit
     places the partitions over the slots after join. A killed member's slot is freed by the
     kernel and reclaimed by the next task on the host, so the restarted execution has the
     same slots and the same table: every partition stays where it was."""
-    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+    source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000, batch_size=10_000,
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2, storage="members",
                     storage_dir=str(tmp_path / "slots"))
@@ -141,7 +145,7 @@ def test_with_members_storage_a_lost_slot_is_restored_from_its_backups(spark, tm
     exactly the failure-free one."""
     import shutil
 
-    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+    source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000, batch_size=10_000,
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2, restart_backoff=1.0, storage="members",
                     storage_dir=str(tmp_path / "slots"), **kept)
@@ -230,8 +234,8 @@ def test_with_members_storage_the_members_never_open_the_snapshot_store(spark, t
             assert tracer.poll() is None and time.monotonic() < deadline, \
                 f"strace did not attach to {pids}: {said}"
             time.sleep(0.1)
-        source = GeneratorSource(total=800_000, partitions=4, keys=10_000, batch_size=10_000,
-                                 rate=400_000)
+        source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000,
+                                 batch_size=10_000, rate=400_000)
         job = keyed_job(tmp_path, source, max_restarts=2, storage="members",
                         storage_dir=str(tmp_path / "slots"))
         killed = []
@@ -258,7 +262,7 @@ def test_with_members_storage_the_members_never_open_the_snapshot_store(spark, t
 def test_a_killed_member_is_the_one_named_failed(spark, tmp_path, victim):
     """Its peer's inbound stream breaks first and the peer reports that: the restart must
     still name the member whose worker died, not the survivor that lost its link."""
-    source = GeneratorSource(total=1_500_000, partitions=4, keys=10_000, batch_size=10_000,
+    source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000, batch_size=10_000,
                              rate=400_000)
     job = keyed_job(tmp_path, source, max_restarts=2)
     killed = []
@@ -297,7 +301,9 @@ def test_zombie_member_is_fenced(spark, tmp_path):
     maybe not committed); the coordinator declares it silent, restarts the job on the other
     slot with a new execution id, and only then is the old member resumed (SIGCONT). It
     cannot commit, stage a visible file or change the result: the output is exact."""
-    source = GeneratorSource(total=1_600_000, partitions=2, keys=10_000, batch_size=10_000,
+    # 800,000 events: ~150,000 before the stop (snapshot 2), the rest (>2 s) for the
+    # restarted execution to reach its first snapshot and the zombie to wake up under it.
+    source = GeneratorSource(total=800_000, partitions=2, keys=10_000, batch_size=10_000,
                              rate=250_000)
     job = keyed_job(tmp_path, source, members=1, heartbeat_timeout=2.0, max_restarts=2)
     zombie = {}

@@ -10,22 +10,31 @@ The quorum scenario: 3 members; a worker dies -> the job restarts on the 2 slots
 (rescaling: state restored by partition); a second worker dies -> 1 slot is below the
 quorum of 2 (floor(3 / 2) + 1), so the coordinator waits and says so until a worker comes
 back, then restarts on 2. Then a short campaign of kills (member Python workers and worker
-JVMs). Everything runs in a subprocess driver (`python -m sparkjet.testing.campaign --standalone 3`)
-because this process already has the shared local SparkContext."""
+JVMs: 3 rounds in CI, every round of the Spark plan with `-m long`). Everything runs in a
+subprocess driver (`python -m sparkjet.testing.campaign --standalone 3`) because this
+process already has the shared local SparkContext."""
 import json
 import subprocess
 import sys
 
 import pytest
 
+from sparkjet.testing.campaign import SPARK_PLAN
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
+# 3 kills in CI (the keyed, events and windowed rounds; with seed 2 the first two are worker
+# JVM kills, the third a member's Python worker); the union and branching shapes are killed
+# on local Spark (tests/spark/test_spark_jobs.py::test_campaign_on_spark). Each round on the
+# cluster costs 10-20 s.
+@pytest.mark.parametrize("kills", [3, pytest.param(len(SPARK_PLAN), marks=pytest.mark.long)])
+def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path, kills):
     done = subprocess.run(
-        [sys.executable, "-m", "sparkjet.testing.campaign", "--standalone", "3", "--kills", "5",
+        [sys.executable, "-m", "sparkjet.testing.campaign", "--standalone", "3", "--kills",
+         str(kills),
          "--seed", "2", "--json", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, check=False)
+        capture_output=True, text=True, timeout=max(900, 300 + 60 * kills), check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("CAMPAIGN-JSON ")]
     assert done.returncode == 0 and lines, done.stdout[-4000:] + done.stderr[-4000:]
     found = json.loads(lines[0].split(" ", 1)[1])
@@ -47,7 +56,7 @@ def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path):
     assert not wiped & later, "worker 2's lost slot never comes back"
     assert (first - wiped) & later, "the other hosts' slots are reclaimed"
     rounds = found["rounds"]
-    assert sum(r["kills"] for r in rounds) >= 4, rounds
+    assert sum(r["kills"] for r in rounds) >= kills - 1, rounds   # one round may miss its kill
     for r in rounds:
         assert r["lost"] == 0 and r["valid"], r
         if r["guarantee"] == "exactly-once":
