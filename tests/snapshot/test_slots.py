@@ -77,6 +77,41 @@ def test_the_kernel_frees_the_slot_of_a_killed_process(tmp_path):
         child.wait()
 
 
+def test_a_claim_waits_for_the_jobs_slot_an_older_execution_still_locks(tmp_path):
+    """Found by running the Spark zombie test with storage="members": a SIGSTOPped member of
+    execution 7 keeps its slot's lock; the next execution's task claimed a new slot at once
+    and its state was out of reach (SnapshotIncompleteError, three times, the job failed).
+    A claim by execution 8 now waits for the slot the older execution still locks, and gets
+    it once that process is gone (Spark kills a cancelled stage's zombie). A slot locked by
+    a task of the same execution is not waited for."""
+    import threading
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(JOB)],
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        held = child.stdout.readline().strip()
+        assert held, "the child claimed no slot"
+        # a sibling of execution 7 (the one that locks it) takes another slot at once
+        sibling = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=7, wait=60)
+        assert sibling.uuid != held
+        sibling.release()
+        got = {}
+        claim = threading.Thread(target=lambda: got.setdefault("slot", StorageSlot.claim(
+            tmp_path, job_id=JOB, host="h1", execution=8, wait=60)))
+        claim.start()
+        claim.join(0.5)
+        assert claim.is_alive()              # waiting: the job's slot is locked by 7
+        os.kill(child.pid, signal.SIGKILL)   # the zombie killed: the kernel frees its lock
+        child.wait()
+        claim.join(30)
+        assert got["slot"].uuid == held and got["slot"].newest_execution(JOB) == 7
+        got["slot"].release()
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_slot_of_another_host_is_refused(tmp_path):
     theirs = StorageSlot.claim(tmp_path, host="worker-a")
     theirs.release()

@@ -81,7 +81,7 @@ from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.lifecycle import RunLock
 from sparkjet.runtime.restore import handed_start
-from sparkjet.runtime.storage import claim_slot, held_ranges, partition_ranges
+from sparkjet.runtime.storage import claim_slot, claim_wait, held_ranges, partition_ranges
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
@@ -115,7 +115,8 @@ def claim(config: JobConfig, execution: int) -> tuple[StorageSlot | None, dict]:
     if not _persisted(config):
         return claim_slot(config, execution), {}
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
-                             remove_corrupt=config.auto_remove_stale_data)
+                             remove_corrupt=config.auto_remove_stale_data,
+                             execution=execution, wait=claim_wait(config))
     try:
         notes = {"removed": check_metadata(config, slot)}
         notes["seen"] = slot.newest_execution(config.id)

@@ -60,13 +60,22 @@ def claim_slot(config: JobConfig, execution: int) -> StorageSlot | None:
     if config.storage != "members":
         return None
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id,
-                             durable=config.persistence)
+                             durable=config.persistence, execution=execution,
+                             wait=claim_wait(config))
     try:
         slot.fence(config.id, execution)
     except BaseException:
         slot.release()
         raise
     return slot
+
+
+def claim_wait(config: JobConfig) -> float:
+    """How long a member waits for a slot holding the job's data that a task of an older
+    execution still locks (a zombie, declared silent after ``heartbeat_timeout``, or a task
+    of the cancelled stage, killed by Spark shortly): twice the heartbeat timeout, within
+    half of ``start_timeout``."""
+    return min(2 * config.heartbeat_timeout, config.start_timeout / 2)
 
 
 def encode_table(table: PartitionTable) -> str:

@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 import uuid as uuidlib
 from dataclasses import dataclass
 
@@ -120,10 +121,15 @@ class StorageSlot:
 
     @classmethod
     def claim(cls, storage_dir: str, *, job_id: int | None = None, host: str | None = None,
-              durable: bool = False, remove_corrupt: bool = False) -> StorageSlot:
+              durable: bool = False, remove_corrupt: bool = False,
+              execution: int | None = None, wait: float = 0.0) -> StorageSlot:
         """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
         process: a free one holding ``job_id``'s data first, then any free one, else a new
-        one. ``durable``: writes are fsynced (persistence). StorageSlotError when
+        one. When every slot holding the job's data is locked and one of them by an older
+        execution than ``execution`` (its FENCE says so: a zombie, or a task of a cancelled
+        stage not yet killed), waits up to ``wait`` seconds for one of them to be freed
+        before taking another: a slot taken instead leaves that data out of reach of this
+        execution. ``durable``: writes are fsynced (persistence). StorageSlotError when
         ``storage_dir`` holds a slot of another host, or one whose ``MEMBER.json`` does not
         read (``remove_corrupt``: such a slot, when no process holds it, is removed and
         logged instead); StorageError when it cannot be used."""
@@ -167,15 +173,20 @@ class StorageSlot:
             holds = job_id is not None and os.path.isdir(
                 os.path.join(folder, JOBS, job_folder(job_id)))
             (first if holds else mine).append(folder)
-        for folder in first + mine:
+        deadline = time.monotonic() + wait
+        while True:
+            for folder in first:
+                fd = _try_lock(folder)
+                if fd is not None:
+                    return cls._locked(folder, fd, host, durable)
+            if (not first or execution is None or time.monotonic() >= deadline
+                    or not any(_fenced_below(f, job_id, execution) for f in first)):
+                break
+            time.sleep(0.1)
+        for folder in mine:
             fd = _try_lock(folder)
-            if fd is None:
-                continue
-            identity = _read_identity(folder)
-            if identity is None:          # ours now: finish what its creator began
-                identity = _new_identity(host)
-                _write_atomic(folder, MEMBER, identity.to_json(), durable)
-            return cls(folder, identity, fd, durable)
+            if fd is not None:
+                return cls._locked(folder, fd, host, durable)
         identity = _new_identity(host)
         folder = os.path.join(storage_dir, SLOT_PREFIX + identity.uuid)
         # made whole (locked, MEMBER.json written) under a name no claim lists, then renamed
@@ -203,6 +214,14 @@ class StorageSlot:
             if os.path.isdir(making):   # a half-made slot that nobody would ever take over
                 shutil.rmtree(making, ignore_errors=True)
             raise
+        return cls(folder, identity, fd, durable)
+
+    @classmethod
+    def _locked(cls, folder: str, fd: int, host: str, durable: bool) -> StorageSlot:
+        identity = _read_identity(folder)
+        if identity is None:          # ours now: finish what its creator began
+            identity = _new_identity(host)
+            _write_atomic(folder, MEMBER, identity.to_json(), durable)
         return cls(folder, identity, fd, durable)
 
     @classmethod
@@ -417,6 +436,18 @@ def _remove_unheld(folder: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _fenced_below(folder: str, job_id: int | None, execution: int) -> bool:
+    """Whether slot ``folder``'s FENCE for ``job_id`` names an execution older than
+    ``execution`` (a FENCE that does not read: no)."""
+    if job_id is None:
+        return False
+    try:
+        with open(os.path.join(folder, JOBS, job_folder(job_id), FENCE)) as f:
+            return int(f.read().strip()) < execution
+    except (OSError, ValueError):
+        return False
 
 
 def _try_lock(folder: str) -> int | None:
