@@ -296,6 +296,38 @@ def test_a_start_from_initial_snapshot_reports_restored(spark, tmp_path, on_spar
     assert result.events_in == 0          # it resumed at the export's offsets: the end
 
 
+def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path):
+    """storage="members" without a durable tier: the slots hold every snapshot, and an
+    export needs the files in the store. Job.stop(snapshot=NAME) has the members copy the
+    terminal snapshot's files into the store as they write it (the driver tells them, and
+    waits until each has run that, before the terminal barrier); the export is complete and
+    a new job starting from it ends exactly once."""
+    source = GeneratorSource(total=600_000, partitions=4, keys=1_000, batch_size=5_000,
+                             rate=150_000)
+    slots = str(tmp_path / "slots")
+    first = keyed_job(tmp_path, source, name="first", storage="members", storage_dir=slots)
+    asked = []
+
+    def progress(event):
+        if event["event"] == "snapshot" and event["snapshot"] >= 1 and not asked:
+            asked.append(event["snapshot"])
+            threading.Thread(target=first.stop, kwargs={"snapshot": "v1"}, daemon=True).start()
+
+    result = first.run(spark, on_progress=progress)
+    assert result.stopped and result.export == "v1", result.executions
+    assert 0 < result.events_in < 600_000
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    second = keyed_spark_job(second_dir, source, "second", name="second", storage="members",
+                             storage_dir=slots, snapshot_store=str(tmp_path / "snapshots"),
+                             initial_snapshot="first/v1")
+    events = []
+    second.run(spark, on_progress=events.append)
+    assert {e.get("export") for e in events if e["event"] == "restored"} == {"v1"}
+    report = exact(second_dir, source)       # the export's state and offsets, then the rest
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
 def test_zombie_member_is_fenced(spark, tmp_path):
     """SIGSTOP the only member right as a snapshot commits (its sink transaction is prepared,
     maybe not committed); the coordinator declares it silent, restarts the job on the other

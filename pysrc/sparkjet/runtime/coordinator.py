@@ -232,6 +232,11 @@ class ExecutionCoordinator:
         self.stage_error: BaseException | None = None
         self.stage_ended = threading.Event()
         self.stop_requested = threading.Event()
+        #: a graceful stop that exports its terminal snapshot: with the members' storage
+        #: (and no durable tier) the members first copy what they write into the store
+        self.export_requested = False
+        self._durable_announced = False
+        self._polls: dict[int, int] = {}
         self.snapshots = SnapshotCoordinator(
             config=config, store=store, execution_id=execution_id,
             processors=topology.processors, send=self.send,
@@ -335,6 +340,7 @@ class ExecutionCoordinator:
     def _poll(self, body: dict) -> dict:
         i = self._member(body)
         with self._cv:
+            self._polls[i] = self._polls.get(i, 0) + 1
             self.seen[i] = time.monotonic()
             self.pids[i] = body.get("pid")
             self._counters[i] = (int(body.get("events_in", 0)), int(body.get("events_out", 0)))
@@ -456,10 +462,33 @@ class ExecutionCoordinator:
 
     def _all_sources_ended(self) -> bool:
         if self.stop_requested.is_set():      # a graceful stop: the next snapshot is terminal
+            if self.export_requested and not self._durable_announced:
+                self._announce_durable()
             return True
         with self._cv:
             ended = set().union(*self._ended.values()) if self._ended else set()
         return len(ended) == self.topology.n_sources
+
+    def _announce_durable(self) -> None:
+        """Before the terminal snapshot of a stop that exports it, with the members' storage
+        and no durable tier: every member is told to copy the files it writes from now on
+        into the store (``["durable"]``), and has run that command (it polled twice since:
+        the poll that took it and the next, begun after the command ran) before the
+        terminal barrier goes out, so that no processor opens that snapshot's writer
+        without it. Bounded by twice the heartbeat timeout; past it the export says which
+        files have no durable copy."""
+        self._durable_announced = True
+        if self.config.storage != "members" or self.config.durable_tier == "sync":
+            return
+        with self._cv:
+            for q in self._commands.values():
+                q.append(["durable"])
+            base = {i: self._polls.get(i, 0) for i in range(self.members)}
+            self._cv.notify_all()
+            deadline = time.monotonic() + 2 * self.config.heartbeat_timeout
+            while (any(self._polls.get(i, 0) < base[i] + 2 for i in base)
+                   and not self._failed.is_set() and time.monotonic() < deadline):
+                self._cv.wait(0.05)
 
     def fail(self, error: BaseException) -> None:
         with self._cv:

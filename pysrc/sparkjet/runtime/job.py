@@ -216,7 +216,7 @@ class Job:
         else:
             runner = self._runner = LocalRunner(self.plan, self.config, progress)
         if self._stop is not None:       # stop() came before the runner existed
-            runner.request_stop()
+            runner.request_stop(export=self._stop[1] is not None)
         try:
             if spark is None and not isolated:
                 return runner.run_in_process()
@@ -243,7 +243,7 @@ class Job:
         self._stop = (True, snapshot)
         runner = self._runner
         if runner is not None:
-            runner.request_stop()
+            runner.request_stop(export=snapshot is not None)
 
     def suspend(self) -> None:
         """Jet's suspend: :meth:`stop` without an export; a new :meth:`run` resumes."""

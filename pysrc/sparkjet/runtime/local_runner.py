@@ -47,8 +47,9 @@ class LocalRunner:
         self._member: Member | None = None
         self._proc = None
 
-    def request_stop(self) -> None:
-        """Stops the job gracefully: its next snapshot is the terminal one."""
+    def request_stop(self, export: bool = False) -> None:
+        """Stops the job gracefully: its next snapshot is the terminal one (``export``: it
+        is to be exported; the shared store holds it whole already)."""
         self._stop_requested = True
         if self._member is not None:
             self._member.stop_requested.set()

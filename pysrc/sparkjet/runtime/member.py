@@ -163,6 +163,8 @@ class Member:
         self._restoring: dict | None = None
         #: what a Merkle resync before the restore moved (see _resync), for "restored"
         self._resynced: dict | None = None
+        #: writers copy their files into the store (a stop exporting its terminal snapshot)
+        self.durable_copies = False
         self._rebuilding: set[str] = set()
 
     # -- the distributed side ----------------------------------------------------------
@@ -486,7 +488,8 @@ class Member:
             self.coordinator.ack(processor, snapshot_id, manifest, alignment_s, schemas)
 
     def command(self, cmd: list) -> None:
-        """Runs a coordinator's command: ["barrier", id, terminal], ["commit", id], ["end"]."""
+        """Runs a coordinator's command: ["barrier", id, terminal], ["commit", id], ["end"],
+        ["durable"]."""
         if cmd[0] == "barrier":
             for p in self.processors:
                 if p.vertex.kind == SOURCE:
@@ -506,6 +509,10 @@ class Member:
             for p in self.processors:
                 if p.vertex.kind == SOURCE:
                     p.control.put(("end",))
+        elif cmd[0] == "durable":
+            # a stop that exports its terminal snapshot: from now on every writer copies
+            # its files into the store too (the durable tier for the snapshots left)
+            self.durable_copies = True
         else:
             raise MemberFailedError(f"unknown command from the coordinator: {cmd!r}")
 

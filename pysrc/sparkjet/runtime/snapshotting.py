@@ -91,7 +91,8 @@ def open_writer(member, vertex: str, index: int, snapshot_id: int):
     writer = m.topology.offset[vertex] + index
     if m.slot is not None:   # the members' storage: into the slot, fenced by it; no store
         w = slot_writer(m.config, m.slot_link, snapshot_id, m.execution_id, writer=writer,
-                        replicate=m.replicate)
+                        replicate=m.replicate,
+                        durable=m.config.durable_tier == "sync" or m.durable_copies)
     else:
         w = m.store.writer(snapshot_id, m.execution_id, writer=writer,
                            partition_count=m.config.partition_count,

@@ -120,17 +120,21 @@ class SparkRunner:
         self.tls, self.user_tls = tls_settings(config, one_machine)
         self._warned = False
         self._stop_requested = False
+        self._export_requested = False
         self.cancelled = False
         #: with persistence: whether an execution of this run has started, so its slots
         #: were verified (later executions' members skip it: their restore checks every
         #: chunk it reads, and a restart is what recovery time is measured on)
         self._loaded = False
 
-    def request_stop(self) -> None:
-        """Stops the job gracefully: its next snapshot is the terminal one."""
+    def request_stop(self, export: bool = False) -> None:
+        """Stops the job gracefully: its next snapshot is the terminal one (``export``: to
+        be exported, so with the members' storage its files go into the store too)."""
+        self._export_requested = self._export_requested or export
         self._stop_requested = True
         coord = self.current
         if coord is not None:
+            coord.export_requested = self._export_requested
             coord.stop_requested.set()
 
     def cancel(self) -> None:
@@ -290,6 +294,7 @@ class SparkRunner:
                        "tls": self.tls})
         self.current = coord
         if self._stop_requested:
+            coord.export_requested = self._export_requested
             coord.stop_requested.set()
         thread.start()
         # "interrupted" stays when Ctrl-C (or any BaseException) ends the wait: the stage is

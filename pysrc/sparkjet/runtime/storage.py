@@ -600,15 +600,16 @@ class SlotWriterLink:
     def __init__(self, config: JobConfig, slot: StorageSlot):
         self.job_id = config.id
         self.slot = slot
-        self._durable_uri = config.snapshot_store if config.durable_tier == "sync" else None
+        # the durable tier's copies, or those of a stop exporting its terminal snapshot
+        self._durable_uri = config.snapshot_store
         self._store_backend = None
 
     @property
     def _backend(self):
         """The backend of ``snapshot_store``, opened on the first durable copy."""
         if self._durable_uri is None:
-            raise InvalidArgumentError("a member of the members' storage writes into "
-                                       "snapshot_store only with durable_tier=\"sync\"")
+            raise InvalidArgumentError("a member of the members' storage writes durable "
+                                       "copies into snapshot_store: the job has none")
         if self._store_backend is None:
             self._store_backend = open_backend(self._durable_uri)
         return self._store_backend
@@ -633,14 +634,16 @@ class SlotWriterLink:
 
 
 def slot_writer(config: JobConfig, link: SlotWriterLink, snapshot_id: int, execution_id: int,
-                *, writer: int, replicate) -> SnapshotWriter:
+                *, writer: int, replicate, durable: bool | None = None) -> SnapshotWriter:
     """The writer of processor ``writer`` of a member of the members' storage: chunk files
-    into its slot (copied to their backups by ``replicate``, and into snapshot_store with
-    ``durable_tier="sync"``), fenced by the slot."""
+    into its slot (copied to their backups by ``replicate``, and into snapshot_store when
+    ``durable``: default with ``durable_tier="sync"``), fenced by the slot."""
     link.check_fence(execution_id)
+    if durable is None:
+        durable = config.durable_tier == "sync"
     return SnapshotWriter(link, snapshot_id, execution_id, writer, config.partition_count,
                           DEFAULT_CHUNK_SIZE, config.snapshot_codec, link.slot, replicate,
-                          config.durable_tier == "sync")
+                          durable)
 
 
 def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: int,

@@ -852,8 +852,10 @@ class SnapshotStore:
                for v in stored.record.vertices.values() for f in v.files):
             raise InvalidArgumentError(
                 f"snapshot {stored.record.snapshot_id} of {self.who} is in the members' storage "
-                "slots (storage=\"members\") without a durable copy: an export needs one "
-                "(JobConfig(durable_tier=\"sync\")), or a job with storage=\"shared\"")
+                "slots (storage=\"members\") without a durable copy: an export needs the "
+                "files in the store. Export while the job runs with Job.stop(snapshot=NAME) "
+                "(its members copy the terminal snapshot into the store), or run it with "
+                "JobConfig(durable_tier=\"sync\") or storage=\"shared\"")
         self.verify(stored.record.snapshot_id)
         if b.atomic_rename:
             # The files go to a temporary directory whose rename (refused once the name
