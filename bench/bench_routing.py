@@ -4,7 +4,8 @@ together, in row order, as sparkjet's outbox splits every batch of a partitioned
 once), beside what Python code would use instead:
 
 - ``argsort + take``: numpy's stable argsort of the targets and one pyarrow ``take`` of the
-  batch, sliced per target (what split_by did before);
+  batch, sliced per target (what split_by did before, and still does for values beyond
+  the native path's range: ``split_by_sorting``);
 - ``filter per target``: one pyarrow ``filter`` of the batch per target;
 - ``polars partition_by``: ``DataFrame.partition_by`` on the target column (one thread).
 
@@ -26,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkjet._batches import split_by
+from sparkjet._batches import split_by, split_by_sorting
 
 os.environ["POLARS_MAX_THREADS"] = "1"
 import polars as pl  # noqa: E402
@@ -42,16 +43,6 @@ def batch_and_targets(targets: int, seed: int = 1) -> tuple[pa.RecordBatch, np.n
     return batch, rng.integers(0, targets, ROWS).astype(np.int32)
 
 
-def argsort_take(batch: pa.RecordBatch, values: np.ndarray) -> list:
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    cuts = np.flatnonzero(np.diff(ordered)) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [len(order)]))
-    taken = batch.take(pa.array(order))
-    return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends)]
-
-
 def filter_each(batch: pa.RecordBatch, values: np.ndarray) -> list:
     return [(int(v), batch.filter(pa.array(values == v))) for v in np.unique(values)]
 
@@ -62,7 +53,7 @@ def polars_partition(frame: pl.DataFrame) -> list:
 
 WAYS = {
     "sparkjet split_by": lambda b, v, f: split_by(b, v),
-    "argsort + take": lambda b, v, f: argsort_take(b, v),
+    "argsort + take": lambda b, v, f: split_by_sorting(b, v),
     "filter per target": lambda b, v, f: filter_each(b, v),
     "polars partition_by": lambda b, v, f: polars_partition(f),
 }

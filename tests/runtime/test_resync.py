@@ -75,6 +75,17 @@ def _stale_copy(a, b, record):
     shutil.copyfile(src, dst)
 
 
+def _stale_slot(store, a, b, *, record: bool = False):
+    """Snapshot 0 (N keys) written by slot a, a copy of its file in slot b (a backup that
+    then went away) and, with ``record``, of its record too: the old state and record."""
+    old = _state([float(i) for i in range(N)])
+    rec0 = _snapshot(store, a, 0, old)
+    _stale_copy(a, b, rec0)
+    if record:
+        b.write_record(JOB, 0, store.committed_record(0)[0])
+    return old, rec0
+
+
 def _restored(slot, record, f, parts):
     """The rows of ``parts`` that the slot's copy of ``f`` holds, read back from disk."""
     path = os.path.join(slot.job_path(JOB, REPLICAS), *_rel(record, f).split("/"))
@@ -103,9 +114,7 @@ def _changed(old):
 
 def test_a_stale_slot_syncs_only_what_changed_and_holds_the_current_snapshot(cluster):
     a, b, client, _, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
+    old, rec0 = _stale_slot(store, a, b)
     new = _changed(old)
     rec1 = _snapshot(store, a, 1, new)
     f = rec1.vertices["agg"].files[0]
@@ -124,9 +133,7 @@ def test_a_stale_slot_syncs_only_what_changed_and_holds_the_current_snapshot(clu
 
 def test_rows_reordered_between_snapshots_fall_back_to_a_range_copy(cluster):
     a, b, client, _, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
+    old, rec0 = _stale_slot(store, a, b)
     new = _changed(old).sort_by([("key", "descending")])   # same entries, other order
     rec1 = _snapshot(store, a, 1, new)
     f = rec1.vertices["agg"].files[0]
@@ -143,9 +150,7 @@ def test_rows_reordered_between_snapshots_fall_back_to_a_range_copy(cluster):
 
 def test_a_root_that_does_not_match_the_rows_is_refused_and_nothing_kept(cluster):
     a, b, client, server, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
+    old, rec0 = _stale_slot(store, a, b)
     rec1 = _snapshot(store, a, 1, _changed(old))
     f = rec1.vertices["agg"].files[0]
     holder = MerkleHolder(a, JOB)
@@ -277,9 +282,7 @@ def test_a_restore_reads_the_resynced_copy_from_its_own_slot(cluster):
     from sparkjet.runtime.storage import slot_files
 
     a, b, client, server, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
+    old, rec0 = _stale_slot(store, a, b)
     new = _changed(old)
     rec1 = _snapshot(store, a, 1, new)
     f = rec1.vertices["agg"].files[0]
@@ -317,10 +320,7 @@ def test_before_a_restore_a_member_resyncs_what_its_slot_missed_and_reads_it_loc
     from sparkjet.runtime.storage import slot_files
 
     a, b, client, server, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
-    b.write_record(JOB, 0, store.committed_record(0)[0])
+    old, rec0 = _stale_slot(store, a, b, record=True)
     new = _changed(old)
     rec1 = _snapshot(store, a, 1, new)
     member = _Member([a.uuid, b.uuid], {0: client})
@@ -354,10 +354,7 @@ def test_a_malformed_holder_answer_leaves_the_restore_to_the_holders(cluster):
     from sparkjet.runtime.resync import resync_for_restore
 
     a, b, client, server, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
-    b.write_record(JOB, 0, store.committed_record(0)[0])
+    old, rec0 = _stale_slot(store, a, b, record=True)
     rec1 = _snapshot(store, a, 1, _changed(old))
     holder = MerkleHolder(a, JOB)
 
@@ -398,9 +395,7 @@ def test_a_resync_of_a_fenced_execution_writes_no_copy(cluster):
     from sparkjet.errors import FencedError
 
     a, b, client, server, store = cluster
-    old = _state([float(i) for i in range(N)])
-    rec0 = _snapshot(store, a, 0, old)
-    _stale_copy(a, b, rec0)
+    old, rec0 = _stale_slot(store, a, b)
     rec1 = _snapshot(store, a, 1, _changed(old))
     f = rec1.vertices["agg"].files[0]
     MerkleHolder(a, JOB).register(server)

@@ -55,13 +55,22 @@ time.sleep(600)
 """
 
 
-def test_the_kernel_frees_the_slot_of_a_killed_process(tmp_path):
+def _holder(tmp_path):
+    """A process holding a slot of ``JOB`` fenced by execution 7, and that slot's uuid."""
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(JOB)],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    held = child.stdout.readline().strip()
+    if not held:
+        child.kill()
+        child.wait()
+        raise AssertionError("the child claimed no slot")
+    return child, held
+
+
+def test_the_kernel_frees_the_slot_of_a_killed_process(tmp_path):
+    child, held = _holder(tmp_path)
     try:
-        held = child.stdout.readline().strip()
-        assert held, "the child claimed no slot"
         # while it lives, its slot is not ours even though it holds the job's data
         mine = StorageSlot.claim(tmp_path, job_id=JOB, host="h1")
         assert mine.uuid != held
@@ -86,12 +95,8 @@ def test_a_claim_waits_for_the_jobs_slot_an_older_execution_still_locks(tmp_path
     a task of the same execution is not waited for."""
     import threading
 
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(JOB)],
-                             stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    child, held = _holder(tmp_path)
     try:
-        held = child.stdout.readline().strip()
-        assert held, "the child claimed no slot"
         # a sibling of execution 7 (the one that locks it) takes another slot at once
         sibling = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=7, wait=60)
         assert sibling.uuid != held
