@@ -966,8 +966,9 @@ def first_snapshot(store, restore_from: int | None) -> int:
 
 def _store_ids(store) -> tuple[int, int, bool]:
     """The newest execution and snapshot ids the job's folder of the store names (its log,
-    its snapshot folders, an earlier force start's mark; -1: none), and whether its log
-    holds a registration. A log event that does not read counts as one more of each."""
+    its snapshot folders, an earlier force start's mark; -1: none), and whether they are
+    known (its log holds a registration, or a mark is there). A log event that does not
+    read counts as one more of each."""
     execution, snapshot = -1, -1
     events = store._events()
     unread = sum(1 for _, e in events if not isinstance(
@@ -986,8 +987,9 @@ def _store_ids(store) -> tuple[int, int, bool]:
         if ids is not None:
             snapshot, execution = max(snapshot, ids[0]), max(execution, ids[1])
     mark = read_mark(store)
-    if mark is not None:
+    if mark is not None:         # the ids before an earlier force start are known
         execution, snapshot = max(execution, mark["execution"]), max(snapshot, mark["snapshot"])
+        known = True
     return execution + unread, snapshot + unread, known
 
 
