@@ -33,11 +33,11 @@ def test_a_short_persistence_campaign_loses_and_duplicates_nothing(tmp_path):
     refusal naming partitions), the newest snapshot lost under both partial policies at
     least once (the older one, its given-up snapshot reported) and under exactly-once (a
     refusal), corrupt and foreign metadata in a slot, the store's folder lost (rebuilt),
-    a force start. Each round valid: exactly once, at least once or refused as its kind
+    a force start (also with a slot away during it, emptied when it is back). Each round valid: exactly once, at least once or refused as its kind
     says."""
     kinds = list(pc.KINDS)
     done = subprocess.run(
-        [sys.executable, "-m", "sparkjet.testing.persistence_campaign", "--faults", "19",
+        [sys.executable, "-m", "sparkjet.testing.persistence_campaign", "--faults", "21",
          "--seed", "3", "--json", "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=1800, check=False)
     lines = [ln for ln in done.stdout.splitlines()

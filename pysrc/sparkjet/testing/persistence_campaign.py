@@ -32,7 +32,10 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
   copies (a ``metadata_rebuilt`` event), exactly once;
 - ``force-start``: ``Job.force_start()`` before the new run: everything read again from the
   start (at-least-once output: the first run's commits stay), ids above the old ones (the
-  transactional file sink's registry would fence reused ones).
+  transactional file sink's registry would fence reused ones);
+- ``force-start-away``: the same with one slot moved aside during the force start (its host
+  away) and put back before the new run: its member empties it (its old record copies are
+  never committed again; the ``recovery`` event names it among ``wiped``).
 
 A round is valid when the output holds what the kind promises (exactly once: lost 0,
 duplicated 0; at-least-once: lost 0), or, for a refusal, the refusal is the one the kind
@@ -100,6 +103,7 @@ KINDS = {k.name: k for k in [
     Kind("foreign-metadata", "exact"),
     Kind("lost-metadata", "exact", event="metadata_rebuilt"),
     Kind("force-start", "at-least"),
+    Kind("force-start-away", "at-least", event="wiped"),
 ]}
 
 
@@ -196,6 +200,17 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
         (folder,) = store.glob("job-*")
         shutil.rmtree(folder)
         return f"removed the store's folder {folder}"
+    if k == "force-start-away":
+        away = rng.choice(slots)
+        aside = away.parent.parent / f"away-{away.name}"
+        away.rename(aside)
+        try:
+            removed = job.force_start()
+        finally:
+            aside.rename(away)
+        return (f"force start with {away.name} away (put back after): removed "
+                f"{len(removed['store'])} store paths and {len(removed['slots'])} slot "
+                f"folders; ids above {removed['floor']}")
     if k == "force-start":
         removed = job.force_start()
         return (f"force start: removed {len(removed['store'])} store paths and "
@@ -274,7 +289,11 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         report.unexpected_count)
     if guarantee == "at-least-once":
         result.duplicated, result.wrong = 0, report.unexpected_count
-    if kind.event and not any(e["event"] == kind.event for e in restart):
+    if kind.event == "wiped":
+        if not any(e["event"] == "recovery" and e.get("wiped") for e in restart):
+            actions.append("the slot away at the force start was not emptied")
+            result.wrong += 1
+    elif kind.event and not any(e["event"] == kind.event for e in restart):
         actions.append(f"no {kind.event} event")
         result.wrong += 1
     result.detail = "; ".join(actions + [f"restored from {result.restored_from}"])
