@@ -33,8 +33,8 @@ def test_a_short_persistence_campaign_loses_and_duplicates_nothing(tmp_path):
     refusal naming partitions), the newest snapshot lost under both partial policies at
     least once (the older one, its given-up snapshot reported) and under exactly-once (a
     refusal), corrupt and foreign metadata in a slot, the store's folder lost (rebuilt),
-    a force start (also with a slot away during it, emptied when it is back). Each round valid: exactly once, at least once or refused as its kind
-    says."""
+    a force start (also with a slot away during it, emptied when it is back). Each round
+    valid: exactly once, at least once or refused as its kind says."""
     kinds = list(pc.KINDS)
     done = subprocess.run(
         [sys.executable, "-m", "sparkjet.testing.persistence_campaign", "--faults", "21",
