@@ -254,7 +254,8 @@ def test_force_start_under_exactly_once_goes_on_above_every_id_seen(tmp_path):
     newest the store's log and this host's slots had seen, and a slot of another host that
     was away and joins later having seen more raises them again before any snapshot. The
     slots' data of before is emptied whenever it joins. (Before: refused, and ids 0.)"""
-    from sparkjet.errors import ExecutionFailedError
+    from sparkjet.connectors.base import ProcessorContext
+    from sparkjet.errors import ExecutionFailedError, FencedError
     from sparkjet.pipeline import Pipeline
     from sparkjet.runtime.persistence import first_snapshot
     from sparkjet.runtime.supervision import next_execution
@@ -265,13 +266,18 @@ def test_force_start_under_exactly_once_goes_on_above_every_id_seen(tmp_path):
     store, a, b = _snapshots(tmp_path, config, ids=(0, 4))     # execution 1, snapshots 0, 4
     with StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True) as here:
         here.fence(config.id, 5)         # this host's slot had seen execution 5
-    store.register_execution(2)
+    store.register_execution(5)
     store.close()
-    job = Job(Pipeline().read_from(GeneratorSource(total=10))
-              .write_to(TransactionalFileSink(tmp_path / "out")), config)
+    sink = TransactionalFileSink(tmp_path / "out")
+    sink.open(ProcessorContext(config.id, 5, "sink", 0, 1))    # the sink registers 5
+    job = Job(Pipeline().read_from(GeneratorSource(total=10)).write_to(sink), config)
     with a, b:
         assert job.force_start()["floor"] == {"execution": 5, "snapshot": 4}
         assert next_execution(config, 0) == 6
+        # the sink's registry keeps execution 5: ids from 0 again were fenced off by it
+        with pytest.raises(FencedError):
+            sink.open(ProcessorContext(config.id, 0, "sink", 0, 1))
+        sink.open(ProcessorContext(config.id, 6, "sink", 0, 1))
         store = open_store(config)
         assert first_snapshot(store, None) == 5
         # slot b's host was away at the force start; meanwhile it had seen execution 9 and
