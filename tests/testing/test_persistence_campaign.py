@@ -50,7 +50,31 @@ def test_a_short_persistence_campaign_loses_and_duplicates_nothing(tmp_path):
     for r in found["rounds"]:
         assert r["valid"] and r["faults"] >= 1, r
         assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r
+    # refused, or (the files lost held no chunk) restored exactly once
     for k in ("slot-lost", "newest-lost-eo"):
-        assert rounds[k]["refusal"] == "RecoveryRefusedError", rounds[k]
+        assert rounds[k]["refusal"] in ("RecoveryRefusedError", None), rounds[k]
     for k in ("newest-lost-recent", "newest-lost-complete"):
         assert rounds[k]["given_up"] or "nothing else" in rounds[k]["detail"], rounds[k]
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_a_driver_process_killed_with_its_jvm_and_members_restarts_exactly(tmp_path):
+    """``--driver-process``: the first driver runs in a process of its own (its own local
+    Spark) and is SIGKILLed with its JVM and members; a new driver restarts the job, the
+    store's folder lost (rebuilt from the slots' record copies), and after a force start
+    with a slot away."""
+    kinds = ["restart", "lost-metadata", "force-start-away"]
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkjet.testing.persistence_campaign", "--faults", "5",
+         "--kinds", ",".join(kinds), "--driver-process", "--seed", "5", "--json",
+         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=1800, check=False)
+    lines = [ln for ln in done.stdout.splitlines()
+             if ln.startswith("PERSISTENCE-CAMPAIGN-JSON ")]
+    assert lines, done.stdout[-4000:] + done.stderr[-4000:]
+    found = json.loads(lines[0].split(" ", 1)[1])
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert {r["kind"] for r in found["rounds"]} == set(kinds)
+    for r in found["rounds"]:
+        assert r["valid"] and r["faults"] >= 1 and "driver's process group" in r["detail"], r
+        assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r

@@ -15,7 +15,10 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
 
 - ``restart`` (``FULL_RECOVERY_ONLY``): nothing else: the newest snapshot, exactly once;
 - ``slot-lost`` (``FULL_RECOVERY_ONLY``, ``backup_count=0``): one slot's folder removed:
-  refused (``RecoveryRefusedError`` naming the partitions), nothing committed twice;
+  refused (``RecoveryRefusedError`` naming the partitions), nothing committed twice; or,
+  when that slot's files of the newest snapshot held no chunk (a processor with no state,
+  as a table join's member may be: the slot holding the most bytes is taken), restored
+  exactly once;
 - ``slot-lost-b1`` (``FULL_RECOVERY_ONLY``, ``backup_count=1``): the same with backups:
   exactly once;
 - ``newest-lost-recent`` / ``newest-lost-complete`` (at-least-once,
@@ -23,7 +26,8 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
   snapshot's folder removed from one slot: the older snapshot restored, the newer reported
   given up (``given_up`` in the ``recovery`` event), nothing lost;
 - ``newest-lost-eo`` (exactly-once, ``PARTIAL_RECOVERY_MOST_RECENT``): the same: refused
-  (the older snapshot would replay committed output);
+  (the older snapshot would replay committed output), or restored exactly once when the
+  folder held no chunk;
 - ``corrupt-metadata``: a slot's ``TABLE.json``, ``FENCE`` or a record copy overwritten
   with garbage: that file removed alone (``auto_remove_stale_data``), exactly once;
 - ``foreign-metadata``: another job's record copy put among a slot's record copies of this
@@ -43,19 +47,25 @@ allows, names what it must, and what was committed before it duplicated nothing.
 the summary gives rounds, faults, refusals, lost, duplicated and the snapshots partial
 policies gave up.
 
-Not in it yet (issue 25 item 3 asks for more): a driver process of its own (here the run is
-abandoned in this process: the members and their slots' locks die, the driver's state goes
-with the Job object), a standalone cluster of 3 hosts, ``rebalance_delay`` and Merkle
-resync (not built).
+By default the first run's driver is abandoned in this process (the members and their
+slots' locks die, the driver's state goes with the Job object); ``--driver-process`` runs
+it in a process of its own with its own local Spark and kills its whole process group
+(driver, JVM, members) with SIGKILL. The restart's driver is this process's.
+
+Not in it yet (issue 25 item 3 asks for more): a standalone cluster of 3 hosts,
+``rebalance_delay`` and Merkle resync (not built).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,7 +88,8 @@ FULL, RECENT, COMPLETE = ("FULL_RECOVERY_ONLY", "PARTIAL_RECOVERY_MOST_RECENT",
 class Kind:
     """One kind of damage after the kill: its job settings, and what the restart may end
     in: "exact" (exactly-once output), "at-least" (nothing lost), "refuse" (the run failed
-    with a RecoveryRefusedError, its message saying ``refusal`` and naming ``names``)."""
+    with a RecoveryRefusedError, its message saying ``refusal`` and naming ``names``), or
+    "either" (one of "refuse" and "exact")."""
 
     name: str
     expect: str
@@ -92,12 +103,12 @@ class Kind:
 
 KINDS = {k.name: k for k in [
     Kind("restart", "exact"),
-    Kind("slot-lost", "refuse", backup_count=0,
+    Kind("slot-lost", "either", backup_count=0,
          refusal="persistence restart refused (FULL_RECOVERY_ONLY)", names="partitions"),
     Kind("slot-lost-b1", "exact"),
     Kind("newest-lost-recent", "at-least", RECENT, "at-least-once", 0),
     Kind("newest-lost-complete", "at-least", COMPLETE, "at-least-once", 0),
-    Kind("newest-lost-eo", "refuse", RECENT, backup_count=0,
+    Kind("newest-lost-eo", "either", RECENT, backup_count=0,
          refusal="exactly-once refuses it", names="partitions"),
     Kind("corrupt-metadata", "exact"),
     Kind("foreign-metadata", "exact"),
@@ -143,11 +154,89 @@ def _kill_all_at(job, at: int, seen: list, actions: list):
     return progress
 
 
+def _run_driver_process(work: Path, spec: dict, at: int, seen: list, actions: list):
+    """The first run in a driver process of its own (``--run-driver``): its events read
+    from its file as they come; at snapshot ``at`` its whole process group (the driver,
+    its Spark JVM, the members) is SIGKILLed. Returns the run's error if it failed before
+    (None otherwise)."""
+    events_file = work / "driver-events.jsonl"
+    spec = dict(spec, work=str(work), events_file=str(events_file))
+    log = open(work / "driver.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "sparkjet.testing.persistence_campaign",
+                             "--run-driver", json.dumps(spec)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    offset = 0
+    try:
+        while True:
+            ended = proc.poll() is not None
+            if events_file.exists():
+                with open(events_file) as f:
+                    f.seek(offset)
+                    for line in f.readlines():
+                        if not line.endswith("\n"):
+                            break
+                        offset += len(line.encode())
+                        event = json.loads(line)
+                        seen.append(event)
+                        if (event["event"] == "snapshot" and event["snapshot"] >= at
+                                and not event.get("terminal") and not actions):
+                            # pyspark's worker daemon has a process group of its own:
+                            # the members are killed by pid, then the driver's group
+                            started = [e for e in seen if e["event"] == "started"]
+                            pids = sorted((started[-1].get("pids") or {}).values()) \
+                                if started else []
+                            for pid in pids:
+                                with contextlib.suppress(ProcessLookupError):
+                                    os.kill(int(pid), signal.SIGKILL)
+                            os.killpg(proc.pid, signal.SIGKILL)
+                            actions.append(f"kill-all after snapshot {event['snapshot']}: "
+                                           f"SIGKILL members {pids} and the driver's process "
+                                           f"group {proc.pid} (its Spark JVM)")
+            if actions or ended:
+                break
+            time.sleep(0.05)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    if not actions and proc.returncode != 0:
+        return (work / "driver.log").read_text()[-2000:] or f"exit {proc.returncode}"
+    return None
+
+
+def _driver_main(spec: dict) -> int:
+    """``--run-driver SPEC``: one run of the round's job, each event a line of the events
+    file (flushed), until it ends or the campaign kills this process group."""
+    work = Path(spec["work"])
+    job, _, _ = operator_job(work, spec["op"], spec["seed"], spec["events"], spec["rate"],
+                             spec["config"])
+    spark = local_session(f"local[{spec['members']}]", "sparkjet-persistence-driver",
+                          **{"spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("OFF")
+    with open(spec["events_file"], "a") as f:
+        def progress(event):
+            f.write(json.dumps(event, default=str) + "\n")
+            f.flush()
+        try:
+            job.run(spark, on_progress=progress)
+        except JobFailedError as e:
+            print(e)
+            return 1
+    return 0
+
+
 def _slots(seen: list, storage_dir: Path) -> list[Path]:
     placed = [e for e in seen if e["event"] == "placed"]
     if not placed:
         return []
     return [storage_dir / f"slot-{s['uuid']}" for s in placed[-1]["slots"]]
+
+
+def _bytes(folder: Path) -> int:
+    """The bytes of the chunk files under ``folder``."""
+    return sum(f.stat().st_size for f in folder.rglob("*.chunks") if f.is_file())
 
 
 def _job_folder(slot: Path) -> Path | None:
@@ -161,7 +250,9 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
     committed before the kill); says what it did."""
     k = kind.name
     if k in ("slot-lost", "slot-lost-b1"):
-        victim = rng.choice(slots)
+        # a slot that holds state (a processor with none writes files without chunks,
+        # whose loss costs nothing: a table join's member may be one)
+        victim = rng.choice([s for s in slots if _bytes(s) == max(map(_bytes, slots))])
         shutil.rmtree(victim)
         return f"removed slot {victim.name}"
     if k.startswith("newest-lost"):
@@ -174,7 +265,8 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
         newest = [ids for ids in folders if ids[0] == committed]
         if not newest:
             return "nothing else"
-        victim = rng.choice(folders[newest[0]])
+        choices = folders[newest[0]]
+        victim = rng.choice([d for d in choices if _bytes(d) == max(map(_bytes, choices))])
         shutil.rmtree(victim)
         return f"removed snapshot {committed}'s folder {victim}"
     if k == "corrupt-metadata":
@@ -219,9 +311,12 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
 
 
 def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, members: int,
-              events: int = 600_000, rate: float = 100_000, progress=print) -> RoundResult:
+              events: int = 600_000, rate: float = 100_000, progress=print,
+              driver_process: bool = False) -> RoundResult:
     """One job with ``op``: killed with its driver, damaged as ``kind`` says, restarted by
-    a new driver; returns what happened and the checker's verdict."""
+    a new driver; returns what happened and the checker's verdict. ``driver_process``: the
+    first run's driver is a process of its own (with its own local Spark), killed with
+    SIGKILL to its process group (its JVM and the members with it)."""
     work.mkdir(parents=True, exist_ok=True)
     storage_dir = work / "slots"
     config = dict(persistence=True, storage_dir=str(storage_dir), members=members,
@@ -230,15 +325,21 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
                   cluster_data_recovery_policy=kind.policy)
     result = RoundResult(kind.name, op)
     start = time.monotonic()
-    job, again, check = operator_job(work, op, rng.randrange(2**32), events, rate, config)
+    seed, at = rng.randrange(2**32), rng.randint(1, 3)
+    job, again, check = operator_job(work, op, seed, events, rate, config)
     seen, actions = [], []
     first_error = None
-    try:
-        job.run(spark, on_progress=_kill_all_at(job, rng.randint(1, 3), seen, actions))
-    except JobCancelledError:
-        pass
-    except JobFailedError as e:
-        first_error = str(e)
+    if driver_process:
+        first_error = _run_driver_process(work, dict(op=op, seed=seed, events=events,
+                                                     rate=rate, config=config,
+                                                     members=members), at, seen, actions)
+    else:
+        try:
+            job.run(spark, on_progress=_kill_all_at(job, at, seen, actions))
+        except JobCancelledError:
+            pass
+        except JobFailedError as e:
+            first_error = str(e)
     if not actions:
         with open(work / "events.jsonl", "w") as f:
             for e in seen:
@@ -309,7 +410,7 @@ def _source_of(job):
 def _valid(kind: Kind, r: RoundResult, partial: bool) -> bool:
     if r.duplicated or r.wrong or (not partial and r.lost):
         return False
-    if kind.expect == "refuse":
+    if kind.expect == "refuse" or (kind.expect == "either" and r.refusal is not None):
         return r.refusal == "RecoveryRefusedError" and any(kind.names in e for e in r.errors)
     return r.refusal is None
 
@@ -327,7 +428,8 @@ def plan(kinds, faults: int, rng: random.Random) -> list[tuple[Kind, str]]:
 
 
 def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spark,
-                 members: int = 3, kinds=None, operators_=None) -> list[RoundResult]:
+                 members: int = 3, kinds=None, operators_=None,
+                 driver_process: bool = False) -> list[RoundResult]:
     rng = random.Random(seed)
     chosen = [KINDS[k] for k in kinds] if kinds else list(KINDS.values())
     results = []
@@ -335,7 +437,7 @@ def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spar
         if operators_:
             op = operators_[i % len(operators_)]
         r = run_round(work / f"round-{i:04d}", kind, op, rng, spark=spark, members=members,
-                      progress=progress)
+                      progress=progress, driver_process=driver_process)
         results.append(r)
         with open(work / "rounds.jsonl", "a") as f:
             f.write(json.dumps(asdict(r)) + "\n")
@@ -391,9 +493,16 @@ def main(argv=None) -> int:
                         help=f"comma-separated operators taken in turn (default: all): "
                              f"{', '.join(OPERATORS)}")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--driver-process", action="store_true",
+                        help="run each round's first driver as a process of its own (its own "
+                             "local Spark), killed with its JVM and members by SIGKILL to its "
+                             "process group")
+    parser.add_argument("--run-driver", metavar="SPEC", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true",
                         help="also print the results as one JSON line")
     args = parser.parse_args(argv)
+    if args.run_driver:
+        return _driver_main(json.loads(args.run_driver))
     kinds = args.kinds.split(",") if args.kinds else None
     for k in kinds or ():
         if k not in KINDS:
@@ -407,7 +516,7 @@ def main(argv=None) -> int:
             results = run_campaign(work, args.faults, args.seed, spark=spark,
                                    members=args.members, kinds=kinds,
                                    operators_=args.operators.split(",") if args.operators
-                                   else None)
+                                   else None, driver_process=args.driver_process)
         finally:
             spark.stop()
     print(summary(results))
