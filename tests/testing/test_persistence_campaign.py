@@ -50,7 +50,7 @@ def test_a_short_persistence_campaign_loses_and_duplicates_nothing(tmp_path):
     for r in found["rounds"]:
         assert r["valid"] and r["faults"] >= 1, r
         assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r
-    # refused, or (the files lost held no chunk) restored exactly once
+    # refused, or (every chunk lost had a copy elsewhere: broadcast state) restored exactly
     for k in ("slot-lost", "newest-lost-eo"):
         assert rounds[k]["refusal"] in ("RecoveryRefusedError", None), rounds[k]
     for k in ("newest-lost-recent", "newest-lost-complete"):

@@ -16,9 +16,9 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
 - ``restart`` (``FULL_RECOVERY_ONLY``): nothing else: the newest snapshot, exactly once;
 - ``slot-lost`` (``FULL_RECOVERY_ONLY``, ``backup_count=0``): one slot's folder removed:
   refused (``RecoveryRefusedError`` naming the partitions), nothing committed twice; or,
-  when that slot's files of the newest snapshot held no chunk (a processor with no state,
-  as a table join's member may be: the slot holding the most bytes is taken), restored
-  exactly once;
+  when every chunk it held has a copy elsewhere, restored exactly once (broadcast state,
+  partition -1, is copied whole to every slot whatever ``backup_count``: the table join's
+  pipeline has no other; the slot holding the most bytes is taken);
 - ``slot-lost-b1`` (``FULL_RECOVERY_ONLY``, ``backup_count=1``): the same with backups:
   exactly once;
 - ``newest-lost-recent`` / ``newest-lost-complete`` (at-least-once,
@@ -26,8 +26,8 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
   snapshot's folder removed from one slot: the older snapshot restored, the newer reported
   given up (``given_up`` in the ``recovery`` event), nothing lost;
 - ``newest-lost-eo`` (exactly-once, ``PARTIAL_RECOVERY_MOST_RECENT``): the same: refused
-  (the older snapshot would replay committed output), or restored exactly once when the
-  folder held no chunk;
+  (the older snapshot would replay committed output), or restored exactly once when every
+  chunk of the folder has a copy elsewhere (broadcast state);
 - ``corrupt-metadata``: a slot's ``TABLE.json``, ``FENCE`` or a record copy overwritten
   with garbage: that file removed alone (``auto_remove_stale_data``), exactly once;
 - ``foreign-metadata``: another job's record copy put among a slot's record copies of this
@@ -250,8 +250,8 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
     committed before the kill); says what it did."""
     k = kind.name
     if k in ("slot-lost", "slot-lost-b1"):
-        # a slot that holds state (a processor with none writes files without chunks,
-        # whose loss costs nothing: a table join's member may be one)
+        # the slot holding the most (broadcast state is copied to every slot: losing a
+        # slot that holds only that costs nothing)
         victim = rng.choice([s for s in slots if _bytes(s) == max(map(_bytes, slots))])
         shutil.rmtree(victim)
         return f"removed slot {victim.name}"
