@@ -288,13 +288,17 @@ def test_sink_recovers_each_crash_point_exactly_once(broker, tmp_path, crash):
     w2.close()
 
 
-def test_a_restart_finds_the_rows_of_a_commit_the_broker_forgot(broker, tmp_path):
+def test_a_restart_finds_the_rows_of_a_commit_the_broker_forgot(broker, tmp_path, caplog):
     """Phase 2 of snapshot 1 ran after snapshot 2 was staged, so snapshot 2's record still
     lists snapshot 1 as staged. A broker that forgot the commit (noida-db 0.2.3 reads a
     transaction committed while it shut down as aborted afterwards; here: the marker set
     back) must find its rows at the restart from snapshot 2: the sink kept the file while
     a restorable record listed it, and produces it again. It used to delete the file at
-    commit and refuse the restart with SnapshotIncompleteError ("is gone")."""
+    commit and refuse the restart with SnapshotIncompleteError ("is gone"). Here the broker
+    lost only the marker, and the rows are produced again: that used to go unsaid; the
+    restart now logs it, naming the topic, the marker's partition and group (review item 6)."""
+    import logging
+
     from confluent_kafka import Consumer, TopicPartition
 
     topic = new_topic(broker)
@@ -315,9 +319,13 @@ def test_a_restart_finds_the_rows_of_a_commit_the_broker_forgot(broker, tmp_path
     marker.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
     marker.close()
     w2 = eo_writer(broker, topic, tmp_path, 2)
-    w2.recover(2, state)                # produces snapshots 1 and 2 again: nothing lost
+    with caplog.at_level(logging.WARNING, logger="sparkjet.connectors.kafka"):
+        w2.recover(2, state)            # produces snapshots 1 and 2 again: nothing lost
     ids = committed_ids(broker, topic)
     assert sorted(set(ids)) == list(range(50)) and len(ids) == 80
+    (said,) = [r.getMessage() for r in caplog.records if "lost the marker" in r.getMessage()]
+    assert f"group {group!r} on topic {topic!r} partition 0 reads 1" in said, said
+    assert "committed snapshot(s) [1]" in said and "sees those 30 rows twice" in said, said
     assert first.exists(), "the restored record still lists it"
     w2.write(rows(50, 5))
     w2.prepare(3)

@@ -8,7 +8,12 @@ import os
 
 import pytest
 
-from sparkjet.errors import InvalidArgumentError, RecoveryRefusedError, StorageSlotError
+from sparkjet.errors import (
+    ExecutionFailedError,
+    InvalidArgumentError,
+    RecoveryRefusedError,
+    StorageSlotError,
+)
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.config import open_store
 from sparkjet.runtime.persistence import (
@@ -197,37 +202,140 @@ def test_force_start_removes_the_jobs_data_and_marks_the_store(tmp_path):
         assert removed["slots"] == [os.path.join(free, "jobs", layout.job_dir(config.id))]
         assert len(removed["held"]) == 1 and held.path in removed["held"][0]
         assert not os.path.exists(os.path.join(free, "jobs", layout.job_dir(config.id)))
-        assert json.load(open(os.path.join(job_folder, FORCE_START)))["time"] > 0
-        # the next execution: every member holding the job's data empties its slot
+        mark = json.load(open(os.path.join(job_folder, FORCE_START)))
+        # the newest ids anything had seen: the free slot's fence (7), no snapshot
+        assert mark["time"] > 0 and (mark["generation"], mark["execution"],
+                                     mark["snapshot"]) == (1, 7, -1)
+        assert removed["floor"] == {"execution": 7, "snapshot": -1}
+        # the next execution: every member holding the job's old data empties its slot
         store = open_store(config)
-        assert store.current_execution() is None
-        store.register_execution(0)
-        report = join_report(config, held, {"seen": 3}, 0)
+        assert store.current_execution() == 7
+        store.register_execution(8)
+        report = join_report(config, held, {"seen": 3}, 8)
         events = []
-        recovery = recover(config, store, None, 0, None, [report], events.append)
+        recovery = recover(config, store, None, 8, None, [report], events.append)
         assert recovery.wipe == {0: "force start"} and recovery.start is None
-        assert not os.path.exists(os.path.join(job_folder, FORCE_START))
-        after_join(config, held, {"wipe": "force start"}, 0)
-        assert held.newest_execution(config.id) == 0
+        assert os.path.exists(os.path.join(job_folder, FORCE_START)), "the mark must stay"
+        after_join(config, held, {"wipe": "force start"}, 8)
+        assert held.newest_execution(config.id) == 8
+        # the slot took part after the force start: it is not emptied again
+        store.register_execution(9)
+        report = join_report(config, held, {"seen": 8}, 9)
+        assert recover(config, store, None, 9, None, [report], events.append).wipe == {}
 
 
-def test_force_start_is_refused_under_exactly_once_with_a_transactional_sink(tmp_path):
-    """Force start under exactly-once with a transactional sink would start the execution
-    and snapshot ids again at 0 while the sink keeps the old ones (fenced, or taken as
-    committed already): refused, nothing removed (review finding)."""
+def test_force_start_is_refused_under_exactly_once_when_the_old_ids_are_unknown(tmp_path):
+    """Force start under exactly-once with a transactional sink, when the store's log of the
+    job is lost: the ids the old executions used (which the sink keeps) are not known, so
+    the new ones could meet them: refused, nothing removed (review finding)."""
+    import shutil
+
     from sparkjet.pipeline import Pipeline
     from sparkjet.sinks import TransactionalFileSink
     from sparkjet.sources import GeneratorSource
 
     config = _config(tmp_path)
+    free = _future_slot(config)
     store = open_store(config)
     store.register_execution(3)
     store.close()
+    shutil.rmtree(os.path.join(config.snapshot_store, layout.job_dir(config.id), "log"))
     job = Job(Pipeline().read_from(GeneratorSource(total=10))
               .write_to(TransactionalFileSink(tmp_path / "out")), config)
-    with pytest.raises(InvalidArgumentError, match="new job name"):
+    with pytest.raises(InvalidArgumentError, match="holds no log of the job.*new job name"):
         job.force_start()
-    assert open_store(config).current_execution() == 3
+    assert os.path.isdir(os.path.join(free, "jobs", layout.job_dir(config.id)))
+
+
+def test_force_start_under_exactly_once_goes_on_above_every_id_seen(tmp_path):
+    """Force start under exactly-once must not reuse an execution or snapshot id: a
+    transactional sink's registry and markers keep the old ones (a new execution 0 would be
+    fenced off; a new snapshot 0 taken as committed already). The ids go on above the
+    newest the store's log and this host's slots had seen, and a slot of another host that
+    was away and joins later having seen more raises them again before any snapshot. The
+    slots' data of before is emptied whenever it joins. (Before: refused, and ids 0.)"""
+    from sparkjet.connectors.base import ProcessorContext
+    from sparkjet.errors import ExecutionFailedError, FencedError
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime.persistence import first_snapshot
+    from sparkjet.runtime.supervision import next_execution
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import GeneratorSource
+
+    config = _config(tmp_path)
+    store, a, b = _snapshots(tmp_path, config, ids=(0, 4))     # execution 1, snapshots 0, 4
+    with StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True) as here:
+        here.fence(config.id, 5)         # this host's slot had seen execution 5
+    store.register_execution(5)
+    store.close()
+    sink = TransactionalFileSink(tmp_path / "out")
+    sink.open(ProcessorContext(config.id, 5, "sink", 0, 1))    # the sink registers 5
+    job = Job(Pipeline().read_from(GeneratorSource(total=10)).write_to(sink), config)
+    with a, b:
+        assert job.force_start()["floor"] == {"execution": 5, "snapshot": 4}
+        assert next_execution(config, 0) == 6
+        # the sink's registry keeps execution 5: ids from 0 again were fenced off by it
+        with pytest.raises(FencedError):
+            sink.open(ProcessorContext(config.id, 0, "sink", 0, 1))
+        sink.open(ProcessorContext(config.id, 6, "sink", 0, 1))
+        store = open_store(config)
+        assert first_snapshot(store, None) == 5
+        # slot b's host was away at the force start; meanwhile it had seen execution 9 and
+        # kept a record copy of snapshot 11 (the store it knew was replaced)
+        b.fence(config.id, 9)
+        data = b.read_record(config.id, 4)
+        b.write_record(config.id, 11, data)
+        store.register_execution(6)
+        events = []
+        with pytest.raises(ExecutionFailedError, match=r"execution 9\).*above execution 9 and "
+                                                       r"snapshot 11"):
+            recover(config, store, job.plan, 6, None, _reports(config, 6, a, b), events.append)
+        assert next_execution(config, 1, 7) == 10 and first_snapshot(store, None) == 12
+        store.register_execution(10)
+        recovery = recover(config, store, job.plan, 10, None, _reports(config, 10, a, b),
+                           events.append)
+        assert recovery.wipe == {0: "force start", 1: "force start"}
+        assert store.complete() == []
+
+
+def test_a_slot_away_at_the_force_start_is_never_rebuilt_from(tmp_path):
+    """Review item 3: the FORCE_START mark went at the first placement, so a slot whose
+    host was away then, returning once the store held no snapshot yet, had its old record
+    copy committed again (lost metadata "rebuilt"): the given-up data came back. The mark
+    stays with the ids before the force start: that slot is emptied instead."""
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    store, a, b = _snapshots(tmp_path, config)
+    store.close()
+    with a, b:
+        from sparkjet.runtime.supervision import next_execution
+
+        Job(_plan_pipeline(), config).force_start()
+        store = open_store(config)
+        first = next_execution(config, 0)
+        store.register_execution(first)        # slot a joins; b's host is away
+        events = []
+        recovery = recover(config, store, None, first, None, _reports(config, first, a),
+                           events.append)
+        assert recovery.wipe == {0: "force start"}
+        after_join(config, a, {"wipe": "force start"}, first)
+        # that execution dies before its first snapshot; b's host is back for the next
+        second = next_execution(config, 1, first)
+        store.register_execution(second)
+        try:
+            recovery = recover(config, store, None, second, None,
+                               _reports(config, second, a, b), events.append)
+        finally:
+            assert not [e for e in events if e["event"] == "metadata_rebuilt"], events
+        assert recovery.wipe == {1: "force start"}, recovery
+        assert store.complete() == []
+
+
+def _plan_pipeline():
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import DiscardSink
+    from sparkjet.sources import GeneratorSource
+
+    return Pipeline().read_from(GeneratorSource(total=10)).write_to(DiscardSink())
 
 
 # -- the driver's decision over real slots and records (no Spark) -----------------------------
@@ -378,6 +486,8 @@ def _files(slot, job):
 
 
 def test_the_cli_force_starts_a_job_by_name(tmp_path, capsys):
+    import shutil
+
     from sparkjet.cli.main import main
 
     config = _config(tmp_path)
@@ -385,16 +495,160 @@ def test_the_cli_force_starts_a_job_by_name(tmp_path, capsys):
     store = open_store(config)
     store.register_execution(3)
     store.close()
+    log = os.path.join(config.snapshot_store, layout.job_dir(config.id), "log")
+    shutil.rmtree(log)
     args = ["snapshots", "force-start", config.snapshot_store, "--job", config.name,
             "--storage-dir", config.storage_dir]
-    # without a pipeline to look at, exactly-once is refused unless the user says otherwise
+    # the store's log is lost and there is no pipeline to look at: exactly-once is refused
+    # unless the user says otherwise
     assert main(args) != 0
     assert "--no-transactional-outputs" in capsys.readouterr().err
-    assert open_store(config).current_execution() == 3, "a refused force start removed data"
+    assert os.path.isdir(os.path.join(free, "jobs", layout.job_dir(config.id))), \
+        "a refused force start removed data"
     assert main(args + ["--no-transactional-outputs"]) == 0
     out = capsys.readouterr().out
     job_folder = os.path.join(config.snapshot_store, layout.job_dir(config.id))
-    assert f"removed {os.path.join(job_folder, 'log')}" in out
     assert f"removed {os.path.join(free, 'jobs', layout.job_dir(config.id))}" in out
     assert os.path.exists(os.path.join(job_folder, FORCE_START))
-    assert open_store(config).current_execution() is None
+    # above the free slot's execution 7
+    assert open_store(config).current_execution() == 7
+
+
+# -- lost driver metadata rebuilt from the slots' record copies (review item 8) ---------------
+
+
+def _record_in(tmp_path, config, sid: int, eid: int, slots, durable: bool = False) -> bytes:
+    """Snapshot ``sid`` of execution ``eid`` written into ``slots`` (a scratch store of its
+    own commits it), its record copy kept in each slot: what a run of that execution left."""
+    import base64
+    import shutil
+
+    import pyarrow as pa
+
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.snapshot.store import SnapshotStore
+
+    scratch = tmp_path / f"scratch-{sid}-{eid}"
+    store = SnapshotStore(str(scratch), config.id)
+    store.register_execution(eid)
+    table = PartitionTable.create([s.uuid for s in slots], 7, 0,
+                                  groups={s.uuid: s.host for s in slots})
+    manifests = []
+    for i, slot in enumerate(slots):
+        slot.fence(config.id, eid)
+        w = store.writer(sid, eid, writer=i, partition_count=7, slot=slot, durable=durable)
+        w.write_table("agg", pa.table({"key": pa.array(range(i * 100, i * 100 + 100),
+                                                       pa.int64())}), key="key")
+        manifests.append(w.finish())
+    store.commit(sid, eid, manifests, table=base64.b64encode(table.to_bytes()).decode())
+    data, _, _ = store.committed_record(sid)
+    store.close()
+    for slot in slots:
+        slot.write_record(config.id, sid, bytes(data), execution=eid)
+    shutil.rmtree(scratch)
+    return bytes(data)
+
+
+def _two_slots(tmp_path):
+    a = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True)
+    b = StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    return a, b
+
+
+def test_lost_metadata_is_rebuilt_from_the_newest_execution_not_the_highest_snapshot_id(
+        tmp_path):
+    """Snapshot 5 of execution 3, then (after a rollback to snapshot 1) snapshot 2 of
+    execution 6: a slot keeps both copies, the newer one under the lower id. With the
+    store's folder lost, the rebuild must commit execution 6's snapshot 2; ordering the
+    copies by (snapshot, execution) took snapshot 5, whose output execution 6 replaced."""
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    a, b = _two_slots(tmp_path)
+    with a, b:
+        _record_in(tmp_path, config, 5, 3, [a, b])
+        _record_in(tmp_path, config, 2, 6, [a, b])
+        assert a.records(config.id) == [2, 5]
+        store = open_store(config)       # the job's folder of the store is lost
+        store.register_execution(0)
+        events = []
+        with pytest.raises(ExecutionFailedError, match="snapshot 2 \\(execution 6\\)"):
+            recover(config, store, None, 0, None, _reports(config, 0, a, b), events.append)
+        (rebuilt,) = [e for e in events if e["event"] == "metadata_rebuilt"]
+        assert (rebuilt["snapshot"], rebuilt["from_execution"]) == (2, 6)
+        assert [s.snapshot_id for s in store.complete()] == [2]
+
+
+def test_exactly_once_refuses_to_rebuild_lost_metadata_while_a_slot_of_its_table_is_away(
+        tmp_path):
+    """Under exactly-once a slot of the record's table that did not join may hold a newer
+    record copy, whose output the sinks committed: rebuilding from the copies present could
+    replay it. Refused naming the slot, its host and partitions; at-least-once rebuilds."""
+    config = _config(tmp_path)
+    a, b = _two_slots(tmp_path)
+    with a, b:
+        _record_in(tmp_path, config, 4, 2, [a, b])
+        store = open_store(config)
+        store.register_execution(0)
+        events = []
+        with pytest.raises(RecoveryRefusedError) as e:
+            recover(config, store, None, 0, None, _reports(config, 0, a), events.append)
+        text = str(e.value)
+        assert f"slot {b.uuid} (host b, owner of partitions" in text, text
+        assert "exactly-once refuses" in text and "Job.force_start()" in text, text
+        assert store.complete() == [] and not events
+        loose = _config(tmp_path, processing_guarantee="at-least-once")
+        with pytest.raises(ExecutionFailedError, match="Rebuilding it from the record copy"):
+            recover(loose, store, None, 0, None, _reports(loose, 0, a), events.append)
+
+
+# -- the durable copy (durable_tier="sync") that the store no longer holds (review item 11) ----
+
+
+@pytest.mark.parametrize("slot_copy", [True, False])
+def test_a_durable_copy_gone_from_the_store_counts_only_where_a_slot_holds_the_file(
+        tmp_path, slot_copy):
+    """The policy counted a file with a durable copy as held without looking: with the
+    copy gone from the store and slot b's copy gone too, it restored (a partial restore,
+    found only by the members' read). Now the copy is checked: refused naming its path and
+    what to do; while slot b still holds the file the restart goes on, reporting the loss."""
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    a, b = _two_slots(tmp_path)
+    with a, b:
+        store = open_store(config)
+        store.register_execution(1)
+        import base64
+
+        import pyarrow as pa
+
+        from sparkjet.partition_table import PartitionTable
+
+        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            w = store.writer(0, 1, writer=i, partition_count=7, slot=slot, durable=True)
+            w.write_table("agg", pa.table({"key": pa.array(range(i * 100, i * 100 + 100),
+                                                           pa.int64())}), key="key")
+            manifests.append(w.finish())
+        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        folder = os.path.join(config.snapshot_store, layout.job_dir(config.id), "snapshots")
+        durable = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder)
+                         for f in fs if f.endswith(".chunks"))
+        assert len(durable) == 2
+        os.remove(durable[1])           # writer 1's (slot b's) durable copy
+        if not slot_copy:
+            for p in _files(b, config.id):
+                os.remove(p)
+        store.register_execution(2)
+        events = []
+        if not slot_copy:
+            with pytest.raises(RecoveryRefusedError) as e:
+                recover(config, store, None, 2, _start(config, store, 0),
+                        _reports(config, 2, a, b), events.append)
+            text = str(e.value)
+            assert f"{durable[1]}: missing" in text and "put them back" in text, text
+            assert events[-1]["durable_missing"] == [f"{durable[1]}: missing"]
+            return
+        recovery = recover(config, store, None, 2, _start(config, store, 0),
+                           _reports(config, 2, a, b), events.append)
+        assert recovery.report["snapshot"] == 0
+        assert recovery.report["durable_missing"] == [f"{durable[1]}: missing"]

@@ -200,22 +200,27 @@ def test_lost_driver_metadata_is_rebuilt_from_the_slots_record_copies(spark, tmp
 
 @pytest.mark.long
 def test_force_start_wipes_the_job_and_starts_fresh(spark, tmp_path):
-    # at-least-once: under exactly-once with a transactional sink force start is refused
-    # (the sink keeps the old ids, which would start again at 0)
+    """Under exactly-once with a transactional sink: force start gives the job's data up and
+    its ids go on above the old ones (the sink's registry of executions keeps them; ids from
+    0 again were fenced off by it, so force start used to be refused)."""
     source = _source()
-    events = _run_and_kill_all(spark, _job(tmp_path, source, backup_count=0,
-                                           processing_guarantee="at-least-once"), after=1)
+    events = _run_and_kill_all(spark, _job(tmp_path, source, backup_count=0), after=1)
     lost = _slots(tmp_path, events)[1]
     shutil.rmtree(lost)
-    job = _job(tmp_path, source, backup_count=0, processing_guarantee="at-least-once")
+    job = _job(tmp_path, source, backup_count=0)
     with pytest.raises(JobFailedError, match="refused"):
         job.run(spark)
     removed = job.force_start()
     assert removed["store"] and removed["slots"] and not removed["held"], removed
     assert not list((tmp_path / "slots").glob("slot-*/jobs/*"))
+    old = max(e["execution"] for e in events if e["event"] == "execution")
+    assert removed["floor"]["execution"] >= old, removed
     seen = []
     result = job.run(spark, on_progress=seen.append)
     assert result.executions[0]["restored_from"] is None
+    assert result.executions[0]["execution_id"] > removed["floor"]["execution"]
+    assert min(e["snapshot"] for e in seen if e["event"] == "snapshot") > \
+        removed["floor"]["snapshot"] >= max(_committed(events))
     assert not [e for e in seen if e["event"] == "recovery" and e.get("snapshot")]
     # everything read again from the start: at least once (the first run's commits stay)
     out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))

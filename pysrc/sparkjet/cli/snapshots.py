@@ -57,8 +57,9 @@ def add_parser(commands) -> None:
     p = sub.add_parser("force-start", help=help_, description=help_ + (
         " (Job.force_start()). The job must not be running. Removes the job's folder of the "
         "store and its data in every slot under --storage-dir on this host that no running "
-        "task holds, printing each path, and marks the store so that the next run has every "
-        "member, on every host, empty its slot of the job."))
+        "task holds, printing each path, and marks the store so that every later run has "
+        "each member, on every host, empty its slot of the job's data from before; the job's "
+        "execution and snapshot ids go on above the newest that data had seen."))
     p.add_argument("uri", help="the snapshot store: a directory, or s3://, hdfs://, gs:// ...")
     p.add_argument("--job", required=True,
                    help="the job's name (JobConfig.name), or its id (decimal or 0x hex)")
@@ -67,9 +68,10 @@ def add_parser(commands) -> None:
                         "JobConfig's default)")
     p.add_argument("--no-transactional-outputs", action="store_true",
                    help="say that the job runs at-least-once, or has no transactional sink and "
-                        "no acknowledging source (without it, refused: under exactly-once "
-                        "those keep the job's old execution and snapshot ids, which start "
-                        "again at 0; Job.force_start() checks the pipeline itself)")
+                        "no acknowledging source (without it, refused when the store holds no "
+                        "log of the job: under exactly-once those keep the job's old execution "
+                        "and snapshot ids, which are then not known; Job.force_start() checks "
+                        "the pipeline itself)")
     p.set_defaults(command="snapshots force-start", run=_force_start, parser=p)
 
 
@@ -263,8 +265,10 @@ def _force_start(args) -> int:
         print(f"removed {path}")
     for path in removed["held"]:
         print(f"held by a running task (emptied by the next execution): {path}")
-    print(f"job {args.job!r}: force start: its next run starts empty; every member empties "
-          f"its slot of the job at the next execution")
+    floor = removed["floor"]
+    print(f"job {args.job!r}: force start: its next run starts empty, with execution and "
+          f"snapshot ids above {floor['execution']} and {floor['snapshot']}; every member "
+          f"holding the job's data from before empties its slot when it joins")
     return 0
 
 

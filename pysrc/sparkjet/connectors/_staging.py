@@ -13,6 +13,12 @@ processor: ``{"format": 1, "processors": N, "transactions": [{"processor", "exec
 the writer that staged them lives, else from their file) to the sink's one transaction,
 then delete the files. What says that a snapshot is in the system already (Kafka's marker,
 Delta's application transaction version) is the sink's own.
+
+With ``hints`` (a backend of the same root, not fsynced: the Kafka sink's), phase 2 also
+leaves ``{file}.committed`` beside a staged file once the system took it, removed with the
+file: a recovery that the system's marker sends to produce it again can say that it was
+committed before (:meth:`StagedSnapshots.was_committed`): the system lost its marker (and
+maybe the rows). A hint lost in a crash only means that nothing is said.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from sparkjet.connectors.base import ProcessorContext
 from sparkjet.errors import SnapshotIncompleteError
 
 DESCRIPTION_FORMAT = 1
+COMMITTED_HINT = ".committed"
 _STAGED = re.compile(r"e(\d{12,})-s(\d+)\.arrow")
 _PROCESSOR_DIR = re.compile(r"p(\d{5,})")
 
@@ -38,8 +45,9 @@ class StagedSnapshots:
     system says). Thread-safe: phase 2 may run beside the next epoch's phase 1."""
 
     def __init__(self, backend: Backend, directory: str, context: ProcessorContext,
-                 what: str, not_committed: str):
+                 what: str, not_committed: str, hints: Backend | None = None):
         self.backend = backend
+        self.hints = hints
         self.directory = directory
         self.context = context
         self._what = what
@@ -104,6 +112,9 @@ class StagedSnapshots:
             due = [t for t in self._pending if t["snapshot"] <= snapshot_id]
         if due:
             commit(due, self.batches)
+            if self.hints is not None:
+                for t in due:
+                    self._hint(t)
         with self._lock:
             for t in due:
                 self._memory.pop(t["snapshot"], None)
@@ -113,7 +124,25 @@ class StagedSnapshots:
             self._committed = [(stamp, f) for stamp, f in self._committed
                                if stamp >= snapshot_id]
         for f in gone:
-            self.backend.remove(self.backend.path(f))
+            self._remove(f)
+
+    def _hint(self, txn: dict) -> None:
+        try:
+            self.hints.write(self.hints.path(txn["file"] + COMMITTED_HINT),
+                             [str(self.context.execution_id).encode()])
+        except OSError:
+            pass        # a hint: without it a lost marker goes unreported, nothing more
+
+    def _remove(self, rel: str) -> None:
+        self.backend.remove(self.backend.path(rel))
+        if self.hints is not None and self.hints.exists(self.hints.path(rel + COMMITTED_HINT)):
+            self.hints.remove(self.hints.path(rel + COMMITTED_HINT))
+
+    def was_committed(self, txn: dict) -> bool:
+        """Whether phase 2 left its hint that the system took staged snapshot ``txn``
+        (with ``hints`` only)."""
+        return self.hints is not None and \
+            self.hints.exists(self.hints.path(txn["file"] + COMMITTED_HINT))
 
     def batches(self, txn: dict) -> list:
         """The rows of staged snapshot `txn`: in memory if this writer staged them, else
@@ -161,7 +190,11 @@ class StagedSnapshots:
         files are not ours to judge.)"""
         b = self.backend
         kept = {t["file"].rsplit("/", 1)[-1] for t in keep if t["processor"] == processor}
-        for name in b.listdir(b.path(self.processor_dir(processor))):
+        names = b.listdir(b.path(self.processor_dir(processor)))
+        for name in names:
             m = _STAGED.fullmatch(name)
             if m is not None and int(m[1]) <= self.context.execution_id and name not in kept:
+                self._remove(f"{self.processor_dir(processor)}/{name}")
+        for name in names:          # hints whose file went (a crash between the two)
+            if name.endswith(COMMITTED_HINT) and name[:-len(COMMITTED_HINT)] not in names:
                 b.remove(b.path(self.processor_dir(processor), name))

@@ -302,11 +302,13 @@ class Job:
         restart refuses (``JobConfig.persistence``, :mod:`sparkjet.runtime.persistence`):
         deletes the job's folder of ``snapshot_store`` (its log, records, exports and table
         versions) and the job's data in every storage slot of this host that no running
-        task holds, each path logged as a warning, and marks the store so that the next
-        execution has every member (on every host) empty its slot of the job. The next
-        :meth:`run` starts fresh: from the sources' start, every snapshot given up. Never
-        done implicitly; refused while the job runs. Returns the paths removed
-        (``store``, ``slots``) and the slots held by a running task (``held``)."""
+        task holds, each path logged as a warning, and marks the store so that every later
+        execution has each member (on every host) holding the job's data from before empty
+        its slot; the job's execution and snapshot ids go on above the newest that data had
+        seen. The next :meth:`run` starts fresh: from the sources' start, every snapshot
+        given up. Never done implicitly; refused while the job runs. Returns the paths
+        removed (``store``, ``slots``), the slots held by a running task (``held``) and the
+        ``floor`` (the newest execution and snapshot ids seen before)."""
         return force_start(self.config, self.plan)
 
 

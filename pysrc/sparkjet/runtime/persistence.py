@@ -39,17 +39,25 @@ copy): its job data is removed by its member (``auto_remove_stale_data``, logged
 path) or the job is refused, naming it.
 
 **Lost metadata.** When ``snapshot_store`` holds no snapshot of the job but slots hold
-record copies (the job's folder of the store was lost), the driver commits the newest copy
-a slot holds whose execution the slot has seen, says so loudly (a warning and a
-``metadata_rebuilt`` event), registers an execution as new as any the slots have seen and
-ends the current execution, so that the next one (newer than every slot's fence) restores
-it.
+record copies (the job's folder of the store was lost), the driver commits the copy of the
+newest execution (then of its newest snapshot) a slot holds whose execution the slot has
+seen, says so loudly (a warning and a ``metadata_rebuilt`` event), registers an execution as
+new as any the slots have seen and ends the current execution, so that the next one (newer
+than every slot's fence) restores it. Under exactly-once it refuses
+(:class:`~sparkjet.errors.RecoveryRefusedError` naming the slots, hosts and partitions)
+while a slot of that record's partition table has not joined: it may hold a newer copy.
+
+**Durable copies.** A file whose durable copy (``durable_tier="sync"``) the store no longer
+holds whole counts as held only where a slot present holds it; the refusal and the
+``recovery`` event name the paths.
 
 **Force start** (:func:`force_start`, ``Job.force_start()``): removes the job's folder of
-the store (its log, records, exports and table versions), the job's data from every slot of
-this host's ``storage_dir`` that no running task holds, and leaves a ``FORCE_START`` mark in
-the store, at which the next execution has every member empty its slot of the job. Logged
-path by path. Never implicit.
+the store (its log, records, exports and table versions) and the job's data from every slot
+of this host's ``storage_dir`` that no running task holds, and leaves a ``FORCE_START`` mark
+(:func:`read_mark`) in the store with the newest execution and snapshot ids the data had
+seen: the job's ids go on above them, and at every later execution a member whose slot holds
+data from before the force start empties it (its record copies are never committed again).
+Logged path by path. Never implicit.
 
 Not yet: a ``rebalance_delay`` other than 0 (refused by ``JobConfig``: a lost slot's backups
 are promoted at once). A slot that missed snapshots is synced by Merkle trees before its
@@ -194,9 +202,26 @@ def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: in
                   loaded=_load(config, slot, time.monotonic() + config.data_load_timeout)
                   if verify else {})
     if seen is not None and seen >= execution and report["records"]:
-        report["record"] = base64.b64encode(
-            slot.read_record(job, report["records"][-1])).decode()
+        report["record"] = base64.b64encode(_newest_record(slot, job)).decode()
     return report
+
+
+def _newest_record(slot: StorageSlot, job: int) -> bytes:
+    """The slot's record copy of the newest execution (of its newest snapshot): after a
+    rollback (a partial policy) the copies of the snapshots given up keep higher snapshot
+    ids than the newer execution's, and must not win. A copy that does not read counts
+    last (:func:`check_metadata` removed or refused those at claim)."""
+    best, out = None, b""
+    for sid in slot.records(job):
+        data = slot.read_record(job, sid)
+        try:
+            key = (meta.decode(data, meta.ValidationRecord, "", "record copy").execution_id,
+                   sid)
+        except SnapshotCorruptError:
+            key = (-1, sid)
+        if best is None or key > best:
+            best, out = key, data
+    return out
 
 
 def after_join(config: JobConfig, slot: StorageSlot, answer: dict, execution: int) -> None:
@@ -336,6 +361,49 @@ class Recovery:
     report: dict | None = None
 
 
+def _force_started(config: JobConfig, store, mark: dict, execution: int, reports: list[dict],
+                   recovery: Recovery) -> None:
+    """After a force start (``mark``): the members whose slots hold the job's data from
+    before it (a slot that has seen no execution above the mark's, or holds record copies
+    and no FENCE) go into ``recovery.wipe``, and the mark's snapshot floor rises above
+    their ids. A slot that has seen this execution or a newer one was away at the force
+    start (the store did not know its ids): the floors rise above its ids, that execution
+    is registered, and this one ends (ExecutionFailedError): the next one, newer than it,
+    empties it. A slot away now is emptied whenever it comes back, and its record copies
+    are never committed again (:func:`_rebuild`)."""
+    floor = mark["execution"]
+    beyond = [r for r in reports if r.get("seen") is not None and r["seen"] >= execution]
+    old = [i for i, r in enumerate(reports)
+           if (r.get("seen") is not None and r["seen"] <= floor)
+           or (r.get("seen") is None and r.get("records"))]
+    ids = [_report_ids(reports[i]) for i in old] + [_report_ids(r) for r in beyond]
+    raised = dict(mark, execution=max([floor, *(e for e, _ in ids)]),
+                  snapshot=max([mark["snapshot"], *(sn for _, sn in ids)]))
+    if raised != mark:
+        _write_mark(store, raised)
+        mark.update(raised)
+    if beyond:
+        try:
+            store.register_execution(raised["execution"])
+        except FencedError:
+            pass        # a newer one is registered already: this one is fenced off anyway
+        where = ", ".join(f"{r['path']} (host {r['host']}, execution {r['seen']})"
+                          for r in beyond)
+        message = (f"job {config.name!r}: slot(s) {where} hold the job's data from before its "
+                   f"force start (generation {mark['generation']}) with ids the force start "
+                   f"did not see (their hosts were away): the job's ids go on above "
+                   f"execution {raised['execution']} and snapshot {raised['snapshot']}")
+        _log.warning("%s", message)
+        raise ExecutionFailedError(f"{message}. Execution {execution} is fenced off by it; "
+                                   f"the next execution empties those slots")
+    for i in old:
+        recovery.wipe[i] = "force start"
+    if old:
+        _log.warning("job %r: force start (generation %d): member(s) empty their slot of the "
+                     "job's data from before it (%s)", config.name, mark["generation"],
+                     ", ".join(reports[i]["path"] for i in old))
+
+
 def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
             reports: list[dict], progress) -> Recovery:
     """The persistence restart's decision over the members' join ``reports`` (see the
@@ -345,21 +413,21 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
     ExecutionFailedError (metadata rebuilt: the next execution restores it)."""
     recovery = Recovery(start)
     removed = [p for r in reports for p in r.get("removed") or []]
-    if _marked(store):
-        recovery.wipe = {i: "force start" for i, r in enumerate(reports)
-                         if r.get("records") or r.get("seen") is not None}
-        _unmark(store)
-        _log.warning("job %r: force start: every member empties its slot of the job (%s)",
-                     config.name, ", ".join(reports[i]["path"] for i in recovery.wipe) or
-                     "none held any of it")
-        recovery.report = {"policy": "force start", "snapshot": None, "given_up": [],
-                           "wiped": [reports[i]["path"] for i in recovery.wipe],
-                           "removed": removed, "slots": {}}
-        progress({"event": "recovery", "execution": execution, **recovery.report})
-        return recovery
+    mark = read_mark(store)
+    if mark is not None:
+        _force_started(config, store, mark, execution, reports, recovery)
+        if recovery.wipe and not store.complete():
+            recovery.report = {"policy": "force start", "snapshot": None, "given_up": [],
+                               "wiped": [reports[i]["path"] for i in recovery.wipe],
+                               "removed": removed, "slots": {}}
+            progress({"event": "recovery", "execution": execution, **recovery.report})
+            return recovery
     committed = [s.snapshot_id for s in store.complete()]
     if not committed and start is None and config.initial_snapshot is None:
-        _rebuild(config, store, execution, reports, progress)   # raises when it rebuilt
+        # raises when it rebuilt
+        _rebuild(config, store, execution, [r for i, r in enumerate(reports)
+                                            if i not in recovery.wipe], progress,
+                 -1 if mark is None else mark["execution"])
     stale = {i: r for i, r in enumerate(reports)
              if r.get("seen") is not None and r["seen"] > execution}
     hazards = _replay_hazards(config, dag) if stale else ""
@@ -408,7 +476,8 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
         data, _, _ = store.committed_record(sid)
         records[sid] = meta.decode(data, meta.ValidationRecord, f"snapshot {sid}",
                                    "validation record")
-    missing = {sid: _missing(rec, present) for sid, rec in records.items()}
+    gone = _durable_gone(store, records)
+    missing = {sid: _missing(rec, present, gone) for sid, rec in records.items()}
     for sid, rec in records.items():
         for uuid in present:
             if _holds_whole(rec, uuid, present[uuid]):
@@ -428,12 +497,14 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
     report = {"policy": policy, "newest": newest, "snapshot": chosen,
               "given_up": [s for s in committed if chosen is not None and s > chosen],
               "removed": removed, "slots": slots}
+    if gone:
+        report["durable_missing"] = sorted(gone.values())
     if chosen is None or chosen != newest:
         report["missing"] = _describe(missing[newest], records[newest])
     if chosen is None:
         progress({"event": "recovery", "execution": execution, **report})
         raise RecoveryRefusedError(_refusal(config, policy, newest, missing, records,
-                                            present, committed))
+                                            present, committed, gone))
     if chosen != newest:
         hazards = _replay_hazards(config, dag)
         if hazards:
@@ -482,13 +553,48 @@ def _held_chunks(r: dict, rec: meta.ValidationRecord, f: meta.FileRecord) -> set
     return {i for i, c in enumerate(f.chunks) if _inside(entry[1], c)}
 
 
-def _missing(rec: meta.ValidationRecord, present: dict) -> dict[str, tuple[set, set]]:
+def _durable_gone(store, records: dict) -> dict[tuple[int, str], str]:
+    """The durable copies (``durable_tier="sync"``) the records name that the store no
+    longer holds whole: (snapshot id, file path) -> the copy's path and what is wrong
+    (missing, or of another size). Those files count as held only where a slot present
+    holds them; the loss is logged. (A copy of the right size with a flipped byte is found
+    by the restore, which reads the slots' copies first and names the path when none
+    reads.)"""
+    out: dict[tuple[int, str], str] = {}
+    backend = store._backend
+    for sid, rec in records.items():
+        folder = layout.snapshot_dir(sid, rec.execution_id)
+        for vertex, v in rec.vertices.items():
+            durable = [f for f in v.files if f.durable]
+            if not durable:
+                continue
+            where = store._path(layout.SNAPSHOTS, folder, vertex)
+            names = set(backend.listdir(where))
+            for f in durable:
+                path = f"{where}/{f.name}"
+                if f.name not in names:
+                    out[(sid, f.path)] = f"{path}: missing"
+                    continue
+                size = backend.size(path)
+                if size != f.bytes:
+                    out[(sid, f.path)] = f"{path}: {size} bytes, the record says {f.bytes}"
+    if out:
+        _log.warning("snapshot_store %s: durable copies not whole (%s): they count as held "
+                     "only where a slot present holds the file", store.who,
+                     "; ".join(sorted(out.values())))
+    return out
+
+
+def _missing(rec: meta.ValidationRecord, present: dict,
+             gone: dict | None = None) -> dict[str, tuple[set, set]]:
     """vertex -> (partitions, slots that held them) of the chunks of ``rec`` that no slot
-    present holds verified (and no durable copy has)."""
+    present holds verified (and no durable copy has: ``gone`` names the durable copies
+    the store lost, :func:`_durable_gone`)."""
     out: dict[str, tuple[set, set]] = {}
+    gone = gone or {}
     for vertex, v in rec.vertices.items():
         for f in v.files:
-            if f.durable:
+            if f.durable and (rec.snapshot_id, f.path) not in gone:
                 continue
             covered: set[int] = set()
             for u in f.holders:
@@ -556,7 +662,8 @@ def _describe(missing: dict, rec: meta.ValidationRecord) -> dict:
             for vertex, (parts, gone) in sorted(missing.items())}
 
 
-def _refusal(config, policy, newest, missing, records, present, committed) -> str:
+def _refusal(config, policy, newest, missing, records, present, committed,
+             durable_gone) -> str:
     rec = records[newest]
     head = (f"job {config.name!r}: persistence restart refused ({policy}): the newest "
             f"committed snapshot {newest} lacks {_where(missing[newest])}; no slot present "
@@ -568,6 +675,10 @@ def _refusal(config, policy, newest, missing, records, present, committed) -> st
         head += (f"; slot(s) {', '.join(unloaded)} are present, but their copies failed to "
                  f"verify or were not verified within data_load_timeout="
                  f"{config.data_load_timeout:g} s (the recovery event lists them)")
+    lost = sorted(why for (sid, _), why in durable_gone.items() if sid == newest)
+    if lost:
+        head += (f"; its durable copies in snapshot_store are not whole ({'; '.join(lost)}): "
+                 f"put them back from a copy of snapshot_store, or bring the slots back")
     if policy == FULL:
         older = [s for s in reversed(committed[:-1]) if not missing[s]]
         alt = (f", or a partial policy (cluster_data_recovery_policy="
@@ -596,14 +707,20 @@ def _replay_hazards(config: JobConfig, dag) -> str:
     return " and ".join(parts)
 
 
-def _rebuild(config: JobConfig, store, execution: int, reports: list[dict], progress) -> None:
+def _rebuild(config: JobConfig, store, execution: int, reports: list[dict], progress,
+             floor: int = -1) -> None:
     """The job's folder of the store holds no snapshot: commits again the newest record
-    copy a slot holds (one whose execution the slot has seen), loudly, and ends this
-    execution when a slot has seen a newer execution than it (the next one, registered
-    newer than all, restores it). Returns when no slot holds a record."""
+    copy a slot holds (one whose execution the slot has seen, and above ``floor``: the
+    newest execution before a force start, whose data is never committed again), loudly,
+    and ends this execution when a slot has seen a newer execution than it (the next one,
+    registered newer than all, restores it). The newest is the copy of the newest
+    execution, then of its newest snapshot: after a force start or a rollback a newer
+    execution's snapshot ids may be lower. Under exactly-once RecoveryRefusedError when a
+    slot of that record's partition table did not join (it may hold a newer copy, whose
+    output the sinks committed). Returns when no slot holds a record."""
     best = None
     for r in reports:
-        if not r.get("record") or r.get("seen") is None:
+        if not r.get("record") or r.get("seen") is None or r["seen"] <= floor:
             continue
         data = base64.b64decode(r["record"])
         try:
@@ -613,13 +730,28 @@ def _rebuild(config: JobConfig, store, execution: int, reports: list[dict], prog
             _log.warning("storage slot %s: its newest record copy does not read: %s",
                          r["path"], e)
             continue
-        if rec.job_id != config.id or rec.execution_id > r["seen"]:
+        if rec.job_id != config.id or rec.execution_id > r["seen"] or \
+                rec.execution_id <= floor:
             continue
-        if best is None or (rec.snapshot_id, rec.execution_id) > best[0]:
-            best = ((rec.snapshot_id, rec.execution_id), data, r)
+        if best is None or (rec.execution_id, rec.snapshot_id) > best[0]:
+            best = ((rec.execution_id, rec.snapshot_id), data, r, rec)
     if best is None:
         return
-    (sid, eid), data, r = best
+    (eid, sid), data, r, rec = best
+    if config.processing_guarantee == "exactly-once":
+        try:
+            table = PartitionTable.from_bytes(base64.b64decode(rec.table or "", validate=True))
+        except (binascii.Error, ValueError, PartitionTableError) as e:
+            raise RecoveryRefusedError(
+                f"job {config.name!r}: the driver's metadata was lost, and the newest record "
+                f"copy the slots hold (snapshot {sid}, execution {eid}, in {r['path']}) has "
+                f"no partition table that reads ({e}): which slots it needs is not known, so "
+                f"exactly-once refuses to rebuild from it. Run with processing_guarantee="
+                f"\"at-least-once\", or give the job's data up with Job.force_start()"
+            ) from None
+        absent = [u for u in table.members if u not in {x.get("uuid") for x in reports}]
+        if absent:
+            raise RecoveryRefusedError(_rebuild_refusal(config, rec, r, table, absent))
     seen = max(x["seen"] for x in reports if x.get("seen") is not None)
     message = (f"job {config.name!r}: snapshot_store {config.snapshot_store} holds no "
                f"snapshot of this job, but its storage slots do: the driver's metadata was "
@@ -638,6 +770,24 @@ def _rebuild(config: JobConfig, store, execution: int, reports: list[dict], prog
               "from_execution": eid, "slot": r["uuid"], "path": r["path"], "message": message})
     raise ExecutionFailedError(f"{message}. Execution {execution} is fenced off by it; the "
                                f"next execution restores snapshot {sid}")
+
+
+def _rebuild_refusal(config: JobConfig, rec: meta.ValidationRecord, r: dict,
+                     table: PartitionTable, absent: list[str]) -> str:
+    hosts = table.groups or {}
+    named = "; ".join(
+        f"slot {u} (host {hosts.get(u, 'unknown')}, owner of partitions "
+        f"{partition_ranges(set(table.partitions_of(u))) or 'none'})" for u in sorted(absent))
+    return (f"job {config.name!r}: snapshot_store {config.snapshot_store} holds no snapshot "
+            f"of this job, but its storage slots do: the driver's metadata was lost. The "
+            f"newest record copy the slots present hold is snapshot {rec.snapshot_id} "
+            f"(execution {rec.execution_id}, in {r['path']}), but {named} of its partition "
+            f"table did not join: a newer record copy may be there, whose output the sinks "
+            f"committed, and rebuilding from an older one would replay it, which "
+            f"exactly-once refuses. Bring those hosts back and run again (validation_timeout="
+            f"{config.validation_timeout:g} s waits for them), run with processing_guarantee="
+            f"\"at-least-once\" to accept the replay, or give the job's data up with "
+            f"Job.force_start()")
 
 
 # -- the driver's store, before the first execution ------------------------------------------
@@ -682,26 +832,23 @@ def wait_for_slots(config: JobConfig, store, available, progress) -> None:
 def force_start(config: JobConfig, dag=None, *, without_transactions: bool = False) -> dict:
     """Deletes the job's data: its folder of ``snapshot_store`` (log, records, exports,
     table versions) and its data in every slot of this host's ``storage_dir`` that no
-    running task holds; leaves the ``FORCE_START`` mark, at which the next execution has
-    every member empty its slot of the job. Logs each path. Returns what it removed.
+    running task holds; leaves the ``FORCE_START`` mark (:func:`read_mark`), at which every
+    later execution has a member whose slot holds data from before the force start empty
+    it, and which keeps that data's record copies from ever being committed again. Logs
+    each path. Returns what it removed, and the ``floor``: the newest execution and
+    snapshot ids anything had seen before (the store's log and snapshot folders, this
+    host's slots, an earlier mark). The new log starts with that execution registered, and
+    the next execution's snapshots start above that snapshot id: a sink's marker or
+    registry, or a slot of another host, that kept the old ids never meets them again
+    (a slot that joins later having seen more raises the floor then, :func:`recover`).
 
-    Refused under exactly-once when the pipeline ``dag`` (None: unknown, assumed so) has
-    a transactional sink or an acknowledging source: the job's execution and snapshot ids
-    would start again at 0 while those systems keep the old ones (a Kafka sink's markers, a
-    Delta table's transaction versions, a registry of executions), so its new output would
-    be fenced off or taken as committed already. ``without_transactions``: the caller
-    (the CLI, which has no pipeline) says there is none of those."""
-    hazards = ("" if without_transactions or config.processing_guarantee != "exactly-once"
-               else _replay_hazards(config, dag) if dag is not None
-               else "the transactions of any transactional sink")
-    if hazards:
-        raise InvalidArgumentError(
-            f"job {config.name!r}: force start refused under exactly-once: the job's "
-            f"execution and snapshot ids would start again at 0 while {hazards} keep the "
-            f"old ones (newer output fenced off, or taken as committed already and lost). "
-            f"Start the pipeline under a new job name (JobConfig.name) instead, which "
-            f"starts empty with ids of its own (`sparkjet snapshots force-start "
-            f"--no-transactional-outputs` when the job has neither)")
+    Refused under exactly-once when the store's log holds no registration (the ids the
+    old executions used are not known) and the pipeline ``dag`` (None: unknown, assumed
+    so) has a transactional sink or an acknowledging source: those systems keep the old
+    ids (a Kafka sink's markers, a Delta table's transaction versions, a registry of
+    executions), so the new output could be fenced off or taken as committed already.
+    ``without_transactions``: the caller (the CLI, which has no pipeline) says there is
+    none of those."""
     if config.storage != "members":
         raise InvalidArgumentError(
             f"job {config.name!r}: force start deletes the data of the members' storage "
@@ -710,29 +857,58 @@ def force_start(config: JobConfig, dag=None, *, without_transactions: bool = Fal
     removed: dict = {"store": [], "slots": [], "held": []}
     with RunLock(config):
         store = open_store(config)
-        backend = store._backend
-        job = backend.path(layout.job_dir(config.id))
-        for name in backend.listdir(job):
-            if name == layout.RUNNING:
-                continue
-            path = backend.path(layout.job_dir(config.id), name)
-            if backend.is_dir(path):
-                backend.remove_tree(path)
-            else:
-                backend.remove(path)
-            removed["store"].append(path)
-            _log.warning("force start of job %r: removed %s", config.name, path)
-        backend.write(backend.path(layout.job_dir(config.id), FORCE_START),
-                      [json.dumps({"time": time.time()}).encode()])
-        root = config.storage_root()
-        for name in _names(root):
-            if not name.startswith("slot-"):
-                continue
-            folder = os.path.join(root, name, "jobs", layout.job_dir(config.id))
+        try:
+            execution, snapshot, known = _store_ids(store)
+            hazards = ("" if known or without_transactions
+                       or config.processing_guarantee != "exactly-once"
+                       else _replay_hazards(config, dag) if dag is not None
+                       else "the transactions of any transactional sink")
+            if hazards:
+                raise InvalidArgumentError(
+                    f"job {config.name!r}: force start refused under exactly-once: "
+                    f"{config.snapshot_store} holds no log of the job, so the execution and "
+                    f"snapshot ids its old executions used are not known, while {hazards} "
+                    f"keep them (newer output fenced off, or taken as committed already and "
+                    f"lost). Start the pipeline under a new job name (JobConfig.name) "
+                    f"instead, which starts empty with ids of its own (`sparkjet snapshots "
+                    f"force-start --no-transactional-outputs` when the job has neither)")
+            mark = read_mark(store)
+            root = config.storage_root()
+            folders = [os.path.join(root, name, "jobs", layout.job_dir(config.id))
+                       for name in _names(root) if name.startswith("slot-")]
+            for folder in folders:
+                e, sn = _folder_ids(folder)
+                execution, snapshot = max(execution, e), max(snapshot, sn)
+            floor = {"execution": execution, "snapshot": snapshot}
+            # the mark first: a force start cut short leaves the floors known
+            backend = store._backend
+            backend.makedirs(backend.path(layout.job_dir(config.id)))
+            _write_mark(store, {"time": time.time(), **floor,
+                                "generation": 1 if mark is None else mark["generation"] + 1})
+            for name in backend.listdir(backend.path(layout.job_dir(config.id))):
+                if name in (layout.RUNNING, FORCE_START):
+                    continue
+                path = backend.path(layout.job_dir(config.id), name)
+                if backend.is_dir(path):
+                    backend.remove_tree(path)
+                else:
+                    backend.remove(path)
+                removed["store"].append(path)
+                _log.warning("force start of job %r: removed %s", config.name, path)
+        finally:
+            store.close()
+        with open_store(config) as store:     # the job's folders anew
+            if execution >= 0:
+                store.register_execution(execution)
+        _log.warning("force start of job %r: its execution and snapshot ids go on above %d "
+                     "and %d, the newest its data had seen", config.name, execution, snapshot)
+        removed["floor"] = floor
+        for folder in folders:
             if not os.path.isdir(folder):
                 continue
             try:
-                slot = StorageSlot.claim_folder(os.path.join(root, name), durable=True)
+                slot = StorageSlot.claim_folder(os.path.dirname(os.path.dirname(folder)),
+                                                durable=True)
             except StorageSlotError as e:
                 removed["held"].append(f"{folder}: {e}")
                 continue
@@ -745,19 +921,108 @@ def force_start(config: JobConfig, dag=None, *, without_transactions: bool = Fal
                 slot.remove_job(config.id)
             removed["slots"].append(folder)
             _log.warning("force start of job %r: removed %s", config.name, folder)
-        store.close()
     return removed
 
 
-def _marked(store) -> bool:
+def _mark_path(store) -> str:
+    return store._backend.path(layout.job_dir(store.job_id), FORCE_START)
+
+
+def read_mark(store) -> dict | None:
+    """The ``FORCE_START`` mark of the job's folder of ``store`` (None: never force
+    started): ``generation`` (force starts so far), ``execution`` and ``snapshot`` (the
+    newest ids anything had seen before the last force start, -1 for none: the ids after
+    it go on above them, and a slot or record copy of those ids or below is the old
+    data). RecoveryRefusedError naming the path when it does not read."""
+    backend, path = store._backend, _mark_path(store)
+    if not backend.exists(path):
+        return None
+    try:
+        mark = json.loads(bytes(backend.read(path)))
+        out = {"generation": int(mark.get("generation", 1)),
+               "execution": int(mark.get("execution", -1)),
+               "snapshot": int(mark.get("snapshot", -1)), "time": mark.get("time")}
+    except (ValueError, TypeError, AttributeError) as e:
+        raise RecoveryRefusedError(
+            f"{path}: the force start mark does not read ({e}): the ids the job's data had "
+            f"before its force start are not known, so no slot's data can be told old or "
+            f"new. Run `sparkjet snapshots force-start` again (it writes the mark anew)"
+        ) from None
+    return out
+
+
+def _write_mark(store, mark: dict) -> None:
+    store._backend.write(_mark_path(store), [json.dumps(mark, sort_keys=True).encode()])
+
+
+def first_snapshot(store, restore_from: int | None) -> int:
+    """The id of an execution's first snapshot: one after the one it restored, and after a
+    force start above every snapshot id the job's data had before it (a Kafka marker or a
+    slot's record copy of the old ids must never meet a new snapshot of the same id)."""
+    nxt = 0 if restore_from is None else restore_from + 1
+    mark = None if store is None else read_mark(store)
+    return nxt if mark is None else max(nxt, mark["snapshot"] + 1)
+
+
+def _store_ids(store) -> tuple[int, int, bool]:
+    """The newest execution and snapshot ids the job's folder of the store names (its log,
+    its snapshot folders, an earlier force start's mark; -1: none), and whether they are
+    known (its log holds a registration, or a mark is there). A log event that does not
+    read counts as one more of each."""
+    execution, snapshot = -1, -1
+    events = store._events()
+    unread = sum(1 for _, e in events if not isinstance(
+        e, (meta.RegisterEvent, meta.CommitEvent, meta.RollbackEvent)))
+    known = False
+    for _, e in events:
+        if isinstance(e, meta.RegisterEvent):
+            execution, known = max(execution, e.execution), True
+        elif isinstance(e, meta.CommitEvent):
+            execution, snapshot = max(execution, e.execution), max(snapshot, e.snapshot)
+        elif isinstance(e, meta.RollbackEvent):
+            snapshot = max([snapshot, e.snapshot, *e.replaced])
     backend = store._backend
-    return backend.exists(backend.path(layout.job_dir(store.job_id), FORCE_START))
+    for name in backend.listdir(backend.path(layout.job_dir(store.job_id), layout.SNAPSHOTS)):
+        ids = layout.snapshot_of(name)
+        if ids is not None:
+            snapshot, execution = max(snapshot, ids[0]), max(execution, ids[1])
+    mark = read_mark(store)
+    if mark is not None:         # the ids before an earlier force start are known
+        execution, snapshot = max(execution, mark["execution"]), max(snapshot, mark["snapshot"])
+        known = True
+    return execution + unread, snapshot + unread, known
 
 
-def _unmark(store) -> None:
-    backend = store._backend
-    backend.remove(backend.path(layout.job_dir(store.job_id), FORCE_START))
+def _folder_ids(folder: str) -> tuple[int, int]:
+    """The newest execution and snapshot ids a slot's folder of the job names (its FENCE,
+    record copies and replicas' snapshot folders; -1: none). A FENCE that does not read
+    names none (the record copies and folders still count)."""
+    execution, snapshot = -1, -1
+    try:
+        with open(os.path.join(folder, FENCE)) as f:
+            execution = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    for name in _names(os.path.join(folder, RECORDS)):
+        if name.isdigit():
+            snapshot = max(snapshot, int(name))
+    for name in _names(os.path.join(folder, REPLICAS, layout.SNAPSHOTS)):
+        ids = layout.snapshot_of(name)
+        if ids is not None:
+            snapshot, execution = max(snapshot, ids[0]), max(execution, ids[1])
+    return execution, snapshot
 
 
-__all__ = ["FORCE_START", "Recovery", "after_join", "check_metadata", "claim", "force_start",
-           "join_report", "recover", "wait_for_slots"]
+def _report_ids(r: dict) -> tuple[int, int]:
+    """The newest execution and snapshot ids a join report names (-1: none)."""
+    execution = -1 if r.get("seen") is None else int(r["seen"])
+    snapshot = max([-1, *(int(s) for s in r.get("records") or [])])
+    for name in r.get("held") or {}:
+        ids = layout.snapshot_of(name)
+        if ids is not None:
+            snapshot, execution = max(snapshot, ids[0]), max(execution, ids[1])
+    return execution, snapshot
+
+
+__all__ = ["FORCE_START", "Recovery", "after_join", "check_metadata", "claim", "first_snapshot",
+           "force_start", "join_report", "read_mark", "recover", "wait_for_slots"]

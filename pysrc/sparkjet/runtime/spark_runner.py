@@ -57,8 +57,8 @@ from sparkjet.runtime.failures import is_deterministic, transient_kind
 from sparkjet.runtime.failures import report as failure_report
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.observability import LatencyHistogram, add_vertex_counts
+from sparkjet.runtime.persistence import first_snapshot, wait_for_slots
 from sparkjet.runtime.persistence import recover as persistence_recover
-from sparkjet.runtime.persistence import wait_for_slots
 from sparkjet.runtime.restore import handed_start, own_start, report_fallback
 from sparkjet.runtime.supervision import (
     JobFailedError,
@@ -315,7 +315,10 @@ class SparkRunner:
                            "pids": dict(coord.pids), "seconds": time.monotonic() - started})
             # ("restored" comes from the coordinator, once every member rebuilt its state)
             ticker.start()
-            coord.run(0 if restore_from is None else restore_from + 1)
+            # after a force start, above every snapshot id of the data it gave up
+            coord.run(first_snapshot(store, restore_from) if store is not None
+                      and config.storage == "members" else
+                      0 if restore_from is None else restore_from + 1)
             outcome["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
             outcome["status"] = "rescaled" if isinstance(e, _RescaleRequested) else "failed"

@@ -30,7 +30,12 @@ in the open transaction across phase 1; it keeps them in durable staging.
    files and committed with the marker, as in 3. So a crash anywhere -- before, during or
    after Kafka's commit, or during the recovery itself -- neither loses nor repeats a record
    for a ``read_committed`` consumer. Leftover staged files (of snapshots that never
-   completed, or committed but not yet deleted) are then deleted.
+   completed, or committed but not yet deleted) are then deleted. A broker that loses a
+   committed marker (and maybe the rows) has them produced again; phase 2 leaves a hint
+   beside each staged file it committed, so that recovery then logs a warning naming the
+   topic, the marker's partition and group, and the snapshots (when only the marker was
+   lost, a ``read_committed`` consumer sees those rows twice: telling the two apart would
+   take reading the topic back).
 
 **Fencing.** Transactional ids depend on the job, the sink and the processor index, never
 on the execution: a new execution's ``init_transactions`` with the same id fences the
@@ -60,6 +65,7 @@ Needs ``confluent-kafka`` (``pip install 'sparkjet[kafka]'``).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import KW_ONLY, dataclass
 from typing import Annotated
@@ -86,6 +92,7 @@ from sparkjet.errors import ConnectorError, FencedError, InvalidArgumentError
 
 _REGISTERED = re.compile(r"e(\d{12,})-n(\d+)")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_log = logging.getLogger("sparkjet.connectors.kafka")
 
 
 @dataclass(frozen=True)
@@ -378,7 +385,8 @@ class KafkaWriter(_ProducerBase):
         sink_dir = _SAFE.sub("_", self._prefix)
         self._registry = self._backend.path("_executions", job, sink_dir)
         self._staged = StagedSnapshots(self._backend, f"_staging/{job}/{sink_dir}", context,
-                                       self._what(), "its marker says it is not in Kafka")
+                                       self._what(), "its marker says it is not in Kafka",
+                                       hints=Backend(sink.staging, durable=False))
         self._open: list[pa.RecordBatch] = []
         self._last_prepared: int | None = None
         self._producer = None
@@ -502,6 +510,7 @@ class KafkaWriter(_ProducerBase):
             if theirs:
                 marker = self._marker(i)
                 due = [t for t in theirs if t["snapshot"] >= marker]
+                self._report_lost_marker(i, marker, due)
                 if due:
                     consumer = self._kafka.Consumer(self._config(**{"group.id": self._id(i)}))
                     try:
@@ -520,6 +529,25 @@ class KafkaWriter(_ProducerBase):
         self._staged.reset(snapshot_id, txns)
         self._open = []
         self._last_prepared = snapshot_id
+
+    def _report_lost_marker(self, processor: int, marker: int, due: list) -> None:
+        """Staged snapshots that the marker says are not in Kafka but that phase 2 left its
+        hint on (it committed them): the broker lost its commit marker, and maybe the rows
+        too (noida-db forgets a transaction committed while it shuts down). They are
+        produced again, which is right when the rows went too; when only the marker went, a
+        ``read_committed`` consumer sees them twice. Which of the two is not known here
+        (it would take reading the topic back), so it is logged loudly, naming the topic,
+        the marker's partition, the group and the snapshots."""
+        lost = [t for t in due if self._staged.was_committed(t)]
+        if lost:
+            _log.warning(
+                "%s: the commit marker of group %r on topic %r partition 0 reads %d, but this "
+                "sink committed snapshot(s) %s to Kafka before (staged files %s): the broker "
+                "lost the marker, and maybe the rows. They are produced again: if the rows "
+                "stayed, a read_committed consumer of topic %r sees those %d rows twice",
+                self._what(), self._id(processor), self.sink.topic, marker,
+                [t["snapshot"] for t in lost], [t["file"] for t in lost], self.sink.topic,
+                sum(t["rows"] for t in lost))
 
     def close(self) -> None:
         """Discards the open, unprepared rows (a replay writes them again); staged snapshots

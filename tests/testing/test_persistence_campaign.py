@@ -1,0 +1,80 @@
+"""The persistence campaign (sparkjet.testing.persistence_campaign, issue 25 item 3 short):
+jobs whose driver and members all die, restarted by a new driver after damage to the slots
+or the store, under each recovery policy.
+
+Run (the short campaign is long): PYTHONPATH=$PWD/pysrc:$PWD/tests python -m pytest -q \
+    -p no:cacheprovider -m 'long or not long' tests/testing/test_persistence_campaign.py
+The long campaign: python -m sparkjet.testing.persistence_campaign --faults 200 --json"""
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from sparkjet.testing import persistence_campaign as pc
+
+
+def test_every_kind_is_planned_and_every_operator_taken_in_turn():
+    kinds = list(pc.KINDS.values())
+    planned = pc.plan(kinds, 60, random.Random(1))
+    assert [k for k, _ in planned[:len(kinds)]] == kinds
+    assert {op for _, op in planned} == set(pc.OPERATORS)
+    assert sum(1 if k.name == "restart" else 2 for k, _ in planned) >= 60
+    # every recovery policy is drawn
+    assert {k.policy for k in kinds} == {pc.FULL, pc.RECENT, pc.COMPLETE}
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_a_short_persistence_campaign_loses_and_duplicates_nothing(tmp_path):
+    """One round of each kind on local[3] (each round runs Spark twice: minutes, so
+    ``long``): every member and the driver killed, then a slot lost without backups (a
+    refusal naming partitions), the newest snapshot lost under both partial policies at
+    least once (the older one, its given-up snapshot reported) and under exactly-once (a
+    refusal), corrupt and foreign metadata in a slot, the store's folder lost (rebuilt),
+    a force start (also with a slot away during it, emptied when it is back). Each round
+    valid: exactly once, at least once or refused as its kind says."""
+    kinds = list(pc.KINDS)
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkjet.testing.persistence_campaign", "--faults", "21",
+         "--seed", "3", "--json", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=1800, check=False)
+    lines = [ln for ln in done.stdout.splitlines()
+             if ln.startswith("PERSISTENCE-CAMPAIGN-JSON ")]
+    assert lines, done.stdout[-4000:] + done.stderr[-4000:]
+    found = json.loads(lines[0].split(" ", 1)[1])
+    assert done.returncode == 0, done.stdout[-4000:]
+    rounds = {r["kind"]: r for r in found["rounds"]}
+    assert set(rounds) == set(kinds), rounds
+    for r in found["rounds"]:
+        assert r["valid"] and r["faults"] >= 1, r
+        assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r
+    # refused, or (every chunk lost had a copy elsewhere: broadcast state) restored exactly
+    for k in ("slot-lost", "newest-lost-eo"):
+        assert rounds[k]["refusal"] in ("RecoveryRefusedError", None), rounds[k]
+    for k in ("newest-lost-recent", "newest-lost-complete"):
+        assert rounds[k]["given_up"] or "nothing else" in rounds[k]["detail"], rounds[k]
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_a_driver_process_killed_with_its_jvm_and_members_restarts_exactly(tmp_path):
+    """``--driver-process``: the first driver runs in a process of its own (its own local
+    Spark) and is SIGKILLed with its JVM and members; a new driver restarts the job, the
+    store's folder lost (rebuilt from the slots' record copies), and after a force start
+    with a slot away."""
+    kinds = ["restart", "lost-metadata", "force-start-away"]
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkjet.testing.persistence_campaign", "--faults", "5",
+         "--kinds", ",".join(kinds), "--driver-process", "--seed", "5", "--json",
+         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=1800, check=False)
+    lines = [ln for ln in done.stdout.splitlines()
+             if ln.startswith("PERSISTENCE-CAMPAIGN-JSON ")]
+    assert lines, done.stdout[-4000:] + done.stderr[-4000:]
+    found = json.loads(lines[0].split(" ", 1)[1])
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert {r["kind"] for r in found["rounds"]} == set(kinds)
+    for r in found["rounds"]:
+        assert r["valid"] and r["faults"] >= 1 and "driver's process group" in r["detail"], r
+        assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r
