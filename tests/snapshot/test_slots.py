@@ -239,3 +239,25 @@ def test_a_slot_that_cannot_be_made_whole_names_its_file_and_leaves_nothing(tmp_
         (root / "filler").unlink()
         with StorageSlot.claim(root, host="h1") as slot:      # room again: a whole slot
             assert os.path.basename(slot.path).startswith("slot-")
+
+
+def test_data_of_another_snapshot_log_is_given_up_at_claim(tmp_path):
+    """Found by running the Spark tests with storage="members" as the default: a job run
+    again with a new snapshot store (the old one removed) found its slots' FENCE from the
+    earlier run newer than its execution 0 (FencedError at every attempt) or read that
+    run's chunk files. A slot now records which log of the store its data of the job is
+    of; data of another log is given up when the slot is claimed for the new one."""
+    slot = StorageSlot.claim(tmp_path, job_id=JOB, host="h1")
+    assert slot.keep_log(JOB, "0@1.5", drop_other=True) is False      # first label
+    slot.fence(JOB, 4)
+    slot.write_record(JOB, 3, b"record 3")
+    assert slot.keep_log(JOB, "0@1.5", drop_other=True) is False      # same log: kept
+    assert slot.records(JOB) == [3] and slot.newest_execution(JOB) == 4
+    assert slot.keep_log(JOB, "0@2.5", drop_other=False) is False     # persistence decides
+    assert slot.records(JOB) == [3] and slot.log_of(JOB) == "0@2.5"
+    assert slot.keep_log(JOB, "0@9.0", drop_other=True) is True       # another log: dropped
+    assert slot.records(JOB) == [] and slot.newest_execution(JOB) is None
+    assert slot.log_of(JOB) == "0@9.0"
+    slot.fence(JOB, 0)                                                # the new run goes on
+    slot.release()
+

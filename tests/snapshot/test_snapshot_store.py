@@ -477,3 +477,21 @@ def test_a_writer_writes_every_file_on_one_thread_of_its_own(store):
     assert len(first) == 1 and len(second) == 1, "one thread per writer"
     assert threading.get_ident() not in first | second, "not on the caller's thread"
     assert sorted_table(store.restore("agg").table).equals(sorted_table(state(6)))
+
+
+def test_a_store_made_again_is_another_log_of_the_job(tmp_path):
+    """SnapshotStore.incarnation: the same while the job's log lasts (reopened, more
+    executions), another once the store's folder is removed and made again."""
+    import shutil
+
+    store = SnapshotStore(str(tmp_path / "s"), 7)
+    assert store.incarnation() is None
+    store.register_execution(0)
+    first = store.incarnation()
+    store.register_execution(1)
+    assert SnapshotStore(str(tmp_path / "s"), 7).incarnation() == first
+    shutil.rmtree(tmp_path / "s")
+    again = SnapshotStore(str(tmp_path / "s"), 7)
+    again.register_execution(0)
+    assert again.incarnation() not in (None, first)
+

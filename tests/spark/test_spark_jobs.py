@@ -328,6 +328,42 @@ def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tm
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+def test_with_the_members_storage_a_job_run_again_on_a_new_store_starts_afresh(spark, tmp_path):
+    """storage="members": a job run to its end, its snapshot store then removed, and the
+    job run again (same name, same storage_dir): its slots hold the first run's data with
+    a FENCE newer than the new run's execution 0. That data is of another log of the store
+    and is given up; the second run is exact with no restart (before: FencedError at every
+    attempt, or the first run's chunk files read)."""
+    import shutil
+
+    source = GeneratorSource(total=300_000, partitions=4, keys=1_000, batch_size=5_000,
+                             rate=100_000)
+    slots = str(tmp_path / "slots")
+    # stopped and resumed on one store (executions 0 and 1: the slots' FENCE says 1), then
+    # run on a new store
+    for run, fresh in enumerate((True, False, True)):
+        if fresh:
+            shutil.rmtree(tmp_path / "snapshots", ignore_errors=True)
+            shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        job = keyed_job(tmp_path, source, name="again", storage="members", storage_dir=slots,
+                        max_restarts=1)
+        asked = []
+
+        def stop_once(event, job=job, asked=asked, run=run):
+            if run == 0 and event["event"] == "snapshot" and not asked:
+                asked.append(1)
+                threading.Thread(target=job.stop, daemon=True).start()
+
+        result = job.run(spark, on_progress=stop_once)
+        assert result.restarts == 0, (run, result.executions)
+        if run == 0:
+            assert result.stopped
+            continue
+        report = exact(tmp_path, source)
+        assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, (
+            run, str(report))
+
+
 def test_zombie_member_is_fenced(spark, tmp_path):
     """SIGSTOP the only member right as a snapshot commits (its sink transaction is prepared,
     maybe not committed); the coordinator declares it silent, restarts the job on the other

@@ -112,7 +112,8 @@ def _persisted(config: JobConfig) -> bool:
 # -- on a member, before join ----------------------------------------------------------------
 
 
-def claim(config: JobConfig, execution: int) -> tuple[StorageSlot | None, dict]:
+def claim(config: JobConfig, execution: int,
+          log: str | None = None) -> tuple[StorageSlot | None, dict]:
     """This member's slot (see :func:`~sparkjet.runtime.storage.claim_slot`), and notes for
     its join report. With persistence: a slot whose ``MEMBER.json`` does not read is
     removed or refused (``auto_remove_stale_data``), this job's data in the slot is checked
@@ -121,7 +122,7 @@ def claim(config: JobConfig, execution: int) -> tuple[StorageSlot | None, dict]:
     the driver's metadata was lost (:func:`recover`); the member fences it after
     (:func:`after_join`)."""
     if not _persisted(config):
-        return claim_slot(config, execution), {}
+        return claim_slot(config, execution, log), {}
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
                              remove_corrupt=config.auto_remove_stale_data,
                              execution=execution, wait=claim_wait(config))

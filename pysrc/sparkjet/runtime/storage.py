@@ -53,16 +53,21 @@ from sparkjet.snapshot.writer import SnapshotWriter
 _log = logging.getLogger(__name__)
 
 
-def claim_slot(config: JobConfig, execution: int) -> StorageSlot | None:
+def claim_slot(config: JobConfig, execution: int, log: str | None = None) -> StorageSlot | None:
     """This member's slot, claimed on its host and fenced by ``execution`` (FencedError if
     the slot has seen a newer execution of the job: this task is a zombie); None when the
-    job keeps its state in the shared store."""
+    job keeps its state in the shared store. ``log``: which log of the job's snapshot store
+    the execution is in (:meth:`~sparkjet.snapshot.store.SnapshotStore.incarnation`): the
+    slot's data of the job from another log (the store's folder was removed and made again)
+    is of a run the store no longer knows, and is given up before the fence."""
     if config.storage != "members":
         return None
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id,
                              durable=config.persistence, execution=execution,
                              wait=claim_wait(config))
     try:
+        if log is not None:
+            slot.keep_log(config.id, log, drop_other=True)
         slot.fence(config.id, execution)
     except BaseException:
         slot.release()

@@ -10,8 +10,9 @@ host, so a task cannot own storage; a *slot* can. A slot is a folder under a hos
                         that process dies, so the next task on the host reclaims the slot
         MEMBER.json     {"format", "uuid", "host", "created"}: whose slot this is
         jobs/job-<id>/  one job's data: FENCE (the newest execution seen), records/ (copies
-                        of committed snapshot records), TABLE.json (its last partition table)
-                        and replicas/ (the chunk files this slot holds)
+                        of committed snapshot records), TABLE.json (its last partition table),
+                        replicas/ (the chunk files this slot holds) and LOG (which log of the
+                        job's snapshot store all that belongs to)
       .new-<uuid>/      a slot being made: locked and named before it is renamed to
                         slot-<uuid> (a slot- folder without MEMBER.json is a dead creator's)
 
@@ -54,6 +55,8 @@ FENCE = "FENCE"
 RECORDS = "records"
 TABLE = "TABLE.json"
 REPLICAS = "replicas"
+#: which log of the job's snapshot store the job's data in the slot belongs to
+LOG_OF = "LOG"
 
 
 def host_id() -> str:
@@ -261,6 +264,31 @@ class StorageSlot:
         """The ids of the jobs this slot holds data of."""
         names = _listdir(os.path.join(self.path, JOBS))
         return sorted(int(n[4:], 16) for n in names if _is_job_folder(n))
+
+    def log_of(self, job_id: int) -> str | None:
+        """Which log of the job's snapshot store this slot's data of it belongs to
+        (:meth:`SnapshotStore.incarnation`; None: not recorded)."""
+        data = _read_bytes(self.job_path(job_id, LOG_OF))
+        return None if data is None else data.decode(errors="replace")
+
+    def keep_log(self, job_id: int, log: str, *, drop_other: bool) -> bool:
+        """Records that this slot's data of ``job_id`` belongs to the store's log ``log``.
+        When it belonged to another (the store's folder was removed and made again, or
+        another store holds a job of that id), that data is of a run the store no longer
+        knows: ``drop_other`` gives it up first (returns True), else it stays and is
+        relabelled (the persistence restart decides about it)."""
+        self._check_claimed()
+        was = self.log_of(job_id)
+        if was == log:
+            return False
+        dropped = False
+        if was is not None and drop_other and os.path.isdir(self.job_path(job_id)):
+            _log.warning("%s: its data of job %016x is of another snapshot log (%s, the store's "
+                         "is %s): given up", self, job_id, was, log)
+            self.remove_job(job_id)
+            dropped = True
+        _write_atomic(self._job_dir(job_id), LOG_OF, log.encode(), self.durable)
+        return dropped
 
     def fence(self, job_id: int, execution: int) -> None:
         """Records ``execution`` as the newest of ``job_id`` this slot has seen; FencedError

@@ -343,6 +343,14 @@ class SnapshotStore:
         self._append(RegisterEvent(execution_id, time.time()), check)
         self._registered = execution_id
 
+    def incarnation(self) -> str | None:
+        """Which log of the job this is: the first execution it registered and when (None:
+        it registered none). A store folder removed and made again starts another, so
+        members' storage slots can tell their data of the job from an earlier log's."""
+        first = min(((seq, e) for seq, e in self._events() if isinstance(e, RegisterEvent)),
+                    default=None, key=lambda x: x[0])
+        return None if first is None else f"{first[1].execution}@{first[1].time!r}"
+
     def current_execution(self) -> int | None:
         """The newest registered execution, or None. Log events that do not read count
         as registrations of the next ids (executions are numbered one after the other), so
