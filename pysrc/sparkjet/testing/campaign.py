@@ -172,8 +172,8 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     readers = {}
 
     def sink_at(name: str, key: list):
-        made = sinks.make(sink_kind, work, f"{work.name}-{name}-{seed:x}", key,
-                          postgres=postgres, kafka=kafka)
+        made = sinks.make(sink_kind, work, name, key, postgres=postgres, kafka=kafka,
+                          remote=f"{work.name}-{name}-{seed:x}")
         readers[name] = made.read
         return made.sink
 

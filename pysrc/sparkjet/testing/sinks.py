@@ -57,11 +57,13 @@ class Made:
 
 def make(kind: str, folder: Path | str, name: str, key: list[str], *, postgres: str | None = None,
          postgres_read: str | None = None, kafka: str | None = None,
-         filesystem=None) -> Made:
-    """A sink of ``kind`` named ``name``: files under ``folder`` (on ``filesystem``, a
-    ``pyarrow.fs`` one, for the file sink), a PostgreSQL table ``name`` (dropped first) in
-    the database of DSN ``postgres`` (read back through ``postgres_read``, default the
-    same), a Kafka topic ``name`` on the broker at ``kafka``."""
+         filesystem=None, remote: str | None = None) -> Made:
+    """A sink of ``kind`` named ``name``: files ``folder``/``name`` (on ``filesystem``, a
+    ``pyarrow.fs`` one, for the file sink; ``name``.delta, ``name``.sqlite), or, named
+    ``remote`` (default ``name``: unique on the server), a PostgreSQL table (dropped first)
+    in the database of DSN ``postgres`` (read back through ``postgres_read``, default the
+    same) or a Kafka topic on the broker at ``kafka``."""
+    remote = remote or name
     if kind not in KINDS:
         raise ValueError(f"sink kind must be one of {KINDS}, got {kind!r}")
     if kind == "file":
@@ -74,14 +76,14 @@ def make(kind: str, folder: Path | str, name: str, key: list[str], *, postgres: 
     if kind == "kafka":
         if kafka is None:
             raise ValueError("a kafka sink needs the broker's bootstrap address")
-        return Made(kafka_sink(kafka, name, Path(folder) / f"{name}-staging", key[0]),
-                    lambda: kafka_read(kafka, name))
+        return Made(kafka_sink(kafka, remote, Path(folder) / f"{name}-staging", key[0]),
+                    lambda: kafka_read(kafka, remote))
     if kind in POSTGRES:
         if postgres is None:
             raise ValueError(f"a {kind} sink needs a PostgreSQL DSN")
-        PostgresSink.drop(postgres_read or postgres, name)
-        return Made(PostgresSink(postgres, name, **POSTGRES[kind](key)),
-                    lambda: PostgresSink.read(postgres_read or postgres, name))
+        PostgresSink.drop(postgres_read or postgres, remote)
+        return Made(PostgresSink(postgres, remote, **POSTGRES[kind](key)),
+                    lambda: PostgresSink.read(postgres_read or postgres, remote))
     path = Path(folder) / f"{name}.sqlite"
     return Made(SQLiteUpsertSink(path, "out", key=key), lambda: SQLiteUpsertSink.read(path, "out"))
 
