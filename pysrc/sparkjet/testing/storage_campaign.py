@@ -44,7 +44,6 @@ names, such as the partitions) and what was committed before it duplicated nothi
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -61,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from sparkjet import verify
-from sparkjet.cli.args import positive_int
+from sparkjet.cli.args import campaign_parser
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
 from sparkjet.errors import JobFailedError
@@ -636,21 +635,11 @@ def summary(results: list[RoundResult]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkjet.testing.storage_campaign",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--faults", type=positive_int, default=200,
-                        help="faults in all (default 200)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--members", type=positive_int, default=3,
-                        help="members (and slots) per job: local[MEMBERS] (default 3)")
-    parser.add_argument("--kinds", default=None,
-                        help=f"comma-separated kinds (default: all that can run here): "
-                             f"{', '.join(KINDS)}")
+    parser = campaign_parser("python -m sparkjet.testing.storage_campaign", __doc__,
+                             f"(default: all that can run here): {', '.join(KINDS)}")
     parser.add_argument("--standalone", action="store_true",
                         help="on a local standalone cluster of 3 one-core workers, each a host "
                              "with its own storage root (adds kill-jvm and wipe-host)")
-    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--json", action="store_true",
                         help="also print the results as one JSON line")
     parser.add_argument("--report", metavar="ROUNDS_JSONL", default=None,
