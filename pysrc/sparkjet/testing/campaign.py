@@ -40,6 +40,7 @@ from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.connectors.generator import GeneratorSource
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
+from sparkjet.runtime.spark_runner import available_slots
 from sparkjet.spark import local_session
 from sparkjet.testing import nemesis_cli, sinks
 from sparkjet.testing.operators import (  # the operators' helpers, shared
@@ -397,11 +398,29 @@ def quorum_scenario(work: Path, cluster, spark, progress=print) -> dict:
 
     result = job.run(spark, on_progress=on_progress)
     cluster.restart_worker(1)
+    _wait_for_every_worker(cluster, spark)
     out = verify.last_update_per_key(TransactionalFileSink.read(work / "out"))
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
     return {"members": [e["members"] for e in result.executions], "steps": steps,
             "restarts": result.restarts, "report": report}
+
+
+def _wait_for_every_worker(cluster, spark, timeout: float = 120) -> None:
+    """Until every worker of ``cluster`` runs exactly one executor and the driver counts a
+    task slot for each: a worker the master lists ALIVE again has not yet got its executor,
+    and a killed worker's executor may outlive it a moment. The next scenario then places
+    one member on each host."""
+    n = len(cluster.worker_pids())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (all(len(cluster.executor_pids(i)) == 1 for i in range(n))
+                and available_slots(spark) == n):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the standalone cluster's {n} workers did not each get one executor "
+                       f"within {timeout:.0f} s: executors "
+                       f"{[cluster.executor_pids(i) for i in range(n)]}")
 
 
 def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
