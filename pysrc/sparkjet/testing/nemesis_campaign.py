@@ -814,12 +814,13 @@ def run(work: Path, total_faults: int, kinds=KINDS, seed: int = 0, progress=prin
     (with its index, the seed, the package version and git commit), after a ``RUN-JSON``
     header per sitting; ``resume``: continue the run ``log`` holds (same seed, kinds and
     faults per round), from the round after its last, and return its rounds with the new
-    ones. ``runner(kind, index, faults, rng, server, operator)`` replaces the real rounds
+    ones. ``runner(kind, index, faults, rng, server, operator, sink=, guarantee=)`` replaces the real rounds
     (tests).
 
-    Rounds of a kind take the stateful operators of :mod:`sparkjet.testing.operators` in
-    turn, those its sink can hold (:func:`operators_for`); a ``server`` round takes the
-    next server, and each server the operators in turn."""
+    Rounds of a kind take its sinks in turn (:func:`sinks_for`); once the sinks have
+    turned, the stateful operators of :mod:`sparkjet.testing.operators` the sink can hold
+    (:func:`operators_for`) and the guarantees (:data:`GUARANTEES`) turn too. A
+    ``server`` round takes the next server, and each server its sinks and operators so."""
     import json
 
     info = build_info()
