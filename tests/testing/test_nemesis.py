@@ -447,6 +447,34 @@ def test_clock_skew_moves_a_running_process_wall_clock(tmp_path):
     assert mono0 <= mono1 <= mono2 and mono2 - mono0 < 60   # monotonic left true
 
 
+def test_shared_memory_of_killed_skewed_processes_is_released(tmp_path):
+    """Found after a long campaign: libfaketime leaves two files in /dev/shm for every
+    skewed process killed (about sixty after the clock rounds). They are removed once
+    their process is gone, and those of a process still running are kept."""
+    _need("clock")
+    skew = nemesis.ClockSkew(tmp_path / "clock", 60)
+    env = {**os.environ, **skew.env()}
+    children = [subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(600)"],
+                                 env=env) for _ in range(2)]
+    killed, running = children
+    mine = {c.pid: [f"faketime_shm_{c.pid}", f"sem.faketime_sem_{c.pid}"] for c in children}
+    try:
+        assert wait_until(lambda: all(os.path.exists(f"/dev/shm/{n}")
+                                      for names in mine.values() for n in names), 30), \
+            "libfaketime never opened its shared memory in the children"
+        killed.kill()
+        killed.wait()
+        removed = nemesis.release_clock_segments()
+        assert set(mine[killed.pid]) <= set(removed)
+        assert not any(os.path.exists(f"/dev/shm/{n}") for n in mine[killed.pid])
+        assert all(os.path.exists(f"/dev/shm/{n}") for n in mine[running.pid])
+    finally:
+        running.kill()
+        running.wait()
+    nemesis.release_clock_segments()
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in mine[running.pid])
+
+
 def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -37,7 +37,8 @@ The kinds:
 - :class:`ServerOutage`: a server with ``halt()`` and ``restart()`` (the tests' Kafka
   broker, PostgreSQL, S3 and Redis servers) stopped hard, restarted at heal;
 - :class:`ClockSkew`: the wall clock of processes started with :meth:`ClockSkew.env` moved
-  by an offset (libfaketime, reread from a file, so a running process jumps).
+  by an offset (libfaketime, reread from a file, so a running process jumps);
+  :func:`release_clock_segments` frees the shared memory of skewed processes killed.
 
 They need root (namespaces, mounts, ``nft``, ``tc``) and the tools: ``ip`` and ``tc``
 (iproute2), ``nft`` (nftables) and libfaketime. :func:`missing` says which tool is missing
@@ -69,7 +70,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BandwidthCap", "ClockSkew", "Delay", "DiskFull", "Flapping", "Lossy", "Nemesis",
     "NemesisError", "PacketLoss", "Partition", "Pause", "ReadOnly", "Removed", "ResetLinks",
-    "ServerOutage", "Stall", "bridge", "cut", "isolate", "missing", "one_way", "split", "tmpfs",
+    "ServerOutage", "Stall", "bridge", "cut", "isolate", "missing", "one_way",
+    "release_clock_segments", "split", "tmpfs",
 ]
 
 #: Where Debian and Fedora put libfaketime (the multithreaded flavour first).
@@ -730,6 +732,29 @@ class ClockSkew(Nemesis):
 
     def _undo(self) -> None:
         self._write(0.0)
+
+
+def release_clock_segments(folder: str | os.PathLike = "/dev/shm") -> list[str]:
+    """Removes the shared memory libfaketime left behind by processes that are gone, and
+    returns the names removed.
+
+    libfaketime (0.9.10) opens ``/dev/shm/faketime_shm_<pid>`` and
+    ``/dev/shm/sem.faketime_sem_<pid>`` in every process it is preloaded into and removes
+    them only when that process exits normally: every member SIGKILLed under a
+    :class:`ClockSkew` left two files in memory (about sixty after a long campaign). A
+    segment whose ``<pid>`` still runs is kept (its process, or a child it started, may
+    still use it); call this once the skewed processes have ended."""
+    removed = []
+    for path in Path(folder).glob("*faketime_s[he]m_*"):
+        prefix, _, pid = path.name.rpartition("_")
+        if prefix not in ("faketime_shm", "sem.faketime_sem") or not pid.isdigit():
+            continue
+        if _state(int(pid)) is not None:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 # ---- helpers -----------------------------------------------------------------------------
