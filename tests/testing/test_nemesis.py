@@ -253,6 +253,53 @@ def test_bandwidth_cap_installs_tbf_and_limits_bytes_in_a_window(net):
     assert free > 4 * capped, (free, capped)
 
 
+#: Connects to argv[1]:argv[2], sends argv[3] lines one at a time, checks each answer and
+#: prints the slowest round trip in seconds.
+PING = ("import socket, sys, time\n"
+        "c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+        "f = c.makefile('rwb', buffering=0); worst = 0.0\n"
+        "for i in range(int(sys.argv[3])):\n"
+        "    t = time.monotonic(); f.write(b'%d\\n' % i)\n"
+        "    assert f.readline() == b'pong %d\\n' % i\n"
+        "    worst = max(worst, time.monotonic() - t)\n"
+        "print(worst)\n")
+
+
+def _ping(net, frm, to, count=3) -> float:
+    argv = [sys.executable, "-I", "-c", PING, to.address, str(PORT), str(count)]
+    done = (frm.run(argv, timeout=60) if frm is not None
+            else subprocess.run(argv, capture_output=True, text=True, timeout=60))
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+def test_host_links_pass_every_connection_through_the_hosts_proxies(net):
+    """A worker's links delayed while it runs (no netem here): every TCP connection a host
+    opens or takes passes its transparent proxy, reaching what the client meant; a delay
+    on one host's proxy slows that host's links only; partitions still cut; after stop the
+    links are direct again."""
+    _need("partition")
+    a, b, c = net.hosts
+    with nemesis.HostLinks(net, seed=3) as links:
+        assert _ping(net, a, b) >= 0 and _ping(net, None, b) >= 0      # answers intact
+        # a -> b passed a's proxy (its output) and b's (its input); g -> b only b's
+        assert links.of(a).stats["connections"] == 1
+        assert links.of(b).stats["connections"] == 2
+        assert links.of(c).stats["connections"] == 0
+        with nemesis.Delay(links.of(b), 0.2):
+            assert _ping(net, a, b) >= 0.4           # 0.2 s each way through b's proxy
+            assert _ping(net, a, c) < 0.2            # c's links are not b's
+        assert _ping(net, a, b) < 0.2
+        with nemesis.isolate(net, b):
+            assert not _ok(net, a, b) and not _ok(net, None, b)
+        assert _ok(net, a, b)
+        before = links.of(b).stats["connections"]
+    assert _ping(net, a, b) >= 0 and before > 0
+    assert links.proxies == {}
+    listed = b.run(["nft", "list", "tables"])
+    assert f"{nemesis.TABLE}_links" not in listed.stdout
+
+
 def test_pause_stops_a_server_answering_until_heal(net):
     h0 = net.hosts[0]
     server = net.servers[0]
