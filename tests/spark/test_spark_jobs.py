@@ -296,6 +296,48 @@ def test_a_start_from_initial_snapshot_reports_restored(spark, tmp_path, on_spar
     assert result.events_in == 0          # it resumed at the export's offsets: the end
 
 
+def test_with_the_async_durable_tier_a_job_restores_its_uploads_when_no_slot_is_left(
+        spark, tmp_path):
+    """durable_tier="async" without backups: each snapshot commits before its members
+    upload it (its "durable" event comes after its "snapshot" event), a stop waits for its
+    terminal snapshot's upload, and with every slot wiped the next run restores that
+    snapshot from the store's copies: the output is exactly once. The marked snapshot
+    exports too."""
+    from sparkjet.runtime.config import open_store
+
+    source = GeneratorSource(total=600_000, partitions=4, keys=1_000, batch_size=5_000,
+                             rate=150_000)
+    slots = tmp_path / "slots"
+    settings = dict(storage="members", storage_dir=str(slots), backup_count=0,
+                    durable_tier="async")
+    first = keyed_job(tmp_path, source, **settings)
+    events, asked = [], []
+
+    def progress(event):
+        events.append(event)
+        if event["event"] == "durable" and event["snapshot"] >= 1 and not asked:
+            asked.append(event["snapshot"])
+            threading.Thread(target=first.stop, daemon=True).start()
+
+    result = first.run(spark, on_progress=progress)
+    assert result.stopped and 0 < result.events_in < 600_000, result.executions
+    committed = {e["snapshot"]: i for i, e in enumerate(events) if e["event"] == "snapshot"}
+    durable = {e["snapshot"]: i for i, e in enumerate(events) if e["event"] == "durable"}
+    assert durable and all(committed[s] < i for s, i in durable.items())
+    assert max(committed) in durable            # the terminal snapshot's upload was awaited
+    assert all(e["bytes"] > 0 for e in events if e["event"] == "durable")
+    shutil.rmtree(slots)
+    with open_store(first.config) as store:
+        assert store.latest_complete().snapshot_id == max(committed)
+        store.export(None, "v1")
+    events.clear()
+    keyed_job(tmp_path, source, **settings).run(spark, on_progress=events.append)
+    restored = [e for e in events if e["event"] == "restored"]
+    assert [e["snapshot"] for e in restored] == [max(committed)], restored
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
 def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path):
     """storage="members" without a durable tier: the slots hold every snapshot, and an
     export needs the files in the store. Job.stop(snapshot=NAME) has the members copy the

@@ -7,6 +7,8 @@ Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://``
     job-J/snapshots/S-eE/VERTEX/W-C.chunks     chunks of writer W's C-th write, by partition
     job-J/snapshots/S-eE/_validation-X.json    the validation record of snapshot S by execution E
                                                (X: its xxh3, so no write can replace it)
+    job-J/snapshots/S-eE/_durable.json         durable_tier="async": the members' uploads of
+                                               its files are complete (mark_durable)
     job-J/exports/NAME/...                     an exported snapshot (same layout) + _export.json
                                                (on object stores, in exports/NAME/d-X/, X a
                                                random id, which _export.json names)
