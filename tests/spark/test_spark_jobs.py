@@ -338,8 +338,10 @@ def test_with_the_async_durable_tier_a_job_restores_its_uploads_when_no_slot_is_
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
-def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path):
-    """storage="members" without a durable tier: the slots hold every snapshot, and an
+@pytest.mark.parametrize("tier", ["none", pytest.param("async", marks=pytest.mark.long)])
+def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path, tier):
+    """storage="members" without a durable tier (or with the async one, whose uploads of
+    the snapshots before run meanwhile): the slots hold every snapshot, and an
     export needs the files in the store. Job.stop(snapshot=NAME) has the members copy the
     terminal snapshot's files into the store as they write it (the driver tells them, and
     waits until each has run that, before the terminal barrier); the export is complete and
@@ -347,7 +349,8 @@ def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tm
     source = GeneratorSource(total=600_000, partitions=4, keys=1_000, batch_size=5_000,
                              rate=150_000)
     slots = str(tmp_path / "slots")
-    first = keyed_job(tmp_path, source, name="first", storage="members", storage_dir=slots)
+    first = keyed_job(tmp_path, source, name="first", storage="members", storage_dir=slots,
+                      durable_tier=tier)
     asked = []
 
     def progress(event):
