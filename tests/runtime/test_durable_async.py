@@ -226,3 +226,52 @@ def test_async_durable_tier_settings():
         JobConfig(name="x", snapshot_store="/tmp/x", storage="members", durable_tier="later")
     assert JobConfig(name="x", snapshot_store="/tmp/x", storage="members",
                      durable_tier="async").durable_tier == "async"
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_persistence_restart_counts_the_async_uploads_once_marked(tmp_path, marked):
+    """persistence=True with durable_tier="async": slot b's files are gone, and the
+    FULL_RECOVERY_ONLY policy restores the newest snapshot from the store's copies when
+    their upload was marked complete, and refuses when it was not (the copies do not
+    count)."""
+    import base64
+
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.persistence import join_report, recover
+
+    config = JobConfig(name="persisted-async", snapshot_store=str(tmp_path / "store"),
+                       storage="members", persistence=True, partition_count=7,
+                       storage_dir=str(tmp_path / "slots"), durable_tier="async")
+    a = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True)
+    b = StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    with a, b:
+        store = open_store(config)
+        store.register_execution(1)
+        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            w = slot_writer(config, SlotWriterLink(config, slot), 0, 1, writer=i,
+                            replicate=None)
+            w.write_table("agg", _state(100, i * 100), key="key")
+            manifests.append(w.finish())
+            DurableUploader(slot, SlotWriterLink(config, slot), None).upload(
+                0, 1, manifests[-1].files)
+        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        if marked:
+            store.mark_durable(0)
+        for d, _, fs in os.walk(b.job_path(config.id)):
+            for f in fs:
+                if f.endswith(".chunks"):
+                    os.remove(os.path.join(d, f))
+        store.register_execution(2)
+        reports = [join_report(config, s, {"seen": s.newest_execution(config.id)}, 2)
+                   for s in (a, b)]
+        start = handed_start(config, store, 0)[2]
+        events = []
+        if marked:
+            recovery = recover(config, store, None, 2, start, reports, events.append)
+            assert recovery.report["snapshot"] == 0 and "missing" not in recovery.report
+        else:
+            with pytest.raises(RecoveryRefusedError, match="lacks agg: partitions"):
+                recover(config, store, None, 2, start, reports, events.append)
