@@ -338,6 +338,51 @@ def test_with_the_async_durable_tier_a_job_restores_its_uploads_when_no_slot_is_
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+@pytest.mark.long
+def test_with_the_async_durable_tier_at_least_once_falls_back_reporting_the_replay(
+        spark, tmp_path):
+    """durable_tier="async", no backups, at-least-once: a member is killed as a snapshot
+    commits (its upload not done) and every slot is wiped before the restart. The driver
+    restores the newest snapshot whose upload is marked, after a rollback, and reports the
+    replay window in a fallback event; the aggregates end exact (the state and offsets of
+    that snapshot, the rest replayed)."""
+    from sparkjet.verify import last_update_per_key
+
+    source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=400_000)
+    job = keyed_job(tmp_path, source, max_restarts=2, restart_backoff=1.0, storage="members",
+                    storage_dir=str(tmp_path / "slots"), backup_count=0, durable_tier="async",
+                    processing_guarantee="at-least-once")
+    events, killed, wiped = [], [], []
+
+    def progress(event):
+        events.append(event)
+        if (event["event"] == "snapshot" and not killed
+                and any(e["event"] == "durable" for e in events)):
+            killed.append((event["snapshot"], job.member_pids[1]))
+            os.kill(killed[0][1], signal.SIGKILL)
+        if event["event"] == "restart" and not wiped:
+            shutil.rmtree(tmp_path / "slots")
+            wiped.append(True)
+
+    result = job.run(spark, on_progress=progress)
+    assert killed and wiped and result.restarts == 1
+    newest = killed[0][0]
+    marked = [e["snapshot"] for e in events if e["event"] == "durable"
+              and e["execution"] == result.executions[0]["execution_id"]]
+    restored = result.executions[1]["restored_from"]
+    if newest in marked:                    # its upload ended before the kill landed
+        assert restored == newest
+    else:
+        fallback, = [e for e in events if e["event"] == "fallback"]
+        assert fallback["to"] == restored == max(marked) and newest in fallback["replayed"]
+        assert "replay window" in fallback["message"]
+    out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
+    report = verify.check_aggregates(source.expected_counts(), out, key="key",
+                                     columns=["count", "sum"], guarantee="at-least-once")
+    assert report.valid and report.lost_count == 0, str(report)
+
+
 @pytest.mark.parametrize("tier", ["none", pytest.param("async", marks=pytest.mark.long)])
 def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path, tier):
     """storage="members" without a durable tier (or with the async one, whose uploads of
