@@ -39,7 +39,7 @@ from collections.abc import Callable
 from sparkjet.errors import (
     ExecutionFailedError,  # noqa: F401 (defined there; named here too)
     )
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.durable import async_start
 from sparkjet.runtime.exchange.server import ExchangeServer
 from sparkjet.runtime.schemas import check_agreement
@@ -239,6 +239,7 @@ class ExecutionCoordinator:
         self._durable_announced = False
         #: durable_tier="async": each member's report of its upload, by snapshot id
         self._uploads: dict[int, dict[int, dict]] = {}
+        self._mark_store: SnapshotStore | None = None
         self._polls: dict[int, int] = {}
         self.snapshots = SnapshotCoordinator(
             config=config, store=store, execution_id=execution_id,
@@ -419,7 +420,13 @@ class ExecutionCoordinator:
                   if r.get("error")]
         if not failed:
             try:
-                event.update(self.snapshots.store.mark_durable(sid))
+                with self._cv:
+                    if self._mark_store is None:
+                        # a store object of its own: the snapshot loop's is not shared
+                        # between threads
+                        self._mark_store = open_store(self.config)
+                    marks = self._mark_store
+                event.update(marks.mark_durable(sid))
             except Exception as e:  # noqa: BLE001 - the copy is incomplete; the job goes on
                 failed.append(f"{type(e).__name__}: {e}")
         self.progress({"event": "durable_failed" if failed else "durable", **event,

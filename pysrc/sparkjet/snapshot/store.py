@@ -672,10 +672,15 @@ class SnapshotStore:
         mark = self._path(*stored.dir, layout.DURABLE_MARK)
         key = (mark, record_xxh3)
         if key not in self._durable_marks:
+            # (an outage of the storage raises: it says nothing about the uploads)
+            if not self._backend.exists(mark):
+                return stored
             try:
                 doc = json.loads(bytes(self._backend.read(mark)))
-            except (OSError, ValueError):
-                return stored
+            except FileNotFoundError:
+                return stored   # its folder removed meanwhile
+            except ValueError:
+                doc = None      # a mark that does not read counts as none
             if not isinstance(doc, dict) or doc.get("record") != record_xxh3:
                 return stored
             self._durable_marks.add(key)
