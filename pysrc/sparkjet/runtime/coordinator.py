@@ -521,7 +521,8 @@ class ExecutionCoordinator:
 
     def _announce_durable(self) -> None:
         """Before the terminal snapshot of a stop that exports it, with the members' storage
-        and no durable tier: every member is told to copy the files it writes from now on
+        and no sync durable tier (``"async"`` uploads only after the commit, too late for the
+        export): every member is told to copy the files it writes from now on
         into the store (``["durable"]``), and has run that command (it polled twice since:
         the poll that took it and the next, begun after the command ran) before the
         terminal barrier goes out, so that no processor opens that snapshot's writer
