@@ -5,6 +5,7 @@ snapshot supersedes a waiting upload, a failed upload is never marked, and a mar
 restores with no slot left and exports; the driver's start check refuses an incomplete
 durable copy under exactly-once and falls back, reporting the replay window, under
 at-least-once."""
+import base64
 import os
 import threading
 import time
@@ -149,7 +150,7 @@ def test_async_commits_while_the_upload_is_blocked_and_counts_only_once_marked(t
         # what the driver hands a member: the record and that its uploads are complete
         _, _, start = handed_start(config, store, 2)
         assert start["durable"] is True
-        view = RecordView(config.id, __import__("base64").b64decode(start["record"]),
+        view = RecordView(config.id, base64.b64decode(start["record"]),
                           start["dir"], start["file"], backend=store._backend,
                           durable=start["durable"])
         view.slot_files = store.slot_files
@@ -234,8 +235,6 @@ def test_a_persistence_restart_counts_the_async_uploads_once_marked(tmp_path, ma
     FULL_RECOVERY_ONLY policy restores the newest snapshot from the store's copies when
     their upload was marked complete, and refuses when it was not (the copies do not
     count)."""
-    import base64
-
     from sparkjet.partition_table import PartitionTable
     from sparkjet.runtime.persistence import join_report, recover
 
