@@ -18,8 +18,12 @@ and injects one kind of fault, at a random snapshot:
   ``SnapshotIncompleteError`` naming the partitions whose primary and backup were both
   lost: a backup holds only the byte ranges of the partitions it backs; a round that
   restores instead is a violation, but for the table join's pipeline, whose state is all
-  broadcast and so in every slot: it restores exactly once), with ``durable_tier="sync"`` too (a restore from the
-  durable copy) and with ``backup_count=2`` (no loss);
+  broadcast and so in every slot: it restores exactly once), with ``durable_tier="sync"``
+  too (a restore from the durable copy) and with ``backup_count=2`` (no loss);
+  ``two-lost-async``: the same with ``durable_tier="async"``: a restore from the durable
+  copy when the newest snapshot's upload was complete, else a refusal naming its durable
+  copy and the partitions (a restore of an older snapshot is a violation: it would replay
+  committed output);
 - ``zombie``: a member SIGSTOPped (it keeps its slot's lock and its links) for 1 to 8 s, or
   until the next execution has committed a snapshot, then SIGCONT: it must never commit
   (on Spark the stage's cancellation kills it, if it is still stopped then);
@@ -105,6 +109,10 @@ KINDS = {k.name: k for k in [
     Kind("two-lost-b1", "refuse", refusals=("SnapshotIncompleteError",),
          names="partitions"),
     Kind("two-lost-durable", "recover", config=(("durable_tier", "sync"),)),
+    # the newest snapshot's upload may not be complete when its slots go: then exactly-
+    # once refuses (never an older snapshot), naming its durable copy
+    Kind("two-lost-async", "either", config=(("durable_tier", "async"),),
+         refusals=("RecoveryRefusedError", "durable copy of snapshot"), names="partitions"),
     Kind("two-lost-b2", "recover", config=(("backup_count", 2),)),
     Kind("all-lost", "refuse", refusals=("SnapshotIncompleteError",), names="partitions"),
     Kind("all-lost-durable", "recover", config=(("durable_tier", "sync"),)),
