@@ -514,7 +514,7 @@ class HostLinks:
         self.proxies: dict[str, object] = {}
 
     def start(self) -> HostLinks:
-        from sparkjet.testing.proxy import Proxy
+        from sparkjet.testing.proxy import Proxy  # asyncio, loaded only where links proxy
 
         reason = missing("partition")
         if reason:
