@@ -625,7 +625,9 @@ def read_topic(topic: str, bootstrap_servers: str = DEFAULT_BOOTSTRAP, *, value:
                schema: pa.Schema | None = None, key: str | None = None,
                metadata=METADATA, timeout: float = 30.0, config: dict | None = None) -> pa.Table:
     """Every committed record of ``topic`` now (``read_committed``), decoded as a
-    :class:`KafkaSource` would: for checking what a job wrote."""
+    :class:`KafkaSource` would: for checking what a job wrote. ``timeout``: the seconds
+    it waits without a record before it gives up (a transaction left open holds a
+    ``read_committed`` consumer back), however long a large topic takes to read."""
     source = KafkaSource(topic, bootstrap_servers, value=value, schema=schema, key=key,
                          metadata=metadata, bounded=True, timeout=min(timeout, 10.0),
                          config=config)
@@ -639,13 +641,14 @@ def read_topic(topic: str, bootstrap_servers: str = DEFAULT_BOOTSTRAP, *, value:
         while not reader.at_end():
             if time.monotonic() > deadline:
                 raise ConnectorError(
-                    f"Kafka source: topic {topic!r} not read to its end within {timeout:g} s "
-                    "(an open transaction holds read_committed consumers back)")
+                    f"Kafka source: topic {topic!r} not read to its end: no record for "
+                    f"{timeout:g} s (an open transaction holds read_committed consumers back)")
             batch = reader.read(100_000)
             if batch is None:
                 time.sleep(0.01)
             else:
                 batches.append(batch)
+                deadline = time.monotonic() + timeout
     finally:
         reader.close()
     if not batches:
