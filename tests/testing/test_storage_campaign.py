@@ -40,6 +40,15 @@ def test_an_exact_restore_of_broadcast_state_after_two_lost_slots_is_right():
     assert not restored("all-lost", "enrich")         # nothing left anywhere
     wrong = sc.RoundResult("two-lost-b1", "enrich", 1, faults=1, duplicated=3)
     assert not sc._valid(sc.KINDS["two-lost-b1"], wrong, partial=False)
+    # every slot lost: the refusal names the broadcast state, as that pipeline has no
+    # partitions (the keyed pipelines' must name theirs)
+    said = ("SnapshotIncompleteError: snapshot 0: no slot of this execution holds a copy of "
+            "__schemas: broadcast state; plan: broadcast state; table-versions: broadcast "
+            "state; they were in slot(s) a, b, c")
+    for pipeline, valid in (("enrich", True), ("keyed", False)):
+        refused = sc.RoundResult("all-lost", pipeline, 1, faults=1, errors=[said],
+                                 refusal="SnapshotIncompleteError")
+        assert sc._valid(sc.KINDS["all-lost"], refused, partial=True) is valid
 
 
 @pytest.mark.parametrize("how", ["flip-byte", "truncate", "delete-replica"])

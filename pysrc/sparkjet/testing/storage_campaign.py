@@ -563,8 +563,11 @@ def _valid(kind: Kind, r: RoundResult, partial: bool) -> bool:
     if r.duplicated or r.wrong or (not partial and r.lost):
         return False
     if r.refusal is not None and kind.expect != "fix":
+        names = kind.names
+        if names == "partitions" and r.pipeline in BROADCAST_ONLY:
+            names = "broadcast state"      # it has no partitions to name
         return (kind.expect in ("refuse", "either") and r.refusal in kind.refusals
-                and (not kind.names or any(kind.names in e for e in r.errors)))
+                and (not names or any(names in e for e in r.errors)))
     if kind.expect == "refuse":
         # a round that injected nothing proves nothing, but is no defect; nor is an exact
         # restore of a pipeline whose state is all broadcast (every slot holds it whole)
