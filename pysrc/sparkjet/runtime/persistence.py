@@ -93,7 +93,16 @@ from sparkjet.runtime.storage import claim_slot, claim_wait, held_ranges, partit
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
-from sparkjet.snapshot.slots import FENCE, RECORDS, REPLICAS, TABLE, StorageSlot, remove_file
+from sparkjet.snapshot.slots import (
+    FENCE,
+    RECORDS,
+    REPLICAS,
+    SLOT_PREFIX,
+    TABLE,
+    StorageSlot,
+    host_id,
+    remove_file,
+)
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -126,6 +135,11 @@ def claim(config: JobConfig, execution: int,
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
                              remove_corrupt=config.auto_remove_stale_data,
                              execution=execution, wait=claim_wait(config))
+    return slot, _checked(config, slot, execution)
+
+
+def _checked(config: JobConfig, slot: StorageSlot, execution: int) -> dict:
+    """:func:`claim`'s checks of a slot just claimed (released when they raise)."""
     try:
         notes = {"removed": check_metadata(config, slot)}
         notes["seen"] = slot.newest_execution(config.id)
@@ -134,7 +148,31 @@ def claim(config: JobConfig, execution: int,
     except BaseException:
         slot.release()
         raise
-    return slot, notes
+    return notes
+
+
+def reclaim(config: JobConfig, uuids: list[str],
+            execution: int) -> tuple[StorageSlot, dict] | None:
+    """``rebalance_delay``: while the slots ``uuids`` of the previous partition table have
+    not joined, the driver asks a member whose slot is outside that table to claim one of
+    them instead: the first that is back in this host's ``storage_dir`` (its host returned)
+    and free, claimed and checked as :func:`claim` does; None when none is."""
+    root = config.storage_root()
+    for uuid in uuids:
+        folder = os.path.join(root, SLOT_PREFIX + uuid)
+        if not os.path.isdir(folder):
+            continue
+        try:
+            slot = StorageSlot.claim_folder(folder, durable=True)
+        except StorageSlotError:
+            continue
+        if slot is None:
+            continue
+        if slot.host != host_id():
+            slot.release()
+            continue
+        return slot, _checked(config, slot, execution)
+    return None
 
 
 def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:
