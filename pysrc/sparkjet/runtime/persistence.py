@@ -59,9 +59,22 @@ seen: the job's ids go on above them, and at every later execution a member whos
 data from before the force start empties it (its record copies are never committed again).
 Logged path by path. Never implicit.
 
-Not yet: a ``rebalance_delay`` other than 0 (refused by ``JobConfig``: a lost slot's backups
-are promoted at once). A slot that missed snapshots is synced by Merkle trees before its
-member restores (:mod:`sparkjet.runtime.resync`), not by this module.
+**Rebalance delay** (``rebalance_delay``, 0 s: Hazelcast's wait after an unexpected leave
+before backups are promoted): when an execution restarts after a member was lost and a slot
+of the previous partition table (the newest the joined slots hold) is not among the joined
+members' slots, the driver (:class:`~sparkjet.runtime.coordinator.ExecutionCoordinator`)
+holds the joins for up to the delay from the loss (from its first joins for a new driver)
+and asks each member whose slot is outside that table to claim the missing one instead
+(:func:`reclaim`: its host came back) -- a ``waiting`` event names the slots awaited; the
+runner's quorum wait also waits, within the delay, for as many task slots as the lost
+execution had (a worker restarting on its host). A slot back in time keeps its partitions
+(the table is the one before: no backup promoted, no byte copied; its member restores
+from its own disk); after the delay its partitions' backups are promoted and the table
+rebalanced. The ``rebalance`` event (and ``JobResult.executions[i]["rebalance"]``) says
+which slots returned after how long and which partitions were promoted from which slots.
+
+A slot that missed snapshots is synced by Merkle trees before its member restores
+(:mod:`sparkjet.runtime.resync`), not by this module.
 """
 from __future__ import annotations
 
