@@ -26,7 +26,7 @@ def _run(tmp_path, spark, delay: float, back_after: float | None, cancel_in_wait
     storage = tmp_path / "slots"
     config = dict(persistence=True, storage_dir=str(storage), members=2, backup_count=1,
                   validation_timeout=1.0, rebalance_delay=delay, max_restarts=3)
-    job, _, check = operator_job(tmp_path, "keyed", 7, 400_000, 100_000, config)
+    job, _, check = operator_job(tmp_path, "keyed", 7, 200_000, 100_000, config)
     seen, moved = [], {}
 
     def progress(event):
