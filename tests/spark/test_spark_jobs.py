@@ -296,8 +296,97 @@ def test_a_start_from_initial_snapshot_reports_restored(spark, tmp_path, on_spar
     assert result.events_in == 0          # it resumed at the export's offsets: the end
 
 
-def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path):
-    """storage="members" without a durable tier: the slots hold every snapshot, and an
+def test_with_the_async_durable_tier_a_job_restores_its_uploads_when_no_slot_is_left(
+        spark, tmp_path):
+    """durable_tier="async" without backups: each snapshot commits before its members
+    upload it (its "durable" event comes after its "snapshot" event), a stop waits for its
+    terminal snapshot's upload, and with every slot wiped the next run restores that
+    snapshot from the store's copies: the output is exactly once. The marked snapshot
+    exports too."""
+    from sparkjet.runtime.config import open_store
+
+    source = GeneratorSource(total=600_000, partitions=4, keys=1_000, batch_size=5_000,
+                             rate=150_000)
+    slots = tmp_path / "slots"
+    settings = dict(storage="members", storage_dir=str(slots), backup_count=0,
+                    durable_tier="async")
+    first = keyed_job(tmp_path, source, **settings)
+    events, asked = [], []
+
+    def progress(event):
+        events.append(event)
+        if event["event"] == "durable" and event["snapshot"] >= 1 and not asked:
+            asked.append(event["snapshot"])
+            threading.Thread(target=first.stop, daemon=True).start()
+
+    result = first.run(spark, on_progress=progress)
+    assert result.stopped and 0 < result.events_in < 600_000, result.executions
+    committed = {e["snapshot"]: i for i, e in enumerate(events) if e["event"] == "snapshot"}
+    durable = {e["snapshot"]: i for i, e in enumerate(events) if e["event"] == "durable"}
+    assert durable and all(committed[s] < i for s, i in durable.items())
+    assert max(committed) in durable            # the terminal snapshot's upload was awaited
+    assert all(e["bytes"] > 0 for e in events if e["event"] == "durable")
+    shutil.rmtree(slots)
+    with open_store(first.config) as store:
+        assert store.latest_complete().snapshot_id == max(committed)
+        store.export(None, "v1")
+    events.clear()
+    keyed_job(tmp_path, source, **settings).run(spark, on_progress=events.append)
+    restored = [e for e in events if e["event"] == "restored"]
+    assert [e["snapshot"] for e in restored] == [max(committed)], restored
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
+@pytest.mark.long
+def test_with_the_async_durable_tier_at_least_once_falls_back_reporting_the_replay(
+        spark, tmp_path):
+    """durable_tier="async", no backups, at-least-once: a member is killed as a snapshot
+    commits (its upload not done) and every slot is wiped before the restart. The driver
+    restores the newest snapshot whose upload is marked, after a rollback, and reports the
+    replay window in a fallback event; the aggregates end exact (the state and offsets of
+    that snapshot, the rest replayed)."""
+    from sparkjet.verify import last_update_per_key
+
+    source = GeneratorSource(total=KILLED_TOTAL, partitions=4, keys=10_000, batch_size=10_000,
+                             rate=400_000)
+    job = keyed_job(tmp_path, source, max_restarts=2, restart_backoff=1.0, storage="members",
+                    storage_dir=str(tmp_path / "slots"), backup_count=0, durable_tier="async",
+                    processing_guarantee="at-least-once")
+    events, killed, wiped = [], [], []
+
+    def progress(event):
+        events.append(event)
+        if (event["event"] == "snapshot" and not killed
+                and any(e["event"] == "durable" for e in events)):
+            killed.append((event["snapshot"], job.member_pids[1]))
+            os.kill(killed[0][1], signal.SIGKILL)
+        if event["event"] == "restart" and not wiped:
+            shutil.rmtree(tmp_path / "slots")
+            wiped.append(True)
+
+    result = job.run(spark, on_progress=progress)
+    assert killed and wiped and result.restarts == 1
+    newest = killed[0][0]
+    marked = [e["snapshot"] for e in events if e["event"] == "durable"
+              and e["execution"] == result.executions[0]["execution_id"]]
+    restored = result.executions[1]["restored_from"]
+    if newest in marked:                    # its upload ended before the kill landed
+        assert restored == newest
+    else:
+        fallback, = [e for e in events if e["event"] == "fallback"]
+        assert fallback["to"] == restored == max(marked) and newest in fallback["replayed"]
+        assert "replay window" in fallback["message"]
+    out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
+    report = verify.check_aggregates(source.expected_counts(), out, key="key",
+                                     columns=["count", "sum"], guarantee="at-least-once")
+    assert report.valid and report.lost_count == 0, str(report)
+
+
+@pytest.mark.parametrize("tier", ["none", pytest.param("async", marks=pytest.mark.long)])
+def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tmp_path, tier):
+    """storage="members" without a durable tier (or with the async one, whose uploads of
+    the snapshots before run meanwhile): the slots hold every snapshot, and an
     export needs the files in the store. Job.stop(snapshot=NAME) has the members copy the
     terminal snapshot's files into the store as they write it (the driver tells them, and
     waits until each has run that, before the terminal barrier); the export is complete and
@@ -305,7 +394,8 @@ def test_with_the_members_storage_a_stop_exports_its_terminal_snapshot(spark, tm
     source = GeneratorSource(total=600_000, partitions=4, keys=1_000, batch_size=5_000,
                              rate=150_000)
     slots = str(tmp_path / "slots")
-    first = keyed_job(tmp_path, source, name="first", storage="members", storage_dir=slots)
+    first = keyed_job(tmp_path, source, name="first", storage="members", storage_dir=slots,
+                      durable_tier=tier)
     asked = []
 
     def progress(event):

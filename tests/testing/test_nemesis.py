@@ -253,6 +253,53 @@ def test_bandwidth_cap_installs_tbf_and_limits_bytes_in_a_window(net):
     assert free > 4 * capped, (free, capped)
 
 
+#: Connects to argv[1]:argv[2], sends argv[3] lines one at a time, checks each answer and
+#: prints the slowest round trip in seconds.
+PING = ("import socket, sys, time\n"
+        "c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+        "f = c.makefile('rwb', buffering=0); worst = 0.0\n"
+        "for i in range(int(sys.argv[3])):\n"
+        "    t = time.monotonic(); f.write(b'%d\\n' % i)\n"
+        "    assert f.readline() == b'pong %d\\n' % i\n"
+        "    worst = max(worst, time.monotonic() - t)\n"
+        "print(worst)\n")
+
+
+def _ping(net, frm, to, count=3) -> float:
+    argv = [sys.executable, "-I", "-c", PING, to.address, str(PORT), str(count)]
+    done = (frm.run(argv, timeout=60) if frm is not None
+            else subprocess.run(argv, capture_output=True, text=True, timeout=60))
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+def test_host_links_pass_every_connection_through_the_hosts_proxies(net):
+    """A worker's links delayed while it runs (no netem here): every TCP connection a host
+    opens or takes passes its transparent proxy, reaching what the client meant; a delay
+    on one host's proxy slows that host's links only; partitions still cut; after stop the
+    links are direct again."""
+    _need("partition")
+    a, b, c = net.hosts
+    with nemesis.HostLinks(net, seed=3) as links:
+        assert _ping(net, a, b) >= 0 and _ping(net, None, b) >= 0      # answers intact
+        # a -> b passed a's proxy (its output) and b's (its input); g -> b only b's
+        assert links.of(a).stats["connections"] == 1
+        assert links.of(b).stats["connections"] == 2
+        assert links.of(c).stats["connections"] == 0
+        with nemesis.Delay(links.of(b), 0.2):
+            assert _ping(net, a, b) >= 0.4           # 0.2 s each way through b's proxy
+            assert _ping(net, a, c) < 0.2            # c's links are not b's
+        assert _ping(net, a, b) < 0.2
+        with nemesis.isolate(net, b):
+            assert not _ok(net, a, b) and not _ok(net, None, b)
+        assert _ok(net, a, b)
+        before = links.of(b).stats["connections"]
+    assert _ping(net, a, b) >= 0 and before > 0
+    assert links.proxies == {}
+    listed = b.run(["nft", "list", "tables"])
+    assert f"{nemesis.TABLE}_links" not in listed.stdout
+
+
 def test_pause_stops_a_server_answering_until_heal(net):
     h0 = net.hosts[0]
     server = net.servers[0]
@@ -445,6 +492,34 @@ def test_clock_skew_moves_a_running_process_wall_clock(tmp_path):
     assert abs(before) < 60 and abs(after) < 60
     assert 3500 < during < 3700 and -7300 < back < -7100
     assert mono0 <= mono1 <= mono2 and mono2 - mono0 < 60   # monotonic left true
+
+
+def test_shared_memory_of_killed_skewed_processes_is_released(tmp_path):
+    """Found after a long campaign: libfaketime leaves two files in /dev/shm for every
+    skewed process killed (about sixty after the clock rounds). They are removed once
+    their process is gone, and those of a process still running are kept."""
+    _need("clock")
+    skew = nemesis.ClockSkew(tmp_path / "clock", 60)
+    env = {**os.environ, **skew.env()}
+    children = [subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(600)"],
+                                 env=env) for _ in range(2)]
+    killed, running = children
+    mine = {c.pid: [f"faketime_shm_{c.pid}", f"sem.faketime_sem_{c.pid}"] for c in children}
+    try:
+        assert wait_until(lambda: all(os.path.exists(f"/dev/shm/{n}")
+                                      for names in mine.values() for n in names), 30), \
+            "libfaketime never opened its shared memory in the children"
+        killed.kill()
+        killed.wait()
+        removed = nemesis.release_clock_segments()
+        assert set(mine[killed.pid]) <= set(removed)
+        assert not any(os.path.exists(f"/dev/shm/{n}") for n in mine[killed.pid])
+        assert all(os.path.exists(f"/dev/shm/{n}") for n in mine[running.pid])
+    finally:
+        running.kill()
+        running.wait()
+    nemesis.release_clock_segments()
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in mine[running.pid])
 
 
 def _state(pid: int) -> str | None:

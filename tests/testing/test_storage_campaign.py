@@ -27,6 +27,21 @@ def test_every_kind_is_planned_and_every_operator_taken_in_turn():
     assert sum(2 if k.name == "kill-member" else 1 for k, _ in planned) >= 40
 
 
+def test_an_exact_restore_of_broadcast_state_after_two_lost_slots_is_right():
+    """Found by the long run: two slots of three lost with backup_count=1 must be refused
+    for keyed state, but the table join's pipeline holds only broadcast state (every slot
+    has it whole), so its exact restore was wrongly counted a violation."""
+    def restored(kind, pipeline):
+        r = sc.RoundResult(kind, pipeline, 1, faults=1, restarts=1)
+        return sc._valid(sc.KINDS[kind], r, partial=False)
+
+    assert restored("two-lost-b1", "enrich")
+    assert not restored("two-lost-b1", "keyed")       # keyed state lost: must be refused
+    assert not restored("all-lost", "enrich")         # nothing left anywhere
+    wrong = sc.RoundResult("two-lost-b1", "enrich", 1, faults=1, duplicated=3)
+    assert not sc._valid(sc.KINDS["two-lost-b1"], wrong, partial=False)
+
+
 @pytest.mark.parametrize("how", ["flip-byte", "truncate", "delete-replica"])
 def test_damage_changes_the_file_as_it_says(tmp_path, how):
     f = tmp_path / "0-0.chunks"

@@ -161,8 +161,15 @@ class JobConfig:
     - ``backup_count``: backups of each partition on other hosts' slots (1; 0..6).
     - ``durable_tier``: with the members' storage, "sync" also copies every chunk file into
       ``snapshot_store`` before the snapshot's acknowledgement (the durable tier: a restore
-      reads it when no slot holding the file is left, and exports need it); "none" (the
-      default) keeps the state in the slots alone.
+      reads it when no slot holding the file is left, and exports need it); "async"
+      acknowledges and commits without it and uploads each committed snapshot's files in
+      the background (at most one snapshot waiting per member; a newer one supersedes it),
+      which count once every member's upload is checked and the driver marked the
+      snapshot (a ``durable`` event); a restore falls back only to the durable copy of the
+      snapshot it restores: lost slots and an incomplete copy are refused under
+      exactly-once, and restore an older snapshot under at-least-once, reporting the
+      replay window (:mod:`sparkjet.runtime.durable`); "none" (the default) keeps the
+      state in the slots alone.
     - ``persistence``: slots on disk, every write fsynced (False: tmpfs is enough).
     - ``storage_dir``: the host-local folder of the slots; None: ``/dev/shm/sparkjet-storage``
       (memory) where there is one, else ``sparkjet-storage`` in the temporary folder. Must
@@ -232,7 +239,7 @@ class JobConfig:
     backup_count: Annotated[int, Meta(ge=0, le=6)] = 1
     persistence: bool = False
     storage_dir: Annotated[str, Meta(min_length=1)] | None = None
-    durable_tier: Literal["none", "sync"] = "none"
+    durable_tier: Literal["none", "sync", "async"] = "none"
     alignment_timeout: Annotated[Finite, Meta(ge=0)] | None = None
     validation_timeout: Annotated[float, Meta(ge=0)] | None = None
     data_load_timeout: Annotated[float, Meta(ge=0)] | None = None
@@ -276,6 +283,10 @@ class JobConfig:
             raise InvalidArgumentError(
                 "JobConfig.durable_tier is a copy of the members' storage in snapshot_store; "
                 "with storage=\"shared\" every snapshot is there already")
+        if self.durable_tier != "none" and self.processing_guarantee == "none":
+            raise InvalidArgumentError(
+                f"JobConfig.durable_tier={self.durable_tier!r} copies snapshots into "
+                "snapshot_store: with processing_guarantee 'none' there are none")
         if self.persistence and self.storage_dir is None:
             raise InvalidArgumentError(
                 "JobConfig.persistence needs storage_dir: a folder on a local disk of every "

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from sparkjet.errors import (
     ExecutionFailedError,  # noqa: F401 (defined there; named here too)
     )
-from sparkjet.runtime.config import JobConfig
+from sparkjet.runtime.config import JobConfig, open_store
+from sparkjet.runtime.durable import async_start
 from sparkjet.runtime.exchange.server import ExchangeServer
 from sparkjet.runtime.schemas import check_agreement
 from sparkjet.runtime.storage import (
@@ -260,6 +261,9 @@ class ExecutionCoordinator:
         #: (and no durable tier) the members first copy what they write into the store
         self.export_requested = False
         self._durable_announced = False
+        #: durable_tier="async": each member's report of its upload, by snapshot id
+        self._uploads: dict[int, dict[int, dict]] = {}
+        self._mark_store: SnapshotStore | None = None
         self._polls: dict[int, int] = {}
         self.snapshots = SnapshotCoordinator(
             config=config, store=store, execution_id=execution_id,
@@ -271,7 +275,7 @@ class ExecutionCoordinator:
         self.server = ExchangeServer(host, execution_id=execution_id, security=security)
         for name, handler in (("join", self._join), ("poll", self._poll), ("ack", self._ack),
                               ("restored", self._restored), ("failed", self._member_failed),
-                              ("done", self._done)):
+                              ("done", self._done), ("uploaded", self._uploaded)):
             self.server.on_action(name, handler)
         if start is not None and start_store is not None:
             # the members read what the store holds of it (durable copies, an export)
@@ -442,6 +446,15 @@ class ExecutionCoordinator:
                     # a slot emptied of the job keeps no table of it
                     reports = [dict(r, table=None) if m in self._wipe else r
                                for m, r in enumerate(reports)]
+                if (self.recover is None and self.config.durable_tier == "async"
+                        and self._start_store is not None):
+                    # a snapshot whose lost slots its incomplete durable copy cannot stand
+                    # in for: refused, or (at-least-once) an older one, reported
+                    start = async_start(self.config, self._start_store, self.start,
+                                        [r["uuid"] for r in reports], self.execution_id,
+                                        self.progress)
+                    if start is not self.start:
+                        self._recovered(_Started(start))
                 table = table_for(self.config, reports)
             except Exception as e:  # noqa: BLE001 - ends the execution, named
                 self.fail(e)
@@ -511,6 +524,43 @@ class ExecutionCoordinator:
             event["merkle_resync"] = {k: sum(int(x.get(k) or 0) for x in synced) for k in (
                 "files", "bytes", "full_copy_bytes", "rows_fetched", "fallback_partitions")}
         self.progress(event)
+        return {}
+
+    def _uploaded(self, body: dict) -> dict:
+        """A member's upload of committed snapshot ``snapshot`` ended (durable_tier="async",
+        :mod:`sparkjet.runtime.durable`); once every member's has, the snapshot is marked
+        durable in the store and a ``durable`` event says so (its files and bytes, and
+        ``behind``: how many snapshots were committed after it meanwhile), or, when an
+        upload failed or the store no longer keeps it, a ``durable_failed`` event."""
+        i = self._member(body)
+        sid = int(body["snapshot"])
+        with self._cv:
+            reports = self._uploads.setdefault(sid, {})
+            reports[i] = body
+            if len(reports) < self.members:
+                return {}
+            for old in [s for s in self._uploads if s <= sid]:   # older: superseded
+                del self._uploads[old]
+        records = self.snapshots.records
+        newest = records[-1]["snapshot"] if records else sid
+        event = {"execution": self.execution_id, "snapshot": sid, "behind": newest - sid,
+                 "superseded": sorted({s for r in reports.values()
+                                       for s in r.get("superseded") or ()})}
+        failed = [f"member {m}: {r['error']}" for m, r in sorted(reports.items())
+                  if r.get("error")]
+        if not failed:
+            try:
+                with self._cv:
+                    if self._mark_store is None:
+                        # a store object of its own: the snapshot loop's is not shared
+                        # between threads
+                        self._mark_store = open_store(self.config)
+                    marks = self._mark_store
+                event.update(marks.mark_durable(sid))
+            except Exception as e:  # noqa: BLE001 - the copy is incomplete; the job goes on
+                failed.append(f"{type(e).__name__}: {e}")
+        self.progress({"event": "durable_failed" if failed else "durable", **event,
+                       **({"errors": failed} if failed else {})})
         return {}
 
     def _ack(self, body: dict) -> dict:
@@ -601,7 +651,8 @@ class ExecutionCoordinator:
 
     def _announce_durable(self) -> None:
         """Before the terminal snapshot of a stop that exports it, with the members' storage
-        and no durable tier: every member is told to copy the files it writes from now on
+        and no sync durable tier (``"async"`` uploads only after the commit, too late for the
+        export): every member is told to copy the files it writes from now on
         into the store (``["durable"]``), and has run that command (it polled twice since:
         the poll that took it and the next, begun after the command ran) before the
         terminal barrier goes out, so that no processor opens that snapshot's writer
@@ -706,6 +757,14 @@ class ExecutionCoordinator:
         self._watching.set()
         self.fail(ExecutionFailedError(f"execution {self.execution_id} is over"))
         self.server.close(timeout=2.0)
+
+
+class _Started:
+    """A start the driver picked itself, as :meth:`ExecutionCoordinator._recovered`
+    takes it (durable_tier="async": :func:`~sparkjet.runtime.durable.async_start`)."""
+
+    def __init__(self, start: dict | None):
+        self.start, self.report, self.wipe = start, None, {}
 
 
 def short_error(error: BaseException) -> str:

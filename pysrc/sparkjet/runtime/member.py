@@ -39,6 +39,7 @@ from sparkjet.runtime import failures
 from sparkjet.runtime.aligner import BarrierAligner, TimeoutAligner
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.coordinator import SnapshotCoordinator
+from sparkjet.runtime.durable import DurableUploader
 from sparkjet.runtime.exchange.client import ExchangeClient
 from sparkjet.runtime.observability import LATENCY_FIELDS, LatencyHistogram, latencies_encoded
 from sparkjet.runtime.processors import KeyedProcessor, Processor, SourceProcessor
@@ -166,6 +167,11 @@ class Member:
         #: writers copy their files into the store (a stop exporting its terminal snapshot)
         self.durable_copies = False
         self._rebuilding: set[str] = set()
+        #: durable_tier="async": the background uploads of committed snapshots, and the
+        #: files this member's writers wrote, by snapshot, until its commit
+        #: (:mod:`sparkjet.runtime.durable`)
+        self.uploads = None
+        self._written: dict[int, list] = {}
 
     # -- the distributed side ----------------------------------------------------------
 
@@ -184,6 +190,9 @@ class Member:
                                                     action_timeout=30.0))
         if self.slot is not None:
             self.replicate = replicator(self, self.slot, self.config.id)
+            if self.config.durable_tier == "async" and self.snapshots_on:
+                self.uploads = DurableUploader(self.slot, self.slot_link, self.link.uploaded)
+                self.uploads.start()
 
     def on_exchange_error(self, error) -> None:
         """An inbound stream broke: its sender's member died or gave up, so this execution
@@ -323,6 +332,14 @@ class Member:
             for t in threads:
                 if t.ident is not None:
                     t.join(max(0.0, deadline - time.monotonic()))
+        if self.uploads is not None:
+            # a graceful end waits for its terminal snapshot's upload (bounded): a finished
+            # or stopped job's last snapshot has its durable copy
+            if not self.failed and not self.uploads.drain(self.config.start_timeout):
+                _log.warning("the upload of snapshot(s) %s into snapshot_store did not end "
+                             "within start_timeout=%g s: its durable copy is not complete",
+                             self.uploads.pending, self.config.start_timeout)
+            self.uploads.close()
         if self.link is not None:
             self.link.stop(latencies_encoded(self.metrics) if not self.failed else None)
         for client in self.peers.values():
@@ -373,7 +390,7 @@ class Member:
         view = RecordView(point.job_id, base64.b64decode(start["record"]), start["dir"],
                           start["file"], name=point.job_name,
                           backend=None if self.link is None else DriverStoreFiles(
-                              self.link.client))
+                              self.link.client), durable=bool(start.get("durable")))
         view.slot_files = slot_files(self, self.slot, point.job_id)
         if point.export is None:
             if self.slot is not None and not self.config.state_mapping:
@@ -482,6 +499,10 @@ class Member:
 
     def ack(self, processor: str, snapshot_id: int, manifest,
             alignment_s: float | None = None, schemas: dict | None = None) -> None:
+        if self.uploads is not None:        # uploaded once the snapshot is committed
+            with self._lock:
+                self._written.setdefault(snapshot_id, []).extend(
+                    f for f in manifest.files if f.get("slot") and not f.get("durable"))
         if self.link is not None:
             self.link.ack(processor, snapshot_id, manifest, alignment_s, schemas)
         else:
@@ -503,6 +524,14 @@ class Member:
                 # be no older than any output committed
                 keep_committed(self.slot, self.config.id, cmd[1], int(cmd[3]["execution"]),
                                base64.b64decode(cmd[3]["record"]), cmd[2])
+                if self.uploads is not None:
+                    # durable_tier="async": its upload begins after the commit, off the
+                    # snapshot's path (a newer one supersedes it while it waits)
+                    with self._lock:
+                        files = self._written.pop(cmd[1], [])
+                        for sid in [s for s in self._written if s < cmd[1]]:
+                            del self._written[sid]
+                    self.uploads.submit(cmd[1], self.execution_id, files)
             for p in self.processors:
                 p.control.put(("commit", cmd[1]))
         elif cmd[0] == "end":
@@ -581,6 +610,11 @@ class RemoteLink:
         self._call("ack", {"member": self.member.index, "processor": processor,
                            "snapshot": snapshot_id, "manifest": manifest.to_json(),
                            "alignment_s": alignment_s, "schemas": schemas or {}})
+
+    def uploaded(self, info: dict) -> None:
+        """Tells the coordinator how this member's upload of a committed snapshot ended
+        (durable_tier="async": :class:`~sparkjet.runtime.durable.DurableUploader`)."""
+        self._call("uploaded", {"member": self.member.index, **info})
 
     def restored(self, info: dict) -> None:
         """Tells the coordinator this member's state is restored (``info``: the phases'

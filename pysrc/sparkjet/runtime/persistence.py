@@ -47,7 +47,8 @@ than every slot's fence) restores it. Under exactly-once it refuses
 (:class:`~sparkjet.errors.RecoveryRefusedError` naming the slots, hosts and partitions)
 while a slot of that record's partition table has not joined: it may hold a newer copy.
 
-**Durable copies.** A file whose durable copy (``durable_tier="sync"``) the store no longer
+**Durable copies.** A file whose durable copy (``durable_tier="sync"``, or ``"async"``'s
+uploads once marked complete) the store no longer
 holds whole counts as held only where a slot present holds it; the refusal and the
 ``recovery`` event name the paths.
 
@@ -523,11 +524,8 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
                                "given_up": [], "removed": removed, "slots": slots}
             progress({"event": "recovery", "execution": execution, **recovery.report})
         return recovery
-    records = {}
-    for sid in committed:
-        data, _, _ = store.committed_record(sid)
-        records[sid] = meta.decode(data, meta.ValidationRecord, f"snapshot {sid}",
-                                   "validation record")
+    # as restore reads them: with durable_tier="async" a marked snapshot's uploads count
+    records = {sid: store._resolve(sid, None).record for sid in committed}
     gone = _durable_gone(store, records)
     missing = {sid: _missing(rec, present, gone) for sid, rec in records.items()}
     for sid, rec in records.items():

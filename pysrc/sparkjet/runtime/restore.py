@@ -291,8 +291,10 @@ def handed_start(config, store, restore_from: int | None):
         return None, None, None
     source = open_point(config, point, store)
     try:
-        data, directory, file = source.committed_record(
-            None if point.export else point.snapshot_id, name=point.export)
+        at = None if point.export else point.snapshot_id
+        data, directory, file = source.committed_record(at, name=point.export)
+        # (durable_tier="async": whether its uploads are complete, which the record cannot say)
+        durable = source.durable_complete(at, name=point.export)
     except BaseException:
         if source is not store:
             source.close()
@@ -300,7 +302,7 @@ def handed_start(config, store, restore_from: int | None):
     return point, source, {"job": point.job_id, "job_name": point.job_name,
                            "snapshot": point.snapshot_id, "export": point.export,
                            "initial": point.initial, "dir": list(directory), "file": file,
-                           "record": base64.b64encode(data).decode()}
+                           "record": base64.b64encode(data).decode(), "durable": durable}
 
 
 def handed_point(start: dict) -> StartPoint:

@@ -30,7 +30,7 @@ join answer hands each member the snapshot to start from with its committed reco
 members read the chunk files from their slots and their peers' (and the store's durable
 copies through the driver), phase 2 hands every slot the committed record, and the slots
 fence themselves; the one write a member makes there is the durable tier's copy
-(``durable_tier="sync"``), which needs no log.
+(``durable_tier="sync"``, or ``"async"``'s uploads after the commit), which needs no log.
 
 A Spark Connect session (``SparkSession.builder.remote(...)``) works too: it has no
 ``sparkContext``, so the runner asks only the session (:mod:`sparkjet.spark.session`): its

@@ -330,15 +330,28 @@ def check_reachable(store, snapshot_id: int, member) -> None:
     hosts (from the record's partition table), and what to do. A file with a durable copy
     is always reachable."""
     stored = store._resolve(snapshot_id, None)
-    if stored.record.format != 2:
+    lost = unreachable(stored, set(member.topology.slots or []))
+    if not lost:
         return
-    held = set(member.topology.slots or [])
-    hosts: dict[str, str] = {}
-    if stored.record.table:
-        try:
-            hosts = decode_table(stored.record.table, "the snapshot's record").groups or {}
-        except StorageSlotError:
-            hosts = {}
+    pending = ""
+    if getattr(getattr(member, "config", None), "durable_tier", None) == "async":
+        pending = (f" With durable_tier=\"async\" the durable copy of snapshot {snapshot_id} "
+                   f"was not complete (its upload had not ended, or failed): it does not "
+                   f"count, and an older snapshot is never restored in its place under "
+                   f"exactly-once.")
+    raise SnapshotIncompleteError(
+        f"snapshot {snapshot_id}: no slot of this execution holds a copy of "
+        f"{describe_unreachable(stored, lost)}.{pending} Run the job where those slots are, "
+        f"with more backups (backup_count) or durable_tier=\"sync\", or start it again from "
+        f"an export")
+
+
+def unreachable(stored, held: set[str]) -> tuple[dict[str, set[int]], set[str]] | None:
+    """What of a checked record (format 2) no slot of ``held`` holds and no durable copy
+    has: (vertex -> partitions, -1 for broadcast state; the slots that held them), or
+    None when every partition is reachable."""
+    if stored.record.format != 2:
+        return None
     holders = partition_holders(stored)
     lost: dict[str, set[int]] = {}
     gone: set[str] = set()
@@ -351,19 +364,26 @@ def check_reachable(store, snapshot_id: int, member) -> None:
                 if not held.intersection(where):
                     lost.setdefault(vertex, set()).add(p)
                     gone.update(where)
-    if not lost:
-        return
+    return (lost, gone) if lost else None
+
+
+def describe_unreachable(stored, lost: tuple[dict[str, set[int]], set[str]]) -> str:
+    """:func:`unreachable`'s answer in words: vertices, partitions (as ranges), the slots
+    and their hosts (from the record's partition table)."""
+    parts_of, gone = lost
+    hosts: dict[str, str] = {}
+    if stored.record.table:
+        try:
+            hosts = decode_table(stored.record.table, "the snapshot's record").groups or {}
+        except StorageSlotError:
+            hosts = {}
     where = "; ".join(
         f"{vertex}: {'broadcast state' if parts == {-1} else 'partitions ' + partition_ranges(parts)}"
-        for vertex, parts in sorted(lost.items()))
+        for vertex, parts in sorted(parts_of.items()))
     slots = ", ".join(f"{u} (host {hosts[u]})" if u in hosts and hosts[u] != u else u
                       for u in sorted(gone))
-    raise SnapshotIncompleteError(
-        f"snapshot {snapshot_id}: no slot of this execution holds a copy of {where}; they "
-        f"were in slot(s) {slots}, which no member of this execution holds (their hosts lost "
-        f"them, or run no task of this execution). Run the job where those slots are, with "
-        f"more backups (backup_count) or durable_tier=\"sync\", or start it again from an "
-        f"export")
+    return (f"{where}; they were in slot(s) {slots}, which no member of this execution holds "
+            f"(their hosts lost them, or run no task of this execution)")
 
 
 def partition_ranges(parts: set[int]) -> str:
@@ -759,7 +779,8 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
 
 
 __all__ = ["RANGES_SUFFIX", "DriverStoreFiles", "SlotWriterLink", "backup_ranges",
-           "check_reachable", "claim_slot", "decode_table", "drop_old_snapshots",
+           "check_reachable", "claim_slot", "decode_table", "describe_unreachable",
+           "drop_old_snapshots",
            "encode_table", "held_ranges", "keep_committed", "partition_ranges", "replicator",
            "resynced_copy", "slot_files", "slot_read_handler", "slot_write_handler",
-           "slot_writer", "store_read_handler", "table_for"]
+           "slot_writer", "store_read_handler", "table_for", "unreachable"]

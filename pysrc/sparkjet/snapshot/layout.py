@@ -7,6 +7,8 @@
         log/000000000042.json      log events, by sequence number
         snapshots/S-eE/            snapshot S written by execution E (12 digits each)
             _validation-X.json     its validation record (X: the record's xxh3)
+            _durable.json          with durable_tier="async": every chunk file of it is
+                                   uploaded whole (written by the driver; see the store)
             VERTEX/W-C.chunks      chunks of writer W's C-th write
         exports/NAME/              an exported snapshot (+ _export.json; on object stores
             d-X/                   in a folder of its own that _export.json names)
@@ -33,6 +35,10 @@ LOG, SNAPSHOTS, EXPORTS, TABLES = "log", "snapshots", "exports", "tables"
 #: The folders of a job's directory, made when a store is created.
 JOB_FOLDERS = (LOG, SNAPSHOTS, EXPORTS, TABLES)
 EXPORT_RECORD = "_export.json"
+#: The mark of a snapshot of the members' storage whose chunk files were all uploaded into
+#: its folder of the store after its commit (``durable_tier="async"``): JSON naming the
+#: record's xxh3; only then do those copies count (:meth:`SnapshotStore.mark_durable`).
+DURABLE_MARK = "_durable.json"
 TMP_PREFIX = ".tmp-"
 #: A temporary file older than this (seconds) is a leftover of a writer that died.
 STALE_TMP_SECONDS = 600
@@ -112,6 +118,7 @@ def content_digest(data) -> str:
 
 
 __all__ = [
+    "DURABLE_MARK",
     "EXPORTS",
     "EXPORT_RECORD",
     "FINISHED",

@@ -56,8 +56,10 @@ def check_listing(store: StoreView, stored, vertex: str, v: VertexRecord) -> Non
     # a file in the slots: each copy's size is checked as read_file reads it (a copy at
     # the wrong size is passed over for the next)
     listed = {f.name: f for f in v.files if f.slot is None or f.durable}
-    if not listed and store.slot_files is not None:
-        return      # a member reading slots only: nothing of it is in the store
+    if not listed and (store.slot_files is not None or v.files):
+        # a member reading slots only, or files in slots alone: nothing of it counts in
+        # the store (with durable_tier="async", uploads the driver has not marked complete)
+        return
     present = set(store._backend.listdir(directory))
     for file_name, f in listed.items():
         if file_name not in present:

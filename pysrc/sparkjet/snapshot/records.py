@@ -74,7 +74,8 @@ class FileRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     slot: SlotUuid | None = None
     replicas: list[SlotUuid] = []
     #: a file in a slot: whether the store's snapshot folder holds a copy too (the
-    #: durable tier, ``durable_tier="sync"``)
+    #: durable tier, ``durable_tier="sync"``; ``"async"`` uploads after the commit, which
+    #: the snapshot folder's mark records instead: ``SnapshotStore.mark_durable``)
     durable: bool = False
 
     @property

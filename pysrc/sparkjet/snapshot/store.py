@@ -7,6 +7,8 @@ Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://``
     job-J/snapshots/S-eE/VERTEX/W-C.chunks     chunks of writer W's C-th write, by partition
     job-J/snapshots/S-eE/_validation-X.json    the validation record of snapshot S by execution E
                                                (X: its xxh3, so no write can replace it)
+    job-J/snapshots/S-eE/_durable.json         durable_tier="async": the members' uploads of
+                                               its files are complete (mark_durable)
     job-J/exports/NAME/...                     an exported snapshot (same layout) + _export.json
                                                (on object stores, in exports/NAME/d-X/, X a
                                                random id, which _export.json names)
@@ -62,6 +64,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import pyarrow as pa
 import xxhash
 
@@ -196,6 +199,7 @@ class SnapshotStore:
         self._registered: int | None = None  # the newest execution this object registered
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
+        self._durable_marks: set[tuple[str, str]] = set()  # (mark path, record xxh3) read
         #: With the members' storage: ``(slot uuids, path) -> SlotFile`` for a chunk file a
         #: record places in storage slots (the one that wrote it, then its replicas; set by
         #: the member that restores; without it such files are not reachable here: verify()
@@ -636,7 +640,7 @@ class SnapshotStore:
         # (it lists every chunk, and a member restores several vertices from it).
         cached = self._records.get((path, commit.record_xxh3))
         if cached is not None and self._backend.size(path) == cached[0]:
-            return cached[1]
+            return self._durable_view(cached[1], commit.record_xxh3)
         data = bytes(self._backend.read(path))
         if xxhash.xxh3_64_hexdigest(data) != commit.record_xxh3:
             raise SnapshotCorruptError(path, 0, "validation record checksum")
@@ -651,7 +655,84 @@ class SnapshotStore:
         if len(self._records) >= 4:
             self._records.pop(next(iter(self._records)))
         self._records[(path, commit.record_xxh3)] = (len(data), stored)
-        return stored
+        return self._durable_view(stored, commit.record_xxh3)
+
+    def _durable_view(self, stored: _Stored, record_xxh3: str) -> _Stored:
+        """``stored`` as restore reads it: with ``durable_tier="async"`` the chunk files of
+        a snapshot in the members' slots are uploaded into its folder of the store after
+        its commit, so its record names no durable copy; once every one is uploaded whole
+        the folder holds the driver's mark (:data:`~sparkjet.snapshot.layout.DURABLE_MARK`,
+        naming the record's xxh3) and those copies count as a sync copy does. Without the
+        mark (an upload not done, failed, or superseded) none of them counts."""
+        record = stored.record
+        if record.format != meta.RECORD_FORMAT_SLOTS or not any(
+                f.slot is not None and not f.durable
+                for v in record.vertices.values() for f in v.files):
+            return stored
+        mark = self._path(*stored.dir, layout.DURABLE_MARK)
+        key = (mark, record_xxh3)
+        if key not in self._durable_marks:
+            # (an outage of the storage raises: it says nothing about the uploads)
+            if not self._backend.exists(mark):
+                return stored
+            try:
+                doc = json.loads(bytes(self._backend.read(mark)))
+            except FileNotFoundError:
+                return stored   # its folder removed meanwhile
+            except ValueError:
+                doc = None      # a mark that does not read counts as none
+            if not isinstance(doc, dict) or doc.get("record") != record_xxh3:
+                return stored
+            self._durable_marks.add(key)
+        return _Stored(with_durable_copies(record), stored.dir, stored.file)
+
+    def durable_complete(self, snapshot_id: int | None = None, *,
+                         name: str | None = None) -> bool:
+        """Whether the snapshot's (or export's) chunk files in the members' slots all have
+        a durable copy in the store: copied before the commit (``durable_tier="sync"``, or
+        the terminal snapshot of a stop that exports) or uploaded after it and marked
+        (``"async"``, :meth:`mark_durable`). True for a snapshot of the shared store."""
+        record = self._resolve(snapshot_id, name).record
+        return all(f.slot is None or f.durable
+                   for v in record.vertices.values() for f in v.files)
+
+    def mark_durable(self, snapshot_id: int) -> dict:
+        """Marks committed snapshot ``snapshot_id`` of the members' storage as held whole
+        in the store (``durable_tier="async"``: its members uploaded every chunk file after
+        the commit): each file the record places in a slot is checked to be in the
+        snapshot's folder at the record's size (every chunk's checksum is checked as a
+        restore reads it), then the mark naming the record's xxh3 is written. Returns the
+        files and bytes it counted; SnapshotIncompleteError naming the first file missing
+        or of another size (nothing is marked), SnapshotNotFoundError when the store no
+        longer keeps the snapshot."""
+        commit = self._commit_of(snapshot_id)
+        stored = self._record(commit)
+        files, total = 0, 0
+        for vertex, v in stored.record.vertices.items():
+            pending = [f for f in v.files if f.slot is not None and not f.durable]
+            if not pending:
+                continue
+            folder = self._path(*stored.dir, vertex)
+            present = set(self._backend.listdir(folder))
+            for f in pending:
+                path = f"{folder}/{f.name}"
+                size = self._backend.size(path) if f.name in present else None
+                if size != f.bytes:
+                    raise SnapshotIncompleteError(
+                        f"snapshot {snapshot_id} of {self.who}: the durable copy {path} is "
+                        + ("missing" if size is None else
+                           f"{size} bytes, the record says {f.bytes}")
+                        + "; the snapshot is not marked durable")
+                files, total = files + 1, total + f.bytes
+        if files:
+            doc = {"snapshot": snapshot_id, "execution": commit.execution,
+                   "record": commit.record_xxh3, "files": files, "bytes": total,
+                   "time": time.time()}
+            folder = self._path(*stored.dir)
+            self._backend.write(f"{folder}/{layout.DURABLE_MARK}",
+                                [json.dumps(doc, sort_keys=True).encode()])
+            self._backend.sync_dir(folder)
+        return {"files": files, "bytes": total}
 
     def _info(self, r: ValidationRecord, name: str | None = None) -> SnapshotInfo:
         return SnapshotInfo(r.job_id, r.snapshot_id, r.execution_id, r.chunk_count, r.bytes,
@@ -862,8 +943,10 @@ class SnapshotStore:
                 f"snapshot {stored.record.snapshot_id} of {self.who} is in the members' storage "
                 "slots (storage=\"members\") without a durable copy: an export needs the "
                 "files in the store. Export while the job runs with Job.stop(snapshot=NAME) "
-                "(its members copy the terminal snapshot into the store), or run it with "
-                "JobConfig(durable_tier=\"sync\") or storage=\"shared\"")
+                "(its members copy the terminal snapshot into the store), run it with "
+                "JobConfig(durable_tier=\"sync\") or storage=\"shared\", or, with "
+                "durable_tier=\"async\", export a snapshot whose upload is complete (the "
+                "\"durable\" progress event names them)")
         self.verify(stored.record.snapshot_id)
         if b.atomic_rename:
             # The files go to a temporary directory whose rename (refused once the name
@@ -884,6 +967,9 @@ class SnapshotStore:
                                    f"{base}/{vertex}/{f.name}")
             data = bytes(b.read(self._path(*stored.dir, stored.file)))
             b.write(f"{base}/{stored.file}", [data])
+            mark = self._path(*stored.dir, layout.DURABLE_MARK)
+            if b.exists(mark):      # the async tier's uploads count in the export too
+                b.write(f"{base}/{layout.DURABLE_MARK}", [bytes(b.read(mark))])
         except OSError:
             # On an object store, an export that won the race for this name meanwhile
             # removes the folders of the others.
@@ -948,7 +1034,8 @@ class RecordView(SnapshotStore):
     work; what needs the log raises."""
 
     def __init__(self, job_id: int, record: bytes, directory: Sequence[str], file: str, *,
-                 name: str | None = None, backend: StorageBackend | None = None):
+                 name: str | None = None, backend: StorageBackend | None = None,
+                 durable: bool = False):
         self.job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self.retained = DEFAULT_RETAINED
         self._backend = backend
@@ -959,6 +1046,7 @@ class RecordView(SnapshotStore):
         self._registered = None
         self._cleaner = None
         self._records = {}
+        self._durable_marks = set()
         self.slot_files = None
         directory = tuple(directory)
         where = "/".join((*directory, file))
@@ -968,6 +1056,8 @@ class RecordView(SnapshotStore):
         if parsed.job_id != self.job_id:
             raise SnapshotIncompleteError(f"{where}: validation record has job_id "
                                           f"{parsed.job_id!r}, expected {self.job_id!r}")
+        if durable:     # the driver found the async tier's uploads complete (its mark)
+            parsed = with_durable_copies(parsed)
         self._stored = _Stored(parsed, directory, file)
         self.export_name = directory[1] if directory[0] == layout.EXPORTS else None
 
@@ -1016,6 +1106,14 @@ class RecordView(SnapshotStore):
         pass
 
 
+def with_durable_copies(record: ValidationRecord) -> ValidationRecord:
+    """``record`` with every chunk file in a slot counted as having its durable copy."""
+    vertices = {name: msgspec.structs.replace(v, files=[
+        msgspec.structs.replace(f, durable=True) if f.slot is not None else f
+        for f in v.files]) for name, v in record.vertices.items()}
+    return msgspec.structs.replace(record, vertices=vertices)
+
+
 def _require_store(backend: StorageBackend) -> None:
     if not backend.is_dir(backend.root):
         what = "is not a directory" if backend.exists(backend.root) else "does not exist"
@@ -1024,4 +1122,5 @@ def _require_store(backend: StorageBackend) -> None:
 
 __all__ = ["DEFAULT_RETAINED", "MAX_RETAINED", "Manifest", "RecordView", "SnapshotInfo",
            "SnapshotStore",
-           "SnapshotWriter", "Unusable", "VertexState", "content_digest"]
+           "SnapshotWriter", "Unusable", "VertexState", "content_digest",
+           "with_durable_copies"]

@@ -37,7 +37,8 @@ The kinds:
 - :class:`ServerOutage`: a server with ``halt()`` and ``restart()`` (the tests' Kafka
   broker, PostgreSQL, S3 and Redis servers) stopped hard, restarted at heal;
 - :class:`ClockSkew`: the wall clock of processes started with :meth:`ClockSkew.env` moved
-  by an offset (libfaketime, reread from a file, so a running process jumps).
+  by an offset (libfaketime, reread from a file, so a running process jumps);
+  :func:`release_clock_segments` frees the shared memory of skewed processes killed.
 
 They need root (namespaces, mounts, ``nft``, ``tc``) and the tools: ``ip`` and ``tc``
 (iproute2), ``nft`` (nftables) and libfaketime. :func:`missing` says which tool is missing
@@ -67,9 +68,10 @@ if TYPE_CHECKING:
     from sparkjet.testing.netns import Host, Network
 
 __all__ = [
-    "BandwidthCap", "ClockSkew", "Delay", "DiskFull", "Flapping", "Lossy", "Nemesis",
-    "NemesisError", "PacketLoss", "Partition", "Pause", "ReadOnly", "Removed", "ResetLinks",
-    "ServerOutage", "Stall", "bridge", "cut", "isolate", "missing", "one_way", "split", "tmpfs",
+    "BandwidthCap", "ClockSkew", "Delay", "DiskFull", "Flapping", "HostLinks", "Lossy",
+    "Nemesis", "NemesisError", "PacketLoss", "Partition", "Pause", "ReadOnly", "Removed", "ResetLinks",
+    "ServerOutage", "Stall", "bridge", "cut", "isolate", "missing", "one_way",
+    "release_clock_segments", "split", "tmpfs",
 ]
 
 #: Where Debian and Fedora put libfaketime (the multithreaded flavour first).
@@ -488,6 +490,79 @@ class ResetLinks(Nemesis):
         pass
 
 
+class HostLinks:
+    """A transparent :class:`~sparkjet.testing.proxy.Proxy` in the namespace of each host of
+    ``network``, through which every TCP connection the host opens to the network or takes
+    from it passes (nftables redirects them: connections the host opens, in its ``output``
+    hook; connections arriving on its ``eth0``, in ``prerouting``). Its processes, and those
+    of the other hosts, see nothing else: the addresses and ports they meant are reached.
+    :meth:`of` a host is the proxy of that host's links, for :class:`Delay`, :class:`Lossy`,
+    :class:`Stall` and :class:`ResetLinks`: delay and reordering on a live worker's links,
+    which this kernel (no ``netem``) cannot do to packets.
+
+    Only connections opened after :meth:`start` pass through the proxies, so start it
+    before the processes (a Spark cluster) that use the network. A connection between two
+    hosts passes both their proxies; the packets on the bridge keep the hosts' addresses,
+    so the partitions above cut it as before. :meth:`stop` (also at the context manager's
+    exit) removes the rules and closes every proxied connection."""
+
+    MARK = 0x51E7         # on the proxies' own onward connections: never redirected again
+
+    def __init__(self, network: Network, *, seed: int | None = None):
+        self.network = network
+        self.seed = seed
+        self.proxies: dict[str, object] = {}
+
+    def start(self) -> HostLinks:
+        from sparkjet.testing.proxy import Proxy
+
+        reason = missing("partition")
+        if reason:
+            raise NemesisError(f"proxied host links: {reason}")
+        try:
+            for h in self.network.hosts:
+                proxy = Proxy(None, "0.0.0.0:0", netns=h.name, mark=self.MARK,
+                              seed=None if self.seed is None else self.seed + h.index)
+                self.proxies[h.address] = proxy.start()
+                script = "\n".join([
+                    f"table ip {TABLE}_links", f"delete table ip {TABLE}_links",
+                    f"table ip {TABLE}_links {{",
+                    "  chain out { type nat hook output priority -100; policy accept;",
+                    f"    meta mark {self.MARK} return",
+                    f"    ip daddr {self.network.subnet} ip daddr != {h.address} "
+                    f"meta l4proto tcp redirect to :{proxy.port}",
+                    "  }",
+                    "  chain in { type nat hook prerouting priority -100; policy accept;",
+                    f"    iifname \"eth0\" meta l4proto tcp redirect to :{proxy.port}",
+                    "  }",
+                    "}"]) + "\n"
+                _run(f"redirect {h.address}'s links through its proxy",
+                     ["ip", "netns", "exec", h.name, "nft", "-f", "-"], input=script)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def of(self, host):
+        """The proxy of ``host``'s links (a host, its index or its address)."""
+        return self.proxies[_address(self.network, host)]
+
+    def stop(self) -> None:
+        for address, proxy in list(self.proxies.items()):
+            with contextlib.suppress(NemesisError, KeyError):
+                _run("remove the links' redirection",
+                     ["ip", "netns", "exec", self.network.host(address).name, "nft",
+                      "delete", "table", "ip", f"{TABLE}_links"], ok_if="No such file")
+            proxy.stop()
+        self.proxies = {}
+
+    def __enter__(self) -> HostLinks:  # noqa: PYI034 (Self needs Python 3.11)
+        return self.start() if not self.proxies else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 # ---- processes ---------------------------------------------------------------------------
 
 class Pause(Nemesis):
@@ -730,6 +805,29 @@ class ClockSkew(Nemesis):
 
     def _undo(self) -> None:
         self._write(0.0)
+
+
+def release_clock_segments(folder: str | os.PathLike = "/dev/shm") -> list[str]:
+    """Removes the shared memory libfaketime left behind by processes that are gone, and
+    returns the names removed.
+
+    libfaketime (0.9.10) opens ``/dev/shm/faketime_shm_<pid>`` and
+    ``/dev/shm/sem.faketime_sem_<pid>`` in every process it is preloaded into and removes
+    them only when that process exits normally: every member SIGKILLed under a
+    :class:`ClockSkew` left two files in memory (about sixty after a long campaign). A
+    segment whose ``<pid>`` still runs is kept (its process, or a child it started, may
+    still use it); call this once the skewed processes have ended."""
+    removed = []
+    for path in Path(folder).glob("*faketime_s[he]m_*"):
+        prefix, _, pid = path.name.rpartition("_")
+        if prefix not in ("faketime_shm", "sem.faketime_sem") or not pid.isdigit():
+            continue
+        if _state(int(pid)) is not None:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 # ---- helpers -----------------------------------------------------------------------------

@@ -531,6 +531,8 @@ def run_round(work: Path, kind: str, faults: int, rng: random.Random, servers: S
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+            if skew is not None:       # the members SIGKILLed under the skew left theirs
+                nemesis.release_clock_segments()
         elapsed = time.monotonic() - start
         try:
             out = read()

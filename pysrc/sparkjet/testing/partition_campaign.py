@@ -20,6 +20,11 @@ next, cycle through (a round takes them in turn from a random one):
 - ``one-way``: the packets from one worker to the others dropped, the other way flowing;
 - ``loss``: 30% of one worker's packets dropped (nftables ``numgen``);
 - ``bandwidth``: one worker's link capped at 256 kbit/s to 4 Mbit/s (``tc tbf``);
+- ``delay``: every connection of one worker (to the other workers, the driver and the
+  master, and from them) delayed 50-500 ms each way plus a jitter of up to 300 ms (chunks
+  of different connections reorder): each host's links pass a transparent proxy
+  (:class:`~sparkjet.testing.nemesis.HostLinks`, set up before the cluster starts), as
+  this kernel has no ``netem``;
 - ``pause-member``: a member's Python worker SIGSTOPped for 2-6 s (declared silent past
   ``heartbeat_timeout``, 3 s: a zombie when it resumes, which must never commit);
 - ``pause-executor``: a worker's executor JVM SIGSTOPped for 2-16 s (its member runs on;
@@ -55,7 +60,7 @@ __all__ = ["FAULTS", "Cluster", "run"]
 
 #: The faults in the order they cycle.
 FAULTS = ("isolate", "driver-minority", "split", "bridge", "flapping", "one-way", "loss",
-          "bandwidth", "pause-member", "pause-executor", "pause-driver")
+          "bandwidth", "pause-member", "pause-executor", "pause-driver", "delay")
 
 #: Spark's own failure detection, shortened so that an executor behind a partition is given
 #: up in seconds (its slot freed for a restart), not in Spark's default 120 s.
@@ -71,12 +76,19 @@ SPARK_CONF = {
 
 
 def _fault(name: str, net, rng: random.Random, cluster=None, job=None,
-           hold: float = 1.0) -> nemesis.Nemesis | None:
+           hold: float = 1.0, links: nemesis.HostLinks | None = None) -> nemesis.Nemesis | None:
     """The fault ``name`` of :data:`FAULTS` (None: it has nothing to act on now, such as a
-    pause of a member while none runs)."""
+    pause of a member while none runs, or a delay without ``links``)."""
     hosts = net.hosts
     one = rng.randrange(len(hosts))
     others = [h for h in hosts if h.index != one]
+    if name == "delay":
+        seconds, jitter = rng.uniform(0.05, 0.5), rng.uniform(0.0, 0.3)
+        if links is None:
+            return None
+        n = nemesis.Delay(links.of(hosts[one]), seconds, jitter)
+        n.name = f"delay {seconds:.2f}+{jitter:.2f} s on the links of {hosts[one].address}"
+        return n
     if name == "bandwidth":
         return nemesis.BandwidthCap(net, hosts[one], rng.choice(["256kbit", "1mbit", "4mbit"]))
     if name == "pause-member":
@@ -125,6 +137,9 @@ class Cluster:
             stack = contextlib.ExitStack()
             try:
                 self.net = stack.enter_context(netns.Network(hosts=3))
+                # before the cluster: only connections opened after it pass the proxies
+                self.links = stack.enter_context(
+                    nemesis.HostLinks(self.net))
                 self.cluster = stack.enter_context(
                     StandaloneCluster(workers=3, cores=1, memory="1g", network=self.net))
                 self.spark = self.cluster.session("sparkjet-partitions", **SPARK_CONF)
@@ -139,7 +154,7 @@ class Cluster:
         first = rng.randrange(len(kinds))
         names = [kinds[(first + j) % len(kinds)] for j in range(faults)]
         return run_round(work, self.net, self.cluster, self.spark, names, rng, self.rate,
-                         progress)
+                         progress, self.links)
 
     def close(self) -> None:
         if self._stack is not None:
@@ -180,8 +195,10 @@ def run(work: Path, faults: int, seed: int = 0, progress=print, *, rate: float =
 
 
 def run_round(work: Path, net, cluster, spark, names: list[str],
-              rng: random.Random, rate: float = 40_000, progress=print) -> NemesisRound:
-    """One job on every slot with the faults ``names`` one after another."""
+              rng: random.Random, rate: float = 40_000, progress=print,
+              links: nemesis.HostLinks | None = None) -> NemesisRound:
+    """One job on every slot with the faults ``names`` one after another (``links``: the
+    hosts' proxies, for ``delay``)."""
     work.mkdir(parents=True, exist_ok=True)
     heartbeat = 3.0
     seconds = 15 + 14 * len(names)
@@ -243,7 +260,7 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
             # straddle heartbeat_timeout (3 s)
             hold = rng.uniform(2.0, 16.0 if name in ("isolate", "split", "pause-executor")
                                else 6.0 if name.startswith("pause") else 8.0)
-            n = _fault(name, net, rng, cluster, job, hold)
+            n = _fault(name, net, rng, cluster, job, hold, links)
             if n is None:
                 progress(f"  {name}: nothing to act on now, skipped")
                 continue
@@ -269,6 +286,10 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
                 record.end = time.monotonic()
                 records.append(record)
 
+    def proxied() -> int:
+        return sum(p.stats["connections"] for p in links.proxies.values()) if links else 0
+
+    connections = proxied()
     injector = threading.Thread(target=inject, daemon=True)
     start = time.monotonic()
     injector.start()
@@ -292,6 +313,8 @@ def run_round(work: Path, net, cluster, spark, names: list[str],
     report = verify.check_aggregates(source.expected_counts(), final, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
     notes = [f"members per execution {state['members']}"]
+    if links is not None:       # the delay faults act only on what passes the proxies
+        notes.append(f"{proxied() - connections} connections through the hosts' proxies")
     violations = []
     if not final.equals(first):
         violations.append("the output changed after the job ended: a zombie committed")

@@ -31,6 +31,14 @@ rather than test it):
 - **rate** (bytes per second, each direction of each connection): a bandwidth cap.
 - :meth:`reset`: every open connection aborted (RST to both sides).
 
+**Transparent** (``target=None``): the proxy forwards each connection to where its client
+meant it to go (``SO_ORIGINAL_DST``), for connections that nftables redirected to it. With
+``netns``, the proxy's thread enters that network namespace (``/run/netns/<name>``) before
+it opens any socket, so it listens and connects there; ``mark`` puts a firewall mark on
+its onward connections, so that the rule that redirected the client does not redirect
+them again. :class:`sparkjet.testing.nemesis.HostLinks` sets this up for every host of a
+:class:`~sparkjet.testing.netns.Network`: a slow link between live Spark workers.
+
 The proxy runs an asyncio loop in a daemon thread; the settings are plain attributes that
 any thread may change. :attr:`stats` counts connections, chunks, bytes and the faults it
 applied. See :mod:`sparkjet.testing.nemesis` (``Delay``, ``Lossy``, ``Stall``,
@@ -39,6 +47,7 @@ applied. See :mod:`sparkjet.testing.nemesis` (``Delay``, ``Lossy``, ``Stall``,
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import threading
@@ -58,10 +67,13 @@ class Proxy:
     (``host:port``), applying the faults set on it (see the module doc). ``seed`` makes the
     jitter and losses repeatable."""
 
-    def __init__(self, target: str, listen: str = "127.0.0.1:0", *, seed: int | None = None,
-                 rto: float = 0.2):
-        self.target = _split(target, "target")
+    def __init__(self, target: str | None, listen: str = "127.0.0.1:0", *,
+                 seed: int | None = None, rto: float = 0.2, netns: str | None = None,
+                 mark: int | None = None):
+        self.target = _split(target, "target") if target is not None else None
         self.listen = _split(listen, "listen")
+        self.netns = netns
+        self.mark = mark
         self.delay = 0.0
         self.jitter = 0.0
         self.loss = 0.0
@@ -91,6 +103,8 @@ class Proxy:
             loop = self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             try:
+                if self.netns is not None:
+                    _enter_netns(self.netns)     # this thread only, before any socket
                 self._unstalled = asyncio.Event()
                 if self._open.is_set():
                     self._unstalled.set()
@@ -146,6 +160,8 @@ class Proxy:
 
     @property
     def target_address(self) -> str:
+        if self.target is None:
+            return f"its clients' destinations (in {self.netns or 'this namespace'})"
         return f"{self.target[0]}:{self.target[1]}"
 
     # ---- faults ------------------------------------------------------------------------
@@ -195,7 +211,7 @@ class Proxy:
         try:
             await self._unstalled.wait()       # a partition: the connect goes nowhere yet
             try:
-                server_r, server_w = await asyncio.open_connection(*self.target)
+                server_r, server_w = await self._connect(client_w)
             except OSError:
                 self.stats["refused"] += 1
                 client_w.transport.abort()
@@ -222,6 +238,24 @@ class Proxy:
             self._writers.discard(client_w)
             self._clients.discard(client_w)
             client_w.transport.abort()
+
+    async def _connect(self, client_w: asyncio.StreamWriter):
+        """The connection onward: to ``target``, or (transparent) to the client's
+        original destination, marked with ``mark``."""
+        target = self.target
+        if target is None:
+            target = _original_destination(client_w.get_extra_info("socket"))
+        if self.mark is None:
+            return await asyncio.open_connection(*target)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_MARK, self.mark)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, target)
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     direction: str) -> bool:
@@ -283,6 +317,34 @@ class Proxy:
             if not writing.done():
                 writing.cancel()
                 await asyncio.gather(writing, return_exceptions=True)
+
+
+#: Linux's socket options for a firewall mark and a redirected connection's destination.
+SO_MARK = getattr(socket, "SO_MARK", 36)
+SO_ORIGINAL_DST = 80
+#: ``setns(2)``'s flag for a network namespace.
+CLONE_NEWNET = 0x40000000
+
+
+def _original_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where the client of a connection nftables redirected here meant to connect."""
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)     # a struct sockaddr_in
+    return socket.inet_ntoa(raw[4:8]), int.from_bytes(raw[2:4], "big")
+
+
+def _enter_netns(name: str) -> None:
+    """Moves the calling thread into the network namespace ``name`` (``ip netns``'s
+    ``/run/netns/<name>``; Python 3.11 has no ``os.setns``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _split(address: str, what: str) -> tuple[str, int]:

@@ -1,0 +1,276 @@
+"""The asynchronous durable tier (``durable_tier="async"``, sparkjet.runtime.durable) with
+real storage slots, a real snapshot store and real uploader threads: a snapshot commits
+while its upload is blocked (the store's destination is a FIFO nobody reads), a newer
+snapshot supersedes a waiting upload, a failed upload is never marked, and a marked one
+restores with no slot left and exports; the driver's start check refuses an incomplete
+durable copy under exactly-once and falls back, reporting the replay window, under
+at-least-once."""
+import base64
+import os
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from sparkjet.errors import InvalidArgumentError, RecoveryRefusedError, SnapshotIncompleteError
+from sparkjet.runtime import JobConfig
+from sparkjet.runtime.config import open_store
+from sparkjet.runtime.durable import DurableUploader, async_start
+from sparkjet.runtime.restore import handed_start
+from sparkjet.runtime.storage import SlotWriterLink, check_reachable, slot_files, slot_writer
+from sparkjet.snapshot import layout
+from sparkjet.snapshot.slots import StorageSlot
+from sparkjet.snapshot.store import RecordView
+
+
+class _Member:
+    """What check_reachable and slot_files ask of a member: its config, the slots of the
+    execution and its peers."""
+
+    def __init__(self, config, slots):
+        self.config = config
+        self.topology = type("T", (), {"slots": slots})()
+        self.peers = {}
+
+
+def _state(n, offset):
+    return pa.table({"key": pa.array(range(offset, offset + n), pa.int64()),
+                     "v": pa.array([float(i) for i in range(n)])})
+
+
+def _config(tmp_path, **kw):
+    return JobConfig(name="async-tier", storage="members", storage_dir=str(tmp_path / "slots"),
+                     snapshot_store=str(tmp_path / "store"), partition_count=7,
+                     durable_tier="async", retained_snapshots=3, **kw)
+
+
+@pytest.fixture
+def two_slots(tmp_path):
+    a = StorageSlot.claim(tmp_path / "host-a", host="a")
+    b = StorageSlot.claim(tmp_path / "host-b", host="b")
+    yield a, b
+    a.release()
+    b.release()
+
+
+def _snapshot(config, store, slots, sid, execution=1):
+    """Each slot's member writer (as open_writer makes it for this config) writes a keyed
+    table; the store commits the record. Returns each slot's manifest files."""
+    manifests = []
+    for i, slot in enumerate(slots):
+        slot.fence(config.id, execution)
+        w = slot_writer(config, SlotWriterLink(config, slot), sid, execution, writer=i,
+                        replicate=None)
+        w.write_table("agg", _state(1000, i * 1000), key="key")
+        manifests.append(w.finish())
+    store.commit(sid, execution, manifests, table="dGFibGU=")
+    return [m.files for m in manifests]
+
+
+def _until(condition, what):
+    """Waits for ``condition`` (a state of the uploader threads, not a time)."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+WANT = pa.concat_tables([_state(1000, 0), _state(1000, 1000)]).sort_by("key")
+
+
+def test_async_commits_while_the_upload_is_blocked_and_counts_only_once_marked(tmp_path,
+                                                                              two_slots):
+    a, b = two_slots
+    config = _config(tmp_path)
+    store = open_store(config)
+    store.register_execution(1)
+    files0 = _snapshot(config, store, [a, b], 0)
+    # acknowledged and committed with no durable copy: the store holds the record alone
+    assert not [f for _, _, fs in os.walk(tmp_path / "store") for f in fs
+                if f.endswith(".chunks")]
+    assert not store.durable_complete(0)
+    lost = _Member(config, [])          # an execution holding neither slot
+    with pytest.raises(SnapshotIncompleteError, match="the durable copy of snapshot 0 was "
+                                                      "not complete"):
+        check_reachable(store, 0, lost)
+
+    # the store's destination of a's file is a FIFO nobody reads: its upload blocks
+    folder = store._path(layout.SNAPSHOTS, layout.snapshot_dir(0, 1), "agg")
+    os.makedirs(folder)
+    fifo = f"{folder}/{files0[0][0]['path'].split('/')[1]}"
+    os.mkfifo(fifo)
+    reports = {a.uuid: [], b.uuid: []}
+    up = {s.uuid: DurableUploader(s, SlotWriterLink(config, s), reports[s.uuid].append)
+          for s in (a, b)}
+    for u in up.values():
+        u.start()
+    up[a.uuid].submit(0, 1, files0[0])
+    _until(lambda: up[a.uuid].pending == [0], "a's upload of snapshot 0 began")
+    # snapshots 1 and 2 are acknowledged and committed while it is blocked
+    files1 = _snapshot(config, store, [a, b], 1)
+    files2 = _snapshot(config, store, [a, b], 2)
+    assert store.latest_complete().snapshot_id == 2 and reports[a.uuid] == []
+    up[a.uuid].submit(1, 1, files1[0])
+    up[a.uuid].submit(2, 1, files2[0])      # supersedes 1, which had not begun
+    assert up[a.uuid].pending == [0, 2]
+    up[b.uuid].submit(2, 1, files2[1])
+    _until(lambda: len(reports[b.uuid]) == 1, "b uploaded snapshot 2")
+    assert reports[a.uuid] == []            # still blocked
+
+    drained = []
+    reader = threading.Thread(target=lambda: drained.append(open(fifo, "rb").read()))
+    reader.start()
+    assert up[a.uuid].drain(60)
+    reader.join()
+    first, second = reports[a.uuid]
+    assert first["snapshot"] == 0 and first["error"]      # a FIFO is no copy
+    assert second["snapshot"] == 2 and second["superseded"] == [1] and "error" not in second
+    assert second["bytes"] == sum(f["bytes"] for f in files2[0]) > 0
+    for u in up.values():
+        u.close()
+
+    # snapshot 0's copy failed its check: never marked, never counted
+    with pytest.raises(SnapshotIncompleteError, match="is 0 bytes, the record says"):
+        store.mark_durable(0)
+    assert not store.durable_complete(0)
+    with pytest.raises(SnapshotIncompleteError, match="durable copy of snapshot 0"):
+        check_reachable(store, 0, lost)
+    # snapshot 1 was superseded: nothing of it was uploaded
+    with pytest.raises(SnapshotIncompleteError, match="is missing"):
+        store.mark_durable(1)
+    # snapshot 2: every file uploaded and checked, marked; it restores with no slot left
+    assert store.mark_durable(2)["files"] == 2
+    assert store.durable_complete(2)
+    check_reachable(store, 2, lost)
+    store.verify(2)
+    with StorageSlot.claim(tmp_path / "c", host="c") as c:
+        store.slot_files = slot_files(_Member(config, [c.uuid]), c, config.id)
+        assert store.restore("agg", snapshot_id=2).table.sort_by("key").equals(WANT)
+        # what the driver hands a member: the record and that its uploads are complete
+        _, _, start = handed_start(config, store, 2)
+        assert start["durable"] is True
+        view = RecordView(config.id, base64.b64decode(start["record"]),
+                          start["dir"], start["file"], backend=store._backend,
+                          durable=start["durable"])
+        view.slot_files = store.slot_files
+        assert view.restore("agg").table.sort_by("key").equals(WANT)
+    store.slot_files = None
+    # and it exports: the export holds the copies and the mark, and restores alone
+    store.export(2, "v2")
+    assert store.restore("agg", name="v2").table.sort_by("key").equals(WANT)
+    assert store.durable_complete(name="v2")
+    with pytest.raises(InvalidArgumentError, match="durable_tier=\"async\", export a snapshot "
+                                                   "whose upload is complete"):
+        store.export(1, "v1")
+
+
+def test_a_lost_slot_and_an_incomplete_async_copy_is_refused_under_exactly_once(tmp_path,
+                                                                               two_slots):
+    """Snapshot 0's upload is complete, snapshot 1's is not, and no slot joined: exactly-
+    once refuses (an older snapshot would replay what phase 2 of 1 committed), naming the
+    vertex, partitions, slots and hosts; at-least-once restores 0 after a rollback and
+    reports the replay window."""
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.storage import encode_table
+
+    a, b = two_slots
+    for guarantee in ("exactly-once", "at-least-once"):
+        config = _config(tmp_path / guarantee, processing_guarantee=guarantee)
+        store = open_store(config)
+        store.register_execution(1)
+        table = encode_table(PartitionTable.create([a.uuid, b.uuid], 7, 0,
+                                                   groups={a.uuid: "host-a", b.uuid: "host-b"}))
+        for sid in (0, 1):
+            manifests = []
+            for i, slot in enumerate((a, b)):
+                slot.fence(config.id, 1)
+                w = slot_writer(config, SlotWriterLink(config, slot), sid, 1, writer=i,
+                                replicate=None)
+                w.write_table("agg", _state(1000, i * 1000), key="key")
+                manifests.append(w.finish())
+                if sid == 0:
+                    DurableUploader(slot, SlotWriterLink(config, slot), None).upload(
+                        0, 1, manifests[-1].files)
+            store.commit(sid, 1, manifests, table=table)
+        store.mark_durable(0)
+        store.register_execution(2)
+        _, _, start = handed_start(config, store, 1)
+        events = []
+        # every slot joined: nothing to decide
+        assert async_start(config, store, start, [a.uuid, b.uuid], 2, events.append) is start
+        if guarantee == "exactly-once":
+            with pytest.raises(RecoveryRefusedError) as refused:
+                async_start(config, store, start, [], 2, events.append)
+            text = str(refused.value)
+            assert "newest committed snapshot 1 lacks agg: partitions 0-6" in text
+            assert f"{a.uuid} (host host-a)" in text and f"{b.uuid} (host host-b)" in text
+            assert "durable copy of snapshot 1 in snapshot_store was not complete" in text
+            assert "no older snapshot is restored" in text and "at-least-once" in text
+            assert store.latest_complete().snapshot_id == 1 and not events
+        else:
+            got = async_start(config, store, start, [], 2, events.append)
+            assert got["snapshot"] == 0 and got["durable"] is True
+            fallback, = events
+            assert fallback["event"] == "fallback" and fallback["to"] == 0
+            assert fallback["replayed"] == [1] and "replay window" in fallback["message"]
+            assert store.latest_complete().snapshot_id == 0     # the rollback is in the log
+
+
+def test_async_durable_tier_settings():
+    with pytest.raises(InvalidArgumentError, match="durable_tier is a copy of the members'"):
+        JobConfig(name="x", snapshot_store="/tmp/x", durable_tier="async")
+    with pytest.raises(InvalidArgumentError, match="durable_tier='async' copies snapshots"):
+        JobConfig(name="x", processing_guarantee="none", storage="members",
+                  durable_tier="async")
+    with pytest.raises(InvalidArgumentError, match="durable_tier"):
+        JobConfig(name="x", snapshot_store="/tmp/x", storage="members", durable_tier="later")
+    assert JobConfig(name="x", snapshot_store="/tmp/x", storage="members",
+                     durable_tier="async").durable_tier == "async"
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_persistence_restart_counts_the_async_uploads_once_marked(tmp_path, marked):
+    """persistence=True with durable_tier="async": slot b's files are gone, and the
+    FULL_RECOVERY_ONLY policy restores the newest snapshot from the store's copies when
+    their upload was marked complete, and refuses when it was not (the copies do not
+    count)."""
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.persistence import join_report, recover
+
+    config = JobConfig(name="persisted-async", snapshot_store=str(tmp_path / "store"),
+                       storage="members", persistence=True, partition_count=7,
+                       storage_dir=str(tmp_path / "slots"), durable_tier="async")
+    a = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True)
+    b = StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    with a, b:
+        store = open_store(config)
+        store.register_execution(1)
+        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            w = slot_writer(config, SlotWriterLink(config, slot), 0, 1, writer=i,
+                            replicate=None)
+            w.write_table("agg", _state(100, i * 100), key="key")
+            manifests.append(w.finish())
+            DurableUploader(slot, SlotWriterLink(config, slot), None).upload(
+                0, 1, manifests[-1].files)
+        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        if marked:
+            store.mark_durable(0)
+        for d, _, fs in os.walk(b.job_path(config.id)):
+            for f in fs:
+                if f.endswith(".chunks"):
+                    os.remove(os.path.join(d, f))
+        store.register_execution(2)
+        reports = [join_report(config, s, {"seen": s.newest_execution(config.id)}, 2)
+                   for s in (a, b)]
+        start = handed_start(config, store, 0)[2]
+        events = []
+        if marked:
+            recovery = recover(config, store, None, 2, start, reports, events.append)
+            assert recovery.report["snapshot"] == 0 and "missing" not in recovery.report
+        else:
+            with pytest.raises(RecoveryRefusedError, match="lacks agg: partitions"):
+                recover(config, store, None, 2, start, reports, events.append)
