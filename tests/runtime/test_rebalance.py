@@ -77,6 +77,7 @@ def test_a_slot_not_back_within_the_delay_has_its_backups_promoted(tmp_path, spa
     assert rebalance["returned"] == {} and list(rebalance["promoted"]) == [uuid], rebalance
     assert rebalance["gave_up"] == "delay over" and rebalance["promoted_partitions"] > 0
     assert 2.0 <= rebalance["waited_s"] < time.monotonic() - started
+    assert rebalance["held_s"] <= rebalance["waited_s"]
     placed = [e for e in seen if e["event"] == "placed"]
     assert uuid not in {s["uuid"] for s in placed[-1]["slots"]}
     assert placed[-1]["table_version"] > placed[0]["table_version"]

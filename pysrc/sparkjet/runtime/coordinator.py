@@ -372,6 +372,7 @@ class ExecutionCoordinator:
                 self._joined_at.values())
             self._rebalance_deadline = since + delay
             self._rebalance_since = since
+            self._all_joined = time.monotonic()
             joined = {r["uuid"] for r in reports}
             if self._previous:
                 self._awaited = [u for u in self._previous.members if u not in joined]
@@ -399,8 +400,10 @@ class ExecutionCoordinator:
 
     def _rebalanced(self, reports: list[dict]) -> None:
         """The ``rebalance`` event and report, once placed: which lost slots came back
-        within ``rebalance_delay`` (after how long), and which were given up, whose
-        partitions' backups were promoted."""
+        within ``rebalance_delay`` (``returned``: seconds from the loss to their join), and
+        which were given up (``promoted``: their partitions, whose backups were promoted;
+        ``gave_up``: why); ``waited_s`` from the loss (a new driver: its first join) to the
+        placement, ``held_s`` of it with every member joined (the joins held)."""
         if not self._previous or not self._awaited:
             return
         now = time.monotonic()
@@ -417,6 +420,7 @@ class ExecutionCoordinator:
         self.rebalance = {
             "event": "rebalance", "execution": self.execution_id,
             "rebalance_delay": self.config.rebalance_delay, "waited_s": round(now - since, 3),
+            "held_s": round(now - self._all_joined, 3),
             "returned": returned, "promoted": {u: partition_ranges(set(p))
                                                for u, p in promoted.items()},
             "promoted_partitions": sum(len(p) for p in promoted.values()),
