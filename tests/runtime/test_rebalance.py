@@ -19,7 +19,8 @@ from sparkjet.testing.storage_campaign import operator_job
 pytestmark = pytest.mark.spark
 
 
-def _run(tmp_path, spark, delay: float, back_after: float | None, cancel_in_wait=False):
+def _run(tmp_path, spark, delay: float, back_after: float | None, cancel_in_wait=False,
+         stop_in_wait=False):
     """Runs a keyed job on 2 members with ``rebalance_delay=delay``; after snapshot 1 its
     member 0 is SIGKILLed and its slot moved aside, put back ``back_after`` s later (None:
     after the run). Returns the events, the check's report and the moved slot's uuid."""
@@ -44,12 +45,16 @@ def _run(tmp_path, spark, delay: float, back_after: float | None, cancel_in_wait
                 threading.Timer(back_after, moved["aside"].rename, (moved["folder"],)).start()
             if cancel_in_wait:
                 threading.Timer(1.0, job.cancel).start()
+            if stop_in_wait:
+                threading.Timer(1.0, job.stop).start()
 
     try:
         result = job.run(spark, on_progress=progress)
     finally:
         if back_after is None and moved and moved["aside"].exists():
             shutil.move(str(moved["aside"]), str(moved["folder"]))
+    if stop_in_wait:        # the rest of the input, from the stop's terminal snapshot
+        operator_job(tmp_path, "keyed", 7, 200_000, 100_000, config)[1]().run(spark)
     report, repeated = check()
     return seen, result, report, repeated, moved["uuid"]
 
@@ -89,3 +94,16 @@ def test_a_cancel_during_the_wait_ends_the_job(tmp_path, spark):
     with pytest.raises(JobCancelledError):
         _run(tmp_path, spark, delay=120, back_after=None, cancel_in_wait=True)
     assert not list(Path(tmp_path).glob("away-*"))
+
+
+@pytest.mark.long
+def test_a_stop_during_the_wait_promotes_and_stops_gracefully(tmp_path, spark):
+    """A graceful stop during the wait ends it (the lost slot's backups promoted, said so),
+    the job stops on its terminal snapshot, and a run after it ends exactly once."""
+    seen, result, report, repeated, uuid = _run(tmp_path, spark, delay=120, back_after=None,
+                                                stop_in_wait=True)
+    (rebalance,) = [e for e in seen if e["event"] == "rebalance"]
+    assert rebalance["gave_up"] == "stop requested" and list(rebalance["promoted"]) == [uuid]
+    assert rebalance["held_s"] < 120 and result.executions[-1]["status"] == "ok"
+    assert (report.lost_count, report.duplicated_count, len(report.mismatched),
+            report.unexpected_count, repeated) == (0, 0, 0, 0, 0), report

@@ -233,6 +233,7 @@ class ExecutionCoordinator:
         # a pause of this process (SIGSTOP, a VM stall) must not count as the members'
         # silence: _watch notices its own gaps (see there)
         self._watching = threading.Event()
+        self._failed = threading.Event()    # before the watch thread, which reads it
         threading.Thread(target=self._watch, name=f"sparkjet-pause-watch-e{execution_id}",
                          daemon=True).start()
         self.pids: dict[int, int] = {}
@@ -252,7 +253,6 @@ class ExecutionCoordinator:
         #: verdict (reporter, error, when)
         self._reported: dict[int, float] = {}
         self._link_failure: tuple[int, ExecutionFailedError, float] | None = None
-        self._failed = threading.Event()
         self._finished = threading.Event()
         self.stage_error: BaseException | None = None
         self.stage_ended = threading.Event()
