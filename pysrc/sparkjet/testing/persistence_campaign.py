@@ -363,7 +363,9 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         # snapshots may hold no state yet, and the record of the snapshot killed at may
         # not have reached the slot)
         at += 2
-        events *= 2     # and the second run has input left for two more snapshots
+        # and the second run has input left for two more snapshots (on a loaded machine
+        # a snapshot can take seconds, while the source reads on at its rate)
+        events *= 4
     job, again, check = operator_job(work, op, seed, events, rate, config)
     seen, actions = [], []
     first_error = None
