@@ -411,3 +411,87 @@ def test_an_explicit_depth_too_deep_for_memory_is_lowered():
     depth within 512 MiB is used instead (18 at 271 partitions), said in a warning."""
     assert resolve_depth(27, 1000, 1, 271, 16) == 18
     assert resolve_depth(12, 1000, 1, 271, 16) == 12
+
+
+def test_a_file_whose_partitions_two_backups_share_is_resynced_from_both(tmp_path):
+    """Found by the persistence campaign's stale-rejoin round: with backup_count=1 on three
+    slots, the stale slot b wrote its own partitions' file, and its backups a and c each
+    hold the ranges of only some of them. The resync took one of them for the whole file,
+    which refused the ranges it does not hold (nothing synced); it syncs each partition from
+    a slot that backs it, into one copy the restore reads from b."""
+    import pyarrow.compute as pc
+
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.runtime.resync import resync_for_restore
+    from sparkjet.runtime.storage import (
+        encode_table,
+        replicator,
+        slot_files,
+        slot_write_handler,
+    )
+
+    slots = [StorageSlot.claim(tmp_path / f"host-{h}", host=h) for h in "abc"]
+    security = LinkSecurity.generate(5)
+    servers = [ExchangeServer("127.0.0.1", execution_id=5, security=security) for _ in slots]
+    for slot, server in zip(slots, servers):
+        server.on_put("slot_write", slot_write_handler(slot, JOB))
+        server.on_get("slot_read", slot_read_handler(slot, JOB))
+        MerkleHolder(slot, JOB).register(server)
+    clients = [ExchangeClient(s.location, security=security) for s in servers]
+    try:
+        uuids = [s.uuid for s in slots]
+        table = PartitionTable.create(uuids, PARTITIONS, 1,
+                                      groups={s.uuid: f"host-{h}" for s, h in zip(slots, "abc")})
+        store = SnapshotStore(tmp_path / "store", JOB)
+        store.register_execution(5)
+        old = _state([float(i) for i in range(N)])
+        owner = [uuids.index(table.owner(p)) for p in range(PARTITIONS)]
+
+        def snapshot(sid, state):
+            mine = pa.array([owner[p] for p in _partitions(state)])
+            manifests = []
+            for i, slot in enumerate(slots):
+                member = _Member(uuids, {j: c for j, c in enumerate(clients) if j != i})
+                member.topology.table = table
+                w = store.writer(sid, 5, writer=i, partition_count=PARTITIONS, slot=slot,
+                                 chunk_size=16384, replicate=replicator(member, slot, JOB))
+                w.write_table("agg", state.filter(pc.equal(mine, i)), key="key")
+                manifests.append(w.finish())
+            store.commit(sid, 5, manifests, table=encode_table(table), plan='{"v": 1}')
+            data, _, _ = store.committed_record(sid)
+            return meta.decode(data, meta.ValidationRecord, f"snapshot {sid}", "record")
+
+        snapshot(0, old)
+        b = slots[1]
+        b.write_record(JOB, 0, store.committed_record(0)[0])
+        new = _changed(old)
+        rec1 = snapshot(1, new)
+        # b missed snapshot 1: its folder of it gone
+        shutil.rmtree(os.path.join(b.replicas(JOB).root, layout.SNAPSHOTS,
+                                   layout.snapshot_dir(1, 5)))
+        (f,) = [f for f in rec1.vertices["agg"].files if f.slot == b.uuid]
+        restored = set(table.partitions_of(b.uuid))
+        backups = {table.replicas(p)[1] for p in restored}
+        assert backups == {slots[0].uuid, slots[2].uuid}, "both backups share b's partitions"
+        member = _Member(uuids, {0: clients[0], 2: clients[2]})
+        events = []
+        reports = resync_for_restore(member, b, JOB, rec1, {"agg": (restored, "key")},
+                                     depth=10, partition_count=PARTITIONS,
+                                     progress=events.append)
+        assert len(reports) == 1 and sorted(reports[0].partitions) == sorted(restored)
+        assert set(reports[0].holder.split(", ")) == backups
+        (event,) = events
+        assert 0 < event["bytes"] and event["full_copy_bytes"] > 0
+        for s in servers:           # b reads its partitions from its own slot
+            s.close()
+        store.slot_files = slot_files(member, b, JOB)
+        got = store.restore("agg", sorted(restored), snapshot_id=1).table
+        want = new.filter(pa.array([p in restored for p in _partitions(new)]))
+        assert got.sort_by("key").equals(want.sort_by("key"))
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.close()
+        for s in slots:
+            s.release()

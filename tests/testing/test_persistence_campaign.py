@@ -21,7 +21,7 @@ def test_every_kind_is_planned_and_every_operator_taken_in_turn():
     planned = pc.plan(kinds, 60, random.Random(1))
     assert [k for k, _ in planned[:len(kinds)]] == kinds
     assert {op for _, op in planned} == set(pc.OPERATORS)
-    assert sum(1 if k.name == "restart" else 2 for k, _ in planned) >= 60
+    assert sum(pc.FAULTS.get(k.name, 2) for k, _ in planned) >= 60
     # every recovery policy is drawn
     assert {k.policy for k in kinds} == {pc.FULL, pc.RECENT, pc.COMPLETE}
 
@@ -36,16 +36,37 @@ def test_a_short_persistence_campaign_loses_and_duplicates_nothing(tmp_path):
     refusal), corrupt and foreign metadata in a slot, the store's folder lost (rebuilt),
     a force start (also with a slot away during it, emptied when it is back). Each round
     valid: exactly once, at least once or refused as its kind says."""
-    kinds = list(pc.KINDS)
+    kinds = [k for k in pc.KINDS if k not in REJOIN]
     rounds = campaigns.run_cli("sparkjet.testing.persistence_campaign",
                                "PERSISTENCE-CAMPAIGN-JSON",
-                               ["--faults", "21", "--seed", "3", "--dir", str(tmp_path)], 1800)
+                               ["--faults", "21", "--seed", "3", "--kinds", ",".join(kinds),
+                                "--dir", str(tmp_path)], 1800)
     assert set(rounds) == set(kinds), rounds
     # refused, or (every chunk lost had a copy elsewhere: broadcast state) restored exactly
     for k in ("slot-lost", "newest-lost-eo"):
         assert rounds[k]["refusal"] in ("RecoveryRefusedError", None), rounds[k]
     for k in ("newest-lost-recent", "newest-lost-complete"):
         assert rounds[k]["given_up"] or "nothing else" in rounds[k]["detail"], rounds[k]
+
+
+#: The kinds of a member coming back (their own short run, below).
+REJOIN = ("rebalance-returns", "rebalance-late", "stale-rejoin")
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_members_back_within_and_after_the_rebalance_delay_and_a_stale_one_synced(tmp_path):
+    """One round of each kind of a member coming back: a slot away is waited for and comes
+    back within ``rebalance_delay`` (nothing promoted), one comes back after it (its
+    partitions promoted), and a slot that missed two snapshots is put back and synced by
+    Merkle trees (bytes reported). Each exactly once."""
+    rounds = campaigns.run_cli("sparkjet.testing.persistence_campaign",
+                               "PERSISTENCE-CAMPAIGN-JSON",
+                               ["--faults", "7", "--seed", "3", "--kinds", ",".join(REJOIN),
+                                "--dir", str(tmp_path)], 1800)
+    assert set(rounds) == set(REJOIN), rounds
+    assert rounds["stale-rejoin"]["merkle_bytes"] > 0 or "ended" in rounds["stale-rejoin"][
+        "detail"], rounds
 
 
 @pytest.mark.spark

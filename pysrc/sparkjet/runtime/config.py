@@ -193,8 +193,11 @@ class JobConfig:
       pipeline has a transactional sink or an acknowledging source;
       ``auto_remove_stale_data`` (True): a slot whose job data is corrupt or from the future
       (newer than the driver's records) is emptied of this job's data, logged with its
-      path; False: refused, naming the path; ``rebalance_delay`` (0 s): only 0 for now (a
-      lost slot's backups are promoted at once; a delay is refused, not ignored).
+      path; False: refused, naming the path; ``rebalance_delay`` (0 s): after a member left,
+      how long an execution waits for a slot of the previous partition table that no
+      member holds (its host coming back) before its partitions' backups are promoted and
+      the table rebalanced; a slot back within it restores its own partitions (the
+      ``rebalance`` event says which).
     - ``merkle_tree_depth``: levels of the Merkle trees a slot that missed snapshots syncs
       its partitions with (:mod:`sparkjet.runtime.resync`): Hazelcast's ``merkle-tree.depth``,
       default 10, an int in 2..27, or "auto" (:func:`sparkjet.merkle.choose_depth` for the
@@ -306,11 +309,6 @@ class JobConfig:
             raise InvalidArgumentError(
                 f"JobConfig.{given[0]} is a setting of a persistence restart, which needs "
                 f"storage=\"members\" and persistence=True; {why}")
-        if self.rebalance_delay:
-            raise InvalidArgumentError(
-                f"JobConfig.rebalance_delay={self.rebalance_delay:g}: a delay before a lost "
-                "slot's backups are promoted is not built yet (issue 25); they are promoted at "
-                "once, as with rebalance_delay=0")
         check_merkle_depth(self.merkle_tree_depth)
         if persisted:
             for k, default in PERSISTENCE_DEFAULTS.items():

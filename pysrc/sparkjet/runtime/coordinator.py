@@ -31,6 +31,7 @@ tell members to empty their slot of the job (``wipe`` in their answer) or refuse
 from __future__ import annotations
 
 import base64
+import logging
 import queue
 import threading
 import time
@@ -43,8 +44,16 @@ from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.durable import async_start
 from sparkjet.runtime.exchange.server import ExchangeServer
 from sparkjet.runtime.schemas import check_agreement
-from sparkjet.runtime.storage import encode_table, store_read_handler, table_for
+from sparkjet.runtime.storage import (
+    encode_table,
+    partition_ranges,
+    previous_table,
+    store_read_handler,
+    table_for,
+)
 from sparkjet.snapshot.store import Manifest, SnapshotStore
+
+_log = logging.getLogger("sparkjet.job")
 
 _POLL = 0.005
 #: How long a member's poll waits on the driver for a command before it returns empty.
@@ -57,6 +66,9 @@ LINK_VERDICT_WAIT = 3 * POLL_WAIT
 #: How long a member's ``join`` waits on the driver for the other members before it
 #: returns without the peers (the member then asks again).
 JOIN_WAIT = 2.0
+#: How long the driver holds a member's ``join`` while it waits for a lost slot
+#: (``rebalance_delay``) before asking the member to claim that slot again.
+RECLAIM_WAIT = 0.25
 
 
 class SnapshotCoordinator:
@@ -187,8 +199,20 @@ class ExecutionCoordinator:
     def __init__(self, config: JobConfig, execution_id: int, topology, *, host: str,
                  security, store: SnapshotStore | None, progress: Callable[[dict], None],
                  start: dict | None = None, start_store: SnapshotStore | None = None,
-                 recover: Callable[[list[dict]], object] | None = None):
+                 recover: Callable[[list[dict]], object] | None = None,
+                 lost_at: float | None = None):
         self.config = config
+        #: ``rebalance_delay``: when a member of the execution before this one was lost
+        #: (``time.monotonic()``; None: this driver's first execution, whose delay counts
+        #: from its members' joins), the slots of the previous partition table no member
+        #: joined with once all had, when each slot joined, and what placement made of it
+        #: (the ``rebalance`` event)
+        self._lost_at = lost_at
+        self._previous = None
+        self._awaited: list[str] = []
+        self._joined_at: dict[str, float] = {}
+        self._waiting_said = False
+        self.rebalance: dict | None = None
         #: with persistence: the driver's decision over the joined slots' reports
         #: (:func:`~sparkjet.runtime.persistence.recover`), its report once made, and the
         #: members told to empty their slot of the job (index -> why)
@@ -209,6 +233,7 @@ class ExecutionCoordinator:
         # a pause of this process (SIGSTOP, a VM stall) must not count as the members'
         # silence: _watch notices its own gaps (see there)
         self._watching = threading.Event()
+        self._failed = threading.Event()    # before the watch thread, which reads it
         threading.Thread(target=self._watch, name=f"sparkjet-pause-watch-e{execution_id}",
                          daemon=True).start()
         self.pids: dict[int, int] = {}
@@ -228,7 +253,6 @@ class ExecutionCoordinator:
         #: verdict (reporter, error, when)
         self._reported: dict[int, float] = {}
         self._link_failure: tuple[int, ExecutionFailedError, float] | None = None
-        self._failed = threading.Event()
         self._finished = threading.Event()
         self.stage_error: BaseException | None = None
         self.stage_ended = threading.Event()
@@ -288,13 +312,36 @@ class ExecutionCoordinator:
                 raise ValueError(f"member {i} joined twice, from {self.locations[i]} and "
                                  f"{location}")
             if members_storage:
-                self.slots.setdefault(i, slot)
+                if self._placement is None:     # a member that reclaimed a slot says so
+                    self.slots[i] = slot
+                elif self.slots.setdefault(i, slot)["uuid"] != slot["uuid"]:
+                    # it claimed a lost slot as the delay ran out: placed without it
+                    error = ExecutionFailedError(
+                        f"member {i} joined with storage slot {slot['uuid']} after the "
+                        f"placement over its slot {self.slots[i]['uuid']} (a lost slot it "
+                        "claimed as rebalance_delay ran out); the execution restarts")
+                    self.fail(error)
+                    raise error
+                self._joined_at.setdefault(slot["uuid"], time.monotonic())
             self._cv.notify_all()
             while len(self.locations) < self.members and not self._failed.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return {"peers": None}
                 self._cv.wait(left)
+            while not self._failed.is_set() and members_storage:
+                # rebalance_delay: a slot of the previous table that no member holds may
+                # come back; a member holding a slot outside that table is asked to claim
+                # it instead, the others wait with it
+                awaited, claimers = self._rebalance_wait()
+                if not awaited:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"peers": None}
+                self._cv.wait(min(left, RECLAIM_WAIT))
+                if i in claimers and self._rebalance_wait()[0]:
+                    return {"peers": None, "reclaim": awaited}
             if self._failed.is_set():
                 raise ExecutionFailedError(f"execution {self.execution_id} has ended: "
                                            f"{self.failure}")
@@ -305,6 +352,92 @@ class ExecutionCoordinator:
                 if i in self._wipe:
                     answer["wipe"] = self._wipe[i]
             return answer
+
+    def _rebalance_wait(self) -> tuple[list[str], set[int]]:
+        """(Under ``_cv``, once every member joined.) With ``rebalance_delay`` and the
+        members' storage with persistence: the slots of the previous partition table (the
+        newest the joined slots hold) that no member holds while the delay runs (counted
+        from the loss of a member, else from this driver's first joins), and the members
+        that may claim one instead: those holding a slot outside that table (on the host
+        the slot was on it may be back). Nothing is awaited once every slot is back, the
+        delay is over, no member could claim one, a stop was asked for, or placement is
+        done."""
+        delay = self.config.rebalance_delay
+        if not delay or self._placement is not None:
+            return [], set()
+        reports = [self.slots[m] for m in range(self.members)]
+        if self._previous is None:
+            self._previous = previous_table(reports) or False
+            since = self._lost_at if self._lost_at is not None else min(
+                self._joined_at.values())
+            self._rebalance_deadline = since + delay
+            self._rebalance_since = since
+            self._all_joined = time.monotonic()
+            joined = {r["uuid"] for r in reports}
+            if self._previous:
+                self._awaited = [u for u in self._previous.members if u not in joined]
+        if not self._previous or not self._awaited:
+            return [], set()
+        members = set(self._previous.members)
+        joined = {r["uuid"] for r in reports}
+        awaited = [u for u in self._awaited if u not in joined]
+        claimers = {m for m, r in enumerate(reports) if r["uuid"] not in members}
+        if (not awaited or not claimers or self.stop_requested.is_set()
+                or time.monotonic() >= self._rebalance_deadline):
+            return [], set()
+        if not self._waiting_said:
+            self._waiting_said = True
+            left = self._rebalance_deadline - time.monotonic()
+            groups = self._previous.groups or {}
+            self.progress({"event": "waiting", "execution": self.execution_id,
+                           "rebalance_delay": delay, "slots_awaited": awaited,
+                           "note": f"storage slot(s) {', '.join(awaited)} of the previous "
+                                   f"partition table (host(s) "
+                                   f"{', '.join(groups.get(u, u) for u in awaited)}) not "
+                                   f"claimed: waiting up to {left:.1f} s more "
+                                   "(rebalance_delay) before their backups are promoted"})
+        return awaited, claimers
+
+    def _rebalanced(self, reports: list[dict]) -> None:
+        """The ``rebalance`` event and report, once placed: which lost slots came back
+        within ``rebalance_delay`` (``returned``: seconds from the loss to their join), and
+        which were given up (``promoted``: their partitions, whose backups were promoted;
+        ``gave_up``: why); ``waited_s`` from the loss (a new driver: its first join) to the
+        placement, ``held_s`` of it with every member joined (the joins held)."""
+        if not self._previous or not self._awaited:
+            return
+        now = time.monotonic()
+        joined = {r["uuid"] for r in reports}
+        table, since = self._previous, self._rebalance_since
+        returned = {u: round(self._joined_at[u] - since, 3) for u in self._awaited
+                    if u in joined}
+        gone = [u for u in self._awaited if u not in joined]
+        promoted = {u: table.partitions_of(u) for u in gone}
+        why = ("stop requested" if gone and self.stop_requested.is_set() and
+               now < self._rebalance_deadline else "no member could claim it" if gone and
+               now < self._rebalance_deadline else "delay over")
+        groups = table.groups or {}
+        self.rebalance = {
+            "event": "rebalance", "execution": self.execution_id,
+            "rebalance_delay": self.config.rebalance_delay, "waited_s": round(now - since, 3),
+            "held_s": round(now - self._all_joined, 3),
+            "returned": returned, "promoted": {u: partition_ranges(set(p))
+                                               for u, p in promoted.items()},
+            "promoted_partitions": sum(len(p) for p in promoted.values()),
+            "hosts": {u: groups.get(u, u) for u in self._awaited},
+            "gave_up": why if gone else None}
+        if gone:
+            _log.warning("execution %d: gave up waiting for storage slot(s) %s after %.1f s "
+                         "(rebalance_delay=%g s: %s): their backups were promoted for "
+                         "partitions %s", self.execution_id, ", ".join(gone), now - since,
+                         self.config.rebalance_delay, why,
+                         "; ".join(f"{u}: {r}" for u, r in self.rebalance["promoted"].items()))
+        if returned:
+            _log.info("execution %d: storage slot(s) %s came back within rebalance_delay=%g s "
+                      "(after %s s): they restore their own partitions", self.execution_id,
+                      ", ".join(returned), self.config.rebalance_delay,
+                      ", ".join(f"{s:.1f}" for s in returned.values()))
+        self.progress(dict(self.rebalance))
 
     def _place(self) -> dict:
         """The partition table over the joined members' slots (built once, by the first
@@ -331,6 +464,7 @@ class ExecutionCoordinator:
                 self.fail(e)
                 raise
             slots = [r["uuid"] for r in reports]
+            self._rebalanced(reports)
             self.topology = self.topology.with_placement(table, slots)
             self._placement = {"table": encode_table(table), "slots": slots}
             self.snapshots.table = self._placement["table"]

@@ -100,7 +100,9 @@ class Job:
         ``started`` (with the members' ``pids``), ``restored``, ``fallback`` (the newest
         snapshot failed to verify and an older one is restored, or ``initial_snapshot``
         rolled the job back), ``snapshot``, ``progress``
-        (counters, twice a second), ``restart``, ``waiting`` (quorum).
+        (counters, twice a second), ``restart``, ``waiting`` (quorum, or
+        ``rebalance_delay``: ``slots_awaited``), ``rebalance`` (lost slots back within
+        ``rebalance_delay``, or given up and their partitions' backups promoted).
 
         ``progress=True`` draws the job's state on one terminal line (a bar when the
         sources are bounded); ``metrics_port`` serves :attr:`metrics` for Prometheus on
@@ -146,7 +148,8 @@ class Job:
                 _log.warning("%s: %s", event.get("message") or f"restart {event.get('attempt')}",
                              event.get("error"), extra=extra)
             elif kind == "waiting":
-                _log.warning("%s", event.get("message") or "waiting for task slots", extra=extra)
+                _log.warning("%s", event.get("message") or event.get("note")
+                             or "waiting for task slots", extra=extra)
             if view is not None:
                 view(event)
             if on_progress is not None:

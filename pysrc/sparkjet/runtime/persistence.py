@@ -60,9 +60,22 @@ seen: the job's ids go on above them, and at every later execution a member whos
 data from before the force start empties it (its record copies are never committed again).
 Logged path by path. Never implicit.
 
-Not yet: a ``rebalance_delay`` other than 0 (refused by ``JobConfig``: a lost slot's backups
-are promoted at once). A slot that missed snapshots is synced by Merkle trees before its
-member restores (:mod:`sparkjet.runtime.resync`), not by this module.
+**Rebalance delay** (``rebalance_delay``, 0 s: Hazelcast's wait after an unexpected leave
+before backups are promoted): when an execution restarts after a member was lost and a slot
+of the previous partition table (the newest the joined slots hold) is not among the joined
+members' slots, the driver (:class:`~sparkjet.runtime.coordinator.ExecutionCoordinator`)
+holds the joins for up to the delay from the loss (from its first joins for a new driver)
+and asks each member whose slot is outside that table to claim the missing one instead
+(:func:`reclaim`: its host came back) -- a ``waiting`` event names the slots awaited; the
+runner's quorum wait also waits, within the delay, for as many task slots as the lost
+execution had (a worker restarting on its host). A slot back in time keeps its partitions
+(the table is the one before: no backup promoted, no byte copied; its member restores
+from its own disk); after the delay its partitions' backups are promoted and the table
+rebalanced. The ``rebalance`` event (and ``JobResult.executions[i]["rebalance"]``) says
+which slots returned after how long and which partitions were promoted from which slots.
+
+A slot that missed snapshots is synced by Merkle trees before its member restores
+(:mod:`sparkjet.runtime.resync`), not by this module.
 """
 from __future__ import annotations
 
@@ -94,7 +107,16 @@ from sparkjet.runtime.storage import claim_slot, claim_wait, held_ranges, partit
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import HEADER_SIZE, read_chunks
-from sparkjet.snapshot.slots import FENCE, RECORDS, REPLICAS, TABLE, StorageSlot, remove_file
+from sparkjet.snapshot.slots import (
+    FENCE,
+    RECORDS,
+    REPLICAS,
+    SLOT_PREFIX,
+    TABLE,
+    StorageSlot,
+    host_id,
+    remove_file,
+)
 
 _log = logging.getLogger("sparkjet.job")
 
@@ -127,6 +149,11 @@ def claim(config: JobConfig, execution: int,
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
                              remove_corrupt=config.auto_remove_stale_data,
                              execution=execution, wait=claim_wait(config))
+    return slot, _checked(config, slot, execution)
+
+
+def _checked(config: JobConfig, slot: StorageSlot, execution: int) -> dict:
+    """:func:`claim`'s checks of a slot just claimed (released when they raise)."""
     try:
         notes = {"removed": check_metadata(config, slot)}
         notes["seen"] = slot.newest_execution(config.id)
@@ -135,7 +162,31 @@ def claim(config: JobConfig, execution: int,
     except BaseException:
         slot.release()
         raise
-    return slot, notes
+    return notes
+
+
+def reclaim(config: JobConfig, uuids: list[str],
+            execution: int) -> tuple[StorageSlot, dict] | None:
+    """``rebalance_delay``: while the slots ``uuids`` of the previous partition table have
+    not joined, the driver asks a member whose slot is outside that table to claim one of
+    them instead: the first that is back in this host's ``storage_dir`` (its host returned)
+    and free, claimed and checked as :func:`claim` does; None when none is."""
+    root = config.storage_root()
+    for uuid in uuids:
+        folder = os.path.join(root, SLOT_PREFIX + uuid)
+        if not os.path.isdir(folder):
+            continue
+        try:
+            slot = StorageSlot.claim_folder(folder, durable=True)
+        except StorageSlotError:
+            continue
+        if slot is None:
+            continue
+        if slot.host != host_id():
+            slot.release()
+            continue
+        return slot, _checked(config, slot, execution)
+    return None
 
 
 def check_metadata(config: JobConfig, slot: StorageSlot) -> list[str]:

@@ -41,7 +41,9 @@ rows under differing leaves. :class:`ResyncReport` gives bytes synced against a 
 (the chunks' stored bytes).
 
 In a job, a member calls :func:`resync_for_restore` before it restores (the partitions it
-owns, from files its slot has no copy of, when the slot keeps an older snapshot's copies),
+owns, from files its slot has no copy of, when the slot keeps an older snapshot's copies,
+from the file's writer when a member holds it, else each partition from a backup that backs
+it: a backup holds only those partitions' ranges),
 and its restore then reads a resynced copy from its own slot before the holders the record
 names (:func:`~sparkjet.runtime.storage.resynced_copy`: the sidecar says ``"resynced"``).
 The recovery policy still counts only the holders the committed record names.
@@ -60,6 +62,7 @@ import time
 import uuid as uuidlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -107,6 +110,7 @@ from sparkjet.snapshot.chunks import (
     encode_payload,
     read_chunks,
 )
+from sparkjet.snapshot.reading import partition_holders
 from sparkjet.snapshot.slots import REPLICAS, StorageSlot
 
 _log = logging.getLogger(__name__)
@@ -412,6 +416,22 @@ class ResyncReport:
         return out
 
 
+def _merged(reports: list[ResyncReport], seconds: float) -> ResyncReport:
+    """One file's report from the reports of its partitions synced from several holders."""
+    if len(reports) == 1:
+        reports[0].seconds = seconds
+        return reports[0]
+    first = reports[0]
+    out = ResyncReport(first.path, ", ".join(r.holder for r in reports), first.depth,
+                       sorted(p for r in reports for p in r.partitions), seconds=seconds)
+    for name in ("entries", "differing_leaves", "rows_fetched", "tree_bytes", "header_bytes",
+                 "row_bytes", "copied_bytes", "full_copy_bytes", "messages"):
+        setattr(out, name, sum(getattr(r, name) for r in reports))
+    for r in reports:
+        out.fallback.update(r.fallback)
+    return out
+
+
 #: The most memory one Merkle forest of an explicit ``merkle_tree_depth`` may take.
 EXPLICIT_LIMIT = 512 * 2**20
 
@@ -511,6 +531,21 @@ def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: met
     MerkleSyncError when the rebuilt entries are not the holder's. ``execution``: the one
     resyncing; FencedError, and no copy, when the slot has seen a newer one."""
     began = time.monotonic()
+    report, chunks = _resync_chunks(slot, job_id, client, holder, record, f, partitions, old,
+                                    key=key, depth=depth, partition_count=partition_count,
+                                    member=member)
+    rel = f"{layout.SNAPSHOTS}/{layout.snapshot_dir(record.snapshot_id, record.execution_id)}/{f.path}"
+    _write_copy(slot, job_id, rel, f.bytes, chunks, _fence(slot, job_id, execution))
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _resync_chunks(slot: StorageSlot, job_id: int, client, holder: str,
+                   record: meta.ValidationRecord, f: meta.FileRecord, partitions,
+                   old: meta.ValidationRecord | None, *, key=None, depth=10,
+                   partition_count: int = 271, member: int = -1) -> tuple[ResyncReport, dict]:
+    """:func:`resync_file` up to the copy: its report and the chunks synced (offset ->
+    bytes), not yet written."""
     parts = set(partitions)
     wanted = [c for c in f.chunks if c.partition in parts]
     keyed = [c for c in wanted if c.partition >= 0]
@@ -544,9 +579,31 @@ def resync_file(slot: StorageSlot, job_id: int, client, holder: str, record: met
                    "copied as byte ranges")
         copy += [c for c in keyed if c.partition in mismatched]
     report.copied_bytes += _copy_chunks(client, holder, rel, copy, member, chunks)
-    _write_copy(slot, job_id, rel, f.bytes, chunks, _fence(slot, job_id, execution))
-    report.seconds = time.monotonic() - began
-    return report
+    return report, chunks
+
+
+def _by_holder(record: meta.ValidationRecord, f: meta.FileRecord, mine: set[int],
+               members: dict) -> dict[str, set[int]] | None:
+    """``mine`` (partitions of file ``f``; -1: broadcast state) split by the slot of a
+    member of this execution that holds them: the file's writer when it is one (it holds
+    every byte), else per partition a backup that backs it (a backup holds only the ranges
+    of the partitions it backs, :func:`~sparkjet.snapshot.reading.partition_holders`);
+    None when some partition has no such holder."""
+    if f.slot in members:
+        return {f.slot: set(mine)}
+    holders = partition_holders(SimpleNamespace(record=record))
+    out: dict[str, set[int]] = {}
+    for p in sorted(q for q in mine if q >= 0):
+        u = next((u for u in holders(f, p) if u in members), None)
+        if u is None:
+            return None
+        out.setdefault(u, set()).add(p)
+    if -1 in mine:          # every replica holds broadcast state whole
+        u = next(iter(out), None) or next((u for u in f.holders if u in members), None)
+        if u is None:
+            return None
+        out.setdefault(u, set()).add(-1)
+    return out
 
 
 def _fence(slot: StorageSlot, job_id: int, execution: int | None):
@@ -912,16 +969,24 @@ def resync_for_restore(member, slot: StorageSlot, job_id: int, record: meta.Vali
                 continue
             if any(c.partition < 0 for c in f.chunks):
                 mine.add(-1)
-            holder = next((u for u in f.holders if u in members), None)
-            if holder is None:
+            groups = _by_holder(record, f, mine, members)
+            if not groups:
                 continue            # the restore names what no member holds
+            holder = ", ".join(groups)
             if not _holds_old(slot, job_id, old, vertex, mine):
                 continue            # nothing to start a walk from: the restore reads them
             try:
-                reports.append(resync_file(
-                    slot, job_id, member.peers[members[holder]], holder, record, f, mine, old,
-                    key=key, depth=depth, partition_count=partition_count,
-                    member=members[holder], execution=getattr(member, "execution_id", None)))
+                began, chunks, synced = time.monotonic(), {}, []
+                for u, group in groups.items():     # one copy, from as many holders
+                    report, got = _resync_chunks(
+                        slot, job_id, member.peers[members[u]], u, record, f, group, old,
+                        key=key, depth=depth, partition_count=partition_count,
+                        member=members[u])
+                    synced.append(report)
+                    chunks.update(got)
+                _write_copy(slot, job_id, rel, f.bytes, chunks,
+                            _fence(slot, job_id, getattr(member, "execution_id", None)))
+                reports.append(_merged(synced, time.monotonic() - began))
             except FencedError:
                 raise       # this execution is over: no restore follows
             except Exception as e:  # noqa: BLE001 (an optimization: a malformed answer, a peer gone, no memory; the restore reads from the holders)

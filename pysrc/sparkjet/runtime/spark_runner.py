@@ -126,6 +126,10 @@ class SparkRunner:
         #: were verified (later executions' members skip it: their restore checks every
         #: chunk it reads, and a restart is what recovery time is measured on)
         self._loaded = False
+        #: ``rebalance_delay``: when the last execution lost a member (its failure), and
+        #: how many slots its placement had; the next one waits for as many task slots
+        #: until the delay is over (see members_for_next_execution)
+        self._lost: tuple[float, int] | None = None
 
     def request_stop(self, export: bool = False) -> None:
         """Stops the job gracefully: its next snapshot is the terminal one (``export``: to
@@ -168,8 +172,28 @@ class SparkRunner:
             slots = available_slots(self.spark)
             wanted = self.requested_members or config.members or slots
             n = min(wanted, slots)
-            if n >= self.quorum and n >= 1:
+            # rebalance_delay: after a lost member, fewer task slots than the lost
+            # execution's slots wait (as below the quorum) for its host to come back
+            short = (self._lost is not None and not self.cancelled and not self._stop_requested
+                     and n < min(self._lost[1], self.requested_members or config.members
+                                 or self._lost[1])
+                     and time.monotonic() < self._lost[0] + (config.rebalance_delay or 0))
+            if n >= self.quorum and n >= 1 and not short:
                 return n
+            if short and said != ("rebalance", slots):
+                said = ("rebalance", slots)
+                left = self._lost[0] + config.rebalance_delay - time.monotonic()
+                self.progress({"event": "waiting", "slots": slots, "quorum": self.quorum,
+                               "max_members_seen": self.max_members_seen,
+                               "rebalance_delay": config.rebalance_delay,
+                               "note": f"{slots} slot(s) where the lost execution had "
+                                       f"{self._lost[1]}: waiting up to {left:.1f} s more "
+                                       "(rebalance_delay) for the lost member's host to come "
+                                       "back before its partitions' backups are promoted"})
+            if short:
+                time.sleep(min(1.0, max(0.05, self._lost[0] + config.rebalance_delay
+                                        - time.monotonic())))
+                continue
             if time.monotonic() >= deadline:
                 raise JobFailedError(
                     f"job {config.name!r}: split-brain protection: {slots} task slot(s) "
@@ -198,6 +222,9 @@ class SparkRunner:
                                self.progress)
         while True:
             members = self.members_for_next_execution()
+            if self.cancelled:      # while it waited (rebalance_delay)
+                raise JobCancelledError(f"job {config.name!r} was cancelled (execution "
+                                        f"{execution}); it resumes from its last snapshot")
             execution = next_execution(config, len(result.executions), execution)
             outcome = self.execute(execution, members)
             result.executions.append(outcome)
@@ -257,7 +284,8 @@ class SparkRunner:
                                            self.progress)
         coord = ExecutionCoordinator(config, execution, topology, host=self.host, security=security,
                                      store=store, progress=self.progress, start=start,
-                                     start_store=start_store, recover=recover)
+                                     start_store=start_store, recover=recover,
+                                     lost_at=None if self._lost is None else self._lost[0])
         if config.storage == "members":  # records then keep what drivers read without slots
             coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
@@ -351,6 +379,13 @@ class SparkRunner:
             self.member_pids = {}
         if coord.recovery is not None:
             outcome["recovery"] = coord.recovery
+        if coord.rebalance is not None:
+            outcome["rebalance"] = {k: v for k, v in coord.rebalance.items() if k != "event"}
+        if coord._placement is not None:    # this execution's slots were placed
+            self._lost = None
+        if (outcome["status"] == "failed" and config.rebalance_delay
+                and coord._placement is not None):
+            self._lost = (time.monotonic(), len(coord._placement["slots"]))
         events_in, events_out = coord.counters()
         done = coord.done.values()
         ok = outcome["status"] == "ok"
@@ -422,7 +457,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.member import Member
         from sparkjet.runtime.observability import log_to
-        from sparkjet.runtime.persistence import after_join, claim, join_report
+        from sparkjet.runtime.persistence import after_join, claim, join_report, reclaim
         from sparkjet.runtime.resync import MerkleHolder
         from sparkjet.runtime.storage import decode_table, slot_read_handler, slot_write_handler
 
@@ -439,6 +474,23 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             _report_before_join(coordinator, security, index, e)
             raise
         late = _LateMember(start_wait(config, verify))
+        held = _SlotRef(slot)
+
+        def claim_instead(uuids):
+            # rebalance_delay: the driver waits for a lost slot of the previous table,
+            # which may be back on this host: this member takes it instead of its own
+            nonlocal slot, notes, report
+            got = reclaim(config, uuids, execution)
+            if got is None:
+                return None
+            old, old_report = slot, report
+            slot, notes = got
+            held.slot = slot
+            if not old_report.get("table"):     # a fresh slot: nothing of the job to keep
+                old.remove_job(config.id)
+            old.release()
+            report = join_report(config, slot, notes, execution, verify)
+            return report
         try:
             if slot is None:
                 late.set(Member(plan, config, execution, topology=topology, index=index,
@@ -446,15 +498,16 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             server = ExchangeServer(host, inbound=late.inbound, execution_id=execution,
                                     security=security, on_error=late.on_exchange_error)
             if slot is not None:    # peers read, and back up into, this member's slot
-                server.on_get("slot_read", slot_read_handler(slot, config.id))
-                server.on_put("slot_write", slot_write_handler(slot, config.id))
+                server.on_get("slot_read", slot_read_handler(held, config.id))
+                server.on_put("slot_write", slot_write_handler(held, config.id))
                 # and sync a stale replica of theirs from it by Merkle trees
-                MerkleHolder(slot, config.id).register(server)
+                MerkleHolder(held, config.id).register(server)
             try:
                 client = ExchangeClient(coordinator, security=security, action_timeout=30.0)
+                report = None if slot is None else join_report(config, slot, notes,
+                                                               execution, verify)
                 answer = join(client, index, server.location, start_wait(config, verify),
-                              None if slot is None else join_report(config, slot, notes,
-                                                                    execution, verify))
+                              report, claim_instead if slot is not None else None)
                 if slot is not None:
                     after_join(config, slot, answer, execution)
                     # placed after join: the driver's table over the members' slots
@@ -481,12 +534,15 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
 
 
 def start_wait(config: JobConfig, verify: bool = True) -> float:
-    """How long the members of an execution may take to start: ``start_timeout``, and with
-    persistence ``data_load_timeout`` more when they verify their slots before they join
-    (``verify``: the first execution of a run; the restarts after it do not verify)."""
+    """How long the members of an execution may take to start: ``start_timeout`` (and
+    ``rebalance_delay``), and with persistence ``data_load_timeout`` more when they verify
+    their slots before they join (``verify``: the first execution of a run; the restarts
+    after it do not verify)."""
+    # rebalance_delay: the driver may hold the joins that long for a lost slot
+    wait = config.start_timeout + (config.rebalance_delay or 0.0)
     if config.storage == "members" and config.persistence and verify:
-        return config.start_timeout + config.data_load_timeout
-    return config.start_timeout
+        return wait + config.data_load_timeout
+    return wait
 
 
 def _report_before_join(coordinator: str, security: LinkSecurity, index: int,
@@ -536,15 +592,28 @@ class _LateMember:
             _log.warning("inbound stream broke before the member was built: %s", error)
 
 
+class _SlotRef:
+    """The slot a member's exchange handlers serve: its claimed slot, or the lost one it
+    claimed instead while the driver waited (``rebalance_delay``) before it was placed."""
+
+    def __init__(self, slot):
+        self.slot = slot
+
+    def __getattr__(self, name):
+        return getattr(self.slot, name)
+
+
 def join(coordinator, index: int, location: str, timeout: float,
-         slot: dict | None = None) -> dict:
+         slot: dict | None = None, reclaim=None) -> dict:
     """Member ``index``'s exchange ``location`` (and, with the members' storage, its
     ``slot`` report) to the ``coordinator`` (an
     :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns the answer once all have
     joined: ``peers``, every member's location by index (and ``table`` and ``slots``, the
     placement over the slots, and ``start``, the snapshot to start from with its committed
     record: :func:`~sparkjet.runtime.restore.handed_start`). Gives up after ``timeout`` s (the driver's
-    ``start_timeout`` fails the execution by then)."""
+    ``start_timeout`` fails the execution by then). An answer naming lost slots of the
+    previous partition table (``reclaim``, while ``rebalance_delay`` runs) is handed to
+    ``reclaim``, which returns the report of the one it claimed instead, or None."""
     deadline = time.monotonic() + timeout
     body = {"member": index, "location": location}
     if slot is not None:
@@ -553,6 +622,10 @@ def join(coordinator, index: int, location: str, timeout: float,
         answer = coordinator.action("join", body)
         if answer["peers"] is not None:
             return answer
+        if answer.get("reclaim") and reclaim is not None:
+            report = reclaim(list(answer["reclaim"]))
+            if report is not None:
+                body["slot"] = report
         if time.monotonic() > deadline:
             raise ExecutionFailedError(f"member {index}: the other members did not join "
                                        f"within {timeout:.0f} s (start_timeout)")

@@ -95,6 +95,23 @@ def decode_table(text: str, where: str) -> PartitionTable:
         raise StorageSlotError(f"the partition table of {where} does not read: {e}") from None
 
 
+def previous_table(reports: list[dict]) -> PartitionTable | None:
+    """The newest partition table the joined slots' ``reports`` hold (None: none); a table
+    that does not read is logged and left out."""
+    previous = None
+    for r in reports:
+        if not r.get("table"):
+            continue
+        try:
+            table = decode_table(r["table"], f"slot {r['uuid']} at {r.get('path')}")
+        except StorageSlotError as e:
+            _log.warning("%s; it is left out of the placement", e)
+            continue
+        if previous is None or table.version > previous.version:
+            previous = table
+    return previous
+
+
 def table_for(config: JobConfig, reports: list[dict]) -> PartitionTable:
     """The partition table of an execution whose member ``i`` joined with slot report
     ``reports[i]``: built from the newest table a slot holds (slots gone removed, new
@@ -109,17 +126,7 @@ def table_for(config: JobConfig, reports: list[dict]) -> PartitionTable:
         raise StorageSlotError(f"two members joined with the same storage slot {twice}: a "
                                "slot is claimed by one task at a time (is storage_dir shared "
                                "by hosts that give themselves one SPARKJET_HOST_ID?)")
-    previous = None
-    for r in reports:
-        if not r.get("table"):
-            continue
-        try:
-            table = decode_table(r["table"], f"slot {r['uuid']} at {r.get('path')}")
-        except StorageSlotError as e:
-            _log.warning("%s; it is left out of the placement", e)
-            continue
-        if previous is None or table.version > previous.version:
-            previous = table
+    previous = previous_table(reports)
     kept = {} if previous is None or previous.groups is None else previous.groups
     if (previous is None or previous.partition_count != config.partition_count
             or previous.backup_count != config.backup_count or previous.groups is None
@@ -510,9 +517,8 @@ def slot_write_handler(slot: StorageSlot, job_id: int):
     sidecar (:func:`held_ranges`); else both are removed and the stream refused (a range
     outside the file, overlapping another, a short stream, one cut before its trailer, a
     corrupted piece)."""
-    backend = slot.replicas(job_id)
-
     def handle(body: dict, stream) -> dict:
+        backend = slot.replicas(job_id)     # the slot held now (rebalance_delay: reclaimed)
         if body.get("slot") != slot.uuid:
             raise InvalidArgumentError(f"this member holds slot {slot.uuid}, not "
                                        f"{body.get('slot')!r}")

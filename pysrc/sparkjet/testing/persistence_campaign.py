@@ -39,21 +39,32 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
   transactional file sink's registry would fence reused ones);
 - ``force-start-away``: the same with one slot moved aside during the force start (its host
   away) and put back before the new run: its member empties it (its old record copies are
-  never committed again; the ``recovery`` event names it among ``wiped``).
+  never committed again; the ``recovery`` event names it among ``wiped``);
+- ``rebalance-returns`` (``rebalance_delay=60``): one slot moved aside (its host away); the
+  restart's driver waits for it (a ``waiting`` event naming it) and it is put back 0.2 to
+  1.5 s later: its member claims it, and the ``rebalance`` event says it returned, nothing
+  promoted; exactly once;
+- ``rebalance-late`` (``rebalance_delay=1.5``): the same, put back only once the driver gave
+  it up: the ``rebalance`` event names its partitions, promoted to their backups; exactly
+  once;
+- ``stale-rejoin``: a copy of one slot as it was at the kill is kept, the job runs again (a
+  new driver) until two more snapshots are committed and is killed the same way (three
+  faults), and the stale copy is put back: its member syncs what it owns by Merkle trees
+  (:mod:`sparkjet.runtime.resync`) before it restores (the ``restored`` event's
+  ``merkle_resync``: bytes moved and a full copy's, reported per round); exactly once.
 
 A round is valid when the output holds what the kind promises (exactly once: lost 0,
 duplicated 0; at-least-once: lost 0), or, for a refusal, the refusal is the one the kind
 allows, names what it must, and what was committed before it duplicated nothing. Per kind
 the summary gives rounds, faults, refusals, lost, duplicated and the snapshots partial
-policies gave up.
+policies gave up, and the bytes Merkle resyncs moved.
 
 By default the first run's driver is abandoned in this process (the members and their
 slots' locks die, the driver's state goes with the Job object); ``--driver-process`` runs
 it in a process of its own with its own local Spark and kills its whole process group
 (driver, JVM, members) with SIGKILL. The restart's driver is this process's.
 
-Not in it yet (issue 25 item 3 asks for more): a standalone cluster of 3 hosts,
-``rebalance_delay`` and Merkle resync (not built).
+Not in it yet (issue 25 item 3 asks for more): a standalone cluster of 3 hosts.
 """
 from __future__ import annotations
 
@@ -67,6 +78,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,6 +111,7 @@ class Kind:
     refusal: str = ""
     names: str = ""
     event: str = ""            # a progress event the restart must send (metadata_rebuilt)
+    rebalance_delay: float = 0.0
 
 
 KINDS = {k.name: k for k in [
@@ -115,7 +128,13 @@ KINDS = {k.name: k for k in [
     Kind("lost-metadata", "exact", event="metadata_rebuilt"),
     Kind("force-start", "at-least"),
     Kind("force-start-away", "at-least", event="wiped"),
+    Kind("rebalance-returns", "exact", event="returned", rebalance_delay=60.0),
+    Kind("rebalance-late", "exact", event="promoted", rebalance_delay=1.5),
+    Kind("stale-rejoin", "exact", event="merkle_resync"),
 ]}
+#: The faults a round of each kind plans: the kill, its damage (stale-rejoin: a second run
+#: killed too, then the stale slot put back).
+FAULTS = {"restart": 1, "stale-rejoin": 3}
 
 
 @dataclass
@@ -126,6 +145,9 @@ class RoundResult:
     refusal: str | None = None
     errors: list = field(default_factory=list)
     given_up: list = field(default_factory=list)   # snapshots a partial policy gave up
+    rebalance: dict | None = None   # the restart's rebalance event (rebalance_delay)
+    merkle_bytes: int = 0           # what a Merkle resync moved, and a full copy's bytes
+    merkle_full_bytes: int = 0
     lost: int = 0
     duplicated: int = 0
     wrong: int = 0
@@ -245,10 +267,18 @@ def _job_folder(slot: Path) -> Path | None:
 
 
 def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
-           committed: int) -> str:
+           committed: int, away: dict | None = None) -> str:
     """What the kind does while everything is down (``committed``: the newest snapshot
-    committed before the kill); says what it did."""
+    committed before the kill); says what it did. The rebalance kinds move a slot aside
+    (its host away) and say where in ``away`` (``folder``, ``aside``)."""
     k = kind.name
+    if k.startswith("rebalance-"):
+        victim = rng.choice(slots)
+        aside = victim.parent.parent / f"away-{victim.name}"
+        victim.rename(aside)
+        if away is not None:
+            away.update(folder=victim, aside=aside, uuid=victim.name[len("slot-"):])
+        return f"moved slot {victim.name} aside (its host away)"
     if k in ("slot-lost", "slot-lost-b1"):
         # the slot holding the most (broadcast state is copied to every slot: losing a
         # slot that holds only that costs nothing)
@@ -323,9 +353,19 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
                   validation_timeout=1.0, retained_snapshots=3, max_restarts=2,
                   backup_count=kind.backup_count, processing_guarantee=kind.guarantee,
                   cluster_data_recovery_policy=kind.policy)
+    if kind.rebalance_delay:
+        config["rebalance_delay"] = kind.rebalance_delay
     result = RoundResult(kind.name, op)
     start = time.monotonic()
     seed, at = rng.randrange(2**32), rng.randint(1, 3)
+    if kind.name == "stale-rejoin":
+        # the stale copy keeps a snapshot's record copy with its files (the first
+        # snapshots may hold no state yet, and the record of the snapshot killed at may
+        # not have reached the slot)
+        at += 2
+        # and the second run has input left for two more snapshots (on a loaded machine
+        # a snapshot can take seconds, while the source reads on at its rate)
+        events *= 4
     job, again, check = operator_job(work, op, seed, events, rate, config)
     seen, actions = [], []
     first_error = None
@@ -354,16 +394,30 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         return result
     result.faults = 1
     committed = max(e["snapshot"] for e in seen if e["event"] == "snapshot")
-    what = damage(kind, _slots(seen, storage_dir), work / "snapshots", again(), rng,
-                  committed)
+    away: dict = {}
+    if kind.name == "stale-rejoin":
+        what = _stale_rejoin(work, _slots(seen, storage_dir), again, committed, rng, spark,
+                             seen)
+        result.faults += what.count("kill-all") + ("put back" in what)
+        if "put back" not in what:      # the input ended first: nothing to check
+            result.detail, result.valid = "; ".join(actions + [what]), True
+            result.seconds = time.monotonic() - start
+            return result
+    else:
+        what = damage(kind, _slots(seen, storage_dir), work / "snapshots", again(), rng,
+                      committed, away)
+        result.faults += what != "nothing else"
     actions.append(what)
-    result.faults += what != "nothing else"
     restart: list[dict] = []
     failed = None
     try:
-        executions = again().run(spark, on_progress=restart.append).executions
+        executions = again().run(spark, on_progress=_restart_progress(
+            kind, restart, away if kind.rebalance_delay else {}, rng)).executions
     except JobFailedError as e:
         failed, executions = str(e), []
+    finally:
+        if kind.rebalance_delay and away and away["aside"].exists():
+            away["aside"].rename(away["folder"])    # its host back after the run
     with open(work / "events.jsonl", "w") as f:
         for e in seen + [{"restart": True}] + restart:
             f.write(json.dumps(e, default=str) + "\n")
@@ -394,6 +448,31 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         if not any(e["event"] == "recovery" and e.get("wiped") for e in restart):
             actions.append("the slot away at the force start was not emptied")
             result.wrong += 1
+    elif kind.event in ("returned", "promoted"):
+        found = [e for e in restart if e["event"] == "rebalance"]
+        result.rebalance = found[-1] if found else None
+        if not found or away["uuid"] not in found[-1][kind.event] or (
+                kind.event == "returned" and found[-1]["promoted"]):
+            said = found[-1] if found else "no rebalance event"
+            actions.append(f"the slot away was not {kind.event} ({said})")
+            result.wrong += 1
+        else:
+            r = found[-1]
+            actions.append(f"slot {away['uuid']} {kind.event} after {r['waited_s']:.1f} s "
+                           f"(rebalance_delay {r['rebalance_delay']:g} s)" + (
+                               f": {r['promoted_partitions']} partitions promoted"
+                               if kind.event == "promoted" else ""))
+    elif kind.event == "merkle_resync":
+        synced = [e["merkle_resync"] for e in restart
+                  if e["event"] == "restored" and e.get("merkle_resync")]
+        result.merkle_bytes = sum(int(m.get("bytes") or 0) for m in synced)
+        result.merkle_full_bytes = sum(int(m.get("full_copy_bytes") or 0) for m in synced)
+        if not synced:
+            actions.append("no Merkle resync of the stale slot")
+            result.wrong += 1
+        else:
+            actions.append(f"Merkle resync moved {result.merkle_bytes} bytes (a full copy: "
+                           f"{result.merkle_full_bytes})")
     elif kind.event and not any(e["event"] == kind.event for e in restart):
         actions.append(f"no {kind.event} event")
         result.wrong += 1
@@ -401,6 +480,52 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     result.seconds = time.monotonic() - start
     result.valid = _valid(kind, result, partial)
     return result
+
+
+def _restart_progress(kind: Kind, events: list, away: dict, rng: random.Random):
+    """The restart's progress callback: keeps the events; for ``rebalance-returns`` puts
+    the slot away back (its host returns) shortly after the driver starts waiting for it,
+    for ``rebalance-late`` once the driver gave it up (its backups promoted)."""
+    def progress(event):
+        events.append(event)
+        if not away or not away["aside"].exists():
+            return
+        if kind.name == "rebalance-returns" and event.get("slots_awaited"):
+            threading.Timer(rng.uniform(0.2, 1.5), _put_back, (away,)).start()
+        elif kind.name == "rebalance-late" and event["event"] == "rebalance":
+            _put_back(away)
+    return progress
+
+
+def _put_back(away: dict) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        away["aside"].rename(away["folder"])
+
+
+def _stale_rejoin(work: Path, slots: list[Path], again, committed: int, rng: random.Random,
+                  spark, seen: list) -> str:
+    """``stale-rejoin``: a copy of one slot as it was at the kill is kept, the job runs
+    again (a new driver) until two more snapshots are committed and is killed the same
+    way, and the slot is put back as it was: it missed those snapshots, and its member
+    syncs what it owns by Merkle trees before it restores."""
+    victim = rng.choice(slots)
+    stale = work / f"stale-{victim.name}"
+    shutil.copytree(victim, stale, symlinks=True)
+    job = again()
+    middle: list = []
+    done: list = []
+    try:
+        job.run(spark, on_progress=_kill_all_at(job, committed + 2, middle, done))
+    except (JobCancelledError, JobFailedError):
+        pass
+    seen.extend([{"event": "stale-rejoin: second run"}] + middle)
+    if not done:
+        shutil.rmtree(stale)
+        return f"copied slot {victim.name}; the second run ended before its kill"
+    shutil.rmtree(victim)
+    stale.rename(victim)
+    return (f"copied slot {victim.name} at snapshot {committed}; second run: {done[0]}; "
+            f"put back the stale copy")
 
 
 def _source_of(job):
@@ -423,7 +548,7 @@ def plan(kinds, faults: int, rng: random.Random) -> list[tuple[Kind, str]]:
     while n < faults:
         kind = order[len(out)] if len(out) < len(order) else rng.choice(order)
         out.append((kind, OPERATORS[len(out) % len(OPERATORS)]))
-        n += 1 if kind.name == "restart" else 2
+        n += FAULTS.get(kind.name, 2)
     return out
 
 
@@ -454,6 +579,7 @@ def per_kind(results: list[RoundResult]) -> dict:
     for r in results:
         k = out.setdefault(r.kind, {"rounds": 0, "faults": 0, "refusals": 0, "lost": 0,
                                     "duplicated": 0, "wrong": 0, "given_up": 0,
+                                    "merkle_bytes": 0, "merkle_full_bytes": 0,
                                     "valid": True})
         k["rounds"] += 1
         k["faults"] += r.faults
@@ -462,16 +588,19 @@ def per_kind(results: list[RoundResult]) -> dict:
         k["duplicated"] += r.duplicated
         k["wrong"] += r.wrong
         k["given_up"] += len(r.given_up)
+        k["merkle_bytes"] += r.merkle_bytes
+        k["merkle_full_bytes"] += r.merkle_full_bytes
         k["valid"] = k["valid"] and r.valid
     return out
 
 
 def summary(results: list[RoundResult]) -> str:
     lines = [f"{'kind':22}{'rounds':>7}{'faults':>7}{'refused':>8}{'lost':>6}{'dup':>5}"
-             f"{'wrong':>6}{'given up':>9}  valid"]
+             f"{'wrong':>6}{'given up':>9}{'merkle B':>10}{'full B':>10}  valid"]
     for name, k in per_kind(results).items():
         lines.append(f"{name:22}{k['rounds']:>7}{k['faults']:>7}{k['refusals']:>8}"
-                     f"{k['lost']:>6}{k['duplicated']:>5}{k['wrong']:>6}{k['given_up']:>9}  "
+                     f"{k['lost']:>6}{k['duplicated']:>5}{k['wrong']:>6}{k['given_up']:>9}"
+                     f"{k['merkle_bytes']:>10}{k['merkle_full_bytes']:>10}  "
                      f"{str(k['valid']).lower()}")
     lines.append(f"{len(results)} rounds, {sum(r.faults for r in results)} faults, "
                  f"{sum(not r.valid for r in results)} invalid")
