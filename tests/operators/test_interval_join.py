@@ -250,14 +250,37 @@ def test_a_missing_key_column_fails_the_job_clearly(tmp_path):
 LOWER, UPPER = -40, 25
 
 
-def reference(left: pd.DataFrame, right: pd.DataFrame, how: str, lower=LOWER, upper=UPPER):
-    """The join over the whole input: a merge on the key, then the time filter (a left
-    outer row is a left row that no right row met)."""
+def merged(left: pd.DataFrame, right: pd.DataFrame, how: str, lower=LOWER, upper=UPPER):
+    """The join by its definition: a merge on the key, then the time filter (a left outer
+    row is a left row that no right row met). A merge on the key alone pairs every row with
+    every other of its key first (~28 M rows for the kill tests' 200,000 events, over a
+    minute here): :func:`reference` computes the same rows by bisection, and
+    test_the_reference_is_the_merge checks that on the jobs' own inputs."""
     m = left.merge(right, on="key", suffixes=("", "_right"))
     m = m[(m["id_right"] >= m["id"] + lower) & (m["id_right"] <= m["id"] + upper)]
     if how == "left":
         unmatched = left[~left["id"].isin(m["id"])]
         m = pd.concat([m, unmatched])
+    return _sorted(m)
+
+
+def reference(left: pd.DataFrame, right: pd.DataFrame, how: str, lower=LOWER, upper=UPPER):
+    """The join over the whole input (what :func:`merged` gives): the right rows sorted by
+    (key, id) as one number, each left row's interval found in them by bisection."""
+    span = 1 << 40  # > every id + the interval's width: a key's range never meets the next
+    r_at = right["key"].to_numpy(np.int64) * span + right["id"].to_numpy(np.int64)
+    order = np.argsort(r_at, kind="stable")
+    l_at = left["key"].to_numpy(np.int64) * span + left["id"].to_numpy(np.int64)
+    lo = np.searchsorted(r_at[order], l_at + lower, "left")
+    hi = np.searchsorted(r_at[order], l_at + upper, "right")
+    n = hi - lo
+    # The indices lo[i] .. hi[i] - 1 of every left row, one after the other.
+    at = order[np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)]
+    m = left.iloc[np.repeat(np.arange(len(left)), n)].reset_index(drop=True)
+    m["id_right"] = right["id"].to_numpy()[at]
+    m["value_right"] = right["value"].to_numpy()[at]
+    if how == "left":
+        m = pd.concat([m, left[n == 0]])
     return _sorted(m)
 
 
@@ -311,6 +334,19 @@ def _config(name, tmp_path, guarantee, snapshot_interval=0.05, **kw):
     return JobConfig(name=name, processing_guarantee=guarantee, local_parallelism=2,
                      snapshot_store=None if guarantee == "none" else str(tmp_path / "snaps"),
                      snapshot_interval=snapshot_interval, **kw)
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_the_reference_is_the_merge(how):
+    """The bisection reference gives the merge's rows on the jobs' inputs: both shapes, and
+    the kill tests' source on a slice the merge computes in a second."""
+    a = GeneratorSource(total=12_000, partitions=3, keys=300).events(0, 12_000).to_pandas()
+    b = GeneratorSource(total=8_000, partitions=2, keys=300, seed=9).events(0, 8_000).to_pandas()
+    e = GeneratorSource(total=20_000, partitions=4, keys=200).events(0, 20_000).to_pandas()
+    for left, right in ((a, b), (e[e["value"] < 400], e[e["value"] >= 300])):
+        want = merged(left, right, how)
+        assert len(want) > 1_000
+        pd.testing.assert_frame_equal(reference(left, right, how), want, check_dtype=False)
 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once", "none"])

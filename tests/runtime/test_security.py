@@ -261,10 +261,24 @@ def test_snapshot_and_sink_directories_are_owner_only(tmp_path):
 # ------------------------------------------------------------------ a hostile peer
 
 
+def _held_until(flag: str, seconds: float):
+    """A map that holds each batch ``seconds`` until the file ``flag`` exists."""
+    def hold(batch):
+        if not os.path.exists(flag):
+            time.sleep(seconds)
+        return batch
+    return hold
+
+
 def _run_hostile(spark, tmp_path, with_tls: bool):
-    source = GeneratorSource(total=2_500_000, partitions=4, keys=20_000, batch_size=20_000,
-                             rate=150_000)
-    pipeline = (Pipeline().read_from(source)
+    # The job must outlive the attack, however long the attack takes on a loaded machine:
+    # until the attacker is done each batch waits 0.5 s (2 x 20,000 events every 0.5 s: the
+    # 2.5 M would last 31 s), then the job runs to its end at full speed. (A source at a
+    # fixed rate made the job last 17 s whatever the attack's length, and under load the
+    # job once outlived the attacker by only 2 s.)
+    attacked = tmp_path / "attacked"
+    source = GeneratorSource(total=2_500_000, partitions=4, keys=20_000, batch_size=20_000)
+    pipeline = (Pipeline().read_from(source).map_batches(_held_until(str(attacked), 0.5))
                 .group_by("key").aggregate(count="count", sum=("sum", "value"))
                 .write_to(TransactionalFileSink(tmp_path / "out")))
     config = JobConfig(name=f"hostile-{with_tls}", snapshot_store=str(tmp_path / "snapshots"),
@@ -303,6 +317,7 @@ def _run_hostile(spark, tmp_path, with_tls: bool):
         [sys.executable, str(HELPERS / "hostile_peer.py"), "--pids", ",".join(map(str, pids)),
          "--report", str(report), "--captured", str(captured)],
         capture_output=True, text=True, timeout=300, check=False)
+    attacked.touch()
     assert attacker.returncode == 0, attacker.stderr[-3000:]
     runner.join(300)
     assert "result" in outcome, f"the job did not finish: {events[-3:]}"

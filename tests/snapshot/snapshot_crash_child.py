@@ -1,16 +1,23 @@
 """A snapshot writer that kills itself (SIGKILL, as kill -9) at one chosen I/O call.
 
-Run by tests/snapshot/test_snapshot_crash.py: `python snapshot_crash_child.py ROOT SNAPSHOT EXECUTION
-PHASE:INDEX MODE`. Every os.write / os.fsync / os.link / os.rename / os.replace counts as one
-call of the phase it happens in (register event, chunk files, finish, validation record,
-commit event, cleanup); at call INDEX of PHASE the process dies before the call (MODE
-"before") or after writing half of a write's bytes (MODE "mid"). PHASE:INDEX "none" runs to
-the end and prints the number of calls made in each phase, as JSON.
+`python snapshot_crash_child.py ROOT SNAPSHOT EXECUTION PHASE:INDEX MODE`. Every os.write /
+os.fsync / os.link / os.rename / os.replace counts as one call of the phase it happens in
+(register event, chunk files, finish, validation record, commit event, cleanup); at call
+INDEX of PHASE the process dies before the call (MODE "before") or after writing half of a
+write's bytes (MODE "mid"). PHASE:INDEX "none" runs to the end and prints the number of
+calls made in each phase, as JSON.
+
+`python snapshot_crash_child.py --serve` (what tests/snapshot/test_snapshot_crash.py runs):
+reads one JSON list of those five arguments a line, forks a writer process for each (this
+process has done the imports, and starts no thread, so a fork costs what the writing costs,
+not a new interpreter's imports) and answers one JSON line: the writer's return code
+(-9: killed) and what it printed on stdout and stderr.
 """
 import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
@@ -19,11 +26,7 @@ from helpers.snapshot_data import entries, state  # noqa: E402
 
 from sparkjet.snapshot import store as snapshot_store  # noqa: E402
 
-root, snapshot_id, execution_id, kill_at, mode = sys.argv[1:6]
-snapshot_id, execution_id = int(snapshot_id), int(execution_id)
-kill_phase, _, kill_index = kill_at.partition(":")
-kill_index = int(kill_index or -1)
-
+root, kill_phase, kill_index, mode = "", "none", -1, "before"
 phase = "start"
 lock = threading.Lock()  # the store writes files from several threads
 counts: dict[str, int] = {}
@@ -83,12 +86,59 @@ Store._append = lambda self, event, check=None: in_phase(
     self, event, check)
 Store._cleanup = in_phase("cleanup", Store._cleanup)
 
-store = Store(root, job_id=9)
-store.register_execution(execution_id)
-w = store.writer(snapshot_id, execution_id, chunk_size=8192)
-w.write_table("agg", state(snapshot_id), key="key")
-w.write_entries("py", *entries(snapshot_id))
-w.write_broadcast_table("agg", state(snapshot_id, 5))
-w.commit()
-store.close()
-print(json.dumps(counts))
+
+
+def write_snapshot(root_, snapshot_id, execution_id, kill_at, mode_):
+    """Writes snapshot ``snapshot_id`` of execution ``execution_id`` under ``root_``, dying
+    at ``kill_at`` (PHASE:INDEX or "none"); prints the calls made in each phase."""
+    global root, kill_phase, kill_index, mode, phase
+    root, mode, phase = root_, mode_, "start"
+    kill_phase, _, index = kill_at.partition(":")
+    kill_index = int(index or -1)
+    counts.clear()
+    snapshot_id, execution_id = int(snapshot_id), int(execution_id)
+    store = Store(root, job_id=9)
+    store.register_execution(execution_id)
+    w = store.writer(snapshot_id, execution_id, chunk_size=8192)
+    w.write_table("agg", state(snapshot_id), key="key")
+    w.write_entries("py", *entries(snapshot_id))
+    w.write_broadcast_table("agg", state(snapshot_id, 5))
+    w.commit()
+    store.close()
+    print(json.dumps(counts))
+
+
+def serve():
+    """One forked writer per line of stdin; one JSON line of its outcome on stdout each."""
+    for line in sys.stdin:
+        args = json.loads(line)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.dup2(out.fileno(), 1)
+                    os.dup2(err.fileno(), 2)
+                    write_snapshot(*args)
+                    code = 0
+                except BaseException:
+                    import traceback
+
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            answer = {"returncode": os.waitstatus_to_exitcode(status)}
+            for name, f in (("stdout", out), ("stderr", err)):
+                f.seek(0)
+                answer[name] = f.read().decode(errors="replace")
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        write_snapshot(*sys.argv[1:6])

@@ -5,7 +5,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from helpers.snapshot_data import entries, state
 
 from sparkjet.snapshot.store import SnapshotStore
@@ -13,10 +15,25 @@ from sparkjet.snapshot.store import SnapshotStore
 CHILD = Path(__file__).parent / "snapshot_crash_child.py"
 
 
-def run_child(root, snapshot_id, execution_id, kill_at, mode="before"):
-    return subprocess.run([sys.executable, str(CHILD), str(root), str(snapshot_id),
-                           str(execution_id), str(kill_at), mode],
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def run_child():
+    """Runs a writer process that dies at a chosen I/O call: forked, one per call, by the
+    child script's server (which has made the imports once), so each writer costs its
+    writing, not a new interpreter. Returns its return code, stdout and stderr."""
+    server = subprocess.Popen([sys.executable, str(CHILD), "--serve"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+
+    def run(root, snapshot_id, execution_id, kill_at, mode="before"):
+        server.stdin.write(json.dumps([str(root), snapshot_id, execution_id, kill_at, mode])
+                           + "\n")
+        server.stdin.flush()
+        answer = server.stdout.readline()
+        assert answer, f"the writers' server ended (exit {server.wait(10)})"
+        return SimpleNamespace(**json.loads(answer))
+
+    yield run
+    server.stdin.close()
+    assert server.wait(60) == 0
 
 
 def check_store(root, allowed):
@@ -34,7 +51,7 @@ def check_store(root, allowed):
     return sid
 
 
-def test_kill_at_every_kind_of_point(tmp_path):
+def test_kill_at_every_kind_of_point(tmp_path, run_child):
     root = tmp_path / "store"
     first = run_child(root, 0, 0, "none")
     assert first.returncode == 0, first.stderr

@@ -10,7 +10,7 @@ The quorum scenario: 3 members; a worker dies -> the job restarts on the 2 slots
 (rescaling: state restored by partition); a second worker dies -> 1 slot is below the
 quorum of 2 (floor(3 / 2) + 1), so the coordinator waits and says so until a worker comes
 back, then restarts on 2. Then a short campaign of kills (member Python workers and worker
-JVMs: 3 rounds in CI, every round of the Spark plan with `-m long`). Everything runs in a
+JVMs: 1 round in CI, every round of the Spark plan with `-m long`). Everything runs in a
 subprocess driver (`python -m sparkjet.testing.campaign --standalone 3`) because this
 process already has the shared local SparkContext."""
 import json
@@ -24,11 +24,14 @@ from sparkjet.testing.campaign import SPARK_PLAN
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-# 3 kills in CI (the keyed, events and windowed rounds; with seed 2 the first two are worker
-# JVM kills, the third a member's Python worker); the union and branching shapes are killed
-# on local Spark (tests/spark/test_spark_jobs.py::test_campaign_on_spark). Each round on the
-# cluster costs 10-20 s.
-@pytest.mark.parametrize("kills", [3, pytest.param(len(SPARK_PLAN), marks=pytest.mark.long)])
+# 1 kill in CI: the keyed round, where seed 2 kills a whole worker JVM at a random moment
+# (each round on the cluster costs 10-20 s). The events and windowed rounds that followed
+# (a second worker JVM kill, then a member's Python worker) proved nothing the rest of the
+# default run does not: the scenarios above kill worker JVMs (quorum: two, storage: two)
+# and a member's Python worker (storage) on this cluster under an exactly-once job checked
+# against its source, and every pipeline shape is killed on local Spark
+# (tests/spark/test_spark_jobs.py::test_campaign_on_spark).
+@pytest.mark.parametrize("kills", [1, pytest.param(len(SPARK_PLAN), marks=pytest.mark.long)])
 def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path, kills):
     done = subprocess.run(
         [sys.executable, "-m", "sparkjet.testing.campaign", "--standalone", "3", "--kills",
@@ -56,7 +59,8 @@ def test_quorum_rescale_and_kills_on_a_standalone_cluster(tmp_path, kills):
     assert not wiped & later, "worker 2's lost slot never comes back"
     assert (first - wiped) & later, "the other hosts' slots are reclaimed"
     rounds = found["rounds"]
-    assert sum(r["kills"] for r in rounds) >= kills - 1, rounds   # one round may miss its kill
+    # one round may miss its kill (the campaign then runs another, up to three in a row)
+    assert sum(r["kills"] for r in rounds) >= max(1, kills - 1), rounds
     for r in rounds:
         assert r["lost"] == 0 and r["valid"], r
         if r["guarantee"] == "exactly-once":
