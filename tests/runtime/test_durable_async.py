@@ -45,15 +45,6 @@ def _config(tmp_path, **kw):
                      durable_tier="async", retained_snapshots=3, **kw)
 
 
-@pytest.fixture
-def two_slots(tmp_path):
-    a = StorageSlot.claim(tmp_path / "host-a", host="a")
-    b = StorageSlot.claim(tmp_path / "host-b", host="b")
-    yield a, b
-    a.release()
-    b.release()
-
-
 def _snapshot(config, store, slots, sid, execution=1):
     """Each slot's member writer (as open_writer makes it for this config) writes a keyed
     table; the store commits the record. Returns each slot's manifest files."""

@@ -39,15 +39,6 @@ def _state(n, offset):
                      "v": pa.array([float(i) for i in range(n)])})
 
 
-@pytest.fixture
-def two_slots(tmp_path):
-    a = StorageSlot.claim(tmp_path / "host-a", host="a")
-    b = StorageSlot.claim(tmp_path / "host-b", host="b")
-    yield a, b
-    a.release()
-    b.release()
-
-
 def _write(store, slots, snapshot_id=0, execution=1):
     """Each slot's writer writes a keyed table (as a processor would) and a broadcast
     entry; the store commits the record."""
