@@ -45,7 +45,7 @@ def test_the_settings_take_hazelcasts_names_and_defaults(tmp_path):
     with pytest.raises(InvalidArgumentError, match="data_load_timeout must be"):
         _config(tmp_path, data_load_timeout=-1)
     with pytest.raises(InvalidArgumentError, match=r"validation_timeout .* storage is \"shared\""):
-        JobConfig(snapshot_store=str(tmp_path), validation_timeout=5)
+        JobConfig(snapshot_store=str(tmp_path), storage="shared", validation_timeout=5)
     with pytest.raises(InvalidArgumentError, match="rebalance_delay .* persistence is False"):
         JobConfig(snapshot_store=str(tmp_path), storage="members", rebalance_delay=5)
     assert JobConfig(snapshot_store=str(tmp_path)).validation_timeout is None

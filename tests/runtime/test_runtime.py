@@ -199,7 +199,8 @@ def _coordinator(members: int, config: JobConfig | None = None, progress=lambda 
     plan = (Pipeline().read_from(GeneratorSource(total=10, partitions=2)).group_by("key")
             .aggregate(n="count").write_to(DiscardSink()).plan())
     security = LinkSecurity.generate(7)
-    config = config or JobConfig(name="join", processing_guarantee="none")
+    # members built by hand join without storage slots: the shared store's protocol
+    config = config or JobConfig(name="join", processing_guarantee="none", storage="shared")
     coord = ExecutionCoordinator(config, 7, Topology(members, 1, plan, 271),
                                  host="127.0.0.1", security=security, store=None,
                                  progress=progress)

@@ -431,7 +431,7 @@ def test_durable_tier_needs_the_members_storage():
     from sparkjet.runtime import JobConfig
 
     with pytest.raises(InvalidArgumentError, match="durable_tier is a copy of the members'"):
-        JobConfig(name="x", processing_guarantee="none", durable_tier="sync")
+        JobConfig(name="x", processing_guarantee="none", storage="shared", durable_tier="sync")
 
 
 def test_a_restore_counts_every_partition_against_the_slots_it_holds(tmp_path, two_slots):

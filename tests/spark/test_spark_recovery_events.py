@@ -17,7 +17,8 @@ def test_restored_after_a_kill_counts_every_members_keys_before_the_first_commit
     keys = 20_000
     source = GeneratorSource(total=1_000_000, partitions=4, keys=keys, batch_size=10_000,
                              rate=200_000)
-    job = keyed_spark_job(tmp_path, source, "spark", max_restarts=2)
+    # the shared store: the test reads each snapshot's state from it between executions
+    job = keyed_spark_job(tmp_path, source, "spark", max_restarts=2, storage="shared")
     events = []
 
     held = []
