@@ -282,7 +282,9 @@ def test_a_start_from_initial_snapshot_reports_restored(spark, tmp_path, on_spar
     from sparkjet.runtime.config import open_store
 
     source = GeneratorSource(total=40_000, partitions=4, keys=100, batch_size=5_000)
-    first = keyed_job(tmp_path, source, name="first")
+    # exported from the store once the job has ended: the shared store's way (with the
+    # members' storage, Job.stop(snapshot=...) or a durable tier exports)
+    first = keyed_job(tmp_path, source, name="first", storage="shared")
     first.run(spark)
     with open_store(first.config) as store:
         store.export(None, "v1")
