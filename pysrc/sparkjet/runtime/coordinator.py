@@ -264,6 +264,7 @@ class ExecutionCoordinator:
         #: durable_tier="async": each member's report of its upload, by snapshot id
         self._uploads: dict[int, dict[int, dict]] = {}
         self._mark_store: SnapshotStore | None = None
+        self._mark_lock = threading.Lock()
         self._polls: dict[int, int] = {}
         self.snapshots = SnapshotCoordinator(
             config=config, store=store, execution_id=execution_id,
@@ -554,13 +555,13 @@ class ExecutionCoordinator:
                   if r.get("error")]
         if not failed:
             try:
-                with self._cv:
+                # one mark at a time (the exchange serves actions on a pool of threads), on
+                # a store object of its own: the snapshot loop's is not shared between
+                # threads; opened outside _cv, so that polls never wait for a connect
+                with self._mark_lock:
                     if self._mark_store is None:
-                        # a store object of its own: the snapshot loop's is not shared
-                        # between threads
                         self._mark_store = open_store(self.config)
-                    marks = self._mark_store
-                event.update(marks.mark_durable(sid))
+                    event.update(self._mark_store.mark_durable(sid))
             except Exception as e:  # noqa: BLE001 - the copy is incomplete; the job goes on
                 failed.append(f"{type(e).__name__}: {e}")
         self.progress({"event": "durable_failed" if failed else "durable", **event,
@@ -761,6 +762,10 @@ class ExecutionCoordinator:
         self._watching.set()
         self.fail(ExecutionFailedError(f"execution {self.execution_id} is over"))
         self.server.close(timeout=2.0)
+        with self._mark_lock:
+            if self._mark_store is not None:
+                self._mark_store.close()
+                self._mark_store = None
 
 
 class _Started:
