@@ -156,6 +156,30 @@ def test_async_commits_while_the_upload_is_blocked_and_counts_only_once_marked(t
         store.export(1, "v1")
 
 
+def test_an_upload_whose_snapshot_was_retired_says_what_to_raise(tmp_path, two_slots):
+    """Review finding: a state that uploads slower than the snapshots retire fails every
+    upload, which said only FileNotFoundError. The report now says the snapshot left the
+    retained ones while it was uploaded, and which settings give an upload more time."""
+    import shutil
+
+    a, b = two_slots
+    config = _config(tmp_path)
+    store = open_store(config)
+    store.register_execution(1)
+    files0 = _snapshot(config, store, [a, b], 0)
+    # the commit that retires snapshot 0 dropped its files from the slot
+    shutil.rmtree(a.replicas(config.id).path(layout.SNAPSHOTS, layout.snapshot_dir(0, 1)))
+    reports = []
+    up = DurableUploader(a, SlotWriterLink(config, a), reports.append)
+    up.start()
+    up.submit(0, 1, files0[0])
+    assert up.drain(60)
+    up.close()
+    (report,) = reports
+    assert report["snapshot"] == 0 and "left the retained snapshots" in report["error"]
+    assert "raise retained_snapshots or snapshot_interval" in report["error"]
+
+
 def test_a_lost_slot_and_an_incomplete_async_copy_is_refused_under_exactly_once(tmp_path,
                                                                                two_slots):
     """Snapshot 0's upload is complete, snapshot 1's is not, and no slot joined: exactly-

@@ -109,11 +109,15 @@ class DurableUploader:
                 info = {"snapshot": snapshot_id, "execution": execution_id,
                         "files": len(done), "bytes": sum(n for _, n in done)}
             except Exception as e:  # noqa: BLE001 - the copy is incomplete; the job goes on
-                _log.warning("the upload of snapshot %d into snapshot_store failed (%s: %s): "
-                             "its durable copy is not complete", snapshot_id,
-                             type(e).__name__, e)
-                info = {"snapshot": snapshot_id, "execution": execution_id,
-                        "error": f"{type(e).__name__}: {e}"}
+                error = f"{type(e).__name__}: {e}"
+                if self._retired(snapshot_id, execution_id):
+                    error = (f"snapshot {snapshot_id} left the retained snapshots while it "
+                             "was uploaded, its files dropped: an upload must end within "
+                             "about retained_snapshots x snapshot_interval; raise "
+                             f"retained_snapshots or snapshot_interval ({error})")
+                _log.warning("the upload of snapshot %d into snapshot_store failed (%s): "
+                             "its durable copy is not complete", snapshot_id, error)
+                info = {"snapshot": snapshot_id, "execution": execution_id, "error": error}
             info["superseded"] = superseded
             try:
                 self.report(info)
@@ -123,6 +127,15 @@ class DurableUploader:
                 with self._cv:
                     self._busy = None
                     self._cv.notify_all()
+
+    def _retired(self, snapshot_id: int, execution_id: int) -> bool:
+        """Whether the slot no longer holds the snapshot (dropped at a later commit)."""
+        try:
+            source = self.slot.replicas(self.link.job_id)
+            return not source.exists(source.path(
+                layout.SNAPSHOTS, layout.snapshot_dir(snapshot_id, execution_id)))
+        except Exception:  # noqa: BLE001 - the slot itself is gone: the first error says so
+            return False
 
     def upload(self, snapshot_id: int, execution_id: int,
                files: list[dict]) -> list[tuple[str, int]]:
