@@ -158,6 +158,9 @@ class DurableUploader:
             out = store.open_write(target)
             try:
                 for offset in range(0, size, PIECE):
+                    if self._closed:    # the member ended: nothing written after it
+                        raise RuntimeError(f"the upload of snapshot {snapshot_id} was "
+                                           "stopped: its member's execution ended")
                     out.write(read(offset, min(PIECE, size - offset)))
             except BaseException:
                 out.abort()
