@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from sparkjet.errors import RecoveryRefusedError, SnapshotCorruptError
+from sparkjet.errors import RecoveryRefusedError, SnapshotCorruptError, SnapshotIncompleteError
 from sparkjet.runtime.restore import handed_start
 from sparkjet.runtime.storage import describe_unreachable, unreachable
 from sparkjet.snapshot import layout
@@ -205,16 +205,24 @@ def async_start(config, store, start: dict | None, slots: list[str], execution: 
             f"processing_guarantee=\"at-least-once\" to accept the replay, or run with "
             f"durable_tier=\"sync\" or more backups (backup_count) to survive this loss")
     older = [s.snapshot_id for s in store.complete() if s.snapshot_id < newest]
+    unusable = []      # older snapshots reachable but whose durable copy failed its check
     for candidate in reversed(older):
-        if unreachable(store._resolve(candidate, None), held) is None:
+        if unreachable(store._resolve(candidate, None), held) is not None:
+            continue
+        try:      # the rollback verifies the copy: a damaged one is passed over, named
+            replaced = store.rollback(candidate, execution_id=execution,
+                                      reason=f"durable_tier=async: snapshot {newest} "
+                                             "incomplete")
             break
+        except (SnapshotCorruptError, SnapshotIncompleteError) as e:
+            unusable.append(f"snapshot {candidate}: {e}")
     else:
         raise RecoveryRefusedError(
             f"{head}; no older snapshot the store keeps ({older or 'none'}) is reachable "
-            f"either. Bring those slots back and run again, or run with durable_tier=\"sync\" "
-            f"or more backups (backup_count)")
-    replaced = store.rollback(candidate, execution_id=execution,
-                              reason=f"durable_tier=async: snapshot {newest} incomplete")
+            f"either{' whole' if unusable else ''}"
+            f"{(' (' + '; '.join(unusable) + ')') if unusable else ''}. Bring those slots "
+            f"back and run again, or run with durable_tier=\"sync\" or more backups "
+            f"(backup_count)")
     message = (f"{head}; at-least-once restores snapshot {candidate} instead: the output "
                f"and acknowledgements of snapshot(s) {replaced} are replayed (the replay "
                f"window, from snapshot {candidate})")
