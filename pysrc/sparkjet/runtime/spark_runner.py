@@ -178,8 +178,8 @@ class SparkRunner:
                      and n < min(self._lost[1], self.requested_members or config.members
                                  or self._lost[1])
                      and time.monotonic() < self._lost[0] + (config.rebalance_delay or 0))
-            if n >= self.quorum and n >= 1 and not short:
-                return n
+            if (n >= self.quorum and n >= 1 and not short) or self.cancelled:
+                return n        # cancelled: the caller raises JobCancelledError
             if short and said != ("rebalance", slots):
                 said = ("rebalance", slots)
                 left = self._lost[0] + config.rebalance_delay - time.monotonic()
