@@ -494,8 +494,9 @@ class HostLinks:
     """A transparent :class:`~sparkjet.testing.proxy.Proxy` in the namespace of each host of
     ``network``, through which every TCP connection the host opens to the network or takes
     from it passes (nftables redirects them: connections the host opens, in its ``output``
-    hook; connections arriving on its ``eth0``, in ``prerouting``). Its processes, and those
-    of the other hosts, see nothing else: the addresses and ports they meant are reached.
+    hook; connections arriving on its ``eth0``, in ``prerouting``). Clients reach the
+    addresses and ports they meant; a server sees a connection from another host come from
+    its own host's address (the proxy's), not the peer's.
     :meth:`of` a host is the proxy of that host's links, for :class:`Delay`, :class:`Lossy`,
     :class:`Stall` and :class:`ResetLinks`: delay and reordering on a live worker's links,
     which this kernel (no ``netem``) cannot do to packets.
@@ -815,8 +816,9 @@ def release_clock_segments(folder: str | os.PathLike = "/dev/shm") -> list[str]:
     ``/dev/shm/sem.faketime_sem_<pid>`` in every process it is preloaded into and removes
     them only when that process exits normally: every member SIGKILLed under a
     :class:`ClockSkew` left two files in memory (about sixty after a long campaign). A
-    segment whose ``<pid>`` still runs is kept (its process, or a child it started, may
-    still use it); call this once the skewed processes have ended."""
+    segment whose ``<pid>`` still runs is kept; call this once the skewed processes have
+    ended (a child that outlived its creator keeps its mapping, and libfaketime makes the
+    segment again where one is missing)."""
     removed = []
     for path in Path(folder).glob("*faketime_s[he]m_*"):
         prefix, _, pid = path.name.rpartition("_")

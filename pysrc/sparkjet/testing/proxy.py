@@ -120,7 +120,7 @@ class Proxy:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
-        self._thread = threading.Thread(target=run, daemon=True, name=f"proxy->{self.target}")
+        self._thread = threading.Thread(target=run, daemon=True, name=f"proxy->{self.target_address}")
         self._thread.start()
         ready.wait()
         if failure:
