@@ -429,6 +429,26 @@ def test_read_topic_skips_aborted_transactions(broker):
     assert read_topic(topic, broker.bootstrap).column("value").to_pylist() == [b"kept"]
 
 
+@pytest.mark.slow      # about 5 s: 600,000 records produced and read twice
+def test_read_topic_times_the_wait_for_a_record_not_the_whole_read(broker):
+    """Found by the nemesis long run (RELIABILITY.md defect 7): read_topic's timeout
+    bounded the whole read, so a large topic read on a loaded machine was reported as
+    held back by an open transaction. Here the timeout is set below the read's own total
+    time, measured first, but above the wait for any one batch: it reads to the end."""
+    topic = new_topic(broker)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+    for i in range(600_000):
+        p.produce(topic, b"%d" % i)
+        if i % 50_000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    start = time.monotonic()
+    assert read_topic(topic, broker.bootstrap).num_rows == 600_000
+    whole = time.monotonic() - start    # 6 batches of 100,000 and the connect
+    got = read_topic(topic, broker.bootstrap, timeout=whole / 2)
+    assert got.num_rows == 600_000, whole
+
+
 # -- poison records: on_error of the source ---------------------------------------------------
 
 POISON_SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.float64())])
