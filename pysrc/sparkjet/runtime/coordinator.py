@@ -575,6 +575,12 @@ class ExecutionCoordinator:
                            body.get("schemas"))
         return {}
 
+    def _who(self, i: int, pid=None) -> str:
+        """"member i (pid N)", or "member i" while its pid is not known (it failed before
+        it joined)."""
+        pid = self.pids.get(i) or pid
+        return f"member {i} (pid {pid})" if pid else f"member {i}"
+
     def _member_failed(self, body: dict) -> dict:
         """A member failed. When its failure is a broken link to a peer (``link``), the
         peer is the likelier culprit (its worker died, so its streams broke): the verdict
@@ -584,7 +590,7 @@ class ExecutionCoordinator:
         report = {k: body.get(k) for k in ("error", "traceback", "deterministic", "transient",
                                            "exception")}
         error = ExecutionFailedError(
-            f"member {i} (pid {self.pids.get(i)}) failed: {body.get('error')}",
+            f"{self._who(i, body.get('pid'))} failed: {body.get('error')}",
             {**report, "member": i})
         with self._cv:
             self._reported.setdefault(i, time.monotonic())
@@ -613,7 +619,7 @@ class ExecutionCoordinator:
         if len(gone) == 1:
             j = gone[0]
             error = ExecutionFailedError(
-                f"member {j} (pid {self.pids.get(j)}) died or stopped answering: member {i} "
+                f"{self._who(j)} died or stopped answering: member {i} "
                 f"lost its link to it ({error.report.get('error')})",
                 {**error.report, "member": j, "traceback": None, "exception": False,
                  "deterministic": False})
@@ -705,7 +711,7 @@ class ExecutionCoordinator:
                       if i not in self.done and now - t > timeout]
         if silent:
             i, quiet = silent[0]
-            raise ExecutionFailedError(f"member {i} (pid {self.pids.get(i)}) silent for "
+            raise ExecutionFailedError(f"{self._who(i)} silent for "
                                        f"{quiet:.1f} s (heartbeat_timeout={timeout} s)",
                                        {"member": i})
 
