@@ -419,9 +419,10 @@ class StorageError(SparkjetError, OSError):
     ``deterministic`` says whether a replay would repeat it, for the restart policy
     (:mod:`sparkjet.runtime.failures`): a read-only filesystem, refused permission, a file
     where a folder is expected or a name too long do (the job fails at once); a full disk or
-    quota, an I/O error or an object store's error may clear (the store's cleanup frees
-    space, an operator makes room), so they are retried like a lost member, and a second
-    failure the same way ends the job."""
+    quota may clear (the store's cleanup frees space, an operator makes room), so it is
+    retried as an outage, within ``max_restarts`` however often it repeats; an I/O error
+    or an object store's error of no known kind is retried like a lost member, and a
+    second failure the same way ends the job."""
 
     #: The errnos a replay repeats.
     REPEATED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,

@@ -5,6 +5,7 @@ max_restarts per restart_window however often it repeats, an error about the dat
 job at once, an error of unknown kind is retried once."""
 from __future__ import annotations
 
+import errno
 import socket
 import time
 
@@ -119,6 +120,14 @@ def test_os_errors_and_what_is_never_transient():
     assert transient_kind(ConnectionResetError()) == "connection reset"
     assert transient_kind(TimeoutError()) == "timeout"
     assert transient_kind(ValueError("a bug of the user's")) is None
+    # found by the nemesis long run: two disk-full episodes in one job were taken for the
+    # same failure twice and ended it; a full disk is an outage (space is freed), a
+    # read-only one is not
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert transient_kind(full) == "disk full"
+    assert transient_kind(OSError(errno.EDQUOT, "Disk quota exceeded")) == "disk quota exceeded"
+    assert transient_kind(OSError(errno.EROFS, "Read-only file system")) is None
+    assert report(full)["transient"] == "disk full" and not report(full)["deterministic"]
     # an error about the data wins over an outage anywhere in the chain
     try:
         try:

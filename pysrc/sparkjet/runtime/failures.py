@@ -20,7 +20,9 @@ seconds of backoff later, until ``max_restarts`` is spent. So a failure is told 
   broker or coordinator code; never ``fatal()``), botocore's and urllib3's connection and
   timeout errors and S3's 5xx and throttling answers (pyarrow's ``AWS Error <TYPE>``),
   redis-py's ``ConnectionError`` (not ``AuthenticationError``), ``TimeoutError`` and
-  ``BusyLoadingError``, and the OS's connection errnos. The restart policy
+  ``BusyLoadingError``, the OS's connection errnos, and a full disk or quota
+  (``ENOSPC``, ``EDQUOT``: the space comes back as an operator or a retention frees it;
+  two disk-full episodes are not "the same failure twice"). The restart policy
   (:func:`~sparkjet.runtime.supervision.restart_or_fail`) retries these with exponential
   backoff within ``max_restarts`` per ``restart_window``.
 - **unknown** (an exception of the user's own code, an error none of the above knows): it
@@ -101,6 +103,9 @@ _ERRNOS = {
     errno.EHOSTDOWN: "host down",
 }
 
+#: OS errnos of a disk out of space: environmental, cured by freeing space, not by code.
+_DISK_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded"}
+
 #: PostgreSQL's SQLSTATEs of an outage or a conflict that a retry resolves.
 _SQLSTATES = {
     "40001": "serialization failure", "40P01": "deadlock", "53300": "too many connections",
@@ -178,6 +183,8 @@ def _os_kind(e: OSError) -> str | None:
         return "timeout"
     if e.errno in _ERRNOS:
         return _ERRNOS[e.errno]
+    if e.errno in _DISK_ERRNOS:
+        return _DISK_ERRNOS[e.errno]
     # pyarrow's S3 errors are OSErrors without an errno, saying the SDK's error type
     text = str(e)
     found = _AWS_ERROR.search(text)
