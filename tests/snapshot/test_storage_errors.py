@@ -72,6 +72,27 @@ def test_the_file_sink_on_a_full_disk_names_the_file(tmp_path):
         assert error.errno == errno.ENOSPC
 
 
+def test_the_file_sink_closed_after_a_full_disk_keeps_the_error_that_names_the_file(tmp_path):
+    """Found by the nemesis long run: after a write failed on a full disk, the processor
+    closed its sink, whose discard of the half-written file flushed the file's last
+    buffer onto the full disk and raised a bare "OSError: [Errno 28]" with no path, which
+    became the execution's failure. The discard now releases the file quietly (it is
+    deleted next)."""
+    with tmpfs(tmp_path / "small", "64k") as small:
+        sink = TransactionalFileSink(small / "out", format="parquet")
+        writer = sink.open(ProcessorContext(job_id=7, execution_id=0, vertex="source",
+                                            processor=0, processors=1,
+                                            guarantee="exactly-once"))
+        writer.write(pa.record_batch(state(2, n=100).to_batches()[0]))   # in its buffers
+        with open(small / "filler", "wb", buffering=0) as filler:   # the disk fills meanwhile
+            with pytest.raises(OSError) as full:
+                while True:
+                    filler.write(b"x" * 4096)
+            assert full.value.errno == errno.ENOSPC
+        writer.close()                     # raised OSError: [Errno 28] before the fix
+        assert not [p for p in (small / "out").rglob("*.parquet")]
+
+
 def test_the_arrow_log_on_a_full_disk_names_the_segment(tmp_path):
     from sparkjet.connectors.arrow_log import ArrowLogWriter
 

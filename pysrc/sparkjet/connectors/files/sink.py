@@ -261,7 +261,13 @@ class _StagedFile:
             self._writer.close()
         except Exception:  # noqa: BLE001, S110 - the file is deleted next; only release it
             pass
-        self._release()
+        try:
+            self._release()
+        except OSError:     # noqa: S110
+            # a full disk fails the flush of the file's last buffer (the file is closed all
+            # the same): it is deleted next, and the error that made the writer discard it
+            # is the one to report, not this bare OSError without a path
+            pass
 
 
 class TransactionalFileWriter(SinkWriter):
