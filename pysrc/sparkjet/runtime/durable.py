@@ -90,6 +90,19 @@ class DurableUploader:
             return self._cv.wait_for(lambda: self._waiting is None and self._busy is None,
                                      timeout)
 
+    def give_up(self, execution_id: int, reason: str) -> list[int]:
+        """Reports every upload still running or waiting as failed (``reason``), so that
+        the driver says so; returns their snapshot ids. The running one stops at its next
+        piece once :meth:`close` is called."""
+        pending = self.pending
+        for sid in pending:
+            try:
+                self.report({"snapshot": sid, "execution": execution_id, "superseded": [],
+                             "error": reason})
+            except Exception as e:  # noqa: BLE001 - the driver is gone already
+                _log.info("could not report the unfinished upload of snapshot %d: %s", sid, e)
+        return pending
+
     def close(self) -> None:
         with self._cv:
             self._closed = True

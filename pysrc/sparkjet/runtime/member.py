@@ -336,18 +336,13 @@ class Member:
             # a graceful end waits for its terminal snapshot's upload (bounded): a finished
             # or stopped job's last snapshot has its durable copy
             if not self.failed and not self.uploads.drain(self.config.start_timeout):
-                pending = self.uploads.pending
+                # the driver reports it (durable_failed), not only this member's log
+                pending = self.uploads.give_up(
+                    self.execution_id, f"the upload did not end within start_timeout="
+                                       f"{self.config.start_timeout:g} s of the job's end")
                 _log.warning("the upload of snapshot(s) %s into snapshot_store did not end "
                              "within start_timeout=%g s: its durable copy is not complete",
                              pending, self.config.start_timeout)
-                for sid in pending:     # the driver reports it (durable_failed), not only us
-                    try:
-                        self.link.uploaded({
-                            "snapshot": sid, "execution": self.execution_id, "superseded": [],
-                            "error": f"the upload did not end within start_timeout="
-                                     f"{self.config.start_timeout:g} s of the job's end"})
-                    except Exception as e:  # noqa: BLE001 - the driver is gone already
-                        _log.info("could not report the unfinished upload: %s", e)
             self.uploads.close()
         if self.link is not None:
             self.link.stop(latencies_encoded(self.metrics) if not self.failed else None)
