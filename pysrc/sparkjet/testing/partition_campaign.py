@@ -138,8 +138,7 @@ class Cluster:
             try:
                 self.net = stack.enter_context(netns.Network(hosts=3))
                 # before the cluster: only connections opened after it pass the proxies
-                self.links = stack.enter_context(
-                    nemesis.HostLinks(self.net))
+                self.links = stack.enter_context(nemesis.HostLinks(self.net))
                 self.cluster = stack.enter_context(
                     StandaloneCluster(workers=3, cores=1, memory="1g", network=self.net))
                 self.spark = self.cluster.session("sparkjet-partitions", **SPARK_CONF)
