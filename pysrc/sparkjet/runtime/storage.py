@@ -357,7 +357,7 @@ def unreachable(stored, held: set[str]) -> tuple[dict[str, set[int]], set[str]] 
     gone: set[str] = set()
     for vertex, v in stored.record.vertices.items():
         for f in v.files:
-            if f.slot is None or f.durable:
+            if f.in_store:
                 continue
             for p in {c.partition for c in f.chunks}:
                 where = holders(f, p)

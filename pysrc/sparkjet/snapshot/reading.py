@@ -55,7 +55,7 @@ def check_listing(store: StoreView, stored, vertex: str, v: VertexRecord) -> Non
     snapshot = stored.record.snapshot_id
     # a file in the slots: each copy's size is checked as read_file reads it (a copy at
     # the wrong size is passed over for the next)
-    listed = {f.name: f for f in v.files if f.slot is None or f.durable}
+    listed = {f.name: f for f in v.files if f.in_store}
     if not listed and (store.slot_files is not None or v.files):
         # a member reading slots only, or files in slots alone: nothing of it counts in
         # the store (with durable_tier="async", uploads the driver has not marked complete)

@@ -87,6 +87,12 @@ class FileRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
 
+    @property
+    def in_store(self) -> bool:
+        """Whether the store's snapshot folder holds the file: written there (the shared
+        store), or a slot's file with its durable copy."""
+        return self.slot is None or self.durable
+
     def __post_init__(self):
         vertex, _, name = self.path.partition("/")
         if vertex != self.vertex or not _CHUNK_FILE.fullmatch(name):

@@ -666,7 +666,7 @@ class SnapshotStore:
         mark (an upload not done, failed, or superseded) none of them counts."""
         record = stored.record
         if record.format != meta.RECORD_FORMAT_SLOTS or not any(
-                f.slot is not None and not f.durable
+                not f.in_store
                 for v in record.vertices.values() for f in v.files):
             return stored
         mark = self._path(*stored.dir, layout.DURABLE_MARK)
@@ -693,7 +693,7 @@ class SnapshotStore:
         the terminal snapshot of a stop that exports) or uploaded after it and marked
         (``"async"``, :meth:`mark_durable`). True for a snapshot of the shared store."""
         record = self._resolve(snapshot_id, name).record
-        return all(f.slot is None or f.durable
+        return all(f.in_store
                    for v in record.vertices.values() for f in v.files)
 
     def mark_durable(self, snapshot_id: int) -> dict:
@@ -709,7 +709,7 @@ class SnapshotStore:
         stored = self._record(commit)
         files, total = 0, 0
         for vertex, v in stored.record.vertices.items():
-            pending = [f for f in v.files if f.slot is not None and not f.durable]
+            pending = [f for f in v.files if not f.in_store]
             if not pending:
                 continue
             folder = self._path(*stored.dir, vertex)
@@ -937,7 +937,7 @@ class SnapshotStore:
         if b.exists(marker if not b.atomic_rename else final):
             raise InvalidArgumentError(f"export {name!r} of {self.who} already exists")
         stored = self._resolve(snapshot_id, None)
-        if any(f.slot is not None and not f.durable
+        if any(not f.in_store
                for v in stored.record.vertices.values() for f in v.files):
             raise InvalidArgumentError(
                 f"snapshot {stored.record.snapshot_id} of {self.who} is in the members' storage "
