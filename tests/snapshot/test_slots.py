@@ -48,16 +48,18 @@ def test_a_slot_holding_the_jobs_data_is_claimed_first(tmp_path):
 CHILD = """
 import sys, time
 from sparkjet.snapshot.slots import StorageSlot
-slot = StorageSlot.claim(sys.argv[1], job_id=int(sys.argv[2]), host="h1")
-slot.fence(int(sys.argv[2]), 7)
+job, execution = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 7
+slot = StorageSlot.claim(sys.argv[1], job_id=job, host="h1", execution=execution)
+slot.fence(job, execution)
 print(slot.uuid, flush=True)
 time.sleep(600)
 """
 
 
-def _holder(tmp_path):
-    """A process holding a slot of ``JOB`` fenced by execution 7, and that slot's uuid."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(JOB)],
+def _holder(tmp_path, job=JOB, execution=7):
+    """A process holding a slot of ``job`` fenced by ``execution``, and that slot's uuid."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(job),
+                              str(execution)],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     held = child.stdout.readline().strip()
@@ -115,6 +117,55 @@ def test_a_claim_waits_for_the_jobs_slot_an_older_execution_still_locks(tmp_path
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_zombie_still_holding_the_jobs_slot_when_the_wait_ends_is_fenced(tmp_path):
+    """Found by running the Spark zombie test with storage="members": the SIGSTOPped only
+    member of execution 7 kept its slot's lock past the claim's wait, the next execution
+    took an empty slot, and the job's state was out of reach (SnapshotIncompleteError three
+    times). The claim now kills a holder that claimed the slot for an older execution of
+    the job once its wait ends, and takes the slot, naming whom it fenced."""
+    child, held = _holder(tmp_path)
+    try:
+        os.kill(child.pid, signal.SIGSTOP)   # a zombie: alive, silent, holding its lock
+        slot = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=8, wait=0.3)
+        assert slot.uuid == held and slot.newest_execution(JOB) == 7
+        assert slot.fenced == [{"pid": child.pid, "job": JOB, "execution": 7,
+                                "path": slot.path}]
+        assert child.wait(10) == -signal.SIGKILL
+        slot.release()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_only_a_holder_of_an_older_execution_of_the_job_is_fenced(tmp_path):
+    """The lock's holder record decides: a task of the same execution, or of another job
+    (whose slot also holds this job's older data), is never killed; the claim takes
+    another slot after its wait, as before."""
+    # the slot holds JOB's data of execution 7, and a task of another job holds it now
+    first = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=7)
+    first.fence(JOB, 7)
+    first.release()
+    other, held = _holder(tmp_path, job=0x1234, execution=1)
+    try:
+        assert held == first.uuid
+        slot = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=8, wait=0.3)
+        assert slot.uuid != held and slot.fenced == []
+        assert other.poll() is None                  # alive: not this job's zombie
+        slot.release()
+    finally:
+        other.kill()
+        other.wait()
+    # a holder of execution 8 itself: the claim by execution 8 does not wait or fence
+    same, held = _holder(tmp_path, execution=8)
+    try:
+        slot = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=8, wait=0.3)
+        assert slot.uuid != held and slot.fenced == [] and same.poll() is None
+        slot.release()
+    finally:
+        same.kill()
+        same.wait()
 
 
 def test_a_slot_of_another_host_is_refused(tmp_path):

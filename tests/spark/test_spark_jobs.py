@@ -495,6 +495,44 @@ def test_zombie_member_is_fenced(spark, tmp_path):
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
 
 
+def test_zombie_member_holding_its_slot_is_fenced(spark, tmp_path):
+    """storage="members": the SIGSTOPped only member holds its slot's lock, and with it the
+    job's state. The next execution's task waits 2 x heartbeat_timeout for the slot, then
+    fences the zombie (kills it: it claimed the slot for an older execution) and takes the
+    slot: a local restore, and the output is exact. Before, it took an empty slot and the
+    job failed three times on SnapshotIncompleteError."""
+    source = GeneratorSource(total=800_000, partitions=2, keys=10_000, batch_size=10_000,
+                             rate=250_000)
+    job = keyed_job(tmp_path, source, members=1, heartbeat_timeout=2.0, max_restarts=2,
+                    storage="members", storage_dir=str(tmp_path / "slots"))
+    zombie, placed = {}, []
+
+    def progress(event):
+        if (event["event"] == "snapshot" and event["execution"] == 0 and event["snapshot"] == 2
+                and not zombie):
+            zombie["pid"] = job.member_pids[0]
+            os.kill(zombie["pid"], signal.SIGSTOP)
+        elif event["event"] == "placed":
+            placed.append(event)
+
+    try:
+        result = job.run(spark, on_progress=progress)
+    finally:
+        if "pid" in zombie:
+            try:
+                os.kill(zombie["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert "pid" in zombie and result.restarts == 1, result.executions
+    assert "silent" in result.executions[0]["error"]
+    assert _state(zombie["pid"]) in (None, "Z"), "the zombie was fenced: killed"
+    # the same slot both times, and the second placement names the zombie it fenced
+    assert [p["slots"][0]["uuid"] for p in placed] == [placed[0]["slots"][0]["uuid"]] * 2
+    assert placed[1]["slots"][0]["fenced"] == [{"pid": zombie["pid"], "execution": 0}]
+    report = exact(tmp_path, source)
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
 def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:

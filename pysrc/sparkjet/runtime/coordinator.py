@@ -471,7 +471,8 @@ class ExecutionCoordinator:
             self.snapshots.table = self._placement["table"]
             self.progress({"event": "placed", "execution": self.execution_id,
                            "table_version": table.version, "backup_count": table.backup_count,
-                           "slots": [{"member": m, "uuid": r["uuid"], "host": r["host"]}
+                           "slots": [{"member": m, "uuid": r["uuid"], "host": r["host"],
+                                      **({"fenced": r["fenced"]} if r.get("fenced") else {})}
                                      for m, r in enumerate(reports)]})
         return self._placement
 

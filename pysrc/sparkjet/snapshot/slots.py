@@ -7,7 +7,8 @@ host, so a task cannot own storage; a *slot* can. A slot is a folder under a hos
     storage_dir/
       slot-<uuid>/
         LOCK            flock-ed by the task that claimed the slot; the kernel frees it when
-                        that process dies, so the next task on the host reclaims the slot
+                        that process dies, so the next task on the host reclaims the slot.
+                        It names its holder ({"pid", "job", "execution"}) for fencing
         MEMBER.json     {"format", "uuid", "host", "created"}: whose slot this is
         jobs/job-<id>/  one job's data: FENCE (the newest execution seen), records/ (copies
                         of committed snapshot records), TABLE.json (its last partition table),
@@ -33,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import time
 import uuid as uuidlib
@@ -48,6 +50,8 @@ _log = logging.getLogger(__name__)
 #: Format of ``MEMBER.json`` this code writes and reads.
 SLOT_FORMAT = 1
 SLOT_PREFIX = "slot-"
+#: Seconds a claim waits for the lock of a zombie it killed to be freed.
+FENCE_WAIT = 5.0
 LOCK = "LOCK"
 MEMBER = "MEMBER.json"
 JOBS = "jobs"
@@ -107,6 +111,8 @@ class StorageSlot:
         self.identity = identity
         self.durable = durable
         self._lock_fd: int | None = lock_fd
+        #: the zombies this claim fenced to take the slot: {"pid", "job", "execution", "path"}
+        self.fenced: list[dict] = []
         self.backend = FileSystemBackend(path, durable=durable)
 
     @property
@@ -132,7 +138,10 @@ class StorageSlot:
         execution than ``execution`` (its FENCE says so: a zombie, or a task of a cancelled
         stage not yet killed), waits up to ``wait`` seconds for one of them to be freed
         before taking another: a slot taken instead leaves that data out of reach of this
-        execution. ``durable``: writes are fsynced (persistence). StorageSlotError when
+        execution. When the wait ends, a holder that claimed the slot for an older execution
+        of the job (the lock's holder record and the kernel's lock table agree on its pid)
+        is fenced: killed, and the slot claimed once the kernel frees its lock (the slot's
+        ``fenced`` lists it). ``durable``: writes are fsynced (persistence). StorageSlotError when
         ``storage_dir`` holds a slot of another host, or one whose ``MEMBER.json`` does not
         read (``remove_corrupt``: such a slot, when no process holds it, is removed and
         logged instead); StorageError when it cannot be used."""
@@ -176,18 +185,34 @@ class StorageSlot:
             holds = job_id is not None and os.path.isdir(
                 os.path.join(folder, JOBS, job_folder(job_id)))
             (first if holds else mine).append(folder)
+        holder = {"pid": os.getpid(), "job": job_id, "execution": execution}
         deadline = time.monotonic() + wait
         while True:
             for folder in first:
-                fd = _try_lock(folder)
+                fd = _try_lock(folder, holder)
                 if fd is not None:
                     return cls._locked(folder, fd, host, durable)
-            if (not first or execution is None or time.monotonic() >= deadline
+            if (not first or execution is None
                     or not any(_fenced_below(f, job_id, execution) for f in first)):
+                break
+            if time.monotonic() >= deadline:
+                # still held by a task of an older execution: a zombie (SIGSTOPped, or hung)
+                # that the driver declared silent. Left alone, it holds the job's state out
+                # of reach of every later execution; fenced by killing it, as seed 003's
+                # members shut down a member the cluster removed
+                for folder in first:
+                    fenced = _fence_holder(folder, job_id, execution)
+                    if fenced is None:
+                        continue
+                    fd = _wait_lock(folder, holder, FENCE_WAIT)
+                    if fd is not None:
+                        slot = cls._locked(folder, fd, host, durable)
+                        slot.fenced.append(fenced)
+                        return slot
                 break
             time.sleep(0.1)
         for folder in mine:
-            fd = _try_lock(folder)
+            fd = _try_lock(folder, holder)
             if fd is not None:
                 return cls._locked(folder, fd, host, durable)
         identity = _new_identity(host)
@@ -201,7 +226,7 @@ class StorageSlot:
         except OSError as e:     # named as the slot it makes (the folder users will look for)
             raise storage_error("create directory", folder,
                                 OSError(e.errno, e.strerror)) from None
-        fd = _try_lock(making)
+        fd = _try_lock(making, holder)
         if fd is None:  # cannot happen: nobody else knows the new UUID
             raise StorageSlotError(f"{making}: a new slot was locked by someone else")
         try:
@@ -234,7 +259,7 @@ class StorageSlot:
         identity = _read_identity(folder)
         if identity is None:
             raise StorageSlotError(f"{folder} has no {MEMBER}: not a slot")
-        fd = _try_lock(folder)
+        fd = _try_lock(folder, {"pid": os.getpid()})
         if fd is None:
             return None
         return cls(folder, identity, fd, durable)
@@ -385,11 +410,15 @@ class StorageSlot:
     def join_report(self, job_id: int) -> dict:
         """What a member tells the driver at join about its slot for ``job_id``: identity,
         the newest execution seen, the snapshot ids of the records it keeps and the job's
-        last partition table (base64), if any."""
+        last partition table (base64), if any; ``fenced``: the zombies its claim killed."""
         table = self.read_table(job_id)
-        return {"uuid": self.uuid, "host": self.host, "path": self.path,
-                "execution": self.newest_execution(job_id), "records": self.records(job_id),
-                "table": None if table is None else base64.b64encode(table).decode()}
+        report = {"uuid": self.uuid, "host": self.host, "path": self.path,
+                  "execution": self.newest_execution(job_id), "records": self.records(job_id),
+                  "table": None if table is None else base64.b64encode(table).decode()}
+        if self.fenced:
+            report["fenced"] = [{"pid": f["pid"], "execution": f["execution"]}
+                                for f in self.fenced]
+        return report
 
     # -- internals -------------------------------------------------------------------------
 
@@ -478,9 +507,11 @@ def _fenced_below(folder: str, job_id: int | None, execution: int) -> bool:
         return False
 
 
-def _try_lock(folder: str) -> int | None:
+def _try_lock(folder: str, holder: dict | None = None) -> int | None:
     """A descriptor of ``folder``/LOCK holding an exclusive flock, or None if another
-    process (or another claim in this one) holds it."""
+    process (or another claim in this one) holds it. ``holder`` (pid, job, execution) is
+    written into the file once locked: who holds it, for :func:`_fence_holder` (a full
+    disk leaves it empty: the lock holds all the same)."""
     path = os.path.join(folder, LOCK)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -493,7 +524,74 @@ def _try_lock(folder: str) -> int | None:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             return None
         raise storage_error("lock", path, e) from None
+    if holder is not None:
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except OSError as e:   # a full disk: the lock holds, only fencing its holder cannot
+            _log.warning("%s: its holder could not be recorded (%s); a claim of a later "
+                         "execution can wait for it but not fence it", path, e)
     return fd
+
+
+def _wait_lock(folder: str, holder: dict, timeout: float) -> int | None:
+    """:func:`_try_lock` until it locks or ``timeout`` seconds pass (None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = _try_lock(folder, holder)
+        if fd is not None or time.monotonic() >= deadline:
+            return fd
+        time.sleep(0.05)
+
+
+def _lock_holder(folder: str) -> dict | None:
+    """Who holds ``folder``/LOCK: what its holder wrote into it (pid, job, execution), when
+    the kernel's lock table (``/proc/locks``) shows that pid holding a flock on that very
+    file (by inode: a pid reused since, or a holder in another pid namespace, is not it);
+    None when that cannot be told."""
+    path = os.path.join(folder, LOCK)
+    try:
+        inode = os.stat(path).st_ino
+        with open(path, "rb") as f:
+            doc = json.loads(f.read() or b"null")
+        with open("/proc/locks") as f:
+            table = f.read().splitlines()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int):
+        return None
+    for line in table:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF"; waiters have "->" after "1:"
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
+            continue
+        if int(fields[4]) == doc["pid"] and fields[5].rsplit(":", 1)[-1] == str(inode):
+            return doc
+    return None
+
+
+def _fence_holder(folder: str, job_id: int | None, execution: int | None) -> dict | None:
+    """Kills the process holding slot ``folder``'s lock when it claimed it for an older
+    execution of ``job_id`` than ``execution`` (a zombie); what it had claimed, with the
+    slot's path, or None when the holder is not one (another job's task, this process,
+    one that cannot be told)."""
+    doc = _lock_holder(folder)
+    if (doc is None or job_id is None or execution is None or doc.get("job") != job_id
+            or not isinstance(doc.get("execution"), int) or doc["execution"] >= execution
+            or doc["pid"] == os.getpid()):
+        return None
+    try:
+        os.kill(doc["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass                      # died meanwhile: its lock is free, or about to be
+    except OSError as e:
+        _log.warning("storage slot %s: could not fence pid %s of execution %s: %s",
+                     folder, doc["pid"], doc["execution"], e)
+        return None
+    _log.warning("storage slot %s: fenced pid %s, which held it for execution %s of job "
+                 "%016x, declared silent; execution %s claims it", folder, doc["pid"],
+                 doc["execution"], job_id, execution)
+    return {"pid": doc["pid"], "job": job_id, "execution": doc["execution"], "path": folder}
 
 
 def _read_bytes(path: str) -> bytes | None:
