@@ -775,3 +775,36 @@ def test_two_lost_slots_of_three_are_refused_by_partition_with_one_backup(tmp_pa
     got = store.restore("agg", kept).table      # what c holds restores
     assert got.num_rows > 0 and got.sort_by("key").equals(
         state.filter(pc.is_in(state["key"], got["key"])).sort_by("key"))
+
+
+def test_a_finished_jobs_data_leaves_the_free_slots_of_its_host(tmp_path):
+    """A job that ran to its end never runs again: remove_finished empties its folder in
+    every free slot of this host (in /dev/shm it held the last state for good), and leaves
+    a slot a task still holds, and other jobs' data, where they are."""
+    from sparkjet.runtime.config import JobConfig
+    from sparkjet.runtime.storage import remove_finished
+    from sparkjet.snapshot import layout
+
+    root = tmp_path / "slots"
+    config = JobConfig(name="done", snapshot_store=str(tmp_path / "s"), storage="members",
+                       storage_dir=str(root))
+    other = 0x0DD
+    slots = [StorageSlot.claim(root, job_id=config.id, execution=1) for _ in range(3)]
+    for slot in slots:
+        slot.fence(config.id, 1)
+        slot.write_record(config.id, 4, b"record 4")
+    slots[0].fence(other, 2)
+    held = slots[2]
+    for slot in slots[:2]:
+        slot.release()
+    removed = remove_finished(config)
+    assert sorted(removed) == sorted(s.path for s in slots[:2])
+    for slot in slots:
+        gone = not os.path.exists(slot.job_path(config.id))
+        assert gone == (slot is not held), slot
+    assert os.path.isdir(slots[0].job_path(other))
+    assert os.path.isdir(os.path.join(held.path, "jobs", layout.job_dir(config.id)))
+    held.release()
+    # the shared store keeps its state in the store: nothing of the slots' is touched
+    assert remove_finished(JobConfig(name="done", snapshot_store=str(tmp_path / "s"),
+                                     storage_dir=str(root))) == []

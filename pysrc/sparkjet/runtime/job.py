@@ -32,6 +32,7 @@ from sparkjet.runtime.persistence import force_start
 from sparkjet.runtime.restore import log_plan, open_point, plan_restore, start_point
 from sparkjet.runtime.snapshotting import read_fingerprint
 from sparkjet.runtime.spark_runner import SparkRunner
+from sparkjet.runtime.storage import remove_finished
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
 from sparkjet.snapshot.layout import check_name as _check_name
 
@@ -170,6 +171,7 @@ class Job:
                 if self._stop is None:
                     mark_finished(self.config, result.events_in)
                     self._cleanup_sources()
+                    remove_finished(self.config)
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
                 record_state(self.config, "stopped" if result.stopped else "finished",

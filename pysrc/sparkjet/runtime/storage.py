@@ -39,6 +39,7 @@ from sparkjet.errors import (
     PartitionTableError,
     SnapshotCorruptError,
     SnapshotIncompleteError,
+    StorageError,
     StorageSlotError,
 )
 from sparkjet.partition_table import PartitionTable
@@ -47,7 +48,7 @@ from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import open_backend
 from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE, HEADER_SIZE
 from sparkjet.snapshot.reading import partition_holders
-from sparkjet.snapshot.slots import REPLICAS, StorageSlot
+from sparkjet.snapshot.slots import JOBS, REPLICAS, SLOT_PREFIX, StorageSlot, host_id
 from sparkjet.snapshot.writer import SnapshotWriter
 
 _log = logging.getLogger(__name__)
@@ -73,6 +74,43 @@ def claim_slot(config: JobConfig, execution: int, log: str | None = None) -> Sto
         slot.release()
         raise
     return slot
+
+
+def remove_finished(config: JobConfig) -> list[str]:
+    """After a run of ``config``'s job to its end (its ``FINISHED`` mark written: it never
+    runs again), removes its data from every free slot of this host's storage root, as Jet
+    destroys a completed job's snapshot maps: in memory (``/dev/shm``) it would hold the
+    job's last state for good. The slots' paths it emptied; a slot that is held, of another
+    host, or cannot be read is left (logged). Slots on other hosts of a cluster keep it
+    until their ``storage_dir`` is cleaned (docs: README, the members' storage)."""
+    if config.storage != "members":
+        return []
+    root, removed = config.storage_root(), []
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(SLOT_PREFIX))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        _log.warning("the slots of finished job %r were not removed: %s", config.name, e)
+        return []
+    for name in names:
+        folder = os.path.join(root, name)
+        if not os.path.isdir(os.path.join(folder, JOBS, layout.job_dir(config.id))):
+            continue
+        try:
+            slot = StorageSlot.claim_folder(folder, durable=config.persistence)
+            if slot is None:
+                _log.warning("finished job %r: slot %s is held by a running task; its data of "
+                             "the job stays", config.name, folder)
+                continue
+            with slot:
+                if slot.host == host_id():
+                    slot.remove_job(config.id)
+                    removed.append(slot.path)
+        except (StorageError, StorageSlotError) as e:
+            _log.warning("finished job %r: its data in slot %s was not removed: %s",
+                         config.name, folder, e)
+    return removed
 
 
 def claim_wait(config: JobConfig) -> float:
