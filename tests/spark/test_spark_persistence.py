@@ -95,6 +95,7 @@ def test_full_recovery_only_with_a_slot_lost(spark, tmp_path, backup_count):
         with pytest.raises(JobFailedError) as e:
             job.run(spark)
         text = str(e.value)
+        assert "not retried: RecoveryRefusedError: job " in text, text   # named by its class
         assert "persistence restart refused (FULL_RECOVERY_ONLY)" in text, text
         assert "partitions" in text and lost.name[len("slot-"):] in text, text
         assert "Job.force_start()" in text and "partial policy" in text, text

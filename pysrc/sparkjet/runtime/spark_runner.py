@@ -352,8 +352,13 @@ class SparkRunner:
             outcome["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - the execution failed; the caller restarts
             outcome["status"] = "rescaled" if isinstance(e, _RescaleRequested) else "failed"
-            whole = (ExecutionFailedError, RecoveryRefusedError, StorageSlotError)
-            outcome["error"] = str(e) if isinstance(e, whole) else short_error(e)
+            # named whole: a refusal or a slot's error says which partitions, slots and
+            # what to do, past short_error's three lines (a member's failure is its own)
+            outcome["error"] = (
+                str(e) if isinstance(e, ExecutionFailedError) else
+                f"{type(e).__name__}: {e}" if isinstance(e, (RecoveryRefusedError,
+                                                             StorageSlotError)) else
+                short_error(e))
             report = getattr(e, "report", None) or {}
             deterministic = is_deterministic(e)
             outcome.update(deterministic=deterministic,
