@@ -144,6 +144,36 @@ def test_os_errors_and_what_is_never_transient():
     assert transient_kind(failed) == "connection refused"
 
 
+def test_a_delta_write_on_a_full_disk_is_an_outage(tmp_path):
+    """Found by the nemesis long run (round 94): a disk-full fault under the Delta sink
+    ended the job, "8 times the same way": deltalake's DeltaError carries no errno, only
+    Rust's "(os error 28)" in its text, so the sink's ConnectorError was of unknown kind.
+    A real write into a full tmpfs is now a disk-full outage."""
+    import os
+
+    import deltalake as dl
+    import pyarrow as pa
+    from helpers import mounts
+
+    root = tmp_path / "full"
+    with mounts.tmpfs(root, size="256k"):
+        (root / "filler").write_bytes(b"x" * (200 << 10))
+        try:
+            try:
+                dl.write_deltalake(str(root / "t"), pa.table({"a": pa.array(os.urandom(400_000))}))
+            except dl.exceptions.DeltaError as e:   # as the Delta sink translates it
+                raise ConnectorError(f"Delta Lake sink: cannot write the table: {e}") from None
+        except ConnectorError as e:
+            error = e
+        else:
+            raise AssertionError("the write into a full tmpfs succeeded")
+    assert "os error 28" in str(error)
+    assert transient_kind(error) == "disk full" and not report(error)["deterministic"]
+    assert transient_kind(RuntimeError("Read-only file system (os error 30)")) is None
+    assert transient_kind(RuntimeError("Connection refused (os error 111)")) \
+        == "connection refused"
+
+
 # -- the policy --------------------------------------------------------------------------------
 
 def outcome(kind: str | None, cause: str = "ConnectorError: cannot connect") -> dict:

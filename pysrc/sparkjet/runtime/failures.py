@@ -22,7 +22,8 @@ seconds of backoff later, until ``max_restarts`` is spent. So a failure is told 
   redis-py's ``ConnectionError`` (not ``AuthenticationError``), ``TimeoutError`` and
   ``BusyLoadingError``, the OS's connection errnos, and a full disk or quota
   (``ENOSPC``, ``EDQUOT``: the space comes back as an operator or a retention frees it;
-  two disk-full episodes are not "the same failure twice"). The restart policy
+  two disk-full episodes are not "the same failure twice"); the Rust-backed libraries
+  (deltalake) carry those errnos only as "(os error N)" in their text, read there. The restart policy
   (:func:`~sparkjet.runtime.supervision.restart_or_fail`) retries these with exponential
   backoff within ``max_restarts`` per ``restart_window``.
 - **unknown** (an exception of the user's own code, an error none of the above knows): it
@@ -166,8 +167,23 @@ def _kind(e: BaseException) -> str | None:
         if kind is not None:
             return kind
     if isinstance(e, OSError):
-        return _os_kind(e)
-    return None
+        kind = _os_kind(e)
+        if kind is not None:
+            return kind
+    return _rust_io_kind(e)
+
+
+#: How Rust's std::io::Error shows an errno ("No space left on device (os error 28)"): the
+#: errors of the Rust-backed libraries (deltalake, polars, object_store) carry no errno.
+_RUST_IO = re.compile(r"\(os error (\d+)\)")
+
+
+def _rust_io_kind(e: BaseException) -> str | None:
+    found = _RUST_IO.search(str(e))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return _ERRNOS.get(code) or _DISK_ERRNOS.get(code)
 
 
 def _os_kind(e: OSError) -> str | None:
