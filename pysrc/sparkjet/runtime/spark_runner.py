@@ -164,7 +164,8 @@ class SparkRunner:
 
     def members_for_next_execution(self) -> int:
         """The member count of the next execution: the slots there are (up to
-        ``config.members``), waiting while that is below the quorum."""
+        ``config.members``), waiting while that is below the quorum (``quorum_timeout``,
+        which does not count the wait for a lost member's host: ``rebalance_delay``)."""
         config = self.config
         deadline = time.monotonic() + config.quorum_timeout
         said = None
@@ -191,8 +192,11 @@ class SparkRunner:
                                        "(rebalance_delay) for the lost member's host to come "
                                        "back before its partitions' backups are promoted"})
             if short:
+                # the delay is a budget of its own: quorum_timeout counts none of it
+                slept = time.monotonic()
                 time.sleep(min(1.0, max(0.05, self._lost[0] + config.rebalance_delay
                                         - time.monotonic())))
+                deadline += time.monotonic() - slept
                 continue
             if time.monotonic() >= deadline:
                 raise JobFailedError(
