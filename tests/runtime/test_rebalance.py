@@ -107,3 +107,30 @@ def test_a_stop_during_the_wait_promotes_and_stops_gracefully(tmp_path, spark):
     assert rebalance["held_s"] < 120 and result.executions[-1]["status"] == "ok"
     assert (report.lost_count, report.duplicated_count, len(report.mismatched),
             report.unexpected_count, repeated) == (0, 0, 0, 0, 0), report
+
+
+def test_the_rebalance_wait_does_not_count_against_quorum_timeout(tmp_path, spark):
+    """Review finding (a): after a lost member, too few task slots wait out
+    ``rebalance_delay`` first; ``quorum_timeout`` counts from its end (it used to count
+    from before, so a delay longer than it left no quorum wait at all: the job failed as
+    the delay ended, without the quorum's ``waiting`` event)."""
+    from sparkjet.errors import JobFailedError
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.runtime import JobConfig
+    from sparkjet.runtime.spark_runner import SparkRunner
+    from sparkjet.sinks import DiscardSink
+    from sparkjet.sources import GeneratorSource
+
+    config = JobConfig(name="quorum-after-delay", processing_guarantee="none",
+                       storage="members", persistence=True, storage_dir=str(tmp_path),
+                       rebalance_delay=1.5, quorum_timeout=1.0)
+    plan = Pipeline().read_from(GeneratorSource(total=10)).write_to(DiscardSink()).plan()
+    seen = []
+    runner = SparkRunner(plan, config, spark, seen.append)
+    runner.max_members_seen = 6            # a quorum of 4 on local[2]'s 2 slots
+    runner._lost = (time.monotonic(), 4)   # an execution of 4 lost a member just now
+    with pytest.raises(JobFailedError, match="quorum_timeout"):
+        runner.members_for_next_execution()
+    notes = [e.get("note", "") for e in seen if e["event"] == "waiting"]
+    assert "(rebalance_delay)" in notes[0], notes
+    assert any("for a quorum of 4" in n for n in notes[1:]), notes

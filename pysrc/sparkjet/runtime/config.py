@@ -115,7 +115,8 @@ class JobConfig:
       (be scheduled, restore their state) before the execution counts as failed.
     - ``quorum_timeout``: split-brain protection: an execution never starts with fewer
       members than ``floor(largest member count seen / 2) + 1``; the coordinator waits for
-      slots up to this long (re-checking every ``restart_backoff``), then fails the job.
+      slots up to this long (re-checking every ``restart_backoff``; a ``rebalance_delay``
+      wait for a lost member's host does not count), then fails the job.
     - ``tls``: encrypt the links between members and the coordinator on Spark: True,
       False, or None (the default) for on with a cluster master and off on ``local[N]``,
       where every link stays on one machine. Every call is authenticated either way

@@ -36,10 +36,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from sparkjet.errors import (
     ExecutionFailedError,  # noqa: F401 (defined there; named here too)
     )
+from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.config import JobConfig, open_store
 from sparkjet.runtime.durable import async_start
 from sparkjet.runtime.exchange.server import ExchangeServer
@@ -184,6 +186,45 @@ class SnapshotCoordinator:
         return True
 
 
+@dataclass
+class _RebalanceWait:
+    """``rebalance_delay``'s state in one execution (under the coordinator's ``_cv``):
+    when each slot joined, and once every member has: the previous partition table (None:
+    the joined slots hold none), its slots no member joined with (``awaited``), when the
+    delay counts from (``since``: the loss, else the first join) and ends, when every
+    member had joined, the members asked to claim a lost slot that have not joined again
+    since (``reclaiming``: placement waits for them), and when placement was made."""
+
+    lost_at: float | None
+    joined_at: dict[str, float] = field(default_factory=dict)
+    previous: PartitionTable | None = None
+    awaited: list[str] = field(default_factory=list)
+    since: float | None = None
+    deadline: float = 0.0
+    all_joined: float = 0.0
+    reclaiming: set[int] = field(default_factory=set)
+    placed_at: float | None = None
+    said: bool = False      # the "waiting" event went out
+
+    def begin(self, previous: PartitionTable | None, joined: set[str], delay: float) -> None:
+        """Every member has joined (the slots ``joined``): what is awaited, until when."""
+        self.since = self.lost_at if self.lost_at is not None else min(
+            self.joined_at.values())
+        self.deadline = self.since + delay
+        self.all_joined = time.monotonic()
+        self.previous = previous
+        if previous is not None:
+            self.awaited = [u for u in previous.members if u not in joined]
+
+    def held_s(self, now: float) -> float:
+        """How long the joins were held for an awaited slot (until placement, at most until
+        the delay's end; a reclaim in flight past it is not counted)."""
+        if self.since is None or not self.awaited:
+            return 0.0
+        end = min(self.placed_at if self.placed_at is not None else now, self.deadline)
+        return max(0.0, end - self.all_joined)
+
+
 class ExecutionCoordinator:
     """The driver's side of one execution on Spark: the members' actions and the
     snapshot loop.
@@ -202,16 +243,10 @@ class ExecutionCoordinator:
                  recover: Callable[[list[dict]], object] | None = None,
                  lost_at: float | None = None):
         self.config = config
-        #: ``rebalance_delay``: when a member of the execution before this one was lost
-        #: (``time.monotonic()``; None: this driver's first execution, whose delay counts
-        #: from its members' joins), the slots of the previous partition table no member
-        #: joined with once all had, when each slot joined, and what placement made of it
-        #: (the ``rebalance`` event)
-        self._lost_at = lost_at
-        self._previous = None
-        self._awaited: list[str] = []
-        self._joined_at: dict[str, float] = {}
-        self._waiting_said = False
+        #: ``rebalance_delay``: the wait for lost slots of the previous partition table
+        #: (``lost_at``: when a member of the execution before this one was lost; None:
+        #: this driver's first execution, whose delay counts from its members' joins)
+        self._wait = _RebalanceWait(lost_at)
         self.rebalance: dict | None = None
         #: with persistence: the driver's decision over the joined slots' reports
         #: (:func:`~sparkjet.runtime.persistence.recover`), its report once made, and the
@@ -316,14 +351,16 @@ class ExecutionCoordinator:
                 if self._placement is None:     # a member that reclaimed a slot says so
                     self.slots[i] = slot
                 elif self.slots.setdefault(i, slot)["uuid"] != slot["uuid"]:
-                    # it claimed a lost slot as the delay ran out: placed without it
+                    # (placement waits for a reclaim in flight: not expected)
                     error = ExecutionFailedError(
                         f"member {i} joined with storage slot {slot['uuid']} after the "
-                        f"placement over its slot {self.slots[i]['uuid']} (a lost slot it "
-                        "claimed as rebalance_delay ran out); the execution restarts")
+                        f"placement over its slot {self.slots[i]['uuid']}; the execution "
+                        "restarts")
                     self.fail(error)
                     raise error
-                self._joined_at.setdefault(slot["uuid"], time.monotonic())
+                self._wait.joined_at.setdefault(slot["uuid"], time.monotonic())
+                # its reclaim (if it was asked for one) is over: this is its slot now
+                self._wait.reclaiming.discard(i)
             self._cv.notify_all()
             while len(self.locations) < self.members and not self._failed.is_set():
                 left = deadline - time.monotonic()
@@ -333,16 +370,21 @@ class ExecutionCoordinator:
             while not self._failed.is_set() and members_storage:
                 # rebalance_delay: a slot of the previous table that no member holds may
                 # come back; a member holding a slot outside that table is asked to claim
-                # it instead, the others wait with it
+                # it instead, the others wait with it. A member asked is left out of
+                # placement until it joins again with the slot it holds then: placed
+                # meanwhile, the table would be over a slot it has given up.
                 awaited, claimers = self._rebalance_wait()
-                if not awaited:
+                if not awaited and not self._wait.reclaiming:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return {"peers": None}
+                    return {"peers": None, "held": True}
                 self._cv.wait(min(left, RECLAIM_WAIT))
-                if i in claimers and self._rebalance_wait()[0]:
-                    return {"peers": None, "reclaim": awaited}
+                if i in claimers:
+                    awaited = self._rebalance_wait()[0]
+                    if awaited:
+                        self._wait.reclaiming.add(i)
+                        return {"peers": None, "held": True, "reclaim": awaited}
             if self._failed.is_set():
                 raise ExecutionFailedError(f"execution {self.execution_id} has ended: "
                                            f"{self.failure}")
@@ -362,34 +404,28 @@ class ExecutionCoordinator:
         that may claim one instead: those holding a slot outside that table (on the host
         the slot was on it may be back). Nothing is awaited once every slot is back, the
         delay is over, no member could claim one, a stop was asked for, or placement is
-        done."""
+        done. (Members with a reclaim in flight are waited for apart from this:
+        ``_RebalanceWait.reclaiming``.)"""
         delay = self.config.rebalance_delay
         if not delay or self._placement is not None:
             return [], set()
+        wait = self._wait
         reports = [self.slots[m] for m in range(self.members)]
-        if self._previous is None:
-            self._previous = previous_table(reports) or False
-            since = self._lost_at if self._lost_at is not None else min(
-                self._joined_at.values())
-            self._rebalance_deadline = since + delay
-            self._rebalance_since = since
-            self._all_joined = time.monotonic()
-            joined = {r["uuid"] for r in reports}
-            if self._previous:
-                self._awaited = [u for u in self._previous.members if u not in joined]
-        if not self._previous or not self._awaited:
-            return [], set()
-        members = set(self._previous.members)
         joined = {r["uuid"] for r in reports}
-        awaited = [u for u in self._awaited if u not in joined]
+        if wait.since is None:
+            wait.begin(previous_table(reports), joined, delay)
+        if wait.previous is None or not wait.awaited:
+            return [], set()
+        awaited = [u for u in wait.awaited if u not in joined]
+        members = set(wait.previous.members)
         claimers = {m for m, r in enumerate(reports) if r["uuid"] not in members}
         if (not awaited or not claimers or self.stop_requested.is_set()
-                or time.monotonic() >= self._rebalance_deadline):
+                or time.monotonic() >= wait.deadline):
             return [], set()
-        if not self._waiting_said:
-            self._waiting_said = True
-            left = self._rebalance_deadline - time.monotonic()
-            groups = self._previous.groups or {}
+        if not wait.said:
+            wait.said = True
+            left = wait.deadline - time.monotonic()
+            groups = wait.previous.groups or {}
             self.progress({"event": "waiting", "execution": self.execution_id,
                            "rebalance_delay": delay, "slots_awaited": awaited,
                            "note": f"storage slot(s) {', '.join(awaited)} of the previous "
@@ -405,27 +441,29 @@ class ExecutionCoordinator:
         which were given up (``promoted``: their partitions, whose backups were promoted;
         ``gave_up``: why); ``waited_s`` from the loss (a new driver: its first join) to the
         placement, ``held_s`` of it with every member joined (the joins held)."""
-        if not self._previous or not self._awaited:
-            return
+        wait = self._wait
         now = time.monotonic()
+        wait.placed_at = now
+        if wait.previous is None or not wait.awaited:
+            return
         joined = {r["uuid"] for r in reports}
-        table, since = self._previous, self._rebalance_since
-        returned = {u: round(self._joined_at[u] - since, 3) for u in self._awaited
+        table, since = wait.previous, wait.since
+        returned = {u: round(wait.joined_at[u] - since, 3) for u in wait.awaited
                     if u in joined}
-        gone = [u for u in self._awaited if u not in joined]
+        gone = [u for u in wait.awaited if u not in joined]
         promoted = {u: table.partitions_of(u) for u in gone}
         why = ("stop requested" if gone and self.stop_requested.is_set() and
-               now < self._rebalance_deadline else "no member could claim it" if gone and
-               now < self._rebalance_deadline else "delay over")
+               now < wait.deadline else "no member could claim it" if gone and
+               now < wait.deadline else "delay over")
         groups = table.groups or {}
         self.rebalance = {
             "event": "rebalance", "execution": self.execution_id,
             "rebalance_delay": self.config.rebalance_delay, "waited_s": round(now - since, 3),
-            "held_s": round(now - self._all_joined, 3),
+            "held_s": round(now - wait.all_joined, 3),
             "returned": returned, "promoted": {u: partition_ranges(set(p))
                                                for u, p in promoted.items()},
             "promoted_partitions": sum(len(p) for p in promoted.values()),
-            "hosts": {u: groups.get(u, u) for u in self._awaited},
+            "hosts": {u: groups.get(u, u) for u in wait.awaited},
             "gave_up": why if gone else None}
         if gone:
             _log.warning("execution %d: gave up waiting for storage slot(s) %s after %.1f s "
@@ -735,8 +773,10 @@ class ExecutionCoordinator:
             last = now
 
     def wait_started(self, timeout: float) -> None:
-        """Waits until every member has polled once (it restored its state and runs)."""
-        deadline = time.monotonic() + timeout
+        """Waits until every member has polled once (it restored its state and runs):
+        ``timeout`` s, and as long more as the joins were held for lost slots
+        (``rebalance_delay``: :meth:`_RebalanceWait.held_s`)."""
+        started = time.monotonic()
         with self._cv:
             while len(self.seen) < self.members:
                 if self.failure is not None:
@@ -746,12 +786,17 @@ class ExecutionCoordinator:
                     raise ExecutionFailedError(
                         f"the Spark stage of execution {self.execution_id} ended before its "
                         f"members started: {why}")
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                held = self._wait.held_s(now)
+                if now > started + timeout + held:
                     raise ExecutionFailedError(
                         f"only {len(self.seen)} of {self.members} members of execution "
-                        f"{self.execution_id} started within {timeout:.0f} s (start_timeout"
+                        f"{self.execution_id} started within {timeout + held:.0f} s "
+                        "(start_timeout"
                         + (", and data_load_timeout for the members to verify their slots"
-                           if timeout > self.config.start_timeout else "") + ")")
+                           if timeout > self.config.start_timeout else "")
+                        + (f", and {held:.0f} s the joins were held for lost slots "
+                           "(rebalance_delay)" if held else "") + ")")
                 self._cv.wait(0.1)
 
     def run(self, snapshot_id: int) -> None:

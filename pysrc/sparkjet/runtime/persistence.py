@@ -66,9 +66,13 @@ of the previous partition table (the newest the joined slots hold) is not among 
 members' slots, the driver (:class:`~sparkjet.runtime.coordinator.ExecutionCoordinator`)
 holds the joins for up to the delay from the loss (from its first joins for a new driver)
 and asks each member whose slot is outside that table to claim the missing one instead
-(:func:`reclaim`: its host came back) -- a ``waiting`` event names the slots awaited; the
-runner's quorum wait also waits, within the delay, for as many task slots as the lost
-execution had (a worker restarting on its host). A slot back in time keeps its partitions
+(:func:`reclaim`: its host came back) -- a ``waiting`` event names the slots awaited; a
+member asked is left out of placement until it joins again with the slot it holds then
+(placement waits for it, even past the delay), and lets its own slot go only after that
+join; the members' start may take as long more as the joins were held. The runner's quorum
+wait also waits, within the delay, for as many task slots as the lost execution had (a
+worker restarting on its host; ``quorum_timeout`` counts from the delay's end). A slot back
+in time keeps its partitions
 (the table is the one before: no backup promoted, no byte copied; its member restores
 from its own disk); after the delay its partitions' backups are promoted and the table
 rebalanced. The ``rebalance`` event (and ``JobResult.executions[i]["rebalance"]``) says

@@ -164,7 +164,8 @@ class SparkRunner:
 
     def members_for_next_execution(self) -> int:
         """The member count of the next execution: the slots there are (up to
-        ``config.members``), waiting while that is below the quorum."""
+        ``config.members``), waiting while that is below the quorum (``quorum_timeout``,
+        which does not count the wait for a lost member's host: ``rebalance_delay``)."""
         config = self.config
         deadline = time.monotonic() + config.quorum_timeout
         said = None
@@ -191,8 +192,11 @@ class SparkRunner:
                                        "(rebalance_delay) for the lost member's host to come "
                                        "back before its partitions' backups are promoted"})
             if short:
+                # the delay is a budget of its own: quorum_timeout counts none of it
+                slept = time.monotonic()
                 time.sleep(min(1.0, max(0.05, self._lost[0] + config.rebalance_delay
                                         - time.monotonic())))
+                deadline += time.monotonic() - slept
                 continue
             if time.monotonic() >= deadline:
                 raise JobFailedError(
@@ -481,21 +485,35 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         late = _LateMember(start_wait(config, verify))
         held = _SlotRef(slot)
 
+        given_up = []   # (slot, its report): left for a reclaimed slot, not yet let go
+
         def claim_instead(uuids):
             # rebalance_delay: the driver waits for a lost slot of the previous table,
-            # which may be back on this host: this member takes it instead of its own
+            # which may be back on this host: this member takes it instead of its own. Its
+            # own stays claimed, untouched, until the driver has taken the report of the
+            # new one (release_given_up): the driver places over the slot it knows of.
             nonlocal slot, notes, report
             got = reclaim(config, uuids, execution)
             if got is None:
                 return None
-            old, old_report = slot, report
-            slot, notes = got
+            new, new_notes = got
+            try:
+                new_report = join_report(config, new, new_notes, execution, verify)
+            except BaseException:
+                new.release()
+                raise
+            given_up.append((slot, report))
+            slot, notes, report = new, new_notes, new_report
             held.slot = slot
-            if not old_report.get("table"):     # a fresh slot: nothing of the job to keep
-                old.remove_job(config.id)
-            old.release()
-            report = join_report(config, slot, notes, execution, verify)
             return report
+
+        def release_given_up():
+            # the driver holds the reclaimed slot's report: the one left goes
+            while given_up:
+                old, old_report = given_up.pop()
+                if not old_report.get("table"):     # a fresh slot: nothing of the job to keep
+                    old.remove_job(config.id)
+                old.release()
         try:
             if slot is None:
                 late.set(Member(plan, config, execution, topology=topology, index=index,
@@ -512,7 +530,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
                 report = None if slot is None else join_report(config, slot, notes,
                                                                execution, verify)
                 answer = join(client, index, server.location, start_wait(config, verify),
-                              report, claim_instead if slot is not None else None)
+                              report, claim_instead if slot is not None else None,
+                              release_given_up)
                 if slot is not None:
                     after_join(config, slot, answer, execution)
                     # placed after join: the driver's table over the members' slots
@@ -531,6 +550,8 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             late.abandon()
             if slot is not None:
                 slot.release()  # a reused Python worker must not keep it
+            for old, _ in given_up:     # the driver never took the reclaimed one: kept whole
+                old.release()
         refused = sum(server.refused.values())
         yield pa.RecordBatch.from_pydict({"member": pa.array([index], pa.int64()),
                                           "refused": pa.array([refused], pa.int64())})
@@ -539,15 +560,14 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
 
 
 def start_wait(config: JobConfig, verify: bool = True) -> float:
-    """How long the members of an execution may take to start: ``start_timeout`` (and
-    ``rebalance_delay``), and with persistence ``data_load_timeout`` more when they verify
-    their slots before they join (``verify``: the first execution of a run; the restarts
-    after it do not verify)."""
-    # rebalance_delay: the driver may hold the joins that long for a lost slot
-    wait = config.start_timeout + (config.rebalance_delay or 0.0)
+    """How long the members of an execution may take to start: ``start_timeout``, and with
+    persistence ``data_load_timeout`` more when they verify their slots before they join
+    (``verify``: the first execution of a run; the restarts after it do not verify). A
+    ``rebalance_delay`` the driver holds the joins for comes on top only when it does
+    (:meth:`~sparkjet.runtime.coordinator.ExecutionCoordinator.wait_started`, :func:`join`)."""
     if config.storage == "members" and config.persistence and verify:
-        return wait + config.data_load_timeout
-    return wait
+        return config.start_timeout + config.data_load_timeout
+    return config.start_timeout
 
 
 def _report_before_join(coordinator: str, security: LinkSecurity, index: int,
@@ -609,28 +629,38 @@ class _SlotRef:
 
 
 def join(coordinator, index: int, location: str, timeout: float,
-         slot: dict | None = None, reclaim=None) -> dict:
+         slot: dict | None = None, reclaim=None, reclaimed=None) -> dict:
     """Member ``index``'s exchange ``location`` (and, with the members' storage, its
     ``slot`` report) to the ``coordinator`` (an
     :class:`~sparkjet.runtime.exchange.ExchangeClient`); returns the answer once all have
     joined: ``peers``, every member's location by index (and ``table`` and ``slots``, the
     placement over the slots, and ``start``, the snapshot to start from with its committed
     record: :func:`~sparkjet.runtime.restore.handed_start`). Gives up after ``timeout`` s (the driver's
-    ``start_timeout`` fails the execution by then). An answer naming lost slots of the
-    previous partition table (``reclaim``, while ``rebalance_delay`` runs) is handed to
-    ``reclaim``, which returns the report of the one it claimed instead, or None."""
+    ``start_timeout`` fails the execution by then), counted again from every answer that
+    says the driver holds the joins (``held``: ``rebalance_delay``). An answer naming lost
+    slots of the previous partition table (``reclaim``, while ``rebalance_delay`` runs) is
+    handed to ``reclaim``, which returns the report of the one it claimed instead, or None;
+    ``reclaimed`` is called once the driver has taken that report (its next answer): the
+    slot left may go then."""
     deadline = time.monotonic() + timeout
     body = {"member": index, "location": location}
     if slot is not None:
         body["slot"] = slot
+    pending = False
     while True:
         answer = coordinator.action("join", body)
+        if pending and reclaimed is not None:
+            reclaimed()
+        pending = False
         if answer["peers"] is not None:
             return answer
+        if answer.get("held"):
+            deadline = max(deadline, time.monotonic() + timeout)
         if answer.get("reclaim") and reclaim is not None:
             report = reclaim(list(answer["reclaim"]))
             if report is not None:
                 body["slot"] = report
+                pending = True
         if time.monotonic() > deadline:
             raise ExecutionFailedError(f"member {index}: the other members did not join "
                                        f"within {timeout:.0f} s (start_timeout)")
