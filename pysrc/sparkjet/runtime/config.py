@@ -359,4 +359,5 @@ def open_store(config: JobConfig, *, job_id: int | None = None, job_name: str | 
     if job_id is None:
         job_id, job_name = config.id, config.name
     return SnapshotStore(config.snapshot_store, job_id, create=create, name=job_name,
-                         retained=config.retained_snapshots)
+                         retained=config.retained_snapshots,
+                         keep_marked=config.durable_tier == "async")
