@@ -18,7 +18,13 @@ from sparkjet.runtime import JobConfig
 from sparkjet.runtime.config import open_store
 from sparkjet.runtime.durable import DurableUploader, async_start
 from sparkjet.runtime.restore import handed_start
-from sparkjet.runtime.storage import SlotWriterLink, check_reachable, slot_files, slot_writer
+from sparkjet.runtime.storage import (
+    SlotWriterLink,
+    check_reachable,
+    keep_committed,
+    slot_files,
+    slot_writer,
+)
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.slots import StorageSlot
 from sparkjet.snapshot.store import RecordView
@@ -40,9 +46,10 @@ def _state(n, offset):
 
 
 def _config(tmp_path, **kw):
+    kw.setdefault("retained_snapshots", 3)
     return JobConfig(name="async-tier", storage="members", storage_dir=str(tmp_path / "slots"),
                      snapshot_store=str(tmp_path / "store"), partition_count=7,
-                     durable_tier="async", retained_snapshots=3, **kw)
+                     durable_tier="async", **kw)
 
 
 def _snapshot(config, store, slots, sid, execution=1):
@@ -156,10 +163,10 @@ def test_async_commits_while_the_upload_is_blocked_and_counts_only_once_marked(t
         store.export(1, "v1")
 
 
-def test_an_upload_whose_snapshot_was_retired_says_what_to_raise(tmp_path, two_slots):
-    """Review finding: a state that uploads slower than the snapshots retire fails every
-    upload, which said only FileNotFoundError. The report now says the snapshot left the
-    retained ones while it was uploaded, and which settings give an upload more time."""
+def test_an_upload_whose_files_left_the_slot_says_so(tmp_path, two_slots):
+    """An upload whose files are removed from the slot while it runs (retention keeps a
+    snapshot under upload, so only a wipe from outside does that) says so and names the
+    slot, rather than only FileNotFoundError."""
     import shutil
 
     a, b = two_slots
@@ -167,7 +174,7 @@ def test_an_upload_whose_snapshot_was_retired_says_what_to_raise(tmp_path, two_s
     store = open_store(config)
     store.register_execution(1)
     files0 = _snapshot(config, store, [a, b], 0)
-    # the commit that retires snapshot 0 dropped its files from the slot
+    # the slot's folder of snapshot 0 wiped from outside
     shutil.rmtree(a.replicas(config.id).path(layout.SNAPSHOTS, layout.snapshot_dir(0, 1)))
     reports = []
     up = DurableUploader(a, SlotWriterLink(config, a), reports.append)
@@ -176,8 +183,8 @@ def test_an_upload_whose_snapshot_was_retired_says_what_to_raise(tmp_path, two_s
     assert up.drain(60)
     up.close()
     (report,) = reports
-    assert report["snapshot"] == 0 and "left the retained snapshots" in report["error"]
-    assert "raise retained_snapshots or snapshot_interval" in report["error"]
+    assert report["snapshot"] == 0 and "files left this member's slot" in report["error"]
+    assert a.path in report["error"] and "removed from outside" in report["error"]
 
 
 def test_a_lost_slot_and_an_incomplete_async_copy_is_refused_under_exactly_once(tmp_path,
@@ -302,3 +309,213 @@ def test_a_persistence_restart_counts_the_async_uploads_once_marked(tmp_path, ma
         else:
             with pytest.raises(RecoveryRefusedError, match="lacks agg: partitions"):
                 recover(config, store, None, 2, start, reports, events.append)
+
+
+# -- retention keeps what the uploads need (review finding 1 of item 5) ----------------------
+
+
+class _Members:
+    """The member and driver sides of the async tier over real slots, a real store and real
+    uploader threads, step by step as an execution runs them: each member's writer writes
+    its part of a snapshot and acknowledges it with what it may upload before its next
+    commit (Member.may_upload), the driver commits pinning those, each member runs phase 2
+    in its slot (keep_committed with the store's retained ids and its uploader's pending)
+    and submits the upload; the driver marks a snapshot once every member's upload of it
+    ended well (ExecutionCoordinator._uploaded)."""
+
+    def __init__(self, config, store, slots):
+        self.config, self.store, self.slots = config, store, slots
+        self.reports = {s.uuid: [] for s in slots}
+        self.up = {s.uuid: DurableUploader(s, SlotWriterLink(config, s),
+                                           self.reports[s.uuid].append) for s in slots}
+        self.written = {s.uuid: {} for s in slots}     # Member._written
+        self.marked: list[int] = []
+        self.failed: list[str] = []
+        for u in self.up.values():
+            u.start()
+
+    def snapshot(self, sid, execution=1, *, upload=True):
+        manifests, pinned = [], set()
+        for i, slot in enumerate(self.slots):
+            slot.fence(self.config.id, execution)
+            w = slot_writer(self.config, SlotWriterLink(self.config, slot), sid, execution,
+                            writer=i, replicate=None)
+            w.write_table("agg", _state(1000, i * 1000), key="key")
+            manifest = w.finish()
+            manifests.append(manifest)
+            written = self.written[slot.uuid]
+            written[sid] = list(manifest.files)
+            pinned |= set(self.up[slot.uuid].pending) | {s for s in written if s < sid}
+        self.store.commit(sid, execution, manifests, table="dGFibGU=", pinned=pinned)
+        record = self.store.committed_record(sid)[0]
+        keep = [c.snapshot for _, c in self.store._retained()]
+        for slot in self.slots:
+            keep_committed(slot, self.config.id, sid, execution, record, keep,
+                           self.up[slot.uuid].pending)
+            files = self.written[slot.uuid].pop(sid)
+            for old in [s for s in self.written[slot.uuid] if s < sid]:
+                del self.written[slot.uuid][old]
+            if upload:
+                self.up[slot.uuid].submit(sid, execution, files)
+
+    def mark(self):
+        """Marks every snapshot all members reported uploaded (as the driver does)."""
+        ended = [{r["snapshot"]: r for r in self.reports[s.uuid]} for s in self.slots]
+        for sid in sorted(set.intersection(*(set(e) for e in ended))):
+            if sid in self.marked or any("error" in e[sid] for e in ended):
+                self.failed += [e[sid]["error"] for e in ended if "error" in e[sid]]
+                continue
+            self.store.mark_durable(sid)
+            self.marked.append(sid)
+
+    def drain(self):
+        for u in self.up.values():
+            assert u.drain(60)
+        self.mark()
+
+    def close(self):
+        for u in self.up.values():
+            u.close()
+
+
+def _slot_holds(slot, config, sid, execution=1):
+    """Whether ``slot`` holds its chunk files and record copy of snapshot ``sid``."""
+    folder = slot.replicas(config.id).path(layout.SNAPSHOTS, layout.snapshot_dir(sid, execution))
+    files = [f for _, _, fs in os.walk(folder) for f in fs if f.endswith(".chunks")]
+    return bool(files) and sid in slot.records(config.id)
+
+
+def test_an_upload_slower_than_retention_keeps_its_files_and_ends_marked(tmp_path,
+                                                                          two_slots):
+    """Review finding 1: member a's upload of snapshot 0 is held (inside its first piece)
+    while five more snapshots commit with retained_snapshots=2, far more than retained x
+    interval. Retention keeps snapshot 0 in a's slot (the files it copies from) and in the
+    store (its commit and the partial copy), so once let go it ends, is marked, and restores
+    from the store alone; then the snapshot marked after it lets it go."""
+    a, b = two_slots
+    config = _config(tmp_path, retained_snapshots=2)
+    store = open_store(config)
+    store.register_execution(1)
+    m = _Members(config, store, [a, b])
+    began, release = threading.Event(), threading.Event()
+
+    def hold(sid, path, offset):
+        if sid == 0:
+            began.set()
+            assert release.wait(60)
+    m.up[a.uuid].before_piece = hold
+    try:
+        m.snapshot(0)
+        assert began.wait(30)
+        for sid in range(1, 6):
+            m.snapshot(sid)
+            # b's uploads end as they come; a's is held, the newest one waits behind it
+            assert m.up[a.uuid].pending == [0, sid]
+            assert _slot_holds(a, config, 0), f"snapshot 0 left a's slot at commit {sid}"
+            assert 0 in [s.snapshot_id for s in store.complete()]
+            assert store._backend.exists(store._path(layout.SNAPSHOTS,
+                                                     layout.snapshot_dir(0, 1), "agg"))
+        # the snapshots neither retained nor uploading left the store and the slots
+        assert [s.snapshot_id for s in store.complete()] == [0, 4, 5]
+        assert not _slot_holds(b, config, 2) and not _slot_holds(a, config, 3)
+        release.set()
+        m.drain()
+        assert not m.failed, m.failed
+        # 0 ended and was marked; 1-4 were superseded behind it in a; 5 ran after it
+        assert m.marked == [0, 5]
+        assert [r["snapshot"] for r in m.reports[a.uuid]] == [0, 5]
+        assert m.reports[a.uuid][1]["superseded"] == [1, 2, 3, 4]
+        assert store.durable_complete(0)
+        with StorageSlot.claim(tmp_path / "c", host="c") as c:
+            store.slot_files = slot_files(_Member(config, [c.uuid]), c, config.id)
+            assert store.restore("agg", snapshot_id=0).table.sort_by("key").equals(WANT)
+        store.slot_files = None
+        # snapshot 5 is marked: the next commit lets 0 go, in the store and the slots
+        m.snapshot(6, upload=False)
+        store.wait_for_cleanup()
+        assert [s.snapshot_id for s in store.complete()] == [5, 6]
+        assert not _slot_holds(a, config, 0) and not _slot_holds(b, config, 0)
+        assert not store._backend.exists(store._path(layout.SNAPSHOTS,
+                                                     layout.snapshot_dir(0, 1)))
+    finally:
+        release.set()
+        m.close()
+
+
+def test_the_newest_marked_snapshot_stays_until_a_newer_one_is_marked(tmp_path, two_slots):
+    """retained_snapshots=1: snapshot 0 is uploaded and marked, the uploads of 1-3 never
+    end (not submitted: failed, or superseded). 0 stays in the store and both slots while
+    1 and 2 go. With every slot wiped, at-least-once restores 0 from the store's copies
+    (exactly-once would refuse: the newest, 3, is not durable). Once the next execution's
+    snapshot is marked, 0 goes."""
+    a, b = two_slots
+    config = _config(tmp_path, retained_snapshots=1, processing_guarantee="at-least-once")
+    store = open_store(config)
+    store.register_execution(1)
+    m = _Members(config, store, [a, b])
+    try:
+        m.snapshot(0)
+        m.drain()
+        assert m.marked == [0]
+        for sid in (1, 2, 3):
+            m.snapshot(sid, upload=False)
+            store.wait_for_cleanup()
+            assert [s.snapshot_id for s in store.complete()] == [0, sid]
+            assert _slot_holds(a, config, 0) and _slot_holds(b, config, 0)
+            if sid > 1:
+                assert not _slot_holds(a, config, sid - 1)
+        assert store.durable_complete(0) and not store.durable_complete(3)
+
+        # every slot wiped: the durable copy of 0 is what is left
+        for slot in (a, b):
+            slot.remove_job(config.id)
+        store.register_execution(2)
+        _, _, start = handed_start(config, store, 3)
+        events = []
+        got = async_start(config, store, start, [], 2, events.append)
+        assert got["snapshot"] == 0 and got["durable"] is True
+        (fallback,) = events
+        assert fallback["to"] == 0 and fallback["replayed"] == [1, 2, 3]
+        assert "snapshot(s) 1-3 are replayed" in fallback["message"]
+        with StorageSlot.claim(tmp_path / "c", host="c") as c:
+            store.slot_files = slot_files(_Member(config, [c.uuid]), c, config.id)
+            assert store.restore("agg", snapshot_id=0).table.sort_by("key").equals(WANT)
+        store.slot_files = None
+
+        # the next execution goes on from 0 (ids continue from it); 1 is marked: 0 goes
+        m.snapshot(1, execution=2)
+        m.drain()
+        assert m.marked == [0, 1]
+        m.snapshot(2, execution=2, upload=False)
+        store.wait_for_cleanup()
+        assert [s.snapshot_id for s in store.complete()] == [1, 2]
+        assert not _slot_holds(a, config, 0) and not _slot_holds(b, config, 0)
+        assert _slot_holds(a, config, 1, execution=2) and _slot_holds(b, config, 1, execution=2)
+    finally:
+        m.close()
+
+
+def test_exactly_once_refuses_when_only_an_older_marked_snapshot_is_left(tmp_path,
+                                                                        two_slots):
+    """The newest marked snapshot kept does not weaken exactly-once: with every slot wiped
+    and the newest committed snapshot not durable, the start is refused even though the
+    store keeps an older marked one (it would replay what phase 2 committed)."""
+    a, b = two_slots
+    config = _config(tmp_path, retained_snapshots=1)
+    store = open_store(config)
+    store.register_execution(1)
+    m = _Members(config, store, [a, b])
+    try:
+        m.snapshot(0)
+        m.drain()
+        m.snapshot(1, upload=False)
+        m.snapshot(2, upload=False)
+        assert [s.snapshot_id for s in store.complete()] == [0, 2]
+    finally:
+        m.close()
+    for slot in (a, b):
+        slot.remove_job(config.id)
+    store.register_execution(2)
+    _, _, start = handed_start(config, store, 2)
+    with pytest.raises(RecoveryRefusedError, match="newest committed snapshot 2 lacks agg"):
+        async_start(config, store, start, [], 2, lambda e: None)

@@ -137,7 +137,9 @@ class JobConfig:
     - ``retained_snapshots``: how many complete snapshots the store keeps (2, at most
       100). When the newest fails to verify at a restore, the job falls back to the newest
       older one that verifies, unless a sink committed output past it (see
-      :mod:`sparkjet.runtime.restore`).
+      :mod:`sparkjet.runtime.restore`). With ``durable_tier="async"`` the store and the
+      slots also keep the snapshots whose upload is under way and the newest one marked
+      durable (:mod:`sparkjet.runtime.durable`).
     - ``initial_snapshot``: Jet's initial snapshot name: a job with no snapshot of its own
       starts from this exported snapshot, of this job (``"v1"``) or of another job in the
       same snapshot store (``"other-job/v1"``). Its sources resume from the export's
@@ -360,4 +362,5 @@ def open_store(config: JobConfig, *, job_id: int | None = None, job_name: str | 
     if job_id is None:
         job_id, job_name = config.id, config.name
     return SnapshotStore(config.snapshot_store, job_id, create=create, name=job_name,
-                         retained=config.retained_snapshots)
+                         retained=config.retained_snapshots,
+                         keep_marked=config.durable_tier == "async")

@@ -108,10 +108,14 @@ class SnapshotCoordinator:
         self.plan: str | None = None
 
     def ack(self, processor: str, snapshot_id: int, manifest: Manifest,
-            alignment_s: float | None = None, schemas: dict | None = None) -> None:
+            alignment_s: float | None = None, schemas: dict | None = None,
+            uploading=None) -> None:
         """A processor's phase-1 acknowledgement of snapshot ``snapshot_id``, with the
-        schemas of the outputs it has fixed (see :mod:`sparkjet.runtime.schemas`)."""
-        self._acks.put((processor, snapshot_id, manifest, alignment_s, schemas))
+        schemas of the outputs it has fixed (see :mod:`sparkjet.runtime.schemas`) and
+        (``durable_tier="async"``) the snapshot ids its member may upload before its next
+        commit (:meth:`~sparkjet.runtime.member.Member.ack`): the commit pins them."""
+        self._acks.put((processor, snapshot_id, manifest, alignment_s, schemas,
+                        uploading or ()))
 
     def run(self, snapshot_id: int) -> None:
         """Runs until the terminal snapshot is committed (or, without snapshots, the end
@@ -140,14 +144,14 @@ class SnapshotCoordinator:
 
     def _snapshot(self, snapshot_id: int, terminal: bool, started: float) -> bool:
         self.send(["barrier", snapshot_id, terminal])
-        manifests, alignment, schemas = [], {}, []
+        manifests, alignment, schemas, uploading = [], {}, [], set()
         deadline = started + max(60.0, 20 * self.config.snapshot_interval)
         while len(manifests) < self.processors:
             if self.stopped():
                 return False
             self.check()
             try:
-                name, sid, manifest, aligned, fixed = self._acks.get(timeout=0.05)
+                name, sid, manifest, aligned, fixed, uploads = self._acks.get(timeout=0.05)
             except queue.Empty:
                 if time.monotonic() > deadline:
                     raise ExecutionFailedError(
@@ -159,13 +163,16 @@ class SnapshotCoordinator:
                     f"{name} acknowledged snapshot {sid}, expected {snapshot_id}")
             manifests.append(manifest)
             schemas.append(fixed)
+            uploading.update(int(s) for s in uploads)
             if aligned is not None:
                 alignment[name] = aligned
         # processors that disagree on an output's schema: nothing of theirs is committed
         check_agreement(schemas)
         acked = time.monotonic()
+        # durable_tier="async": the uploads the members may run until the next commit keep
+        # their snapshots in the store and the slots (retention), so that a slow one ends
         info = self.store.commit(snapshot_id, self.execution_id, manifests, table=self.table,
-                                 plan=self.plan)
+                                 plan=self.plan, pinned=uploading)
         committed = time.monotonic()
         if self.table is None:
             self.send(["commit", snapshot_id])
@@ -611,7 +618,7 @@ class ExecutionCoordinator:
         self._member(body)
         self.snapshots.ack(body["processor"], int(body["snapshot"]),
                            Manifest.from_json(body["manifest"]), body.get("alignment_s"),
-                           body.get("schemas"))
+                           body.get("schemas"), body.get("uploading"))
         return {}
 
     def _who(self, i: int, pid=None) -> str:

@@ -15,6 +15,19 @@ the copies count, for a restore whose slots are lost, for an export and for an
 ``initial_snapshot`` taken from one. A graceful end (the terminal snapshot) waits for its
 upload, so a finished or stopped job's last snapshot has its durable copy.
 
+**Retention** keeps what the uploads need however long they take: each member's phase-1
+acknowledgement names the snapshots it may upload before its next commit
+(:meth:`~sparkjet.runtime.member.Member.may_upload`: the one uploading, the one waiting,
+those acknowledged whose commit it has not run yet); the driver's commit pins them
+(``SnapshotStore.commit(pinned=...)``), so that neither the store (its folder with the
+partial copy, its commit event) nor the slots (the files it copies from:
+:func:`~sparkjet.runtime.storage.keep_committed`, which also keeps the member's own
+:attr:`DurableUploader.pending`) drop them while the upload runs, besides the last
+``retained_snapshots``. The store and the slots also keep the newest snapshot marked
+durable until a newer one is marked, so a restore that needs a durable copy always has one
+(on a state that takes longer to upload than a snapshot interval, the marked one lags
+behind the newest by the uploads superseded meanwhile).
+
 **Restore** (issue 24 item 4; :func:`async_start`, on the driver once the members joined):
 a restore may fall back only to a durable copy *of the snapshot it restores*. When the
 newest committed snapshot has partitions no joined slot holds and its durable copy is not
@@ -62,6 +75,9 @@ class DurableUploader:
         #: snapshot ids whose upload a newer one took the place of before it began
         self.superseded: list[int] = []
         self.uploaded_bytes = 0
+        #: called on the uploader's thread before each piece it copies, with the snapshot
+        #: id, the file's path and the piece's offset (a test holds an upload there)
+        self.before_piece = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sparkjet-durable-upload",
@@ -124,10 +140,11 @@ class DurableUploader:
             except Exception as e:  # noqa: BLE001 - the copy is incomplete; the job goes on
                 error = f"{type(e).__name__}: {e}"
                 if self._retired(snapshot_id, execution_id):
-                    error = (f"snapshot {snapshot_id} left the retained snapshots while it "
-                             "was uploaded, its files dropped: an upload must end within "
-                             "about retained_snapshots x snapshot_interval; raise "
-                             f"retained_snapshots or snapshot_interval ({error})")
+                    error = (f"snapshot {snapshot_id}'s files left this member's slot "
+                             f"({self.slot.path}) while they were uploaded: retention keeps "
+                             "a snapshot under upload, so they were removed from outside "
+                             "(the slot's folder wiped, or its job data given up) "
+                             f"({error})")
                 _log.warning("the upload of snapshot %d into snapshot_store failed (%s): "
                              "its durable copy is not complete", snapshot_id, error)
                 info = {"snapshot": snapshot_id, "execution": execution_id, "error": error}
@@ -142,7 +159,7 @@ class DurableUploader:
                     self._cv.notify_all()
 
     def _retired(self, snapshot_id: int, execution_id: int) -> bool:
-        """Whether the slot no longer holds the snapshot (dropped at a later commit)."""
+        """Whether the slot no longer holds the snapshot (removed while it was uploaded)."""
         try:
             source = self.slot.replicas(self.link.job_id)
             return not source.exists(source.path(
@@ -171,6 +188,8 @@ class DurableUploader:
             out = store.open_write(target)
             try:
                 for offset in range(0, size, PIECE):
+                    if self.before_piece is not None:
+                        self.before_piece(snapshot_id, f["path"], offset)
                     if self._closed:    # the member ended: nothing written after it
                         raise RuntimeError(f"the upload of snapshot {snapshot_id} was "
                                            "stopped: its member's execution ended")
@@ -236,17 +255,28 @@ def async_start(config, store, start: dict | None, slots: list[str], execution: 
             f"{(' (' + '; '.join(unusable) + ')') if unusable else ''}. Bring those slots "
             f"back and run again, or run with durable_tier=\"sync\" or more backups "
             f"(backup_count)")
+    # the window is every snapshot after the candidate up to the newest: the store may keep
+    # a marked snapshot older than the retained ones, whose commits in between it dropped
+    # (so the rollback does not list them)
+    replayed = sorted(set(replaced) | set(range(candidate + 1, newest + 1)))
     message = (f"{head}; at-least-once restores snapshot {candidate} instead: the output "
-               f"and acknowledgements of snapshot(s) {replaced} are replayed (the replay "
-               f"window, from snapshot {candidate})")
+               f"and acknowledgements of snapshot(s) {_ids(replayed)} are replayed (the "
+               f"replay window, from snapshot {candidate})")
     _log.warning("%s", message, extra={"job": config.name, "execution": execution,
                                        "member": "-"})
     progress({"event": "fallback", "execution": execution, "to": candidate,
               "unusable": [f"snapshot {newest}: {what}; its durable copy was not complete"],
-              "replaced": list(replaced), "replayed": list(replaced), "explicit": False,
+              "replaced": list(replaced), "replayed": replayed, "explicit": False,
               "message": message})
     _, _, handed = handed_start(config, store, candidate)
     return handed
+
+
+def _ids(ids: list[int]) -> str:
+    """``ids`` for a message: a run of consecutive ones as its ends."""
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"{ids[0]}-{ids[-1]}"
+    return str(ids)
 
 
 __all__ = ["DurableUploader", "async_start"]

@@ -503,14 +503,27 @@ class Member:
 
     def ack(self, processor: str, snapshot_id: int, manifest,
             alignment_s: float | None = None, schemas: dict | None = None) -> None:
+        uploading = None
         if self.uploads is not None:        # uploaded once the snapshot is committed
             with self._lock:
                 self._written.setdefault(snapshot_id, []).extend(
                     f for f in manifest.files if f.get("slot") and not f.get("durable"))
+                uploading = self.may_upload(snapshot_id)
         if self.link is not None:
-            self.link.ack(processor, snapshot_id, manifest, alignment_s, schemas)
+            self.link.ack(processor, snapshot_id, manifest, alignment_s, schemas, uploading)
         else:
-            self.coordinator.ack(processor, snapshot_id, manifest, alignment_s, schemas)
+            self.coordinator.ack(processor, snapshot_id, manifest, alignment_s, schemas,
+                                 uploading)
+
+    def may_upload(self, snapshot_id: int) -> list[int]:
+        """durable_tier="async": the older snapshots this member may upload until it runs
+        the commit after ``snapshot_id`` (called with its acknowledgement, under the lock):
+        the one uploading and the one waiting, and the ones acknowledged whose commit it has
+        not run yet (a newer one's submit supersedes them, but one may begin first). The
+        driver's commit of ``snapshot_id`` keeps them (``pinned``), in the store and in the
+        slots, so that an upload slower than retention still ends and gets its mark."""
+        return sorted(set(self.uploads.pending)
+                      | {s for s in self._written if s < snapshot_id})
 
     def command(self, cmd: list) -> None:
         """Runs a coordinator's command: ["barrier", id, terminal], ["commit", id], ["end"],
@@ -526,8 +539,10 @@ class Member:
                 # before any sink commits: a driver that lost its metadata rebuilds it from
                 # the newest copy a slot holds (sparkjet.runtime.persistence), which must
                 # be no older than any output committed
+                # (and, durable_tier="async", what this member may still upload)
                 keep_committed(self.slot, self.config.id, cmd[1], int(cmd[3]["execution"]),
-                               base64.b64decode(cmd[3]["record"]), cmd[2])
+                               base64.b64decode(cmd[3]["record"]), cmd[2],
+                               () if self.uploads is None else self.uploads.pending)
                 if self.uploads is not None:
                     # durable_tier="async": its upload begins after the commit, off the
                     # snapshot's path (a newer one supersedes it while it waits)
@@ -610,10 +625,11 @@ class RemoteLink:
                 m.fail(e)
 
     def ack(self, processor: str, snapshot_id: int, manifest, alignment_s: float | None,
-            schemas: dict | None = None) -> None:
+            schemas: dict | None = None, uploading: list[int] | None = None) -> None:
         self._call("ack", {"member": self.member.index, "processor": processor,
                            "snapshot": snapshot_id, "manifest": manifest.to_json(),
-                           "alignment_s": alignment_s, "schemas": schemas or {}})
+                           "alignment_s": alignment_s, "schemas": schemas or {},
+                           **({"uploading": uploading} if uploading else {})})
 
     def uploaded(self, info: dict) -> None:
         """Tells the coordinator how this member's upload of a committed snapshot ended

@@ -716,20 +716,22 @@ def slot_writer(config: JobConfig, link: SlotWriterLink, snapshot_id: int, execu
 
 
 def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: int,
-                   record: bytes, keep) -> None:
+                   record: bytes, keep, uploading=()) -> None:
     """Phase 2 in a member's slot: a copy of the committed snapshot's record (refused,
     FencedError, if the slot has seen a newer execution than the one that committed it),
     then the record copies and chunk files of the snapshots the store no longer keeps
-    (``keep``: the retained snapshot ids) removed."""
+    (``keep``: the retained snapshot ids, with ``durable_tier="async"`` the pinned and the
+    newest marked ones too) removed, except those of ``uploading`` (the member's uploads
+    under way or waiting, :attr:`~sparkjet.runtime.durable.DurableUploader.pending`)."""
     slot.write_record(job_id, snapshot_id, record, execution=execution)
-    keep = set(keep) | {snapshot_id}
+    keep = set(keep) | set(uploading) | {snapshot_id}
     try:
-        slot.drop_records_before(job_id, min(keep))
+        slot.drop_records_before(job_id, snapshot_id, keep=keep)
         drop_old_snapshots(slot, job_id, snapshot_id, keep)
     except OSError as e:
         # housekeeping of a committed snapshot: what is left is dropped at the next commit,
         # and is no reason to fail (and restart) the execution
-        _log.warning("%s: could not drop snapshots older than %d: %s", slot, min(keep), e)
+        _log.warning("%s: could not drop snapshots older than %d: %s", slot, snapshot_id, e)
 
 
 class DriverStoreFiles:

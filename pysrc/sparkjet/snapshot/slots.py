@@ -371,11 +371,14 @@ class StorageSlot:
                                    f"{job_id:016x}")
         return data
 
-    def drop_records_before(self, job_id: int, snapshot_id: int) -> None:
-        """Removes the record copies older than ``snapshot_id``."""
+    def drop_records_before(self, job_id: int, snapshot_id: int, *, keep=()) -> None:
+        """Removes the record copies older than ``snapshot_id``, except those of ``keep``
+        (snapshot ids retention keeps: with ``durable_tier="async"``, an upload under way or
+        the newest marked snapshot may be older than the retained ones)."""
         self._check_claimed()
+        keep = set(keep)
         for old in self.records(job_id):
-            if old < snapshot_id:
+            if old < snapshot_id and old not in keep:
                 remove_file(self.job_path(job_id, RECORDS, f"{old:020d}"))
 
     def write_table(self, job_id: int, table: bytes) -> None:

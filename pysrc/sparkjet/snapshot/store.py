@@ -34,7 +34,10 @@ without a conditional create keep a check-then-write window, and warn.
 **Retention** (Jet's two alternating data sets, and more): a directory per snapshot and
 execution; the last ``retained`` complete snapshots (2 by default) are kept while the next is
 written, and older ones (with their commit events, and leftovers of failed attempts) are
-removed only after a newer one is complete. Exports are never removed by cleanup. A
+removed only after a newer one is complete. With ``durable_tier="async"`` (members' storage,
+``keep_marked``) retention also keeps the snapshots whose upload may still be under way (the
+``pinned`` ids of the commit: :mod:`sparkjet.runtime.durable`) and the newest snapshot
+marked durable, until a newer one is marked. Exports are never removed by cleanup. A
 snapshot's validation record lists the table versions it uses (``tables``); a commit
 refuses one whose version is missing, and removes the versions that neither a retained
 snapshot nor an export lists. Versions are written only at barriers, and barrier n + 1
@@ -179,14 +182,16 @@ class SnapshotStore:
 
     def __init__(self, uri, job_id: int, *, filesystem=None, durable: bool = True,
                  create: bool = True, name: str | None = None,
-                 retained: int = DEFAULT_RETAINED):
+                 retained: int = DEFAULT_RETAINED, keep_marked: bool = False):
         """``uri``: a local path or URI, or a :class:`~sparkjet.snapshot.backend.StorageBackend`
         (then ``filesystem`` and ``durable`` are the backend's own business).
         ``create=False`` opens the snapshots of a job that has some, to read them:
         nothing is created, and SnapshotNotFoundError says when the store or the job's
         directory is missing. ``name``: the job's name, for messages (without it, the
         name the job's ``JOB.json`` records, else the id). ``retained``: how many complete
-        snapshots a commit keeps (1 to :data:`MAX_RETAINED`)."""
+        snapshots a commit keeps (1 to :data:`MAX_RETAINED`). ``keep_marked``
+        (``durable_tier="async"``): retention also keeps the newest snapshot marked durable
+        (:meth:`mark_durable`) and those a commit pins (their uploads under way)."""
         job_id = check_int("job_id", job_id, min=0, max=2**64 - 1)
         self.retained = check_int("retained", retained, min=1, max=MAX_RETAINED)
         self._backend = (uri if isinstance(uri, StorageBackend)
@@ -200,6 +205,9 @@ class SnapshotStore:
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
         self._durable_marks: set[tuple[str, str]] = set()  # (mark path, record xxh3) read
+        self.keep_marked = keep_marked
+        #: snapshot ids the last commit pinned (uploads under way: kept by retention)
+        self._pinned: frozenset[int] = frozenset()
         #: With the members' storage: ``(slot uuids, path) -> SlotFile`` for a chunk file a
         #: record places in storage slots (the one that wrote it, then its replicas; set by
         #: the member that restores; without it such files are not reachable here: verify()
@@ -425,12 +433,14 @@ class SnapshotStore:
 
     def commit(self, snapshot_id: int, execution_id: int,
                manifests: Iterable[Manifest], *, table: str | None = None,
-               plan: str | None = None) -> SnapshotInfo:
+               plan: str | None = None, pinned: Iterable[int] = ()) -> SnapshotInfo:
         """Makes a snapshot complete (Jet's phase-1 commit point): writes its validation
         record, then the commit event; then removes older snapshots. Refused with
         FencedError if a newer execution was registered (before or during the commit).
         ``table``: the execution's partition table (base64), and ``plan``: the DAG's
-        fingerprint (JSON), kept in a record whose files are in storage slots (format 2)."""
+        fingerprint (JSON), kept in a record whose files are in storage slots (format 2).
+        ``pinned``: snapshot ids retention keeps besides the last ``retained`` until the
+        next commit (``durable_tier="async"``: those whose upload may be under way)."""
         snapshot_id = check_int("snapshot_id", snapshot_id, min=-_MAX_ID - 1, max=_MAX_ID)
         execution_id = check_int("execution_id", execution_id, min=0, max=_MAX_ID)
         directory = self._snapshot_dir(snapshot_id, execution_id)
@@ -494,6 +504,7 @@ class SnapshotStore:
         self._backend.write(self._path(layout.SNAPSHOTS, directory, record_name), [data])
         self._backend.sync_dir(self._path(layout.SNAPSHOTS, directory))
         self.wait_for_cleanup()
+        self._pinned = frozenset(int(s) for s in pinned)
         self._append(CommitEvent(snapshot_id, execution_id, directory, record_name, digest,
                                  record.created), check)
         self._remove_table_versions(tables | self._retained_tables())
@@ -534,9 +545,43 @@ class SnapshotStore:
         return self._info(record)
 
     def _retained(self, events=None) -> list[tuple[int, CommitEvent]]:
-        """The valid commits a commit keeps: the last ``retained``, oldest first."""
+        """The valid commits a commit keeps, oldest first: the last ``retained``; with
+        ``keep_marked`` also those the last commit pinned (uploads under way) and the newest
+        one marked durable (a restore that needs a durable copy always finds one)."""
         valid = self._valid_commits(self._events() if events is None else events)
-        return valid[-self.retained:]
+        kept = valid[-self.retained:]
+        if not self.keep_marked or not kept:
+            return kept
+        extra = {seq for seq, c in valid[:-self.retained] if c.snapshot in self._pinned}
+        for seq, commit in reversed(valid):
+            if self._marked(commit):
+                extra.add(seq)
+                break
+        return [(seq, c) for seq, c in valid if seq in extra or seq >= kept[0][0]]
+
+    def _marked(self, commit: CommitEvent) -> bool:
+        """Whether the snapshot's folder holds the mark of its uploads (naming its
+        record's xxh3: :meth:`mark_durable`)."""
+        return self._read_mark((layout.SNAPSHOTS, commit.record), commit.record_xxh3)
+
+    def _read_mark(self, folder: tuple[str, ...], record_xxh3: str) -> bool:
+        mark = self._path(*folder, layout.DURABLE_MARK)
+        key = (mark, record_xxh3)
+        if key in self._durable_marks:
+            return True
+        # (an outage of the storage raises: it says nothing about the uploads)
+        if not self._backend.exists(mark):
+            return False
+        try:
+            doc = json.loads(bytes(self._backend.read(mark)))
+        except FileNotFoundError:
+            return False    # its folder removed meanwhile
+        except ValueError:
+            return False    # a mark that does not read counts as none
+        if not isinstance(doc, dict) or doc.get("record") != record_xxh3:
+            return False
+        self._durable_marks.add(key)
+        return True
 
     def _retained_tables(self) -> set[str]:
         out: set[str] = set()
@@ -549,14 +594,17 @@ class SnapshotStore:
 
     def _cleanup(self) -> None:
         """Removes snapshot directories other than the retained complete ones and the
-        newest execution's ongoing ones, and commit events before the oldest retained
-        commit (rollback events stay: they are small, and say what was set aside)."""
+        newest execution's ongoing ones, and the commit events of snapshots it
+        does not keep (rollback events stay: they are small, and say what was set aside)."""
         events = self._events()
         kept = self._retained(events)
         if not kept:
             return
-        first_seq = kept[0][0]
-        last = kept[-1][1]
+        kept_seqs = {seq for seq, _ in kept}
+        first_seq, last = kept[0][0], kept[-1][1]
+        # (an async store may keep a snapshot older than the last ``retained``: the valid
+        # commits between it and them go)
+        dropped = {seq for seq, _ in self._valid_commits(events) if seq not in kept_seqs}
         newest = self._newest_execution(events)
         keep = {c.record for _, c in kept}
         for name in self._backend.listdir(self._path(layout.SNAPSHOTS)):
@@ -568,7 +616,7 @@ class SnapshotStore:
             if not ongoing:
                 self._backend.remove_tree(self._path(layout.SNAPSHOTS, name))
         for seq, e in events:
-            if isinstance(e, CommitEvent) and seq < first_seq:
+            if isinstance(e, CommitEvent) and (seq < first_seq or seq in dropped):
                 self._backend.remove(self._path(layout.LOG, layout.log_event(seq)))
         # Temporaries of appends that died before their link; a live one is seconds old.
         for name in self._backend.listdir(self._path(layout.LOG)):
@@ -669,21 +717,8 @@ class SnapshotStore:
                 not f.in_store
                 for v in record.vertices.values() for f in v.files):
             return stored
-        mark = self._path(*stored.dir, layout.DURABLE_MARK)
-        key = (mark, record_xxh3)
-        if key not in self._durable_marks:
-            # (an outage of the storage raises: it says nothing about the uploads)
-            if not self._backend.exists(mark):
-                return stored
-            try:
-                doc = json.loads(bytes(self._backend.read(mark)))
-            except FileNotFoundError:
-                return stored   # its folder removed meanwhile
-            except ValueError:
-                doc = None      # a mark that does not read counts as none
-            if not isinstance(doc, dict) or doc.get("record") != record_xxh3:
-                return stored
-            self._durable_marks.add(key)
+        if not self._read_mark(stored.dir, record_xxh3):
+            return stored
         return _Stored(with_durable_copies(record), stored.dir, stored.file)
 
     def durable_complete(self, snapshot_id: int | None = None, *,
