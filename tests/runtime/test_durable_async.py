@@ -249,6 +249,9 @@ def test_a_lost_slot_and_an_incomplete_async_copy_is_refused_under_exactly_once(
             fallback, = events
             assert fallback["event"] == "fallback" and fallback["to"] == 0
             assert fallback["replayed"] == [1] and "replay window" in fallback["message"]
+            # the start carries it, for the execution's record (JobResult.fallbacks)
+            assert got["fallback"] == {k: fallback[k] for k in
+                                       ("to", "unusable", "replaced", "replayed", "explicit")}
             assert store.latest_complete().snapshot_id == 0     # the rollback is in the log
 
 

@@ -387,6 +387,7 @@ def test_with_the_async_durable_tier_at_least_once_falls_back_reporting_the_repl
         fallback, = [e for e in events if e["event"] == "fallback"]
         assert fallback["to"] == restored == max(marked) and newest in fallback["replayed"]
         assert "replay window" in fallback["message"]
+        assert [f["to"] for f in result.fallbacks] == [restored]   # in the result, too
     out = last_update_per_key(TransactionalFileSink.read(tmp_path / "out"))
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="at-least-once")

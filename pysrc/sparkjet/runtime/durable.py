@@ -215,7 +215,8 @@ def async_start(config, store, start: dict | None, slots: list[str], execution: 
     ``slots`` (their uuids), with ``durable_tier="async"`` (see the module doc): ``start``
     (the join answer's, :func:`~sparkjet.runtime.restore.handed_start`) when every partition
     of its snapshot is reachable (a joined slot, or a complete durable copy); under
-    at-least-once the newest older snapshot that is, after a rollback to it (reported);
+    at-least-once the newest older snapshot that is, after a rollback to it (reported: a
+    ``fallback`` event, and the start's ``fallback``, which ``JobResult.fallbacks`` lists);
     else RecoveryRefusedError."""
     if start is None or start.get("export") is not None or start.get("initial"):
         return start
@@ -264,12 +265,14 @@ def async_start(config, store, start: dict | None, slots: list[str], execution: 
                f"replay window, from snapshot {candidate})")
     _log.warning("%s", message, extra={"job": config.name, "execution": execution,
                                        "member": "-"})
-    progress({"event": "fallback", "execution": execution, "to": candidate,
-              "unusable": [f"snapshot {newest}: {what}; its durable copy was not complete"],
-              "replaced": list(replaced), "replayed": replayed, "explicit": False,
-              "message": message})
+    fallback = {"to": candidate,
+                "unusable": [f"snapshot {newest}: {what}; its durable copy was not complete"],
+                "replaced": list(replaced), "replayed": replayed, "explicit": False}
+    progress({"event": "fallback", "execution": execution, **fallback, "message": message})
     _, _, handed = handed_start(config, store, candidate)
-    return handed
+    # the execution's record keeps it (JobResult.fallbacks), as a fallback the driver
+    # decides before the execution
+    return {**handed, "fallback": fallback}
 
 
 def _ids(ids: list[int]) -> str:

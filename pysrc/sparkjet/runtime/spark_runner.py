@@ -343,6 +343,8 @@ class SparkRunner:
             if coord.start is not start:    # the persistence restart took another snapshot
                 restore_from = outcome["restored_from"] = (
                     None if coord.start is None else coord.start["snapshot"])
+                if coord.start is not None and coord.start.get("fallback"):
+                    outcome["fallback"] = coord.start["fallback"]   # the async tier's
             self.max_members_seen = max(self.max_members_seen, members)
             self.member_pids = dict(coord.pids)
             self.progress({"event": "started", "execution": execution, "members": members,
