@@ -938,3 +938,26 @@ def test_phase_2_drops_the_table_versions_no_retained_snapshot_uses(tmp_path, th
         slots[1].write_record(JOB, sid, store.committed_record(sid)[0])
     keep_committed(slots[1], JOB, 2, 1, store.committed_record(2)[0], [1, 2])
     assert slots[1].table_versions(JOB) == sorted([new.digest, later.digest])
+
+
+def test_a_durable_tier_also_copies_table_versions_into_the_store_read_through_the_driver(
+        tmp_path, three_served):
+    """With a durable tier the version is also written into snapshot_store (the one copy a
+    restore with no slot left, or an export, reads), and the driver's store_read serves
+    a member the store's versions, and no other file outside the snapshot's folder."""
+    import dataclasses
+
+    from sparkjet.runtime.storage import store_read_handler
+
+    slots, clients = three_served
+    tables = _tables_of(tmp_path, slots, clients, 0)
+    tables.member.config = dataclasses.replace(tables.member.config, durable_tier="sync")
+    v = _version(7)
+    tables.write_table_version(v.data, v.digest, snapshot_id=0)
+    store = SnapshotStore(tmp_path / "store", JOB)
+    assert store.read_table_version(v.digest) == bytes(v.data)
+    read = store_read_handler(store, ["snapshots", "000000000000-e000000000001"])
+    path = f"{store._path('tables').split('/')[-2]}/tables/{v.digest}.arrow"
+    assert read({"op": "size", "path": path})["size"] == len(v.data)
+    with pytest.raises(InvalidArgumentError, match="is not a file of the snapshot"):
+        read({"op": "size", "path": path.replace("tables/", "exports/")})

@@ -907,11 +907,12 @@ class SlotTables:
                 stream.abort()
                 raise
         if self._durable():
-            link = self.member.slot_link
-            backend = link._backend
-            path = link._path(layout.TABLES, layout.table_file(digest))
+            backend = self.member.slot_link._backend     # the durable copies' store
+            folder = backend.path(layout.job_dir(self.job_id), layout.TABLES)
+            path = backend.path(layout.job_dir(self.job_id), layout.TABLES,
+                                layout.table_file(digest))
             if not backend.exists(path):
-                backend.makedirs(link._path(layout.TABLES))
+                backend.makedirs(folder)
                 backend.create_exclusive(path, bytes(data))
         self._done[digest] = snapshot_id
 
