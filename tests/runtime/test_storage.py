@@ -904,6 +904,9 @@ def test_a_table_version_goes_to_every_slot_and_restores_from_a_peer_or_the_stor
     store = SnapshotStore(tmp_path / "store", JOB)
     store.write_table_version(v.data, v.digest)
     assert _tables_of(tmp_path, slots, clients, 1).read_table_version(v.digest) == bytes(v.data)
+    # c's own flipped copy is given up for the one read elsewhere
+    assert _tables_of(tmp_path, slots, clients, 2).read_table_version(v.digest) == bytes(v.data)
+    assert slots[2].read_table_version(JOB, v.digest) == bytes(v.data)
 
 
 def test_phase_2_drops_the_table_versions_no_retained_snapshot_uses(tmp_path, three_served):

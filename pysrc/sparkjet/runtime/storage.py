@@ -925,6 +925,8 @@ class SlotTables:
             tried.append(f"slot {self.slot.uuid} (this member's): not held")
         except SnapshotCorruptError as e:
             tried.append(f"slot {self.slot.uuid} (this member's): {e}")
+            _log.warning("%s: %s: removed, read from elsewhere", self.slot, e)
+            self.slot.remove_table_version(self.job_id, digest)
         for uuid, peer in self._peers():
             try:
                 _, pieces = peer.get_file("slot_table", {"slot": uuid, "digest": digest},

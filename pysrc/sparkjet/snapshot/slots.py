@@ -461,6 +461,14 @@ class StorageSlot:
             raise SnapshotCorruptError(path, 0, "table version digest")
         return data
 
+    def remove_table_version(self, job_id: int, digest: str) -> None:
+        """Gives up this slot's copy of table version ``digest`` (one that does not read:
+        a copy read from elsewhere takes its place)."""
+        self._check_claimed()
+        with self._tables_lock:
+            remove_file(self._table_version_path(job_id, digest))
+            remove_file(self._table_version_path(job_id, digest, ".snap"))
+
     def table_versions(self, job_id: int) -> list[str]:
         """The digests of the table versions this slot holds of ``job_id``."""
         return sorted(n[:-6] for n in _listdir(self.job_path(job_id, TABLES))
