@@ -1,7 +1,8 @@
 """Persistence restart without Spark (sparkjet.runtime.persistence): the settings, and what a
 member and the driver do with stale slots (corrupt metadata, data from the future) and at a
 force start, on real slots and a real snapshot store in a temporary folder. The restarts
-themselves run on Spark: tests/spark/test_spark_persistence.py."""
+themselves run on Spark: tests/spark/test_spark_persistence.py (and here, the table join's
+restart from the slots alone)."""
 import json
 import logging
 import os
@@ -653,3 +654,110 @@ def test_a_durable_copy_gone_from_the_store_counts_only_where_a_slot_holds_the_f
                            _reports(config, 2, a, b), events.append)
         assert recovery.report["snapshot"] == 0
         assert recovery.report["durable_missing"] == [f"{durable[1]}: missing"]
+
+
+# -- the table join's versions in the slots, the store's folder lost (issue 24 item 3) ---------
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_a_table_join_restores_from_the_slots_after_the_stores_job_folder_is_lost(
+        spark, tmp_path):
+    """The reference table's versions are kept in every slot, not in snapshot_store: with
+    the job's folder of the store removed after every member and the driver died, the new
+    driver rebuilds its metadata from the slots' record copies and the next execution
+    restores the table join's recorded version from the slots: exactly once. (They were
+    kept only in the store's folder: every restart failed with SnapshotIncompleteError
+    naming the missing version.)"""
+    import shutil
+    import signal
+
+    from sparkjet.errors import JobCancelledError, JobFailedError
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import TransactionalFileSink
+    from sparkjet.sources import GeneratorSource
+    from sparkjet.testing import operators
+
+    source = GeneratorSource(total=300_000, partitions=4, keys=5_000, batch_size=5_000,
+                             rate=150_000)
+    pipeline = operators.build(Pipeline().read_from(source), "enrich").write_to(
+        TransactionalFileSink(tmp_path / "out"))
+    config = JobConfig(name=f"enrich-{tmp_path.name}", storage="members", persistence=True,
+                       storage_dir=str(tmp_path / "slots"), snapshot_store=str(tmp_path / "store"),
+                       snapshot_interval=0.3, local_parallelism=1, members=2, max_restarts=2,
+                       restart_backoff=0.0, validation_timeout=1.0)
+    job, events = Job(pipeline, config), []
+
+    def progress(event):
+        events.append(event)
+        if event["event"] == "snapshot" and event["snapshot"] >= 2 and \
+                not any(e["event"] == "killed" for e in events):
+            for pid in dict(job.member_pids).values():
+                os.kill(pid, signal.SIGKILL)
+            events.append({"event": "killed"})
+            job.cancel()
+
+    with pytest.raises((JobCancelledError, JobFailedError)):
+        job.run(spark, on_progress=progress)
+    assert any(e["event"] == "killed" for e in events), "the job ended before the kill"
+    slot_versions = {p.name for p in (tmp_path / "slots").glob("slot-*/jobs/*/tables/*.arrow")}
+    assert slot_versions, "every slot keeps the table's version"
+    (job_dir,) = (tmp_path / "store").glob("job-*")
+    assert not list(job_dir.glob("tables/*.arrow")), "no table version in snapshot_store"
+    shutil.rmtree(job_dir)
+    seen = []
+    result = Job(pipeline, config).run(spark, on_progress=seen.append)
+    assert [e for e in seen if e["event"] == "metadata_rebuilt"], seen
+    assert result.executions[-1]["restored_from"] is not None, result.executions
+    report, repeated = operators.check("enrich", source,
+                                       TransactionalFileSink.read(tmp_path / "out"))
+    assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+    assert repeated == 0
+
+
+def test_a_table_version_no_slot_present_nor_the_store_holds_is_refused_by_name(tmp_path):
+    """The recovery policy counts the table join's versions as it counts chunks: held by a
+    slot present (each slot keeps every one) or by snapshot_store. None left: refused
+    naming the version (it failed every restart at restore instead)."""
+    import base64
+
+    import pyarrow as pa
+
+    from sparkjet.operators.table_join import TableVersion
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.snapshot.store import SnapshotStore
+
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    a, b = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True), \
+        StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    version = TableVersion.of(pa.table({"key": pa.array(range(9), pa.int64())}))
+    with a, b:
+        store = SnapshotStore(config.snapshot_store, config.id)
+        store.register_execution(1)
+        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            slot.write_table_version(config.id, version.digest, version.data, 0)
+            w = store.writer(0, 1, writer=i, partition_count=7, slot=slot)
+            w.write_table("agg", pa.table({"key": pa.array(range(i * 9, i * 9 + 9),
+                                                           pa.int64())}), key="key")
+            w.use_table_version(version.digest)
+            manifests.append(w.finish())
+        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        store.register_execution(2)
+        recovery = recover(config, store, None, 2, _start(config, store, 0),
+                           _reports(config, 2, a, b), lambda e: None)
+        assert recovery.report["snapshot"] == 0
+        os.remove(a.job_path(config.id, "tables", f"{version.digest}.arrow"))
+        recovery = recover(config, store, None, 2, _start(config, store, 0),
+                           _reports(config, 2, a, b), lambda e: None)
+        assert recovery.report["snapshot"] == 0, "slot b still holds it"
+        os.remove(b.job_path(config.id, "tables", f"{version.digest}.arrow"))
+        with pytest.raises(RecoveryRefusedError, match=f"lacks table version {version.digest}"):
+            recover(config, store, None, 2, _start(config, store, 0), _reports(config, 2, a, b),
+                    lambda e: None)
+        store.write_table_version(version.data, version.digest)   # as older code kept it
+        recovery = recover(config, store, None, 2, _start(config, store, 0),
+                           _reports(config, 2, a, b), lambda e: None)
+        assert recovery.report["snapshot"] == 0

@@ -808,3 +808,159 @@ def test_a_finished_jobs_data_leaves_the_free_slots_of_its_host(tmp_path):
     # the shared store keeps its state in the store: nothing of the slots' is touched
     assert remove_finished(JobConfig(name="done", snapshot_store=str(tmp_path / "s"),
                                      storage_dir=str(root))) == []
+
+
+# -- reference table versions in every slot (issue 24 item 3) ----------------------------------
+
+
+class _TableMember(_Member):
+    """What SlotTables asks of a member: its slots, peers, settings and start."""
+
+    def __init__(self, config, slots, peers, slot):
+        from sparkjet.runtime.storage import SlotWriterLink
+
+        super().__init__(slots, peers)
+        self.config, self.start, self.link = config, None, None
+        self.slot_link, self.durable_copies = SlotWriterLink(config, slot), False
+
+
+@pytest.fixture
+def three_served(tmp_path):
+    """Slots of hosts a, b and c, each behind a real exchange server of execution 1 that
+    serves its table versions (slot_table), and a client of each."""
+    from sparkjet.runtime.storage import slot_table_handlers
+
+    slots = [StorageSlot.claim(tmp_path / f"host-{h}", host=h) for h in "abc"]
+    security = LinkSecurity.generate(1)
+    servers, clients = [], []
+    for slot in slots:
+        slot.fence(JOB, 1)
+        server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+        keep, put, get = slot_table_handlers(slot, JOB)
+        server.on_action("slot_table", keep)
+        server.on_put("slot_table", put)
+        server.on_get("slot_table", get)
+        servers.append(server)
+        clients.append(ExchangeClient(server.location, security=security))
+    yield slots, clients
+    for c in clients:
+        c.close()
+    for s in servers:
+        s.close()
+    for slot in slots:
+        slot.release()
+
+
+def _tables_of(tmp_path, slots, clients, i):
+    """Member ``i``'s SlotTables (its peers: the others' servers)."""
+    from sparkjet.runtime import JobConfig
+    from sparkjet.runtime.storage import SlotTables
+
+    config = JobConfig(name="tables", storage="members", storage_dir=str(tmp_path / "slots"),
+                       snapshot_store=str(tmp_path / "store"))
+    uuids = [s.uuid for s in slots]
+    peers = {j: c for j, c in enumerate(clients) if j != i}
+    return SlotTables(_TableMember(config, uuids, peers, slots[i]), slots[i], JOB)
+
+
+def _version(n=50):
+    from sparkjet.operators.table_join import TableVersion
+
+    return TableVersion.of(pa.table({"key": pa.array(range(n), pa.int64())}))
+
+
+def test_a_table_version_goes_to_every_slot_and_restores_from_a_peer_or_the_store(
+        tmp_path, three_served):
+    """A member keeps each version its processors use in its own slot and every peer's
+    (checked against its digest there), never in snapshot_store; a restore reads its own
+    slot's, else a peer's (kept locally then), else the store's (where slots written before
+    versions were kept in them left it), and names every place when none holds it."""
+    slots, clients = three_served
+    v = _version()
+    _tables_of(tmp_path, slots, clients, 0).write_table_version(v.data, v.digest, snapshot_id=3)
+    for slot in slots:
+        assert slot.read_table_version(JOB, v.digest) == bytes(v.data), slot
+    assert not (tmp_path / "store").exists(), "no table version in snapshot_store"
+    # slot b holds it: read from its own slot, without asking anyone
+    b = _tables_of(tmp_path, slots, clients, 1)
+    assert b.read_table_version(v.digest) == bytes(v.data)
+    # slots a and b lost it: a reads it from c and keeps it
+    for slot in slots[:2]:
+        os.remove(slot.job_path(JOB, "tables", f"{v.digest}.arrow"))
+    a = _tables_of(tmp_path, slots, clients, 0)
+    assert a.read_table_version(v.digest) == bytes(v.data)
+    assert slots[0].read_table_version(JOB, v.digest) == bytes(v.data)
+    # a flipped byte in a peer's copy is never taken
+    os.remove(slots[0].job_path(JOB, "tables", f"{v.digest}.arrow"))
+    c_copy = slots[2].job_path(JOB, "tables", f"{v.digest}.arrow")
+    data = bytearray(open(c_copy, "rb").read())
+    data[-9] ^= 0xFF
+    open(c_copy, "wb").write(bytes(data))
+    with pytest.raises(SnapshotIncompleteError) as e:
+        _tables_of(tmp_path, slots, clients, 0).read_table_version(v.digest)
+    assert f"table version {v.digest}" in str(e.value) and slots[2].uuid in str(e.value)
+    assert "snapshot_store" in str(e.value)
+    # slots that hold no versions (written by older code): the store's copy is read
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.write_table_version(v.data, v.digest)
+    assert _tables_of(tmp_path, slots, clients, 1).read_table_version(v.digest) == bytes(v.data)
+    # c's own flipped copy is given up for the one read elsewhere
+    assert _tables_of(tmp_path, slots, clients, 2).read_table_version(v.digest) == bytes(v.data)
+    assert slots[2].read_table_version(JOB, v.digest) == bytes(v.data)
+
+
+def test_phase_2_drops_the_table_versions_no_retained_snapshot_uses(tmp_path, three_served):
+    """The store's rule in each slot: a version stays while a retained snapshot uses it, or
+    while a barrier after the committed snapshot stored it (that snapshot is not committed
+    yet: phase 2 of the one before may run after a peer's barrier wrote it)."""
+    from sparkjet.runtime.storage import keep_committed
+
+    slots, clients = three_served
+    a = slots[0]
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    old, new, later = _version(10), _version(20), _version(30)
+    tables = _tables_of(tmp_path, slots, clients, 0)
+    for sid, v in enumerate([old, new, new]):
+        tables.write_table_version(v.data, v.digest, snapshot_id=sid)
+        w = store.writer(sid, 1, writer=0, partition_count=7, slot=a)
+        w.write_table("agg", _state(10, 0), key="key")
+        w.use_table_version(v.digest)
+        store.commit(sid, 1, [w.finish()], table="dGFibGU=")
+        if sid == 2:    # a barrier of snapshot 3 stored another version before phase 2 of 2
+            tables.write_table_version(later.data, later.digest, snapshot_id=3)
+        keep_committed(a, JOB, sid, 1, store.committed_record(sid)[0],
+                       [c.snapshot for _, c in store._retained()])
+    assert a.table_versions(JOB) == sorted([new.digest, later.digest])
+    # the peers' slots were told which snapshot uses them too
+    assert slots[1].table_versions(JOB) == sorted([old.digest, new.digest, later.digest])
+    keep_committed(slots[1], JOB, 2, 1, store.committed_record(2)[0], [1, 2])
+    assert slots[1].table_versions(JOB) == sorted([old.digest, new.digest, later.digest]), \
+        "a slot without the retained snapshots' record copies removes nothing"
+    for sid in (1, 2):
+        slots[1].write_record(JOB, sid, store.committed_record(sid)[0])
+    keep_committed(slots[1], JOB, 2, 1, store.committed_record(2)[0], [1, 2])
+    assert slots[1].table_versions(JOB) == sorted([new.digest, later.digest])
+
+
+def test_a_durable_tier_also_copies_table_versions_into_the_store_read_through_the_driver(
+        tmp_path, three_served):
+    """With a durable tier the version is also written into snapshot_store (the one copy a
+    restore with no slot left, or an export, reads), and the driver's store_read serves
+    a member the store's versions, and no other file outside the snapshot's folder."""
+    import dataclasses
+
+    from sparkjet.runtime.storage import store_read_handler
+
+    slots, clients = three_served
+    tables = _tables_of(tmp_path, slots, clients, 0)
+    tables.member.config = dataclasses.replace(tables.member.config, durable_tier="sync")
+    v = _version(7)
+    tables.write_table_version(v.data, v.digest, snapshot_id=0)
+    store = SnapshotStore(tmp_path / "store", JOB)
+    assert store.read_table_version(v.digest) == bytes(v.data)
+    read = store_read_handler(store, ["snapshots", "000000000000-e000000000001"])
+    path = f"{store._path('tables').split('/')[-2]}/tables/{v.digest}.arrow"
+    assert read({"op": "size", "path": path})["size"] == len(v.data)
+    with pytest.raises(InvalidArgumentError, match="is not a file of the snapshot"):
+        read({"op": "size", "path": path.replace("tables/", "exports/")})

@@ -7,9 +7,11 @@ The join is stateless per event, so it is fused into the vertex before it, like 
 and ``map_batches``; every processor holds the whole table (the broadcast side). A table
 is loaded as a **version**, named by the xxh3-128 of its Arrow IPC bytes. The version a
 processor uses changes only at a snapshot barrier: there (with ``reload_every``, once that
-many seconds have passed since its load) the processor reloads, stores the version in the
-snapshot store (``job-J/tables/DIGEST.arrow``, content-addressed, written whole or not at
-all) and records in the snapshot the version it uses *after* the barrier. A restart
+many seconds have passed since its load) the processor reloads, stores the version
+(content-addressed, written whole or not at all: with ``storage="shared"`` in the snapshot
+store, ``job-J/tables/DIGEST.arrow``; with ``storage="members"`` in every member's storage
+slot, like broadcast state, :class:`sparkjet.runtime.storage.SlotTables`) and records in
+the snapshot the version it uses *after* the barrier. A restart
 restores the recorded version, whatever the table's source holds by then, so the replayed
 events meet the table they met before the failure.
 
@@ -426,8 +428,9 @@ def _one_array(column: pa.ChunkedArray) -> pa.Array:
 class TableVersions:
     """The table versions of one member's processors: loads shared by the processors that
     ask for the same moment (the start, or snapshot ``n``), versions shared by digest, and
-    each one stored durably once before a snapshot records it (``store``: the job's
-    :class:`~sparkjet.snapshot.store.SnapshotStore`, None without snapshots)."""
+    each one stored durably before a snapshot records it (``store``: the job's
+    :class:`~sparkjet.snapshot.store.SnapshotStore`, or with the members' storage a
+    :class:`~sparkjet.runtime.storage.SlotTables`; None without snapshots)."""
 
     def __init__(self, store=None):
         self.store = store
@@ -448,7 +451,8 @@ class TableVersions:
             return version, loaded_at
 
     def restored(self, digest: str) -> TableVersion:
-        """The version ``digest``, read from the snapshot store."""
+        """The version ``digest``, read from where versions are stored (checked against
+        its digest)."""
         with self._lock:
             version = self._versions.get(digest)
             if version is None:
@@ -456,12 +460,13 @@ class TableVersions:
                 self._versions[digest] = version
             return version
 
-    def store_version(self, version: TableVersion) -> None:
-        """Makes ``version`` durable in the snapshot store (before a snapshot records it).
-        Asked each time (a no-op when the file is there): a commit removes the versions no
+    def store_version(self, version: TableVersion, snapshot_id: int | None = None) -> None:
+        """Makes ``version`` durable (before snapshot ``snapshot_id`` records it). Asked
+        each time (a no-op when the file is there): a commit removes the versions no
         retained snapshot uses, and a table may come back to an earlier content."""
         with self._lock:
-            self.store.write_table_version(version.data, version.digest)
+            self.store.write_table_version(version.data, version.digest,
+                                           snapshot_id=snapshot_id)
 
 
 @dataclass
@@ -510,7 +515,7 @@ class TableJoiner:
             version.index(self.stage)
             self.version = version
             self._loaded(loaded_at)
-        self.versions.store_version(self.version)
+        self.versions.store_version(self.version, snapshot_id)
         return {"version": self.version.digest, "loaded_at": self.loaded_at}
 
     def _due(self) -> bool:

@@ -59,6 +59,7 @@ from sparkjet.runtime.snapshotting import (
 )
 from sparkjet.runtime.storage import (
     DriverStoreFiles,
+    SlotTables,
     SlotWriterLink,
     check_reachable,
     keep_committed,
@@ -112,11 +113,12 @@ class Member:
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
         # With the members' storage only the driver opens the store (the join answer, the
-        # slots and the phase-2 record copies stand in for its log), except for the table
-        # versions of table joins, which are still kept there.
-        self.store = open_store(config) if self.snapshots_on and (
-            slot is None or dag.table_joins) else None
-        self.table_versions = TableVersions(self.store)
+        # slots and the phase-2 record copies stand in for its log); the table versions of
+        # table joins are kept in every slot (and durable copies written into the store).
+        self.store = open_store(config) if self.snapshots_on and slot is None else None
+        self.table_versions = TableVersions(
+            SlotTables(self, slot, config.id) if self.snapshots_on and slot is not None
+            else self.store)
         self.topology = t = topology or Topology(1, config.local_parallelism, dag,
                                                  config.partition_count)
         self.index = index

@@ -20,7 +20,8 @@ Hazelcast's settings (``JobConfig``):
    lacks (phase 2 did not reach it) counts by its size, checked as the restore reads it.
 3. **Policy** (``cluster_data_recovery_policy``, :func:`recover`, on the driver once every
    member joined): every file of a snapshot must be held by a slot present, verified (or
-   have a durable copy). ``FULL_RECOVERY_ONLY`` restores the newest committed snapshot or
+   have a durable copy), and every reference table version it uses by one slot present
+   (each slot keeps them all) or by ``snapshot_store``. ``FULL_RECOVERY_ONLY`` restores the newest committed snapshot or
    refuses (:class:`~sparkjet.errors.RecoveryRefusedError` naming the vertices,
    partitions, slots and hosts missing and what to do). ``PARTIAL_RECOVERY_MOST_RECENT``
    takes the newest snapshot complete over the slots present;
@@ -43,7 +44,7 @@ record copies (the job's folder of the store was lost), the driver commits the c
 newest execution (then of its newest snapshot) a slot holds whose execution the slot has
 seen, says so loudly (a warning and a ``metadata_rebuilt`` event), registers an execution as
 new as any the slots have seen and ends the current execution, so that the next one (newer
-than every slot's fence) restores it. Under exactly-once it refuses
+than every slot's fence) restores it, the table join's versions from the slots too. Under exactly-once it refuses
 (:class:`~sparkjet.errors.RecoveryRefusedError` naming the slots, hosts and partitions)
 while a slot of that record's partition table has not joined: it may hold a newer copy.
 
@@ -244,7 +245,8 @@ def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: in
     """The slot's join report (:meth:`~sparkjet.snapshot.slots.StorageSlot.join_report`);
     with persistence also ``seen`` (the newest execution the slot had seen before this
     one), ``held`` (the chunk files it holds, by snapshot folder, with their sizes),
-    ``loaded`` (per record copy: the files verified against its checksums, those that
+    ``tables`` (the digests of the reference table versions it holds), ``loaded`` (per
+    record copy: the files verified against its checksums, those that
     failed and why, those not verified within ``data_load_timeout``), ``removed`` (corrupt
     data given up) and, when the slot has seen this execution or a newer one (the driver's
     log is behind the slots: lost), ``record``: its newest record copy (base64).
@@ -256,6 +258,7 @@ def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: in
     job = config.id
     seen = notes.get("seen")
     report.update(seen=seen, removed=notes.get("removed") or [], held=_held(slot, job),
+                  tables=slot.table_versions(job),
                   loaded=_load(config, slot, time.monotonic() + config.data_load_timeout)
                   if verify else {})
     if seen is not None and seen >= execution and report["records"]:
@@ -533,6 +536,8 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
     gone = _durable_gone(store, records)
     missing = {sid: _missing(rec, present, gone) for sid, rec in records.items()}
     for sid, rec in records.items():
+        missing[sid].update(_missing_tables(store, rec, present))
+    for sid, rec in records.items():
         for uuid in present:
             if _holds_whole(rec, uuid, present[uuid]):
                 slots[uuid]["holds"].append(sid)
@@ -662,6 +667,20 @@ def _missing(rec: meta.ValidationRecord, present: dict,
     return out
 
 
+def _missing_tables(store, rec: meta.ValidationRecord, present: dict) -> dict:
+    """``{"table version DIGEST": ({-1}, the record's slots)}`` for each reference table
+    version ``rec`` uses that no slot present holds (their reports' ``tables``: every slot
+    keeps each one) and ``snapshot_store`` has no copy of (a durable copy, or one that
+    slots written before versions were kept in them left there)."""
+    out: dict[str, tuple[set, set]] = {}
+    held = {d for r in present.values() for d in r.get("tables") or ()}
+    for digest in rec.tables:
+        if digest in held or store._backend.exists(store._table_path(digest)):
+            continue
+        out[f"table version {digest}"] = ({-1}, set(_hosts(rec)))
+    return out
+
+
 def _holds_whole(rec: meta.ValidationRecord, uuid: str, r: dict) -> bool:
     """Whether the slot holds its share of ``rec``: some verified chunks of every file that
     names it."""
@@ -692,6 +711,7 @@ def _largest_group(present: dict):
 
 def _where(missing: dict) -> str:
     return "; ".join(f"{vertex}: partitions {partition_ranges(parts)}" if parts != {-1}
+                     else vertex if vertex.startswith("table version ")
                      else f"{vertex}: broadcast state"
                      for vertex, (parts, _) in sorted(missing.items()))
 

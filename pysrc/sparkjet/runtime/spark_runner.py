@@ -470,7 +470,12 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         from sparkjet.runtime.observability import log_to
         from sparkjet.runtime.persistence import after_join, claim, join_report, reclaim
         from sparkjet.runtime.resync import MerkleHolder
-        from sparkjet.runtime.storage import decode_table, slot_read_handler, slot_write_handler
+        from sparkjet.runtime.storage import (
+            decode_table,
+            slot_read_handler,
+            slot_table_handlers,
+            slot_write_handler,
+        )
 
         for _ in batches:  # one row per task; nothing to read
             pass
@@ -525,6 +530,11 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             if slot is not None:    # peers read, and back up into, this member's slot
                 server.on_get("slot_read", slot_read_handler(held, config.id))
                 server.on_put("slot_write", slot_write_handler(held, config.id))
+                # the reference table versions every slot keeps (table joins)
+                keep, put, get = slot_table_handlers(held, config.id)
+                server.on_action("slot_table", keep)
+                server.on_put("slot_table", put)
+                server.on_get("slot_table", get)
                 # and sync a stale replica of theirs from it by Merkle trees
                 MerkleHolder(held, config.id).register(server)
             try:

@@ -22,6 +22,16 @@ from a member whose slot holds it over a ``slot_read`` file stream (``DoGet`` of
 it reads), the writer's slot first; a copy refuses a range it does not hold. Both
 streams are fenced by the execution and authenticated like every call on the members'
 links (:mod:`sparkjet.runtime.exchange`).
+
+The versions of a job's reference tables (:mod:`sparkjet.operators.table_join`) are broadcast
+state too: at each barrier a member keeps each version its processors use in its own slot
+and in every other slot of the execution (:class:`SlotTables`: a ``slot_table`` action that
+marks it used by the barrier's snapshot, and a ``slot_table`` file stream when that slot
+lacks it), and also in ``snapshot_store`` when the snapshot has a durable copy. A restore
+reads a version from its own slot, else a peer's, else ``snapshot_store`` (a durable copy,
+or where slots written before versions were kept in them left it), each checked against
+its digest; phase 2 removes from a slot the versions no retained snapshot uses
+(:func:`keep_committed`).
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ import json
 import logging
 import os
 
+import msgspec
 import xxhash
 
 from sparkjet.errors import (
@@ -47,6 +58,7 @@ from sparkjet.runtime.config import JobConfig
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.backend import open_backend
 from sparkjet.snapshot.chunks import DEFAULT_CHUNK_SIZE, HEADER_SIZE
+from sparkjet.snapshot.layout import content_digest
 from sparkjet.snapshot.reading import partition_holders
 from sparkjet.snapshot.slots import JOBS, REPLICAS, SLOT_PREFIX, StorageSlot, host_id
 from sparkjet.snapshot.writer import SnapshotWriter
@@ -722,12 +734,14 @@ def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: 
     then the record copies and chunk files of the snapshots the store no longer keeps
     (``keep``: the retained snapshot ids, with ``durable_tier="async"`` the pinned and the
     newest marked ones too) removed, except those of ``uploading`` (the member's uploads
-    under way or waiting, :attr:`~sparkjet.runtime.durable.DurableUploader.pending`)."""
+    under way or waiting, :attr:`~sparkjet.runtime.durable.DurableUploader.pending`), and
+    the table versions none of those kept uses (:func:`drop_table_versions`)."""
     slot.write_record(job_id, snapshot_id, record, execution=execution)
     keep = set(keep) | set(uploading) | {snapshot_id}
     try:
         slot.drop_records_before(job_id, snapshot_id, keep=keep)
         drop_old_snapshots(slot, job_id, snapshot_id, keep)
+        drop_table_versions(slot, job_id, snapshot_id, keep)
     except OSError as e:
         # housekeeping of a committed snapshot: what is left is dropped at the next commit,
         # and is no reason to fail (and restart) the execution
@@ -779,16 +793,18 @@ class DriverStoreFiles:
 def store_read_handler(store, directory):
     """The driver's ``store_read`` action (members' storage): ``{op: list|size|read, path,
     offset, length}`` on the files of ``store`` under ``directory`` (the folder of the
-    snapshot or export the execution starts from) and nothing else; what
-    :class:`DriverStoreFiles` calls."""
+    snapshot or export the execution starts from) and its table versions
+    (``tables/DIGEST.arrow``), and nothing else; what :class:`DriverStoreFiles` calls."""
     prefix = [layout.job_dir(store.job_id), *directory]
     backend = store._backend
 
     def handle(body: dict) -> dict:
         path = str(body.get("path"))
         parts = path.split("/")
-        if (parts[:len(prefix)] != prefix or len(parts) > len(prefix) + 2
-                or any(p in ("", ".", "..") or os.sep in p for p in parts)):
+        table = (len(parts) == 3 and parts[:2] == [prefix[0], layout.TABLES]
+                 and parts[2].endswith(".arrow") and layout.is_table_digest(parts[2][:-6]))
+        if not table and (parts[:len(prefix)] != prefix or len(parts) > len(prefix) + 2
+                          or any(p in ("", ".", "..") or os.sep in p for p in parts)):
             raise InvalidArgumentError(f"store_read: {path!r} is not a file of the snapshot "
                                        f"this execution starts from")
         real = backend.path(*parts)
@@ -806,6 +822,212 @@ def store_read_handler(store, directory):
     return handle
 
 
+class _RecordTables(msgspec.Struct):
+    """The one field of a validation record that phase 2 reads: its table versions."""
+
+    tables: list[str] = msgspec.field(default_factory=list)
+
+
+def drop_table_versions(slot: StorageSlot, job_id: int, committed: int, keep) -> list[str]:
+    """The store's rule for its table versions (:meth:`SnapshotStore._remove_table_versions`)
+    in a slot at phase 2 of snapshot ``committed``: removes the versions that no retained
+    snapshot (``keep``: their ids, whose record copies the slot holds) uses, except those a
+    barrier after ``committed`` stored (its snapshot is not committed yet). Exports are in
+    ``snapshot_store``, with their versions: a slot keeps none for them. Nothing is removed
+    while a retained snapshot's record copy is missing or does not read (which versions it
+    uses is not known). Returns the digests removed."""
+    used: set[str] = set()
+    held = set(slot.records(job_id))
+    for sid in keep:
+        if sid not in held:
+            return []
+        try:
+            used.update(msgspec.json.decode(slot.read_record(job_id, sid),
+                                            type=_RecordTables).tables)
+        except (msgspec.DecodeError, StorageSlotError):
+            return []
+    return slot.drop_table_versions(job_id, used, committed)
+
+
+#: The most bytes a ``slot_table`` file stream's piece carries.
+TABLE_PIECE = READ_PIECE
+
+
+class SlotTables:
+    """Where a member of the members' storage keeps the reference table versions its
+    processors use (:class:`~sparkjet.operators.table_join.TableVersions`' ``store``): its
+    own slot and every other slot of the execution (broadcast state), never
+    ``snapshot_store`` except for a durable copy (``durable_tier``, or a stop exporting
+    its terminal snapshot).
+
+    :meth:`write_table_version` at each barrier (once per version and snapshot): the
+    version into the member's slot, then to each peer's slot a ``slot_table`` action
+    (``{slot, digest, snapshot}``: marks it used by that snapshot, answers whether the
+    slot holds it) and, when it does not, a ``slot_table`` file stream of its bytes, which
+    the peer checks against the digest before it keeps them. :meth:`read_table_version` at
+    restore: the member's slot, else each peer's (a ``slot_table`` file stream), else
+    ``snapshot_store`` (through the driver), checked against the digest; a version read
+    elsewhere is kept in the member's slot too."""
+
+    def __init__(self, member, slot: StorageSlot, job_id: int):
+        self.member = member
+        self.slot = slot
+        self.job_id = job_id
+        self._done: dict[str, int | None] = {}    # digest -> the snapshot it was kept for
+
+    def _peers(self):
+        """(slot uuid, client) of every other member of the execution."""
+        slots = self.member.topology.slots or []
+        return [(uuid, self.member.peers[i]) for i, uuid in enumerate(slots)
+                if uuid != self.slot.uuid and i in self.member.peers]
+
+    def _durable(self) -> bool:
+        config = self.member.config
+        return config.durable_tier != "none" or bool(getattr(self.member, "durable_copies",
+                                                             False))
+
+    def write_table_version(self, data, digest: str, snapshot_id: int | None = None) -> None:
+        if content_digest(data) != digest:
+            raise InvalidArgumentError(f"table version {digest}: the bytes have another digest")
+        if digest in self._done and self._done[digest] == snapshot_id:
+            return          # another processor of this member kept it for this snapshot
+        sid = -1 if snapshot_id is None else snapshot_id
+        self.slot.write_table_version(self.job_id, digest, data, sid)
+        for uuid, peer in self._peers():
+            body = {"slot": uuid, "digest": digest, "snapshot": sid}
+            if peer.action("slot_table", body)["held"]:
+                continue
+            size = len(data)
+            stream = peer.put_file("slot_table", {**body, "size": size},
+                                   timeout=_deadline(peer, size))
+            try:
+                view = memoryview(data)
+                for at in range(0, size, TABLE_PIECE):
+                    stream.write(view[at:at + TABLE_PIECE])
+                stream.finish({"size": size, "digest": digest})
+            except BaseException:
+                stream.abort()
+                raise
+        if self._durable():
+            backend = self.member.slot_link._backend     # the durable copies' store
+            folder = backend.path(layout.job_dir(self.job_id), layout.TABLES)
+            path = backend.path(layout.job_dir(self.job_id), layout.TABLES,
+                                layout.table_file(digest))
+            if not backend.exists(path):
+                backend.makedirs(folder)
+                backend.create_exclusive(path, bytes(data))
+        self._done[digest] = snapshot_id
+
+    def read_table_version(self, digest: str):
+        tried = []
+        try:
+            data = self.slot.read_table_version(self.job_id, digest)
+            if data is not None:
+                return data
+            tried.append(f"slot {self.slot.uuid} (this member's): not held")
+        except SnapshotCorruptError as e:
+            tried.append(f"slot {self.slot.uuid} (this member's): {e}")
+            _log.warning("%s: %s: removed, read from elsewhere", self.slot, e)
+            self.slot.remove_table_version(self.job_id, digest)
+        for uuid, peer in self._peers():
+            try:
+                _, pieces = peer.get_file("slot_table", {"slot": uuid, "digest": digest},
+                                          timeout=peer.action_timeout)
+                data = b"".join(bytes(memoryview(p).cast("B")) for p in pieces)
+            except Exception as e:  # noqa: BLE001 - the next place is tried, each one named
+                tried.append(f"slot {uuid}: {type(e).__name__}: {e}")
+                continue
+            if content_digest(data) == digest:
+                return self._keep(digest, data)
+            tried.append(f"slot {uuid}: its bytes have another digest")
+        start = self.member.start or {}
+        job = int(start.get("job", self.job_id))
+        path = "/".join((layout.job_dir(job), layout.TABLES, layout.table_file(digest)))
+        try:
+            if self.member.link is not None:
+                files = DriverStoreFiles(self.member.link.client)
+            else:
+                files = open_backend(self.member.config.snapshot_store)
+                path = files.path(*path.split("/"))
+            size = files.size(path)
+            data = bytes(files.range_reader(path)(0, size)) if size else b""
+        except Exception as e:  # noqa: BLE001 - named in the error below
+            tried.append(f"snapshot_store {path}: {type(e).__name__}: {e}")
+        else:
+            if content_digest(data) == digest:
+                return self._keep(digest, data)
+            tried.append(f"snapshot_store {path}: its bytes have another digest")
+        raise SnapshotIncompleteError(
+            f"table version {digest}, which the snapshot records, is in no slot of this "
+            f"execution nor in snapshot_store ({'; '.join(tried)}): the table join's state "
+            f"cannot be restored. Run the job where those slots are, or start it again from "
+            f"an export")
+
+    def _keep(self, digest: str, data: bytes) -> bytes:
+        try:
+            self.slot.write_table_version(self.job_id, digest, data)
+        except (OSError, StorageSlotError) as e:   # a cache: the restore goes on
+            _log.warning("%s: could not keep table version %s: %s", self.slot, digest, e)
+        return data
+
+
+def slot_table_handlers(slot: StorageSlot, job_id: int):
+    """The ``slot_table`` action, file stream in (``on_put``) and out (``on_get``) of a
+    member's exchange server: what :class:`SlotTables` of its peers call. The action
+    ``{slot, digest, snapshot}`` marks the version used by that snapshot and answers
+    ``{held}``; the stream in ``{slot, digest, snapshot, size}`` keeps the bytes once they
+    match the digest and the writer's trailer (``{size, digest}``); the stream out
+    ``{slot, digest}`` sends the version's bytes (refused when the slot does not hold
+    it)."""
+    def check(body: dict) -> str:
+        if body.get("slot") != slot.uuid:
+            raise InvalidArgumentError(f"this member holds slot {slot.uuid}, not "
+                                       f"{body.get('slot')!r}")
+        digest = body.get("digest")
+        if not layout.is_table_digest(digest):
+            raise InvalidArgumentError(f"slot_table: {digest!r} is not a table version")
+        return digest
+
+    def snapshot_of(body: dict) -> int:
+        sid = body.get("snapshot")
+        if type(sid) is not int:
+            raise InvalidArgumentError(f"slot_table: snapshot {sid!r} is not an id")
+        return sid
+
+    def keep(body: dict) -> dict:
+        digest = check(body)
+        return {"held": slot.keep_table_version(job_id, digest, snapshot_of(body))}
+
+    def put(body: dict, stream) -> dict:
+        digest = check(body)
+        sid = snapshot_of(body)
+        size = body.get("size")
+        data = bytearray()
+        for piece in stream:
+            data += memoryview(piece).cast("B")
+            if type(size) is int and len(data) > size:
+                break
+        trailer = stream.trailer
+        if trailer is None or trailer.get("size") != size or len(data) != size or \
+                trailer.get("digest") != digest or content_digest(data) != digest:
+            raise SnapshotIncompleteError(
+                f"slot {slot.uuid}: the copy of table version {digest} has {len(data)} bytes "
+                f"of digest {content_digest(data)}, the writer's "
+                f"{None if trailer is None else trailer.get('size')} bytes of "
+                f"{None if trailer is None else trailer.get('digest')}: not kept")
+        slot.write_table_version(job_id, digest, bytes(data), sid)
+        return {"bytes": len(data)}
+
+    def get(body: dict):
+        digest = check(body)
+        data = slot.read_table_version(job_id, digest)
+        if data is None:
+            raise SnapshotIncompleteError(f"slot {slot.uuid} holds no table version {digest}")
+        return {"size": len(data)}, (data[at:at + TABLE_PIECE]
+                                     for at in range(0, len(data), TABLE_PIECE))
+    return keep, put, get
+
+
 def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> None:
     """Removes the snapshot folders of ``slot`` that the store no longer keeps: those of
     snapshots up to ``committed`` (just committed) that are not in ``keep`` (the retained
@@ -820,7 +1042,8 @@ def drop_old_snapshots(slot: StorageSlot, job_id: int, committed: int, keep) -> 
 
 __all__ = ["RANGES_SUFFIX", "DriverStoreFiles", "SlotWriterLink", "backup_ranges",
            "check_reachable", "claim_slot", "decode_table", "describe_unreachable",
-           "drop_old_snapshots",
+           "drop_old_snapshots", "drop_table_versions",
            "encode_table", "held_ranges", "keep_committed", "partition_ranges", "replicator",
-           "resynced_copy", "slot_files", "slot_read_handler", "slot_write_handler",
+           "resynced_copy", "SlotTables", "slot_files", "slot_read_handler",
+           "slot_table_handlers", "slot_write_handler",
            "slot_writer", "store_read_handler", "table_for", "unreachable"]

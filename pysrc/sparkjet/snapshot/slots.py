@@ -12,8 +12,11 @@ host, so a task cannot own storage; a *slot* can. A slot is a folder under a hos
         MEMBER.json     {"format", "uuid", "host", "created"}: whose slot this is
         jobs/job-<id>/  one job's data: FENCE (the newest execution seen), records/ (copies
                         of committed snapshot records), TABLE.json (its last partition table),
-                        replicas/ (the chunk files this slot holds) and LOG (which log of the
-                        job's snapshot store all that belongs to)
+                        replicas/ (the chunk files this slot holds), tables/ (the versions
+                        of the job's reference tables its snapshots use: DIGEST.arrow, named
+                        by the xxh3-128 of its Arrow IPC bytes, and DIGEST.snap, the newest
+                        snapshot id it was stored for) and LOG (which log of the job's
+                        snapshot store all that belongs to)
       .new-<uuid>/      a slot being made: locked and named before it is renamed to
                         slot-<uuid> (a slot- folder without MEMBER.json is a dead creator's)
 
@@ -36,13 +39,15 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
 
 from sparkjet._fs import storage_error
-from sparkjet.errors import FencedError, StorageSlotError
+from sparkjet.errors import FencedError, SnapshotCorruptError, StorageSlotError
 from sparkjet.snapshot.backend import FileSystemBackend
+from sparkjet.snapshot.layout import content_digest, is_table_digest
 from sparkjet.snapshot.layout import job_dir as job_folder
 
 _log = logging.getLogger(__name__)
@@ -59,6 +64,8 @@ FENCE = "FENCE"
 RECORDS = "records"
 TABLE = "TABLE.json"
 REPLICAS = "replicas"
+#: the reference table versions (``sparkjet.operators.table_join``) of the job in a slot
+TABLES = "tables"
 #: which log of the job's snapshot store the job's data in the slot belongs to
 LOG_OF = "LOG"
 
@@ -114,6 +121,8 @@ class StorageSlot:
         #: the zombies this claim fenced to take the slot: {"pid", "job", "execution", "path"}
         self.fenced: list[dict] = []
         self.backend = FileSystemBackend(path, durable=durable)
+        # a peer's barrier may store a table version while phase 2 drops the unused ones
+        self._tables_lock = threading.Lock()
 
     @property
     def uuid(self) -> str:
@@ -396,6 +405,94 @@ class StorageSlot:
         self._check_claimed()
         folder = self._job_dir(job_id, REPLICAS)
         return FileSystemBackend(folder, durable=self.durable)
+
+    # -- reference table versions (every slot holds each one a snapshot uses) ----------
+
+    def _table_version_path(self, job_id: int, digest: str, suffix: str = ".arrow") -> str:
+        if not is_table_digest(digest):
+            raise StorageSlotError(f"{self}: a table version is 32 hex digits, not {digest!r}")
+        return self.job_path(job_id, TABLES, f"{digest}{suffix}")
+
+    def write_table_version(self, job_id: int, digest: str, data,
+                            snapshot_id: int | None = None) -> None:
+        """Keeps the table version ``digest`` (Arrow IPC bytes, checked against their name;
+        written whole, once) and records that snapshot ``snapshot_id`` uses it
+        (:meth:`keep_table_version`)."""
+        self._check_claimed()
+        if content_digest(data) != digest:
+            raise StorageSlotError(f"{self}: table version {digest}: the bytes have another "
+                                   "digest")
+        path = self._table_version_path(job_id, digest)
+        with self._tables_lock:
+            if not os.path.exists(path):
+                _write_atomic(self._job_dir(job_id, TABLES), os.path.basename(path),
+                              bytes(data), self.durable)
+            if snapshot_id is not None:
+                self._keep_table_version(job_id, digest, snapshot_id)
+
+    def keep_table_version(self, job_id: int, digest: str, snapshot_id: int) -> bool:
+        """Records that snapshot ``snapshot_id`` (its barrier, before its commit) uses the
+        table version ``digest``, so that phase 2 of an older snapshot does not remove it
+        (:meth:`drop_table_versions`); False when the slot does not hold it."""
+        self._check_claimed()
+        with self._tables_lock:
+            return self._keep_table_version(job_id, digest, snapshot_id)
+
+    def _keep_table_version(self, job_id: int, digest: str, snapshot_id: int) -> bool:
+        if not os.path.exists(self._table_version_path(job_id, digest)):
+            return False
+        mark = self._table_version_path(job_id, digest, ".snap")
+        if self._table_mark(mark) < snapshot_id:
+            _write_atomic(os.path.dirname(mark), os.path.basename(mark),
+                          str(snapshot_id).encode(), self.durable)
+        return True
+
+    @staticmethod
+    def _table_mark(path: str) -> int:
+        text = _read(path)
+        try:
+            return -1 if text is None else int(text)
+        except ValueError:
+            return -1
+
+    def read_table_version(self, job_id: int, digest: str) -> bytes | None:
+        """The bytes of table version ``digest`` in this slot (None: not held);
+        SnapshotCorruptError naming the file when they are not the version's."""
+        path = self._table_version_path(job_id, digest)
+        data = _read_bytes(path)
+        if data is not None and content_digest(data) != digest:
+            raise SnapshotCorruptError(path, 0, "table version digest")
+        return data
+
+    def remove_table_version(self, job_id: int, digest: str) -> None:
+        """Gives up this slot's copy of table version ``digest`` (one that does not read:
+        a copy read from elsewhere takes its place)."""
+        self._check_claimed()
+        with self._tables_lock:
+            remove_file(self._table_version_path(job_id, digest))
+            remove_file(self._table_version_path(job_id, digest, ".snap"))
+
+    def table_versions(self, job_id: int) -> list[str]:
+        """The digests of the table versions this slot holds of ``job_id``."""
+        return sorted(n[:-6] for n in _listdir(self.job_path(job_id, TABLES))
+                      if n.endswith(".arrow") and is_table_digest(n[:-6]))
+
+    def drop_table_versions(self, job_id: int, keep, committed: int) -> list[str]:
+        """Removes the table versions that no snapshot of ``keep`` (the digests the
+        retained snapshots use) needs and that no barrier after snapshot ``committed``
+        stored (a newer snapshot, not committed yet, may use it); returns their digests."""
+        self._check_claimed()
+        keep = set(keep)
+        gone = []
+        with self._tables_lock:
+            for digest in self.table_versions(job_id):
+                mark = self._table_version_path(job_id, digest, ".snap")
+                if digest in keep or self._table_mark(mark) > committed:
+                    continue
+                remove_file(self._table_version_path(job_id, digest))
+                remove_file(mark)
+                gone.append(digest)
+        return gone
 
     def remove_job(self, job_id: int) -> None:
         """Gives up everything this slot holds of ``job_id``."""

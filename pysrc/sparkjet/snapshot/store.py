@@ -13,7 +13,8 @@ Layout under the store's URI (a local path, or ``s3://``, ``hdfs://``, ``gs://``
                                                (on object stores, in exports/NAME/d-X/, X a
                                                random id, which _export.json names)
     job-J/tables/DIGEST.arrow                  a reference table version (Arrow IPC), named by
-                                               the xxh3-128 of its bytes (sparkjet.operators.table_join)
+                                               the xxh3-128 of its bytes (sparkjet.operators.table_join;
+                                               storage="members": only durable copies)
 
 **The log is the commit point.** Events are small JSON files named by a sequence number and
 created exclusively (a name is taken once, whole): ``register`` (execution E starts) and
@@ -39,8 +40,9 @@ removed only after a newer one is complete. With ``durable_tier="async"`` (membe
 ``pinned`` ids of the commit: :mod:`sparkjet.runtime.durable`) and the newest snapshot
 marked durable, until a newer one is marked. Exports are never removed by cleanup. A
 snapshot's validation record lists the table versions it uses (``tables``); a commit
-refuses one whose version is missing, and removes the versions that neither a retained
-snapshot nor an export lists. Versions are written only at barriers, and barrier n + 1
+refuses one whose version is missing (the members' storage keeps them in the storage slots
+instead: :mod:`sparkjet.runtime.storage`; here only their durable copies), and removes the
+versions that neither a retained snapshot nor an export lists. Versions are written only at barriers, and barrier n + 1
 follows the commit of n, so none of them is in flight while a commit removes the others.
 
 **A way back**: :meth:`SnapshotStore.newest_verified` reads every chunk of the newest
@@ -490,7 +492,8 @@ class SnapshotStore:
             entries=sum(c.entry_count for f in files for c in f.chunks),
             vertices=vertices, tables=sorted(tables), table=table if in_slots else None,
             plan=plan if in_slots else None)
-        for digest in sorted(tables):
+        for digest in sorted(tables) if not in_slots else ():
+            # (the members' storage keeps them in every slot, not here)
             if not self._backend.exists(self._table_path(digest)):
                 raise SnapshotIncompleteError(
                     f"{self.who}: snapshot {snapshot_id} uses table version {digest}, "
@@ -631,9 +634,11 @@ class SnapshotStore:
             raise InvalidArgumentError(f"a table version is 32 hex digits, got {digest!r}")
         return self._path(layout.TABLES, layout.table_file(digest))
 
-    def write_table_version(self, data, digest: str) -> None:
+    def write_table_version(self, data, digest: str, snapshot_id: int | None = None) -> None:
         """Stores a reference table version (Arrow IPC bytes named by
-        :func:`content_digest`), whole or not at all; a no-op if it is stored already."""
+        :func:`content_digest`), whole or not at all; a no-op if it is stored already.
+        (``snapshot_id``, the snapshot that will use it, matters to the members' storage,
+        :class:`sparkjet.runtime.storage.SlotTables`, not here.)"""
         if content_digest(data) != digest:
             raise InvalidArgumentError(f"table version {digest}: the bytes have another digest")
         path = self._table_path(digest)
