@@ -326,6 +326,15 @@ class _Members:
     and submits the upload; the driver marks a snapshot once every member's upload of it
     ended well (ExecutionCoordinator._uploaded)."""
 
+    @classmethod
+    def of(cls, tmp_path, slots, **settings):
+        """A job of ``settings`` (see _config), its store with execution 1 registered, and
+        its members over ``slots``."""
+        config = _config(tmp_path, **settings)
+        store = open_store(config)
+        store.register_execution(1)
+        return config, store, cls(config, store, slots)
+
     def __init__(self, config, store, slots):
         self.config, self.store, self.slots = config, store, slots
         self.reports = {s.uuid: [] for s in slots}
@@ -396,10 +405,7 @@ def test_an_upload_slower_than_retention_keeps_its_files_and_ends_marked(tmp_pat
     store (its commit and the partial copy), so once let go it ends, is marked, and restores
     from the store alone; then the snapshot marked after it lets it go."""
     a, b = two_slots
-    config = _config(tmp_path, retained_snapshots=2)
-    store = open_store(config)
-    store.register_execution(1)
-    m = _Members(config, store, [a, b])
+    config, store, m = _Members.of(tmp_path, [a, b], retained_snapshots=2)
     began, release = threading.Event(), threading.Event()
 
     def hold(sid, path, offset):
@@ -452,10 +458,7 @@ def test_the_newest_marked_snapshot_stays_until_a_newer_one_is_marked(tmp_path, 
     (exactly-once would refuse: the newest, 3, is not durable). Once the next execution's
     snapshot is marked, 0 goes."""
     a, b = two_slots
-    config = _config(tmp_path, retained_snapshots=1, processing_guarantee="at-least-once")
-    store = open_store(config)
-    store.register_execution(1)
-    m = _Members(config, store, [a, b])
+    config, store, m = _Members.of(tmp_path, [a, b], retained_snapshots=1, processing_guarantee="at-least-once")
     try:
         m.snapshot(0)
         m.drain()
@@ -504,10 +507,7 @@ def test_exactly_once_refuses_when_only_an_older_marked_snapshot_is_left(tmp_pat
     and the newest committed snapshot not durable, the start is refused even though the
     store keeps an older marked one (it would replay what phase 2 committed)."""
     a, b = two_slots
-    config = _config(tmp_path, retained_snapshots=1)
-    store = open_store(config)
-    store.register_execution(1)
-    m = _Members(config, store, [a, b])
+    config, store, m = _Members.of(tmp_path, [a, b], retained_snapshots=1)
     try:
         m.snapshot(0)
         m.drain()

@@ -640,12 +640,17 @@ def three_hosts(tmp_path):
         server.on_get("slot_read", slot_read_handler(slot, JOB))
     clients = [ExchangeClient(s.location, security=security) for s in servers]
     yield slots, clients
+    _close(clients, servers, slots)
+
+
+def _close(clients, servers, slots) -> None:
+    """A fixture's teardown: its exchange clients, then servers, then slots."""
     for c in clients:
         c.close()
     for s in servers:
         s.close()
-    for s in slots:
-        s.release()
+    for slot in slots:
+        slot.release()
 
 
 def _replicated(tmp_path, slots, clients, backup_count):
@@ -843,12 +848,7 @@ def three_served(tmp_path):
         servers.append(server)
         clients.append(ExchangeClient(server.location, security=security))
     yield slots, clients
-    for c in clients:
-        c.close()
-    for s in servers:
-        s.close()
-    for slot in slots:
-        slot.release()
+    _close(clients, servers, slots)
 
 
 def _tables_of(tmp_path, slots, clients, i):

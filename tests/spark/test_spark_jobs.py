@@ -489,14 +489,7 @@ def test_zombie_member_is_fenced(spark, tmp_path):
             os.kill(zombie["pid"], signal.SIGCONT)
             zombie["resumed"] = _state(zombie["pid"])
 
-    try:
-        result = job.run(spark, on_progress=progress)
-    finally:
-        if "pid" in zombie:
-            try:
-                os.kill(zombie["pid"], signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    result = _run_then_resume(spark, job, progress, zombie)
     assert "resumed" in zombie and zombie["resumed"] not in ("T", None), zombie
     assert result.restarts == 1 and "silent" in result.executions[0]["error"]
     time.sleep(1.0)  # the resumed zombie runs on: give it time to try its worst
@@ -524,14 +517,7 @@ def test_zombie_member_holding_its_slot_is_fenced(spark, tmp_path):
         elif event["event"] == "placed":
             placed.append(event)
 
-    try:
-        result = job.run(spark, on_progress=progress)
-    finally:
-        if "pid" in zombie:
-            try:
-                os.kill(zombie["pid"], signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    result = _run_then_resume(spark, job, progress, zombie)
     assert "pid" in zombie and result.restarts == 1, result.executions
     assert "silent" in result.executions[0]["error"]
     assert _state(zombie["pid"]) in (None, "Z"), "the zombie was fenced: killed"
@@ -540,6 +526,19 @@ def test_zombie_member_holding_its_slot_is_fenced(spark, tmp_path):
     assert placed[1]["slots"][0]["fenced"] == [{"pid": zombie["pid"], "execution": 0}]
     report = exact(tmp_path, source)
     assert report.valid and report.lost_count == 0 and report.duplicated_count == 0, str(report)
+
+
+def _run_then_resume(spark, job, progress, zombie: dict):
+    """``job.run`` with ``progress``; whatever happens, the zombie it stopped (its pid in
+    ``zombie``) is sent SIGCONT after, so no stopped process outlives the test."""
+    try:
+        return job.run(spark, on_progress=progress)
+    finally:
+        if "pid" in zombie:
+            try:
+                os.kill(zombie["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def _state(pid: int) -> str | None:
