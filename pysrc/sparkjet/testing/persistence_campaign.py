@@ -75,7 +75,10 @@ folders (executor JVMs, pyspark's daemons, Python workers); in every other round
 random) every worker JVM is SIGKILLed first and restarted after the damage, before the new
 run. The restart's driver is a new session of this process on the same cluster (it waits
 up to ``validation_timeout`` 30 s for the cluster's task slots), stopped after the round;
-``stale-rejoin``'s second run is a killed driver process too. Every kind runs there.
+``stale-rejoin``'s second run is a killed driver process too. Every kind runs there;
+``force-start-away`` proves less than on one host: the force start runs on the driver's
+host, whose storage root holds no slot, so it removes no slot folder with or without the
+slot away, and every member (the one away included) empties its slot at the mark.
 A kill of a worker JVM alone, or a host's storage root wiped, while the job runs are the
 storage campaign's (:mod:`sparkjet.testing.storage_campaign` ``--standalone``).
 """
