@@ -51,7 +51,9 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
   new driver) until two more snapshots are committed and is killed the same way (three
   faults), and the stale copy is put back: its member syncs what it owns by Merkle trees
   (:mod:`sparkjet.runtime.resync`) before it restores (the ``restored`` event's
-  ``merkle_resync``: bytes moved and a full copy's, reported per round); exactly once.
+  ``merkle_resync``: bytes moved and a full copy's, reported per round); exactly once. The
+  table join's pipeline (``enrich``) keeps only broadcast state, no partition to sync: its
+  rounds check exactly once without a resync.
 
 A round is valid when the output holds what the kind promises (exactly once: lost 0,
 duplicated 0; at-least-once: lost 0), or, for a refusal, the refusal is the one the kind
@@ -151,6 +153,10 @@ KINDS = {k.name: k for k in [
     Kind("rebalance-late", "exact", event="promoted", rebalance_delay=1.5),
     Kind("stale-rejoin", "exact", event="merkle_resync"),
 ]}
+#: The pipelines whose only state is broadcast (partition -1, whole in every slot: the
+#: table join's): a stale slot has no partition to sync by Merkle trees, its member
+#: restores that state from a holder (``resync.resync_for_restore``).
+BROADCAST_ONLY = ("enrich",)
 #: The faults a round of each kind plans: the kill, its damage (stale-rejoin: a second run
 #: killed too, then the stale slot put back).
 FAULTS = {"restart": 1, "stale-rejoin": 3}
@@ -569,7 +575,10 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
                   if e["event"] == "restored" and e.get("merkle_resync")]
         result.merkle_bytes = sum(int(m.get("bytes") or 0) for m in synced)
         result.merkle_full_bytes = sum(int(m.get("full_copy_bytes") or 0) for m in synced)
-        if not synced:
+        if not synced and op in BROADCAST_ONLY:
+            actions.append(f"no Merkle resync: the {op} pipeline's only state is broadcast, "
+                           f"no partition to sync")
+        elif not synced:
             actions.append("no Merkle resync of the stale slot")
             result.wrong += 1
         else:
