@@ -4,7 +4,8 @@ or the store, under each recovery policy.
 
 Run (the short campaign is long): PYTHONPATH=$PWD/pysrc:$PWD/tests python -m pytest -q \
     -p no:cacheprovider -m 'long or not long' tests/testing/test_persistence_campaign.py
-The long campaign: python -m sparkjet.testing.persistence_campaign --faults 200 --json"""
+The long campaign: python -m sparkjet.testing.persistence_campaign --faults 200 --json
+(``--standalone``: on a standalone cluster of 3 hosts)"""
 import json
 import random
 import subprocess
@@ -90,3 +91,26 @@ def test_a_driver_process_killed_with_its_jvm_and_members_restarts_exactly(tmp_p
     for r in found["rounds"]:
         assert r["valid"] and r["faults"] >= 1 and "driver's process group" in r["detail"], r
         assert r["lost"] == 0 and r["duplicated"] == 0 and r["wrong"] == 0, r
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_on_a_standalone_cluster_every_process_killed_and_a_new_driver_restarts(tmp_path):
+    """``--standalone``: 3 one-core workers, each a host with its own storage root; each
+    round's first driver is a process of its own SIGKILLed with its JVM, every executor
+    and Python worker of the cluster (the worker JVMs too in some rounds, restarted before
+    the new run), then a host's slot removed (backups: exactly once) or the store's folder
+    lost (rebuilt from the slots' record copies), and a new driver restarts the job on the
+    same cluster."""
+    kinds = ["restart", "slot-lost-b1", "lost-metadata"]
+    rounds = campaigns.run_cli("sparkjet.testing.persistence_campaign",
+                               "PERSISTENCE-CAMPAIGN-JSON",
+                               ["--standalone", "--faults", "5", "--seed", "2", "--kinds",
+                                ",".join(kinds), "--dir", str(tmp_path)], 1800)
+    assert set(rounds) == set(kinds), rounds
+    for r in rounds.values():
+        assert "executor and Python processes of the cluster" in r["detail"], r
+        assert "driver's process group" in r["detail"], r
+    assert "removed slot" in rounds["slot-lost-b1"]["detail"], rounds
+    # restored from a snapshot of the first run, not started over
+    assert all(r["restored_from"] for r in rounds.values()), rounds

@@ -51,7 +51,9 @@ what its kind does, and runs the same job again with a new :class:`~sparkjet.run
   new driver) until two more snapshots are committed and is killed the same way (three
   faults), and the stale copy is put back: its member syncs what it owns by Merkle trees
   (:mod:`sparkjet.runtime.resync`) before it restores (the ``restored`` event's
-  ``merkle_resync``: bytes moved and a full copy's, reported per round); exactly once.
+  ``merkle_resync``: bytes moved and a full copy's, reported per round); exactly once. The
+  table join's pipeline (``enrich``) keeps only broadcast state, no partition to sync: its
+  rounds check exactly once without a resync.
 
 A round is valid when the output holds what the kind promises (exactly once: lost 0,
 duplicated 0; at-least-once: lost 0), or, for a refusal, the refusal is the one the kind
@@ -64,7 +66,23 @@ slots' locks die, the driver's state goes with the Job object); ``--driver-proce
 it in a process of its own with its own local Spark and kills its whole process group
 (driver, JVM, members) with SIGKILL. The restart's driver is this process's.
 
-Not in it yet (issue 25 item 3 asks for more): a standalone cluster of 3 hosts.
+``--standalone`` runs the campaign on a :class:`~sparkjet.testing.standalone.StandaloneCluster`
+of 3 one-core workers, each a host of its own (``SPARKJET_HOST_ID`` ``worker-<i>``) with its
+own storage root (:meth:`~sparkjet.testing.standalone.StandaloneCluster.storage_dir`), so
+each member's slot lives on its own host and the kinds above damage a slot in its host's
+root. There the kill is real everywhere: the first run's driver is a process of its own (an
+application of the cluster), and at the snapshot its members' Python workers and its
+process group (driver and JVM) are SIGKILLed, then every process under the workers'
+folders (executor JVMs, pyspark's daemons, Python workers); in every other round (at
+random) every worker JVM is SIGKILLed first and restarted after the damage, before the new
+run. The restart's driver is a new session of this process on the same cluster (it waits
+up to ``validation_timeout`` 30 s for the cluster's task slots), stopped after the round;
+``stale-rejoin``'s second run is a killed driver process too. Every kind runs there;
+``force-start-away`` proves less than on one host: the force start runs on the driver's
+host, whose storage root holds no slot, so it removes no slot folder with or without the
+slot away, and every member (the one away included) empties its slot at the mark.
+A kill of a worker JVM alone, or a host's storage root wiped, while the job runs are the
+storage campaign's (:mod:`sparkjet.testing.storage_campaign` ``--standalone``).
 """
 from __future__ import annotations
 
@@ -83,12 +101,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 from sparkjet.cli.args import campaign_parser
 from sparkjet.connectors.files.sink import TransactionalFileSink
 from sparkjet.errors import JobCancelledError, JobFailedError
 from sparkjet.snapshot import layout
 from sparkjet.spark import local_session
 from sparkjet.testing import operators
+from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 from sparkjet.testing.storage_campaign import operator_job
 
 OPERATORS = operators.OPERATORS
@@ -132,6 +153,10 @@ KINDS = {k.name: k for k in [
     Kind("rebalance-late", "exact", event="promoted", rebalance_delay=1.5),
     Kind("stale-rejoin", "exact", event="merkle_resync"),
 ]}
+#: The pipelines whose only state is broadcast (partition -1, whole in every slot: the
+#: table join's): a stale slot has no partition to sync by Merkle trees, its member
+#: restores that state from a holder (``resync.resync_for_restore``).
+BROADCAST_ONLY = ("enrich",)
 #: The faults a round of each kind plans: the kill, its damage (stale-rejoin: a second run
 #: killed too, then the stale slot put back).
 FAULTS = {"restart": 1, "stale-rejoin": 3}
@@ -176,17 +201,27 @@ def _kill_all_at(job, at: int, seen: list, actions: list):
     return progress
 
 
-def _run_driver_process(work: Path, spec: dict, at: int, seen: list, actions: list):
+def _run_driver_process(work: Path, spec: dict, at: int, seen: list, actions: list,
+                        cluster=None, kill_jvms: bool = False, name: str = "driver"):
     """The first run in a driver process of its own (``--run-driver``): its events read
     from its file as they come; at snapshot ``at`` its whole process group (the driver,
     its Spark JVM, the members) is SIGKILLed. Returns the run's error if it failed before
-    (None otherwise)."""
-    events_file = work / "driver-events.jsonl"
+    (None otherwise). ``cluster``: the driver is an application of that standalone
+    cluster, and after it every executor and Python worker of the cluster is SIGKILLed
+    too (``kill_jvms``: the worker JVMs first; :func:`_kill_cluster`). ``name``: of its
+    events file and log in ``work``."""
+    events_file = work / f"{name}-events.jsonl"
     spec = dict(spec, work=str(work), events_file=str(events_file))
-    log = open(work / "driver.log", "w")
+    env = dict(os.environ)
+    if cluster is not None:
+        spec.update(master=cluster.master_url, settings=cluster.session_settings(**{
+            "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
+            "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS}))
+        env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=cluster.host)
+    log = open(work / f"{name}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "sparkjet.testing.persistence_campaign",
                              "--run-driver", json.dumps(spec)], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
     offset = 0
     try:
         while True:
@@ -214,6 +249,8 @@ def _run_driver_process(work: Path, spec: dict, at: int, seen: list, actions: li
                             actions.append(f"kill-all after snapshot {event['snapshot']}: "
                                            f"SIGKILL members {pids} and the driver's process "
                                            f"group {proc.pid} (its Spark JVM)")
+                            if cluster is not None:
+                                actions[-1] += "; " + _kill_cluster(cluster, kill_jvms)
             if actions or ended:
                 break
             time.sleep(0.05)
@@ -234,8 +271,16 @@ def _driver_main(spec: dict) -> int:
     work = Path(spec["work"])
     job, _, _ = operator_job(work, spec["op"], spec["seed"], spec["events"], spec["rate"],
                              spec["config"])
-    spark = local_session(f"local[{spec['members']}]", "sparkjet-persistence-driver",
-                          **{"spark.ui.showConsoleProgress": "false"})
+    if spec.get("master"):        # an application of the standalone cluster
+        from pyspark.sql import SparkSession
+        builder = SparkSession.builder.master(spec["master"]).appName(
+            "sparkjet-persistence-driver")
+        for key, value in spec["settings"].items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+    else:
+        spark = local_session(f"local[{spec['members']}]", "sparkjet-persistence-driver",
+                              **{"spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("OFF")
     with open(spec["events_file"], "a") as f:
         def progress(event):
@@ -249,11 +294,55 @@ def _driver_main(spec: dict) -> int:
     return 0
 
 
-def _slots(seen: list, storage_dir: Path) -> list[Path]:
+def _kill_cluster(cluster, kill_jvms: bool) -> str:
+    """Every process under the standalone cluster's workers' folders (the executor JVMs,
+    pyspark's daemons, the members' Python workers) SIGKILLed until none is left;
+    ``kill_jvms``: every worker JVM first (:meth:`StandaloneCluster.kill_worker`, its
+    executors killed at once), restarted by :func:`_restart_workers` before the new run.
+    Says what it did."""
+    said = []
+    if kill_jvms:
+        for i, pid in enumerate(cluster.worker_pids()):
+            if pid is not None:
+                k = cluster.kill_worker(i, executor_grace=0.0)
+                said.append(f"worker {i} JVM {k.worker_pid} (executors {k.executor_pids})")
+    root = os.path.realpath(cluster.work_dir / "work") + os.sep
+    killed: set[int] = set()
+    deadline = time.monotonic() + 15
+    while True:
+        left = [p for p in psutil.process_iter(["cwd", "status"])
+                if (p.info.get("cwd") or "").startswith(root) and p.pid != os.getpid()
+                and p.info.get("status") != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            break
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+                killed.add(p.pid)
+        time.sleep(0.05)
+    return ((f"SIGKILL worker JVMs: {', '.join(said)}; " if said else "")
+            + f"SIGKILL {len(killed)} executor and Python processes of the cluster"
+            + (f" ({len(left)} still there)" if left else ""))
+
+
+def _restart_workers(cluster) -> str:
+    """Starts again every worker of the cluster whose JVM is gone; says which."""
+    back = [i for i, pid in enumerate(cluster.worker_pids()) if pid is None]
+    for i in back:
+        cluster.restart_worker(i)
+    return f"worker JVMs {back} restarted" if back else ""
+
+
+def _slots(seen: list, storage_dir: Path, cluster=None) -> list[Path]:
+    """The folders of the newest ``placed`` event's slots: under ``storage_dir``, or on
+    a standalone cluster under their host's storage root (hosts ``worker-<i>``)."""
     placed = [e for e in seen if e["event"] == "placed"]
     if not placed:
         return []
-    return [storage_dir / f"slot-{s['uuid']}" for s in placed[-1]["slots"]]
+    if cluster is None:
+        return [storage_dir / f"slot-{s['uuid']}" for s in placed[-1]["slots"]]
+    return [Path(cluster.storage_dir(int(s["host"].rsplit("-", 1)[1]))) / f"slot-{s['uuid']}"
+            for s in placed[-1]["slots"]]
 
 
 def _bytes(folder: Path) -> int:
@@ -342,15 +431,24 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
 
 def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, members: int,
               events: int = 600_000, rate: float = 100_000, progress=print,
-              driver_process: bool = False) -> RoundResult:
+              driver_process: bool = False, cluster=None) -> RoundResult:
     """One job with ``op``: killed with its driver, damaged as ``kind`` says, restarted by
     a new driver; returns what happened and the checker's verdict. ``driver_process``: the
     first run's driver is a process of its own (with its own local Spark), killed with
-    SIGKILL to its process group (its JVM and the members with it)."""
+    SIGKILL to its process group (its JVM and the members with it). ``cluster``: a
+    started :class:`StandaloneCluster` (``spark`` unused): every killed run's driver is a
+    process of its own on it, each kill takes every executor and Python worker of the
+    cluster too (every other round the worker JVMs, restarted before the new run), and the
+    restart's driver is a session of this process on it, stopped after the round."""
     work.mkdir(parents=True, exist_ok=True)
     storage_dir = work / "slots"
+    if cluster is not None:
+        # the members' slots are under their worker's storage root (SPARKJET_STORAGE_DIR
+        # wins); this one is the driver's host's, empty: what force_start looks at here
+        storage_dir, members, driver_process = work / "driver-host-slots", None, True
     config = dict(persistence=True, storage_dir=str(storage_dir), members=members,
-                  validation_timeout=1.0, retained_snapshots=3, max_restarts=2,
+                  validation_timeout=1.0 if cluster is None else 30.0,
+                  retained_snapshots=3, max_restarts=2,
                   backup_count=kind.backup_count, processing_guarantee=kind.guarantee,
                   cluster_data_recovery_policy=kind.policy)
     if kind.rebalance_delay:
@@ -369,10 +467,11 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     job, again, check = operator_job(work, op, seed, events, rate, config)
     seen, actions = [], []
     first_error = None
+    spec = dict(op=op, seed=seed, events=events, rate=rate, config=config, members=members)
     if driver_process:
-        first_error = _run_driver_process(work, dict(op=op, seed=seed, events=events,
-                                                     rate=rate, config=config,
-                                                     members=members), at, seen, actions)
+        first_error = _run_driver_process(
+            work, spec, at, seen, actions, cluster,
+            kill_jvms=cluster is not None and rng.random() < 0.5)
     else:
         try:
             job.run(spark, on_progress=_kill_all_at(job, at, seen, actions))
@@ -396,21 +495,28 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     committed = max(e["snapshot"] for e in seen if e["event"] == "snapshot")
     away: dict = {}
     if kind.name == "stale-rejoin":
-        what = _stale_rejoin(work, _slots(seen, storage_dir), again, committed, rng, spark,
-                             seen)
+        what = _stale_rejoin(work, _slots(seen, storage_dir, cluster), again, committed, rng,
+                             spark, seen, cluster, spec)
         result.faults += what.count("kill-all") + ("put back" in what)
         if "put back" not in what:      # the input ended first: nothing to check
             result.detail, result.valid = "; ".join(actions + [what]), True
             result.seconds = time.monotonic() - start
             return result
     else:
-        what = damage(kind, _slots(seen, storage_dir), work / "snapshots", again(), rng,
-                      committed, away)
+        what = damage(kind, _slots(seen, storage_dir, cluster), work / "snapshots", again(),
+                      rng, committed, away)
         result.faults += what != "nothing else"
     actions.append(what)
+    if cluster is not None:
+        actions.append(_restart_workers(cluster) or "worker JVMs kept")
     restart: list[dict] = []
     failed = None
     try:
+        if cluster is not None:    # a new driver on the same cluster
+            spark = cluster.session("sparkjet-persistence-restart", **{
+                "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTS,
+                "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS})
+            spark.sparkContext.setLogLevel("OFF")
         executions = again().run(spark, on_progress=_restart_progress(
             kind, restart, away if kind.rebalance_delay else {}, rng)).executions
     except JobFailedError as e:
@@ -418,6 +524,8 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     finally:
         if kind.rebalance_delay and away and away["aside"].exists():
             away["aside"].rename(away["folder"])    # its host back after the run
+        if cluster is not None and spark is not None:
+            spark.stop()
     with open(work / "events.jsonl", "w") as f:
         for e in seen + [{"restart": True}] + restart:
             f.write(json.dumps(e, default=str) + "\n")
@@ -467,7 +575,10 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
                   if e["event"] == "restored" and e.get("merkle_resync")]
         result.merkle_bytes = sum(int(m.get("bytes") or 0) for m in synced)
         result.merkle_full_bytes = sum(int(m.get("full_copy_bytes") or 0) for m in synced)
-        if not synced:
+        if not synced and op in BROADCAST_ONLY:
+            actions.append(f"no Merkle resync: the {op} pipeline's only state is broadcast, "
+                           f"no partition to sync")
+        elif not synced:
             actions.append("no Merkle resync of the stale slot")
             result.wrong += 1
         else:
@@ -503,21 +614,28 @@ def _put_back(away: dict) -> None:
 
 
 def _stale_rejoin(work: Path, slots: list[Path], again, committed: int, rng: random.Random,
-                  spark, seen: list) -> str:
+                  spark, seen: list, cluster=None, spec: dict | None = None) -> str:
     """``stale-rejoin``: a copy of one slot as it was at the kill is kept, the job runs
     again (a new driver) until two more snapshots are committed and is killed the same
     way, and the slot is put back as it was: it missed those snapshots, and its member
-    syncs what it owns by Merkle trees before it restores."""
+    syncs what it owns by Merkle trees before it restores. ``cluster``: the second run's
+    driver is a process of its own on it (``spec``), killed with the cluster's executors
+    and Python workers (:func:`_run_driver_process`)."""
     victim = rng.choice(slots)
     stale = work / f"stale-{victim.name}"
     shutil.copytree(victim, stale, symlinks=True)
-    job = again()
     middle: list = []
     done: list = []
-    try:
-        job.run(spark, on_progress=_kill_all_at(job, committed + 2, middle, done))
-    except (JobCancelledError, JobFailedError):
-        pass
+    if cluster is not None:
+        _restart_workers(cluster)
+        _run_driver_process(work, spec, committed + 2, middle, done, cluster,
+                            name="second-driver")
+    else:
+        job = again()
+        try:
+            job.run(spark, on_progress=_kill_all_at(job, committed + 2, middle, done))
+        except (JobCancelledError, JobFailedError):
+            pass
     seen.extend([{"event": "stale-rejoin: second run"}] + middle)
     if not done:
         shutil.rmtree(stale)
@@ -552,9 +670,13 @@ def plan(kinds, faults: int, rng: random.Random) -> list[tuple[Kind, str]]:
     return out
 
 
-def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spark,
+def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spark=None,
                  members: int = 3, kinds=None, operators_=None,
-                 driver_process: bool = False) -> list[RoundResult]:
+                 driver_process: bool = False, cluster=None) -> list[RoundResult]:
+    """Rounds until ``faults`` faults are planned (:func:`plan`), on ``spark`` (``local[N]``
+    with ``members`` members), or with ``cluster`` (a started :class:`StandaloneCluster` of
+    3 one-core workers; ``spark`` unused, see :func:`run_round`); each round's result also
+    appended to ``work/rounds.jsonl``."""
     rng = random.Random(seed)
     chosen = [KINDS[k] for k in kinds] if kinds else list(KINDS.values())
     results = []
@@ -562,7 +684,7 @@ def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spar
         if operators_:
             op = operators_[i % len(operators_)]
         r = run_round(work / f"round-{i:04d}", kind, op, rng, spark=spark, members=members,
-                      progress=progress, driver_process=driver_process)
+                      progress=progress, driver_process=driver_process, cluster=cluster)
         results.append(r)
         with open(work / "rounds.jsonl", "a") as f:
             f.write(json.dumps(asdict(r)) + "\n")
@@ -617,6 +739,12 @@ def main(argv=None) -> int:
                         help="run each round's first driver as a process of its own (its own "
                              "local Spark), killed with its JVM and members by SIGKILL to its "
                              "process group")
+    parser.add_argument("--standalone", action="store_true",
+                        help="on a local standalone cluster of 3 one-core workers, each a host "
+                             "with its own storage root: every killed driver a process of its "
+                             "own, every executor and Python worker killed with it (the worker "
+                             "JVMs too every other round), the restart a new driver on the "
+                             "same cluster")
     parser.add_argument("--run-driver", metavar="SPEC", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true",
                         help="also print the results as one JSON line")
@@ -629,16 +757,21 @@ def main(argv=None) -> int:
             parser.error(f"--kinds: no kind {k!r}; the kinds are {', '.join(KINDS)}")
     with tempfile.TemporaryDirectory(prefix="sparkjet-persistence-campaign-") as tmp:
         work = Path(args.dir or tmp)
-        spark = local_session(f"local[{args.members}]", "sparkjet-persistence-campaign",
-                              **{"spark.ui.showConsoleProgress": "false"})
-        spark.sparkContext.setLogLevel("OFF")
-        try:
-            results = run_campaign(work, args.faults, args.seed, spark=spark,
-                                   members=args.members, kinds=kinds,
-                                   operators_=args.operators.split(",") if args.operators
-                                   else None, driver_process=args.driver_process)
-        finally:
-            spark.stop()
+        chosen = args.operators.split(",") if args.operators else None
+        if args.standalone:
+            with StandaloneCluster(workers=3, cores=1, memory="1g") as cluster:
+                results = run_campaign(work, args.faults, args.seed, kinds=kinds,
+                                       operators_=chosen, cluster=cluster)
+        else:
+            spark = local_session(f"local[{args.members}]", "sparkjet-persistence-campaign",
+                                  **{"spark.ui.showConsoleProgress": "false"})
+            spark.sparkContext.setLogLevel("OFF")
+            try:
+                results = run_campaign(work, args.faults, args.seed, spark=spark,
+                                       members=args.members, kinds=kinds, operators_=chosen,
+                                       driver_process=args.driver_process)
+            finally:
+                spark.stop()
     print(summary(results))
     if args.json:
         print("PERSISTENCE-CAMPAIGN-JSON " + json.dumps(

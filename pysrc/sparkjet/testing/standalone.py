@@ -502,6 +502,18 @@ class StandaloneCluster:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", self.host)
+        settings = self.session_settings(**conf)
+        builder = SparkSession.builder.master(self.master_url).appName(app_name)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+
+    def session_settings(self, **conf) -> dict[str, str]:
+        """The Spark settings :meth:`session` gives its builder (besides the master, which
+        is :attr:`master_url`): :data:`SESSION_DEFAULTS`, the executor size and
+        ``spark.cores.max``, then ``conf``. For a driver in another process, which has no
+        cluster object: ``SparkSession.builder.master(url)`` with each of these."""
+        self._require_started()
         settings = dict(SESSION_DEFAULTS)
         settings.update({
             "spark.driver.host": self.host,
@@ -512,10 +524,7 @@ class StandaloneCluster:
             "spark.pyspark.python": sys.executable,
         })
         settings.update({k: _conf_value(v) for k, v in conf.items()})
-        builder = SparkSession.builder.master(self.master_url).appName(app_name)
-        for key, value in settings.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return settings
 
     # ---- internals -----------------------------------------------------------------
 
