@@ -785,36 +785,39 @@ def test_two_lost_slots_of_three_are_refused_by_partition_with_one_backup(tmp_pa
 def test_a_finished_jobs_data_leaves_the_free_slots_of_its_host(tmp_path):
     """A job that ran to its end never runs again: remove_finished empties its folder in
     every free slot of this host (in /dev/shm it held the last state for good), and leaves
-    a slot a task still holds, and other jobs' data, where they are."""
+    a slot a task still holds, other jobs' data, and the data of a job of the same name
+    (the same id) in another snapshot store (another log) where they are."""
     from sparkjet.runtime.config import JobConfig
     from sparkjet.runtime.storage import remove_finished
-    from sparkjet.snapshot import layout
 
     root = tmp_path / "slots"
     config = JobConfig(name="done", snapshot_store=str(tmp_path / "s"), storage="members",
                        storage_dir=str(root))
     other = 0x0DD
-    slots = [StorageSlot.claim(root, job_id=config.id, execution=1) for _ in range(3)]
+    slots = [StorageSlot.claim(root, job_id=config.id, execution=1) for _ in range(4)]
     for slot in slots:
+        slot.keep_log(config.id, "0@1.0", drop_other=True)
         slot.fence(config.id, 1)
         slot.write_record(config.id, 4, b"record 4")
     slots[0].fence(other, 2)
-    held = slots[2]
-    for slot in slots[:2]:
-        slot.release()
-    removed = remove_finished(config)
+    held, elsewhere = slots[2], slots[3]
+    elsewhere.keep_log(config.id, "0@2.0", drop_other=False)   # the same name, another store
+    for slot in slots:
+        if slot is not held:
+            slot.release()
+    removed = remove_finished(config, "0@1.0")
     assert sorted(removed) == sorted(s.path for s in slots[:2])
     for slot in slots:
         gone = not os.path.exists(slot.job_path(config.id))
-        assert gone == (slot is not held), slot
+        assert gone == (slot in slots[:2]), slot
     assert os.path.isdir(slots[0].job_path(other))
-    assert os.path.isdir(os.path.join(held.path, "jobs", layout.job_dir(config.id)))
+    assert elsewhere.records(config.id) == [4]
+    assert not [n for s in slots for n in os.listdir(os.path.join(s.path, "jobs"))
+                if n.startswith(".gone-")]            # renamed away, then deleted
     held.release()
     # the shared store keeps its state in the store: nothing of the slots' is touched
     assert remove_finished(JobConfig(name="done", snapshot_store=str(tmp_path / "s"),
-                                     storage_dir=str(root))) == []
-
-
+                                     storage_dir=str(root)), "0@1.0") == []
 # -- reference table versions in every slot (issue 24 item 3) ----------------------------------
 
 

@@ -49,17 +49,19 @@ CHILD = """
 import sys, time
 from sparkjet.snapshot.slots import StorageSlot
 job, execution = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 7
-slot = StorageSlot.claim(sys.argv[1], job_id=job, host="h1", execution=execution)
+log = sys.argv[4] if len(sys.argv) > 4 else None
+slot = StorageSlot.claim(sys.argv[1], job_id=job, host="h1", execution=execution, log=log)
 slot.fence(job, execution)
 print(slot.uuid, flush=True)
 time.sleep(600)
 """
 
 
-def _holder(tmp_path, job=JOB, execution=7):
-    """A process holding a slot of ``job`` fenced by ``execution``, and that slot's uuid."""
+def _holder(tmp_path, job=JOB, execution=7, log=None):
+    """A process holding a slot of ``job`` fenced by ``execution`` (claimed for the
+    snapshot log ``log``), and that slot's uuid."""
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(job),
-                              str(execution)],
+                              str(execution), *([log] if log else [])],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     held = child.stdout.readline().strip()
@@ -157,6 +159,17 @@ def test_only_a_holder_of_an_older_execution_of_the_job_is_fenced(tmp_path):
     finally:
         other.kill()
         other.wait()
+    # a job of the same name (the same id) in another snapshot store: its log differs
+    elsewhere = tmp_path / "elsewhere"
+    stranger, held = _holder(elsewhere, execution=1, log="0@1.0")
+    try:
+        slot = StorageSlot.claim(elsewhere, job_id=JOB, host="h1", execution=8, wait=0.3,
+                                 log="0@2.0")
+        assert slot.uuid != held and slot.fenced == [] and stranger.poll() is None
+        slot.release()
+    finally:
+        stranger.kill()
+        stranger.wait()
     # a holder of execution 8 itself: the claim by execution 8 does not wait or fence
     same, held = _holder(tmp_path, execution=8)
     try:
@@ -166,6 +179,38 @@ def test_only_a_holder_of_an_older_execution_of_the_job_is_fenced(tmp_path):
     finally:
         same.kill()
         same.wait()
+
+
+def test_a_zombie_that_reclaimed_a_slot_by_its_folder_is_fenced_too(tmp_path):
+    """rebalance_delay: a member claims a returning slot by its folder (claim_folder); its
+    holder record names the job, execution and log it claimed for, so if it becomes a
+    zombie the next execution fences it as any other (the pid alone was never fenced)."""
+    made = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=7, log="L")
+    made.fence(JOB, 7)
+    made.release()
+    child = subprocess.Popen(
+        [sys.executable, "-c", RECLAIMER, made.path, str(JOB)], stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert child.stdout.readline().strip() == made.uuid
+        os.kill(child.pid, signal.SIGSTOP)
+        slot = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=8, wait=0.3,
+                                 log="L")
+        assert slot.uuid == made.uuid and [f["pid"] for f in slot.fenced] == [child.pid]
+        slot.release()
+    finally:
+        child.kill()
+        child.wait()
+
+
+RECLAIMER = """
+import sys, time
+from sparkjet.snapshot.slots import StorageSlot
+slot = StorageSlot.claim_folder(sys.argv[1], holder={"job": int(sys.argv[2]), "execution": 7,
+                                                     "log": "L"})
+print(slot.uuid, flush=True)
+time.sleep(600)
+"""
 
 
 def test_a_slot_of_another_host_is_refused(tmp_path):

@@ -169,9 +169,13 @@ class Job:
                     record_state(self.config, "failed", error=f"{type(e).__name__}: {e}"[:500])
                     raise
                 if self._stop is None:
-                    mark_finished(self.config, result.events_in)
+                    finished = mark_finished(self.config, result.events_in)
                     self._cleanup_sources()
-                    remove_finished(self.config)
+                    if finished and self.config.storage == "members":
+                        # a rerun is refused: the job's state in the slots serves nothing
+                        # (without the mark, a rerun restores from it and reads nothing)
+                        with open_store(self.config) as store:
+                            remove_finished(self.config, store.incarnation())
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
                 record_state(self.config, "stopped" if result.stopped else "finished",

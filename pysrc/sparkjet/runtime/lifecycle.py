@@ -151,15 +151,17 @@ def job_name_of(job_dir) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def mark_finished(config, events_in: int) -> None:
-    """Records that ``config``'s job ran to its end."""
+def mark_finished(config, events_in: int) -> bool:
+    """Records that ``config``'s job ran to its end; False when it cannot be recorded (a
+    store given as a URI keeps no mark: a rerun is not refused)."""
     d = _job_dir(config)
     if d is None:
-        return
+        return False
     tmp = d / f".FINISHED.{os.getpid()}"
     try:
         tmp.write_text(json.dumps({"at": time.time(), "events_in": events_in}))
         os.replace(tmp, d / layout.FINISHED)
+        return True
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()

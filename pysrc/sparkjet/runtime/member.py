@@ -548,11 +548,13 @@ class Member:
                 if self.uploads is not None:
                     # durable_tier="async": its upload begins after the commit, off the
                     # snapshot's path (a newer one supersedes it while it waits)
+                    # (submitted under the lock: an ack's may_upload in between would
+                    # find the snapshot neither written nor pending, and not pin it)
                     with self._lock:
                         files = self._written.pop(cmd[1], [])
                         for sid in [s for s in self._written if s < cmd[1]]:
                             del self._written[sid]
-                    self.uploads.submit(cmd[1], self.execution_id, files)
+                        self.uploads.submit(cmd[1], self.execution_id, files)
             for p in self.processors:
                 p.control.put(("commit", cmd[1]))
         elif cmd[0] == "end":

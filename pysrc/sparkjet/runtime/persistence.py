@@ -153,7 +153,7 @@ def claim(config: JobConfig, execution: int,
         return claim_slot(config, execution, log), {}
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
                              remove_corrupt=config.auto_remove_stale_data,
-                             execution=execution, wait=claim_wait(config))
+                             execution=execution, wait=claim_wait(config), log=log)
     return slot, _checked(config, slot, execution)
 
 
@@ -170,8 +170,8 @@ def _checked(config: JobConfig, slot: StorageSlot, execution: int) -> dict:
     return notes
 
 
-def reclaim(config: JobConfig, uuids: list[str],
-            execution: int) -> tuple[StorageSlot, dict] | None:
+def reclaim(config: JobConfig, uuids: list[str], execution: int,
+            log: str | None = None) -> tuple[StorageSlot, dict] | None:
     """``rebalance_delay``: while the slots ``uuids`` of the previous partition table have
     not joined, the driver asks a member whose slot is outside that table to claim one of
     them instead: the first that is back in this host's ``storage_dir`` (its host returned)
@@ -182,7 +182,8 @@ def reclaim(config: JobConfig, uuids: list[str],
         if not os.path.isdir(folder):
             continue
         try:
-            slot = StorageSlot.claim_folder(folder, durable=True)
+            slot = StorageSlot.claim_folder(folder, durable=True, holder={
+                "job": config.id, "execution": execution, "log": log})
         except StorageSlotError:
             continue
         if slot is None:
@@ -554,7 +555,9 @@ def recover(config: JobConfig, store, dag, execution: int, start: dict | None,
                     and _table_version(records[s].table) == group]
         chosen = next((s for s in reversed(of_group) if not missing[s]), None)
     report = {"policy": policy, "newest": newest, "snapshot": chosen,
-              "given_up": [s for s in committed if chosen is not None and s > chosen],
+              # every id after the one chosen: with durable_tier="async" the log keeps an
+              # old marked snapshot but not the commits between it and the retained ones
+              "given_up": [] if chosen is None else list(range(chosen + 1, newest + 1)),
               "removed": removed, "slots": slots}
     if gone:
         report["durable_missing"] = sorted(gone.values())

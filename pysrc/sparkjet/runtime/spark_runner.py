@@ -500,7 +500,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             # own stays claimed, untouched, until the driver has taken the report of the
             # new one (release_given_up): the driver places over the slot it knows of.
             nonlocal slot, notes, report
-            got = reclaim(config, uuids, execution)
+            got = reclaim(config, uuids, execution, log)
             if got is None:
                 return None
             new, new_notes = got
@@ -518,9 +518,11 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             # the driver holds the reclaimed slot's report: the one left goes
             while given_up:
                 old, old_report = given_up.pop()
-                if not old_report.get("table"):     # a fresh slot: nothing of the job to keep
-                    old.remove_job(config.id)
-                old.release()
+                try:
+                    if not old_report.get("table"):  # a fresh slot: nothing of the job to keep
+                        old.remove_job(config.id)
+                finally:
+                    old.release()   # whatever happens: a reused Python worker must not keep it
         try:
             if slot is None:
                 late.set(Member(plan, config, execution, topology=topology, index=index,

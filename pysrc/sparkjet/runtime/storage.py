@@ -41,10 +41,13 @@ import bisect
 import json
 import logging
 import os
+import shutil
+import uuid as uuidlib
 
 import msgspec
 import xxhash
 
+from sparkjet._fs import storage_error
 from sparkjet.errors import (
     InvalidArgumentError,
     PartitionTableError,
@@ -77,7 +80,7 @@ def claim_slot(config: JobConfig, execution: int, log: str | None = None) -> Sto
         return None
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id,
                              durable=config.persistence, execution=execution,
-                             wait=claim_wait(config))
+                             wait=claim_wait(config), log=log)
     try:
         if log is not None:
             slot.keep_log(config.id, log, drop_other=True)
@@ -88,14 +91,19 @@ def claim_slot(config: JobConfig, execution: int, log: str | None = None) -> Sto
     return slot
 
 
-def remove_finished(config: JobConfig) -> list[str]:
+def remove_finished(config: JobConfig, log: str | None) -> list[str]:
     """After a run of ``config``'s job to its end (its ``FINISHED`` mark written: it never
     runs again), removes its data from every free slot of this host's storage root, as Jet
     destroys a completed job's snapshot maps: in memory (``/dev/shm``) it would hold the
-    job's last state for good. The slots' paths it emptied; a slot that is held, of another
-    host, or cannot be read is left (logged). Slots on other hosts of a cluster keep it
-    until their ``storage_dir`` is cleaned (docs: README, the members' storage)."""
-    if config.storage != "members":
+    job's last state for good. Only data of the store's log ``log``
+    (:meth:`~sparkjet.snapshot.store.SnapshotStore.incarnation`) goes: a job of the same
+    name in another snapshot store has the same id, and its data in a shared
+    ``storage_dir`` is its own. The slots' paths it emptied; a slot that is held, of another
+    host, or cannot be read is left (logged). Each job folder is renamed away under the
+    slot's lock and deleted after it, so a claim is not held up by the deletion. Slots on
+    other hosts of a cluster keep it until their ``storage_dir`` is cleaned (docs: README,
+    the members' storage)."""
+    if config.storage != "members" or log is None:
         return []
     root, removed = config.storage_root(), []
     try:
@@ -109,6 +117,7 @@ def remove_finished(config: JobConfig) -> list[str]:
         folder = os.path.join(root, name)
         if not os.path.isdir(os.path.join(folder, JOBS, layout.job_dir(config.id))):
             continue
+        gone = os.path.join(folder, JOBS, f".gone-{uuidlib.uuid4()}")
         try:
             slot = StorageSlot.claim_folder(folder, durable=config.persistence)
             if slot is None:
@@ -116,9 +125,14 @@ def remove_finished(config: JobConfig) -> list[str]:
                              "the job stays", config.name, folder)
                 continue
             with slot:
-                if slot.host == host_id():
-                    slot.remove_job(config.id)
-                    removed.append(slot.path)
+                if slot.host != host_id() or slot.log_of(config.id) != log:
+                    continue            # another host's slot, or another store's job
+                try:
+                    os.rename(slot.job_path(config.id), gone)
+                except OSError as e:
+                    raise storage_error("rename", slot.job_path(config.id), e) from None
+            removed.append(slot.path)
+            shutil.rmtree(gone, ignore_errors=True)
         except (StorageError, StorageSlotError) as e:
             _log.warning("finished job %r: its data in slot %s was not removed: %s",
                          config.name, folder, e)

@@ -140,7 +140,8 @@ class StorageSlot:
     @classmethod
     def claim(cls, storage_dir: str, *, job_id: int | None = None, host: str | None = None,
               durable: bool = False, remove_corrupt: bool = False,
-              execution: int | None = None, wait: float = 0.0) -> StorageSlot:
+              execution: int | None = None, wait: float = 0.0,
+              log: str | None = None) -> StorageSlot:
         """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
         process: a free one holding ``job_id``'s data first, then any free one, else a new
         one. When every slot holding the job's data is locked and one of them by an older
@@ -148,8 +149,9 @@ class StorageSlot:
         stage not yet killed), waits up to ``wait`` seconds for one of them to be freed
         before taking another: a slot taken instead leaves that data out of reach of this
         execution. When the wait ends, a holder that claimed the slot for an older execution
-        of the job (the lock's holder record and the kernel's lock table agree on its pid)
-        is fenced: killed, and the slot claimed once the kernel frees its lock (the slot's
+        of the job in the same snapshot log ``log`` (the lock's holder record and the
+        kernel's lock table agree on its pid; a job of the same name in another store has
+        the same id, never its log) is fenced: killed, and the slot claimed once the kernel frees its lock (the slot's
         ``fenced`` lists it). ``durable``: writes are fsynced (persistence). StorageSlotError when
         ``storage_dir`` holds a slot of another host, or one whose ``MEMBER.json`` does not
         read (``remove_corrupt``: such a slot, when no process holds it, is removed and
@@ -194,7 +196,7 @@ class StorageSlot:
             holds = job_id is not None and os.path.isdir(
                 os.path.join(folder, JOBS, job_folder(job_id)))
             (first if holds else mine).append(folder)
-        holder = {"pid": os.getpid(), "job": job_id, "execution": execution}
+        holder = {"pid": os.getpid(), "job": job_id, "execution": execution, "log": log}
         deadline = time.monotonic() + wait
         while True:
             for folder in first:
@@ -210,7 +212,7 @@ class StorageSlot:
                 # of reach of every later execution; fenced by killing it, as seed 003's
                 # members shut down a member the cluster removed
                 for folder in first:
-                    fenced = _fence_holder(folder, job_id, execution)
+                    fenced = _fence_holder(folder, job_id, execution, log)
                     if fenced is None:
                         continue
                     fd = _wait_lock(folder, holder, FENCE_WAIT)
@@ -262,13 +264,16 @@ class StorageSlot:
         return cls(folder, identity, fd, durable)
 
     @classmethod
-    def claim_folder(cls, folder: str, *, durable: bool = False) -> StorageSlot | None:
+    def claim_folder(cls, folder: str, *, durable: bool = False,
+                     holder: dict | None = None) -> StorageSlot | None:
         """The slot at ``folder``, locked by this process; None when another process holds
-        it. StorageSlotError when its ``MEMBER.json`` is missing or does not read."""
+        it. StorageSlotError when its ``MEMBER.json`` is missing or does not read.
+        ``holder``: the job, execution and log a member task claims it for (a zombie of it
+        can be fenced, as :meth:`claim` says); without, the pid alone (never fenced)."""
         identity = _read_identity(folder)
         if identity is None:
             raise StorageSlotError(f"{folder} has no {MEMBER}: not a slot")
-        fd = _try_lock(folder, {"pid": os.getpid()})
+        fd = _try_lock(folder, {**(holder or {}), "pid": os.getpid()})
         if fd is None:
             return None
         return cls(folder, identity, fd, durable)
@@ -647,11 +652,13 @@ def _wait_lock(folder: str, holder: dict, timeout: float) -> int | None:
 def _lock_holder(folder: str) -> dict | None:
     """Who holds ``folder``/LOCK: what its holder wrote into it (pid, job, execution), when
     the kernel's lock table (``/proc/locks``) shows that pid holding a flock on that very
-    file (by inode: a pid reused since, or a holder in another pid namespace, is not it);
+    file (by device and inode: a pid reused since, or a holder in another pid namespace,
+    is not it);
     None when that cannot be told."""
     path = os.path.join(folder, LOCK)
     try:
-        inode = os.stat(path).st_ino
+        st = os.stat(path)
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
         with open(path, "rb") as f:
             doc = json.loads(f.read() or b"null")
         with open("/proc/locks") as f:
@@ -665,18 +672,26 @@ def _lock_holder(folder: str) -> dict | None:
         # "1: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF"; waiters have "->" after "1:"
         if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
             continue
-        if int(fields[4]) == doc["pid"] and fields[5].rsplit(":", 1)[-1] == str(inode):
+        if int(fields[4]) == doc["pid"] and fields[5] == inode:
             return doc
     return None
 
 
-def _fence_holder(folder: str, job_id: int | None, execution: int | None) -> dict | None:
+def _fence_holder(folder: str, job_id: int | None, execution: int | None,
+                  log: str | None) -> dict | None:
     """Kills the process holding slot ``folder``'s lock when it claimed it for an older
-    execution of ``job_id`` than ``execution`` (a zombie); what it had claimed, with the
-    slot's path, or None when the holder is not one (another job's task, this process,
-    one that cannot be told)."""
+    execution of ``job_id`` than ``execution`` in the snapshot log ``log`` (a zombie); what
+    it had claimed, with the slot's path, or None when the holder is not one (another job's
+    task, the same name's in another store, this process, one that cannot be told)."""
     doc = _lock_holder(folder)
-    if (doc is None or job_id is None or execution is None or doc.get("job") != job_id
+    if doc is None:
+        _log.warning("storage slot %s: a task of an older execution still holds it, and "
+                     "who cannot be told (its LOCK names no holder the kernel's lock table "
+                     "confirms: another pid namespace, an overlay file system); it is not "
+                     "fenced", folder)
+        return None
+    if (job_id is None or execution is None or doc.get("job") != job_id
+            or doc.get("log") != log
             or not isinstance(doc.get("execution"), int) or doc["execution"] >= execution
             or doc["pid"] == os.getpid()):
         return None
