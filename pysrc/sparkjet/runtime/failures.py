@@ -179,7 +179,11 @@ _RUST_IO = re.compile(r"\(os error (\d+)\)")
 
 
 def _rust_io_kind(e: BaseException) -> str | None:
-    found = _RUST_IO.search(str(e))
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - an error whose text cannot be had says nothing here
+        return None
+    found = _RUST_IO.search(text)
     if found is None:
         return None
     code = int(found.group(1))
