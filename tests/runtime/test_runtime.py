@@ -1,5 +1,6 @@
 """The job runtime end to end: pipelines on the generator into real sinks, snapshots, restarts
 from the last snapshot, and the output checked against a failure-free computation."""
+import os
 import threading
 import time
 
@@ -205,6 +206,36 @@ def _coordinator(members: int, config: JobConfig | None = None, progress=lambda 
                                  host="127.0.0.1", security=security, store=None,
                                  progress=progress)
     return coord, security
+
+
+def test_a_local_peer_whose_process_is_gone_is_named_at_once():
+    """A member reports a broken link to a peer. When that peer runs on this machine (its
+    server on the loopback interface) and its process is gone, the execution fails naming
+    it, without the wait for who stops polling (which cost every restart on local[N] about
+    0.75 s: recovery at 1M keys went from 1.9 to 1.2 s). A live peer, or one on another
+    host, is left to that wait."""
+    import subprocess
+    import sys
+
+    from sparkjet.errors import ExecutionFailedError
+
+    coord, _ = _coordinator(3)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        coord.locations.update({0: "grpc+tcp://127.0.0.1:1", 1: "grpc+tcp://127.0.0.1:2",
+                                2: "grpc+tcp://10.9.9.9:3"})
+        coord.pids.update({0: os.getpid(), 1: dead.pid, 2: dead.pid})
+        assert [coord._gone_here(j) for j in range(3)] == [False, True, False]
+        coord._member_failed({"member": 0, "pid": os.getpid(), "link": True,
+                              "error": "ExchangeError: the peer is unreachable"})
+        assert coord._failed.wait(10.0)
+        with pytest.raises(ExecutionFailedError,
+                           match=rf"member 1 \(pid {dead.pid}\) died or stopped answering: "
+                                 r"member 0 lost its link"):
+            coord.check()
+    finally:
+        coord.close()
 
 
 def test_a_pause_of_the_driver_itself_declares_no_member_silent():

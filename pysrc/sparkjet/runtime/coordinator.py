@@ -31,10 +31,12 @@ tell members to empty their slot of the job (``wipe`` in their answer) or refuse
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
 import queue
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -62,8 +64,9 @@ _POLL = 0.005
 POLL_WAIT = 0.25
 #: How long a member's broken link to a peer waits for the peer to show it is alive (a live
 #: member polls at least every POLL_WAIT s; one poll in the window clears it) before the
-#: execution fails, naming whichever is gone. It delays every restart after a lost member:
-#: keep it to a few polls.
+#: execution fails, naming whichever is gone. It delays every restart after a lost member
+#: (except one on this machine whose process is seen gone: ``local[N]``): keep it to a few
+#: polls.
 LINK_VERDICT_WAIT = 3 * POLL_WAIT
 #: How long a member's ``join`` waits on the driver for the other members before it
 #: returns without the peers (the member then asks again).
@@ -644,6 +647,15 @@ class ExecutionCoordinator:
                 self._link_failure = None
             elif self.failure is None and self._link_failure is None:
                 self._link_failure = (i, error, time.monotonic())
+                gone = [j for j in range(self.members)
+                        if j != i and j not in self.done and self._gone_here(j)]
+                if len(gone) == 1:
+                    # a peer on this machine whose process is gone: named at once (outside
+                    # this lock), not after the wait for who stops polling
+                    verdict = threading.Thread(target=self._link_verdict, args=(gone[0],),
+                                               daemon=True)
+                    verdict.start()
+                    return {}
                 verdict = threading.Timer(LINK_VERDICT_WAIT, self._link_verdict)
                 verdict.daemon = True
                 verdict.start()
@@ -653,15 +665,38 @@ class ExecutionCoordinator:
         self.fail(error)
         return {}
 
-    def _link_verdict(self) -> None:
+    def _gone_here(self, j: int) -> bool:
+        """Whether member ``j`` runs on this machine (its exchange server listens on the
+        loopback interface: ``local[N]``) and its process is gone (or a zombie): its
+        death is then known at once, not after :data:`LINK_VERDICT_WAIT`."""
+        location, pid = self.locations.get(j), self.pids.get(j)
+        if not location or not pid:
+            return False
+        try:
+            host = urllib.parse.urlparse(location).hostname or ""
+            if not (host == "localhost" or ipaddress.ip_address(host).is_loopback):
+                return False
+        except ValueError:
+            return False
+        try:
+            with open(f"/proc/{int(pid)}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except FileNotFoundError:
+            return True
+        except (OSError, IndexError, ValueError):
+            return False
+
+    def _link_verdict(self, gone_member: int | None = None) -> None:
         """Fails the execution for the link failure reported first: naming the member that
-        neither reported a failure nor polled since (its worker is gone) if there is one."""
+        neither reported a failure nor polled since (its worker is gone) if there is one,
+        or ``gone_member``, whose process is known gone."""
         with self._cv:
             if self._link_failure is None or self.failure is not None:
                 return
             i, error, when = self._link_failure
-            gone = [j for j in range(self.members) if j not in self._reported
-                    and j not in self.done and self.seen.get(j, 0.0) < when]
+            gone = [gone_member] if gone_member is not None else [
+                j for j in range(self.members) if j not in self._reported
+                and j not in self.done and self.seen.get(j, 0.0) < when]
         if len(gone) == 1:
             j = gone[0]
             error = ExecutionFailedError(
