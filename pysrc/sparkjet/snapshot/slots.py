@@ -8,7 +8,8 @@ host, so a task cannot own storage; a *slot* can. A slot is a folder under a hos
       slot-<uuid>/
         LOCK            flock-ed by the task that claimed the slot; the kernel frees it when
                         that process dies, so the next task on the host reclaims the slot.
-                        It names its holder ({"pid", "job", "execution"}) for fencing
+                        It names its holder ({"pid", "job", "execution", "log"}) for
+                        fencing
         MEMBER.json     {"format", "uuid", "host", "created"}: whose slot this is
         jobs/job-<id>/  one job's data: FENCE (the newest execution seen), records/ (copies
                         of committed snapshot records), TABLE.json (its last partition table),
@@ -151,8 +152,9 @@ class StorageSlot:
         execution. When the wait ends, a holder that claimed the slot for an older execution
         of the job in the same snapshot log ``log`` (the lock's holder record and the
         kernel's lock table agree on its pid; a job of the same name in another store has
-        the same id, never its log) is fenced: killed, and the slot claimed once the kernel frees its lock (the slot's
-        ``fenced`` lists it). ``durable``: writes are fsynced (persistence). StorageSlotError when
+        the same id, never its log) is fenced: killed, and the slot claimed once the kernel
+        frees its lock (the slot's ``fenced`` lists it). ``durable``: writes are fsynced
+        (persistence). StorageSlotError when
         ``storage_dir`` holds a slot of another host, or one whose ``MEMBER.json`` does not
         read (``remove_corrupt``: such a slot, when no process holds it, is removed and
         logged instead); StorageError when it cannot be used."""
