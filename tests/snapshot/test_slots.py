@@ -51,6 +51,8 @@ from sparkjet.snapshot.slots import StorageSlot
 job, execution = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 7
 log = sys.argv[4] if len(sys.argv) > 4 else None
 slot = StorageSlot.claim(sys.argv[1], job_id=job, host="h1", execution=execution, log=log)
+if log:
+    slot.keep_log(job, log, drop_other=True)   # as a member's claim_slot does
 slot.fence(job, execution)
 print(slot.uuid, flush=True)
 time.sleep(600)
@@ -357,3 +359,28 @@ def test_data_of_another_snapshot_log_is_given_up_at_claim(tmp_path):
     slot.fence(JOB, 0)                                                # the new run goes on
     slot.release()
 
+
+
+def test_a_slot_with_another_logs_data_does_not_stand_in_for_the_zombies(tmp_path):
+    """Found by running the whole suite with storage="members" as the default: a slot held
+    the job's data of an earlier log (the same job name run before on another store), and
+    the claim by the next execution took it at once as "holding the job's data", so it
+    neither waited for nor fenced the zombie holding this log's state: the job failed three
+    times on SnapshotIncompleteError. Data of another log is given up at the claim, so such
+    a slot ranks as an empty one, and the zombie's slot is waited for and fenced."""
+    child, held = _holder(tmp_path, execution=7, log="0@2.0")
+    try:
+        old = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=3, log="0@1.0")
+        assert old.uuid != held
+        old.keep_log(JOB, "0@1.0", drop_other=True)   # (relabels the empty folder)
+        old.fence(JOB, 3)
+        old.write_record(JOB, 1, b"record 1 of the old log")
+        old.release()
+        os.kill(child.pid, signal.SIGSTOP)
+        slot = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=8, wait=0.3,
+                                 log="0@2.0")
+        assert slot.uuid == held and [f["pid"] for f in slot.fenced] == [child.pid]
+        slot.release()
+    finally:
+        child.kill()
+        child.wait()

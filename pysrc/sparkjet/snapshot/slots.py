@@ -144,7 +144,8 @@ class StorageSlot:
               execution: int | None = None, wait: float = 0.0,
               log: str | None = None) -> StorageSlot:
         """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
-        process: a free one holding ``job_id``'s data first, then any free one, else a new
+        process: a free one holding ``job_id``'s data first (of the snapshot log ``log``, when
+        given: data of another log is given up at the claim), then any free one, else a new
         one. When every slot holding the job's data is locked and one of them by an older
         execution than ``execution`` (its FENCE says so: a zombie, or a task of a cancelled
         stage not yet killed), waits up to ``wait`` seconds for one of them to be freed
@@ -165,7 +166,7 @@ class StorageSlot:
             names = sorted(n for n in os.listdir(storage_dir) if n.startswith(SLOT_PREFIX))
         except OSError as e:
             raise storage_error("create directory", storage_dir, e) from None
-        mine, first = [], []
+        mine, first, stale = [], [], []
         for name in names:
             folder = os.path.join(storage_dir, name)
             try:
@@ -197,7 +198,14 @@ class StorageSlot:
                     f"{identity.host} for its members, or remove {folder} to give its data up")
             holds = job_id is not None and os.path.isdir(
                 os.path.join(folder, JOBS, job_folder(job_id)))
+            if holds and not _of_log(folder, job_id, log):
+                # the job's data of another log (a run the store no longer knows) is
+                # given up at the claim: this slot is no better than an empty one, and
+                # must not stand in for the one a zombie of this log still holds
+                stale.append(folder)
+                continue
             (first if holds else mine).append(folder)
+        mine = stale + mine     # taking a stale slot first frees what it held
         holder = {"pid": os.getpid(), "job": job_id, "execution": execution, "log": log}
         deadline = time.monotonic() + wait
         while True:
@@ -600,6 +608,15 @@ def _remove_unheld(folder: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _of_log(folder: str, job_id: int, log: str | None) -> bool:
+    """Whether slot ``folder``'s data of ``job_id`` may belong to the snapshot log ``log``
+    (no log given, or none recorded: it may)."""
+    if log is None:
+        return True
+    data = _read_bytes(os.path.join(folder, JOBS, job_folder(job_id), LOG_OF))
+    return data is None or data.decode(errors="replace") == log
 
 
 def _fenced_below(folder: str, job_id: int | None, execution: int) -> bool:
