@@ -31,7 +31,7 @@ from sparkjet.runtime.observability import JobMetrics, MetricsServer, ProgressVi
 from sparkjet.runtime.persistence import force_start
 from sparkjet.runtime.restore import log_plan, open_point, plan_restore, start_point
 from sparkjet.runtime.snapshotting import read_fingerprint
-from sparkjet.runtime.spark_runner import SparkRunner
+from sparkjet.runtime.spark_runner import SparkRunner, remove_finished_on_hosts
 from sparkjet.runtime.storage import remove_finished
 from sparkjet.runtime.supervision import JobFailedError, JobResult, restart_or_fail
 from sparkjet.snapshot.layout import check_name as _check_name
@@ -175,7 +175,10 @@ class Job:
                         # a rerun is refused: the job's state in the slots serves nothing
                         # (without the mark, a rerun restores from it and reads nothing)
                         with open_store(self.config) as store:
-                            remove_finished(self.config, store.incarnation())
+                            log = store.incarnation()
+                        remove_finished(self.config, log)
+                        if spark is not None:     # the other hosts of a cluster
+                            remove_finished_on_hosts(spark, self.config, log)
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
                 record_state(self.config, "stopped" if result.stopped else "finished",

@@ -449,6 +449,39 @@ def spark_security_warning(conf) -> str | None:
             "README's Security section)")
 
 
+def remove_finished_on_hosts(spark, config: JobConfig, log: str | None) -> list[str]:
+    """After a run of ``config``'s job to its end on a cluster: one barrier stage of as many
+    tasks as the cluster has task slots, so every executor runs one, each removing the
+    job's data of the store's log ``log`` from the free slots of its host
+    (:func:`~sparkjet.runtime.storage.remove_finished`); the slots' paths emptied. On
+    ``local[N]`` the driver's host is the only one, and the driver does it. Best effort:
+    a host without a running executor keeps the data until its ``storage_dir`` is
+    cleaned, and a failed stage is logged, never raised (the job's output is committed)."""
+    if config.storage != "members" or log is None or _session.master(spark).startswith("local"):
+        return []
+    tasks = _session.task_slots(spark)
+
+    def task(batches):
+        # imported where the task runs, in a Spark Python worker (pickled by value)
+        import pyarrow as pa
+
+        from sparkjet.runtime.storage import remove_finished
+        for _ in batches:
+            pass
+        removed = remove_finished(config, log)
+        yield pa.RecordBatch.from_pydict({"slot": pa.array(removed, pa.string())})
+
+    try:
+        rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, "slot string",
+                                                          barrier=True).collect()
+    except Exception as e:  # noqa: BLE001 - best effort, the job is done
+        _log.warning("finished job %r: its data on the cluster's hosts was not removed (%s); "
+                     "it stays in their storage_dir until cleaned", config.name,
+                     short_error(e))
+        return []
+    return sorted(r["slot"] for r in rows)
+
+
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
                 security: LinkSecurity, verify: bool = True, log: str | None = None):
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``. The

@@ -100,9 +100,9 @@ def remove_finished(config: JobConfig, log: str | None) -> list[str]:
     name in another snapshot store has the same id, and its data in a shared
     ``storage_dir`` is its own. The slots' paths it emptied; a slot that is held, of another
     host, or cannot be read is left (logged). Each job folder is renamed away under the
-    slot's lock and deleted after it, so a claim is not held up by the deletion. Slots on
-    other hosts of a cluster keep it until their ``storage_dir`` is cleaned (docs: README,
-    the members' storage)."""
+    slot's lock and deleted after it, so a claim is not held up by the deletion. On a
+    cluster, every executor's host runs it too
+    (:func:`~sparkjet.runtime.spark_runner.remove_finished_on_hosts`)."""
     if config.storage != "members" or log is None:
         return []
     root, removed = config.storage_root(), []

@@ -41,6 +41,8 @@ from sparkjet.connectors.generator import GeneratorSource
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
 from sparkjet.runtime.spark_runner import available_slots
+from sparkjet.snapshot.layout import job_dir
+from sparkjet.snapshot.slots import JOBS, SLOT_PREFIX
 from sparkjet.spark import local_session
 from sparkjet.testing import nemesis_cli, sinks
 from sparkjet.testing.operators import (  # the operators' helpers, shared
@@ -482,9 +484,12 @@ def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
     out = verify.last_update_per_key(TransactionalFileSink.read(work / "out"))
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
+    # the job ran to its end: its data must have left every host's slots
+    left = sorted(str(p) for i in range(cluster.workers)
+                  for p in cluster.storage_dir(i).glob(f"{SLOT_PREFIX}*/{JOBS}/{job_dir(job.config.id)}"))
     return {"steps": steps, "restarts": result.restarts,
             "slots": [[(s["host"], s["uuid"]) for s in slots[e]] for e in sorted(slots)],
-            "report": report}
+            "left": left, "report": report}
 
 
 def run_standalone(work: Path, total_kills: int, workers: int = 3, seed: int = 0, progress=print,
