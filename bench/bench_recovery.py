@@ -77,20 +77,24 @@ def storage_options(storage: str) -> dict:
             "storage_dir": tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)}
 
 
-def _phase_recorder(job, keys: int, victim_pid, marks: dict):
-    """The progress callback of a recovery run: SIGKILLs ``victim_pid()`` once a snapshot
-    covers 3 x ``keys`` events, then notes in ``marks`` when each phase came (detected,
-    running, restored, first commit) and stops the job after the first commit."""
+def _phase_recorder(job, keys: int, victim_pid, marks: dict, fault=None):
+    """The progress callback of a recovery run: SIGKILLs ``victim_pid()`` (or calls
+    ``fault()``, in a thread of its own, when given) once a snapshot covers 3 x ``keys``
+    events, then notes in ``marks`` when each phase came (detected, running, restored,
+    first commit) and stops the job after the first commit."""
     def progress(event):
         now = time.monotonic()
         kind = event.get("event")
         if kind == "snapshot" and "kill" not in marks and event.get("events_in", 0) >= 3 * keys:
-            pid = victim_pid()
+            pid = victim_pid() if fault is None else -1
             if pid:
                 marks["state_bytes"] = event["bytes"]
                 marks["snapshot_s"] = event.get("duration_s", NAN)
                 marks["kill"] = now
-                os.kill(pid, signal.SIGKILL)
+                if fault is None:
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    threading.Thread(target=fault, daemon=True).start()
         elif "kill" not in marks:
             return
         elif kind == "restart":
