@@ -114,3 +114,22 @@ def test_on_a_standalone_cluster_every_process_killed_and_a_new_driver_restarts(
     assert "removed slot" in rounds["slot-lost-b1"]["detail"], rounds
     # restored from a snapshot of the first run, not started over
     assert all(r["restored_from"] for r in rounds.values()), rounds
+
+
+def test_an_at_least_once_round_counts_a_wrong_value_as_wrong():
+    """A key whose count is right but whose sum is not (an event lost and another of the
+    same key duplicated) is wrong under at-least-once too: the guarantee allows
+    duplicates, never a loss. The round's verdict used to count only unexpected keys
+    there, so such output passed."""
+    import pyarrow as pa
+
+    from sparkjet import verify
+
+    expected = pa.table({"key": [1, 2, 3], "count": [2, 2, 2], "sum": [3.0, 5.0, 7.0]})
+    actual = pa.table({"key": [1, 2, 3], "count": [2, 3, 2], "sum": [3.0, 7.5, 6.0]})
+    report = verify.check_aggregates(expected, actual, key="key", columns=["count", "sum"],
+                                     guarantee="at-least-once")
+    # key 2 duplicated (allowed), key 3's count right but its sum wrong
+    assert pc.verdict(report, 0, "at-least-once", partial=False) == (0, 0, 1)
+    assert pc.verdict(report, 0, "exactly-once", partial=False)[1:] == (1, 1)
+    assert pc.verdict(report, 0, "at-least-once", partial=True) == (0, 0, 0)

@@ -545,13 +545,7 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     report, repeated = operators.check(op, _source_of(job), TransactionalFileSink.read(
         work / "out"), guarantee=guarantee)
     partial = failed is not None
-    result.lost = 0 if partial else report.lost_count
-    result.duplicated = report.duplicated_count + (repeated if guarantee == "exactly-once"
-                                                   else 0)
-    result.wrong = len(report.mismatched) + report.unexpected_count if not partial else (
-        report.unexpected_count)
-    if guarantee == "at-least-once":
-        result.duplicated, result.wrong = 0, report.unexpected_count
+    result.lost, result.duplicated, result.wrong = verdict(report, repeated, guarantee, partial)
     if kind.event == "wiped":
         if not any(e["event"] == "recovery" and e.get("wiped") for e in restart):
             actions.append("the slot away at the force start was not emptied")
@@ -591,6 +585,20 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     result.seconds = time.monotonic() - start
     result.valid = _valid(kind, result, partial)
     return result
+
+
+def verdict(report, repeated: int, guarantee: str, partial: bool) -> tuple[int, int, int]:
+    """Lost, duplicated and wrong from the checker's ``report`` on a round's output
+    (``repeated``: updates committed twice). ``partial``: the restart was refused, so the
+    output is the first run's alone and its missing events are not lost. Wrong counts keys
+    that should not be there and, except in a partial output, keys whose count is right but
+    whose values are not (an event lost and another duplicated): under at-least-once too,
+    which allows duplicates, never a loss."""
+    lost = 0 if partial else report.lost_count
+    wrong = report.unexpected_count + (0 if partial else len(report.mismatched))
+    if guarantee == "at-least-once":
+        return lost, 0, wrong
+    return lost, report.duplicated_count + repeated, wrong
 
 
 def _restart_progress(kind: Kind, events: list, away: dict, rng: random.Random):
