@@ -89,6 +89,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -105,12 +106,15 @@ import psutil
 
 from sparkjet.cli.args import campaign_parser
 from sparkjet.connectors.files.sink import TransactionalFileSink
-from sparkjet.errors import JobCancelledError, JobFailedError
+from sparkjet.errors import JobCancelledError, JobFailedError, SparkjetError
 from sparkjet.snapshot import layout
+from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.spark import local_session
 from sparkjet.testing import operators
 from sparkjet.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster
 from sparkjet.testing.storage_campaign import operator_job
+
+_log = logging.getLogger(__name__)
 
 OPERATORS = operators.OPERATORS
 FULL, RECENT, COMPLETE = ("FULL_RECOVERY_ONLY", "PARTIAL_RECOVERY_MOST_RECENT",
@@ -492,7 +496,8 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
         result.detail, result.valid = "the job ended before the kill", True
         return result
     result.faults = 1
-    committed = max(e["snapshot"] for e in seen if e["event"] == "snapshot")
+    committed = newest_committed(work / "snapshots", job.config.id,
+                                 max(e["snapshot"] for e in seen if e["event"] == "snapshot"))
     away: dict = {}
     if kind.name == "stale-rejoin":
         what = _stale_rejoin(work, _slots(seen, storage_dir, cluster), again, committed, rng,
@@ -585,6 +590,22 @@ def run_round(work: Path, kind: Kind, op: str, rng: random.Random, *, spark, mem
     result.seconds = time.monotonic() - start
     result.valid = _valid(kind, result, partial)
     return result
+
+
+def newest_committed(store: Path, job_id: int, seen: int) -> int:
+    """The newest snapshot the store's log committed (read once everything is down), else
+    ``seen``, the newest a progress event reported. The store decides: a snapshot committed
+    just before the kill may not have reached this process as an event yet (a driver of its
+    own relays them), and damage aimed at the older one would miss the snapshot the restart
+    restores (a ``newest-lost`` round then restored it whole)."""
+    try:
+        with SnapshotStore(str(store), job_id) as s:
+            info = s.latest_complete()
+    except (OSError, SparkjetError) as e:
+        _log.warning("the store's newest committed snapshot did not read (%s): taking "
+                     "snapshot %d, the newest reported", e, seen)
+        return seen
+    return seen if info is None else max(seen, info.snapshot_id)
 
 
 def verdict(report, repeated: int, guarantee: str, partial: bool) -> tuple[int, int, int]:
