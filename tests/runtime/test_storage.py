@@ -967,3 +967,25 @@ def test_a_durable_tier_also_copies_table_versions_into_the_store_read_through_t
     assert read({"op": "size", "path": path})["size"] == len(v.data)
     with pytest.raises(InvalidArgumentError, match="is not a file of the snapshot"):
         read({"op": "size", "path": path.replace("tables/", "exports/")})
+
+
+def test_the_default_storage_root_passes_over_a_small_dev_shm(tmp_path, monkeypatch):
+    """The slots go to /dev/shm (memory) by default, but a container's is often 64 MB
+    (Docker's default), which a state of a few million keys outgrows at its first snapshot:
+    a /dev/shm smaller than 1 GiB in all sends them to the temporary folder. The size
+    decides, never the free space (the root must not move between executions); a given
+    storage_dir or SPARKJET_STORAGE_DIR wins."""
+    import tempfile
+
+    from sparkjet.runtime.config import JobConfig, default_storage_root
+
+    size = os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize
+    assert default_storage_root(str(tmp_path), minimum=size) == str(tmp_path / "sparkjet-storage")
+    temp = os.path.join(tempfile.gettempdir(), "sparkjet-storage")
+    assert default_storage_root(str(tmp_path), minimum=size + 1) == temp
+    assert default_storage_root(str(tmp_path / "absent")) == temp
+    monkeypatch.delenv("SPARKJET_STORAGE_DIR", raising=False)
+    config = JobConfig(processing_guarantee="none", storage_dir=str(tmp_path / "mine"))
+    assert config.storage_root() == str(tmp_path / "mine")
+    monkeypatch.setenv("SPARKJET_STORAGE_DIR", str(tmp_path / "host"))
+    assert config.storage_root() == str(tmp_path / "host")

@@ -175,7 +175,8 @@ class JobConfig:
       state in the slots alone.
     - ``persistence``: slots on disk, every write fsynced (False: tmpfs is enough).
     - ``storage_dir``: the host-local folder of the slots; None: ``/dev/shm/sparkjet-storage``
-      (memory) where there is one, else ``sparkjet-storage`` in the temporary folder. Must
+      (memory) where there is a ``/dev/shm`` of 1 GiB or more, else ``sparkjet-storage`` in
+      the temporary folder (a container's ``/dev/shm`` is often 64 MB). Must
       be given with ``persistence``. ``SPARKJET_STORAGE_DIR`` on a host overrides it there.
     - Persistence restart (seed 004; Hazelcast's names and defaults), with
       ``storage="members"`` and ``persistence=True`` only (see
@@ -320,14 +321,11 @@ class JobConfig:
 
     def storage_root(self) -> str:
         """The folder of this host's storage slots (evaluated where a member runs):
-        ``SPARKJET_STORAGE_DIR``, else ``storage_dir``, else in memory where there is
-        ``/dev/shm``, else in the temporary folder."""
+        ``SPARKJET_STORAGE_DIR``, else ``storage_dir``, else :func:`default_storage_root`."""
         given = os.environ.get("SPARKJET_STORAGE_DIR") or self.storage_dir
         if given:
             return given
-        if os.path.isdir("/dev/shm"):
-            return "/dev/shm/sparkjet-storage"
-        return os.path.join(tempfile.gettempdir(), "sparkjet-storage")
+        return default_storage_root()
 
     @property
     def id(self) -> int:
@@ -338,6 +336,25 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: The least size of a ``/dev/shm`` the slots go to by default: a container's is often 64 MB
+#: (Docker's default), which a keyed state of a few million keys and its backups outgrow.
+SHM_MIN_BYTES = 1 << 30
+
+
+def default_storage_root(shm: str = "/dev/shm", minimum: int = SHM_MIN_BYTES) -> str:
+    """Where a host's slots go when nothing says: ``shm``/sparkjet-storage (memory) where
+    that file system holds at least ``minimum`` bytes in all, else ``sparkjet-storage`` in
+    the temporary folder. Its size, not its free space, decides: the answer must not change
+    between executions, or a slot would be out of reach of the next."""
+    try:
+        st = os.statvfs(shm)
+        if st.f_blocks * st.f_frsize >= minimum:
+            return os.path.join(shm, "sparkjet-storage")
+    except OSError:
+        pass
+    return os.path.join(tempfile.gettempdir(), "sparkjet-storage")
 
 
 MERKLE_DEPTHS = (2, 27)
