@@ -474,7 +474,8 @@ def test_zombie_member_is_fenced(spark, tmp_path):
     # restarted execution to reach its first snapshot and the zombie to wake up under it.
     source = GeneratorSource(total=800_000, partitions=2, keys=10_000, batch_size=10_000,
                              rate=250_000)
-    job = keyed_job(tmp_path, source, members=1, heartbeat_timeout=2.0, max_restarts=2)
+    job = keyed_job(tmp_path, source, members=1, heartbeat_timeout=2.0, max_restarts=2,
+                    storage="shared")   # the shared store's fencing (members: the next test)
     zombie = {}
 
     def progress(event):

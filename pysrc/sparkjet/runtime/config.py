@@ -239,7 +239,7 @@ class JobConfig:
                         Annotated[str, Meta(min_length=1)] | None] | None = None
     coordinator_host: Annotated[str, Meta(min_length=1)] | None = None
     retained_snapshots: RetainedSnapshots = DEFAULT_RETAINED
-    storage: Literal["shared", "members"] = "shared"
+    storage: Literal["shared", "members"] = "members"
     backup_count: Annotated[int, Meta(ge=0, le=6)] = 1
     persistence: bool = False
     storage_dir: Annotated[str, Meta(min_length=1)] | None = None
