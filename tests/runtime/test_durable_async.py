@@ -257,7 +257,7 @@ def test_a_lost_slot_and_an_incomplete_async_copy_is_refused_under_exactly_once(
 
 def test_async_durable_tier_settings():
     with pytest.raises(InvalidArgumentError, match="durable_tier is a copy of the members'"):
-        JobConfig(name="x", snapshot_store="/tmp/x", durable_tier="async")
+        JobConfig(name="x", snapshot_store="/tmp/x", storage="shared", durable_tier="async")
     with pytest.raises(InvalidArgumentError, match="durable_tier='async' copies snapshots"):
         JobConfig(name="x", processing_guarantee="none", storage="members",
                   durable_tier="async")

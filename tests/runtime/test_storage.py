@@ -817,7 +817,7 @@ def test_a_finished_jobs_data_leaves_the_free_slots_of_its_host(tmp_path):
     held.release()
     # the shared store keeps its state in the store: nothing of the slots' is touched
     assert remove_finished(JobConfig(name="done", snapshot_store=str(tmp_path / "s"),
-                                     storage_dir=str(root)), "0@1.0") == []
+                                     storage="shared", storage_dir=str(root)), "0@1.0") == []
 # -- reference table versions in every slot (issue 24 item 3) ----------------------------------
 
 
