@@ -152,9 +152,10 @@ class JobConfig:
       vertex ``new``, ``{"old": None}`` drops it. It applies only to a snapshot that another
       pipeline took (so, left in place, it does nothing once the job has snapshots of its
       own). See :mod:`sparkjet.runtime.restore`.
-    - ``storage``: where a job keeps its state between executions. "shared" (the default):
-      every snapshot in ``snapshot_store``. "members" (being built, issue 24): each member
-      task claims a storage slot, a folder under ``storage_dir`` on its host
+    - ``storage``: where a job keeps its state between executions. "shared": every
+      snapshot in ``snapshot_store``. "members" (the default, as Jet keeps snapshots in
+      the members' memory): each member task claims a storage slot, a folder under
+      ``storage_dir`` on its host
       (:mod:`sparkjet.snapshot.slots`), and the driver places the partitions over the slots
       after they join (a ``PartitionTable`` over slot UUIDs with ``backup_count`` backups on
       other hosts), keeping the table from one execution to the next so a slot keeps its
