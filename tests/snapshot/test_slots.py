@@ -384,3 +384,33 @@ def test_a_slot_with_another_logs_data_does_not_stand_in_for_the_zombies(tmp_pat
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_job_of_the_same_name_in_another_store_keeps_its_slot(tmp_path):
+    """Two jobs of one name (one id) in two snapshot stores on one host: with the members'
+    storage as the default, the second one's claim took the first one's free slot as
+    holding "its" data of another log and gave that data up, so the first job (stopped,
+    to be resumed) lost its state. A slot records its job's store; a claim for another
+    store passes it over and the data stays for its own job."""
+    a = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=1, log="0@1.0",
+                          store="/data/a")
+    a.keep_log(JOB, "0@1.0", drop_other=True, store="/data/a")
+    a.fence(JOB, 1)
+    a.write_record(JOB, 5, b"record 5 of store a")
+    a.release()
+    b = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=0, log="0@2.0",
+                          store="/data/b")
+    assert b.uuid != a.uuid
+    b.keep_log(JOB, "0@2.0", drop_other=True, store="/data/b")
+    b.release()
+    again = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=2, log="0@1.0",
+                              store="/data/a")
+    assert again.uuid == a.uuid and again.records(JOB) == [5]
+    again.release()
+    # the same store made anew (another log): its old data is given up, as before
+    fresh = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", execution=0, log="0@3.0",
+                              store="/data/a")
+    assert fresh.uuid == a.uuid
+    assert fresh.keep_log(JOB, "0@3.0", drop_other=True, store="/data/a")
+    assert fresh.records(JOB) == []
+    fresh.release()

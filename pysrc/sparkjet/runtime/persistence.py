@@ -117,6 +117,7 @@ from sparkjet.snapshot.slots import (
     RECORDS,
     REPLICAS,
     SLOT_PREFIX,
+    STORE_OF,
     TABLE,
     StorageSlot,
     host_id,
@@ -140,8 +141,8 @@ def _persisted(config: JobConfig) -> bool:
 # -- on a member, before join ----------------------------------------------------------------
 
 
-def claim(config: JobConfig, execution: int,
-          log: str | None = None) -> tuple[StorageSlot | None, dict]:
+def claim(config: JobConfig, execution: int, log: str | None = None,
+          store: str | None = None) -> tuple[StorageSlot | None, dict]:
     """This member's slot (see :func:`~sparkjet.runtime.storage.claim_slot`), and notes for
     its join report. With persistence: a slot whose ``MEMBER.json`` does not read is
     removed or refused (``auto_remove_stale_data``), this job's data in the slot is checked
@@ -150,10 +151,11 @@ def claim(config: JobConfig, execution: int,
     the driver's metadata was lost (:func:`recover`); the member fences it after
     (:func:`after_join`)."""
     if not _persisted(config):
-        return claim_slot(config, execution, log), {}
+        return claim_slot(config, execution, log, store), {}
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id, durable=True,
                              remove_corrupt=config.auto_remove_stale_data,
-                             execution=execution, wait=claim_wait(config), log=log)
+                             execution=execution, wait=claim_wait(config), log=log,
+                             store=store)
     return slot, _checked(config, slot, execution)
 
 
@@ -906,6 +908,15 @@ def wait_for_slots(config: JobConfig, store, available, progress) -> None:
 # -- force start -----------------------------------------------------------------------------
 
 
+def _recorded_store(job_folder: str) -> str | None:
+    """The snapshot store's root a slot's job folder recorded (None: none, or unreadable)."""
+    try:
+        with open(os.path.join(job_folder, STORE_OF), "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
 def force_start(config: JobConfig, dag=None, *, without_transactions: bool = False) -> dict:
     """Deletes the job's data: its folder of ``snapshot_store`` (log, records, exports,
     table versions) and its data in every slot of this host's ``storage_dir`` that no
@@ -953,6 +964,8 @@ def force_start(config: JobConfig, dag=None, *, without_transactions: bool = Fal
             root = config.storage_root()
             folders = [os.path.join(root, name, "jobs", layout.job_dir(config.id))
                        for name in _names(root) if name.startswith("slot-")]
+            # a job of the same name in another snapshot store is another job: left alone
+            folders = [f for f in folders if _recorded_store(f) in (None, store.root)]
             for folder in folders:
                 e, sn = _folder_ids(folder)
                 execution, snapshot = max(execution, e), max(snapshot, sn)

@@ -250,13 +250,13 @@ class SparkRunner:
         config, plan, spark = self.config, self.plan, self.spark
         started = time.monotonic()
         store, restore_from, fallback = None, None, None
-        start, start_store, log = None, None, None
+        start, start_store, log, root = None, None, None, None
         try:
             if config.processing_guarantee != "none":
                 store = open_store(config)
                 store.register_execution(execution)
                 if config.storage == "members":
-                    log = store.incarnation()
+                    log, root = store.incarnation(), store.root
                 restore_from, fallback = own_start(config, store, plan, execution)
                 if config.storage == "members":
                     # the members never open the store: the join answer hands them the
@@ -293,7 +293,7 @@ class SparkRunner:
         if config.storage == "members":  # records then keep what drivers read without slots
             coord.snapshots.plan = json.dumps(plan.fingerprint())
         task = member_task(plan, config, execution, topology, restore_from, coord.location,
-                           security, verify=not self._loaded, log=log)
+                           security, verify=not self._loaded, log=log, store=root)
         member_refusals: list[int] = []
         # The stage's tag: interruptTag cancels it, on a classic session and over Spark
         # Connect alike (a job group needs the SparkContext). Tags are per thread.
@@ -483,13 +483,16 @@ def remove_finished_on_hosts(spark, config: JobConfig, log: str | None) -> list[
 
 
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
-                security: LinkSecurity, verify: bool = True, log: str | None = None):
+                security: LinkSecurity, verify: bool = True, log: str | None = None,
+                store: str | None = None):
     """The function each barrier task runs (``mapInArrow``): member ``partitionId()``. The
     execution's credentials travel inside it (the pickled closure), never through Spark's
     configuration, job descriptions or UI. ``verify``: with persistence, the member checks
     its slot's replicas against the records before it joins (the first execution of a run).
     ``log``: which log of the job's snapshot store the execution is in (the members'
-    storage: a slot's data of another log is given up, :func:`claim_slot`)."""
+    storage: a slot's data of another log is given up, :func:`claim_slot`); ``store``: the
+    snapshot store's root (a slot holding a job of the same name in another store is
+    left to it)."""
 
     def task(batches):
         # Imported where the task runs, in a Spark Python worker (this function is pickled
@@ -518,7 +521,7 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0] or "127.0.0.1"
         try:
             # None: the state is in the shared store
-            slot, notes = claim(config, execution, log)
+            slot, notes = claim(config, execution, log, store)
         except Exception as e:
             _report_before_join(coordinator, security, index, e)
             raise

@@ -69,21 +69,24 @@ from sparkjet.snapshot.writer import SnapshotWriter
 _log = logging.getLogger(__name__)
 
 
-def claim_slot(config: JobConfig, execution: int, log: str | None = None) -> StorageSlot | None:
+def claim_slot(config: JobConfig, execution: int, log: str | None = None,
+               store: str | None = None) -> StorageSlot | None:
     """This member's slot, claimed on its host and fenced by ``execution`` (FencedError if
     the slot has seen a newer execution of the job: this task is a zombie); None when the
     job keeps its state in the shared store. ``log``: which log of the job's snapshot store
     the execution is in (:meth:`~sparkjet.snapshot.store.SnapshotStore.incarnation`): the
     slot's data of the job from another log (the store's folder was removed and made again)
-    is of a run the store no longer knows, and is given up before the fence."""
+    is of a run the store no longer knows, and is given up before the fence. ``store``: the
+    snapshot store's root (:attr:`~sparkjet.snapshot.store.SnapshotStore.root`): a slot
+    holding a job of the same name in another store is left to it."""
     if config.storage != "members":
         return None
     slot = StorageSlot.claim(config.storage_root(), job_id=config.id,
                              durable=config.persistence, execution=execution,
-                             wait=claim_wait(config), log=log)
+                             wait=claim_wait(config), log=log, store=store)
     try:
         if log is not None:
-            slot.keep_log(config.id, log, drop_other=True)
+            slot.keep_log(config.id, log, drop_other=True, store=store)
         slot.fence(config.id, execution)
     except BaseException:
         slot.release()

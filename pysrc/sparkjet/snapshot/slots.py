@@ -69,6 +69,9 @@ REPLICAS = "replicas"
 TABLES = "tables"
 #: which log of the job's snapshot store the job's data in the slot belongs to
 LOG_OF = "LOG"
+#: Which snapshot store the job's data in a slot is of (its root): a job of the same name
+#: (the same id) in another store is another job, whose data a claim must leave alone.
+STORE_OF = "STORE"
 
 
 def host_id() -> str:
@@ -142,11 +145,13 @@ class StorageSlot:
     def claim(cls, storage_dir: str, *, job_id: int | None = None, host: str | None = None,
               durable: bool = False, remove_corrupt: bool = False,
               execution: int | None = None, wait: float = 0.0,
-              log: str | None = None) -> StorageSlot:
+              log: str | None = None, store: str | None = None) -> StorageSlot:
         """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
         process: a free one holding ``job_id``'s data first (of the snapshot log ``log``, when
         given: data of another log is given up at the claim), then any free one, else a new
-        one. When every slot holding the job's data is locked and one of them by an older
+        one. A slot holding the data of a job of the same id in another snapshot store
+        (``store``, the store's root, differs from the one the slot recorded) is passed
+        over: that is another job. When every slot holding the job's data is locked and one of them by an older
         execution than ``execution`` (its FENCE says so: a zombie, or a task of a cancelled
         stage not yet killed), waits up to ``wait`` seconds for one of them to be freed
         before taking another: a slot taken instead leaves that data out of reach of this
@@ -198,6 +203,8 @@ class StorageSlot:
                     f"{identity.host} for its members, or remove {folder} to give its data up")
             holds = job_id is not None and os.path.isdir(
                 os.path.join(folder, JOBS, job_folder(job_id)))
+            if holds and not _of_store(folder, job_id, store):
+                continue        # a job of the same name in another store: not ours
             if holds and not _of_log(folder, job_id, log):
                 # the job's data of another log (a run the store no longer knows) is
                 # given up at the claim: this slot is no better than an empty one, and
@@ -320,15 +327,20 @@ class StorageSlot:
         data = _read_bytes(self.job_path(job_id, LOG_OF))
         return None if data is None else data.decode(errors="replace")
 
-    def keep_log(self, job_id: int, log: str, *, drop_other: bool) -> bool:
-        """Records that this slot's data of ``job_id`` belongs to the store's log ``log``.
-        When it belonged to another (the store's folder was removed and made again, or
-        another store holds a job of that id), that data is of a run the store no longer
-        knows: ``drop_other`` gives it up first (returns True), else it stays and is
-        relabelled (the persistence restart decides about it)."""
+    def keep_log(self, job_id: int, log: str, *, drop_other: bool,
+                 store: str | None = None) -> bool:
+        """Records that this slot's data of ``job_id`` belongs to the store's log ``log``
+        (and to the store whose root is ``store``, when given). When it belonged to another
+        log (the store's folder was removed and made again), that data is of a run the
+        store no longer knows: ``drop_other`` gives it up first (returns True), else it
+        stays and is relabelled (the persistence restart decides about it). A claim never
+        hands out a slot holding a job of the same id of another store
+        (:meth:`claim`)."""
         self._check_claimed()
         was = self.log_of(job_id)
         if was == log:
+            if store is not None and _read_bytes(self.job_path(job_id, STORE_OF)) is None:
+                _write_atomic(self._job_dir(job_id), STORE_OF, store.encode(), self.durable)
             return False
         dropped = False
         if was is not None and drop_other and os.path.isdir(self.job_path(job_id)):
@@ -337,6 +349,8 @@ class StorageSlot:
             self.remove_job(job_id)
             dropped = True
         _write_atomic(self._job_dir(job_id), LOG_OF, log.encode(), self.durable)
+        if store is not None:
+            _write_atomic(self._job_dir(job_id), STORE_OF, store.encode(), self.durable)
         return dropped
 
     def fence(self, job_id: int, execution: int) -> None:
@@ -608,6 +622,15 @@ def _remove_unheld(folder: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _of_store(folder: str, job_id: int, store: str | None) -> bool:
+    """Whether slot ``folder``'s data of ``job_id`` may be of the snapshot store ``store``
+    (none given, or none recorded: it may)."""
+    if store is None:
+        return True
+    data = _read_bytes(os.path.join(folder, JOBS, job_folder(job_id), STORE_OF))
+    return data is None or data.decode(errors="replace") == store
 
 
 def _of_log(folder: str, job_id: int, log: str | None) -> bool:

@@ -228,6 +228,13 @@ class SnapshotStore:
         return f"SnapshotStore({self._backend.root!r}, job_id={self.job_id})"
 
     @property
+    def root(self) -> str:
+        """Where the store is (a local folder's absolute path, or the path in its file
+        system): with the job's id, what tells a job apart from one of the same name in
+        another store."""
+        return self._backend.root
+
+    @property
     def who(self) -> str:
         """The job, as messages name it: ``job 'NAME'``, with the id in brackets when the
         name does not derive it (an explicit ``JobConfig.job_id``); ``job ID (0x...)`` when
