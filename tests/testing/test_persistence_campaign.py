@@ -176,3 +176,26 @@ def test_the_damage_aims_at_the_snapshot_the_store_committed(tmp_path):
             w.commit()
     assert pc.newest_committed(tmp_path, 77, seen=1) == 2
     assert pc.newest_committed(tmp_path / "nowhere", 77, seen=1) == 1
+
+
+def test_a_resumed_campaign_goes_on_after_the_rounds_done(tmp_path):
+    """--resume reads the rounds a run wrote (a last line cut short by a kill left out),
+    and refuses a run with other settings, naming them."""
+    done = [pc.RoundResult("restart", "keyed", faults=1, valid=True),
+            pc.RoundResult("slot-lost", "dedup", faults=2, refusal="RecoveryRefusedError",
+                           valid=True)]
+    log = tmp_path / "rounds.jsonl"
+    log.write_text("".join(json.dumps(pc.asdict(r)) + "\n" for r in done) + '{"kind": "re')
+    assert pc.read_rounds(log) == done
+    assert pc.read_rounds(tmp_path / "absent.jsonl") == []
+    settings = {"faults": 200, "seed": 1, "kinds": None}
+    pc.check_settings(tmp_path / "campaign.json", settings, resume=False)
+    pc.check_settings(tmp_path / "campaign.json", settings, resume=True)
+    with pytest.raises(pc.InvalidArgumentError, match="--seed 1 there, 2 now"):
+        pc.check_settings(tmp_path / "campaign.json", {**settings, "seed": 2}, resume=True)
+    # more faults extend the plan: its first rounds are the same
+    kinds = list(pc.KINDS.values())
+    assert pc.plan(kinds, 300, random.Random(1))[:40] == pc.plan(kinds, 200, random.Random(1))[:40]
+    pc.check_settings(tmp_path / "campaign.json", {**settings, "faults": 300}, resume=True)
+    with pytest.raises(pc.InvalidArgumentError, match="--faults 300 there, 100 now"):
+        pc.check_settings(tmp_path / "campaign.json", {**settings, "faults": 100}, resume=True)

@@ -106,7 +106,12 @@ import psutil
 
 from sparkjet.cli.args import campaign_parser
 from sparkjet.connectors.files.sink import TransactionalFileSink
-from sparkjet.errors import JobCancelledError, JobFailedError, SparkjetError
+from sparkjet.errors import (
+    InvalidArgumentError,
+    JobCancelledError,
+    JobFailedError,
+    SparkjetError,
+)
 from sparkjet.snapshot import layout
 from sparkjet.snapshot.store import SnapshotStore
 from sparkjet.spark import local_session
@@ -701,15 +706,26 @@ def plan(kinds, faults: int, rng: random.Random) -> list[tuple[Kind, str]]:
 
 def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spark=None,
                  members: int = 3, kinds=None, operators_=None,
-                 driver_process: bool = False, cluster=None) -> list[RoundResult]:
+                 driver_process: bool = False, cluster=None,
+                 resume: bool = False) -> list[RoundResult]:
     """Rounds until ``faults`` faults are planned (:func:`plan`), on ``spark`` (``local[N]``
     with ``members`` members), or with ``cluster`` (a started :class:`StandaloneCluster` of
     3 one-core workers; ``spark`` unused, see :func:`run_round`); each round's result also
-    appended to ``work/rounds.jsonl``."""
+    appended to ``work/rounds.jsonl``. ``resume``: the rounds already in that file count,
+    and the plan (the same seed, kinds and faults) goes on after them; the rounds after
+    draw their randomness from a generator seeded anew (``seed`` and the rounds done), so
+    a resumed run is not the same as one run through, only as valid."""
     rng = random.Random(seed)
     chosen = [KINDS[k] for k in kinds] if kinds else list(KINDS.values())
-    results = []
-    for i, (kind, op) in enumerate(plan(chosen, faults, rng)):
+    planned = plan(chosen, faults, rng)
+    results = read_rounds(work / "rounds.jsonl") if resume else []
+    if results:
+        progress(f"resuming after {len(results)} rounds of {len(planned)} "
+                 f"({sum(r.faults for r in results)} faults done)")
+        rng = random.Random(f"{seed}/resumed/{len(results)}")
+    for i, (kind, op) in enumerate(planned):
+        if i < len(results):
+            continue
         if operators_:
             op = operators_[i % len(operators_)]
         r = run_round(work / f"round-{i:04d}", kind, op, rng, spark=spark, members=members,
@@ -723,6 +739,43 @@ def run_campaign(work: Path, faults: int, seed: int = 0, progress=print, *, spar
                  f"{'valid' if r.valid else 'INVALID'}\n    {r.detail}"
                  + "".join(f"\n    error: {e}" for e in r.errors[-2:]))
     return results
+
+
+def check_settings(path: Path, settings: dict, resume: bool) -> None:
+    """Writes a run's ``settings`` to ``path``; with ``resume`` first checks they are those
+    the run it goes on with wrote, but for more ``faults``, which extend its plan
+    (InvalidArgumentError naming the ones that differ): a resumed plan is that run's plan
+    only with its seed and kinds."""
+    if resume and path.exists():
+        before = json.loads(path.read_text())
+        # more faults extend the plan (its first rounds are the same); anything else differs
+        differ = [f"--{k.replace('_', '-')} {before.get(k)!r} there, {v!r} now"
+                  for k, v in settings.items() if before.get(k) != v
+                  and not (k == "faults" and v >= (before.get(k) or 0))]
+        if differ:
+            raise InvalidArgumentError(f"--resume: {path} is a run with other settings: "
+                                       + "; ".join(differ))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings))
+
+
+def read_rounds(path: Path) -> list[RoundResult]:
+    """The rounds a run wrote to ``path`` (one JSON object a line; none if it is absent). A
+    last line cut short by a kill is left out."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for n, line in enumerate(lines):
+        try:
+            out.append(RoundResult(**json.loads(line)))
+        except (ValueError, TypeError):
+            if n == len(lines) - 1:
+                break           # the line a kill cut short
+            raise InvalidArgumentError(f"{path}:{n + 1}: not a round of this campaign: "
+                                       f"{line[:200]!r}") from None
+    return out
 
 
 def per_kind(results: list[RoundResult]) -> dict:
@@ -777,7 +830,12 @@ def main(argv=None) -> int:
     parser.add_argument("--run-driver", metavar="SPEC", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true",
                         help="also print the results as one JSON line")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from the rounds in DIR/rounds.jsonl (needs --dir, and the "
+                             "same --seed and --kinds; --faults may grow)")
     args = parser.parse_args(argv)
+    if args.resume and not args.dir:
+        parser.error("--resume needs --dir, the work directory of the run to go on with")
     if args.run_driver:
         return _driver_main(json.loads(args.run_driver))
     kinds = args.kinds.split(",") if args.kinds else None
@@ -787,10 +845,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="sparkjet-persistence-campaign-") as tmp:
         work = Path(args.dir or tmp)
         chosen = args.operators.split(",") if args.operators else None
+        settings = {"faults": args.faults, "seed": args.seed, "kinds": kinds,
+                    "operators": chosen, "standalone": args.standalone,
+                    "members": args.members, "driver_process": args.driver_process}
+        try:
+            check_settings(work / "campaign.json", settings, args.resume)
+        except InvalidArgumentError as e:
+            parser.error(str(e))
         if args.standalone:
             with StandaloneCluster(workers=3, cores=1, memory="1g") as cluster:
                 results = run_campaign(work, args.faults, args.seed, kinds=kinds,
-                                       operators_=chosen, cluster=cluster)
+                                       operators_=chosen, cluster=cluster,
+                                       resume=args.resume)
         else:
             spark = local_session(f"local[{args.members}]", "sparkjet-persistence-campaign",
                                   **{"spark.ui.showConsoleProgress": "false"})
@@ -798,7 +864,8 @@ def main(argv=None) -> int:
             try:
                 results = run_campaign(work, args.faults, args.seed, spark=spark,
                                        members=args.members, kinds=kinds, operators_=chosen,
-                                       driver_process=args.driver_process)
+                                       driver_process=args.driver_process,
+                                       resume=args.resume)
             finally:
                 spark.stop()
     print(summary(results))
