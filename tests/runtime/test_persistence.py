@@ -761,3 +761,23 @@ def test_a_table_version_no_slot_present_nor_the_store_holds_is_refused_by_name(
         recovery = recover(config, store, None, 2, _start(config, store, 0),
                            _reports(config, 2, a, b), lambda e: None)
         assert recovery.report["snapshot"] == 0
+
+
+def test_persistence_without_spark_is_said_to_apply_on_spark_only(tmp_path, caplog):
+    """Without Spark the local supervisor's one member keeps its snapshots in
+    snapshot_store whatever the members' storage says: persistence=True then changes
+    nothing, which the run says rather than leave the user to believe otherwise. The job
+    runs, exactly once, from the store."""
+    from sparkjet.pipeline import Pipeline
+    from sparkjet.sinks import DiscardSink
+    from sparkjet.sources import GeneratorSource
+
+    pipeline = (Pipeline().read_from(GeneratorSource(total=20_000, partitions=2, keys=50))
+                .group_by("key").aggregate(count="count").write_to(DiscardSink()))
+    config = JobConfig(name="local-persisted", snapshot_store=str(tmp_path / "s"),
+                       persistence=True, storage_dir=str(tmp_path / "slots"))
+    with caplog.at_level(logging.WARNING, logger="sparkjet.job"):
+        result = Job(pipeline, config).run(isolated=False)
+    assert result.events_in == 20_000
+    assert any("apply to jobs on Spark only" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "slots").exists()

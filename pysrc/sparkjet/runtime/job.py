@@ -226,6 +226,13 @@ class Job:
             # before it looks for a runner: a rescale racing with this start is not lost.
             runner.requested_members = self.requested_members
         else:
+            if self.config.storage == "members" and (self.config.persistence
+                                                     or self.config.durable_tier != "none"):
+                _log.warning(
+                    "job %r runs without Spark: its one member keeps its snapshots in "
+                    "snapshot_store %s, and the members' storage settings (persistence, "
+                    "durable_tier) apply to jobs on Spark only", self.config.name,
+                    self.config.snapshot_store)
             runner = self._runner = LocalRunner(self.plan, self.config, progress)
         if self._stop is not None:       # stop() came before the runner existed
             runner.request_stop(export=self._stop[1] is not None)
