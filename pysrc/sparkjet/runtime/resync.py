@@ -29,12 +29,21 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    record's checksum is the holder's chunk byte for byte, so the copy is a replica of the
    current snapshot like one the backup stream wrote (a sparse file of the file's size
    plus its ``.ranges`` sidecar), verified by the record like any other.
-5. **Fallback**: a partition whose rebuilt bytes differ (its rows were reordered between
-   the snapshots, so the entries agree but the bytes do not) and broadcast state are
-   copied as byte ranges (``slot_read``), and the report says so. So are all the file's
-   partitions when most entries changed: the walk stops once it has moved a quarter of a
-   copy's bytes (:data:`WALK_SHARE`), and no rows are fetched when over 3/4 of the entries
-   lie under the differing leaves (:data:`COPY_SHARE`).
+5. **Merkle or copy, per partition**: each partition goes the cheaper way. The roots
+   compare with the holder's from its answer to the open (equal: nothing more moves);
+   before each walk message the stale side drops from it the partitions a plain copy of
+   their chunks (``slot_read``) moves less for: all nodes of a level differ and the next
+   message costs over :data:`SATURATED_SHARE` of the copy's bytes (a dense change), or the
+   rest of the walk and the rows under the leaves that would differ, estimated from the
+   nodes differing so far, reach :data:`COPY_SHARE` of them, or the walk would pass
+   :data:`WALK_SHARE` of them (the bound: a partition never moves more than that share of
+   its copy on top of the copy). At the leaves, the rows to fetch are known exactly (the
+   holder's entries less the old ones under equal leaves): a partition whose walk and rows
+   would reach :data:`LEAF_SHARE` of its copy is copied. A partition whose rebuilt bytes
+   differ (its rows were reordered between the snapshots, so the entries agree but the
+   bytes do not) and broadcast state are copied too. The report says which way each
+   partition went (``ways``: ``"merkle"`` or ``"copy"``, ``fallback``: why) and what each
+   moved (``partition_bytes``).
 
 The granularity is the entry: what moves is the walk's messages, the chunk headers and the
 rows under differing leaves. :class:`ResyncReport` gives bytes synced against a full copy's
@@ -91,6 +100,8 @@ from sparkjet.merkle.protocol import (
     NODES,
     PAIR,
     Party,
+    decode_message,
+    encode_message,
 )
 from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.storage import (
@@ -124,11 +135,20 @@ ENTRY_KEY = "key"
 #: stays (a stale side that gave up, or died, never closes its own).
 MAX_SESSIONS = 4
 SESSION_IDLE_S = 120.0
-#: The share of the entries that, once the walk finds them under differing leaves, makes
-#: a resync copy the ranges instead.
-COPY_SHARE = 0.75
-#: The share of a copy's bytes past which the walk stops and the ranges are copied.
-WALK_SHARE = 0.25
+#: A partition is copied as byte ranges once its walk (its share of the messages so far,
+#: the next one and its answer) would pass this share of its copy's bytes...
+WALK_SHARE = 0.5
+#: ... or once the bytes its Merkle sync would still move (the rest of the walk and the
+#: rows under its differing leaves, estimated from the nodes found differing so far) reach
+#: this share...
+COPY_SHARE = 0.5
+#: ... or, at the leaves, once its walk and the rows under its differing leaves (known
+#: before they move: the old entries under equal leaves are kept) reach this share.
+LEAF_SHARE = 0.8
+#: A partition all of whose nodes of a level (of 4 or more) differ goes on only while the
+#: next message and its answer cost less than this share of its copy's bytes (a dense
+#: change saturates level after level; a sparse one stops doing so within a few levels).
+SATURATED_SHARE = 0.02
 #: ``merkle_tree_depth="auto"``: the share of entries assumed changed.
 AUTO_CHANGED = 0.001
 
@@ -243,10 +263,6 @@ def _ipc(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-class _CopyInstead(Exception):
-    """The walk found most entries changed: the partitions go as byte ranges."""
-
-
 # -- the holder ------------------------------------------------------------------------------
 
 
@@ -309,7 +325,7 @@ class MerkleHolder:
             c = meta.convert(raw, meta.ChunkEntry, "merkle_open chunk")
             head, header, payload = _read_chunk(read, path, c, where)
             entries = header.entries
-            headers.append([_b64(head), header.codec, header.flags])
+            headers.append([_b64(head), header.codec, header.flags, c.partition])
             parts.setdefault(c.partition, []).append(_decode(header, payload, path, c.offset))
         if entries is None:
             raise InvalidArgumentError(f"merkle_open of {path}: no chunks named")
@@ -366,7 +382,10 @@ class MerkleHolder:
         data = _ipc(rows.drop_columns([PART]).combine_chunks())
         pieces = (data.slice(at, min(READ_PIECE, data.size - at))
                   for at in range(0, data.size, READ_PIECE))
-        return {"rows": rows.num_rows, "bytes": data.size, "headers": session.headers,
+        wanted = body.get("partitions")
+        wanted = None if wanted is None else {int(p) for p in wanted}
+        headers = [h[:3] for h in session.headers if wanted is None or h[3] in wanted]
+        return {"rows": rows.num_rows, "bytes": data.size, "headers": headers,
                 "parts": [[int(p), int(n)] for p, n in zip(found, counts)]}, pieces
 
 
@@ -388,7 +407,10 @@ def _under(session, level: int, partitions, nodes):
 @dataclass
 class ResyncReport:
     """What one file's resync moved. ``synced_bytes`` (walk, headers, rows and ranges
-    copied) against ``full_copy_bytes`` (the stored bytes of the chunks a copy moves)."""
+    copied) against ``full_copy_bytes`` (the stored bytes of the chunks a copy moves).
+    ``ways``: each keyed partition's way, ``"merkle"`` or ``"copy"`` (``fallback`` says why
+    a partition was copied); ``partition_bytes``: what each moved (its share of the walk,
+    headers and rows; a copied one's chunks too, after whatever walk it had before)."""
 
     path: str
     holder: str
@@ -404,6 +426,8 @@ class ResyncReport:
     full_copy_bytes: int = 0
     messages: int = 0
     fallback: dict = field(default_factory=dict)
+    ways: dict = field(default_factory=dict)
+    partition_bytes: dict = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -429,6 +453,8 @@ def _merged(reports: list[ResyncReport], seconds: float) -> ResyncReport:
         setattr(out, name, sum(getattr(r, name) for r in reports))
     for r in reports:
         out.fallback.update(r.fallback)
+        out.ways.update(r.ways)
+        out.partition_bytes.update(r.partition_bytes)
     return out
 
 
@@ -563,13 +589,12 @@ def _resync_chunks(slot: StorageSlot, job_id: int, client, holder: str,
         try:
             built, mismatched = _merkle(slot, job_id, client, holder, f, keyed, old, key,
                                         depth, partition_count, rel, where, report)
-        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError,
-                _CopyInstead) as e:
+        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError) as e:
             # entries the trees cannot take (no state key, a column type the value hash
             # does not read; the holder refused to open the walk for such a reason): the
             # partitions go as byte ranges, which fail in turn if the holder cannot serve
             built, mismatched = {}, {c.partition for c in keyed}
-            why = str(e) if isinstance(e, _CopyInstead) else f"{type(e).__name__}: {e}"
+            why = f"{type(e).__name__}: {e}"
             report.fallback = {p: why for p in sorted(mismatched)}
         chunks.update(built)
         for p in sorted(mismatched):
@@ -578,6 +603,11 @@ def _resync_chunks(slot: StorageSlot, job_id: int, client, holder: str,
                    "from the record's checksums (rows reordered between the snapshots): "
                    "copied as byte ranges")
         copy += [c for c in keyed if c.partition in mismatched]
+        for p in sorted({c.partition for c in keyed}):
+            report.ways[p] = "copy" if p in mismatched else "merkle"
+            if p in mismatched:
+                report.partition_bytes[p] = report.partition_bytes.get(p, 0) + sum(
+                    HEADER_SIZE + c.stored_size for c in keyed if c.partition == p)
     report.copied_bytes += _copy_chunks(client, holder, rel, copy, member, chunks)
     return report, chunks
 
@@ -679,6 +709,123 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
             client.action(CLOSE, {"session": session})
 
 
+@dataclass
+class _Part:
+    """One partition of a resync: what a copy of it moves, its entries on either side, and
+    its share of the bytes moved so far (the walk's messages, then its rows)."""
+
+    copy: int               # its chunks' bytes, headers included
+    rows: int               # the holder's entries
+    old: int                # the stale side's
+    headers: int            # its chunks' headers' bytes
+    spent: float = 0.0
+
+    @property
+    def row_bytes(self) -> float:
+        """A copy's bytes per entry, headers left out (about what a fetched row costs)."""
+        return (self.copy - self.headers) / max(1, self.rows)
+
+
+def _changes(part: _Part, differ: int, nodes: int) -> float:
+    """The changed entries a partition probably has when ``differ`` of the ``nodes`` nodes of
+    a level differ: ``nodes * ln((nodes + 1) / (nodes + 1 - differ))`` (the inverse of
+    ``nodes * (1 - exp(-changes / nodes))``, finite when every node differs), at least
+    ``differ`` and the change in its entry count, at most the entries of both sides."""
+    guess = nodes * math.log((nodes + 1) / (nodes + 1 - differ))
+    return min(part.rows + part.old, max(differ, abs(part.rows - part.old), guess))
+
+
+#: What a walk message costs besides its items, about: its action's JSON, the header, a
+#: partition's group (split among the partitions of the message), and an item.
+MESSAGE_BYTES, GROUP_BYTES, ITEM_BYTES = 90, 11, 8
+
+
+def _still(part: _Part, differ: int, level: int, depth: int, sharing: int) -> float:
+    """The bytes a Merkle sync of the partition still moves when ``differ`` nodes of
+    ``level`` differ: the walk below (two items per differing node of each level, the
+    changes spread by their hash; a message per level, shared with ``sharing`` partitions)
+    and the rows under the differing leaves."""
+    changes = _changes(part, differ, 1 << level)
+    walk = 0.0
+    for k in range(level, depth - 1):
+        walk += (2 * (1 << k) * -math.expm1(-changes / (1 << k)) * ITEM_BYTES + GROUP_BYTES
+                 + MESSAGE_BYTES / max(1, sharing))
+    leaves = float(1 << (depth - 1))
+    holding = -math.expm1(-max(1, part.rows) / leaves)
+    share = min(1.0, -math.expm1(-changes / leaves) / holding)
+    return walk + share * part.copy
+
+
+def _counts(message: bytes, kind: int, depth: int, partition_count: int) -> dict[int, int]:
+    """Items per partition of a walk message."""
+    partitions = decode_message(message, kind, "stale", depth, partition_count)[1]
+    found, counts = np.unique(partitions, return_counts=True)
+    return dict(zip(found.tolist(), counts.tolist()))
+
+
+def _attribute(plan: dict, partitions, nbytes: int) -> None:
+    """Adds a message's ``nbytes`` to its partitions' shares, by their items."""
+    found, counts = np.unique(np.asarray(partitions), return_counts=True)
+    total = counts.sum()
+    for p, n in zip(found.tolist(), counts.tolist()):
+        if p in plan:
+            plan[p].spent += nbytes * n / total
+
+
+def _descend(client, session, stale: Party, answer: dict, plan: dict, copied: dict,
+             depth: int, partition_count: int, report) -> bytes:
+    """The walk, partition by partition: the roots compare with the holder's (from its
+    answer to the open, no message), then each message of the stale side goes without the
+    partitions a copy moves less for (``copied``: partition -> why): those whose walk would
+    pass :data:`WALK_SHARE` of their copy's bytes with the next message and its answer, or
+    whose Merkle sync would still move :data:`COPY_SHARE` of them, as the differing nodes
+    so far tell. The leaves message that ends the walk."""
+    roots = sorted(plan)
+    message = stale.receive_nodes(encode_message(
+        NODES, 0, roots, np.zeros(len(roots), np.int64),
+        np.array([int(answer["roots"][str(p)]) for p in roots], np.int32)))
+    while HEADER.unpack_from(message)[0] == NODES:
+        level, mparts, nodes, hashes = decode_message(message, NODES, "holder", depth,
+                                                      partition_count)
+        counts = _counts(message, NODES, depth, partition_count)
+        for p, items in counts.items():
+            part = plan[p]
+            # the message and its answer (at most twice as many items)
+            nxt = 3 * (items * ITEM_BYTES + GROUP_BYTES) + 2 * MESSAGE_BYTES / len(counts)
+            if items // 2 == 1 << (level - 1) >= 4 and nxt > SATURATED_SHARE * part.copy:
+                copied[p] = (f"all {items // 2:,} nodes of level {level - 1} differ (a dense "
+                             f"change): a copy of the ranges moves less")
+            elif part.spent + nxt > WALK_SHARE * part.copy:
+                copied[p] = (f"the walk would pass {WALK_SHARE:.0%} of a copy's {part.copy:,} "
+                             f"bytes by level {level} of {depth}: copied as byte ranges")
+            elif (_still(part, items // 2, level - 1, depth, len(counts))
+                  >= COPY_SHARE * part.copy):
+                copied[p] = (f"{items // 2:,} of the {1 << (level - 1):,} nodes of level "
+                             f"{level - 1} differ (most entries changed): a copy of the "
+                             f"ranges moves less")
+        if copied:
+            keep = ~np.isin(mparts, list(copied))
+            if not keep.all():
+                message = encode_message(NODES, level, mparts[keep], nodes[keep], hashes[keep])
+                if not keep.any():
+                    return encode_message(LEAVES, level, mparts[keep], nodes[keep])
+        body = {"session": session, "message": _pack(message)}
+        step = client.action(STEP, body)
+        reply = _unpack(step["message"], "merkle_step answer")
+        report.messages += 2
+        sent, got = _json_size(body), _json_size(step)
+        report.tree_bytes += sent + got
+        kind = HEADER.unpack_from(reply)[0]
+        mine = decode_message(message, NODES, "holder", depth, partition_count)[1]
+        theirs = decode_message(reply, kind, "stale", depth, partition_count)[1]
+        _attribute(plan, mine, sent)
+        _attribute(plan, theirs if len(theirs) else mine, got)
+        if kind == LEAVES:
+            return reply
+        message = stale.receive_nodes(reply)
+    return message
+
+
 def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
           partition_count, rel, where, report):
     """:func:`_merkle` once the holder opened the session."""
@@ -696,45 +843,50 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     trees = _forest(old_tables, keys, depth, partition_count)
     stale = Party("stale", trees)
     stale.receive_hello(_unb64(answer["hello"], "holder hello"))
-    message = stale.roots()
-    copy_bytes = sum(HEADER_SIZE + c.stored_size for c in keyed)
-    while True:
-        body = {"session": session, "message": _pack(message)}
-        # a message and its answer, about twice as long, past the share of a copy: most
-        # nodes differ level after level, so most entries changed
-        if report.tree_bytes + 3 * _json_size(body) > WALK_SHARE * copy_bytes:
-            raise _CopyInstead(f"the walk would move over {WALK_SHARE:.0%} of a copy's "
-                               f"{copy_bytes:,} bytes by level "
-                               f"{HEADER.unpack_from(message)[1] + 1} of {depth} (most "
-                               f"entries changed): a copy of the ranges moves less")
-        answer_step = client.action(STEP, body)
-        reply = _unpack(answer_step["message"], "merkle_step answer")
-        report.messages += 2
-        report.tree_bytes += _json_size(body) + _json_size(answer_step)
-        if HEADER.unpack_from(reply)[0] == LEAVES:
-            leaves = reply
-            break
-        message = stale.receive_nodes(reply)
-        if HEADER.unpack_from(message)[0] == LEAVES:
-            leaves = message
-            break
+    plan = {p: _Part(sum(HEADER_SIZE + c.stored_size for c in keyed if c.partition == p),
+                     int(answer["counts"][str(p)]),
+                     old_tables[p].num_rows if p in old_tables else 0,
+                     HEADER_SIZE * sum(c.partition == p for c in keyed)) for p in parts}
+    copied: dict[int, str] = {}         # partition -> why it goes as byte ranges
+    leaves = _descend(client, session, stale, answer, plan, copied, depth, partition_count,
+                      report)
     level, lparts, nodes = stale.receive_leaves(leaves)
     per = 1 << (depth - 1)
     ids = lparts * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes) else \
         np.empty(0, np.int64)
+    # the old entries under equal leaves are kept; the holder's other entries are fetched:
+    # their number is known before they move, so is a copy's
+    walked = [p for p in parts if p not in copied]
+    under = {p: np.zeros(old_tables[p].num_rows if p in old_tables else 0, bool) for p in walked}
+    olds = [old_tables[p] for p in walked if p in old_tables]
+    if len(ids) and olds:
+        old_all = pa.concat_tables(olds)
+        mask = rows_under_leaves(old_all, keys, None, leaf_set(ids, depth, partition_count)) \
+            .to_numpy(zero_copy_only=False)
+        at = 0
+        for p in walked:
+            n = len(under[p])
+            under[p], at = mask[at:at + n], at + n
+    for p in walked:
+        part = plan[p]
+        fetch = part.rows - (len(under[p]) - int(under[p].sum()))
+        cost = part.spent + fetch * part.row_bytes + part.headers
+        if fetch > 0 and cost > LEAF_SHARE * part.copy:
+            copied[p] = (f"{fetch:,} of its {part.rows:,} entries lie under differing leaves: "
+                         f"with the walk, {cost:,.0f} bytes where a copy of the ranges moves "
+                         f"{part.copy:,}")
+    parts = [p for p in parts if p not in copied]
+    keyed = [c for c in keyed if c.partition not in copied]
+    for p, why in copied.items():
+        report.fallback[p] = why
+    if not parts:
+        report.partition_bytes = {p: round(plan[p].spent) for p in plan}
+        return {}, set(copied)
+    ids = ids[np.isin(ids // per, parts)]
     report.differing_leaves = len(ids)
-    # Most entries changed (over 3/4 of them would be fetched: with the walk and the
-    # re-encoding, a copy costs less): the ranges instead.
-    # Rows under a differing leaf, about: entries x differing / leaves holding entries
-    # (of L leaves, L (1 - exp(-entries / L)) hold some, the entries spread by their hash).
-    total = sum(int(n) for n in answer["counts"].values())
-    slots = len(parts) << (depth - 1)
-    holding = slots * -math.expm1(-total / slots)
-    likely = total * min(1.0, len(ids) / max(1, holding))
-    if likely > COPY_SHARE * total:
-        raise _CopyInstead(f"about {likely:,.0f} of the {total:,} entries lie under the "
-                           f"{len(ids):,} differing leaves: a copy of the ranges moves less")
-    body = {"session": session, "leaves": _pack(leaves)}
+    chosen = np.isin(lparts, parts)
+    leaves = encode_message(LEAVES, level, lparts[chosen], nodes[chosen])
+    body = {"session": session, "leaves": _pack(leaves), "partitions": parts}
     info, pieces = client.get_file(ROWS, body)
     data = b"".join(p.to_pybytes() for p in pieces)
     report.messages += 2
@@ -753,17 +905,15 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     olds = [old_tables[p] for p in parts if p in old_tables]
     old_all = pa.concat_tables(olds) if olds else schema.empty_table()
     starts = np.cumsum([0] + [old_tables[p].num_rows if p in old_tables else 0 for p in parts])
-    if len(ids) and old_all.num_rows:
-        under = rows_under_leaves(old_all, keys, None, leaf_set(ids, depth, partition_count))
-        keep = ~under.to_numpy(zero_copy_only=False)
-    else:
-        keep = np.ones(old_all.num_rows, bool)
+    keep = ~np.concatenate([under[p] for p in parts]) if old_all.num_rows else \
+        np.ones(0, bool)
     groups = info.get("parts") or []
     fetched_parts = np.repeat([int(p) for p, _ in groups], [int(n) for _, n in groups]) \
         .astype(np.int32)
     if len(fetched_parts) != fetched.num_rows:
         raise MerkleSyncError(f"{where}: the holder sent {fetched.num_rows} rows but counted "
                               f"{len(fetched_parts)} by partition")
+    _attribute(plan, fetched_parts, len(data) + _json_size(info) - report.header_bytes)
     by_part = np.argsort(fetched_parts, kind="stable")
     fetched_pos = fetched[POS].to_numpy().astype(np.int64)[by_part] if fetched.num_rows \
         else np.empty(0, np.int64)
@@ -813,7 +963,11 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
                 f"is {want} (depth {depth}, {rebuilt[p].num_rows} entries): the rows fetched "
                 f"or the holder's tree are damaged; nothing of the file is kept. Copy the "
                 f"partition whole or from another holder")
-    return _encode(keyed, info["headers"], rebuilt, entries, rel, where)
+    for c, h in zip(keyed, info["headers"]):
+        plan[c.partition].spent += len(h[0])
+    report.partition_bytes = {p: round(plan[p].spent) for p in plan}
+    built, mismatched = _encode(keyed, info["headers"], rebuilt, entries, rel, where)
+    return built, mismatched | set(copied)
 
 
 def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
