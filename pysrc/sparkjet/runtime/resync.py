@@ -29,7 +29,10 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    record's checksum is the holder's chunk byte for byte, so the copy is a replica of the
    current snapshot like one the backup stream wrote (a sparse file of the file's size
    plus its ``.ranges`` sidecar), verified by the record like any other.
-5. **Merkle or copy, per partition**: each partition goes the cheaper way. The roots
+5. **Merkle or copy, per partition**: each partition goes the cheaper way. A partition so
+   small that a Merkle sync of a single changed entry would move :data:`SMALL_SHARE` of
+   its copy's bytes is copied without a walk (known from the record; when every one is,
+   no walk opens). The roots
    compare with the holder's from its answer to the open (equal: nothing more moves);
    before each walk message the stale side drops from it the partitions a plain copy of
    their chunks (``slot_read``) moves less for: all nodes of a level differ and the next
@@ -70,6 +73,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -149,6 +153,9 @@ LEAF_SHARE = 0.8
 #: next message and its answer cost less than this share of its copy's bytes (a dense
 #: change saturates level after level; a sparse one stops doing so within a few levels).
 SATURATED_SHARE = 0.02
+#: A partition of which a Merkle sync of a single changed entry would move this share of
+#: a copy's bytes is copied without a walk (known from the record: no open for it).
+SMALL_SHARE = 0.25
 #: ``merkle_tree_depth="auto"``: the share of entries assumed changed.
 AUTO_CHANGED = 0.001
 
@@ -509,9 +516,10 @@ def _holds_old(slot: StorageSlot, job_id: int, old: meta.ValidationRecord, verte
 
 
 def _old_tables(slot: StorageSlot, job_id: int, old: meta.ValidationRecord | None, vertex: str,
-                parts: set[int]) -> dict[int, list[pa.Table]]:
+                parts: set[int], kinds: set | None = None) -> dict[int, list[pa.Table]]:
     """The entries of ``vertex``'s ``parts`` that the slot's copies of ``old`` hold (a chunk
-    that does not read is left out, logged: its entries are then fetched)."""
+    that does not read is left out, logged: its entries are then fetched); ``kinds`` gets
+    whether each chunk read was an entry chunk."""
     out: dict[int, list[pa.Table]] = {}
     if old is None or vertex not in old.vertices:
         return out
@@ -534,6 +542,8 @@ def _old_tables(slot: StorageSlot, job_id: int, old: meta.ValidationRecord | Non
                 _, header, payload = _read_chunk(read, path, c, f"slot {slot.uuid}")
                 out.setdefault(c.partition, []).append(
                     _decode(header, payload, path, c.offset))
+                if kinds is not None:
+                    kinds.add(header.entries)
             except (SparkjetError, OSError) as e:
                 _log.warning("Merkle resync: slot %s: old chunk at %d of %s left out (%s): its "
                              "entries are fetched", slot.uuid, c.offset, path, e)
@@ -585,17 +595,23 @@ def _resync_chunks(slot: StorageSlot, job_id: int, client, holder: str,
     where = f"Merkle resync of {rel} (vertex {f.vertex}) from slot {holder}"
     chunks: dict[int, bytes | pa.Buffer] = {}      # offset -> the chunk's bytes
     copy = [c for c in wanted if c.partition < 0]
+    small = _too_small(keyed, depth)
+    walked = [c for c in keyed if c.partition not in small]
+    report.fallback.update(small)
     if keyed:
+        built, mismatched = {}, set(small)
         try:
-            built, mismatched = _merkle(slot, job_id, client, holder, f, keyed, old, key,
-                                        depth, partition_count, rel, where, report)
+            if walked:
+                built, more = _merkle(slot, job_id, client, holder, f, walked, old, key,
+                                      depth, partition_count, rel, where, report)
+                mismatched |= more
         except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError) as e:
             # entries the trees cannot take (no state key, a column type the value hash
             # does not read; the holder refused to open the walk for such a reason): the
             # partitions go as byte ranges, which fail in turn if the holder cannot serve
             built, mismatched = {}, {c.partition for c in keyed}
             why = f"{type(e).__name__}: {e}"
-            report.fallback = {p: why for p in sorted(mismatched)}
+            report.fallback.update({p: why for p in sorted(mismatched) if p not in small})
         chunks.update(built)
         for p in sorted(mismatched):
             report.fallback.setdefault(
@@ -699,10 +715,18 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
             "partition_count": partition_count, "hello": _b64(hello),
             "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
                        for c in keyed]}
-    answer = client.action(OPEN, body)
+    # the stale side reads its old entries and builds its trees while the holder reads and
+    # builds its own: both sides decode and hash every entry, the rest of the resync is small
+    with ThreadPoolExecutor(1, thread_name_prefix="merkle-local") as pool:
+        local = pool.submit(_local, slot, job_id, old, f.vertex,
+                            {c.partition for c in keyed}, key, depth, partition_count)
+        try:
+            answer = client.action(OPEN, body)
+        finally:
+            built = local.result()
     try:
         return _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
-                     partition_count, rel, where, report)
+                     partition_count, rel, where, report, built)
     finally:
         # the holder lets the session go at once (rows() ended it already on success)
         with contextlib.suppress(Exception):
@@ -726,6 +750,27 @@ class _Part:
         return (self.copy - self.headers) / max(1, self.rows)
 
 
+def _too_small(keyed, depth: int) -> dict[int, str]:
+    """The partitions of ``keyed`` (chunk entries) too small for a walk, with why: those of
+    which a Merkle sync of even one changed entry (its share of the open, a message per
+    level, a row) would move :data:`SMALL_SHARE` of a copy's bytes. Known from the record
+    alone: they are copied without opening a walk."""
+    chunks: dict[int, list] = {}
+    for c in keyed:
+        chunks.setdefault(c.partition, []).append(c)
+    out = {}
+    for p, cs in chunks.items():
+        copy = sum(HEADER_SIZE + c.stored_size for c in cs)
+        rows = sum(c.entry_count for c in cs)
+        part = _Part(copy, rows, rows, HEADER_SIZE * len(cs))
+        least = OPEN_BYTES + OPEN_CHUNK_BYTES * len(cs) + _still(part, 1, 0, depth, len(chunks))
+        if least >= SMALL_SHARE * copy:
+            out[p] = (f"a Merkle sync of even one changed entry would move about {least:,.0f} "
+                      f"bytes, over {SMALL_SHARE:.0%} of a copy's {copy:,}: copied as byte "
+                      f"ranges")
+    return out
+
+
 def _changes(part: _Part, differ: int, nodes: int) -> float:
     """The changed entries a partition probably has when ``differ`` of the ``nodes`` nodes of
     a level differ: ``nodes * ln((nodes + 1) / (nodes + 1 - differ))`` (the inverse of
@@ -738,6 +783,9 @@ def _changes(part: _Part, differ: int, nodes: int) -> float:
 #: What a walk message costs besides its items, about: its action's JSON, the header, a
 #: partition's group (split among the partitions of the message), and an item.
 MESSAGE_BYTES, GROUP_BYTES, ITEM_BYTES = 90, 11, 8
+#: What the open costs per partition and per chunk, about (their roots and counts in the
+#: answer; the chunks named in the request).
+OPEN_BYTES, OPEN_CHUNK_BYTES = 30, 60
 
 
 def _still(part: _Part, differ: int, level: int, depth: int, sharing: int) -> float:
@@ -826,21 +874,44 @@ def _descend(client, session, stale: Party, answer: dict, plan: dict, copied: di
     return message
 
 
+def _local(slot, job_id, old, vertex, parts, key, depth, partition_count):
+    """The stale side's old entries of ``parts`` (partition -> pieces), whether they are
+    entry chunks (None: mixed, or none), and their forest (None when it could not be built
+    before the holder's answer: its keys or schema unknown, or a piece it refuses)."""
+    kinds: set = set()
+    pieces = _old_tables(slot, job_id, old, vertex, parts, kinds)
+    entries = next(iter(kinds)) if len(kinds) == 1 else None
+    flat = [t for ts in pieces.values() for t in ts]
+    if entries is None or (not entries and key is None) or not flat \
+            or any(not t.schema.equals(flat[0].schema) for t in flat):
+        return pieces, entries, None
+    tables = {p: pa.concat_tables(ts) for p, ts in pieces.items()}
+    try:
+        return pieces, entries, _forest(tables, _key_of(entries, key), depth, partition_count)
+    except (SparkjetError, pa.ArrowException):
+        return pieces, entries, None        # _walk builds it again and raises, as before
+
+
 def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
-          partition_count, rel, where, report):
-    """:func:`_merkle` once the holder opened the session."""
+          partition_count, rel, where, report, built=None):
+    """:func:`_merkle` once the holder opened the session (``built``: what :func:`_local`
+    read and built meanwhile)."""
     report.messages += 2
     report.tree_bytes += _json_size(body) + _json_size(answer)
     entries = bool(answer["entries"])
     keys = _key_of(entries, key)
     schema = pa.ipc.read_schema(pa.py_buffer(_unb64(answer["schema"], "schema")))
     parts = sorted({c.partition for c in keyed})
-    old_tables = {}
-    for p, pieces in _old_tables(slot, job_id, old, f.vertex, set(parts)).items():
-        pieces = [t for t in pieces if t.schema.equals(schema)]
-        if pieces:
-            old_tables[p] = pa.concat_tables(pieces)
-    trees = _forest(old_tables, keys, depth, partition_count)
+    read, kind, trees = built if built is not None else (
+        _old_tables(slot, job_id, old, f.vertex, set(parts)), None, None)
+    old_tables, dropped = {}, False
+    for p, pieces in read.items():
+        same = [t for t in pieces if t.schema.equals(schema)]
+        dropped |= len(same) != len(pieces)
+        if same:
+            old_tables[p] = pa.concat_tables(same)
+    if trees is None or dropped or kind != entries:
+        trees = _forest(old_tables, keys, depth, partition_count)
     stale = Party("stale", trees)
     stale.receive_hello(_unb64(answer["hello"], "holder hello"))
     plan = {p: _Part(sum(HEADER_SIZE + c.stored_size for c in keyed if c.partition == p),
