@@ -278,6 +278,7 @@ class _Session:
         self.party, self.table, self.keys = party, table, keys
         self.depth, self.partition_count = depth, partition_count
         self.headers: list = []
+        self.leaves: bytes | None = None    # its answer that ended the walk, if it did
         self.used = time.monotonic()
 
 
@@ -371,16 +372,31 @@ class MerkleHolder:
         """One message of the walk in, the answer out (``{session, message}``)."""
         session = self._session(body)
         reply = session.party.receive_nodes(_unpack(body.get("message"), "merkle_step"))
+        if HEADER.unpack_from(reply)[0] == LEAVES:
+            session.leaves = reply      # the rows request may name it rather than send it back
         return {"message": _pack(reply)}
 
     def rows(self, body: dict):
-        """The rows under the leaves of the ``leaves`` message (a zstd Arrow IPC stream,
-        with their partition and position); ends the session."""
+        """The rows under the leaves of the ``leaves`` message (without one: of this holder's
+        answer that ended the walk), of the ``partitions`` named (default: all), as a zstd
+        Arrow IPC stream with their position, and the headers of those partitions' chunks;
+        ends the session."""
         session = self._session(body)
         with self._lock:
             self._sessions.pop(str(body.get("session")), None)
-        level, partitions, nodes = session.party.receive_leaves(
-            _unpack(body.get("leaves"), "merkle_rows leaves"))
+        if body.get("leaves") is None:
+            if session.leaves is None:
+                raise InvalidArgumentError("merkle_rows: no leaves sent, and the walk did not "
+                                           "end with this holder's")
+            leaves = session.leaves
+        else:
+            leaves = _unpack(body.get("leaves"), "merkle_rows leaves")
+        level, partitions, nodes = session.party.receive_leaves(leaves)
+        wanted = body.get("partitions")
+        wanted = None if wanted is None else {int(p) for p in wanted}
+        if wanted is not None:
+            chosen = np.isin(partitions, list(wanted))
+            partitions, nodes = partitions[chosen], nodes[chosen]
         rows = session.table.filter(_under(session, level, partitions, nodes))
         # grouped by partition already (the session's rows are): counts say where each
         # group ends, so the partition column stays home
@@ -389,8 +405,6 @@ class MerkleHolder:
         data = _ipc(rows.drop_columns([PART]).combine_chunks())
         pieces = (data.slice(at, min(READ_PIECE, data.size - at))
                   for at in range(0, data.size, READ_PIECE))
-        wanted = body.get("partitions")
-        wanted = None if wanted is None else {int(p) for p in wanted}
         headers = [h[:3] for h in session.headers if wanted is None or h[3] in wanted]
         return {"rows": rows.num_rows, "bytes": data.size, "headers": headers,
                 "parts": [[int(p), int(n)] for p, n in zip(found, counts)]}, pieces
@@ -856,7 +870,7 @@ def _descend(client, session, stale: Party, answer: dict, plan: dict, copied: di
             if not keep.all():
                 message = encode_message(NODES, level, mparts[keep], nodes[keep], hashes[keep])
                 if not keep.any():
-                    return encode_message(LEAVES, level, mparts[keep], nodes[keep])
+                    return encode_message(LEAVES, level, mparts[keep], nodes[keep]), False
         body = {"session": session, "message": _pack(message)}
         step = client.action(STEP, body)
         reply = _unpack(step["message"], "merkle_step answer")
@@ -869,9 +883,9 @@ def _descend(client, session, stale: Party, answer: dict, plan: dict, copied: di
         _attribute(plan, mine, sent)
         _attribute(plan, theirs if len(theirs) else mine, got)
         if kind == LEAVES:
-            return reply
+            return reply, True
         message = stale.receive_nodes(reply)
-    return message
+    return message, False
 
 
 def _local(slot, job_id, old, vertex, parts, key, depth, partition_count):
@@ -914,13 +928,14 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
         trees = _forest(old_tables, keys, depth, partition_count)
     stale = Party("stale", trees)
     stale.receive_hello(_unb64(answer["hello"], "holder hello"))
-    plan = {p: _Part(sum(HEADER_SIZE + c.stored_size for c in keyed if c.partition == p),
-                     int(answer["counts"][str(p)]),
-                     old_tables[p].num_rows if p in old_tables else 0,
-                     HEADER_SIZE * sum(c.partition == p for c in keyed)) for p in parts}
+    plan = {p: _Part(0, int(answer["counts"][str(p)]),
+                     old_tables[p].num_rows if p in old_tables else 0, 0) for p in parts}
+    for c in keyed:
+        plan[c.partition].copy += HEADER_SIZE + c.stored_size
+        plan[c.partition].headers += HEADER_SIZE
     copied: dict[int, str] = {}         # partition -> why it goes as byte ranges
-    leaves = _descend(client, session, stale, answer, plan, copied, depth, partition_count,
-                      report)
+    leaves, theirs = _descend(client, session, stale, answer, plan, copied, depth,
+                              partition_count, report)
     level, lparts, nodes = stale.receive_leaves(leaves)
     per = 1 << (depth - 1)
     ids = lparts * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes) else \
@@ -956,8 +971,9 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     ids = ids[np.isin(ids // per, parts)]
     report.differing_leaves = len(ids)
     chosen = np.isin(lparts, parts)
-    leaves = encode_message(LEAVES, level, lparts[chosen], nodes[chosen])
-    body = {"session": session, "leaves": _pack(leaves), "partitions": parts}
+    body = {"session": session, "partitions": parts}
+    if not theirs:      # the holder keeps the leaves it answered with: no need to send them
+        body["leaves"] = _pack(encode_message(LEAVES, level, lparts[chosen], nodes[chosen]))
     info, pieces = client.get_file(ROWS, body)
     data = b"".join(p.to_pybytes() for p in pieces)
     report.messages += 2
@@ -970,12 +986,11 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     report.row_bytes += len(data) + _json_size(info) - report.header_bytes
     fetched = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     report.rows_fetched = fetched.num_rows
-    # one table of every partition's old entries, then one take that puts each partition's
-    # kept rows (under equal leaves, in their order) and fetched rows (at their positions)
-    # in the holder's order
+    # each partition's kept rows (under equal leaves, in their order) and fetched rows (at
+    # their positions) in the holder's order (_interleave); old_all: every partition's old
+    # entries, for the trees' check
     olds = [old_tables[p] for p in parts if p in old_tables]
     old_all = pa.concat_tables(olds) if olds else schema.empty_table()
-    starts = np.cumsum([0] + [old_tables[p].num_rows if p in old_tables else 0 for p in parts])
     keep = ~np.concatenate([under[p] for p in parts]) if old_all.num_rows else \
         np.ones(0, bool)
     groups = info.get("parts") or []
@@ -989,34 +1004,27 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     fetched_pos = fetched[POS].to_numpy().astype(np.int64)[by_part] if fetched.num_rows \
         else np.empty(0, np.int64)
     bounds = np.searchsorted(fetched_parts[by_part], parts + [np.iinfo(np.int32).max])
-    base = old_all.num_rows
-    order, sizes = [], {}
+    fetched = fetched.drop_columns([POS]).cast(old_all.schema)
+    # by partition (the holder sends them so; the sort is a no-op then)
+    grouped = fetched if np.all(by_part == np.arange(len(by_part))) else \
+        fetched.take(pa.array(by_part))
+    rebuilt = {}
     for i, p in enumerate(parts):
-        kept = np.flatnonzero(keep[starts[i]:starts[i + 1]]) + starts[i]
-        pos = fetched_pos[bounds[i]:bounds[i + 1]]
-        mine = by_part[bounds[i]:bounds[i + 1]] + base
+        mine = old_tables.get(p, old_all.schema.empty_table())
+        kept = np.flatnonzero(~under[p]) if len(under[p]) else np.empty(0, np.int64)
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        pos = fetched_pos[lo:hi]
         want = int(answer["counts"][str(p)])
         n = len(kept) + len(pos)
-        if n != want or (len(pos) and (pos.max() >= n or pos.min() < 0
-                                       or len(np.unique(pos)) != len(pos))):
+        free = np.ones(n, bool)
+        if n == want and len(pos) and pos.min() >= 0 and pos.max() < n:
+            free[pos] = False
+        if n != want or np.count_nonzero(free) != len(kept):
             raise MerkleSyncError(
                 f"{where}: partition {p} rebuilt with {n} entries ({len(kept)} kept, "
                 f"{len(pos)} fetched), the holder has {want}: nothing of the file is "
                 f"kept; copy the partition whole or from another holder")
-        take = np.empty(n, np.int64)
-        free = np.ones(n, bool)
-        free[pos] = False
-        take[free] = kept
-        take[pos] = mine
-        order.append(take)
-        sizes[p] = n
-    fetched = fetched.drop_columns([POS]).cast(old_all.schema)
-    both = pa.concat_tables([old_all, fetched]).combine_chunks()
-    whole = both.take(pa.array(np.concatenate(order) if order else np.empty(0, np.int64)))
-    rebuilt, at = {}, 0
-    for p in parts:
-        rebuilt[p] = whole.slice(at, sizes[p])
-        at += sizes[p]
+        rebuilt[p] = _interleave(mine, kept, grouped.slice(lo, hi - lo), free)
     # the rebuilt partitions' trees: the old forest without the old rows under the
     # differing leaves (those not kept), plus the rows fetched; the rows received are what
     # is checked, at the cost of the changes rather than of the whole state
@@ -1039,6 +1047,33 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     report.partition_bytes = {p: round(plan[p].spent) for p in plan}
     built, mismatched = _encode(keyed, info["headers"], rebuilt, entries, rel, where)
     return built, mismatched | set(copied)
+
+
+#: Runs per row past which a partition is rebuilt with one take rather than by slices.
+RUNS_PER_ROW = 1 / 64
+
+
+def _interleave(old: pa.Table, kept: np.ndarray, fetched: pa.Table, free: np.ndarray):
+    """A partition's rows in the holder's order: ``old``'s rows ``kept`` (in their order)
+    at the ``free`` positions, ``fetched``'s rows (in theirs) at the others. Few changes
+    leave long runs of kept rows: the result is then slices of the two tables (no row is
+    copied until its chunk is encoded); many, one take over both."""
+    n = len(free)
+    order = np.empty(n, np.int64)
+    order[free] = kept
+    big = len(old) + 1          # fetched row j is big + j: no run goes from old into fetched
+    order[~free] = big + np.arange(n - len(kept), dtype=np.int64)
+    if not n:
+        return old.slice(0, 0)
+    starts = np.flatnonzero(np.r_[True, np.diff(order) != 1])
+    if len(starts) > max(16, n * RUNS_PER_ROW):
+        both = pa.concat_tables([old, fetched]).combine_chunks()
+        return both.take(pa.array(np.where(order >= big, order - 1, order)))
+    ends = np.r_[starts[1:], n]
+    pieces = [old.slice(int(order[s]), int(e - s)) if order[s] < big
+              else fetched.slice(int(order[s] - big), int(e - s))
+              for s, e in zip(starts, ends)]
+    return pa.concat_tables(pieces)
 
 
 def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
