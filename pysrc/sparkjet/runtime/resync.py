@@ -1079,31 +1079,29 @@ def _interleave(old: pa.Table, kept: np.ndarray, fetched: pa.Table, free: np.nda
 def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
     """Cuts each partition's rows into the holder's chunks and encodes them; a chunk counts
     only if its payload hashes to the record's checksum."""
-    built, mismatched, at = {}, set(), {}
+    jobs, at = [], {}
     for c, (head, codec, flags) in zip(keyed, headers):
-        head = _unb64(head, "chunk header")
         start = at.get(c.partition, 0)
         at[c.partition] = start + c.entry_count
-        if c.partition in mismatched:
-            continue
-        rows = rebuilt[c.partition].slice(start, c.entry_count)
+        jobs.append((c, _unb64(head, "chunk header"), codec, flags,
+                     rebuilt[c.partition].slice(start, c.entry_count)))
+
+    def encode(job):
+        c, head, codec, flags, rows = job
         header = ChunkHeader(codec, flags, 0, 0, 0, c.partition, c.entry_count, 0, 0, 0)
         data = (rows[ENTRY_KEY].combine_chunks(), rows["value"].combine_chunks()) if entries \
             else rows
-        pieces = encode_payload(header, data)
-        digest = xxhash.xxh3_64()
-        size = 0
-        for piece in pieces:
-            digest.update(piece)
-            size += len(memoryview(piece).cast("B"))
-        if digest.intdigest() != c.checksum or size != c.stored_size:
-            mismatched.add(c.partition)
-            continue
-        chunk = head + b"".join(bytes(memoryview(x).cast("B")) for x in pieces)
+        chunk = b"".join([head, *encode_payload(header, data)])
+        if len(chunk) != HEADER_SIZE + c.stored_size or \
+                xxhash.xxh3_64_intdigest(memoryview(chunk)[HEADER_SIZE:]) != c.checksum:
+            return None
         read_chunks(pa.py_buffer(chunk), f"{where}: rebuilt chunk at {c.offset}")  # header too
-        built[c.offset] = chunk
-    built = {c.offset: built[c.offset] for c in keyed
-             if c.offset in built and c.partition not in mismatched}
+        return chunk
+
+    chunks = [encode(job) for job in jobs]
+    mismatched = {c.partition for (c, *_), chunk in zip(jobs, chunks) if chunk is None}
+    built = {c.offset: chunk for (c, *_), chunk in zip(jobs, chunks)
+             if c.partition not in mismatched}
     return built, mismatched
 
 
