@@ -235,6 +235,40 @@ def _unpack(text, what: str) -> bytes:
     return body
 
 
+#: A chunk as the open names it: offset, stored size, checksum, entries, partition.
+CHUNK = np.dtype([("offset", "<i8"), ("stored_size", "<i8"), ("checksum", "<u8"),
+                  ("entry_count", "<i8"), ("partition", "<i4")])
+
+
+def _pack_chunks(chunks) -> str:
+    """The chunks an open names, packed (:data:`CHUNK` rows, offsets as differences, zstd,
+    base64): about half the bytes of the JSON lists :func:`_chunk_list` also reads."""
+    rows = np.array([(c.offset, c.stored_size, c.checksum, c.entry_count, c.partition)
+                     for c in chunks], CHUNK)
+    rows["offset"] = np.diff(rows["offset"], prepend=0)
+    data = rows.tobytes()
+    return _b64(struct.pack(">I", len(data)) + pa.compress(data, codec="zstd", asbytes=True))
+
+
+def _chunk_list(value) -> list:
+    """The chunks of an open: JSON lists as they are, or :func:`_pack_chunks`'s text."""
+    if not isinstance(value, str):
+        return list(value or [])
+    raw = _unb64(value, "merkle_open chunks")
+    if len(raw) < 4 or struct.unpack_from(">I", raw)[0] > MAX_MESSAGE \
+            or struct.unpack_from(">I", raw)[0] % CHUNK.itemsize:
+        raise InvalidArgumentError("merkle_open chunks: not a packed chunk list")
+    try:
+        data = pa.decompress(raw[4:], decompressed_size=struct.unpack_from(">I", raw)[0],
+                             codec="zstd", asbytes=True)
+    except (pa.ArrowException, ValueError, OSError) as e:
+        raise InvalidArgumentError(f"merkle_open chunks: do not decompress ({e})") from None
+    rows = np.frombuffer(data, CHUNK).copy()
+    rows["offset"] = np.cumsum(rows["offset"])
+    return [[int(r["offset"]), int(r["stored_size"]), int(r["checksum"]), int(r["entry_count"]),
+             int(r["partition"])] for r in rows]
+
+
 def _decode(header: ChunkHeader, payload, where: str, offset: int) -> pa.Table:
     """A chunk's entries as a table: its rows, or (key, value) binary columns."""
     if header.entries:
@@ -318,7 +352,8 @@ class MerkleHolder:
 
     def open(self, body: dict) -> dict:
         """Body ``{session, slot, path, chunks: [[offset, stored_size, checksum,
-        entry_count, partition], ...], key, depth, partition_count, hello}``."""
+        entry_count, partition], ...] (or those packed, :func:`_pack_chunks`), key, depth,
+        partition_count, hello}``."""
         if body.get("slot") != self.slot.uuid:
             raise InvalidArgumentError(f"this member holds slot {self.slot.uuid}, not "
                                        f"{body.get('slot')!r}")
@@ -329,7 +364,7 @@ class MerkleHolder:
         read = LocalSlotFile(self.slot, self.job_id, path).range_reader()
         headers, parts = [], {}
         entries = None
-        for raw in body.get("chunks") or []:
+        for raw in _chunk_list(body.get("chunks")):
             c = meta.convert(raw, meta.ChunkEntry, "merkle_open chunk")
             head, header, payload = _read_chunk(read, path, c, where)
             entries = header.entries
@@ -727,8 +762,7 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
                                                              MODES["entry"])
     body = {"session": session, "slot": holder, "path": rel, "key": key, "depth": depth,
             "partition_count": partition_count, "hello": _b64(hello),
-            "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
-                       for c in keyed]}
+            "chunks": _pack_chunks(keyed)}
     # the stale side reads its old entries and builds its trees while the holder reads and
     # builds its own: both sides decode and hash every entry, the rest of the resync is small
     with ThreadPoolExecutor(1, thread_name_prefix="merkle-local") as pool:
