@@ -15,13 +15,16 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    an entry chunk's are its key and value bytes), and answers its hello, the schema, and
    every partition's root and entry count.
 2. **Walk** (``merkle_step``, one action per tree level): the stale slot builds its forest
-   over the entries of the same (vertex, partition)s that its old copies hold and runs the
+   over the entries of the same (vertex, partition)s that its old copies hold (while the
+   holder builds its own), compares its roots with the holder's, and runs the rest of the
    :class:`~sparkjet.merkle.SyncSession` walk with the holder, message by message.
 3. **Fetch** (file stream ``merkle_rows``, Flight ``DoGet``): the holder's rows under the
-   differing leaves, each with its position in its partition, as a zstd Arrow IPC stream,
-   and the 64-byte headers of the chunks.
+   differing leaves of the partitions named (the leaves sent, or the holder's own answer
+   that ended the walk), each with its position in its partition, as a zstd Arrow IPC
+   stream, and the 64-byte headers of those partitions' chunks.
 4. **Rebuild and verify**: per partition, the old rows under equal leaves are kept in their
-   order, the fetched rows put at their positions; the partition's entry count and root
+   order, the fetched rows put at their positions (slices of both tables, no row copied
+   until its chunk is encoded); the partition's entry count and root
    hash must equal the holder's (else :class:`~sparkjet.errors.MerkleSyncError`, naming
    vertex, partition, file and holder, and nothing is kept). The rows are cut into the
    holder's chunks (their entry counts) and encoded as the writer encodes them
@@ -765,14 +768,12 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
             "chunks": _pack_chunks(keyed)}
     # the stale side reads its old entries and builds its trees while the holder reads and
     # builds its own: both sides decode and hash every entry, the rest of the resync is small
-    with ThreadPoolExecutor(1, thread_name_prefix="merkle-local") as pool:
-        local = pool.submit(_local, slot, job_id, old, f.vertex,
-                            {c.partition for c in keyed}, key, depth, partition_count)
-        try:
-            answer = client.action(OPEN, body)
-        finally:
-            built = local.result()
     try:
+        with ThreadPoolExecutor(1, thread_name_prefix="merkle-local") as pool:
+            local = pool.submit(_local, slot, job_id, old, f.vertex,
+                                {c.partition for c in keyed}, key, depth, partition_count)
+            answer = client.action(OPEN, body)      # on error, the pool waits for local
+            built = local.result()
         return _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
                      partition_count, rel, where, report, built)
     finally:
