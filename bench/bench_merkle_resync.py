@@ -12,9 +12,10 @@ chosen depth (``merkle_tree_depth="auto"``) and at depth 10, and by a full copy 
 byte ranges (``copy_file``: the ``slot_read`` stream). Every run's copy is checked against
 the record (the persistence verification). Bytes are the payloads sent both ways (JSON
 bodies of the walk's actions, chunk headers, the rows' Arrow IPC stream; for the copy, the
-chunks' bytes); times are wall clock, one process holding both sides (loopback), median of
-``--rounds``, and the link speed below which the resync beats the copy follows from them
-(bytes saved / seconds spent). No time is asserted.
+chunks' bytes); "copied": the partitions a Merkle resync copied whole instead (a copy
+moved less for them, :mod:`sparkjet.runtime.resync`); times are wall clock, one process
+holding both sides (loopback), median of ``--rounds``, and the link speed below which the
+resync beats the copy follows from them (bytes saved / seconds spent). No time is asserted.
 
     python bench/bench_merkle_resync.py                  # 10M keys
     python bench/bench_merkle_resync.py --keys 1000000   # a quick run
@@ -165,6 +166,7 @@ def measure(setup: Setup, rounds: int) -> list[dict]:
                     "seconds": statistics.median(x.seconds for x in reports),
                     "rows_fetched": r.rows_fetched, "leaves": r.differing_leaves,
                     "fallback": len(r.fallback), "tree": r.tree_bytes, "rows": r.row_bytes,
+                    "copied": sum(w == "copy" for w in r.ways.values()),
                     "headers": r.header_bytes})
     return out
 
@@ -173,11 +175,11 @@ def table_text(setup: Setup, rows: list[dict]) -> str:
     lines = [f"{setup.keys:,} keys, {setup.changed:.3%} changed, {PARTITIONS} partitions, "
              f"full copy {rows[-1]['full']:,} bytes",
              f"{'':28} {'bytes':>12} {'of copy':>8} {'walk':>10} {'headers':>9} "
-             f"{'rows':>10} {'rows fetched':>13} {'seconds':>8}"]
+             f"{'rows':>10} {'rows fetched':>13} {'copied':>7} {'seconds':>8}"]
     for r in rows:
         lines.append(f"{r['how']:28} {r['bytes']:>12,} {r['bytes'] / r['full']:>8.2%} "
                      f"{r['tree']:>10,} {r['headers']:>9,} {r['rows']:>10,} "
-                     f"{r['rows_fetched']:>13,} {r['seconds']:>8.2f}")
+                     f"{r['rows_fetched']:>13,} {r['copied']:>7,} {r['seconds']:>8.2f}")
     copy = rows[-1]
     for r in rows[:-1]:
         extra = r["seconds"] - copy["seconds"]

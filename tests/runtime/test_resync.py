@@ -8,6 +8,7 @@ refused, nothing kept; merkle_tree_depth is checked."""
 import os
 import shutil
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -54,8 +55,9 @@ def cluster(tmp_path):
     b.release()
 
 
-def _snapshot(store, slot, sid, table):
-    w = store.writer(sid, 5, writer=0, partition_count=PARTITIONS, slot=slot, chunk_size=16384)
+def _snapshot(store, slot, sid, table, chunk_size=16384):
+    w = store.writer(sid, 5, writer=0, partition_count=PARTITIONS, slot=slot,
+                     chunk_size=chunk_size)
     w.write_table("agg", table, key="key")
     store.commit(sid, 5, [w.finish()], table="dGFibGU=", plan='{"v": 1}')
     data, _, _ = store.committed_record(sid)
@@ -307,7 +309,7 @@ def test_a_table_without_its_state_key_goes_as_byte_ranges(cluster):
     assert set(report.fallback) == parts and "state key" in report.fallback[min(parts)]
     assert report.copied_bytes == report.full_copy_bytes
     got, path = _restored(b, rec1, f, parts)
-    assert got.sort_by("key").equals(new)
+    assert got.sort_by("key").equals(new.sort_by("key"))
     _verify_file(path, f, JOB, 1, held_ranges(path)[1])
 
 
@@ -495,3 +497,48 @@ def test_a_file_whose_partitions_two_backups_share_is_resynced_from_both(tmp_pat
             s.close()
         for s in slots:
             s.release()
+
+
+@pytest.mark.parametrize("depth", [10, "auto"])
+def test_a_dense_change_moves_no_more_than_a_copy_and_a_bounded_overhead(cluster, depth):
+    """Every key's value changed between the snapshots: the trees differ everywhere, so each
+    partition's walk stops after a few levels and the partition goes as byte ranges; the
+    resync moves a copy's bytes plus the open and those few levels, never (much) more. The
+    copy is the holder's, bit for bit."""
+    a, b, client, _, store = cluster
+    old, rec0 = _stale_slot(store, a, b)
+    new = _state([float(i) + 0.25 for i in range(N)])
+    rec1 = _snapshot(store, a, 1, new)
+    f = rec1.vertices["agg"].files[0]
+    parts = {c.partition for c in f.chunks}
+    report = resync_file(b, JOB, client, a.uuid, rec1, f, parts, rec0, key="key", depth=depth,
+                         partition_count=PARTITIONS)
+    assert report.ways == {p: "copy" for p in parts}
+    assert report.copied_bytes == report.full_copy_bytes
+    assert report.synced_bytes <= report.full_copy_bytes * 1.02 + 2048, report.to_dict()
+    got, path = _restored(b, rec1, f, parts)
+    assert got.sort_by("key").equals(new.sort_by("key"))
+    _verify_file(path, f, JOB, 1, held_ranges(path)[1])
+
+
+def test_a_sparse_change_goes_by_merkle_and_moves_under_2_percent_of_a_copy(cluster):
+    """0.1 % of the values of 200k spread keys changed: every partition still goes by
+    Merkle, and the resync (walk, headers, rows) moves at most 2 % of a copy's bytes."""
+    a, b, client, _, store = cluster
+    n, rng = 200_000, np.random.default_rng(25)
+    keys = rng.choice(2**40, n, replace=False)
+    values = rng.random(n)
+    rec0 = _snapshot(store, a, 0, _state(values, keys), chunk_size=128 * 1024)
+    _stale_copy(a, b, rec0)
+    values[17::1000] += 1
+    new = _state(values, keys)
+    rec1 = _snapshot(store, a, 1, new, chunk_size=128 * 1024)
+    f = rec1.vertices["agg"].files[0]
+    parts = {c.partition for c in f.chunks}
+    report = resync_file(b, JOB, client, a.uuid, rec1, f, parts, rec0, key="key", depth="auto",
+                         partition_count=PARTITIONS)
+    assert report.ways == {p: "merkle" for p in parts} and report.copied_bytes == 0
+    assert report.synced_bytes <= 0.02 * report.full_copy_bytes, report.to_dict()
+    got, path = _restored(b, rec1, f, parts)
+    assert got.sort_by("key").equals(new.sort_by("key"))
+    _verify_file(path, f, JOB, 1, held_ranges(path)[1])

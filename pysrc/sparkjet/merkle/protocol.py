@@ -179,6 +179,23 @@ def _decode(message: bytes, kind: int, receiver: str, depth: int, partition_coun
     return level, np.repeat(partitions, counts), nodes, hashes
 
 
+def encode_message(kind: int, level: int, partitions: np.ndarray, nodes: np.ndarray,
+                   hashes: np.ndarray | None = None) -> bytes:
+    """A nodes message (``hashes`` given) or a leaves message of ``level``: the items
+    grouped by ``partitions`` (ascending), as a party sends them. For a side that trims
+    a message before it sends it (:mod:`sparkjet.runtime.resync` drops the partitions it
+    copies instead)."""
+    return _encode(kind, level, np.asarray(partitions, np.int64), np.asarray(nodes, np.int64),
+                   hashes)
+
+
+def decode_message(message: bytes, kind: int, receiver: str, depth: int,
+                   partition_count: int):
+    """(level, partitions, nodes, hashes or None) of a nodes or leaves message, one item
+    each, checked as a party checks what a peer sent."""
+    return _decode(message, kind, receiver, depth, partition_count)
+
+
 class SyncSession:
     """The Merkle exchange between a stale party and a fresh party, run as the two would
     run it over a network: each holds only its own trees and reads only the other's

@@ -15,13 +15,16 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    an entry chunk's are its key and value bytes), and answers its hello, the schema, and
    every partition's root and entry count.
 2. **Walk** (``merkle_step``, one action per tree level): the stale slot builds its forest
-   over the entries of the same (vertex, partition)s that its old copies hold and runs the
+   over the entries of the same (vertex, partition)s that its old copies hold (while the
+   holder builds its own), compares its roots with the holder's, and runs the rest of the
    :class:`~sparkjet.merkle.SyncSession` walk with the holder, message by message.
 3. **Fetch** (file stream ``merkle_rows``, Flight ``DoGet``): the holder's rows under the
-   differing leaves, each with its position in its partition, as a zstd Arrow IPC stream,
-   and the 64-byte headers of the chunks.
+   differing leaves of the partitions named (the leaves sent, or the holder's own answer
+   that ended the walk), each with its position in its partition, as a zstd Arrow IPC
+   stream, and the 64-byte headers of those partitions' chunks.
 4. **Rebuild and verify**: per partition, the old rows under equal leaves are kept in their
-   order, the fetched rows put at their positions; the partition's entry count and root
+   order, the fetched rows put at their positions (slices of both tables, no row copied
+   until its chunk is encoded); the partition's entry count and root
    hash must equal the holder's (else :class:`~sparkjet.errors.MerkleSyncError`, naming
    vertex, partition, file and holder, and nothing is kept). The rows are cut into the
    holder's chunks (their entry counts) and encoded as the writer encodes them
@@ -29,12 +32,24 @@ holder with one Merkle tree per (vertex, partition) (:mod:`sparkjet.merkle`):
    record's checksum is the holder's chunk byte for byte, so the copy is a replica of the
    current snapshot like one the backup stream wrote (a sparse file of the file's size
    plus its ``.ranges`` sidecar), verified by the record like any other.
-5. **Fallback**: a partition whose rebuilt bytes differ (its rows were reordered between
-   the snapshots, so the entries agree but the bytes do not) and broadcast state are
-   copied as byte ranges (``slot_read``), and the report says so. So are all the file's
-   partitions when most entries changed: the walk stops once it has moved a quarter of a
-   copy's bytes (:data:`WALK_SHARE`), and no rows are fetched when over 3/4 of the entries
-   lie under the differing leaves (:data:`COPY_SHARE`).
+5. **Merkle or copy, per partition**: each partition goes the cheaper way. A partition so
+   small that a Merkle sync of a single changed entry would move :data:`SMALL_SHARE` of
+   its copy's bytes is copied without a walk (known from the record; when every one is,
+   no walk opens). The roots
+   compare with the holder's from its answer to the open (equal: nothing more moves);
+   before each walk message the stale side drops from it the partitions a plain copy of
+   their chunks (``slot_read``) moves less for: all nodes of a level differ and the next
+   message costs over :data:`SATURATED_SHARE` of the copy's bytes (a dense change), or the
+   rest of the walk and the rows under the leaves that would differ, estimated from the
+   nodes differing so far, reach :data:`COPY_SHARE` of them, or the walk would pass
+   :data:`WALK_SHARE` of them (the bound: a partition never moves more than that share of
+   its copy on top of the copy). At the leaves, the rows to fetch are known exactly (the
+   holder's entries less the old ones under equal leaves): a partition whose walk and rows
+   would reach :data:`LEAF_SHARE` of its copy is copied. A partition whose rebuilt bytes
+   differ (its rows were reordered between the snapshots, so the entries agree but the
+   bytes do not) and broadcast state are copied too. The report says which way each
+   partition went (``ways``: ``"merkle"`` or ``"copy"``, ``fallback``: why) and what each
+   moved (``partition_bytes``).
 
 The granularity is the entry: what moves is the walk's messages, the chunk headers and the
 rows under differing leaves. :class:`ResyncReport` gives bytes synced against a full copy's
@@ -61,6 +76,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -91,6 +107,8 @@ from sparkjet.merkle.protocol import (
     NODES,
     PAIR,
     Party,
+    decode_message,
+    encode_message,
 )
 from sparkjet.partition_table import PartitionTable
 from sparkjet.runtime.storage import (
@@ -124,11 +142,23 @@ ENTRY_KEY = "key"
 #: stays (a stale side that gave up, or died, never closes its own).
 MAX_SESSIONS = 4
 SESSION_IDLE_S = 120.0
-#: The share of the entries that, once the walk finds them under differing leaves, makes
-#: a resync copy the ranges instead.
-COPY_SHARE = 0.75
-#: The share of a copy's bytes past which the walk stops and the ranges are copied.
-WALK_SHARE = 0.25
+#: A partition is copied as byte ranges once its walk (its share of the messages so far,
+#: the next one and its answer) would pass this share of its copy's bytes...
+WALK_SHARE = 0.5
+#: ... or once the bytes its Merkle sync would still move (the rest of the walk and the
+#: rows under its differing leaves, estimated from the nodes found differing so far) reach
+#: this share...
+COPY_SHARE = 0.5
+#: ... or, at the leaves, once its walk and the rows under its differing leaves (known
+#: before they move: the old entries under equal leaves are kept) reach this share.
+LEAF_SHARE = 0.8
+#: A partition all of whose nodes of a level (of 4 or more) differ goes on only while the
+#: next message and its answer cost less than this share of its copy's bytes (a dense
+#: change saturates level after level; a sparse one stops doing so within a few levels).
+SATURATED_SHARE = 0.02
+#: A partition of which a Merkle sync of a single changed entry would move this share of
+#: a copy's bytes is copied without a walk (known from the record: no open for it).
+SMALL_SHARE = 0.25
 #: ``merkle_tree_depth="auto"``: the share of entries assumed changed.
 AUTO_CHANGED = 0.001
 
@@ -208,6 +238,40 @@ def _unpack(text, what: str) -> bytes:
     return body
 
 
+#: A chunk as the open names it: offset, stored size, checksum, entries, partition.
+CHUNK = np.dtype([("offset", "<i8"), ("stored_size", "<i8"), ("checksum", "<u8"),
+                  ("entry_count", "<i8"), ("partition", "<i4")])
+
+
+def _pack_chunks(chunks) -> str:
+    """The chunks an open names, packed (:data:`CHUNK` rows, offsets as differences, zstd,
+    base64): about half the bytes of the JSON lists :func:`_chunk_list` also reads."""
+    rows = np.array([(c.offset, c.stored_size, c.checksum, c.entry_count, c.partition)
+                     for c in chunks], CHUNK)
+    rows["offset"] = np.diff(rows["offset"], prepend=0)
+    data = rows.tobytes()
+    return _b64(struct.pack(">I", len(data)) + pa.compress(data, codec="zstd", asbytes=True))
+
+
+def _chunk_list(value) -> list:
+    """The chunks of an open: JSON lists as they are, or :func:`_pack_chunks`'s text."""
+    if not isinstance(value, str):
+        return list(value or [])
+    raw = _unb64(value, "merkle_open chunks")
+    if len(raw) < 4 or struct.unpack_from(">I", raw)[0] > MAX_MESSAGE \
+            or struct.unpack_from(">I", raw)[0] % CHUNK.itemsize:
+        raise InvalidArgumentError("merkle_open chunks: not a packed chunk list")
+    try:
+        data = pa.decompress(raw[4:], decompressed_size=struct.unpack_from(">I", raw)[0],
+                             codec="zstd", asbytes=True)
+    except (pa.ArrowException, ValueError, OSError) as e:
+        raise InvalidArgumentError(f"merkle_open chunks: do not decompress ({e})") from None
+    rows = np.frombuffer(data, CHUNK).copy()
+    rows["offset"] = np.cumsum(rows["offset"])
+    return [[int(r["offset"]), int(r["stored_size"]), int(r["checksum"]), int(r["entry_count"]),
+             int(r["partition"])] for r in rows]
+
+
 def _decode(header: ChunkHeader, payload, where: str, offset: int) -> pa.Table:
     """A chunk's entries as a table: its rows, or (key, value) binary columns."""
     if header.entries:
@@ -243,10 +307,6 @@ def _ipc(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-class _CopyInstead(Exception):
-    """The walk found most entries changed: the partitions go as byte ranges."""
-
-
 # -- the holder ------------------------------------------------------------------------------
 
 
@@ -255,6 +315,7 @@ class _Session:
         self.party, self.table, self.keys = party, table, keys
         self.depth, self.partition_count = depth, partition_count
         self.headers: list = []
+        self.leaves: bytes | None = None    # its answer that ended the walk, if it did
         self.used = time.monotonic()
 
 
@@ -294,7 +355,8 @@ class MerkleHolder:
 
     def open(self, body: dict) -> dict:
         """Body ``{session, slot, path, chunks: [[offset, stored_size, checksum,
-        entry_count, partition], ...], key, depth, partition_count, hello}``."""
+        entry_count, partition], ...] (or those packed, :func:`_pack_chunks`), key, depth,
+        partition_count, hello}``."""
         if body.get("slot") != self.slot.uuid:
             raise InvalidArgumentError(f"this member holds slot {self.slot.uuid}, not "
                                        f"{body.get('slot')!r}")
@@ -305,11 +367,11 @@ class MerkleHolder:
         read = LocalSlotFile(self.slot, self.job_id, path).range_reader()
         headers, parts = [], {}
         entries = None
-        for raw in body.get("chunks") or []:
+        for raw in _chunk_list(body.get("chunks")):
             c = meta.convert(raw, meta.ChunkEntry, "merkle_open chunk")
             head, header, payload = _read_chunk(read, path, c, where)
             entries = header.entries
-            headers.append([_b64(head), header.codec, header.flags])
+            headers.append([_b64(head), header.codec, header.flags, c.partition])
             parts.setdefault(c.partition, []).append(_decode(header, payload, path, c.offset))
         if entries is None:
             raise InvalidArgumentError(f"merkle_open of {path}: no chunks named")
@@ -348,16 +410,31 @@ class MerkleHolder:
         """One message of the walk in, the answer out (``{session, message}``)."""
         session = self._session(body)
         reply = session.party.receive_nodes(_unpack(body.get("message"), "merkle_step"))
+        if HEADER.unpack_from(reply)[0] == LEAVES:
+            session.leaves = reply      # the rows request may name it rather than send it back
         return {"message": _pack(reply)}
 
     def rows(self, body: dict):
-        """The rows under the leaves of the ``leaves`` message (a zstd Arrow IPC stream,
-        with their partition and position); ends the session."""
+        """The rows under the leaves of the ``leaves`` message (without one: of this holder's
+        answer that ended the walk), of the ``partitions`` named (default: all), as a zstd
+        Arrow IPC stream with their position, and the headers of those partitions' chunks;
+        ends the session."""
         session = self._session(body)
         with self._lock:
             self._sessions.pop(str(body.get("session")), None)
-        level, partitions, nodes = session.party.receive_leaves(
-            _unpack(body.get("leaves"), "merkle_rows leaves"))
+        if body.get("leaves") is None:
+            if session.leaves is None:
+                raise InvalidArgumentError("merkle_rows: no leaves sent, and the walk did not "
+                                           "end with this holder's")
+            leaves = session.leaves
+        else:
+            leaves = _unpack(body.get("leaves"), "merkle_rows leaves")
+        level, partitions, nodes = session.party.receive_leaves(leaves)
+        wanted = body.get("partitions")
+        wanted = None if wanted is None else {int(p) for p in wanted}
+        if wanted is not None:
+            chosen = np.isin(partitions, list(wanted))
+            partitions, nodes = partitions[chosen], nodes[chosen]
         rows = session.table.filter(_under(session, level, partitions, nodes))
         # grouped by partition already (the session's rows are): counts say where each
         # group ends, so the partition column stays home
@@ -366,7 +443,8 @@ class MerkleHolder:
         data = _ipc(rows.drop_columns([PART]).combine_chunks())
         pieces = (data.slice(at, min(READ_PIECE, data.size - at))
                   for at in range(0, data.size, READ_PIECE))
-        return {"rows": rows.num_rows, "bytes": data.size, "headers": session.headers,
+        headers = [h[:3] for h in session.headers if wanted is None or h[3] in wanted]
+        return {"rows": rows.num_rows, "bytes": data.size, "headers": headers,
                 "parts": [[int(p), int(n)] for p, n in zip(found, counts)]}, pieces
 
 
@@ -388,7 +466,10 @@ def _under(session, level: int, partitions, nodes):
 @dataclass
 class ResyncReport:
     """What one file's resync moved. ``synced_bytes`` (walk, headers, rows and ranges
-    copied) against ``full_copy_bytes`` (the stored bytes of the chunks a copy moves)."""
+    copied) against ``full_copy_bytes`` (the stored bytes of the chunks a copy moves).
+    ``ways``: each keyed partition's way, ``"merkle"`` or ``"copy"`` (``fallback`` says why
+    a partition was copied); ``partition_bytes``: what each moved (its share of the walk,
+    headers and rows; a copied one's chunks too, after whatever walk it had before)."""
 
     path: str
     holder: str
@@ -404,6 +485,8 @@ class ResyncReport:
     full_copy_bytes: int = 0
     messages: int = 0
     fallback: dict = field(default_factory=dict)
+    ways: dict = field(default_factory=dict)
+    partition_bytes: dict = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -429,6 +512,8 @@ def _merged(reports: list[ResyncReport], seconds: float) -> ResyncReport:
         setattr(out, name, sum(getattr(r, name) for r in reports))
     for r in reports:
         out.fallback.update(r.fallback)
+        out.ways.update(r.ways)
+        out.partition_bytes.update(r.partition_bytes)
     return out
 
 
@@ -483,9 +568,10 @@ def _holds_old(slot: StorageSlot, job_id: int, old: meta.ValidationRecord, verte
 
 
 def _old_tables(slot: StorageSlot, job_id: int, old: meta.ValidationRecord | None, vertex: str,
-                parts: set[int]) -> dict[int, list[pa.Table]]:
+                parts: set[int], kinds: set | None = None) -> dict[int, list[pa.Table]]:
     """The entries of ``vertex``'s ``parts`` that the slot's copies of ``old`` hold (a chunk
-    that does not read is left out, logged: its entries are then fetched)."""
+    that does not read is left out, logged: its entries are then fetched); ``kinds`` gets
+    whether each chunk read was an entry chunk."""
     out: dict[int, list[pa.Table]] = {}
     if old is None or vertex not in old.vertices:
         return out
@@ -508,6 +594,8 @@ def _old_tables(slot: StorageSlot, job_id: int, old: meta.ValidationRecord | Non
                 _, header, payload = _read_chunk(read, path, c, f"slot {slot.uuid}")
                 out.setdefault(c.partition, []).append(
                     _decode(header, payload, path, c.offset))
+                if kinds is not None:
+                    kinds.add(header.entries)
             except (SparkjetError, OSError) as e:
                 _log.warning("Merkle resync: slot %s: old chunk at %d of %s left out (%s): its "
                              "entries are fetched", slot.uuid, c.offset, path, e)
@@ -559,18 +647,23 @@ def _resync_chunks(slot: StorageSlot, job_id: int, client, holder: str,
     where = f"Merkle resync of {rel} (vertex {f.vertex}) from slot {holder}"
     chunks: dict[int, bytes | pa.Buffer] = {}      # offset -> the chunk's bytes
     copy = [c for c in wanted if c.partition < 0]
+    small = _too_small(keyed, depth)
+    walked = [c for c in keyed if c.partition not in small]
+    report.fallback.update(small)
     if keyed:
+        built, mismatched = {}, set(small)
         try:
-            built, mismatched = _merkle(slot, job_id, client, holder, f, keyed, old, key,
-                                        depth, partition_count, rel, where, report)
-        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError,
-                _CopyInstead) as e:
+            if walked:
+                built, more = _merkle(slot, job_id, client, holder, f, walked, old, key,
+                                      depth, partition_count, rel, where, report)
+                mismatched |= more
+        except (InvalidArgumentError, UnsupportedTypeError, ExchangeRefusedError) as e:
             # entries the trees cannot take (no state key, a column type the value hash
             # does not read; the holder refused to open the walk for such a reason): the
             # partitions go as byte ranges, which fail in turn if the holder cannot serve
             built, mismatched = {}, {c.partition for c in keyed}
-            why = str(e) if isinstance(e, _CopyInstead) else f"{type(e).__name__}: {e}"
-            report.fallback = {p: why for p in sorted(mismatched)}
+            why = f"{type(e).__name__}: {e}"
+            report.fallback.update({p: why for p in sorted(mismatched) if p not in small})
         chunks.update(built)
         for p in sorted(mismatched):
             report.fallback.setdefault(
@@ -578,6 +671,11 @@ def _resync_chunks(slot: StorageSlot, job_id: int, client, holder: str,
                    "from the record's checksums (rows reordered between the snapshots): "
                    "copied as byte ranges")
         copy += [c for c in keyed if c.partition in mismatched]
+        for p in sorted({c.partition for c in keyed}):
+            report.ways[p] = "copy" if p in mismatched else "merkle"
+            if p in mismatched:
+                report.partition_bytes[p] = report.partition_bytes.get(p, 0) + sum(
+                    HEADER_SIZE + c.stored_size for c in keyed if c.partition == p)
     report.copied_bytes += _copy_chunks(client, holder, rel, copy, member, chunks)
     return report, chunks
 
@@ -667,74 +765,250 @@ def _merkle(slot, job_id, client, holder, f, keyed, old, key, depth, partition_c
                                                              MODES["entry"])
     body = {"session": session, "slot": holder, "path": rel, "key": key, "depth": depth,
             "partition_count": partition_count, "hello": _b64(hello),
-            "chunks": [[c.offset, c.stored_size, c.checksum, c.entry_count, c.partition]
-                       for c in keyed]}
-    answer = client.action(OPEN, body)
+            "chunks": _pack_chunks(keyed)}
+    # the stale side reads its old entries and builds its trees while the holder reads and
+    # builds its own: both sides decode and hash every entry, the rest of the resync is small
     try:
+        with ThreadPoolExecutor(1, thread_name_prefix="merkle-local") as pool:
+            local = pool.submit(_local, slot, job_id, old, f.vertex,
+                                {c.partition for c in keyed}, key, depth, partition_count)
+            answer = client.action(OPEN, body)      # on error, the pool waits for local
+            built = local.result()
         return _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
-                     partition_count, rel, where, report)
+                     partition_count, rel, where, report, built)
     finally:
         # the holder lets the session go at once (rows() ended it already on success)
         with contextlib.suppress(Exception):
             client.action(CLOSE, {"session": session})
 
 
+@dataclass
+class _Part:
+    """One partition of a resync: what a copy of it moves, its entries on either side, and
+    its share of the bytes moved so far (the walk's messages, then its rows)."""
+
+    copy: int               # its chunks' bytes, headers included
+    rows: int               # the holder's entries
+    old: int                # the stale side's
+    headers: int            # its chunks' headers' bytes
+    spent: float = 0.0
+
+    @property
+    def row_bytes(self) -> float:
+        """A copy's bytes per entry, headers left out (about what a fetched row costs)."""
+        return (self.copy - self.headers) / max(1, self.rows)
+
+
+def _too_small(keyed, depth: int) -> dict[int, str]:
+    """The partitions of ``keyed`` (chunk entries) too small for a walk, with why: those of
+    which a Merkle sync of even one changed entry (its share of the open, a message per
+    level, a row) would move :data:`SMALL_SHARE` of a copy's bytes. Known from the record
+    alone: they are copied without opening a walk."""
+    chunks: dict[int, list] = {}
+    for c in keyed:
+        chunks.setdefault(c.partition, []).append(c)
+    out = {}
+    for p, cs in chunks.items():
+        copy = sum(HEADER_SIZE + c.stored_size for c in cs)
+        rows = sum(c.entry_count for c in cs)
+        part = _Part(copy, rows, rows, HEADER_SIZE * len(cs))
+        least = OPEN_BYTES + OPEN_CHUNK_BYTES * len(cs) + _still(part, 1, 0, depth, len(chunks))
+        if least >= SMALL_SHARE * copy:
+            out[p] = (f"a Merkle sync of even one changed entry would move about {least:,.0f} "
+                      f"bytes, over {SMALL_SHARE:.0%} of a copy's {copy:,}: copied as byte "
+                      f"ranges")
+    return out
+
+
+def _changes(part: _Part, differ: int, nodes: int) -> float:
+    """The changed entries a partition probably has when ``differ`` of the ``nodes`` nodes of
+    a level differ: ``nodes * ln((nodes + 1) / (nodes + 1 - differ))`` (the inverse of
+    ``nodes * (1 - exp(-changes / nodes))``, finite when every node differs), at least
+    ``differ`` and the change in its entry count, at most the entries of both sides."""
+    guess = nodes * math.log((nodes + 1) / (nodes + 1 - differ))
+    return min(part.rows + part.old, max(differ, abs(part.rows - part.old), guess))
+
+
+#: What a walk message costs besides its items, about: its action's JSON, the header, a
+#: partition's group (split among the partitions of the message), and an item.
+MESSAGE_BYTES, GROUP_BYTES, ITEM_BYTES = 90, 11, 8
+#: What the open costs per partition and per chunk, about (their roots and counts in the
+#: answer; the chunks named in the request).
+OPEN_BYTES, OPEN_CHUNK_BYTES = 30, 60
+
+
+def _still(part: _Part, differ: int, level: int, depth: int, sharing: int) -> float:
+    """The bytes a Merkle sync of the partition still moves when ``differ`` nodes of
+    ``level`` differ: the walk below (two items per differing node of each level, the
+    changes spread by their hash; a message per level, shared with ``sharing`` partitions)
+    and the rows under the differing leaves."""
+    changes = _changes(part, differ, 1 << level)
+    walk = 0.0
+    for k in range(level, depth - 1):
+        walk += (2 * (1 << k) * -math.expm1(-changes / (1 << k)) * ITEM_BYTES + GROUP_BYTES
+                 + MESSAGE_BYTES / max(1, sharing))
+    leaves = float(1 << (depth - 1))
+    holding = -math.expm1(-max(1, part.rows) / leaves)
+    share = min(1.0, -math.expm1(-changes / leaves) / holding)
+    return walk + share * part.copy
+
+
+def _counts(message: bytes, kind: int, depth: int, partition_count: int) -> dict[int, int]:
+    """Items per partition of a walk message."""
+    partitions = decode_message(message, kind, "stale", depth, partition_count)[1]
+    found, counts = np.unique(partitions, return_counts=True)
+    return dict(zip(found.tolist(), counts.tolist()))
+
+
+def _attribute(plan: dict, partitions, nbytes: int) -> None:
+    """Adds a message's ``nbytes`` to its partitions' shares, by their items."""
+    found, counts = np.unique(np.asarray(partitions), return_counts=True)
+    total = counts.sum()
+    for p, n in zip(found.tolist(), counts.tolist()):
+        if p in plan:
+            plan[p].spent += nbytes * n / total
+
+
+def _descend(client, session, stale: Party, answer: dict, plan: dict, copied: dict,
+             depth: int, partition_count: int, report) -> bytes:
+    """The walk, partition by partition: the roots compare with the holder's (from its
+    answer to the open, no message), then each message of the stale side goes without the
+    partitions a copy moves less for (``copied``: partition -> why): those whose walk would
+    pass :data:`WALK_SHARE` of their copy's bytes with the next message and its answer, or
+    whose Merkle sync would still move :data:`COPY_SHARE` of them, as the differing nodes
+    so far tell. The leaves message that ends the walk."""
+    roots = sorted(plan)
+    message = stale.receive_nodes(encode_message(
+        NODES, 0, roots, np.zeros(len(roots), np.int64),
+        np.array([int(answer["roots"][str(p)]) for p in roots], np.int32)))
+    while HEADER.unpack_from(message)[0] == NODES:
+        level, mparts, nodes, hashes = decode_message(message, NODES, "holder", depth,
+                                                      partition_count)
+        counts = _counts(message, NODES, depth, partition_count)
+        for p, items in counts.items():
+            part = plan[p]
+            # the message and its answer (at most twice as many items)
+            nxt = 3 * (items * ITEM_BYTES + GROUP_BYTES) + 2 * MESSAGE_BYTES / len(counts)
+            if items // 2 == 1 << (level - 1) >= 4 and nxt > SATURATED_SHARE * part.copy:
+                copied[p] = (f"all {items // 2:,} nodes of level {level - 1} differ (a dense "
+                             f"change): a copy of the ranges moves less")
+            elif part.spent + nxt > WALK_SHARE * part.copy:
+                copied[p] = (f"the walk would pass {WALK_SHARE:.0%} of a copy's {part.copy:,} "
+                             f"bytes by level {level} of {depth}: copied as byte ranges")
+            elif (_still(part, items // 2, level - 1, depth, len(counts))
+                  >= COPY_SHARE * part.copy):
+                copied[p] = (f"{items // 2:,} of the {1 << (level - 1):,} nodes of level "
+                             f"{level - 1} differ (most entries changed): a copy of the "
+                             f"ranges moves less")
+        if copied:
+            keep = ~np.isin(mparts, list(copied))
+            if not keep.all():
+                message = encode_message(NODES, level, mparts[keep], nodes[keep], hashes[keep])
+                if not keep.any():
+                    return encode_message(LEAVES, level, mparts[keep], nodes[keep]), False
+        body = {"session": session, "message": _pack(message)}
+        step = client.action(STEP, body)
+        reply = _unpack(step["message"], "merkle_step answer")
+        report.messages += 2
+        sent, got = _json_size(body), _json_size(step)
+        report.tree_bytes += sent + got
+        kind = HEADER.unpack_from(reply)[0]
+        mine = decode_message(message, NODES, "holder", depth, partition_count)[1]
+        theirs = decode_message(reply, kind, "stale", depth, partition_count)[1]
+        _attribute(plan, mine, sent)
+        _attribute(plan, theirs if len(theirs) else mine, got)
+        if kind == LEAVES:
+            return reply, True
+        message = stale.receive_nodes(reply)
+    return message, False
+
+
+def _local(slot, job_id, old, vertex, parts, key, depth, partition_count):
+    """The stale side's old entries of ``parts`` (partition -> pieces), whether they are
+    entry chunks (None: mixed, or none), and their forest (None when it could not be built
+    before the holder's answer: its keys or schema unknown, or a piece it refuses)."""
+    kinds: set = set()
+    pieces = _old_tables(slot, job_id, old, vertex, parts, kinds)
+    entries = next(iter(kinds)) if len(kinds) == 1 else None
+    flat = [t for ts in pieces.values() for t in ts]
+    if entries is None or (not entries and key is None) or not flat \
+            or any(not t.schema.equals(flat[0].schema) for t in flat):
+        return pieces, entries, None
+    tables = {p: pa.concat_tables(ts) for p, ts in pieces.items()}
+    try:
+        return pieces, entries, _forest(tables, _key_of(entries, key), depth, partition_count)
+    except (SparkjetError, pa.ArrowException):
+        return pieces, entries, None        # _walk builds it again and raises, as before
+
+
 def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth,
-          partition_count, rel, where, report):
-    """:func:`_merkle` once the holder opened the session."""
+          partition_count, rel, where, report, built=None):
+    """:func:`_merkle` once the holder opened the session (``built``: what :func:`_local`
+    read and built meanwhile)."""
     report.messages += 2
     report.tree_bytes += _json_size(body) + _json_size(answer)
     entries = bool(answer["entries"])
     keys = _key_of(entries, key)
     schema = pa.ipc.read_schema(pa.py_buffer(_unb64(answer["schema"], "schema")))
     parts = sorted({c.partition for c in keyed})
-    old_tables = {}
-    for p, pieces in _old_tables(slot, job_id, old, f.vertex, set(parts)).items():
-        pieces = [t for t in pieces if t.schema.equals(schema)]
-        if pieces:
-            old_tables[p] = pa.concat_tables(pieces)
-    trees = _forest(old_tables, keys, depth, partition_count)
+    read, kind, trees = built if built is not None else (
+        _old_tables(slot, job_id, old, f.vertex, set(parts)), None, None)
+    old_tables, dropped = {}, False
+    for p, pieces in read.items():
+        same = [t for t in pieces if t.schema.equals(schema)]
+        dropped |= len(same) != len(pieces)
+        if same:
+            old_tables[p] = pa.concat_tables(same)
+    if trees is None or dropped or kind != entries:
+        trees = _forest(old_tables, keys, depth, partition_count)
     stale = Party("stale", trees)
     stale.receive_hello(_unb64(answer["hello"], "holder hello"))
-    message = stale.roots()
-    copy_bytes = sum(HEADER_SIZE + c.stored_size for c in keyed)
-    while True:
-        body = {"session": session, "message": _pack(message)}
-        # a message and its answer, about twice as long, past the share of a copy: most
-        # nodes differ level after level, so most entries changed
-        if report.tree_bytes + 3 * _json_size(body) > WALK_SHARE * copy_bytes:
-            raise _CopyInstead(f"the walk would move over {WALK_SHARE:.0%} of a copy's "
-                               f"{copy_bytes:,} bytes by level "
-                               f"{HEADER.unpack_from(message)[1] + 1} of {depth} (most "
-                               f"entries changed): a copy of the ranges moves less")
-        answer_step = client.action(STEP, body)
-        reply = _unpack(answer_step["message"], "merkle_step answer")
-        report.messages += 2
-        report.tree_bytes += _json_size(body) + _json_size(answer_step)
-        if HEADER.unpack_from(reply)[0] == LEAVES:
-            leaves = reply
-            break
-        message = stale.receive_nodes(reply)
-        if HEADER.unpack_from(message)[0] == LEAVES:
-            leaves = message
-            break
+    plan = {p: _Part(0, int(answer["counts"][str(p)]),
+                     old_tables[p].num_rows if p in old_tables else 0, 0) for p in parts}
+    for c in keyed:
+        plan[c.partition].copy += HEADER_SIZE + c.stored_size
+        plan[c.partition].headers += HEADER_SIZE
+    copied: dict[int, str] = {}         # partition -> why it goes as byte ranges
+    leaves, theirs = _descend(client, session, stale, answer, plan, copied, depth,
+                              partition_count, report)
     level, lparts, nodes = stale.receive_leaves(leaves)
     per = 1 << (depth - 1)
     ids = lparts * per + (nodes - (per - 1)) if level == depth - 1 and len(nodes) else \
         np.empty(0, np.int64)
+    # the old entries under equal leaves are kept; the holder's other entries are fetched:
+    # their number is known before they move, so is a copy's
+    walked = [p for p in parts if p not in copied]
+    under = {p: np.zeros(old_tables[p].num_rows if p in old_tables else 0, bool) for p in walked}
+    olds = [old_tables[p] for p in walked if p in old_tables]
+    if len(ids) and olds:
+        old_all = pa.concat_tables(olds)
+        mask = rows_under_leaves(old_all, keys, None, leaf_set(ids, depth, partition_count)) \
+            .to_numpy(zero_copy_only=False)
+        at = 0
+        for p in walked:
+            n = len(under[p])
+            under[p], at = mask[at:at + n], at + n
+    for p in walked:
+        part = plan[p]
+        fetch = part.rows - (len(under[p]) - int(under[p].sum()))
+        cost = part.spent + fetch * part.row_bytes + part.headers
+        if fetch > 0 and cost > LEAF_SHARE * part.copy:
+            copied[p] = (f"{fetch:,} of its {part.rows:,} entries lie under differing leaves: "
+                         f"with the walk, {cost:,.0f} bytes where a copy of the ranges moves "
+                         f"{part.copy:,}")
+    parts = [p for p in parts if p not in copied]
+    keyed = [c for c in keyed if c.partition not in copied]
+    for p, why in copied.items():
+        report.fallback[p] = why
+    if not parts:
+        report.partition_bytes = {p: round(plan[p].spent) for p in plan}
+        return {}, set(copied)
+    ids = ids[np.isin(ids // per, parts)]
     report.differing_leaves = len(ids)
-    # Most entries changed (over 3/4 of them would be fetched: with the walk and the
-    # re-encoding, a copy costs less): the ranges instead.
-    # Rows under a differing leaf, about: entries x differing / leaves holding entries
-    # (of L leaves, L (1 - exp(-entries / L)) hold some, the entries spread by their hash).
-    total = sum(int(n) for n in answer["counts"].values())
-    slots = len(parts) << (depth - 1)
-    holding = slots * -math.expm1(-total / slots)
-    likely = total * min(1.0, len(ids) / max(1, holding))
-    if likely > COPY_SHARE * total:
-        raise _CopyInstead(f"about {likely:,.0f} of the {total:,} entries lie under the "
-                           f"{len(ids):,} differing leaves: a copy of the ranges moves less")
-    body = {"session": session, "leaves": _pack(leaves)}
+    chosen = np.isin(lparts, parts)
+    body = {"session": session, "partitions": parts}
+    if not theirs:      # the holder keeps the leaves it answered with: no need to send them
+        body["leaves"] = _pack(encode_message(LEAVES, level, lparts[chosen], nodes[chosen]))
     info, pieces = client.get_file(ROWS, body)
     data = b"".join(p.to_pybytes() for p in pieces)
     report.messages += 2
@@ -747,55 +1021,45 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
     report.row_bytes += len(data) + _json_size(info) - report.header_bytes
     fetched = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     report.rows_fetched = fetched.num_rows
-    # one table of every partition's old entries, then one take that puts each partition's
-    # kept rows (under equal leaves, in their order) and fetched rows (at their positions)
-    # in the holder's order
+    # each partition's kept rows (under equal leaves, in their order) and fetched rows (at
+    # their positions) in the holder's order (_interleave); old_all: every partition's old
+    # entries, for the trees' check
     olds = [old_tables[p] for p in parts if p in old_tables]
     old_all = pa.concat_tables(olds) if olds else schema.empty_table()
-    starts = np.cumsum([0] + [old_tables[p].num_rows if p in old_tables else 0 for p in parts])
-    if len(ids) and old_all.num_rows:
-        under = rows_under_leaves(old_all, keys, None, leaf_set(ids, depth, partition_count))
-        keep = ~under.to_numpy(zero_copy_only=False)
-    else:
-        keep = np.ones(old_all.num_rows, bool)
+    keep = ~np.concatenate([under[p] for p in parts]) if old_all.num_rows else \
+        np.ones(0, bool)
     groups = info.get("parts") or []
     fetched_parts = np.repeat([int(p) for p, _ in groups], [int(n) for _, n in groups]) \
         .astype(np.int32)
     if len(fetched_parts) != fetched.num_rows:
         raise MerkleSyncError(f"{where}: the holder sent {fetched.num_rows} rows but counted "
                               f"{len(fetched_parts)} by partition")
+    _attribute(plan, fetched_parts, len(data) + _json_size(info) - report.header_bytes)
     by_part = np.argsort(fetched_parts, kind="stable")
     fetched_pos = fetched[POS].to_numpy().astype(np.int64)[by_part] if fetched.num_rows \
         else np.empty(0, np.int64)
     bounds = np.searchsorted(fetched_parts[by_part], parts + [np.iinfo(np.int32).max])
-    base = old_all.num_rows
-    order, sizes = [], {}
+    fetched = fetched.drop_columns([POS]).cast(old_all.schema)
+    # by partition (the holder sends them so; the sort is a no-op then)
+    grouped = fetched if np.all(by_part == np.arange(len(by_part))) else \
+        fetched.take(pa.array(by_part))
+    rebuilt = {}
     for i, p in enumerate(parts):
-        kept = np.flatnonzero(keep[starts[i]:starts[i + 1]]) + starts[i]
-        pos = fetched_pos[bounds[i]:bounds[i + 1]]
-        mine = by_part[bounds[i]:bounds[i + 1]] + base
+        mine = old_tables.get(p, old_all.schema.empty_table())
+        kept = np.flatnonzero(~under[p]) if len(under[p]) else np.empty(0, np.int64)
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        pos = fetched_pos[lo:hi]
         want = int(answer["counts"][str(p)])
         n = len(kept) + len(pos)
-        if n != want or (len(pos) and (pos.max() >= n or pos.min() < 0
-                                       or len(np.unique(pos)) != len(pos))):
+        free = np.ones(n, bool)
+        if n == want and len(pos) and pos.min() >= 0 and pos.max() < n:
+            free[pos] = False
+        if n != want or np.count_nonzero(free) != len(kept):
             raise MerkleSyncError(
                 f"{where}: partition {p} rebuilt with {n} entries ({len(kept)} kept, "
                 f"{len(pos)} fetched), the holder has {want}: nothing of the file is "
                 f"kept; copy the partition whole or from another holder")
-        take = np.empty(n, np.int64)
-        free = np.ones(n, bool)
-        free[pos] = False
-        take[free] = kept
-        take[pos] = mine
-        order.append(take)
-        sizes[p] = n
-    fetched = fetched.drop_columns([POS]).cast(old_all.schema)
-    both = pa.concat_tables([old_all, fetched]).combine_chunks()
-    whole = both.take(pa.array(np.concatenate(order) if order else np.empty(0, np.int64)))
-    rebuilt, at = {}, 0
-    for p in parts:
-        rebuilt[p] = whole.slice(at, sizes[p])
-        at += sizes[p]
+        rebuilt[p] = _interleave(mine, kept, grouped.slice(lo, hi - lo), free)
     # the rebuilt partitions' trees: the old forest without the old rows under the
     # differing leaves (those not kept), plus the rows fetched; the rows received are what
     # is checked, at the cost of the changes rather than of the whole state
@@ -813,37 +1077,66 @@ def _walk(slot, job_id, client, session, answer, body, f, keyed, old, key, depth
                 f"is {want} (depth {depth}, {rebuilt[p].num_rows} entries): the rows fetched "
                 f"or the holder's tree are damaged; nothing of the file is kept. Copy the "
                 f"partition whole or from another holder")
-    return _encode(keyed, info["headers"], rebuilt, entries, rel, where)
+    for c, h in zip(keyed, info["headers"]):
+        plan[c.partition].spent += len(h[0])
+    report.partition_bytes = {p: round(plan[p].spent) for p in plan}
+    built, mismatched = _encode(keyed, info["headers"], rebuilt, entries, rel, where)
+    return built, mismatched | set(copied)
+
+
+#: Runs per row past which a partition is rebuilt with one take rather than by slices.
+RUNS_PER_ROW = 1 / 64
+
+
+def _interleave(old: pa.Table, kept: np.ndarray, fetched: pa.Table, free: np.ndarray):
+    """A partition's rows in the holder's order: ``old``'s rows ``kept`` (in their order)
+    at the ``free`` positions, ``fetched``'s rows (in theirs) at the others. Few changes
+    leave long runs of kept rows: the result is then slices of the two tables (no row is
+    copied until its chunk is encoded); many, one take over both."""
+    n = len(free)
+    order = np.empty(n, np.int64)
+    order[free] = kept
+    big = len(old) + 1          # fetched row j is big + j: no run goes from old into fetched
+    order[~free] = big + np.arange(n - len(kept), dtype=np.int64)
+    if not n:
+        return old.slice(0, 0)
+    starts = np.flatnonzero(np.r_[True, np.diff(order) != 1])
+    if len(starts) > max(16, n * RUNS_PER_ROW):
+        both = pa.concat_tables([old, fetched]).combine_chunks()
+        return both.take(pa.array(np.where(order >= big, order - 1, order)))
+    ends = np.r_[starts[1:], n]
+    pieces = [old.slice(int(order[s]), int(e - s)) if order[s] < big
+              else fetched.slice(int(order[s] - big), int(e - s))
+              for s, e in zip(starts, ends)]
+    return pa.concat_tables(pieces)
 
 
 def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
     """Cuts each partition's rows into the holder's chunks and encodes them; a chunk counts
     only if its payload hashes to the record's checksum."""
-    built, mismatched, at = {}, set(), {}
+    jobs, at = [], {}
     for c, (head, codec, flags) in zip(keyed, headers):
-        head = _unb64(head, "chunk header")
         start = at.get(c.partition, 0)
         at[c.partition] = start + c.entry_count
-        if c.partition in mismatched:
-            continue
-        rows = rebuilt[c.partition].slice(start, c.entry_count)
+        jobs.append((c, _unb64(head, "chunk header"), codec, flags,
+                     rebuilt[c.partition].slice(start, c.entry_count)))
+
+    def encode(job):
+        c, head, codec, flags, rows = job
         header = ChunkHeader(codec, flags, 0, 0, 0, c.partition, c.entry_count, 0, 0, 0)
         data = (rows[ENTRY_KEY].combine_chunks(), rows["value"].combine_chunks()) if entries \
             else rows
-        pieces = encode_payload(header, data)
-        digest = xxhash.xxh3_64()
-        size = 0
-        for piece in pieces:
-            digest.update(piece)
-            size += len(memoryview(piece).cast("B"))
-        if digest.intdigest() != c.checksum or size != c.stored_size:
-            mismatched.add(c.partition)
-            continue
-        chunk = head + b"".join(bytes(memoryview(x).cast("B")) for x in pieces)
+        chunk = b"".join([head, *encode_payload(header, data)])
+        if len(chunk) != HEADER_SIZE + c.stored_size or \
+                xxhash.xxh3_64_intdigest(memoryview(chunk)[HEADER_SIZE:]) != c.checksum:
+            return None
         read_chunks(pa.py_buffer(chunk), f"{where}: rebuilt chunk at {c.offset}")  # header too
-        built[c.offset] = chunk
-    built = {c.offset: built[c.offset] for c in keyed
-             if c.offset in built and c.partition not in mismatched}
+        return chunk
+
+    chunks = [encode(job) for job in jobs]
+    mismatched = {c.partition for (c, *_), chunk in zip(jobs, chunks) if chunk is None}
+    built = {c.offset: chunk for (c, *_), chunk in zip(jobs, chunks)
+             if c.partition not in mismatched}
     return built, mismatched
 
 
