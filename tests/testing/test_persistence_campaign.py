@@ -199,3 +199,41 @@ def test_a_resumed_campaign_goes_on_after_the_rounds_done(tmp_path):
     pc.check_settings(tmp_path / "campaign.json", {**settings, "faults": 300}, resume=True)
     with pytest.raises(pc.InvalidArgumentError, match="--faults 300 there, 100 now"):
         pc.check_settings(tmp_path / "campaign.json", {**settings, "faults": 100}, resume=True)
+
+
+@pytest.mark.parametrize("kind", ["newest-lost-recent", "corrupt-metadata", "slot-lost"])
+def test_the_damage_hits_the_rounds_job_not_an_earlier_rounds(tmp_path, kind):
+    """On a standalone cluster the hosts' slots keep the data of earlier rounds' jobs:
+    the damage took the first job folder it found, or any job's folder of the snapshot
+    id, and the round then restored its own job whole (two rounds of a 200-fault run did).
+    Only the round's job's data is damaged now; a slot is lost by the bytes of that job."""
+    from types import SimpleNamespace
+
+    from sparkjet.runtime import JobConfig
+    from sparkjet.snapshot import layout
+
+    mine = JobConfig(name="round-0002", processing_guarantee="none")
+    other = 0x0123456789abcdef
+    slots = []
+    for n, (own_bytes, other_bytes) in enumerate([(10, 5000), (900, 10)]):
+        slot = tmp_path / f"slot-{n}"
+        for job_id, size in ((mine.id, own_bytes), (other, other_bytes)):
+            folder = slot / "jobs" / layout.job_dir(job_id)
+            snap = folder / "replicas" / "snapshots" / layout.snapshot_dir(3, 0)
+            snap.mkdir(parents=True)
+            (snap / "v.chunks").write_bytes(b"x" * size)
+            (folder / "FENCE").write_text("0")
+            (folder / "TABLE.json").write_text("{}")
+            (folder / "records").mkdir()
+        slots.append(slot)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    said = pc.damage(pc.KINDS[kind], slots, tmp_path / "store",
+                     SimpleNamespace(config=mine), random.Random(4), committed=3)
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    changed = {p for p in before if after.get(p) != before[p]}
+    assert changed, said
+    own = [p for p in changed if layout.job_dir(mine.id) in p.parts]
+    if kind == "slot-lost":         # the slot holding most of the round's job's bytes
+        assert said == "removed slot slot-1" and not (tmp_path / "slot-1").exists()
+    else:
+        assert changed == set(own), said

@@ -359,9 +359,12 @@ def _bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*.chunks") if f.is_file())
 
 
-def _job_folder(slot: Path) -> Path | None:
-    found = sorted(slot.glob("jobs/job-*"))
-    return found[0] if found else None
+def _job_folder(slot: Path, job_id: int) -> Path | None:
+    """The round's job's folder in ``slot`` (None: it holds none). Only that job's: on a
+    standalone cluster the hosts' slots keep the data of earlier rounds' jobs too, and
+    damage to one of those would leave the round's restart nothing to prove."""
+    folder = slot / "jobs" / layout.job_dir(job_id)
+    return folder if folder.is_dir() else None
 
 
 def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
@@ -380,13 +383,14 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
     if k in ("slot-lost", "slot-lost-b1"):
         # the slot holding the most (broadcast state is copied to every slot: losing a
         # slot that holds only that costs nothing)
-        victim = rng.choice([s for s in slots if _bytes(s) == max(map(_bytes, slots))])
+        mine = {s: _bytes(s / "jobs" / layout.job_dir(job.config.id)) for s in slots}
+        victim = rng.choice([s for s in slots if mine[s] == max(mine.values())])
         shutil.rmtree(victim)
         return f"removed slot {victim.name}"
     if k.startswith("newest-lost"):
         folders = {}
         for slot in slots:
-            for d in slot.glob("jobs/*/replicas/snapshots/*"):
+            for d in slot.glob(f"jobs/{layout.job_dir(job.config.id)}/replicas/snapshots/*"):
                 ids = layout.snapshot_of(d.name)
                 if ids is not None:
                     folders.setdefault(ids, []).append(d)
@@ -400,7 +404,7 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
     if k == "corrupt-metadata":
         candidates = []
         for slot in slots:
-            folder = _job_folder(slot)
+            folder = _job_folder(slot, job.config.id)
             if folder is not None:
                 candidates += [folder / "TABLE.json", folder / "FENCE",
                                *sorted((folder / "records").glob("*"))]
@@ -408,8 +412,8 @@ def damage(kind: Kind, slots: list[Path], store: Path, job, rng: random.Random,
         victim.write_bytes(b"\x00garbage{" + os.urandom(8))
         return f"overwrote {victim} with garbage"
     if k == "foreign-metadata":
-        slot = rng.choice([s for s in slots if _job_folder(s) is not None])
-        records = sorted((_job_folder(slot) / "records").glob("*"))
+        slot = rng.choice([s for s in slots if _job_folder(s, job.config.id) is not None])
+        records = sorted((_job_folder(slot, job.config.id) / "records").glob("*"))
         source = rng.choice(records)
         data = json.loads(source.read_bytes())
         data["job_id"] = (data["job_id"] + 1) % 2**63      # another job's copy
