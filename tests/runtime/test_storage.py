@@ -989,3 +989,13 @@ def test_the_default_storage_root_passes_over_a_small_dev_shm(tmp_path, monkeypa
     assert config.storage_root() == str(tmp_path / "mine")
     monkeypatch.setenv("SPARKJET_STORAGE_DIR", str(tmp_path / "host"))
     assert config.storage_root() == str(tmp_path / "host")
+
+
+def test_partition_ranges_name_broadcast_state_alone_or_after_the_ranges():
+    """A table version's missing entry is broadcast state only: it read "partitions:  and
+    broadcast state" in the recovery event (an empty list of ranges, then the suffix)."""
+    from sparkjet.runtime.storage import partition_ranges
+
+    assert partition_ranges({-1}) == "broadcast state"
+    assert partition_ranges({0, 1, 2, 5, -1}) == "0-2, 5 and broadcast state"
+    assert partition_ranges({3, 4, 9}) == "3-4, 9"

@@ -454,7 +454,8 @@ def describe_unreachable(stored, lost: tuple[dict[str, set[int]], set[str]]) -> 
 
 
 def partition_ranges(parts: set[int]) -> str:
-    """Partitions as ranges: ``0-3, 7, 9-10`` (broadcast state, -1, left out)."""
+    """Partitions as ranges: ``0-3, 7, 9-10``, then `` and broadcast state`` when -1 is
+    among them (``broadcast state`` alone when it is the only one)."""
     ps = sorted(p for p in parts if p >= 0)
     out, i = [], 0
     while i < len(ps):
@@ -463,7 +464,10 @@ def partition_ranges(parts: set[int]) -> str:
             j += 1
         out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
         i = j + 1
-    return ", ".join(out) + (" and broadcast state" if -1 in parts else "")
+    if -1 in parts:
+        out.append("broadcast state")
+    return ", ".join(out[:-1]) + " and " + out[-1] if -1 in parts and len(out) > 1 else (
+        ", ".join(out))
 
 
 def backup_ranges(table: PartitionTable | None, slots: list[str], own: str,
