@@ -763,6 +763,57 @@ def test_a_table_version_no_slot_present_nor_the_store_holds_is_refused_by_name(
         assert recovery.report["snapshot"] == 0
 
 
+def test_a_corrupt_only_copy_of_a_table_version_is_refused_by_the_policy(tmp_path):
+    """Review F12: a slot's copy of a table version that does not read counted as held, so
+    the policy restored a snapshot whose restore then refused it. The join report checks
+    each copy against its digest: with one copy flipped the other slot's serves, with both
+    the policy refuses, naming the version."""
+    import base64
+
+    import pyarrow as pa
+
+    from sparkjet.operators.table_join import TableVersion
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.snapshot.store import SnapshotStore
+
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    a, b = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True), \
+        StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
+    version = TableVersion.of(pa.table({"key": pa.array(range(9), pa.int64())}))
+    with a, b:
+        store = SnapshotStore(config.snapshot_store, config.id)
+        store.register_execution(1)
+        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+        manifests = []
+        for i, slot in enumerate((a, b)):
+            slot.fence(config.id, 1)
+            slot.write_table_version(config.id, version.digest, version.data, 0)
+            w = store.writer(0, 1, writer=i, partition_count=7, slot=slot)
+            w.write_table("agg", pa.table({"key": pa.array(range(i * 9, i * 9 + 9),
+                                                           pa.int64())}), key="key")
+            w.use_table_version(version.digest)
+            manifests.append(w.finish())
+        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+        store.register_execution(2)
+
+        def flip(slot):
+            path = slot.job_path(config.id, "tables", f"{version.digest}.arrow")
+            data = bytearray(open(path, "rb").read())
+            data[len(data) // 2] ^= 0xFF
+            open(path, "wb").write(bytes(data))
+
+        flip(a)
+        reports = _reports(config, 2, a, b)
+        assert reports[0]["tables"] == [] and reports[1]["tables"] == [version.digest]
+        recovery = recover(config, store, None, 2, _start(config, store, 0), reports,
+                           lambda e: None)
+        assert recovery.report["snapshot"] == 0, "slot b's copy reads"
+        flip(b)
+        with pytest.raises(RecoveryRefusedError, match=f"lacks table version {version.digest}"):
+            recover(config, store, None, 2, _start(config, store, 0), _reports(config, 2, a, b),
+                    lambda e: None)
+
+
 def test_persistence_without_spark_is_said_to_apply_on_spark_only(tmp_path, caplog):
     """Without Spark the local supervisor's one member keeps its snapshots in
     snapshot_store whatever the members' storage says: persistence=True then changes

@@ -102,6 +102,7 @@ from sparkjet.errors import (
     RecoveryRefusedError,
     SnapshotCorruptError,
     SparkjetError,
+    StorageError,
     StorageSlotError,
 )
 from sparkjet.partition_table import PartitionTable
@@ -248,7 +249,8 @@ def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: in
     """The slot's join report (:meth:`~sparkjet.snapshot.slots.StorageSlot.join_report`);
     with persistence also ``seen`` (the newest execution the slot had seen before this
     one), ``held`` (the chunk files it holds, by snapshot folder, with their sizes),
-    ``tables`` (the digests of the reference table versions it holds), ``loaded`` (per
+    ``tables`` (the digests of the reference table versions it holds, each checked against
+    its digest when ``verify``), ``loaded`` (per
     record copy: the files verified against its checksums, those that
     failed and why, those not verified within ``data_load_timeout``), ``removed`` (corrupt
     data given up) and, when the slot has seen this execution or a newer one (the driver's
@@ -261,12 +263,29 @@ def join_report(config: JobConfig, slot: StorageSlot, notes: dict, execution: in
     job = config.id
     seen = notes.get("seen")
     report.update(seen=seen, removed=notes.get("removed") or [], held=_held(slot, job),
-                  tables=slot.table_versions(job),
+                  tables=_tables(slot, job) if verify else slot.table_versions(job),
                   loaded=_load(config, slot, time.monotonic() + config.data_load_timeout)
                   if verify else {})
     if seen is not None and seen >= execution and report["records"]:
         report["record"] = base64.b64encode(_newest_record(slot, job)).decode()
     return report
+
+
+def _tables(slot: StorageSlot, job: int) -> list[str]:
+    """The table versions ``slot`` holds whose bytes are the version's (review F12: a
+    corrupt only copy counted as held, so the policy restored a snapshot whose restore
+    then refused it). A corrupt copy is logged with its path and left out; the restore
+    reads the version from a copy that reads."""
+    out = []
+    for digest in slot.table_versions(job):
+        try:
+            slot.read_table_version(job, digest)
+        except (SnapshotCorruptError, StorageError) as e:
+            _log.warning("storage slot %s: its copy of table version %s does not read (%s): "
+                         "not counted as held", slot.path, digest, e)
+            continue
+        out.append(digest)
+    return out
 
 
 def _newest_record(slot: StorageSlot, job: int) -> bytes:
