@@ -36,6 +36,7 @@ import errno
 import os
 import threading
 import time
+import urllib.parse
 import uuid
 import warnings
 from pathlib import Path
@@ -85,6 +86,20 @@ def spark_path(path: str) -> str:
     return f"file://{os.path.abspath(path)}" if "://" not in path else path
 
 
+def _uri_identity(uri: str) -> str:
+    """A store URI without what does not name the store: its query but for the endpoint
+    (never credentials, which must not be written into slots), user info, a trailing
+    slash."""
+    parts = urllib.parse.urlsplit(uri)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    query = urllib.parse.parse_qs(parts.query)
+    endpoint = query.get("endpoint_override", [""])[0]
+    return (f"{parts.scheme}://{host}{parts.path.rstrip('/')}"
+            + (f"?endpoint_override={endpoint}" if endpoint else ""))
+
+
 class Backend:
     """Local (os) or pyarrow.fs file operations under one root."""
 
@@ -103,6 +118,15 @@ class Backend:
         self.fs = filesystem
         self.local = isinstance(filesystem, pafs.LocalFileSystem)
         self.root = root.rstrip("/") or "/"
+        #: what tells this store apart from another: a local root's real path (a symlink
+        #: to it is the same store), else the URI given (scheme and host with the path:
+        #: two clusters' /stores are two stores)
+        if self.local:
+            self.identity = os.path.realpath(self.root)
+        elif "://" in os.fspath(uri):
+            self.identity = _uri_identity(os.fspath(uri))
+        else:
+            self.identity = f"{filesystem.type_name}:{self.root}"
         self.durable = durable
         kind = filesystem.type_name
         # Renames that refuse to overwrite, so a directory can be committed by renaming it.

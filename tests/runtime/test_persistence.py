@@ -832,3 +832,32 @@ def test_persistence_without_spark_is_said_to_apply_on_spark_only(tmp_path, capl
     assert result.events_in == 20_000
     assert any("apply to jobs on Spark only" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "slots").exists()
+
+
+def test_a_persisted_job_of_the_same_name_in_another_store_is_left_alone(tmp_path):
+    """Review H2: a persisted slot recorded no store (the restart judges logs, so no LOG
+    either), so a job of the same name in another store took its slot and fenced its
+    data, and a force start of one deleted the other's. The claim records the store, the
+    other store's claim passes the slot over and its force start leaves it."""
+    from sparkjet.runtime.persistence import force_start
+    from sparkjet.snapshot.store import SnapshotStore
+
+    roots = {}
+    configs = {}
+    for which in "ab":
+        configs[which] = JobConfig(name="orders", snapshot_store=str(tmp_path / which),
+                                   storage="members", persistence=True,
+                                   processing_guarantee="at-least-once",
+                                   storage_dir=str(tmp_path / "slots"))
+        with SnapshotStore(configs[which].snapshot_store, configs[which].id) as store:
+            store.register_execution(0)
+            roots[which] = store.root
+    a, _ = claim(configs["a"], 1, store=roots["a"])      # fenced at execution 1
+    a.release()
+    b, _ = claim(configs["b"], 1, store=roots["b"])
+    assert b.uuid != a.uuid and b.store_of(configs["b"].id) == roots["b"]
+    b.release()
+    force_start(configs["b"])
+    again, notes = claim(configs["a"], 2, store=roots["a"])
+    assert again.uuid == a.uuid and notes["seen"] == 1, "store a's data is where it was"
+    again.release()

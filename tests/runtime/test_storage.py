@@ -944,6 +944,12 @@ def test_phase_2_drops_the_table_versions_no_retained_snapshot_uses(tmp_path, th
         slots[1].write_record(JOB, sid, store.committed_record(sid)[0])
     keep_committed(slots[1], JOB, 2, 1, store.committed_record(2)[0], [1, 2])
     assert slots[1].table_versions(JOB) == sorted([new.digest, later.digest])
+    # review F5: with the driver's word on the versions the retained snapshots use (the
+    # phase-2 command's "tables"), a slot lacking their record copies drops the others too
+    assert slots[2].table_versions(JOB) == sorted([old.digest, new.digest, later.digest])
+    keep_committed(slots[2], JOB, 2, 1, store.committed_record(2)[0], [1, 2],
+                   kept_tables=sorted(store._retained_tables()))
+    assert slots[2].table_versions(JOB) == sorted([new.digest, later.digest])
 
 
 def test_a_durable_tier_also_copies_table_versions_into_the_store_read_through_the_driver(
@@ -984,6 +990,9 @@ def test_the_default_storage_root_passes_over_a_small_dev_shm(tmp_path, monkeypa
     temp = os.path.join(tempfile.gettempdir(), "sparkjet-storage")
     assert default_storage_root(str(tmp_path), minimum=size + 1) == temp
     assert default_storage_root(str(tmp_path / "absent")) == temp
+    (tmp_path / "sparkjet-storage").mkdir()      # slots there already: they stay reachable
+    assert default_storage_root(str(tmp_path), minimum=size + 1) == str(
+        tmp_path / "sparkjet-storage")
     monkeypatch.delenv("SPARKJET_STORAGE_DIR", raising=False)
     config = JobConfig(processing_guarantee="none", storage_dir=str(tmp_path / "mine"))
     assert config.storage_root() == str(tmp_path / "mine")

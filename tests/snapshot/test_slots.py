@@ -414,3 +414,19 @@ def test_a_job_of_the_same_name_in_another_store_keeps_its_slot(tmp_path):
     assert fresh.keep_log(JOB, "0@3.0", drop_other=True, store="/data/a")
     assert fresh.records(JOB) == []
     fresh.release()
+
+
+def test_keep_log_never_drops_another_stores_data(tmp_path):
+    """Review H1: a claim ranked a slot before its wait, another store's job of the same
+    name took it meanwhile, and keep_log(drop_other=True) then gave that job's data up as
+    "another log". Data of another store is never dropped: the claim re-checks the slot
+    once locked, and keep_log refuses it."""
+    from sparkjet.errors import StorageSlotError
+
+    a = StorageSlot.claim(tmp_path, job_id=JOB, host="h1", log="0@1.0", store="/data/a")
+    a.keep_log(JOB, "0@1.0", drop_other=True, store="/data/a")
+    a.write_record(JOB, 5, b"record 5 of store a")
+    with pytest.raises(StorageSlotError, match="another job of the same name"):
+        a.keep_log(JOB, "0@2.0", drop_other=True, store="/data/b")
+    assert a.records(JOB) == [5]
+    a.release()

@@ -347,12 +347,16 @@ SHM_MIN_BYTES = 1 << 30
 def default_storage_root(shm: str = "/dev/shm", minimum: int = SHM_MIN_BYTES) -> str:
     """Where a host's slots go when nothing says: ``shm``/sparkjet-storage (memory) where
     that file system holds at least ``minimum`` bytes in all, else ``sparkjet-storage`` in
-    the temporary folder. Its size, not its free space, decides: the answer must not change
-    between executions, or a slot would be out of reach of the next."""
+    the temporary folder; a ``shm``/sparkjet-storage that exists already is kept whatever
+    the size (its slots must stay reachable). Its size, not its free space, decides: the
+    answer must not change between executions, or a slot would be out of reach of the
+    next."""
+    there = os.path.join(shm, "sparkjet-storage")
     try:
         st = os.statvfs(shm)
-        if st.f_blocks * st.f_frsize >= minimum:
-            return os.path.join(shm, "sparkjet-storage")
+        # slots already there stay reachable (a job suspended before this rule resumes)
+        if st.f_blocks * st.f_frsize >= minimum or os.path.isdir(there):
+            return there
     except OSError:
         pass
     return os.path.join(tempfile.gettempdir(), "sparkjet-storage")

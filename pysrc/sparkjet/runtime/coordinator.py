@@ -23,8 +23,9 @@ the snapshot store: the ``join`` answer also carries the partition table over th
 slots and the snapshot to start from with its committed record (``start``), the
 ``store_read`` action serves the store's files of that snapshot (durable copies, an export)
 to the members, and the phase-2 command carries the committed record, which every slot
-keeps a copy of (``["commit", n, retained ids, {"execution", "record"}]``). With persistence
-the placement first hands the slots' reports to ``recover``
+keeps a copy of (``["commit", n, retained ids, {"execution", "record", "tables"}]``; the
+table versions the retained snapshots use, when the job has any). With persistence the
+placement first hands the slots' reports to ``recover``
 (:func:`~sparkjet.runtime.persistence.recover`): it may pick another snapshot to start from,
 tell members to empty their slot of the job (``wipe`` in their answer) or refuse the start.
 """
@@ -52,6 +53,7 @@ from sparkjet.runtime.storage import (
     encode_table,
     partition_ranges,
     previous_table,
+    record_tables,
     store_read_handler,
     table_for,
 )
@@ -183,9 +185,13 @@ class SnapshotCoordinator:
             # phase 2 hands every slot the committed record; the slots keep the snapshots
             # the store keeps
             data, _, _ = self.store.committed_record(snapshot_id)
+            phase2 = {"execution": self.execution_id, "record": base64.b64encode(data).decode()}
+            if record_tables(data):
+                # the table versions the retained snapshots use, from the store's records:
+                # a slot lacking an older record copy can still drop the others (F5)
+                phase2["tables"] = sorted(self.store._retained_tables())
             self.send(["commit", snapshot_id, [c.snapshot for _, c in self.store._retained()],
-                       {"execution": self.execution_id,
-                        "record": base64.b64encode(data).decode()}])
+                       phase2])
         record = {"snapshot": snapshot_id, "duration_s": committed - started, "bytes": info.bytes,
                   "terminal": terminal, "alignment_s": alignment,
                   # phase 1 (barrier to the last acknowledgement) and the commit point

@@ -175,10 +175,10 @@ class Job:
                         # a rerun is refused: the job's state in the slots serves nothing
                         # (without the mark, a rerun restores from it and reads nothing)
                         with open_store(self.config) as store:
-                            log = store.incarnation()
-                        remove_finished(self.config, log)
+                            log, root = store.incarnation(), store.root
+                        remove_finished(self.config, log, root)
                         if spark is not None:     # the other hosts of a cluster
-                            remove_finished_on_hosts(spark, self.config, log)
+                            remove_finished_on_hosts(spark, self.config, log, root)
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
                 record_state(self.config, "stopped" if result.stopped else "finished",

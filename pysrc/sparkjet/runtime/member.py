@@ -544,7 +544,8 @@ class Member:
                 # (and, durable_tier="async", what this member may still upload)
                 keep_committed(self.slot, self.config.id, cmd[1], int(cmd[3]["execution"]),
                                base64.b64decode(cmd[3]["record"]), cmd[2],
-                               () if self.uploads is None else self.uploads.pending)
+                               () if self.uploads is None else self.uploads.pending,
+                               cmd[3].get("tables"))
                 if self.uploads is not None:
                     # durable_tier="async": its upload begins after the commit, off the
                     # snapshot's path (a newer one supersedes it while it waits)

@@ -157,12 +157,17 @@ def claim(config: JobConfig, execution: int, log: str | None = None,
                              remove_corrupt=config.auto_remove_stale_data,
                              execution=execution, wait=claim_wait(config), log=log,
                              store=store)
-    return slot, _checked(config, slot, execution)
+    return slot, _checked(config, slot, execution, store)
 
 
-def _checked(config: JobConfig, slot: StorageSlot, execution: int) -> dict:
-    """:func:`claim`'s checks of a slot just claimed (released when they raise)."""
+def _checked(config: JobConfig, slot: StorageSlot, execution: int,
+             store: str | None = None) -> dict:
+    """:func:`claim`'s checks of a slot just claimed (released when they raise); the
+    slot records the job's store (``store``: its root), so that a claim of a job of the
+    same name in another store passes it over."""
     try:
+        if store is not None:
+            slot.keep_store(config.id, store)
         notes = {"removed": check_metadata(config, slot)}
         notes["seen"] = slot.newest_execution(config.id)
         if notes["seen"] is None or notes["seen"] <= execution:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -449,13 +450,21 @@ def spark_security_warning(conf) -> str | None:
             "README's Security section)")
 
 
-def remove_finished_on_hosts(spark, config: JobConfig, log: str | None) -> list[str]:
-    """After a run of ``config``'s job to its end on a cluster: one barrier stage of as many
-    tasks as the cluster has task slots, so every executor runs one, each removing the
-    job's data of the store's log ``log`` from the free slots of its host
+#: How long the end of a job waits for the stage that empties the other hosts' slots.
+REMOVE_FINISHED_WAIT = 30.0
+
+
+def remove_finished_on_hosts(spark, config: JobConfig, log: str | None,
+                             store: str | None = None) -> list[str]:
+    """After a run of ``config``'s job to its end on a cluster: one stage of as many tasks
+    as the cluster has task slots (on an idle cluster every executor runs some), the first
+    task on each host removing the job's data of the store's log ``log`` (and store root
+    ``store``) from the free slots of its host
     (:func:`~sparkjet.runtime.storage.remove_finished`); the slots' paths emptied. On
-    ``local[N]`` the driver's host is the only one, and the driver does it. Best effort:
-    a host without a running executor keeps the data until its ``storage_dir`` is
+    ``local[N]`` the driver's host is the only one, and the driver does it. Best effort and
+    bounded: not a barrier stage (which would wait for every slot of a busy cluster to be
+    free at once), cancelled after :data:`REMOVE_FINISHED_WAIT` s; a host without an
+    executor, or one the stage did not reach, keeps the data until its ``storage_dir`` is
     cleaned, and a failed stage is logged, never raised (the job's output is committed)."""
     if config.storage != "members" or log is None or _session.master(spark).startswith("local"):
         return []
@@ -463,22 +472,47 @@ def remove_finished_on_hosts(spark, config: JobConfig, log: str | None) -> list[
 
     def task(batches):
         # imported where the task runs, in a Spark Python worker (pickled by value)
+        import fcntl
+
         import pyarrow as pa
 
         from sparkjet.runtime.storage import remove_finished
         for _ in batches:
             pass
-        removed = remove_finished(config, log)
+        removed: list[str] = []
+        root = config.storage_root()
+        try:
+            os.makedirs(root, exist_ok=True)
+            fd = os.open(os.path.join(root, f".finished-{config.id:016x}"),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                # one task per host does it; the others find the lock held and leave
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                removed = remove_finished(config, log, store)
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
         yield pa.RecordBatch.from_pydict({"slot": pa.array(removed, pa.string())})
 
+    tag = f"sparkjet-{config.id}-finished"
+    timer = threading.Timer(REMOVE_FINISHED_WAIT, lambda: spark.interruptTag(tag))
+    timer.daemon = True
     try:
-        rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, "slot string",
-                                                          barrier=True).collect()
+        spark.addTag(tag)
+        timer.start()
+        rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, "slot string").collect()
     except Exception as e:  # noqa: BLE001 - best effort, the job is done
         _log.warning("finished job %r: its data on the cluster's hosts was not removed (%s); "
                      "it stays in their storage_dir until cleaned", config.name,
                      short_error(e))
         return []
+    finally:
+        timer.cancel()
+        spark.removeTag(tag)
     return sorted(r["slot"] for r in rows)
 
 

@@ -94,7 +94,7 @@ def claim_slot(config: JobConfig, execution: int, log: str | None = None,
     return slot
 
 
-def remove_finished(config: JobConfig, log: str | None) -> list[str]:
+def remove_finished(config: JobConfig, log: str | None, store: str | None = None) -> list[str]:
     """After a run of ``config``'s job to its end (its ``FINISHED`` mark written: it never
     runs again), removes its data from every free slot of this host's storage root, as Jet
     destroys a completed job's snapshot maps: in memory (``/dev/shm``) it would hold the
@@ -128,7 +128,7 @@ def remove_finished(config: JobConfig, log: str | None) -> list[str]:
                              "the job stays", config.name, folder)
                 continue
             with slot:
-                if slot.host != host_id() or slot.log_of(config.id) != log:
+                if slot.host != host_id() or not _finished_here(slot, config.id, log, store):
                     continue            # another host's slot, or another store's job
                 try:
                     os.rename(slot.job_path(config.id), gone)
@@ -140,6 +140,15 @@ def remove_finished(config: JobConfig, log: str | None) -> list[str]:
             _log.warning("finished job %r: its data in slot %s was not removed: %s",
                          config.name, folder, e)
     return removed
+
+
+def _finished_here(slot: StorageSlot, job_id: int, log: str, store: str | None) -> bool:
+    """Whether ``slot``'s data of ``job_id`` is of the finished run: of its log, or (a
+    persisted slot records no log: the restart judges logs) of its store."""
+    recorded = slot.log_of(job_id)
+    if recorded is not None:
+        return recorded == log
+    return store is not None and slot.store_of(job_id) == store
 
 
 def claim_wait(config: JobConfig) -> float:
@@ -749,20 +758,21 @@ def slot_writer(config: JobConfig, link: SlotWriterLink, snapshot_id: int, execu
 
 
 def keep_committed(slot: StorageSlot, job_id: int, snapshot_id: int, execution: int,
-                   record: bytes, keep, uploading=()) -> None:
+                   record: bytes, keep, uploading=(), kept_tables=None) -> None:
     """Phase 2 in a member's slot: a copy of the committed snapshot's record (refused,
     FencedError, if the slot has seen a newer execution than the one that committed it),
     then the record copies and chunk files of the snapshots the store no longer keeps
     (``keep``: the retained snapshot ids, with ``durable_tier="async"`` the pinned and the
     newest marked ones too) removed, except those of ``uploading`` (the member's uploads
     under way or waiting, :attr:`~sparkjet.runtime.durable.DurableUploader.pending`), and
-    the table versions none of those kept uses (:func:`drop_table_versions`)."""
+    the table versions none of those kept uses (:func:`drop_table_versions`; ``kept_tables``:
+    the digests the driver says the store's retained snapshots use)."""
     slot.write_record(job_id, snapshot_id, record, execution=execution)
     keep = set(keep) | set(uploading) | {snapshot_id}
     try:
         slot.drop_records_before(job_id, snapshot_id, keep=keep)
         drop_old_snapshots(slot, job_id, snapshot_id, keep)
-        drop_table_versions(slot, job_id, snapshot_id, keep)
+        drop_table_versions(slot, job_id, snapshot_id, keep, kept_tables)
     except OSError as e:
         # housekeeping of a committed snapshot: what is left is dropped at the next commit,
         # and is no reason to fail (and restart) the execution
@@ -849,24 +859,39 @@ class _RecordTables(msgspec.Struct):
     tables: list[str] = msgspec.field(default_factory=list)
 
 
-def drop_table_versions(slot: StorageSlot, job_id: int, committed: int, keep) -> list[str]:
+def record_tables(record: bytes) -> list[str]:
+    """The table versions a validation record's bytes name (none when they do not read)."""
+    try:
+        return msgspec.json.decode(record, type=_RecordTables).tables
+    except msgspec.DecodeError:
+        return []
+
+
+def drop_table_versions(slot: StorageSlot, job_id: int, committed: int, keep,
+                        kept_tables=None) -> list[str]:
     """The store's rule for its table versions (:meth:`SnapshotStore._remove_table_versions`)
     in a slot at phase 2 of snapshot ``committed``: removes the versions that no retained
-    snapshot (``keep``: their ids, whose record copies the slot holds) uses, except those a
-    barrier after ``committed`` stored (its snapshot is not committed yet). Exports are in
-    ``snapshot_store``, with their versions: a slot keeps none for them. Nothing is removed
-    while a retained snapshot's record copy is missing or does not read (which versions it
-    uses is not known). Returns the digests removed."""
-    used: set[str] = set()
+    snapshot (``keep``: their ids) uses, except those a barrier after ``committed`` stored
+    (its snapshot is not committed yet). Which versions the retained snapshots use: the
+    driver's word (``kept_tables``, the digests it read from the store's records of them),
+    with those of the record copies the slot holds; without the driver's word, nothing is
+    removed while a retained snapshot's record copy is missing or does not read (review F5:
+    a slot added after the older snapshots kept every version for good). Exports are in
+    ``snapshot_store``, with their versions: a slot keeps none for them. Returns the
+    digests removed."""
+    used: set[str] = set(kept_tables or ())
     held = set(slot.records(job_id))
     for sid in keep:
         if sid not in held:
-            return []
+            if kept_tables is None:
+                return []
+            continue
         try:
             used.update(msgspec.json.decode(slot.read_record(job_id, sid),
                                             type=_RecordTables).tables)
         except (msgspec.DecodeError, StorageSlotError):
-            return []
+            if kept_tables is None:
+                return []
     return slot.drop_table_versions(job_id, used, committed)
 
 

@@ -241,8 +241,14 @@ class StorageSlot:
             time.sleep(0.1)
         for folder in mine:
             fd = _try_lock(folder, holder)
-            if fd is not None:
-                return cls._locked(folder, fd, host, durable)
+            if fd is None:
+                continue
+            if job_id is not None and not _of_store(folder, job_id, store):
+                # ranked before the wait; another store's job of the same name has taken
+                # it meanwhile: its data is not this job's to give up
+                os.close(fd)
+                continue
+            return cls._locked(folder, fd, host, durable)
         identity = _new_identity(host)
         folder = os.path.join(storage_dir, SLOT_PREFIX + identity.uuid)
         # made whole (locked, MEMBER.json written) under a name no claim lists, then renamed
@@ -327,6 +333,26 @@ class StorageSlot:
         data = _read_bytes(self.job_path(job_id, LOG_OF))
         return None if data is None else data.decode(errors="replace")
 
+    def store_of(self, job_id: int) -> str | None:
+        """The root of the snapshot store this slot's data of ``job_id`` is of (None: not
+        recorded)."""
+        data = _read_bytes(self.job_path(job_id, STORE_OF))
+        return None if data is None else data.decode(errors="replace")
+
+    def keep_store(self, job_id: int, store: str) -> None:
+        """Records that this slot's data of ``job_id`` is of the store whose root is
+        ``store`` (a persisted slot records no log: the restart judges logs, but a claim of
+        a job of the same name in another store must still pass it over);
+        StorageSlotError if it recorded another store."""
+        self._check_claimed()
+        was = self.store_of(job_id)
+        if was == store:
+            return
+        if was is not None:
+            raise StorageSlotError(f"{self}: its data of job {job_id:016x} is of snapshot "
+                                   f"store {was}, not {store}: another job of the same name")
+        _write_atomic(self._job_dir(job_id), STORE_OF, store.encode(), self.durable)
+
     def keep_log(self, job_id: int, log: str, *, drop_other: bool,
                  store: str | None = None) -> bool:
         """Records that this slot's data of ``job_id`` belongs to the store's log ``log``
@@ -337,10 +363,10 @@ class StorageSlot:
         hands out a slot holding a job of the same id of another store
         (:meth:`claim`)."""
         self._check_claimed()
+        if store is not None:
+            self.keep_store(job_id, store)   # never drops another store's job's data
         was = self.log_of(job_id)
         if was == log:
-            if store is not None and _read_bytes(self.job_path(job_id, STORE_OF)) is None:
-                _write_atomic(self._job_dir(job_id), STORE_OF, store.encode(), self.durable)
             return False
         dropped = False
         if was is not None and drop_other and os.path.isdir(self.job_path(job_id)):
@@ -349,7 +375,7 @@ class StorageSlot:
             self.remove_job(job_id)
             dropped = True
         _write_atomic(self._job_dir(job_id), LOG_OF, log.encode(), self.durable)
-        if store is not None:
+        if store is not None and dropped:    # remove_job took the STORE file too
             _write_atomic(self._job_dir(job_id), STORE_OF, store.encode(), self.durable)
         return dropped
 

@@ -229,10 +229,10 @@ class SnapshotStore:
 
     @property
     def root(self) -> str:
-        """Where the store is (a local folder's absolute path, or the path in its file
-        system): with the job's id, what tells a job apart from one of the same name in
-        another store."""
-        return self._backend.root
+        """What tells this store apart from another (with the job's id, a job from one of
+        the same name in another store): a local folder's real path, else its URI without
+        credentials (scheme, host, path, endpoint)."""
+        return getattr(self._backend, "identity", None) or self._backend.root
 
     @property
     def who(self) -> str:

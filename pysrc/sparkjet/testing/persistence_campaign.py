@@ -608,7 +608,7 @@ def newest_committed(store: Path, job_id: int, seen: int) -> int:
     own relays them), and damage aimed at the older one would miss the snapshot the restart
     restores (a ``newest-lost`` round then restored it whole)."""
     try:
-        with SnapshotStore(str(store), job_id) as s:
+        with SnapshotStore(str(store), job_id, create=False) as s:
             info = s.latest_complete()
     except (OSError, SparkjetError) as e:
         _log.warning("the store's newest committed snapshot did not read (%s): taking "
