@@ -861,3 +861,28 @@ def test_a_persisted_job_of_the_same_name_in_another_store_is_left_alone(tmp_pat
     again, notes = claim(configs["a"], 2, store=roots["a"])
     assert again.uuid == a.uuid and notes["seen"] == 1, "store a's data is where it was"
     again.release()
+
+
+def test_verify_counts_the_chunk_files_it_cannot_read_in_slots(tmp_path):
+    """Review M1: with the members' storage the default, `sparkjet snapshots verify` read
+    only the store's files and said "every checksum verified" while the state's chunk files
+    were in the slots, unread. The store now says how many it could not read there."""
+    import base64
+
+    import pyarrow as pa
+
+    from sparkjet.partition_table import PartitionTable
+    from sparkjet.snapshot.store import SnapshotStore
+
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    with StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True) as a:
+        store = SnapshotStore(config.snapshot_store, config.id)
+        store.register_execution(1)
+        a.fence(config.id, 1)
+        w = store.writer(0, 1, writer=0, partition_count=7, slot=a)
+        w.write_table("agg", pa.table({"key": pa.array(range(9), pa.int64())}), key="key")
+        table = PartitionTable.create([a.uuid], 7, 0)
+        store.commit(0, 1, [w.finish()], table=base64.b64encode(table.to_bytes()).decode())
+        reader = SnapshotStore(config.snapshot_store, config.id, create=False)
+        assert reader.verify(0).snapshot_id == 0
+        assert reader.unverifiable(0) == 1

@@ -214,8 +214,13 @@ def _verify(args) -> int:
             failed += 1
             continue
         line.close()
+        away = store.unverifiable(name=args.name)
         print(f"{label}: snapshot {info.snapshot_id} ok: {info.chunk_count:,} chunks, "
-              f"{info.entries:,} entries, {_size(info.bytes)}, every checksum verified")
+              f"{info.entries:,} entries, {_size(info.bytes)}, " + (
+                  "every checksum verified" if not away else
+                  f"the store's files verified; {away:,} chunk files are in the members' "
+                  f"storage slots (storage=\"members\"), not here: a restore checks them as it "
+                  f"reads them"))
     return 1 if failed else 0
 
 

@@ -955,6 +955,14 @@ class SnapshotStore:
                         progress(done, stored.record.bytes)
         return self._info(stored.record, name)
 
+    def unverifiable(self, snapshot_id: int | None = None, *, name: str | None = None) -> int:
+        """How many chunk files of a snapshot :meth:`verify` cannot read here: those in the
+        members' storage slots (``storage="members"``) with no durable copy in the store,
+        which a restore checks as it reads them."""
+        stored = self._resolve(snapshot_id, name)
+        return sum(1 for v in stored.record.vertices.values() for f in v.files
+                   if f.slot is not None and self.slot_files is None and not f.durable)
+
     def describe(self, snapshot_id: int | None = None, *, name: str | None = None) -> dict:
         """Per vertex and partition (-1: broadcast): bytes, chunks and entries, from the
         validation record."""
