@@ -147,23 +147,26 @@ class StorageSlot:
               execution: int | None = None, wait: float = 0.0,
               log: str | None = None, store: str | None = None) -> StorageSlot:
         """A slot of ``host`` (default :func:`host_id`) under ``storage_dir``, locked by this
-        process: a free one holding ``job_id``'s data first (of the snapshot log ``log``, when
-        given: data of another log is given up at the claim), then any free one, else a new
-        one. A slot holding the data of a job of the same id in another snapshot store
-        (``store``, the store's root, differs from the one the slot recorded) is passed
-        over: that is another job. When every slot holding the job's data is locked and one of them by an older
-        execution than ``execution`` (its FENCE says so: a zombie, or a task of a cancelled
-        stage not yet killed), waits up to ``wait`` seconds for one of them to be freed
-        before taking another: a slot taken instead leaves that data out of reach of this
-        execution. When the wait ends, a holder that claimed the slot for an older execution
-        of the job in the same snapshot log ``log`` (the lock's holder record and the
-        kernel's lock table agree on its pid; a job of the same name in another store has
-        the same id, never its log) is fenced: killed, and the slot claimed once the kernel
-        frees its lock (the slot's ``fenced`` lists it). ``durable``: writes are fsynced
-        (persistence). StorageSlotError when
-        ``storage_dir`` holds a slot of another host, or one whose ``MEMBER.json`` does not
-        read (``remove_corrupt``: such a slot, when no process holds it, is removed and
-        logged instead); StorageError when it cannot be used."""
+        process; StorageSlotError when ``storage_dir`` holds a slot of another host, or one
+        whose ``MEMBER.json`` does not read (``remove_corrupt``: such a slot, when no
+        process holds it, is removed and logged instead); StorageError when it cannot be
+        used. ``durable``: writes are fsynced (persistence).
+
+        Which slot: a free one holding ``job_id``'s data first (of the snapshot log ``log``,
+        when given: data of another log is given up at the claim), then any free one, else
+        a new one. A slot holding a job of the same id in another snapshot store (``store``,
+        the store's root, differs from the one the slot recorded) is passed over, also when
+        it turns out so once locked: that is another job.
+
+        A zombie: when every slot holding the job's data is locked and one of them by an
+        older execution than ``execution`` (its FENCE says so: a zombie, or a task of a
+        cancelled stage not yet killed), the claim waits up to ``wait`` seconds for one of
+        them to be freed before taking another (a slot taken instead leaves that data out
+        of reach). When the wait ends, a holder that claimed the slot for an older execution
+        of the job in the same log (the lock's holder record and the kernel's lock table
+        agree on its pid; a job of the same name in another store has the same id, never
+        its log) is fenced: killed, and the slot claimed once the kernel frees its lock (the
+        slot's ``fenced`` lists it)."""
         host = host or host_id()
         storage_dir = os.path.abspath(storage_dir)
         try:

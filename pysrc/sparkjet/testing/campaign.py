@@ -485,8 +485,9 @@ def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
     report = verify.check_aggregates(source.expected_counts(), out, key="key",
                                      columns=["count", "sum"], guarantee="exactly-once")
     # the job ran to its end: its data must have left every host's slots
+    pattern = f"{SLOT_PREFIX}*/{JOBS}/{job_dir(job.config.id)}"
     left = sorted(str(p) for i in range(cluster.workers)
-                  for p in cluster.storage_dir(i).glob(f"{SLOT_PREFIX}*/{JOBS}/{job_dir(job.config.id)}"))
+                  for p in cluster.storage_dir(i).glob(pattern))
     return {"steps": steps, "restarts": result.restarts,
             "slots": [[(s["host"], s["uuid"]) for s in slots[e]] for e in sorted(slots)],
             "left": left, "report": report}
