@@ -715,10 +715,11 @@ def test_a_table_join_restores_from_the_slots_after_the_stores_job_folder_is_los
     assert repeated == 0
 
 
-def test_a_table_version_no_slot_present_nor_the_store_holds_is_refused_by_name(tmp_path):
-    """The recovery policy counts the table join's versions as it counts chunks: held by a
-    slot present (each slot keeps every one) or by snapshot_store. None left: refused
-    naming the version (it failed every restart at restore instead)."""
+def _two_slots_using_a_table_version(tmp_path, config):
+    """Slots a and b (hosts a and b, persisted) each holding a copy of one reference-table
+    version and half of snapshot 0 of ``config``'s job, which uses it, committed by
+    execution 1; execution 2 registered. Returns the slots (claimed), the store and the
+    version."""
     import base64
 
     import pyarrow as pa
@@ -727,25 +728,33 @@ def test_a_table_version_no_slot_present_nor_the_store_holds_is_refused_by_name(
     from sparkjet.partition_table import PartitionTable
     from sparkjet.snapshot.store import SnapshotStore
 
-    config = _config(tmp_path, processing_guarantee="at-least-once")
     a, b = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True), \
         StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
     version = TableVersion.of(pa.table({"key": pa.array(range(9), pa.int64())}))
+    store = SnapshotStore(config.snapshot_store, config.id)
+    store.register_execution(1)
+    table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
+    manifests = []
+    for i, slot in enumerate((a, b)):
+        slot.fence(config.id, 1)
+        slot.write_table_version(config.id, version.digest, version.data, 0)
+        w = store.writer(0, 1, writer=i, partition_count=7, slot=slot)
+        w.write_table("agg", pa.table({"key": pa.array(range(i * 9, i * 9 + 9), pa.int64())}),
+                      key="key")
+        w.use_table_version(version.digest)
+        manifests.append(w.finish())
+    store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
+    store.register_execution(2)
+    return a, b, store, version
+
+
+def test_a_table_version_no_slot_present_nor_the_store_holds_is_refused_by_name(tmp_path):
+    """The recovery policy counts the table join's versions as it counts chunks: held by a
+    slot present (each slot keeps every one) or by snapshot_store. None left: refused
+    naming the version (it failed every restart at restore instead)."""
+    config = _config(tmp_path, processing_guarantee="at-least-once")
+    a, b, store, version = _two_slots_using_a_table_version(tmp_path, config)
     with a, b:
-        store = SnapshotStore(config.snapshot_store, config.id)
-        store.register_execution(1)
-        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
-        manifests = []
-        for i, slot in enumerate((a, b)):
-            slot.fence(config.id, 1)
-            slot.write_table_version(config.id, version.digest, version.data, 0)
-            w = store.writer(0, 1, writer=i, partition_count=7, slot=slot)
-            w.write_table("agg", pa.table({"key": pa.array(range(i * 9, i * 9 + 9),
-                                                           pa.int64())}), key="key")
-            w.use_table_version(version.digest)
-            manifests.append(w.finish())
-        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
-        store.register_execution(2)
         recovery = recover(config, store, None, 2, _start(config, store, 0),
                            _reports(config, 2, a, b), lambda e: None)
         assert recovery.report["snapshot"] == 0
@@ -768,33 +777,9 @@ def test_a_corrupt_only_copy_of_a_table_version_is_refused_by_the_policy(tmp_pat
     the policy restored a snapshot whose restore then refused it. The join report checks
     each copy against its digest: with one copy flipped the other slot's serves, with both
     the policy refuses, naming the version."""
-    import base64
-
-    import pyarrow as pa
-
-    from sparkjet.operators.table_join import TableVersion
-    from sparkjet.partition_table import PartitionTable
-    from sparkjet.snapshot.store import SnapshotStore
-
     config = _config(tmp_path, processing_guarantee="at-least-once")
-    a, b = StorageSlot.claim(str(tmp_path / "host-a"), host="a", durable=True), \
-        StorageSlot.claim(str(tmp_path / "host-b"), host="b", durable=True)
-    version = TableVersion.of(pa.table({"key": pa.array(range(9), pa.int64())}))
+    a, b, store, version = _two_slots_using_a_table_version(tmp_path, config)
     with a, b:
-        store = SnapshotStore(config.snapshot_store, config.id)
-        store.register_execution(1)
-        table = PartitionTable.create([a.uuid, b.uuid], 7, 0, groups={a.uuid: "a", b.uuid: "b"})
-        manifests = []
-        for i, slot in enumerate((a, b)):
-            slot.fence(config.id, 1)
-            slot.write_table_version(config.id, version.digest, version.data, 0)
-            w = store.writer(0, 1, writer=i, partition_count=7, slot=slot)
-            w.write_table("agg", pa.table({"key": pa.array(range(i * 9, i * 9 + 9),
-                                                           pa.int64())}), key="key")
-            w.use_table_version(version.digest)
-            manifests.append(w.finish())
-        store.commit(0, 1, manifests, table=base64.b64encode(table.to_bytes()).decode())
-        store.register_execution(2)
 
         def flip(slot):
             path = slot.job_path(config.id, "tables", f"{version.digest}.arrow")
