@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 
-from bench_recovery import AGGREGATIONS, BATCH, NAN, _phase_recorder, _phases
+from bench_recovery import AGGREGATIONS, BATCH, NAN, _phase_recorder, _phases, save_results
 
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -90,10 +90,7 @@ def main(argv=None) -> None:
             finally:
                 spark.stop()
         print("  " + json.dumps(r), flush=True)
-    results["load_end"] = os.getloadavg()[0]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -365,6 +365,15 @@ def test_recovery_1m(benchmark, tmp_path):
     benchmark.pedantic(recovery, args=(1_000_000, str(tmp_path / "rec")), rounds=1)
 
 
+def save_results(results: dict, path: str | None) -> None:
+    """Notes the load at the end in ``results`` and writes them to ``path`` as JSON (if
+    given): what the benchmark scripts of the recovery family end with."""
+    results["load_end"] = os.getloadavg()[0]
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -426,10 +435,7 @@ def main(argv=None) -> None:
             with tempfile.TemporaryDirectory() as work:
                 r = results[f"recovery-{k}"] = recovery(k, work)
             print("  " + json.dumps(r), flush=True)
-    results["load_end"] = os.getloadavg()[0]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save_results(results, args.json)
 
 
 if __name__ == "__main__":

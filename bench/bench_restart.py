@@ -28,12 +28,13 @@ Run: ``python bench/bench_restart.py --keys 1000000 10000000`` or
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import tempfile
 import threading
 import time
+
+from bench_recovery import save_results
 
 from sparkjet.errors import JobCancelledError, JobFailedError
 from sparkjet.pipeline import Pipeline
@@ -155,10 +156,7 @@ def main(argv=None) -> None:
                   f"verified, from snapshot {r['restored_from']}", flush=True)
     finally:
         spark.stop()
-    results["load_end"] = os.getloadavg()[0]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,7 @@ from sparkjet.snapshot.slots import (
     TABLE,
     StorageSlot,
     host_id,
+    recorded,
     remove_file,
 )
 
@@ -932,15 +933,6 @@ def wait_for_slots(config: JobConfig, store, available, progress) -> None:
 # -- force start -----------------------------------------------------------------------------
 
 
-def _recorded_store(job_folder: str) -> str | None:
-    """The snapshot store's root a slot's job folder recorded (None: none, or unreadable)."""
-    try:
-        with open(os.path.join(job_folder, STORE_OF), "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return None
-
-
 def force_start(config: JobConfig, dag=None, *, without_transactions: bool = False) -> dict:
     """Deletes the job's data: its folder of ``snapshot_store`` (log, records, exports,
     table versions) and its data in every slot of this host's ``storage_dir`` that no
@@ -989,7 +981,7 @@ def force_start(config: JobConfig, dag=None, *, without_transactions: bool = Fal
             folders = [os.path.join(root, name, "jobs", layout.job_dir(config.id))
                        for name in _names(root) if name.startswith("slot-")]
             # a job of the same name in another snapshot store is another job: left alone
-            folders = [f for f in folders if _recorded_store(f) in (None, store.root)]
+            folders = [f for f in folders if recorded(f, STORE_OF) in (None, store.root)]
             for folder in folders:
                 e, sn = _folder_ids(folder)
                 execution, snapshot = max(execution, e), max(snapshot, sn)

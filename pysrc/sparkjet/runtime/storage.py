@@ -473,10 +473,9 @@ def partition_ranges(parts: set[int]) -> str:
             j += 1
         out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
         i = j + 1
-    if -1 in parts:
-        out.append("broadcast state")
-    return ", ".join(out[:-1]) + " and " + out[-1] if -1 in parts and len(out) > 1 else (
-        ", ".join(out))
+    if -1 not in parts:
+        return ", ".join(out)
+    return " and ".join(([", ".join(out)] if out else []) + ["broadcast state"])
 
 
 def backup_ranges(table: PartitionTable | None, slots: list[str], own: str,

@@ -206,9 +206,9 @@ class StorageSlot:
                     f"{identity.host} for its members, or remove {folder} to give its data up")
             holds = job_id is not None and os.path.isdir(
                 os.path.join(folder, JOBS, job_folder(job_id)))
-            if holds and not _of_store(folder, job_id, store):
+            if holds and not _may_be(folder, job_id, STORE_OF, store):
                 continue        # a job of the same name in another store: not ours
-            if holds and not _of_log(folder, job_id, log):
+            if holds and not _may_be(folder, job_id, LOG_OF, log):
                 # the job's data of another log (a run the store no longer knows) is
                 # given up at the claim: this slot is no better than an empty one, and
                 # must not stand in for the one a zombie of this log still holds
@@ -246,7 +246,7 @@ class StorageSlot:
             fd = _try_lock(folder, holder)
             if fd is None:
                 continue
-            if job_id is not None and not _of_store(folder, job_id, store):
+            if job_id is not None and not _may_be(folder, job_id, STORE_OF, store):
                 # ranked before the wait; another store's job of the same name has taken
                 # it meanwhile: its data is not this job's to give up
                 os.close(fd)
@@ -333,14 +333,12 @@ class StorageSlot:
     def log_of(self, job_id: int) -> str | None:
         """Which log of the job's snapshot store this slot's data of it belongs to
         (:meth:`SnapshotStore.incarnation`; None: not recorded)."""
-        data = _read_bytes(self.job_path(job_id, LOG_OF))
-        return None if data is None else data.decode(errors="replace")
+        return recorded(self.job_path(job_id), LOG_OF)
 
     def store_of(self, job_id: int) -> str | None:
         """The root of the snapshot store this slot's data of ``job_id`` is of (None: not
         recorded)."""
-        data = _read_bytes(self.job_path(job_id, STORE_OF))
-        return None if data is None else data.decode(errors="replace")
+        return recorded(self.job_path(job_id), STORE_OF)
 
     def keep_store(self, job_id: int, store: str) -> None:
         """Records that this slot's data of ``job_id`` is of the store whose root is
@@ -379,7 +377,7 @@ class StorageSlot:
             dropped = True
         _write_atomic(self._job_dir(job_id), LOG_OF, log.encode(), self.durable)
         if store is not None and dropped:    # remove_job took the STORE file too
-            _write_atomic(self._job_dir(job_id), STORE_OF, store.encode(), self.durable)
+            self.keep_store(job_id, store)
         return dropped
 
     def fence(self, job_id: int, execution: int) -> None:
@@ -653,22 +651,20 @@ def _remove_unheld(folder: str) -> bool:
     return True
 
 
-def _of_store(folder: str, job_id: int, store: str | None) -> bool:
-    """Whether slot ``folder``'s data of ``job_id`` may be of the snapshot store ``store``
-    (none given, or none recorded: it may)."""
-    if store is None:
-        return True
-    data = _read_bytes(os.path.join(folder, JOBS, job_folder(job_id), STORE_OF))
-    return data is None or data.decode(errors="replace") == store
+def recorded(job_folder_path: str, name: str) -> str | None:
+    """What a slot's job folder recorded in file ``name`` (:data:`LOG_OF`, the snapshot
+    log; :data:`STORE_OF`, the store's root); None when it recorded nothing."""
+    data = _read_bytes(os.path.join(job_folder_path, name))
+    return None if data is None else data.decode(errors="replace")
 
 
-def _of_log(folder: str, job_id: int, log: str | None) -> bool:
-    """Whether slot ``folder``'s data of ``job_id`` may belong to the snapshot log ``log``
-    (no log given, or none recorded: it may)."""
-    if log is None:
+def _may_be(folder: str, job_id: int, name: str, value: str | None) -> bool:
+    """Whether slot ``folder``'s data of ``job_id`` may be of ``value`` for what file
+    ``name`` records (none given, or none recorded: it may)."""
+    if value is None:
         return True
-    data = _read_bytes(os.path.join(folder, JOBS, job_folder(job_id), LOG_OF))
-    return data is None or data.decode(errors="replace") == log
+    was = recorded(os.path.join(folder, JOBS, job_folder(job_id)), name)
+    return was is None or was == value
 
 
 def _fenced_below(folder: str, job_id: int | None, execution: int) -> bool:
@@ -835,4 +831,4 @@ def _listdir(folder: str) -> list[str]:
         raise storage_error("list", folder, e) from None
 
 
-__all__ = ["SLOT_FORMAT", "SlotIdentity", "StorageSlot", "host_id", "remove_file"]
+__all__ = ["SLOT_FORMAT", "SlotIdentity", "StorageSlot", "host_id", "recorded", "remove_file"]
