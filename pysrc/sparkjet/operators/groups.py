@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkjet import _native
+from sparkjet._batches import one_array
 from sparkjet._keys import SUPPORTED, describe
 from sparkjet._keys import key_names as check_key_names
 from sparkjet.errors import InvalidArgumentError, NullKeyError, UnsupportedTypeError
@@ -141,8 +142,7 @@ class Groups:
             return out
         if self._ints is not None:
             column = columns[0]
-            if isinstance(column, pa.ChunkedArray):
-                column = column.combine_chunks()
+            column = one_array(column)
             _check_no_nulls(self._names[0], column)
             t = column.type
             bits = column.view(pa.int64()) if t == pa.uint64() else column.cast(pa.int64())
@@ -195,8 +195,7 @@ class Groups:
         return pa.Table.from_arrays([column], schema=self._schema)
 
     def _int_bits(self, column, types) -> np.ndarray:
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
+        column = one_array(column)
         _check_no_nulls(self._names[0], column)
         self._fix_types(types)
         t = column.type

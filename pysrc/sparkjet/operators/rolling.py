@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
+from sparkjet._batches import one_array
 from sparkjet._keys import refuse_nulls
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.base import Operator, OperatorStage
@@ -143,8 +144,7 @@ class KeyedAggregator:
     def _slots(self, keys, bulk: bool = False) -> np.ndarray:
         """The slots of ``keys`` (one column), adding new ones; ``bulk``: a restore's keys,
         mostly new, go into a key map sized once for all of them."""
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
+        keys = one_array(keys)
         refuse_nulls(keys, f"group_by key {self.key!r}")
         if self._key_type is None:
             self._key_type = keys.type

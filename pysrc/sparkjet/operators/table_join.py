@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkjet._batches import one_array
 from sparkjet._keys import join_keys
 from sparkjet.errors import (
     InvalidArgumentError,
@@ -396,8 +397,7 @@ _NORMAL = {"integer": pa.int64(), "string": pa.large_string(), "binary": pa.larg
 def _normal(column, kind: str):
     """A key column in the one type both sides are matched in."""
     column = _decoded(column)
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = one_array(column)
     target = _NORMAL.get(kind)
     if target is None or column.type == target:
         return column
@@ -408,8 +408,7 @@ def _normal(column, kind: str):
 
 def _decoded(column):
     if pa.types.is_dictionary(column.type):
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
+        column = one_array(column)
         return column.dictionary.take(column.indices)
     return column
 

@@ -8,6 +8,7 @@ import datetime
 import numpy as np
 import pyarrow as pa
 
+from sparkjet._batches import one_array
 from sparkjet.errors import InvalidArgumentError
 
 #: Below and above every event time (the watermark before any event, and at the end).
@@ -82,8 +83,7 @@ def time_values(column, name: str):
     """An event-time column as int64 numbers (nulls refused)."""
     import numpy as np
 
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = one_array(column)
     t = column.type
     if not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
         raise InvalidArgumentError(f"event-time column {name!r} is {t}; it must be an integer "

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkjet import _native
+from sparkjet._batches import one_array
 from sparkjet.errors import AggregateOverflowError, InvalidArgumentError
 
 #: What ``aggregate(..., overflow=...)`` takes: how an integer ``sum`` past int64 ends.
@@ -71,8 +72,7 @@ def _storage(t: pa.DataType) -> pa.DataType:
 
 
 def _plain(column) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = one_array(column)
     return column
 
 
