@@ -62,6 +62,8 @@ BATCH = 65_536
 #: Where the members' slots go, as a job's default storage_dir (memory).
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 AGGREGATIONS = {"count": "count", "sum": ("sum", "value")}
+#: The store-vs-IPC rows write with the codec a job writes its snapshots with.
+CODEC = JobConfig.__dataclass_fields__["snapshot_codec"].default
 NAN = float("nan")
 
 
@@ -280,7 +282,7 @@ def store_vs_ipc(rows: int, work: str, rounds: int = 3, members: bool = True) ->
         for i in range(rounds + 1):
             store.wait_for_cleanup()
             start = time.perf_counter()
-            writer = store.writer(i, 1, codec="lz4")
+            writer = store.writer(i, 1, codec=CODEC)
             writer.write_table("state", table, key="key")
             writer.commit()
             writes.append(time.perf_counter() - start)
@@ -311,7 +313,7 @@ def store_vs_ipc(rows: int, work: str, rounds: int = 3, members: bool = True) ->
             for sid, replicate, times in ((2 * i, None, slot_writes),
                                           (2 * i + 1, slots.replicator(), backup_writes)):
                 start = time.perf_counter()
-                writer = members_store.writer(sid, 1, codec="lz4", slot=slots.a,
+                writer = members_store.writer(sid, 1, codec=CODEC, slot=slots.a,
                                               replicate=replicate)
                 writer.write_table("state", table, key="key")
                 writer.commit()

@@ -69,6 +69,7 @@ cdef extern from "sparkjet/chunk.h" nogil:
     int SJ_CODEC_RAW
     int SJ_CODEC_LZ4
     int SJ_CODEC_ARROW_LZ4
+    int SJ_CODEC_BLOSC2_LZ4
     unsigned int SJ_CHUNK_BROADCAST
     unsigned int SJ_CHUNK_ENTRIES
 

@@ -27,11 +27,17 @@ static uint64_t get64(const uint8_t *p) {
     return v;
 }
 
-static int codec_known(uint8_t codec) { return codec <= SJ_CODEC_ARROW_LZ4; }
+static int codec_known(uint8_t codec) { return codec <= SJ_CODEC_BLOSC2_LZ4; }
+
+/* A Blosc2 chunk holds an Arrow record batch message: table chunks only. */
+static int codec_fits(uint8_t codec, uint8_t flags) {
+    return codec != SJ_CODEC_BLOSC2_LZ4 || !(flags & SJ_CHUNK_ENTRIES);
+}
 
 sj_status sj_chunk_header_encode(const sj_chunk_header *h, uint8_t out[SJ_CHUNK_HEADER_SIZE]) {
     if (!codec_known(h->codec) || (h->flags & ~(SJ_CHUNK_BROADCAST | SJ_CHUNK_ENTRIES)))
         return SJ_EINVAL;
+    if (!codec_fits(h->codec, h->flags)) return SJ_EINVAL;
     if (h->codec == SJ_CODEC_RAW && h->stored_size != h->uncompressed_size) return SJ_EINVAL;
     memset(out, 0, SJ_CHUNK_HEADER_SIZE);
     put32(out, SJ_CHUNK_MAGIC);
@@ -69,6 +75,7 @@ sj_status sj_chunk_header_decode(const uint8_t *buf, size_t len, sj_chunk_header
     h->flags = buf[7];
     if (!codec_known(h->codec)) BAD("codec");
     if (h->flags & ~(SJ_CHUNK_BROADCAST | SJ_CHUNK_ENTRIES)) BAD("flags");
+    if (!codec_fits(h->codec, h->flags)) BAD("codec (not one for an entry list)");
     if (get32(buf + 44) != 0 || get32(buf + 60) != 0) BAD("reserved");
     h->job_id = get64(buf + 8);
     h->snapshot_id = (int64_t)get64(buf + 16);

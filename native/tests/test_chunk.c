@@ -52,6 +52,13 @@ static void test_header(void) {
     h = sample();
     h.codec = SJ_CODEC_RAW;
     CHECK(sj_chunk_header_encode(&h, buf) == SJ_EINVAL, "raw with sizes that differ");
+    h = sample();   /* an entry list */
+    h.codec = SJ_CODEC_BLOSC2_LZ4;
+    CHECK(sj_chunk_header_encode(&h, buf) == SJ_EINVAL, "a Blosc2 entry list refused");
+    h.flags = 0;
+    CHECK(sj_chunk_header_encode(&h, buf) == SJ_OK, "a Blosc2 table chunk");
+    CHECK(sj_chunk_header_decode(buf, sizeof buf, &g, &bad) == SJ_OK && g.codec == SJ_CODEC_BLOSC2_LZ4,
+          "Blosc2 decode");
     h = sample();
     h.flags = SJ_CHUNK_BROADCAST;
     h.partition = -1;

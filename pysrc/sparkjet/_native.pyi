@@ -55,6 +55,7 @@ CHUNK_FORMAT_VERSION: Final[int]
 CODEC_RAW: Final[int]
 CODEC_LZ4: Final[int]
 CODEC_ARROW_LZ4: Final[int]
+CODEC_BLOSC2_LZ4: Final[int]
 FLAG_BROADCAST: Final[int]
 FLAG_ENTRIES: Final[int]
 

@@ -28,6 +28,11 @@ from sparkjet.snapshot.store import SnapshotStore
 JOB = 0xBEEF
 PARTITIONS = 7
 N = 20_000
+#: The walk-or-copy choices these tests expect are weighed against copies of the "lz4"
+#: codec's size (the default "blosc2-lz4" packs their small tables into a third less, so
+#: a copy wins a few more partitions); test_blosc2_chunks_are_rebuilt_byte_for_byte
+#: covers the default.
+CODEC = "lz4"
 
 
 def _state(values, keys=None):
@@ -55,9 +60,9 @@ def cluster(tmp_path):
     b.release()
 
 
-def _snapshot(store, slot, sid, table, chunk_size=16384):
+def _snapshot(store, slot, sid, table, chunk_size=16384, codec=CODEC):
     w = store.writer(sid, 5, writer=0, partition_count=PARTITIONS, slot=slot,
-                     chunk_size=chunk_size)
+                     chunk_size=chunk_size, codec=codec)
     w.write_table("agg", table, key="key")
     store.commit(sid, 5, [w.finish()], table="dGFibGU=", plan='{"v": 1}')
     data, _, _ = store.committed_record(sid)
@@ -130,6 +135,26 @@ def test_a_stale_slot_syncs_only_what_changed_and_holds_the_current_snapshot(clu
     got, path = _restored(b, rec1, f, parts)
     assert got.sort_by("key").equals(new.sort_by("key"))
     # byte for byte the holder's chunks: the persistence verification takes the copy
+    _verify_file(path, f, JOB, 1, held_ranges(path)[1])
+
+
+def test_blosc2_chunks_are_rebuilt_byte_for_byte(cluster):
+    # The default codec: the rows a walk fetches are encoded again as the writer encoded
+    # them, and the copy must be the holder's chunks byte for byte
+    a, b, client, _, store = cluster
+    old = _state([float(i) for i in range(N)])
+    rec0 = _snapshot(store, a, 0, old, codec="blosc2-lz4")
+    _stale_copy(a, b, rec0)
+    new = _changed(old)
+    rec1 = _snapshot(store, a, 1, new, codec="blosc2-lz4")
+    f = rec1.vertices["agg"].files[0]
+    parts = {c.partition for c in f.chunks}
+    report = resync_file(b, JOB, client, a.uuid, rec1, f, parts, rec0, key="key", depth=10,
+                         partition_count=PARTITIONS)
+    assert report.rows_fetched > 0 and set(report.fallback) != parts, report.to_dict()
+    assert report.synced_bytes < report.full_copy_bytes, report.to_dict()
+    got, path = _restored(b, rec1, f, parts)
+    assert got.sort_by("key").equals(new.sort_by("key"))
     _verify_file(path, f, JOB, 1, held_ranges(path)[1])
 
 
@@ -217,7 +242,8 @@ def test_resync_slot_syncs_the_files_the_record_gives_it_entries_and_broadcast_t
     table = base64.b64encode(PartitionTable.create([a.uuid, b.uuid], PARTITIONS, 1).to_bytes())
 
     def snapshot(sid, values, extra):
-        w = store.writer(sid, 5, writer=0, partition_count=PARTITIONS, slot=a, chunk_size=16384)
+        w = store.writer(sid, 5, writer=0, partition_count=PARTITIONS, slot=a, chunk_size=16384,
+                         codec=CODEC)
         w.write_table("agg", _state(values), key="key")
         keys = [f"k{i}".encode() for i in range(3000)] + [f"x{i}".encode() for i in range(extra)]
         w.write_entries("kv", keys, [b"v%d" % (i + sid) if i % 500 == 0 else b"v%d" % i

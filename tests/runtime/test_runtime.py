@@ -135,7 +135,7 @@ def test_metrics_per_snapshot_and_latency(tmp_path):
     ("partition_count", 0, ">= 1, got 0"),
     ("partition_count", -3, ">= 1, got -3"),
     ("partition_count", 2**31, "<= 100000"),
-    ("snapshot_codec", "zstd", "one of 'lz4', 'raw', got 'zstd'"),
+    ("snapshot_codec", "zstd", "one of 'blosc2-lz4', 'lz4', 'raw', got 'zstd'"),
     ("processing_guarantee", "twice", "one of 'exactly-once', 'at-least-once', 'none'"),
     ("local_parallelism", True, "`int`, got True"),
     ("job_id", -1, ">= 0"),

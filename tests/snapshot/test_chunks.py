@@ -36,7 +36,7 @@ def decode_file(data: bytes, source="f"):
     return headers, tables, broadcast, entries
 
 
-@pytest.mark.parametrize("codec", ["raw", "lz4"])
+@pytest.mark.parametrize("codec", ["raw", "lz4", "blosc2-lz4"])
 def test_golden_tables_decode(codec):
     headers, tables, broadcast, _ = decode_file((GOLDEN / f"table-{codec}.v1.chunks").read_bytes())
     want = make_golden.golden_table()
@@ -97,7 +97,7 @@ def test_round_trip_with_many_types_and_chunk_sizes():
         "tags": pa.array([[i % 4] * (i % 3) for i in range(n)], pa.list_(pa.int16())),
     })
     for chunk_size in (1, 500, 128 * 1024):
-        for codec in ("raw", "lz4"):
+        for codec in ("raw", "lz4", "blosc2-lz4"):
             enc = ChunkEncoder(1, 2, 3, partition_count=271, chunk_size=chunk_size, codec=codec)
             chunks = enc.table(table, key=["k", "k2"])
             if chunk_size == 1:
@@ -258,7 +258,7 @@ def test_payload_with_out_of_bounds_offsets_and_a_recomputed_checksum_is_refused
         decode_table(header, stored, "hostile.chunks", offset)
 
 
-@pytest.mark.parametrize("codec", ["raw", "lz4"])
+@pytest.mark.parametrize("codec", ["raw", "lz4", "blosc2-lz4"])
 def test_dictionary_columns_round_trip(codec):
     # batch.serialize() leaves dictionaries out: raw chunks of such a table used to be
     # written, committed, and then impossible to read.

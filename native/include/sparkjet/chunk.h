@@ -10,7 +10,11 @@
  *        0    4 magic "SJCK"
  *        4    2 format version (1)
  *        6    1 codec: 0 raw, 1 lz4 block over the payload,
- *                      2 Arrow IPC with lz4-frame-compressed buffers (payload as is)
+ *                      2 Arrow IPC with lz4-frame-compressed buffers (payload as is),
+ *                      3 an Arrow IPC schema message as is, then one Blosc2 chunk
+ *                        (8-byte shuffle, lz4) of the record batch message; the
+ *                        uncompressed size is the schema message's plus the batch
+ *                        message's (table chunks only)
  *        7    1 flags: bit 0 broadcast state, bit 1 payload is an entry list
  *                      (else an Arrow IPC stream); other bits 0
  *        8    8 job id
@@ -53,6 +57,7 @@ extern "C" {
 #define SJ_CODEC_RAW 0
 #define SJ_CODEC_LZ4 1
 #define SJ_CODEC_ARROW_LZ4 2
+#define SJ_CODEC_BLOSC2_LZ4 3
 
 #define SJ_CHUNK_BROADCAST 1u
 #define SJ_CHUNK_ENTRIES 2u

@@ -51,7 +51,7 @@ MaxBatchDelay = Annotated[float, Meta(ge=0, le=MAX_BATCH_DELAY, extra={"limit": 
     "high rate nothing needs to wait longer: a busy source fills its batches by itself")})]
 
 Guarantee = Literal["exactly-once", "at-least-once", "none"]  # sparkjet.connectors.base.GUARANTEES
-Codec = Literal["lz4", "raw"]  # sparkjet.snapshot.chunks.CODECS
+Codec = Literal["blosc2-lz4", "lz4", "raw"]  # sparkjet.snapshot.chunks.CODECS
 RecoveryPolicy = Literal["FULL_RECOVERY_ONLY", "PARTIAL_RECOVERY_MOST_RECENT",
                          "PARTIAL_RECOVERY_MOST_COMPLETE"]
 #: The persistence settings (Hazelcast's names) and their defaults: given only with
@@ -223,7 +223,7 @@ class JobConfig:
     batch_size: Annotated[int, Meta(ge=1, le=2**31 - 1)] = 65536
     max_batch_delay: MaxBatchDelay = 0.005
     queue_capacity: QueueCapacity = 16
-    snapshot_codec: Codec = "lz4"
+    snapshot_codec: Codec = "blosc2-lz4"
     job_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
     members: Members | None = None
     heartbeat_timeout: Annotated[float, Meta(ge=0.5)] = 10.0

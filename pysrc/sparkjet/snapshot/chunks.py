@@ -5,12 +5,18 @@ State is split by the Hazelcast partition of its key into chunks of bounded size
 ``native/include/sparkjet/chunk.h``. Two kinds of state:
 
 - **Tables** (Arrow key and value columns): the payload is an Arrow IPC stream holding the
-  chunk's rows. ``codec="lz4"`` compresses its buffers with Arrow's own lz4 codec (measured
-  faster here than the ``lz4`` package over the whole payload); ``codec="raw"`` stores it
-  as is.
+  chunk's rows. ``codec="blosc2-lz4"`` (the default) keeps the schema message as is and
+  stores the record batch message as one Blosc2 chunk, its bytes shuffled by 8 (the first
+  byte of every 8-byte value, then the second...) and compressed with lz4: Arrow pads every
+  buffer to 8 bytes, so the high bytes of int64 keys and counts and the exponents of
+  doubles fall together and compress. On a count+sum state of 5M rows that is about 3x
+  faster than ``codec="lz4"`` both ways and 25 % smaller (``bench/bench_recovery.py``).
+  ``codec="lz4"`` compresses each buffer with Arrow's own lz4 codec; ``codec="raw"`` stores
+  the stream as is. A table with dictionary columns is written with ``"lz4"`` under
+  ``"blosc2-lz4"`` (a dictionary travels in a message of its own).
 - **Entries** (opaque bytes per key, e.g. pickled Python state): the payload is a list of
-  length-prefixed key and value bytes; ``codec="lz4"`` compresses it with ``lz4.block``. A
-  key's partition is that of a Hazelcast ``byte[]`` holding it.
+  length-prefixed key and value bytes; ``codec="lz4"`` and ``"blosc2-lz4"`` compress it
+  with ``lz4.block``. A key's partition is that of a Hazelcast ``byte[]`` holding it.
 
 *Broadcast* state (restored to every processor of a vertex) is written with partition -1
 and the broadcast flag. Every chunk carries an xxh3-64 checksum of its stored payload, and
@@ -18,6 +24,7 @@ its header a checksum of its own; :func:`read_chunks` trusts nothing it reads.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +41,7 @@ from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, partition_ids
 
 DEFAULT_CHUNK_SIZE = 128 * 1024
 HEADER_SIZE = _native.CHUNK_HEADER_SIZE
-CODECS = ("lz4", "raw")
+CODECS = ("blosc2-lz4", "lz4", "raw")
 _MAX_PAYLOAD = 2**32 - 1
 
 
@@ -96,7 +103,7 @@ class ChunkEncoder:
         *,
         partition_count: int = DEFAULT_PARTITION_COUNT,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-        codec: str = "lz4",
+        codec: str = "blosc2-lz4",
     ):
         if codec not in CODECS:
             raise InvalidArgumentError(f"codec must be one of {CODECS}, got {codec!r}")
@@ -173,6 +180,16 @@ class ChunkEncoder:
                 size = schema_message.size + message.size
                 yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows, size,
                                   (schema_message, message))
+            elif self.codec == "blosc2-lz4" and not dictionaries:
+                message = batch.serialize()
+                if message.size <= _BLOSC2_MAX:
+                    yield self._frame(_native.CODEC_BLOSC2_LZ4, flags, partition, batch.num_rows,
+                                      schema_message.size + message.size,
+                                      (schema_message, _blosc2(message)))
+                    continue
+                payload = _ipc_stream(batch, _LZ4_OPTIONS)
+                yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
+                                  payload.size, (payload,))
             else:
                 payload = _ipc_stream(batch, _LZ4_OPTIONS)
                 yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
@@ -277,6 +294,8 @@ def encode_payload(header: ChunkHeader, data) -> list:
         pa.RecordBatch.from_pylist([], schema=table.schema)
     if header.codec == _native.CODEC_ARROW_LZ4:
         return [_ipc_stream(batch, _LZ4_OPTIONS)]
+    if header.codec == _native.CODEC_BLOSC2_LZ4:
+        return [batch.schema.serialize(), _blosc2(batch.serialize())]
     if _has_dictionary(batch.schema):
         return [_ipc_stream(batch, _RAW_OPTIONS)]
     return [batch.schema.serialize(), batch.serialize()]
@@ -303,6 +322,8 @@ def decode_table(header: ChunkHeader, payload, source: str = "", offset: int = 0
     something other than sparkjet) is refused here, before any kernel reads it."""
     if header.entries:
         raise SnapshotCorruptError(source, offset, "flags", "an entry chunk, not a table")
+    if header.codec == _native.CODEC_BLOSC2_LZ4:
+        return TableDecoder().decode(header, payload, source, offset)
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(payload))
         table = reader.read_all()
@@ -323,16 +344,26 @@ class TableDecoder:
     when it differs; the batch message is then read against it. A chunk with a dictionary
     (its own message) or anything else unusual goes through :func:`decode_table`.
 
+    :meth:`decode` gives one chunk's rows. :meth:`add` and :meth:`tables` decode many at
+    once (a restore): Blosc2 chunks of one schema, back to back, decompress into one
+    buffer and are validated as one table, which saves most of the per-chunk cost of a
+    restore of thousands of chunks.
+
     >>> chunks = ChunkEncoder(1, 2, 3).table(pa.table({"k": [1, 2, 3]}), "k")
     >>> stored = read_chunks(b"".join(c.to_bytes() for c in chunks))
     >>> decoder = TableDecoder()
     >>> sum(decoder.decode(header, payload).num_rows for _, header, payload in stored)
+    3
+    >>> for _, header, payload in stored:
+    ...     decoder.add(header, payload)
+    >>> sum(t.num_rows for t in decoder.tables())
     3
     """
 
     def __init__(self):
         self._metadata: pa.Buffer | None = None   # the last schema message's metadata
         self._schema: pa.Schema | None = None
+        self._pending: list[tuple] = []
 
     def decode(self, header: ChunkHeader, payload, source: str = "", offset: int = 0) -> pa.Table:
         """The rows of a table chunk, fully validated (see :func:`decode_table`)."""
@@ -341,14 +372,14 @@ class TableDecoder:
         buf = pa.py_buffer(payload)
         try:
             reader = pa.BufferReader(buf)
-            message = pa.ipc.read_message(reader)
-            if message.type != "schema":
-                raise pa.ArrowInvalid(f"the stream starts with a {message.type} message, "
-                                      f"not a schema")
-            if self._metadata is None or not message.metadata.equals(self._metadata):
-                schema = pa.ipc.read_schema(message)
-                _field_names(schema)
-                self._metadata, self._schema = message.metadata, schema
+            self._read_schema(reader)
+            if header.codec == _native.CODEC_BLOSC2_LZ4:
+                start = reader.tell()
+                size = header.uncompressed_size - start
+                out = pa.allocate_buffer(max(size, 0))
+                _unblosc2(buf.slice(start), size, memoryview(out), source, offset)
+                batches = [self._batch(out, source, offset)]
+                return self._checked(header, batches, source, offset)
             batches = []
             while reader.tell() < buf.size:
                 if buf.size - reader.tell() in (4, 8) and buf.slice(reader.tell()).equals(
@@ -358,10 +389,105 @@ class TableDecoder:
                 if message.type != "record batch":
                     return decode_table(header, payload, source, offset)
                 batches.append(pa.ipc.read_record_batch(message, self._schema))
-            table = pa.Table.from_batches(batches, self._schema)
         except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
             raise SnapshotCorruptError(source, offset, "Arrow IPC payload",
                                        str(e) or type(e).__name__) from None
+        return self._checked(header, batches, source, offset)
+
+    def add(self, header: ChunkHeader, payload, source: str = "", offset: int = 0) -> None:
+        """Queues a table chunk for :meth:`tables`."""
+        if header.entries:
+            raise SnapshotCorruptError(source, offset, "flags", "an entry chunk, not a table")
+        self._pending.append((header, payload, source, offset))
+
+    def tables(self) -> list[pa.Table]:
+        """The rows of the chunks queued since the last call, in their order, as tables
+        (fewer than the chunks), with every check :meth:`decode` makes."""
+        pending, self._pending = self._pending, []
+        out: list[pa.Table] = []
+        i = 0
+        while i < len(pending):
+            header, payload, source, offset = pending[i]
+            if header.codec != _native.CODEC_BLOSC2_LZ4:
+                out.append(self.decode(header, payload, source, offset))
+                i += 1
+                continue
+            # a run of Blosc2 chunks whose schema message is this one's, byte for byte
+            buf = pa.py_buffer(payload)
+            try:
+                reader = pa.BufferReader(buf)
+                self._read_schema(reader)
+            except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
+                raise SnapshotCorruptError(source, offset, "Arrow IPC payload",
+                                           str(e) or type(e).__name__) from None
+            size = reader.tell()
+            schema_bytes = memoryview(payload)[:size]
+            j = i + 1
+            while j < len(pending) and pending[j][0].codec == _native.CODEC_BLOSC2_LZ4 and \
+                    memoryview(pending[j][1])[:size] == schema_bytes:
+                j += 1
+            out.append(self._run(pending[i:j], size))
+            i = j
+        return out
+
+    def _run(self, run: list[tuple], schema_size: int) -> pa.Table:
+        """One table of Blosc2 chunks that share the schema just read (``schema_size``
+        bytes): their batch messages decompressed into one buffer, each read from its own
+        bytes, then validated as one table."""
+        sizes = [header.uncompressed_size - schema_size for header, _, _, _ in run]
+        buf = pa.allocate_buffer(sum(max(n, 0) for n in sizes))
+        into = memoryview(buf)
+        batches, position = [], 0
+        for (header, payload, source, offset), size in zip(run, sizes):
+            end = position + max(size, 0)
+            _unblosc2(pa.py_buffer(payload).slice(schema_size), size, into[position:end],
+                      source, offset)
+            try:
+                batch = self._batch(buf.slice(position, end - position), source, offset)
+            except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
+                raise SnapshotCorruptError(source, offset, "Arrow IPC payload",
+                                           str(e) or type(e).__name__) from None
+            if batch.num_rows != header.entry_count:
+                raise SnapshotCorruptError(source, offset, "entry count",
+                                           f"header says {header.entry_count}, payload has "
+                                           f"{batch.num_rows}")
+            batches.append(batch)
+            position += size
+        table = pa.Table.from_batches(batches, self._schema)
+        try:
+            table.validate(full=True)
+        except pa.ArrowException:
+            # name the chunk: validate them one by one (only when something is wrong)
+            for (_, _, source, offset), batch in zip(run, batches):
+                try:
+                    batch.validate(full=True)
+                except pa.ArrowException as e:
+                    raise SnapshotCorruptError(source, offset, "Arrow data", str(e)) from None
+            raise
+        return table
+
+    def _read_schema(self, reader: pa.BufferReader) -> None:
+        """Reads a payload's schema message, parsing it only when it is not the last one."""
+        message = pa.ipc.read_message(reader)
+        if message.type != "schema":
+            raise pa.ArrowInvalid(f"the stream starts with a {message.type} message, "
+                                  f"not a schema")
+        if self._metadata is None or not message.metadata.equals(self._metadata):
+            schema = pa.ipc.read_schema(message)
+            _field_names(schema)
+            self._metadata, self._schema = message.metadata, schema
+
+    def _batch(self, buf: pa.Buffer, source: str, offset: int) -> pa.RecordBatch:
+        """The one record batch message that ``buf`` holds, whole."""
+        reader = pa.BufferReader(buf)
+        message = pa.ipc.read_message(reader)
+        if message.type != "record batch" or reader.tell() != buf.size:
+            raise pa.ArrowInvalid("the Blosc2 chunk holds something other than one record "
+                                  "batch message")
+        return pa.ipc.read_record_batch(message, self._schema)
+
+    def _checked(self, header: ChunkHeader, batches: list, source: str, offset: int) -> pa.Table:
+        table = pa.Table.from_batches(batches, self._schema)
         if table.num_rows != header.entry_count:
             raise SnapshotCorruptError(source, offset, "entry count",
                                        f"header says {header.entry_count}, payload has {table.num_rows}")
@@ -420,6 +546,7 @@ def _field_names(schema: pa.Schema) -> None:
             walk(t.field(i).type)
 
     for f in schema:
+        f.name  # noqa: B018 - decodes the name
         walk(f.type)
 
 
@@ -429,6 +556,48 @@ def _size(piece) -> int:
 
 _LZ4_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 _RAW_OPTIONS = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
+
+
+# Blosc2: lz4 after an 8-byte shuffle, on the calling thread (a snapshot's encoding and
+# decoding use the threads sparkjet gives them, and blosc2's global thread count is the
+# user's); plain dicts, which blosc2 takes without building its dataclasses per call.
+# Imported at first use: ``import blosc2`` takes about 0.2 s where nothing else has
+# imported its dependencies (a Spark worker has), and most imports of sparkjet never
+# write a snapshot.
+_BLOSC2_MAX = 2**31 - 256      # blosc2.MAX_BUFFERSIZE (2 GiB less its header's room)
+_BLOSC2_DPARAMS = {"nthreads": 1}
+
+
+@functools.cache
+def _blosc2_module():
+    import blosc2
+    cparams = {"codec": blosc2.Codec.LZ4.value, "clevel": 1, "typesize": 8, "nthreads": 1,
+               "filters": [0, 0, 0, 0, 0, blosc2.Filter.SHUFFLE.value], "filters_meta": [0] * 6}
+    return blosc2, cparams
+
+
+def _blosc2(message: pa.Buffer) -> bytes:
+    blosc2, cparams = _blosc2_module()
+    return blosc2.compress2(message, cparams=cparams)
+
+
+def _unblosc2(packed: pa.Buffer, size: int, out: memoryview, source: str, offset: int) -> None:
+    """Decompresses a Blosc2 chunk into ``out`` (``size`` writable bytes), after its header's sizes
+    are checked against ``packed`` and ``size`` (so nothing is read past ``packed`` or
+    written past ``out``)."""
+    blosc2, _ = _blosc2_module()
+    try:
+        nbytes, cbytes, _ = blosc2.get_cbuffer_sizes(packed)
+    except (ValueError, RuntimeError) as e:
+        raise SnapshotCorruptError(source, offset, "Blosc2 chunk", str(e)) from None
+    if cbytes != packed.size or nbytes != size or size < 0 or out.nbytes != size:
+        raise SnapshotCorruptError(source, offset, "Blosc2 chunk",
+                                   f"it says {nbytes} bytes in {cbytes}, the chunk header "
+                                   f"{size} bytes in {packed.size}")
+    try:
+        blosc2.decompress2(packed, dst=out, dparams=_BLOSC2_DPARAMS)
+    except (ValueError, RuntimeError) as e:
+        raise SnapshotCorruptError(source, offset, "Blosc2 chunk", str(e)) from None
 
 
 def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:

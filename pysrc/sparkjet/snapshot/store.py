@@ -426,7 +426,7 @@ class SnapshotStore:
 
     def writer(self, snapshot_id: int, execution_id: int, *, writer: int = 0,
                partition_count: int = DEFAULT_PARTITION_COUNT, chunk_size: int = DEFAULT_CHUNK_SIZE,
-               codec: str = "lz4", slot=None, replicate=None,
+               codec: str = "blosc2-lz4", slot=None, replicate=None,
                durable: bool = False) -> SnapshotWriter:
         """A writer of snapshot `snapshot_id` for execution `execution_id`. Several writers
         (members, processors) may write one snapshot; give each a distinct `writer` number.
@@ -894,9 +894,11 @@ class SnapshotStore:
         wanted = None if partitions is None else set(int(p) for p in partitions)
         check_listing(self, stored, vertex, v)
         state = VertexState()
-        keyed_tables, broadcast_tables = [], []
         keyed_entries, broadcast_entries = [], []
-        decoder = TableDecoder()   # the chunks' schema parsed once, not once per chunk
+        # the chunks' schema parsed once, not once per chunk, and a file's table chunks
+        # decoded together
+        keyed, broadcast = TableDecoder(), TableDecoder()
+        keyed_tables, broadcast_tables = [], []
         for f in v.files:
             for header, payload, path, offset in read_file(self, stored, vertex, v.id, f, wanted):
                 state.chunks += 1
@@ -905,8 +907,9 @@ class SnapshotStore:
                     kv = decode_entries(header, payload, path, offset)
                     (broadcast_entries if header.broadcast else keyed_entries).append(kv)
                 else:
-                    t = decoder.decode(header, payload, path, offset)
-                    (broadcast_tables if header.broadcast else keyed_tables).append(t)
+                    (broadcast if header.broadcast else keyed).add(header, payload, path, offset)
+            keyed_tables += keyed.tables()
+            broadcast_tables += broadcast.tables()
         where = self._path(*stored.dir, vertex)
         state.table = concat_tables(keyed_tables, where)
         state.broadcast_table = concat_tables(broadcast_tables, where)
@@ -949,10 +952,11 @@ class SnapshotStore:
                     if header.entries:
                         decode_entries(header, payload, path, offset)
                     else:
-                        decoder.decode(header, payload, path, offset)
+                        decoder.add(header, payload, path, offset)
                     done += HEADER_SIZE + header.stored_size
                     if progress:
                         progress(done, stored.record.bytes)
+                decoder.tables()
         return self._info(stored.record, name)
 
     def unverifiable(self, snapshot_id: int | None = None, *, name: str | None = None) -> int:
