@@ -9,6 +9,7 @@ import traceback
 from sparkjet.runtime import failures
 from sparkjet.runtime.member import Member
 from sparkjet.runtime.observability import latencies_encoded, log_to
+from sparkjet.snapshot import chunks
 
 
 def main(argv: list[str]) -> int:
@@ -18,6 +19,7 @@ def main(argv: list[str]) -> int:
 
     with open(job_file, "rb") as f:
         plan, config = cloudpickle.load(f)
+    chunks.warm(config.snapshot_codec)
     # this process's stderr is the member's log, kept when it fails
     log_to(sys.stderr, job=config.name, execution=int(execution), member=0)
     events = open(events_file, "a", buffering=1)

@@ -546,7 +546,9 @@ def member_task(plan, config, execution: int, topology: Topology, restore_from, 
             slot_table_handlers,
             slot_write_handler,
         )
+        from sparkjet.snapshot import chunks
 
+        chunks.warm(config.snapshot_codec)
         for _ in batches:  # one row per task; nothing to read
             pass
         ctx = BarrierTaskContext.get()

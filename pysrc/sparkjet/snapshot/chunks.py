@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -574,6 +575,15 @@ def _blosc2_module():
     cparams = {"codec": blosc2.Codec.LZ4.value, "clevel": 1, "typesize": 8, "nthreads": 1,
                "filters": [0, 0, 0, 0, 0, blosc2.Filter.SHUFFLE.value], "filters_meta": [0] * 6}
     return blosc2, cparams
+
+
+def warm(codec: str) -> None:
+    """Imports what ``codec`` needs on a thread of its own (a member process calls this
+    as it starts: the import then overlaps the member's start and join, which mostly
+    wait, instead of delaying its first restore or snapshot)."""
+    if codec == "blosc2-lz4":
+        threading.Thread(target=_blosc2_module, name="sparkjet-import-blosc2",
+                         daemon=True).start()
 
 
 def _blosc2(message: pa.Buffer) -> bytes:
