@@ -522,3 +522,25 @@ def test_exactly_once_refuses_when_only_an_older_marked_snapshot_is_left(tmp_pat
     _, _, start = handed_start(config, store, 2)
     with pytest.raises(RecoveryRefusedError, match="newest committed snapshot 2 lacks agg"):
         async_start(config, store, start, [], 2, lambda e: None)
+
+
+def test_a_long_run_of_marked_snapshots_is_remembered_within_a_bound(tmp_path, two_slots,
+                                                                     monkeypatch):
+    """The store remembers the durable marks it has read, the newest few only (one per
+    snapshot would grow for as long as the job runs): past the bound, each snapshot it
+    keeps still counts as durable, read from its mark again where forgotten."""
+    from sparkjet.snapshot import store as store_module
+
+    monkeypatch.setattr(store_module, "_KEPT_MARKS", 2)
+    config, store, m = _Members.of(tmp_path, list(two_slots), retained_snapshots=3)
+    try:
+        for sid in range(6):
+            m.snapshot(sid)
+            m.drain()
+            store.wait_for_cleanup()
+            kept = [s.snapshot_id for s in store.complete()]
+            assert all(store.durable_complete(k) for k in kept), kept
+            assert len(store._durable_marks) <= 2
+        assert m.marked == list(range(6)) and kept == [3, 4, 5]
+    finally:
+        m.close()

@@ -110,6 +110,9 @@ _MAX_ID = 2**63 - 1  # snapshot and execution ids: what the log's schema accepts
 DEFAULT_RETAINED = 2
 #: The most a store keeps (each is a full copy of the job's state).
 MAX_RETAINED = 100
+#: Durable marks a store remembers having read: more than it retains snapshots of and
+#: pins, so a retained snapshot's mark is read from storage once.
+_KEPT_MARKS = 4 * MAX_RETAINED
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,9 @@ class SnapshotStore:
         self._registered: int | None = None  # the newest execution this object registered
         self._cleaner: threading.Thread | None = None
         self._records: dict[tuple[str, str], tuple[int, _Stored]] = {}  # parsed, checked
-        self._durable_marks: set[tuple[str, str]] = set()  # (mark path, record xxh3) read
+        # (mark path, record xxh3) of marks read, the newest few (a job runs for months:
+        # one entry per snapshot would grow without end)
+        self._durable_marks: dict[tuple[str, str], None] = {}
         self.keep_marked = keep_marked
         #: snapshot ids the last commit pinned (uploads under way: kept by retention)
         self._pinned: frozenset[int] = frozenset()
@@ -590,7 +595,9 @@ class SnapshotStore:
             return False    # a mark that does not read counts as none
         if not isinstance(doc, dict) or doc.get("record") != record_xxh3:
             return False
-        self._durable_marks.add(key)
+        if len(self._durable_marks) >= _KEPT_MARKS:
+            self._durable_marks.pop(next(iter(self._durable_marks)))
+        self._durable_marks[key] = None
         return True
 
     def _retained_tables(self) -> set[str]:
@@ -1105,7 +1112,7 @@ class RecordView(SnapshotStore):
         self._registered = None
         self._cleaner = None
         self._records = {}
-        self._durable_marks = set()
+        self._durable_marks = {}
         self.slot_files = None
         directory = tuple(directory)
         where = "/".join((*directory, file))
