@@ -271,3 +271,47 @@ def test_dictionary_columns_round_trip(codec):
     _, tables, broadcast, _ = decode_file(b"".join(c.to_bytes() for c in chunks))
     assert pa.concat_tables(tables).sort_by("k").to_pylist() == table.to_pylist()
     assert pa.concat_tables(broadcast).to_pylist() == table.to_pylist()
+
+
+def _blosc2_run(rows=3000):
+    """One partition's rows in several Blosc2 chunks (one run of one schema)."""
+    table = pa.table({"key": pa.array(np.arange(rows) * 7, pa.int64()),
+                      "v": pa.array(np.arange(rows) * 0.5)})
+    chunks = ChunkEncoder(1, 2, 3, partition_count=1, chunk_size=4096).table(table, "key")
+    assert len(chunks) > 3 and all(c.header.codec == native.CODEC_BLOSC2_LZ4 for c in chunks)
+    return table, chunks
+
+
+def test_chunks_decoded_together_are_the_chunks_decoded_one_by_one():
+    from sparkjet.snapshot.chunks import TableDecoder
+
+    table, chunks = _blosc2_run()
+    stored = read_chunks(b"".join(c.to_bytes() for c in chunks))
+    together = TableDecoder()
+    for _, header, payload in stored:
+        together.add(header, payload)
+    tables = together.tables()
+    assert len(tables) == 1 and tables[0].equals(table)
+    one = TableDecoder()
+    assert pa.concat_tables([one.decode(h, p) for _, h, p in stored]).equals(table)
+    assert together.tables() == []          # what was queued is decoded once
+
+
+def test_a_run_names_the_chunk_whose_entry_count_is_wrong():
+    from sparkjet.snapshot.chunks import TableDecoder
+
+    _, chunks = _blosc2_run()
+    bad = chunks[2]
+    h = bad.header
+    header = native.encode_chunk_header(h.codec, h.flags, h.job_id, h.snapshot_id, h.vertex,
+                                        h.partition, h.entry_count + 1, h.uncompressed_size,
+                                        h.stored_size, h.checksum)
+    data = b"".join(c.to_bytes() if c is not bad else bytes(header) + c.to_bytes()[64:]
+                    for c in chunks)
+    decoder = TableDecoder()
+    for offset, header, payload in read_chunks(data, "f"):
+        decoder.add(header, payload, "f", offset)
+    with pytest.raises(SnapshotCorruptError) as e:
+        decoder.tables()
+    assert e.value.field == "entry count"
+    assert e.value.offset == sum(c.nbytes for c in chunks[:2])

@@ -434,9 +434,43 @@ class TableDecoder:
 
     def _run(self, run: list[tuple], schema_size: int) -> pa.Table:
         """One table of Blosc2 chunks that share the schema just read (``schema_size``
-        bytes): their batch messages decompressed into one buffer, each read from its own
-        bytes, then validated as one table."""
+        bytes): their batch messages decompressed back to back behind that schema message,
+        read by Arrow as one IPC stream and validated as one table. When that stream does
+        not read, or its batches are not one per chunk with the chunks' entry counts, the
+        chunks are read again one by one (:meth:`_run_strictly`), which names the one at
+        fault."""
         sizes = [header.uncompressed_size - schema_size for header, _, _, _ in run]
+        if min(sizes) > 0:
+            table = self._run_as_stream(run, schema_size, sizes)
+            if table is not None:
+                return table
+        return self._run_strictly(run, schema_size, sizes)
+
+    def _run_as_stream(self, run: list[tuple], schema_size: int,
+                       sizes: list[int]) -> pa.Table | None:
+        buf = pa.allocate_buffer(schema_size + sum(sizes) + _EOS.size)
+        into = memoryview(buf).cast("B")
+        into[:schema_size] = memoryview(run[0][1]).cast("B")[:schema_size]
+        position = schema_size
+        for (_, payload, source, offset), size in zip(run, sizes):
+            _unblosc2(pa.py_buffer(payload).slice(schema_size), size,
+                      into[position:position + size], source, offset)
+            position += size
+        into[position:] = memoryview(_EOS).cast("B")
+        try:
+            batches = list(pa.ipc.open_stream(buf))
+            if len(batches) != len(run) or any(
+                    b.num_rows != header.entry_count for b, (header, _, _, _) in zip(batches, run)):
+                return None
+            table = pa.Table.from_batches(batches, self._schema)
+            table.validate(full=True)
+        except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError):
+            return None
+        return table
+
+    def _run_strictly(self, run: list[tuple], schema_size: int, sizes: list[int]) -> pa.Table:
+        """:meth:`_run` with each batch read from its own bytes and, when the table does
+        not validate, each batch validated on its own: the first chunk at fault raises."""
         buf = pa.allocate_buffer(sum(max(n, 0) for n in sizes))
         into = memoryview(buf)
         batches, position = [], 0
@@ -458,14 +492,15 @@ class TableDecoder:
         table = pa.Table.from_batches(batches, self._schema)
         try:
             table.validate(full=True)
-        except pa.ArrowException:
+        except pa.ArrowException as whole:
             # name the chunk: validate them one by one (only when something is wrong)
             for (_, _, source, offset), batch in zip(run, batches):
                 try:
                     batch.validate(full=True)
                 except pa.ArrowException as e:
                     raise SnapshotCorruptError(source, offset, "Arrow data", str(e)) from None
-            raise
+            _, _, source, offset = run[0]
+            raise SnapshotCorruptError(source, offset, "Arrow data", str(whole)) from None
         return table
 
     def _read_schema(self, reader: pa.BufferReader) -> None:
