@@ -51,6 +51,9 @@ def promotion(cluster: StandaloneCluster, spark, keys: int, work: str,
 
     def kill_worker():
         killed["kill"] = cluster.kill_worker(VICTIM)
+        # the phases count from the signal, not from the snapshot event that asked for it
+        # (the lookup of the worker's executors comes between)
+        marks["kill"] = killed["kill"].signalled_at
 
     recorder = _phase_recorder(job, keys, None, marks, fault=kill_worker)
 

@@ -181,6 +181,9 @@ class WorkerKill:
     executors_exited_by_themselves: bool
     seconds: float
     killed_executors: list[int] = field(default_factory=list)
+    #: ``time.monotonic()`` when the signal was sent (what a measurement of recovery
+    #: counts from)
+    signalled_at: float = 0.0
 
 
 @dataclass
@@ -444,6 +447,7 @@ class StandaloneCluster:
                 executors_exited_by_themselves=not survivors,
                 seconds=round(seconds, 3),
                 killed_executors=survivors,
+                signalled_at=start,
             )
 
     def storage_dir(self, i: int) -> Path:
