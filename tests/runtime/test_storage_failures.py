@@ -10,8 +10,8 @@ from sparkjet.runtime import Job, JobConfig, JobFailedError
 from sparkjet.sources import GeneratorSource
 
 
-def _job(store, out) -> Job:
-    source = GeneratorSource(total=200_000, partitions=2, keys=50_000, batch_size=10_000,
+def _job(store, out, total: int = 200_000) -> Job:
+    source = GeneratorSource(total=total, partitions=2, keys=50_000, batch_size=10_000,
                              rate=200_000)
     return Job(keyed_pipeline(source, out),
                JobConfig(name="storage", snapshot_store=str(store), snapshot_interval=0.1,
@@ -71,8 +71,10 @@ def test_a_store_deleted_while_the_job_runs_stops_it_and_never_reuses_an_executi
 
     deleter = threading.Thread(target=delete_when_running, daemon=True)
     deleter.start()
+    # 10 s of input: the job is still running when the deletion lands however busy the
+    # machine (it stops then; with 1 s of input, under load, it could end first)
     with pytest.raises((JobFailedError, SnapshotStoreLostError)) as e:
-        _job(store, tmp_path / "out").run(on_progress=on_progress)
+        _job(store, tmp_path / "out", total=2_000_000).run(on_progress=on_progress)
     deleter.join()
     assert started.is_set(), "the job ended before the store could be deleted under it"
     message = str(e.value)
