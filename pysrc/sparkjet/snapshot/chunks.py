@@ -423,10 +423,10 @@ class TableDecoder:
                 raise SnapshotCorruptError(source, offset, "Arrow IPC payload",
                                            str(e) or type(e).__name__) from None
             size = reader.tell()
-            schema_bytes = memoryview(payload)[:size]
+            schema_bytes = memoryview(payload).cast("B")[:size]
             j = i + 1
             while j < len(pending) and pending[j][0].codec == _native.CODEC_BLOSC2_LZ4 and \
-                    memoryview(pending[j][1])[:size] == schema_bytes:
+                    memoryview(pending[j][1]).cast("B")[:size] == schema_bytes:
                 j += 1
             out.append(self._run(pending[i:j], size))
             i = j
@@ -598,7 +598,7 @@ _RAW_OPTIONS = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
 # Blosc2: lz4 after an 8-byte shuffle, on the calling thread (a snapshot's encoding and
 # decoding use the threads sparkjet gives them, and blosc2's global thread count is the
 # user's); plain dicts, which blosc2 takes without building its dataclasses per call.
-# Imported at first use: ``import blosc2`` takes about 0.2 s where nothing else has
+# Imported at first use: ``import blosc2`` takes 0.2-0.3 s where nothing else has
 # imported its dependencies (a Spark worker has), and most imports of sparkjet never
 # write a snapshot.
 _BLOSC2_MAX = 2**31 - 256      # blosc2.MAX_BUFFERSIZE (2 GiB less its header's room)
