@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkjet._batches import one_array
 from sparkjet.connectors.base import GUARANTEES
 from sparkjet.errors import InvalidArgumentError, UnsupportedTypeError
 
@@ -187,7 +188,7 @@ def _render_value(v) -> str:
 def _ids(values, name: str) -> np.ndarray:
     """Event ids as an int64 numpy array (copied only when the input needs converting)."""
     if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+        values = one_array(values)
     if not isinstance(values, (pa.Array, np.ndarray)) and hasattr(values, "__arrow_c_array__"):
         values = pa.array(values)
     if isinstance(values, pa.Array):

@@ -376,12 +376,9 @@ class TableDecoder:
             reader = pa.BufferReader(buf)
             self._read_schema(reader)
             if header.codec == _native.CODEC_BLOSC2_LZ4:
-                start = reader.tell()
-                size = header.uncompressed_size - start
-                out = pa.allocate_buffer(max(size, 0))
-                _unblosc2(buf.slice(start), size, memoryview(out), source, offset)
-                batches = [self._batch(out, source, offset)]
-                return self._checked(header, batches, source, offset)
+                size = reader.tell()
+                return self._run_strictly([(header, payload, source, offset)], size,
+                                          [header.uncompressed_size - size])
             batches = []
             while reader.tell() < buf.size:
                 if buf.size - reader.tell() in (4, 8) and buf.slice(reader.tell()).equals(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sparkjet._batches import one_array
 from sparkjet._keys import (
     check_key_type as _check_key_type,
 )
@@ -260,7 +261,7 @@ def _under_leaves(df: DataFrame, config: dict, leaf_ids) -> DataFrame:
         leaves = leaf_set(leaf_ids.value, depth, partition_count)  # once per task
         for batch in batches:
             mask = rows_under_leaves(pa.Table.from_batches([batch]), keys, key_type, leaves)
-            yield batch.filter(mask.combine_chunks() if mask.num_chunks != 1 else mask.chunk(0))
+            yield batch.filter(one_array(mask))
 
     return df.mapInArrow(keep, df.schema)
 
