@@ -32,6 +32,8 @@ from sparkjet.errors import (
     ExchangeFencedError,
     FencedError,
     MemberFailedError,  # noqa: F401 (defined there; named here too)
+    SnapshotCorruptError,
+    SnapshotIncompleteError,
     )
 from sparkjet.operators.table_join import TableVersions
 from sparkjet.pipeline.dag import SOURCE, Dag
@@ -51,6 +53,7 @@ from sparkjet.runtime.restore import (
     own_start,
     plan_restore,
     report_fallback,
+    unchecked_start,
 )
 from sparkjet.runtime.resync import resync_for_restore
 from sparkjet.runtime.snapshotting import (
@@ -368,6 +371,17 @@ class Member:
             return self._restore_handed()
         if self.restore_from == "latest":
             self.store.register_execution(self.execution_id)
+            newest = unchecked_start(self.config, self.store)
+            if newest is not None:
+                try:
+                    return self._restore_from(
+                        StartPoint(self.config.id, self.config.name, newest), self.store)
+                except (SnapshotCorruptError, SnapshotIncompleteError, FileNotFoundError) as e:
+                    # checked below, which falls back when it may
+                    _log.warning("snapshot %d does not restore (%s: %s); checking the "
+                                 "snapshots kept", newest, type(e).__name__, e)
+                    for p in self.processors:
+                        p.forget_restored()
             snapshot_id, fallback = own_start(self.config, self.store, self.dag,
                                               self.execution_id)
             if fallback is not None:

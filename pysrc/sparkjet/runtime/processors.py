@@ -93,14 +93,20 @@ class Processor(threading.Thread):
             self.sink_names.append(self.late_sink)
         self.sink_names += [s.name for s in member.dag.sinks.values()
                             if s.dead_letters and vertex.name in s.feeders]
-        self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
-        self.restored_tables: dict = {}  # join_table stage -> its restored version entry
-        self.restored_schemas: dict = {}  # output -> the schema the snapshot recorded
+        self.forget_restored()
         self.sinks: dict = {}           # sink name -> SinkWriter
         self.outbox: Outbox | None = None
         self._ts_samples: list = []
         self._unseen: list = []         # samples whose output a sink's buffer holds
         self._pending_latency: dict[int, list] = {}
+
+    def forget_restored(self) -> None:
+        """What a restore hands the processor (:func:`~sparkjet.runtime.snapshotting.
+        restore_processors`) set back to nothing restored: before the processor starts, a
+        restore that failed half way is forgotten and another snapshot restored."""
+        self.prepared: dict = {}        # sink name -> what the restored snapshot prepared
+        self.restored_tables: dict = {}  # join_table stage -> its restored version entry
+        self.restored_schemas: dict = {}  # output -> the schema the snapshot recorded
 
     def run(self) -> None:
         try:
@@ -213,8 +219,6 @@ class SourceProcessor(Processor):
     def __init__(self, member: MemberLink, vertex, index: int, partitions: list[int]):
         super().__init__(member, vertex, index)
         self.partitions = partitions
-        self.restored_source_state = None
-        self.restored_times: dict = {}
         self._reader = None
         self._resets = 0       # the reader's offset_resets counted so far
         self._partition = None
@@ -225,6 +229,11 @@ class SourceProcessor(Processor):
             self.watermarks = SourceWatermarks(list(partitions) or [None], 0, ts.idle_timeout)
             self._lag = ts.max_lag
             self._time = EventTimeColumn(ts.column)
+
+    def forget_restored(self) -> None:
+        super().forget_restored()
+        self.restored_source_state = None
+        self.restored_times: dict = {}
 
     def _observe(self, batch: pa.RecordBatch) -> None:
         """At the path's with_timestamps stage: the batch's greatest event time."""
@@ -348,8 +357,8 @@ class SourceProcessor(Processor):
 
 
 class KeyedProcessor(Processor):
-    def __init__(self, member: MemberLink, vertex, index: int):
-        super().__init__(member, vertex, index)
+    def forget_restored(self) -> None:
+        super().forget_restored()
         self.restored_table = None
         self.restored_watermark = MIN_TIME
         self.restored_floors = None

@@ -849,6 +849,22 @@ class SnapshotStore:
             return info, sorted(newer, key=lambda u: u.seq, reverse=True)
         return None, sorted(failed + unreadable, key=lambda u: u.seq, reverse=True)
 
+    def newest_commit(self) -> int | None:
+        """The newest complete snapshot by the log alone, not read (None: there is none,
+        or a log event after it does not read and may be a newer commit, which only
+        :meth:`newest_verified` can weigh). A restore that reads all of it checks every
+        chunk it reads as :meth:`verify` does, so a start may restore this one at once and
+        fall back through :meth:`newest_verified` only when that fails: one read of the
+        state instead of two."""
+        events = self._events()
+        valid = self._valid_commits(events)
+        if not valid:
+            return None
+        seq, commit = valid[-1]
+        if any(isinstance(e, _Unreadable) and s > seq for s, e in events):
+            return None
+        return commit.snapshot
+
     def rollbacks(self) -> list[int]:
         """The snapshot ids the log's rollback events went back to, oldest first."""
         return [e.snapshot for _, e in self._events() if isinstance(e, RollbackEvent)]
