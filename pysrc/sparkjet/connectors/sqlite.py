@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import KW_ONLY, dataclass
 from typing import Annotated
 
@@ -173,6 +174,25 @@ class SQLiteUpsertSink(Sink):
                         schema=pa.schema(fields))
 
 
+def _write_ahead_log(con: sqlite3.Connection, timeout: float) -> None:
+    """Puts the database in WAL mode, retried for up to ``timeout`` seconds while another
+    connection holds a lock: SQLite answers "database is locked" at once, without its busy
+    handler, to a connection that switches a new database's journal mode while another
+    does the same (the processors of one job open their writers together; seen as a job
+    failing at its start about once in 200 openings of a new file by 4 threads)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.1)
+
+
 class SQLiteUpsertWriter(BufferedUpsertWriter):
     """One processor's writer of a :class:`SQLiteUpsertSink`: buffered rows upserted at
     every barrier (see the module doc)."""
@@ -190,7 +210,7 @@ class SQLiteUpsertWriter(BufferedUpsertWriter):
         self._con = sqlite3.connect(sink.path, timeout=sink.timeout, isolation_level=None,
                                     check_same_thread=False)
         try:
-            self._con.execute("PRAGMA journal_mode=WAL")
+            _write_ahead_log(self._con, sink.timeout)
             self._con.execute("PRAGMA synchronous=FULL")
             self._con.executescript(_META)
             self._in_transaction(self._register)
