@@ -104,3 +104,56 @@ def test_sparkjet_jobs_lists_each_job_by_name_with_its_state(tmp_path, capsys):
     assert lines["once"][2] == "finished" and lines["once"][-1] == "-"
     assert main(["jobs", str(tmp_path / "missing")]) == 2
     assert not (tmp_path / "missing").exists()
+
+
+_SUPERVISOR = """
+import sys, time
+from sparkjet.pipeline import Pipeline
+from sparkjet.runtime import Job, JobConfig
+from sparkjet.sinks import DiscardSink
+from sparkjet.sources import GeneratorSource
+
+source = GeneratorSource(partitions=2, keys=100, batch_size=1_000, rate=20_000)  # unbounded
+job = Job(Pipeline().read_from(source).write_to(DiscardSink()),
+          JobConfig(name="orphan", snapshot_store=sys.argv[1], snapshot_interval=0.5))
+handle = job.submit()
+while job.member_pid is None or not (handle.metrics or {}).get("snapshots"):
+    time.sleep(0.05)
+print("MEMBER", job.member_pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_member_ends_when_its_supervisor_is_killed(tmp_path, signal_name):
+    """The local runner's member process (an unbounded job) goes when the process that
+    supervises it is killed, instead of running on alone for ever (found: a benchmark
+    stopped with SIGTERM left its member at 100 % CPU and 4.7 GB)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "supervisor.py"
+    script.write_text(_SUPERVISOR)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "snaps")],
+                            stdout=subprocess.PIPE, text=True)
+    member = None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("MEMBER "), line
+        member = psutil.Process(int(line.split()[1]))
+        assert member.ppid() == proc.pid and member.is_running()
+        os.kill(proc.pid, getattr(signal, signal_name))
+        proc.wait(60)
+        try:
+            member.wait(60)     # gone (its new parent reaps it), or left as a zombie
+        except psutil.TimeoutExpired:
+            assert member.status() == psutil.STATUS_ZOMBIE, member.status()
+    finally:
+        proc.kill()
+        proc.wait()
+        if member is not None and member.is_running():
+            member.kill()   # (what the test is about; left running only if it failed)

@@ -11,6 +11,7 @@ execution in this process instead, with no restarts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -25,6 +26,7 @@ from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.member import Member
+from sparkjet.runtime.member_main import SUPERVISOR_ENV
 from sparkjet.runtime.observability import latencies_decoded
 from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_fail
 
@@ -119,7 +121,8 @@ class LocalRunner:
         # would block on it while the supervisor waits for the member to end.
         log_path = work / f"member-{execution}.log"
         with open(log_path, "w") as log:
-            proc = self._proc = subprocess.Popen(cmd, stderr=log)
+            proc = self._proc = subprocess.Popen(
+                cmd, stderr=log, env={**os.environ, SUPERVISOR_ENV: str(os.getpid())})
         self.member_pid = proc.pid
         seen = 0
         try:

@@ -11,8 +11,31 @@ from sparkjet.runtime.member import Member
 from sparkjet.runtime.observability import latencies_encoded, log_to
 from sparkjet.snapshot import chunks
 
+#: The supervisor's pid, which the local runner puts in its member's environment.
+SUPERVISOR_ENV = "SPARKJET_SUPERVISOR_PID"
+
+
+def end_with_supervisor(supervisor: int | None) -> None:
+    """Has the kernel SIGKILL this process when the thread that started it dies (Linux's
+    ``PR_SET_PDEATHSIG``; the local runner starts it from the thread that then waits for
+    it), and ends it at once if its supervisor ``supervisor`` is already gone. Without
+    this, a member whose supervisor was killed (SIGKILL, SIGTERM, a closed terminal) ran on
+    alone: a job with an unbounded source for ever, holding its memory and both CPUs."""
+    if not supervisor:
+        return
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != supervisor:
+        print(f"sparkjet member: its supervisor (pid {supervisor}) is gone; ending",
+              file=sys.stderr)
+        exit_now(1)
+
 
 def main(argv: list[str]) -> int:
+    end_with_supervisor(int(os.environ.get(SUPERVISOR_ENV, "0") or 0))
     job_file, execution, result_file, events_file, *rest = argv
     stop_file = rest[0] if rest else None
     from pyspark import cloudpickle
