@@ -106,6 +106,7 @@ class SnapshotCorruptError(CorruptDataError):
         self.path = path
         self.offset = offset
         self.field = field
+        self.detail = detail
 
     def __reduce__(self):
         return (type(self), (self.path, self.offset, self.field))

@@ -1008,3 +1008,72 @@ def test_partition_ranges_name_broadcast_state_alone_or_after_the_ranges():
     assert partition_ranges({-1}) == "broadcast state"
     assert partition_ranges({0, 1, 2, 5, -1}) == "0-2, 5 and broadcast state"
     assert partition_ranges({3, 4, 9}) == "3-4, 9"
+
+
+def test_a_peers_file_is_fetched_ahead_in_pieces_and_decoded_as_they_come(tmp_path, two_slots,
+                                                                          monkeypatch):
+    """A restore asks a peer for a file in pieces (here of one chunk each), fetched ahead of
+    the checks and the decoding, which run while the next pieces stream: the rows are the
+    same; a flipped byte in a later piece still refuses the restore, naming the chunk."""
+    from sparkjet.errors import SnapshotCorruptError
+    from sparkjet.snapshot import reading
+    from sparkjet.snapshot import store as store_module
+
+    monkeypatch.setattr(reading, "AHEAD_BYTES", 1)      # every chunk a piece of its own
+    monkeypatch.setattr(store_module, "_DECODE_EVERY", 2)
+    a, b = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    _write(store, [a, b])
+    security = LinkSecurity.generate(1)
+    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    asked = []
+    real = slot_read_handler(b, JOB)
+    server.on_get("slot_read", lambda body: (asked.append(body["length"]), real(body))[1])
+    try:
+        peer = ExchangeClient(server.location, security=security)
+        store.slot_files = slot_files(_Member([a.uuid, b.uuid], {1: peer}), a, JOB)
+        got = store.restore("agg")
+        want = pa.concat_tables([_state(1000, 0), _state(1000, 1000)])
+        assert got.table.sort_by("key").equals(want.sort_by("key"))
+        record = store._resolve(0, None).record
+        b_file = next(f for f in record.vertices["agg"].files if f.slot == b.uuid)
+        assert len([n for n in asked if n]) == len(b_file.chunks) > 2   # a piece per chunk
+        # the last chunk of b's file flipped: the pieces before it check out, it does not
+        last = b_file.chunks[-1]
+        path = os.path.join(b.replicas(JOB).root, "snapshots", "000000000000-e000000000001",
+                            b_file.path)
+        data = bytearray(open(path, "rb").read())
+        data[last.offset + last.stored_size] ^= 0x40
+        open(path, "wb").write(bytes(data))
+        with pytest.raises(SnapshotCorruptError, match=f"at offset {last.offset}: bad payload checksum"):
+            store.restore("agg")
+    finally:
+        server.close()
+
+
+def test_pieces_fetched_ahead_come_in_order_and_a_failed_fetch_raises_in_its_place():
+    import threading
+
+    from sparkjet.snapshot.reading import _fetched_ahead
+
+    spans = [(i * 10, i * 10 + 10) for i in range(40)]
+
+    def read(start, length):
+        if start == 250:
+            raise OSError("peer gone")
+        return (start, length)
+
+    got = []
+    with pytest.raises(OSError, match="peer gone"):
+        for piece in _fetched_ahead(read, spans):
+            got.append(piece)
+    assert got == [(s, 10) for s, _ in spans[:25]]
+    # a consumer that stops early stops the fetching thread too
+    pieces = _fetched_ahead(lambda s, n: (s, n), spans)
+    assert next(pieces) == (0, 10)
+    pieces.close()
+    for t in threading.enumerate():
+        if t.name == "sparkjet-fetch-ahead":
+            t.join(10)
+            assert not t.is_alive()

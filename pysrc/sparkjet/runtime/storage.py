@@ -371,6 +371,7 @@ class PeerSlotFile:
                 view[at:at + piece.size] = memoryview(piece).cast("B")
                 at += piece.size
             return out
+        read.ahead = True   # fetched ahead of the restore's decoding (snapshot.reading)
         return read
 
 

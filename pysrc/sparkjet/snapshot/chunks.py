@@ -303,17 +303,25 @@ def encode_payload(header: ChunkHeader, data) -> list:
     return [batch.schema.serialize(), batch.serialize()]
 
 
-def read_chunks(buf, source: str = "") -> list[tuple[int, ChunkHeader, memoryview]]:
+def read_chunks(buf, source: str = "", base: int = 0) -> list[tuple[int, ChunkHeader, memoryview]]:
     """(offset, header, stored payload) of every chunk in a chunk file's bytes, each
-    header checked and each payload's checksum verified."""
+    header checked and each payload's checksum verified. ``base``: where ``buf`` starts in
+    the file (a range of it), which an error's offset counts from; the offsets returned
+    are ``buf``'s own."""
     view = memoryview(buf).cast("B")
     out = []
-    for offset, fields in _native.scan_chunks(view, source):
+    try:
+        scanned = _native.scan_chunks(view, source)
+    except SnapshotCorruptError as e:
+        if not base:
+            raise
+        raise SnapshotCorruptError(e.path, base + e.offset, e.field, e.detail) from None
+    for offset, fields in scanned:
         header = ChunkHeader(*fields)
         start = offset + HEADER_SIZE
         payload = view[start : start + header.stored_size]
         if xxhash.xxh3_64_intdigest(payload) != header.checksum:
-            raise SnapshotCorruptError(source, offset, "payload checksum")
+            raise SnapshotCorruptError(source, base + offset, "payload checksum")
         out.append((offset, header, payload))
     return out
 
@@ -392,6 +400,11 @@ class TableDecoder:
             raise SnapshotCorruptError(source, offset, "Arrow IPC payload",
                                        str(e) or type(e).__name__) from None
         return self._checked(header, batches, source, offset)
+
+    @property
+    def queued(self) -> int:
+        """How many chunks :meth:`add` queued since the last :meth:`tables`."""
+        return len(self._pending)
 
     def add(self, header: ChunkHeader, payload, source: str = "", offset: int = 0) -> None:
         """Queues a table chunk for :meth:`tables`."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import queue
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -105,9 +107,11 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
     that holds it (:func:`partition_holders`), the preferred first (the one the store's
     ``slot_files`` picks: this member's own slot, else a member's), then each holder in
     turn, then the durable copy. Each chunk is checked against the record (its header, its
-    payload's checksum) before any is handed on: a chunk that fails in one copy (flipped,
-    truncated, deleted, a range that copy does not hold) is read from the next, and the
-    restore fails on the first error only when no copy of some chunk reads."""
+    payload's checksum) before it is handed on, in the entries' order, as soon as those
+    before it are: a chunk that fails in one copy (flipped, truncated, deleted, a range
+    that copy does not hold) is read from the next, and the restore fails on the first
+    error only when no copy of some chunk reads (what was handed on before is then of no
+    use: a restore that raises restores nothing)."""
     path = slot_path(stored, f)
     holders_of = partition_holders(stored)
     durable = store._path(*stored.dir, vertex, f.name) if f.durable else None
@@ -167,6 +171,15 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
     choices = [order(tuple(holders_of(f, c.partition))) for c in entries]
     tried = [0] * len(entries)
     got: list = [None] * len(entries)
+    handed = 0      # got[:handed] went out, in the entries' order, as each checked out
+
+    def hand_on():
+        nonlocal handed
+        while handed < len(got) and got[handed] is not None:
+            chunk, got[handed] = got[handed], None
+            handed += 1
+            yield chunk
+
     pending, first = list(range(len(entries))), None
     while pending:
         batches: dict = {}
@@ -180,16 +193,21 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
                 first = first or reader(uuid)
                 failed = which
             else:
+                done = 0
                 try:
-                    for i, chunk in zip(which, checked(uuid, which)):
-                        got[i] = chunk
+                    where = durable if uuid is None else f"slot {uuid}: {path}"
+                    for chunk in _checked_chunks(store, stored, vid, [entries[i] for i in which],
+                                                 reader(uuid), where):
+                        got[which[done]] = chunk
+                        done += 1
+                        yield from hand_on()    # a restore decodes it while more arrive
                     continue
                 except FencedError:
                     raise
                 except (SparkjetError, OSError) as e:
                     first = first or e
                 failed = []
-                for i in which:     # the chunks of this copy that do check out are taken
+                for i in which[done:]:  # those of this copy that do check out are taken
                     try:
                         got[i] = checked(uuid, [i])[0]
                     except FencedError:
@@ -200,7 +218,8 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
                 tried[i] += 1
             pending.extend(failed)
         pending.sort()
-    yield from got
+        yield from hand_on()
+    assert handed == len(got)
 
 
 def partition_holders(stored) -> Callable[[FileRecord, int], list[str]]:
@@ -230,22 +249,34 @@ def _record_table(text: str | None) -> PartitionTable | None:
         return None
 
 
+#: A reader that fetches from afar (a peer's slot over the exchange) is asked for runs of at
+#: most this many bytes, up to AHEAD_PIECES of them ahead on a thread of their own: the
+#: restore checks and decodes a piece while the next ones stream.
+AHEAD_BYTES = 4 << 20
+AHEAD_PIECES = 8
+
+
 def _checked_chunks(store: StoreView, stored, vid: int, entries, read, path: str):
     """The chunks of ``entries`` read through ``read`` (runs of adjacent chunks in one
-    range), each header checked against the record."""
+    range), each header checked against the record. A reader marked ``ahead`` (remote) is
+    asked for pieces of at most :data:`AHEAD_BYTES`, fetched ahead (:func:`_fetched_ahead`)."""
+    ahead = getattr(read, "ahead", False)
     runs, run = [], [entries[0]]
     for c in entries[1:]:
         prev = run[-1]
-        if c.offset == prev.offset + HEADER_SIZE + prev.stored_size:
+        if c.offset == prev.offset + HEADER_SIZE + prev.stored_size and not (
+                ahead and prev.offset + HEADER_SIZE + prev.stored_size - run[0].offset
+                >= AHEAD_BYTES):
             run.append(c)
         else:
             runs.append(run)
             run = [c]
     runs.append(run)
-    for run in runs:
-        start = run[0].offset
-        end = run[-1].offset + HEADER_SIZE + run[-1].stored_size
-        chunks = read_chunks(read(start, end - start), path)
+    spans = [(r[0].offset, r[-1].offset + HEADER_SIZE + r[-1].stored_size) for r in runs]
+    fetched = (_fetched_ahead(read, spans) if ahead and len(runs) > 1
+               else (read(start, end - start) for start, end in spans))
+    for run, (start, end), data in zip(runs, spans, fetched):
+        chunks = read_chunks(data, path, start)
         if len(chunks) != len(run):
             raise SnapshotIncompleteError(
                 f"{path}: {len(chunks)} chunks at bytes {start}..{end}, record says {len(run)}")
@@ -264,6 +295,42 @@ def _checked_chunks(store: StoreView, stored, vid: int, entries, read, path: str
                 if got != want:
                     raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
             yield header, payload, path, offset
+
+
+def _fetched_ahead(read, spans: list[tuple[int, int]]):
+    """``read(start, end - start)`` of each span, in order, fetched up to
+    :data:`AHEAD_PIECES` ahead of the consumer on a thread of their own; a fetch's error
+    is raised in its place. A consumer that stops early stops the fetching."""
+    pieces: queue.Queue = queue.Queue(AHEAD_PIECES)
+    stop = threading.Event()
+
+    def fetch():
+        for start, end in spans:
+            if stop.is_set():
+                return
+            try:
+                item = (True, read(start, end - start))
+            except BaseException as e:  # noqa: BLE001 - raised by the consumer
+                item = (False, e)
+            while not stop.is_set():
+                try:
+                    pieces.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if not item[0]:
+                return
+
+    thread = threading.Thread(target=fetch, name="sparkjet-fetch-ahead", daemon=True)
+    thread.start()
+    try:
+        for _ in spans:
+            ok, value = pieces.get()
+            if not ok:
+                raise value
+            yield value
+    finally:
+        stop.set()
 
 
 def slot_path(stored, f: FileRecord) -> str:

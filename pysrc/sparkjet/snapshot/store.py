@@ -157,6 +157,11 @@ class Unusable:
                 else self.reason)
 
 
+#: A restore decodes a file's queued table chunks every this many (16 MiB of them): a
+#: file fetched from a peer's slot is decoded while the rest streams in.
+_DECODE_EVERY = 128
+
+
 @dataclass(frozen=True)
 class _Unreadable:
     """A log event that does not decode (truncated, overwritten): kept in its place."""
@@ -931,6 +936,8 @@ class SnapshotStore:
                     (broadcast_entries if header.broadcast else keyed_entries).append(kv)
                 else:
                     (broadcast if header.broadcast else keyed).add(header, payload, path, offset)
+                    if keyed.queued >= _DECODE_EVERY:   # decoded while the next chunks arrive
+                        keyed_tables += keyed.tables()
             keyed_tables += keyed.tables()
             broadcast_tables += broadcast.tables()
         where = self._path(*stored.dir, vertex)
