@@ -164,9 +164,10 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
         return opened[uuid]
 
     def checked(uuid, which):
+        """The chunks ``which`` of copy ``uuid``, each yielded once it checks out."""
         where = durable if uuid is None else f"slot {uuid}: {path}"
-        return list(_checked_chunks(store, stored, vid, [entries[i] for i in which],
-                                    reader(uuid), where))
+        return _checked_chunks(store, stored, vid, [entries[i] for i in which],
+                               reader(uuid), where)
 
     choices = [order(tuple(holders_of(f, c.partition))) for c in entries]
     tried = [0] * len(entries)
@@ -195,9 +196,7 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
             else:
                 done = 0
                 try:
-                    where = durable if uuid is None else f"slot {uuid}: {path}"
-                    for chunk in _checked_chunks(store, stored, vid, [entries[i] for i in which],
-                                                 reader(uuid), where):
+                    for chunk in checked(uuid, which):
                         got[which[done]] = chunk
                         done += 1
                         yield from hand_on()    # a restore decodes it while more arrive
@@ -209,7 +208,7 @@ def _from_copies(store: StoreView, stored, vertex: str, vid: int, f: FileRecord,
                 failed = []
                 for i in which[done:]:  # those of this copy that do check out are taken
                     try:
-                        got[i] = checked(uuid, [i])[0]
+                        got[i] = next(checked(uuid, [i]))
                     except FencedError:
                         raise
                     except (SparkjetError, OSError):
