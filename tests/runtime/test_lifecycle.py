@@ -130,6 +130,7 @@ def test_a_member_ends_when_its_supervisor_is_killed(tmp_path, signal_name):
     supervises it is killed, instead of running on alone for ever (found: a benchmark
     stopped with SIGTERM left its member at 100 % CPU and 4.7 GB)."""
     import os
+    import select
     import signal
     import subprocess
     import sys
@@ -142,6 +143,8 @@ def test_a_member_ends_when_its_supervisor_is_killed(tmp_path, signal_name):
                             stdout=subprocess.PIPE, text=True)
     member = None
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], 300)
+        assert ready, "the supervisor's job took no snapshot within 300 s"
         line = proc.stdout.readline()
         assert line.startswith("MEMBER "), line
         member = psutil.Process(int(line.split()[1]))
