@@ -109,7 +109,7 @@ class SnapshotCorruptError(CorruptDataError):
         self.detail = detail
 
     def __reduce__(self):
-        return (type(self), (self.path, self.offset, self.field))
+        return (type(self), (self.path, self.offset, self.field, self.detail))
 
 
 class ConnectorError(SparkjetError, ConnectionError):

@@ -315,3 +315,18 @@ def test_a_run_names_the_chunk_whose_entry_count_is_wrong():
         decoder.tables()
     assert e.value.field == "entry count"
     assert e.value.offset == sum(c.nbytes for c in chunks[:2])
+
+
+def test_a_corrupt_chunk_error_crosses_processes_whole():
+    """A member's restore that finds a damaged chunk fails its execution; the error goes to
+    the supervisor or the driver pickled, and arrives with its detail (what the check
+    found), not only the file, offset and field."""
+    import pickle
+
+    error = SnapshotCorruptError("snaps/0-0.chunks", 4096, "Blosc2 chunk",
+                                 "it says 110640 bytes in 54659")
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) == ("snaps/0-0.chunks: corrupt snapshot data at offset "
+                                       "4096: bad Blosc2 chunk (it says 110640 bytes in 54659)")
+    assert (copy.path, copy.offset, copy.field, copy.detail) == \
+        ("snaps/0-0.chunks", 4096, "Blosc2 chunk", "it says 110640 bytes in 54659")
