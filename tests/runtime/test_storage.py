@@ -5,6 +5,7 @@ server, and the refusals: a slot no member holds, a path outside the slot, anoth
 backups as fenced file streams (Flight DoPut) that the receiver checks before it keeps
 them: a corrupted, short or cut stream, another execution's, another job's credentials."""
 import os
+import threading
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -818,6 +819,45 @@ def test_a_finished_jobs_data_leaves_the_free_slots_of_its_host(tmp_path):
     # the shared store keeps its state in the store: nothing of the slots' is touched
     assert remove_finished(JobConfig(name="done", snapshot_store=str(tmp_path / "s"),
                                      storage="shared", storage_dir=str(root)), "0@1.0") == []
+def test_a_finished_jobs_slot_held_a_little_longer_is_waited_for(tmp_path):
+    """On a cluster a member's Python worker may hold its slot a little after the job's
+    end (its executor was killed, it has not noticed yet): remove_finished waits for a held
+    slot up to ``wait`` seconds, and empties it once it is free; a slot held past the wait
+    keeps its data, as without one."""
+    from sparkjet.runtime.config import JobConfig
+    from sparkjet.runtime.storage import remove_finished
+
+    root = tmp_path / "slots"
+    config = JobConfig(name="done", snapshot_store=str(tmp_path / "s"), storage="members",
+                       storage_dir=str(root))
+    slots = [StorageSlot.claim(root, job_id=config.id, execution=1) for _ in range(2)]
+    for slot in slots:
+        slot.keep_log(config.id, "0@1.0", drop_other=True)
+        slot.fence(config.id, 1)
+        slot.write_record(config.id, 4, b"record 4")
+    late, stuck = slots
+    tried = threading.Event()
+    real = StorageSlot.claim_folder.__func__
+
+    def claim_folder(cls, folder, **kw):
+        got = real(cls, folder, **kw)
+        if got is None and folder == late.path:
+            tried.set()             # the first try found it held: the task lets it go
+        return got
+
+    releaser = threading.Thread(target=lambda: (tried.wait(60), late.release()))
+    releaser.start()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(StorageSlot, "claim_folder", classmethod(claim_folder))
+        removed = remove_finished(config, "0@1.0", wait=2.0)
+    releaser.join()
+    assert tried.is_set() and removed == [late.path]
+    assert not os.path.exists(late.job_path(config.id))
+    assert stuck.records(config.id) == [4]          # held past the wait: it stays
+    stuck.release()
+    assert remove_finished(config, "0@1.0") == [stuck.path]
+
+
 # -- reference table versions in every slot (issue 24 item 3) ----------------------------------
 
 

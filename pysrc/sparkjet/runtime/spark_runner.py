@@ -456,19 +456,22 @@ REMOVE_FINISHED_WAIT = 30.0
 
 def remove_finished_on_hosts(spark, config: JobConfig, log: str | None,
                              store: str | None = None) -> list[str]:
-    """After a run of ``config``'s job to its end on a cluster: one stage of as many tasks
-    as the cluster has task slots (on an idle cluster every executor runs some), the first
-    task on each host removing the job's data of the store's log ``log`` (and store root
+    """After a run of ``config``'s job to its end on a cluster: one stage of four tasks per
+    task slot of the cluster (an executor that is slow to take tasks, or busy with one,
+    leaves them to the others, and every executor that is up gets some), the first task
+    on each host removing the job's data of the store's log ``log`` (and store root
     ``store``) from the free slots of its host
-    (:func:`~sparkjet.runtime.storage.remove_finished`); the slots' paths emptied. On
-    ``local[N]`` the driver's host is the only one, and the driver does it. Best effort and
-    bounded: not a barrier stage (which would wait for every slot of a busy cluster to be
-    free at once), cancelled after :data:`REMOVE_FINISHED_WAIT` s; a host without an
-    executor, or one the stage did not reach, keeps the data until its ``storage_dir`` is
-    cleaned, and a failed stage is logged, never raised (the job's output is committed)."""
+    (:func:`~sparkjet.runtime.storage.remove_finished`; a slot still held is waited for,
+    up to half of :data:`REMOVE_FINISHED_WAIT`); the slots' paths emptied. On ``local[N]``
+    the driver's host is the only one, and the driver does it. Best effort and bounded:
+    not a barrier stage (which would wait for every slot of a busy cluster to be free at
+    once), cancelled after :data:`REMOVE_FINISHED_WAIT` s; a host without an executor, or
+    one the stage did not reach, keeps the data until its ``storage_dir`` is cleaned, and
+    a failed stage is logged, never raised (the job's output is committed)."""
     if config.storage != "members" or log is None or _session.master(spark).startswith("local"):
         return []
-    tasks = _session.task_slots(spark)
+    tasks = 4 * _session.task_slots(spark)
+    wait = REMOVE_FINISHED_WAIT / 2
 
     def task(batches):
         # imported where the task runs, in a Spark Python worker (pickled by value)
@@ -491,7 +494,7 @@ def remove_finished_on_hosts(spark, config: JobConfig, log: str | None,
             try:
                 # one task per host does it; the others find the lock held and leave
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                removed = remove_finished(config, log, store)
+                removed = remove_finished(config, log, store, wait=wait)
             except BlockingIOError:
                 pass
             finally:

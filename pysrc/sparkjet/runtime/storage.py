@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid as uuidlib
 
 import msgspec
@@ -94,7 +95,8 @@ def claim_slot(config: JobConfig, execution: int, log: str | None = None,
     return slot
 
 
-def remove_finished(config: JobConfig, log: str | None, store: str | None = None) -> list[str]:
+def remove_finished(config: JobConfig, log: str | None, store: str | None = None, *,
+                    wait: float = 0.0) -> list[str]:
     """After a run of ``config``'s job to its end (its ``FINISHED`` mark written: it never
     runs again), removes its data from every free slot of this host's storage root, as Jet
     destroys a completed job's snapshot maps: in memory (``/dev/shm``) it would hold the
@@ -103,7 +105,9 @@ def remove_finished(config: JobConfig, log: str | None, store: str | None = None
     name in another snapshot store has the same id, and its data in a shared
     ``storage_dir`` is its own. The slots' paths it emptied; a slot that is held, of another
     host, or cannot be read is left (logged). Each job folder is renamed away under the
-    slot's lock and deleted after it, so a claim is not held up by the deletion. On a
+    slot's lock and deleted after it, so a claim is not held up by the deletion. A held
+    slot is tried again until ``wait`` seconds have passed (on a cluster, a member's Python
+    worker of a killed executor may hold its slot a little longer than the job ran). On a
     cluster, every executor's host runs it too
     (:func:`~sparkjet.runtime.spark_runner.remove_finished_on_hosts`)."""
     if config.storage != "members" or log is None:
@@ -116,30 +120,45 @@ def remove_finished(config: JobConfig, log: str | None, store: str | None = None
     except OSError as e:
         _log.warning("the slots of finished job %r were not removed: %s", config.name, e)
         return []
-    for name in names:
-        folder = os.path.join(root, name)
-        if not os.path.isdir(os.path.join(folder, JOBS, layout.job_dir(config.id))):
-            continue
-        gone = os.path.join(folder, JOBS, f".gone-{uuidlib.uuid4()}")
-        try:
-            slot = StorageSlot.claim_folder(folder, durable=config.persistence)
-            if slot is None:
-                _log.warning("finished job %r: slot %s is held by a running task; its data of "
-                             "the job stays", config.name, folder)
-                continue
-            with slot:
-                if slot.host != host_id() or not _finished_here(slot, config.id, log, store):
-                    continue            # another host's slot, or another store's job
-                try:
-                    os.rename(slot.job_path(config.id), gone)
-                except OSError as e:
-                    raise storage_error("rename", slot.job_path(config.id), e) from None
-            removed.append(slot.path)
-            shutil.rmtree(gone, ignore_errors=True)
-        except (StorageError, StorageSlotError) as e:
-            _log.warning("finished job %r: its data in slot %s was not removed: %s",
-                         config.name, folder, e)
+    deadline = time.monotonic() + wait
+    held = [os.path.join(root, name) for name in names]
+    while True:
+        held = [folder for folder in held
+                if _remove_finished_from(config, folder, log, store, removed) == "held"]
+        if not held or time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    for folder in held:
+        _log.warning("finished job %r: slot %s is held by a running task; its data of the "
+                     "job stays", config.name, folder)
     return removed
+
+
+def _remove_finished_from(config: JobConfig, folder: str, log: str, store: str | None,
+                          removed: list[str]) -> str:
+    """:func:`remove_finished` in one slot folder: "held" when another process holds the
+    slot (try again later), else "done" (removed, appended to ``removed``, or nothing of
+    the finished run there, or a failure logged)."""
+    if not os.path.isdir(os.path.join(folder, JOBS, layout.job_dir(config.id))):
+        return "done"
+    gone = os.path.join(folder, JOBS, f".gone-{uuidlib.uuid4()}")
+    try:
+        slot = StorageSlot.claim_folder(folder, durable=config.persistence)
+        if slot is None:
+            return "held"
+        with slot:
+            if slot.host != host_id() or not _finished_here(slot, config.id, log, store):
+                return "done"           # another host's slot, or another store's job
+            try:
+                os.rename(slot.job_path(config.id), gone)
+            except OSError as e:
+                raise storage_error("rename", slot.job_path(config.id), e) from None
+        removed.append(slot.path)
+        shutil.rmtree(gone, ignore_errors=True)
+    except (StorageError, StorageSlotError) as e:
+        _log.warning("finished job %r: its data in slot %s was not removed: %s",
+                     config.name, folder, e)
+    return "done"
 
 
 def _finished_here(slot: StorageSlot, job_id: int, log: str, store: str | None) -> bool:
