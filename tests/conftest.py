@@ -40,7 +40,17 @@ def s3():
 
 def pytest_collection_modifyitems(items):
     """Every test that asks for the Spark session is marked ``spark``, so that
-    ``-m "not spark"`` selects the tests that need no JVM."""
+    ``-m "not spark"`` selects the tests that need no JVM.
+
+    The run is split over pytest-xdist's workers (``-n``, ``--dist loadgroup`` in
+    pyproject.toml) by groups: the tests marked ``spark`` all go to one worker, so a run
+    still starts one Spark session; the nemesis and standalone-cluster tests of
+    ``tests/testing/`` (network namespaces, mounts, root-wide tables) go to one worker, one
+    after the other, as they ran before; every other test goes where a worker is free."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif item.path.parent.name == "testing":
+            item.add_marker(pytest.mark.xdist_group("host"))
