@@ -115,6 +115,8 @@ def make_server():
 
     yield make
     for s in servers:
+        # (its port may go to a later test's server, a child's with other credentials)
+        CREDENTIALS.pop(s.location, None)
         s.close(timeout=2)
 
 
