@@ -160,3 +160,26 @@ def test_a_member_ends_when_its_supervisor_is_killed(tmp_path, signal_name):
         proc.wait()
         if member is not None and member.is_running():
             member.kill()   # (what the test is about; left running only if it failed)
+
+
+def test_an_on_progress_callback_that_raises_is_logged_and_the_job_goes_on(tmp_path, caplog):
+    """A user's progress callback is the user's code: an error it raises is logged with
+    its traceback under ``sparkjet.job`` and the job runs on, as Spark's listener bus
+    does with a listener's. (Before, it failed the execution under the callback's bare
+    error: a restart, counted against max_restarts, that named nothing of the callback.)"""
+    job = _job(tmp_path, "callback")
+    seen = []
+
+    def on_progress(event):
+        seen.append(event["event"])
+        if event["event"] == "snapshot":
+            raise FileNotFoundError("the callback's own file")
+
+    with caplog.at_level("ERROR", logger="sparkjet.job"):
+        result = job.run(on_progress=on_progress)
+    assert result.restarts == 0 and result.events_in == TOTAL
+    assert seen.count("snapshot") >= 1
+    logged = [r for r in caplog.records if "on_progress raised" in r.getMessage()]
+    assert logged and logged[0].exc_info[0] is FileNotFoundError
+    assert "'snapshot' event" in logged[0].getMessage()
+    _exactly_once(tmp_path)

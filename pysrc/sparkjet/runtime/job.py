@@ -97,7 +97,8 @@ class Job:
         a child process (``isolated=False``: in this process, with no restarts): a quick
         way to try a pipeline without Spark (:mod:`sparkjet.runtime.local_runner`).
 
-        ``on_progress(event)`` receives dicts with an ``"event"`` key: ``execution``,
+        ``on_progress(event)`` (an error it raises is logged, and the job goes on)
+        receives dicts with an ``"event"`` key: ``execution``,
         ``started`` (with the members' ``pids``), ``restored``, ``fallback`` (the newest
         snapshot failed to verify and an older one is restored, or ``initial_snapshot``
         rolled the job back), ``snapshot``, ``progress``
@@ -154,7 +155,13 @@ class Job:
             if view is not None:
                 view(event)
             if on_progress is not None:
-                on_progress(event)
+                try:
+                    on_progress(event)
+                except Exception:  # noqa: BLE001 - the caller's error, not the job's
+                    # as Spark's listener bus does: logged whole, the job goes on (raised,
+                    # it failed the execution under the callback's error, unnamed)
+                    _log.exception("on_progress raised on a %r event; the job goes on",
+                                   kind, extra=extra)
 
         try:
             with RunLock(self.config):
