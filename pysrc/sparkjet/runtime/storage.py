@@ -46,6 +46,7 @@ import time
 import uuid as uuidlib
 
 import msgspec
+import pyarrow as pa
 import xxhash
 
 from sparkjet._fs import storage_error
@@ -384,8 +385,9 @@ class PeerSlotFile:
                     f"{self._path} from byte {offset} carried {n} bytes, {length} wanted")
             if len(got) == 1:
                 return got[0]
-            out = bytearray(length)
-            view, at = memoryview(out), 0
+            # (pyarrow's pool: memory it has had before, not zeroed first as a bytearray's)
+            out = pa.allocate_buffer(length)
+            view, at = memoryview(out).cast("B"), 0
             for piece in got:
                 view[at:at + piece.size] = memoryview(piece).cast("B")
                 at += piece.size
