@@ -22,7 +22,8 @@ Three measurements, each on its own:
   rounds: the rows written into a storage slot (``/dev/shm``) and backed up to a second
   slot over a real exchange link (``slot_write`` file streams, Flight ``DoPut``), a restore
   that reads the second slot's replica over the link (``slot_read``, ``DoGet``), and that
-  replica's bytes fetched alone. Server and client run in this process (one GIL).
+  replica's bytes fetched alone. Server and client run in this process (one GIL); with
+  ``--peer-process`` slot b and its server run in a child process, as another member's do.
 - **recovery on Spark** (``--spark``): the recovery above on a ``local[2]`` Spark session,
   two members (``local_parallelism=1`` each), member 1's Python worker killed with SIGKILL,
   once per storage mode: ``shared`` (the chunk files in ``snapshot_store``, fsynced) and
@@ -42,6 +43,8 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -203,28 +206,68 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+# Slot b's member when it runs in a process of its own (``_Slots(peer_process=True)``):
+# its slot and exchange server, a "drop" action for the housekeeping between rounds; it
+# prints its slot's uuid and location, and ends when its stdin closes.
+_PEER = """
+import json, sys
+from sparkjet.runtime.exchange import ExchangeServer
+from sparkjet.runtime.exchange.security import LinkSecurity
+from sparkjet.runtime.storage import drop_old_snapshots, slot_read_handler, slot_write_handler
+from sparkjet.snapshot.slots import StorageSlot
+b = StorageSlot.claim(sys.argv[1], host="b")
+server = ExchangeServer("127.0.0.1", execution_id=1,
+                        security=LinkSecurity(1, bytes.fromhex(sys.stdin.readline().strip())))
+server.on_put("slot_write", slot_write_handler(b, 1))
+server.on_get("slot_read", slot_read_handler(b, 1))
+server.on_action("drop", lambda body: (drop_old_snapshots(b, 1, body["keep"], [body["keep"]]),
+                                       {})[1])
+print(json.dumps({"uuid": b.uuid, "location": server.location}), flush=True)
+sys.stdin.read()
+server.close()
+b.release()
+"""
+
+
 class _Slots:
     """Two storage slots under /dev/shm, each behind a real exchange server, and what a
     member asks of the runtime's storage functions (topology, peers): slot a's writer
-    backs its files up to slot b; a restore in slot a's member reads b's replicas."""
+    backs its files up to slot b; a restore in slot a's member reads b's replicas.
+    ``peer_process``: slot b and its server are in a child process, as another member's
+    are in a job; else in this process (one interpreter lock for both ends)."""
 
-    def __init__(self, work: str):
+    def __init__(self, work: str, peer_process: bool = False):
         from sparkjet.runtime.exchange import ExchangeClient, ExchangeServer
         from sparkjet.runtime.exchange.security import LinkSecurity
         from sparkjet.runtime.storage import slot_read_handler, slot_write_handler
 
         self.root = tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)
         self.a = StorageSlot.claim(os.path.join(self.root, "a"), host="a")
-        self.b = StorageSlot.claim(os.path.join(self.root, "b"), host="b")
         self.c = StorageSlot.claim(os.path.join(self.root, "c"), host="c")   # holds nothing
         security = LinkSecurity.generate(1)
-        self.server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
-        self.server.on_put("slot_write", slot_write_handler(self.b, 1))
-        self.server.on_get("slot_read", slot_read_handler(self.b, 1))
-        self.client = ExchangeClient(self.server.location, security=security)
-        table = PartitionTable.create([self.a.uuid, self.b.uuid], 271, 1,
-                                      groups={self.a.uuid: "a", self.b.uuid: "b"})
-        topology = type("T", (), {"slots": [self.a.uuid, self.b.uuid], "table": table})()
+        self.b = self.server = self.peer = None
+        if peer_process:
+            self.peer = subprocess.Popen(
+                [sys.executable, "-c", _PEER, os.path.join(self.root, "b")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.peer.stdin.write(security.secret.hex() + "\n")
+            self.peer.stdin.flush()
+            line = self.peer.stdout.readline()
+            if not line:
+                raise RuntimeError(f"slot b's process ended: {self.peer.wait()}")
+            told = json.loads(line)
+            b_uuid, location = told["uuid"], told["location"]
+        else:
+            self.b = StorageSlot.claim(os.path.join(self.root, "b"), host="b")
+            self.server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+            self.server.on_put("slot_write", slot_write_handler(self.b, 1))
+            self.server.on_get("slot_read", slot_read_handler(self.b, 1))
+            b_uuid, location = self.b.uuid, self.server.location
+        self.b_uuid = b_uuid
+        self.client = ExchangeClient(location, security=security)
+        table = PartitionTable.create([self.a.uuid, b_uuid], 271, 1,
+                                      groups={self.a.uuid: "a", b_uuid: "b"})
+        topology = type("T", (), {"slots": [self.a.uuid, b_uuid], "table": table})()
         self.member = type("M", (), {"topology": topology, "peers": {1: self.client}})()
 
     def replicator(self):
@@ -234,20 +277,28 @@ class _Slots:
     def from_b(self):
         """slot_files of a member (slot c) that holds no copy but reaches b's member."""
         from sparkjet.runtime.storage import slot_files
-        topology = type("T", (), {"slots": [self.c.uuid, self.b.uuid]})()
+        topology = type("T", (), {"slots": [self.c.uuid, self.b_uuid]})()
         member = type("M", (), {"topology": topology, "peers": {1: self.client}})()
         return slot_files(member, self.c, 1)
 
     def drop(self, keep: int) -> None:
         from sparkjet.runtime.storage import drop_old_snapshots
-        for slot in (self.a, self.b):
-            drop_old_snapshots(slot, 1, keep, [keep])
+        drop_old_snapshots(self.a, 1, keep, [keep])
+        if self.b is not None:
+            drop_old_snapshots(self.b, 1, keep, [keep])
+        else:
+            self.client.action("drop", {"keep": keep})
 
     def close(self):
         self.client.close()
-        self.server.close()
+        if self.server is not None:
+            self.server.close()
+        if self.peer is not None:
+            self.peer.stdin.close()
+            self.peer.wait(30)
         for slot in (self.a, self.b, self.c):
-            slot.release()
+            if slot is not None:
+                slot.release()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -260,19 +311,20 @@ def fetch_replicas(slots: _Slots, store: SnapshotStore, snapshot_id: int) -> int
     for vertex, v in stored.record.vertices.items():
         for f in v.files:
             path = "/".join(["snapshots", stored.dir[-1], vertex, f.name])
-            data = PeerSlotFile(slots.client, slots.b.uuid, path, 1).range_reader()(0, f.bytes)
+            data = PeerSlotFile(slots.client, slots.b_uuid, path, 1).range_reader()(0, f.bytes)
             n += len(memoryview(data))
     return n
 
 
-def store_vs_ipc(rows: int, work: str, rounds: int = 3, members: bool = True) -> dict:
+def store_vs_ipc(rows: int, work: str, rounds: int = 3, members: bool = True,
+                 peer_process: bool = False) -> dict:
     table = state_table(rows)
     table = table.rename_columns(["key", "count", "sum"])
     store = SnapshotStore(os.path.join(work, "store"), 1, durable=True)
     store.register_execution(1)
     writes, restores, ipc_writes, ipc_reads = [], [], [], []
     slot_writes, backup_writes, peer_restores, fetches, fetched = [], [], [], [], []
-    slots = _Slots(work) if members else None
+    slots = _Slots(work, peer_process) if members else None
     if slots is not None:
         members_store = SnapshotStore(os.path.join(work, "members-store"), 1)
         members_store.register_execution(1)
@@ -389,6 +441,9 @@ def main(argv=None) -> None:
                         choices=["shared", "members"])
     parser.add_argument("--no-members", action="store_true",
                         help="store vs IPC without the members' slots and Flight rows")
+    parser.add_argument("--peer-process", action="store_true",
+                        help="store vs IPC: slot b and its exchange server in a child process "
+                             "(as another member's in a job), not in this one")
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.2f}")
     results: dict = {"load": os.getloadavg()[0]}
@@ -401,8 +456,11 @@ def main(argv=None) -> None:
     if "ipc" not in args.skip:
         with tempfile.TemporaryDirectory() as work:
             r = results["store-vs-ipc"] = store_vs_ipc(args.rows, work,
-                                                        members=not args.no_members)
-        print(f"\nstore vs pyarrow IPC lz4 file, {args.rows:,} rows, fsync")
+                                                        members=not args.no_members,
+                                                        peer_process=args.peer_process)
+        r["peer_process"] = args.peer_process
+        print(f"\nstore vs pyarrow IPC lz4 file, {args.rows:,} rows, fsync"
+              + (", slot b's member in a child process" if args.peer_process else ""))
         print(f"  write+commit {r['write']:.3f} s, IPC write {r['ipc_write']:.3f} s: "
               f"{r['write_ratio']:.2f}x")
         print(f"  restore      {r['restore']:.3f} s, IPC read  {r['ipc_read']:.3f} s: "
