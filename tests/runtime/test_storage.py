@@ -1092,6 +1092,45 @@ def test_a_peers_file_is_fetched_ahead_in_pieces_and_decoded_as_they_come(tmp_pa
         server.close()
 
 
+def test_a_range_a_peer_sends_in_several_pieces_is_joined_whole(tmp_path, two_slots,
+                                                                 monkeypatch):
+    """A peer's server sends a range in pieces of at most READ_PIECE bytes (here 1,000:
+    every range the restore asks for arrives in several); the reader joins them into one
+    buffer, and the restore reads the same rows as from the slots' own copies."""
+    from sparkjet.runtime import storage
+    from sparkjet.runtime.storage import PeerSlotFile
+
+    monkeypatch.setattr(storage, "READ_PIECE", 1000)
+    a, b = two_slots
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    _write(store, [a, b])
+    security = LinkSecurity.generate(1)
+    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    pieces = []
+    real = slot_read_handler(b, JOB)
+
+    def counted(body):
+        info, got = real(body)
+        return info, (pieces.append(len(p)) or p for p in got)
+    server.on_get("slot_read", counted)
+    try:
+        peer = ExchangeClient(server.location, security=security)
+        record = store._resolve(0, None).record
+        b_file = next(f for f in record.vertices["agg"].files if f.slot == b.uuid)
+        path = f"snapshots/000000000000-e000000000001/{b_file.path}"
+        whole = open(os.path.join(b.replicas(JOB).root, *path.split("/")), "rb").read()
+        read = PeerSlotFile(peer, b.uuid, path, 1).range_reader()
+        assert bytes(memoryview(read(10, len(whole) - 20))) == whole[10:-10]
+        assert len(pieces) > 2 and max(pieces) == 1000
+        store.slot_files = slot_files(_Member([a.uuid, b.uuid], {1: peer}), a, JOB)
+        got = store.restore("agg")
+        want = pa.concat_tables([_state(1000, 0), _state(1000, 1000)])
+        assert got.table.sort_by("key").equals(want.sort_by("key"))
+    finally:
+        server.close()
+
+
 def test_pieces_fetched_ahead_come_in_order_and_a_failed_fetch_raises_in_its_place():
     import threading
 
