@@ -124,6 +124,22 @@ time.sleep(600)
 """
 
 
+def test_the_member_entry_point_runs_once_without_a_warning():
+    """The local runner starts a member as ``python -m sparkjet.runtime.member_main``. When
+    the package's own imports loaded that module first, runpy ran a second copy and warned
+    so on the member's stderr, which a failed member's message then carried ("member killed
+    by signal SIGKILL: <frozen runpy>:128: RuntimeWarning: ..."). With warnings as errors,
+    the entry point now gets as far as its arguments."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error", "-m", "sparkjet.runtime.member_main"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "RuntimeWarning" not in done.stderr and "sys.modules" not in done.stderr, done.stderr
+    assert "in main" in done.stderr and "job_file, execution" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
 def test_a_member_ends_when_its_supervisor_is_killed(tmp_path, signal_name):
     """The local runner's member process (an unbounded job) goes when the process that

@@ -26,9 +26,13 @@ from sparkjet.pipeline.dag import Dag
 from sparkjet.runtime.config import JobConfig
 from sparkjet.runtime.lifecycle import JobCancelledError
 from sparkjet.runtime.member import Member
-from sparkjet.runtime.member_main import SUPERVISOR_ENV
 from sparkjet.runtime.observability import latencies_decoded
 from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_fail
+
+#: The supervisor's pid, which the local runner puts in its member's environment (here,
+#: not in member_main: importing that module as part of this package made ``python -m``
+#: run a second copy of it, and warn so on every member's stderr).
+SUPERVISOR_ENV = "SPARKJET_SUPERVISOR_PID"
 
 
 class LocalRunner:

@@ -7,12 +7,10 @@ import sys
 import traceback
 
 from sparkjet.runtime import failures
+from sparkjet.runtime.local_runner import SUPERVISOR_ENV
 from sparkjet.runtime.member import Member
 from sparkjet.runtime.observability import latencies_encoded, log_to
 from sparkjet.snapshot import chunks
-
-#: The supervisor's pid, which the local runner puts in its member's environment.
-SUPERVISOR_ENV = "SPARKJET_SUPERVISOR_PID"
 
 
 def end_with_supervisor(supervisor: int | None) -> None:
