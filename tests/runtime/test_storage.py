@@ -1050,6 +1050,16 @@ def test_partition_ranges_name_broadcast_state_alone_or_after_the_ranges():
     assert partition_ranges({3, 4, 9}) == "3-4, 9"
 
 
+def _written_behind_a_server(tmp_path, slots):
+    """A store with snapshot 0 written into ``slots`` (a, b), and an exchange server of
+    execution 1 for b's member (its handlers are the test's to register)."""
+    store = SnapshotStore(tmp_path / "store", JOB)
+    store.register_execution(1)
+    _write(store, list(slots))
+    security = LinkSecurity.generate(1)
+    return store, ExchangeServer("127.0.0.1", execution_id=1, security=security), security
+
+
 def test_a_peers_file_is_fetched_ahead_in_pieces_and_decoded_as_they_come(tmp_path, two_slots,
                                                                           monkeypatch):
     """A restore asks a peer for a file in pieces (here of one chunk each), fetched ahead of
@@ -1061,12 +1071,7 @@ def test_a_peers_file_is_fetched_ahead_in_pieces_and_decoded_as_they_come(tmp_pa
 
     monkeypatch.setattr(reading, "AHEAD_BYTES", 1)      # every chunk a piece of its own
     monkeypatch.setattr(store_module, "_DECODE_EVERY", 2)
-    a, b = two_slots
-    store = SnapshotStore(tmp_path / "store", JOB)
-    store.register_execution(1)
-    _write(store, [a, b])
-    security = LinkSecurity.generate(1)
-    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    (a, b), (store, server, security) = two_slots, _written_behind_a_server(tmp_path, two_slots)
     asked = []
     real = slot_read_handler(b, JOB)
     server.on_get("slot_read", lambda body: (asked.append(body["length"]), real(body))[1])
@@ -1101,12 +1106,7 @@ def test_a_range_a_peer_sends_in_several_pieces_is_joined_whole(tmp_path, two_sl
     from sparkjet.runtime.storage import PeerSlotFile
 
     monkeypatch.setattr(storage, "READ_PIECE", 1000)
-    a, b = two_slots
-    store = SnapshotStore(tmp_path / "store", JOB)
-    store.register_execution(1)
-    _write(store, [a, b])
-    security = LinkSecurity.generate(1)
-    server = ExchangeServer("127.0.0.1", execution_id=1, security=security)
+    (a, b), (store, server, security) = two_slots, _written_behind_a_server(tmp_path, two_slots)
     pieces = []
     real = slot_read_handler(b, JOB)
 
