@@ -125,7 +125,7 @@ def remove_finished(config: JobConfig, log: str | None, store: str | None = None
     held = [os.path.join(root, name) for name in names]
     while True:
         held = [folder for folder in held
-                if _remove_finished_from(config, folder, log, store, removed) == "held"]
+                if _held_or_removed(config, folder, log, store, removed)]
         if not held or time.monotonic() >= deadline:
             break
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
@@ -135,21 +135,21 @@ def remove_finished(config: JobConfig, log: str | None, store: str | None = None
     return removed
 
 
-def _remove_finished_from(config: JobConfig, folder: str, log: str, store: str | None,
-                          removed: list[str]) -> str:
-    """:func:`remove_finished` in one slot folder: "held" when another process holds the
-    slot (try again later), else "done" (removed, appended to ``removed``, or nothing of
-    the finished run there, or a failure logged)."""
+def _held_or_removed(config: JobConfig, folder: str, log: str, store: str | None,
+                     removed: list[str]) -> bool:
+    """:func:`remove_finished` in one slot folder: True when another process holds the
+    slot (try again later); else the folder's data of the finished run is removed (its
+    slot's path appended to ``removed``), or it has none, or a failure is logged."""
     if not os.path.isdir(os.path.join(folder, JOBS, layout.job_dir(config.id))):
-        return "done"
+        return False
     gone = os.path.join(folder, JOBS, f".gone-{uuidlib.uuid4()}")
     try:
         slot = StorageSlot.claim_folder(folder, durable=config.persistence)
         if slot is None:
-            return "held"
+            return True
         with slot:
             if slot.host != host_id() or not _finished_here(slot, config.id, log, store):
-                return "done"           # another host's slot, or another store's job
+                return False            # another host's slot, or another store's job
             try:
                 os.rename(slot.job_path(config.id), gone)
             except OSError as e:
@@ -159,7 +159,7 @@ def _remove_finished_from(config: JobConfig, folder: str, log: str, store: str |
     except (StorageError, StorageSlotError) as e:
         _log.warning("finished job %r: its data in slot %s was not removed: %s",
                      config.name, folder, e)
-    return "done"
+    return False
 
 
 def _finished_here(slot: StorageSlot, job_id: int, log: str, store: str | None) -> bool:
