@@ -90,13 +90,15 @@ def _members(job: Job) -> tuple:
 
 def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, done: list,
             cluster=None, restarts: list | None = None, snapshots: list | None = None,
-            started: list | None = None) -> None:
+            started: list | None = None, ready=None) -> None:
     """Kills one member at a random moment of each execution. Without `snapshots`: one
     kill in four up to 1.5 s after the member's process appears (while it starts or
     restores), the others up to 1.2 s after the execution has started (`started`, which
     the caller's progress callback fills: so a member slow to start on a loaded machine
     is still killed while it runs). With `snapshots` (the snapshots of the current
-    execution, kept likewise): up to 0.6 s after its first snapshot. With a standalone
+    execution, kept likewise): up to 0.6 s after its first snapshot, and after `ready()`
+    returns true if given (polled: an event such as the sink's first commit of the
+    execution, which comes after the driver's snapshot event). With a standalone
     `cluster`,
     a third of the kills are of a whole worker JVM (its executor dies with it, so the
     execution really loses a slot), restarted a few seconds later."""
@@ -115,7 +117,8 @@ def _killer(job: Job, kills: int, rng: random.Random, stop: threading.Event, don
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.05, 1.2))
         else:
-            while not snapshots and _members(job) == pids and not stop.is_set():
+            while ((not snapshots or (ready is not None and not ready()))
+                   and _members(job) == pids and not stop.is_set()):
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.6))
         if _members(job) != pids:
@@ -150,7 +153,7 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
               rng: random.Random, events: int = 600_000, rate: float = 200_000, *,
               spark=None, members: int | None = 2, cluster=None,
               postgres: str | None = None, kafka: str | None = None,
-              kill_after: str = "start") -> RoundResult:
+              kill_after: str = "start", kill_when=None) -> RoundResult:
     """One job with `kills` kills of a member; returns the checker's verdict. With a Spark
     session the job runs on it with `members` members, and a kill hits one member's Python
     worker. Sink kinds "postgres" (transactional) and "postgres-upsert" write to tables named
@@ -161,7 +164,9 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     ``kill_after="snapshot"`` kills each execution only after its first snapshot (between
     prepare and commit, mid-batch, mid-snapshot; never during the restore): on a loaded
     machine a member may take longer to start than the default kills wait, and a kill of a
-    member still starting restarts nothing of interest to a sink."""
+    member still starting restarts nothing of interest to a sink. With it, `kill_when`
+    (called with the current execution's number) holds each kill until it returns true,
+    e.g. until the sink shows that execution's first commit."""
     work.mkdir(parents=True, exist_ok=True)
     seed = rng.randrange(2**32)
     sources = [GeneratorSource(total=events, partitions=4, keys=5_000, rate=rate, batch_size=5_000,
@@ -217,11 +222,15 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
     if kill_after not in ("start", "snapshot"):
         raise ValueError(f"kill_after must be 'start' or 'snapshot', got {kill_after!r}")
     stop, killed, restarters = threading.Event(), [], []
+    if kill_when is not None and kill_after != "snapshot":
+        raise ValueError("kill_when needs kill_after='snapshot'")
     snapshots: list | None = [] if kill_after == "snapshot" else None
     started: list = []
+    execution = [0]
 
     def on_progress(event: dict) -> None:
         if event["event"] == "execution":
+            execution[0] = event["execution"]
             started.clear()
             if snapshots is not None:
                 snapshots.clear()
@@ -233,7 +242,8 @@ def run_round(work: Path, guarantee: str, sink_kind: str, pipeline_kind: str, ki
 
     killer = threading.Thread(target=_killer, daemon=True,
                               args=(job, kills, rng, stop, killed, cluster, restarters,
-                                    snapshots, started))
+                                    snapshots, started,
+                                    None if kill_when is None else lambda: kill_when(execution[0])))
     start = time.monotonic()
     killer.start()
     try:
