@@ -73,6 +73,14 @@ def entries_encode(keys: BinaryColumn, values: BinaryColumn, rows: Int64Array,
 def entries_decode(payload: Buffer, count: int, source: str = ...,
                    offset: int = ...) -> tuple[bytearray, bytearray, bytearray, bytearray]: ...
 
+# c-blosc2, loaded from the blosc2 wheel's shared library (_blosc2.pxi)
+class Blosc2Library:
+    path: str
+    version: str
+    def __init__(self, path: str) -> None: ...
+    def decompress_run(self, sources: list[Buffer], out: Buffer,
+                       sizes: np.ndarray) -> int: ...
+
 # keyed state (sparkjet/keyed.h)
 class KeyMap:
     def __init__(self, expected: int = ...) -> None: ...

@@ -330,3 +330,120 @@ def test_a_corrupt_chunk_error_crosses_processes_whole():
                                        "4096: bad Blosc2 chunk (it says 110640 bytes in 54659)")
     assert (copy.path, copy.offset, copy.field, copy.detail) == \
         ("snaps/0-0.chunks", 4096, "Blosc2 chunk", "it says 110640 bytes in 54659")
+
+
+# -- Blosc2 decompression in the native module ----------------------------------------------
+
+def _packed(n: int = 3):
+    from sparkjet.snapshot.chunks import _blosc2
+
+    data = [np.arange(i * 1_000, i * 1_000 + 5_000 + 17 * i, dtype=np.int64).tobytes()
+            for i in range(n)]
+    return data, [_blosc2(pa.py_buffer(d)) for d in data]
+
+
+def test_the_blosc2_wheels_library_is_found_and_used():
+    """The restore decompresses a run of chunks in one native call without the GIL when the
+    blosc2 wheel ships its C library: with the blosc2 this project installs it does (if
+    this fails, restores still work, on blosc2's Python API, but slower)."""
+    from sparkjet.snapshot.chunks import _blosc2_native
+
+    lib = _blosc2_native()
+    assert lib is not None, "no usable libblosc2 beside the blosc2 package"
+    assert lib.version.split(".")[0] in ("2", "3")
+    data, packed = _packed()
+    out = bytearray(sum(map(len, data)))
+    assert lib.decompress_run(packed, out, np.array([len(d) for d in data], np.int64)) == -1
+    assert bytes(out) == b"".join(data)
+    assert lib.decompress_run([], bytearray(0), np.zeros(0, np.int64)) == -1
+
+
+def test_native_blosc2_refuses_what_does_not_fit_and_names_the_chunk():
+    from sparkjet.snapshot.chunks import _blosc2_native
+
+    lib = _blosc2_native()
+    data, packed = _packed()
+    sizes = np.array([len(d) for d in data], np.int64)
+    out = bytearray(int(sizes.sum()))
+    wrong = sizes.copy()
+    wrong[1] += 8                                      # chunk 1 says another size
+    assert lib.decompress_run(packed, bytearray(int(wrong.sum())), wrong) == 1
+    assert lib.decompress_run([packed[0], packed[1][:-5], packed[2]], out, sizes) == 1
+    assert lib.decompress_run([packed[0], packed[1] + b"\0", packed[2]], out, sizes) == 1
+    assert lib.decompress_run([packed[0], packed[1][:20]], out, sizes[:2]) == 1   # < a header
+    with pytest.raises(InvalidArgumentError, match="out holds"):
+        lib.decompress_run(packed, bytearray(10), sizes)
+    with pytest.raises(InvalidArgumentError, match="sizes"):
+        lib.decompress_run(packed, out, sizes[:2])
+    with pytest.raises(InvalidArgumentError, match="sizes\\[0\\]"):
+        lib.decompress_run(packed[:1], out, np.array([-1], np.int64))
+    with pytest.raises(TypeError):
+        lib.decompress_run([packed[0], 7], out, sizes[:2])
+    with pytest.raises(TypeError):
+        lib.decompress_run(packed, bytes(len(out)), sizes)       # read-only out
+
+
+def test_native_blosc2_survives_fuzzed_chunks():
+    """Bytes flipped anywhere in a Blosc2 chunk: the call returns (a refusal, or bytes the
+    chunk's checksum would refuse), it never crashes or writes past its share."""
+    import random
+
+    from sparkjet.snapshot.chunks import _blosc2_native
+
+    lib = _blosc2_native()
+    data, packed = _packed(1)
+    size = len(data[0])
+    rng = random.Random(5)
+    refused = 0
+    for _ in range(3_000):
+        chunk = bytearray(packed[0])
+        for _ in range(rng.randint(1, 4)):
+            chunk[rng.randrange(len(chunk))] = rng.randrange(256)
+        out = bytearray(size + 64)
+        refused += lib.decompress_run([bytes(chunk)], memoryview(out)[:size],
+                                      np.array([size], np.int64)) == 0
+        assert out[size:] == bytes(64)                  # nothing past its share
+    assert refused > 0
+
+
+def test_a_run_names_the_chunk_whose_blosc2_bytes_are_wrong():
+    """A Blosc2 chunk that decompresses to other sizes (its checksum recomputed, as a
+    writer other than sparkjet might): the run's native call refuses it, and the chunk
+    by chunk path names it."""
+    import xxhash
+
+    from sparkjet.snapshot.chunks import TableDecoder
+
+    _, chunks = _blosc2_run()
+    bad = chunks[2]
+    schema, packed = bad.pieces
+    broken = bytearray(bytes(packed))
+    broken[4:8] = (int.from_bytes(broken[4:8], "little") + 8).to_bytes(4, "little")  # nbytes
+    payload = bytes(schema) + bytes(broken)
+    h = bad.header
+    header = native.encode_chunk_header(h.codec, h.flags, h.job_id, h.snapshot_id, h.vertex,
+                                        h.partition, h.entry_count, h.uncompressed_size,
+                                        len(payload), xxhash.xxh3_64_intdigest(payload))
+    data = b"".join(c.to_bytes() if c is not bad else bytes(header) + payload for c in chunks)
+    decoder = TableDecoder()
+    for offset, header, payload in read_chunks(data, "f"):
+        decoder.add(header, payload, "f", offset)
+    with pytest.raises(SnapshotCorruptError) as e:
+        decoder.tables()
+    assert e.value.field == "Blosc2 chunk"
+    assert e.value.offset == sum(c.nbytes for c in chunks[:2])
+
+
+def test_a_run_decodes_alike_without_the_native_library(monkeypatch):
+    """A blosc2 wheel without its C library: the run decompresses through blosc2's Python
+    API, to the same table, and still names a chunk at fault."""
+    import sparkjet.snapshot.chunks as chunks_module
+    from sparkjet.snapshot.chunks import TableDecoder
+
+    monkeypatch.setattr(chunks_module, "_blosc2_native", lambda: None)
+    table, chunks = _blosc2_run()
+    decoder = TableDecoder()
+    for _, header, payload in read_chunks(b"".join(c.to_bytes() for c in chunks)):
+        decoder.add(header, payload)
+    assert decoder.tables()[0].equals(table)
+    test_a_run_names_the_chunk_whose_blosc2_bytes_are_wrong()

@@ -26,7 +26,9 @@ its header a checksum of its own; :func:`read_chunks` trusts nothing it reads.
 from __future__ import annotations
 
 import functools
+import glob
 import math
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -461,11 +463,21 @@ class TableDecoder:
         buf = pa.allocate_buffer(schema_size + sum(sizes) + _EOS.size)
         into = memoryview(buf).cast("B")
         into[:schema_size] = memoryview(run[0][1]).cast("B")[:schema_size]
-        position = schema_size
-        for (_, payload, source, offset), size in zip(run, sizes):
-            _unblosc2(pa.py_buffer(payload).slice(schema_size), size,
-                      into[position:position + size], source, offset)
-            position += size
+        position = schema_size + sum(sizes)
+        native = _blosc2_native()
+        if native is not None:
+            # the whole run in one call without the GIL; a chunk it refuses is read again
+            # by the chunk-by-chunk path, which names what is wrong with it
+            packed = [memoryview(payload).cast("B")[schema_size:] for _, payload, _, _ in run]
+            if native.decompress_run(packed, into[schema_size:position],
+                                     np.array(sizes, np.int64)) >= 0:
+                return None
+        else:
+            at = schema_size
+            for (_, payload, source, offset), size in zip(run, sizes):
+                _unblosc2(pa.py_buffer(payload).slice(schema_size), size,
+                          into[at:at + size], source, offset)
+                at += size
         into[position:] = memoryview(_EOS).cast("B")
         try:
             batches = list(pa.ipc.open_stream(buf))
@@ -628,13 +640,38 @@ def warm(codec: str) -> None:
     as it starts: the import then overlaps the member's start and join, which mostly
     wait, instead of delaying its first restore or snapshot)."""
     if codec == "blosc2-lz4":
-        threading.Thread(target=_blosc2_module, name="sparkjet-import-blosc2",
+        threading.Thread(target=_blosc2_native, name="sparkjet-import-blosc2",
                          daemon=True).start()
 
 
 def _blosc2(message: pa.Buffer) -> bytes:
     blosc2, cparams = _blosc2_module()
     return blosc2.compress2(message, cparams=cparams)
+
+
+@functools.cache
+def _blosc2_native():
+    """c-blosc2 as the ``blosc2`` wheel ships it (``blosc2/lib/libblosc2.so``), loaded into
+    sparkjet's native module (``_native.Blosc2Library``) to decompress a run of chunks in
+    one call that holds no GIL; None when the wheel has no such library, or when the one
+    found does not give back what blosc2's Python API compressed (a layout this code does
+    not know), and the restore then decompresses through blosc2's Python API."""
+    blosc2, _ = _blosc2_module()
+    root = os.path.dirname(blosc2.__file__)
+    found = sorted({os.path.realpath(p) for pattern in ("lib*/libblosc2.so*", "lib*/libblosc2*.dylib")
+                    for p in glob.glob(os.path.join(root, pattern))})
+    sample = np.arange(-40_000, 40_000, 7, dtype=np.int64).tobytes()
+    packed = _blosc2(pa.py_buffer(sample))
+    for path in found:
+        try:
+            lib = _native.Blosc2Library(path)
+            out = bytearray(len(sample))
+            if (lib.decompress_run([packed], out, np.array([len(sample)], np.int64)) == -1
+                    and out == sample):
+                return lib
+        except OSError:
+            continue
+    return None
 
 
 def _unblosc2(packed: pa.Buffer, size: int, out: memoryview, source: str, offset: int) -> None:

@@ -1,0 +1,135 @@
+# c-blosc2's decompression, called without the GIL: a restore decodes a run of a file's
+# Blosc2 chunks in one call. The library is the one the `blosc2` wheel ships beside its
+# extension (sparkjet.snapshot.chunks finds it and checks it against blosc2's own output
+# before using it); it is opened with dlopen, so nothing of blosc2 is needed to build
+# sparkjet, and a blosc2 without it leaves the restore on blosc2's Python API.
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t
+from libc.stdlib cimport calloc, free
+from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlclose, dlerror, dlopen, dlsym
+
+# blosc2_dparams of c-blosc2 3.x (blosc2.h); 2.x has the same fields without `typesize`,
+# which it then never reads. Passed by value, so a library with other leading fields would
+# misread it: the caller's check against blosc2's own output is what catches that.
+ctypedef struct _blosc2_dparams:
+    int16_t nthreads
+    void *schunk
+    void *postfilter
+    void *postparams
+    int32_t typesize
+
+ctypedef void (*_b2_init_fn)() noexcept nogil
+ctypedef const char *(*_b2_version_fn)() noexcept nogil
+ctypedef void *(*_b2_create_dctx_fn)(_blosc2_dparams) noexcept nogil
+ctypedef void (*_b2_free_ctx_fn)(void *) noexcept nogil
+ctypedef int (*_b2_decompress_ctx_fn)(void *, const void *, int32_t, void *, int32_t) noexcept nogil
+ctypedef int (*_b2_cbuffer_sizes_fn)(const void *, int32_t *, int32_t *, int32_t *) noexcept nogil
+
+# A Blosc2 chunk starts with its extended header: cbuffer_sizes reads that much.
+cdef int32_t _BLOSC2_HEADER = 32
+cdef int64_t _BLOSC2_MAX = 2147483647      # sizes are int32 in its API
+
+
+cdef void *_symbol(void *handle, const char *name, str path) except NULL:
+    cdef void *found = dlsym(handle, name)
+    if found == NULL:
+        raise OSError(f"{path} has no {name.decode()}: not a c-blosc2 library")
+    return found
+
+
+cdef class Blosc2Library:
+    """c-blosc2 loaded from the shared library at ``path`` (raises ``OSError`` when it does
+    not load or lacks a function used here). ``version`` is the library's own."""
+    cdef void *handle
+    cdef _b2_create_dctx_fn create_dctx
+    cdef _b2_free_ctx_fn free_ctx
+    cdef _b2_decompress_ctx_fn decompress_ctx
+    cdef _b2_cbuffer_sizes_fn cbuffer_sizes
+    cdef readonly str path
+    cdef readonly str version
+
+    def __cinit__(self, str path):
+        self.path = path
+        self.handle = dlopen(path.encode(), RTLD_NOW | RTLD_LOCAL)
+        if self.handle == NULL:
+            error = dlerror()
+            raise OSError(f"cannot load {path}: "
+                          f"{error.decode(errors='replace') if error != NULL else 'dlopen failed'}")
+        cdef _b2_init_fn init = <_b2_init_fn>_symbol(self.handle, b"blosc2_init", path)
+        cdef _b2_version_fn version = <_b2_version_fn>_symbol(
+            self.handle, b"blosc2_get_version_string", path)
+        self.create_dctx = <_b2_create_dctx_fn>_symbol(self.handle, b"blosc2_create_dctx", path)
+        self.free_ctx = <_b2_free_ctx_fn>_symbol(self.handle, b"blosc2_free_ctx", path)
+        self.decompress_ctx = <_b2_decompress_ctx_fn>_symbol(
+            self.handle, b"blosc2_decompress_ctx", path)
+        self.cbuffer_sizes = <_b2_cbuffer_sizes_fn>_symbol(
+            self.handle, b"blosc2_cbuffer_sizes", path)
+        init()
+        self.version = version().decode(errors="replace")
+
+    def __dealloc__(self):
+        # never dlclose'd: a thread may still be inside it when the last reference goes,
+        # and a library is loaded once per process anyway
+        pass
+
+    def __repr__(self):
+        return f"Blosc2Library({self.path!r}, version={self.version!r})"
+
+    def decompress_run(self, list sources, object out, const int64_t[::1] sizes):
+        """Decompresses the Blosc2 chunks ``sources`` (buffers) back to back into ``out``,
+        chunk *i* into the next ``sizes[i]`` bytes, on one thread and without the GIL.
+        Returns -1 when every chunk did, else the index of the first that did not: its
+        header names another size than ``sizes[i]`` or than the source holds, or
+        decompression failed (nothing is read past a source or written past its share)."""
+        cdef Py_ssize_t n = len(sources), i, held = 0
+        check_len(sizes.shape[0], n, "sizes")
+        cdef int64_t total = 0
+        for i in range(n):
+            if sizes[i] < 0 or sizes[i] > _BLOSC2_MAX:
+                raise InvalidArgumentError(f"sizes[{i}] is {sizes[i]}: 0..2**31-1 bytes")
+            total += sizes[i]
+        cdef Buf o = sized_buf(out, total, "out", True)
+        cdef Py_buffer *views = <Py_buffer *>calloc(n if n else 1, sizeof(Py_buffer))
+        if views == NULL:
+            raise MemoryError()
+        cdef _blosc2_dparams params
+        params.nthreads = 1
+        params.schunk = NULL
+        params.postfilter = NULL
+        params.postparams = NULL
+        params.typesize = 8
+        cdef void *ctx = NULL
+        cdef Py_ssize_t failed = -1
+        cdef uint8_t *dst = <uint8_t *>o.ptr
+        cdef int32_t nbytes, cbytes, blocksize
+        cdef int got
+        try:
+            for i in range(n):
+                PyObject_GetBuffer(sources[i], &views[i], PyBUF_SIMPLE)
+                held += 1
+            with nogil:
+                ctx = self.create_dctx(params)
+                if ctx == NULL:
+                    failed = 0
+                i = 0
+                while ctx != NULL and i < n:
+                    if (views[i].len < _BLOSC2_HEADER or views[i].len > _BLOSC2_MAX
+                            or self.cbuffer_sizes(views[i].buf, &nbytes, &cbytes,
+                                                  &blocksize) < 0
+                            or nbytes != sizes[i] or cbytes != views[i].len):
+                        failed = i
+                        break
+                    got = self.decompress_ctx(ctx, views[i].buf, <int32_t>views[i].len, dst,
+                                              <int32_t>sizes[i])
+                    if got != sizes[i]:
+                        failed = i
+                        break
+                    dst += sizes[i]
+                    i += 1
+                if ctx != NULL:
+                    self.free_ctx(ctx)
+        finally:
+            for i in range(held):
+                PyBuffer_Release(&views[i])
+            free(views)
+        return failed
