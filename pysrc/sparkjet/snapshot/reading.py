@@ -279,21 +279,31 @@ def _checked_chunks(store: StoreView, stored, vid: int, entries, read, path: str
         if len(chunks) != len(run):
             raise SnapshotIncompleteError(
                 f"{path}: {len(chunks)} chunks at bytes {start}..{end}, record says {len(run)}")
+        job_id, snapshot_id = store.job_id, stored.record.snapshot_id
         for (rel, header, payload), expected in zip(chunks, run):
             offset = start + rel
-            for what, got, want in (
-                ("offset", offset, expected.offset),
-                ("stored size", header.stored_size, expected.stored_size),
-                ("checksum", header.checksum, expected.checksum),
-                ("entry count", header.entry_count, expected.entry_count),
-                ("job id", header.job_id, store.job_id),
-                ("snapshot id", header.snapshot_id, stored.record.snapshot_id),
-                ("vertex", header.vertex, vid), ("partition", header.partition,
-                                                 expected.partition),
-            ):
-                if got != want:
-                    raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
+            # one comparison per chunk; field by field only to name what differs
+            if (offset, header.stored_size, header.checksum, header.entry_count,
+                    header.job_id, header.snapshot_id, header.vertex, header.partition) != (
+                    expected.offset, expected.stored_size, expected.checksum,
+                    expected.entry_count, job_id, snapshot_id, vid, expected.partition):
+                _name_mismatch(path, offset, header, expected, job_id, snapshot_id, vid)
             yield header, payload, path, offset
+
+
+def _name_mismatch(path: str, offset: int, header, expected, job_id: int, snapshot_id: int,
+                   vid: int) -> None:
+    for what, got, want in (
+        ("offset", offset, expected.offset),
+        ("stored size", header.stored_size, expected.stored_size),
+        ("checksum", header.checksum, expected.checksum),
+        ("entry count", header.entry_count, expected.entry_count),
+        ("job id", header.job_id, job_id),
+        ("snapshot id", header.snapshot_id, snapshot_id),
+        ("vertex", header.vertex, vid), ("partition", header.partition, expected.partition),
+    ):
+        if got != want:
+            raise SnapshotCorruptError(path, offset, what, f"{got}, record says {want}")
 
 
 def _fetched_ahead(read, spans: list[tuple[int, int]]):
