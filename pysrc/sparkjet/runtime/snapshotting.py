@@ -48,7 +48,9 @@ starts at the least watermark of the partitions it now owns.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -278,6 +280,7 @@ def restore_processors(member, store, point: StartPoint, plan: RestorePlan) -> N
         except SnapshotNotFoundError:
             schemas = {}    # a snapshot from before schemas were recorded: fixed afresh
     in_flight = None        # the in-flight items of unaligned snapshots, read when needed
+    states = _operator_states(member, store, plan, at)
     sinks_prepared: dict[str, dict] = {}
     for name in dag.sinks:
         old = plan.sinks.get(name)
@@ -298,7 +301,7 @@ def restore_processors(member, store, point: StartPoint, plan: RestorePlan) -> N
                                            if k.startswith(WATERMARK_PREFIX)])
         else:
             p.restored_tables = _tables_of(tables, old, p.index)
-            state = store.restore(old, t.partitions_of(v.name, p.index), **at)
+            state = states[p.label]
             p.restored_table = conform_state(
                 v, state.table if not v.single else state.broadcast_table)
             p.restored_broadcast = None if v.single else state.broadcast_table
@@ -317,6 +320,24 @@ def restore_processors(member, store, point: StartPoint, plan: RestorePlan) -> N
             mine = t.sink_offset[sink][v.name] + p.index
             p.prepared[sink] = merge_states([s for i, s in sinks_prepared[sink].items()
                                              if int(i) % total == mine])
+
+
+def _operator_states(member, store, plan: RestorePlan, at: dict) -> dict:
+    """Each operator processor's share of the snapshot (``store.restore``), by label: read
+    side by side, a thread per processor up to the CPUs, when the member runs several
+    (decompression holds no GIL, so one share decodes while another's Python runs); the
+    first processor's error, in their order, is raised."""
+    t = member.topology
+    wanted = [(p.label, plan.vertices[p.vertex.name], t.partitions_of(p.vertex.name, p.index))
+              for p in member.processors
+              if plan.vertices.get(p.vertex.name) is not None and p.vertex.kind != SOURCE]
+    workers = min(len(wanted), os.cpu_count() or 1)
+    if workers <= 1:
+        return {label: store.restore(old, parts, **at) for label, old, parts in wanted}
+    with concurrent.futures.ThreadPoolExecutor(workers, "sparkjet-restore") as pool:
+        futures = [(label, pool.submit(store.restore, old, parts, **at))
+                   for label, old, parts in wanted]
+        return {label: f.result() for label, f in futures}
 
 
 def _in_flight_entries(store, at: dict) -> dict:
