@@ -250,9 +250,11 @@ def _record_table(text: str | None) -> PartitionTable | None:
 
 #: A reader that fetches from afar (a peer's slot over the exchange) is asked for runs of at
 #: most this many bytes, up to AHEAD_PIECES of them ahead on a thread of their own: the
-#: restore checks and decodes a piece while the next ones stream.
-AHEAD_BYTES = 4 << 20
-AHEAD_PIECES = 8
+#: restore checks and decodes a piece while the next ones stream. (A 60 MB replica,
+#: restored from a peer's process: 16 MiB x 4 a median 0.134-0.136 s, 4 MiB x 8
+#: 0.154-0.166 s: fewer hand-offs between the fetching thread and the decoding one.)
+AHEAD_BYTES = 16 << 20
+AHEAD_PIECES = 4
 
 
 def _checked_chunks(store: StoreView, stored, vid: int, entries, read, path: str):
