@@ -199,3 +199,87 @@ def test_an_on_progress_callback_that_raises_is_logged_and_the_job_goes_on(tmp_p
     assert logged and logged[0].exc_info[0] is FileNotFoundError
     assert "'snapshot' event" in logged[0].getMessage()
     _exactly_once(tmp_path)
+
+
+# -- the local runner's standby member ---------------------------------------------------------
+
+def _standby_of(job, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = job._runner.standby_pid if job._runner is not None else None
+        if pid is not None and job.member_pid is not None:
+            return pid
+        time.sleep(0.02)
+    raise AssertionError(f"no standby member within {timeout} s")
+
+
+def test_a_restart_runs_in_the_standby_member_and_stays_exactly_once(tmp_path):
+    """A member that has run a second gets a standby beside it (the next member process,
+    its imports done); a kill's restart runs in it instead of a new interpreter, and the
+    output stays exactly-once. The standby is gone once the job ends."""
+    import os
+    import signal
+
+    import psutil
+
+    job = _job(tmp_path, "standby")
+    handle = job.submit()
+    _wait_for_snapshots(handle)
+    standby, first = _standby_of(job), job.member_pid
+    assert standby != first and psutil.Process(standby).ppid() == os.getpid()
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while job.member_pid in (None, first) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.member_pid == standby
+    result = handle.result(timeout=120)
+    assert result.restarts == 1 and [e["status"] for e in result.executions] == ["failed", "ok"]
+    _exactly_once(tmp_path)
+    assert _members_alive() == []       # the second execution's standby went with the job
+
+
+def _members_alive() -> list:
+    import psutil
+
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "sparkjet.runtime.member_main" in child.cmdline() and \
+                    child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_a_standby_that_died_is_replaced_by_a_member_started_afresh(tmp_path):
+    import os
+    import signal
+
+    job = _job(tmp_path, "standby-died")
+    handle = job.submit()
+    _wait_for_snapshots(handle)
+    standby, first = _standby_of(job), job.member_pid
+    os.kill(standby, signal.SIGKILL)
+    time.sleep(0.2)
+    os.kill(first, signal.SIGKILL)
+    result = handle.result(timeout=120)
+    assert result.restarts == 1 and [e["status"] for e in result.executions] == ["failed", "ok"]
+    _exactly_once(tmp_path)
+
+
+def test_the_standby_entry_point_ends_when_its_stdin_closes(tmp_path):
+    """A standby the supervisor no longer needs (stdin closed without an execution) exits
+    at once with code 0, having run nothing."""
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    job = _job(tmp_path, "unused")
+    (tmp_path / "job.pkl").write_bytes(cloudpickle.dumps((job.plan, job.config)))
+    done = subprocess.run([sys.executable, "-m", "sparkjet.runtime.member_main", "--standby",
+                           str(tmp_path / "job.pkl")], input=b"", capture_output=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and not done.stderr, done.stderr.decode()
+    assert not (tmp_path / "snaps").exists()

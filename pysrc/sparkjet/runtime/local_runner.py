@@ -34,12 +34,21 @@ from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_f
 #: run a second copy of it, and warn so on every member's stderr).
 SUPERVISOR_ENV = "SPARKJET_SUPERVISOR_PID"
 
+#: A member that has run this long (seconds) gets a standby started beside it: the next
+#: member process, started ahead of need, which imports the runtime and loads the job (about
+#: a second of a restart: interpreter, numpy, pyarrow, sparkjet) and then waits for an
+#: execution. (Not at once: most short jobs never restart, and a member's own start
+#: should not share the CPUs with another's.)
+STANDBY_AFTER = 1.0
+
 
 class LocalRunner:
     """Runs ``plan`` under ``config`` as one member, reporting to ``progress``.
 
     ``member_pid`` is the pid of the running member process (None between executions and
-    when the member runs in this process)."""
+    when the member runs in this process). A job that may restart (``max_restarts`` > 0)
+    keeps a standby member process ready once its member has run :data:`STANDBY_AFTER`
+    seconds (``standby_pid``), so that a restart does not wait for a new interpreter."""
 
     def __init__(self, plan: Dag, config: JobConfig, progress: Callable[[dict], None]):
         self.plan = plan
@@ -52,6 +61,14 @@ class LocalRunner:
         self._stop_file: Path | None = None
         self._member: Member | None = None
         self._proc = None
+        self._standby: tuple[subprocess.Popen, Path] | None = None   # (process, its log)
+        self._standbys = 0
+
+    @property
+    def standby_pid(self) -> int | None:
+        """The pid of the standby member process (None: there is none)."""
+        standby = self._standby
+        return standby[0].pid if standby is not None else None
 
     def request_stop(self, export: bool = False) -> None:
         """Stops the job gracefully: its next snapshot is the terminal one (``export``: it
@@ -71,6 +88,7 @@ class LocalRunner:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()
+        self._drop_standby()
 
     def run(self) -> JobResult:
         """Runs executions in child processes until one ends well; raises JobFailedError
@@ -85,17 +103,21 @@ class LocalRunner:
             work = Path(work)
             (work / "job.pkl").write_bytes(cloudpickle.dumps((self.plan, self.config)))
             attempt, execution = 0, None
-            while True:
-                execution = next_execution(self.config, attempt, execution)
-                outcome = self._run_member(work, execution)
-                result.executions.append(outcome)
-                if outcome.get("status") == "ok":
-                    break
-                if self.cancelled:
-                    raise JobCancelledError(f"job {self.config.name!r} was cancelled (execution "
-                                            f"{execution}); it resumes from its last snapshot")
-                attempt += 1
-                restart_or_fail(self.config, result, attempt, outcome, self.progress, start)
+            try:
+                while True:
+                    execution = next_execution(self.config, attempt, execution)
+                    outcome = self._run_member(work, execution)
+                    result.executions.append(outcome)
+                    if outcome.get("status") == "ok":
+                        break
+                    if self.cancelled:
+                        raise JobCancelledError(
+                            f"job {self.config.name!r} was cancelled (execution "
+                            f"{execution}); it resumes from its last snapshot")
+                    attempt += 1
+                    restart_or_fail(self.config, result, attempt, outcome, self.progress, start)
+            finally:
+                self._drop_standby()
         result.seconds = time.monotonic() - start
         return result
 
@@ -119,19 +141,24 @@ class LocalRunner:
         self._stop_file = work / "stop"
         if self._stop_requested:
             self._stop_file.touch()
-        cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),
-               str(execution), str(out), str(events), str(self._stop_file)]
-        # stderr goes to a file, not a pipe: a member that writes more than a pipe holds
-        # would block on it while the supervisor waits for the member to end.
-        log_path = work / f"member-{execution}.log"
-        with open(log_path, "w") as log:
-            proc = self._proc = subprocess.Popen(
-                cmd, stderr=log, env={**os.environ, SUPERVISOR_ENV: str(os.getpid())})
+        taken = self._take_standby([execution, str(out), str(events), str(self._stop_file)])
+        if taken is not None:
+            proc, log_path = taken
+        else:
+            cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", str(work / "job.pkl"),
+                   str(execution), str(out), str(events), str(self._stop_file)]
+            log_path = work / f"member-{execution}.log"
+            proc = self._start(cmd, log_path)
+        self._proc = proc
         self.member_pid = proc.pid
         seen = 0
+        standby_at = time.monotonic() + STANDBY_AFTER if self.config.max_restarts > 0 else None
         try:
             while proc.poll() is None:
                 seen = _forward(events, seen, self.progress)
+                if standby_at is not None and time.monotonic() >= standby_at:
+                    standby_at = None
+                    self._start_standby(work)
                 time.sleep(0.05)
         except BaseException:
             proc.kill()
@@ -162,6 +189,57 @@ class LocalRunner:
             error = f"member {why}" + (f": {last}" if last else "")
         return {**metrics, **failure, "status": "failed", "execution_id": execution, "failed_member": 0,
                 "error": error, "cause": failure.get("error"), "log": str(kept)}
+
+
+    def _start(self, cmd: list[str], log_path: Path, **popen) -> subprocess.Popen:
+        # stderr goes to a file, not a pipe: a member that writes more than a pipe holds
+        # would block on it while the supervisor waits for the member to end.
+        with open(log_path, "w") as log:
+            return subprocess.Popen(cmd, stderr=log,
+                                    env={**os.environ, SUPERVISOR_ENV: str(os.getpid())},
+                                    **popen)
+
+    def _start_standby(self, work: Path) -> None:
+        if self._standby is not None or self.cancelled or self._stop_requested:
+            return
+        self._standbys += 1
+        log_path = work / f"member-standby-{self._standbys}.log"
+        cmd = [sys.executable, "-m", "sparkjet.runtime.member_main", "--standby",
+               str(work / "job.pkl")]
+        self._standby = (self._start(cmd, log_path, stdin=subprocess.PIPE), log_path)
+
+    def _take_standby(self, args: list) -> tuple[subprocess.Popen, Path] | None:
+        """The standby member, told to run the execution ``args`` describe; None when
+        there is none, or it has ended (its log then says why; the member is started
+        afresh)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        proc, log_path = standby
+        try:
+            if proc.poll() is not None:
+                raise BrokenPipeError(f"the standby member ended ({proc.returncode})")
+            proc.stdin.write(json.dumps(args).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            proc.kill()
+            proc.wait()
+            return None
+        return proc, log_path
+
+    def _drop_standby(self) -> None:
+        """Ends the standby member: killed, since it holds nothing yet (waiting for it to
+        read a closed stdin would wait out its imports)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return
+        proc = standby[0]
+        proc.kill()
+        proc.wait()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass        # a pipe to a killed process may refuse the flush: nothing was in it
 
 
 def _safe(name: str) -> str:

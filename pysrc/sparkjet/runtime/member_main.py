@@ -1,6 +1,11 @@
 """Entry point of a member process: ``python -m sparkjet.runtime.member_main JOB EXECUTION
-RESULT EVENTS`` runs one execution and writes its metrics to RESULT (progress events, one
-JSON object per line, to EVENTS). Exit code 0 on success, 1 on failure."""
+RESULT EVENTS [STOP]`` runs one execution and writes its metrics to RESULT (progress events,
+one JSON object per line, to EVENTS). Exit code 0 on success, 1 on failure.
+
+``python -m sparkjet.runtime.member_main --standby JOB`` is a member started ahead of need
+(the local runner's standby): it imports the runtime and loads the job, then waits for one
+line on stdin, ``[EXECUTION, RESULT, EVENTS, STOP]`` in JSON, and runs that execution as
+above; stdin closed without a line ends it at once (exit code 0)."""
 import json
 import os
 import sys
@@ -34,13 +39,26 @@ def end_with_supervisor(supervisor: int | None) -> None:
 
 def main(argv: list[str]) -> int:
     end_with_supervisor(int(os.environ.get(SUPERVISOR_ENV, "0") or 0))
-    job_file, execution, result_file, events_file, *rest = argv
-    stop_file = rest[0] if rest else None
     from pyspark import cloudpickle
 
+    if argv[:1] == ["--standby"]:
+        with open(argv[1], "rb") as f:
+            plan, config = cloudpickle.load(f)
+        chunks.warm(config.snapshot_codec)
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0            # the supervisor needs no more members
+        execution, result_file, events_file, stop_file = json.loads(line)
+        return run(plan, config, execution, result_file, events_file, stop_file)
+    job_file, execution, result_file, events_file, *rest = argv
     with open(job_file, "rb") as f:
         plan, config = cloudpickle.load(f)
     chunks.warm(config.snapshot_codec)
+    return run(plan, config, execution, result_file, events_file, rest[0] if rest else None)
+
+
+def run(plan, config, execution, result_file: str, events_file: str,
+        stop_file: str | None) -> int:
     # this process's stderr is the member's log, kept when it fails
     log_to(sys.stderr, job=config.name, execution=int(execution), member=0)
     events = open(events_file, "a", buffering=1)
