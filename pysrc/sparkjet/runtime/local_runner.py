@@ -34,12 +34,14 @@ from sparkjet.runtime.supervision import JobResult, next_execution, restart_or_f
 #: run a second copy of it, and warn so on every member's stderr).
 SUPERVISOR_ENV = "SPARKJET_SUPERVISOR_PID"
 
-#: A member that has run this long (seconds) gets a standby started beside it: the next
-#: member process, started ahead of need, which imports the runtime and loads the job (about
-#: a second of a restart: interpreter, numpy, pyarrow, sparkjet) and then waits for an
-#: execution. (Not at once: most short jobs never restart, and a member's own start
-#: should not share the CPUs with another's.)
+#: A member gets a standby started beside it once it has committed a snapshot (or run
+#: STANDBY_LATEST seconds, for a job without snapshots), and run STANDBY_AFTER seconds: the
+#: next member process, started ahead of need, which imports the runtime and loads the job
+#: (about a second of a restart: interpreter, numpy, pyarrow, sparkjet) and then waits for
+#: an execution. (Not at once: most short jobs never restart, and a member's start and
+#: restore should not share the CPUs with another's imports.)
 STANDBY_AFTER = 1.0
+STANDBY_LATEST = 10.0
 
 
 class LocalRunner:
@@ -47,8 +49,8 @@ class LocalRunner:
 
     ``member_pid`` is the pid of the running member process (None between executions and
     when the member runs in this process). A job that may restart (``max_restarts`` > 0)
-    keeps a standby member process ready once its member has run :data:`STANDBY_AFTER`
-    seconds (``standby_pid``), so that a restart does not wait for a new interpreter."""
+    keeps a standby member process ready once its member runs (:data:`STANDBY_AFTER`),
+    ``standby_pid``, so that a restart does not wait for a new interpreter."""
 
     def __init__(self, plan: Dag, config: JobConfig, progress: Callable[[dict], None]):
         self.plan = plan
@@ -152,12 +154,21 @@ class LocalRunner:
         self._proc = proc
         self.member_pid = proc.pid
         seen = 0
-        standby_at = time.monotonic() + STANDBY_AFTER if self.config.max_restarts > 0 else None
+        started = time.monotonic()
+        standby = self.config.max_restarts > 0
+        committed = []
+
+        def progress(event: dict) -> None:
+            if event.get("event") == "snapshot":
+                committed.append(True)
+            self.progress(event)
+
         try:
             while proc.poll() is None:
-                seen = _forward(events, seen, self.progress)
-                if standby_at is not None and time.monotonic() >= standby_at:
-                    standby_at = None
+                seen = _forward(events, seen, progress)
+                ran = time.monotonic() - started
+                if standby and ran >= STANDBY_AFTER and (committed or ran >= STANDBY_LATEST):
+                    standby = False
                     self._start_standby(work)
                 time.sleep(0.05)
         except BaseException:
@@ -167,7 +178,7 @@ class LocalRunner:
         finally:
             self.member_pid = None
         stderr_tail = log_path.read_text(errors="replace")[-4000:]
-        _forward(events, seen, self.progress)
+        _forward(events, seen, progress)
         if proc.returncode == 0 and out.exists():
             return {"status": "ok", **latencies_decoded(json.loads(out.read_text()))}
         why = (f"killed by signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
