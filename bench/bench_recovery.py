@@ -11,7 +11,11 @@ Three measurements, each on its own:
   member process is started), **restored** (``restored``: every operator rebuilt its
   state; before the change this event came before the rebuild), **first commit** (the first
   ``snapshot`` after it). The ``restored`` event's own fields (snapshot read, rebuild, keys)
-  are reported when it has them.
+  are reported when it has them. A member that has committed a snapshot gets a standby
+  member process beside it (its imports done) in which a restart runs: by default the kill
+  waits, past that snapshot, until the standby has been up 1.5 s; ``--standby off`` runs
+  without one (each restart starts a new interpreter), ``--standby any`` kills at that
+  snapshot whatever the standby is doing.
 - **rebuild**: ``KeyedAggregator.restore`` of a state table of ``keys`` int64 keys (count and
   float64 sum, keys in random order) into an empty operator, in process: the operator
   rebuild alone, in keys/s.
@@ -82,15 +86,17 @@ def storage_options(storage: str) -> dict:
             "storage_dir": tempfile.mkdtemp(prefix="bench-slots-", dir=SHM)}
 
 
-def _phase_recorder(job, keys: int, victim_pid, marks: dict, fault=None):
+def _phase_recorder(job, keys: int, victim_pid, marks: dict, fault=None, ready=None):
     """The progress callback of a recovery run: SIGKILLs ``victim_pid()`` (or calls
     ``fault()``, in a thread of its own, when given) once a snapshot covers 3 x ``keys``
-    events, then notes in ``marks`` when each phase came (detected, running, restored,
-    first commit) and stops the job after the first commit."""
+    events (and ``ready()`` says so, when given), then notes in ``marks`` when each phase
+    came (detected, running, restored, first commit) and stops the job after the first
+    commit."""
     def progress(event):
         now = time.monotonic()
         kind = event.get("event")
-        if kind == "snapshot" and "kill" not in marks and event.get("events_in", 0) >= 3 * keys:
+        if kind == "snapshot" and "kill" not in marks and event.get("events_in", 0) >= 3 * keys \
+                and (ready is None or ready()):
             pid = victim_pid() if fault is None else -1
             if pid:
                 marks["state_bytes"] = event["bytes"]
@@ -131,9 +137,30 @@ def _phases(marks: dict, out: dict) -> dict:
     return out
 
 
-def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
+def _standby_up(job, seconds: float = 1.5):
+    """True once the local runner's standby member has been up ``seconds`` (its imports
+    done, on this machine)."""
+    seen: dict = {}
+
+    def ready() -> bool:
+        pid = job._runner.standby_pid if job._runner is not None else None
+        if pid is None:
+            return False
+        return time.monotonic() - seen.setdefault(pid, time.monotonic()) >= seconds
+    return ready
+
+
+def recovery(keys: int, work: str, rate: float = 4_000_000, standby: str = "ready") -> dict:
     """Kill -9 the member once a snapshot covers 3 x keys events; seconds from the kill to
-    each phase."""
+    each phase. ``standby``: "ready" waits (past that snapshot) for the local runner's
+    standby member to be up, so that the restart runs in it; "off" starts none (each
+    restart starts a new interpreter); "any" kills at that snapshot whatever the standby
+    is doing."""
+    from sparkjet.runtime import local_runner
+
+    saved = local_runner.STANDBY_AFTER
+    if standby == "off":
+        local_runner.STANDBY_AFTER = float("inf")
     source = GeneratorSource(partitions=4, keys=keys, batch_size=BATCH, rate=rate)
     p = (Pipeline().read_from(source).group_by("key").aggregate(**AGGREGATIONS)
          .write_to(DiscardSink()))
@@ -142,8 +169,14 @@ def recovery(keys: int, work: str, rate: float = 4_000_000) -> dict:
                        restart_backoff=0.0)
     job = Job(p, config)
     marks: dict = {}
-    job.run(on_progress=_phase_recorder(job, keys, lambda: job.member_pid, marks))
-    return _phases(marks, {"keys": keys, "state_mb": marks.get("state_bytes", 0) / 1e6})
+    try:
+        job.run(on_progress=_phase_recorder(job, keys, lambda: job.member_pid, marks,
+                                            ready=_standby_up(job) if standby == "ready"
+                                            else None))
+    finally:
+        local_runner.STANDBY_AFTER = saved
+    return _phases(marks, {"keys": keys, "state_mb": marks.get("state_bytes", 0) / 1e6,
+                           "standby": standby})
 
 
 def spark_recovery(spark, keys: int, work: str, storage: str, rate: float = 4_000_000,
@@ -441,6 +474,9 @@ def main(argv=None) -> None:
                         choices=["shared", "members"])
     parser.add_argument("--no-members", action="store_true",
                         help="store vs IPC without the members' slots and Flight rows")
+    parser.add_argument("--standby", default="ready", choices=["ready", "off", "any"],
+                        help="recovery on the local runner: kill once its standby member is "
+                             "up (ready), with no standby (off), or at once (any)")
     parser.add_argument("--peer-process", action="store_true",
                         help="store vs IPC: slot b and its exchange server in a child process "
                              "(as another member's in a job), not in this one")
@@ -493,7 +529,7 @@ def main(argv=None) -> None:
         print("\nrecovery after kill -9, seconds from the kill")
         for k in args.keys:
             with tempfile.TemporaryDirectory() as work:
-                r = results[f"recovery-{k}"] = recovery(k, work)
+                r = results[f"recovery-{k}"] = recovery(k, work, standby=args.standby)
             print("  " + json.dumps(r), flush=True)
     save_results(results, args.json)
 
