@@ -201,7 +201,6 @@ class LocalRunner:
         return {**metrics, **failure, "status": "failed", "execution_id": execution, "failed_member": 0,
                 "error": error, "cause": failure.get("error"), "log": str(kept)}
 
-
     def _start(self, cmd: list[str], log_path: Path, **popen) -> subprocess.Popen:
         # stderr goes to a file, not a pipe: a member that writes more than a pipe holds
         # would block on it while the supervisor waits for the member to end.
