@@ -649,13 +649,18 @@ def _blosc2(message: pa.Buffer) -> bytes:
     return blosc2.compress2(message, cparams=cparams)
 
 
+#: The c-blosc2 major versions whose ``blosc2_dparams`` the native module knows (2.x, 3.x).
+_BLOSC2_KNOWN = ("2", "3")
+
+
 @functools.cache
 def _blosc2_native():
     """c-blosc2 as the ``blosc2`` wheel ships it (``blosc2/lib/libblosc2.so``), loaded into
     sparkjet's native module (``_native.Blosc2Library``) to decompress a run of chunks in
     one call that holds no GIL; None when the wheel has no such library, or when the one
     found does not give back what blosc2's Python API compressed (a layout this code does
-    not know), and the restore then decompresses through blosc2's Python API."""
+    not know, or a major version it was not written for), and the restore then decompresses
+    through blosc2's Python API."""
     blosc2, _ = _blosc2_module()
     root = os.path.dirname(blosc2.__file__)
     found = sorted({os.path.realpath(p) for pattern in ("lib*/libblosc2.so*", "lib*/libblosc2*.dylib")
@@ -665,6 +670,8 @@ def _blosc2_native():
     for path in found:
         try:
             lib = _native.Blosc2Library(path)
+            if lib.version.split(".")[0] not in _BLOSC2_KNOWN:
+                continue    # its decompression parameters may be laid out otherwise
             out = bytearray(len(sample))
             if (lib.decompress_run([packed], out, np.array([len(sample)], np.int64)) == -1
                     and out == sample):
