@@ -198,6 +198,27 @@ def test_an_on_progress_callback_that_raises_is_logged_and_the_job_goes_on(tmp_p
     logged = [r for r in caplog.records if "on_progress raised" in r.getMessage()]
     assert logged and logged[0].exc_info[0] is FileNotFoundError
     assert "'snapshot' event" in logged[0].getMessage()
+
+
+def test_a_callback_that_raises_on_every_event_logs_its_traceback_once(tmp_path, caplog):
+    """Progress events come twice a second: a callback failing on each is logged with its
+    traceback once, then counted (at 10, 100, ... failures), not a traceback per event."""
+    job = _job(tmp_path, "every-event")
+    calls = []
+
+    def on_progress(event):
+        calls.append(event["event"])
+        raise ValueError(f"no {event['event']}")
+
+    with caplog.at_level("ERROR", logger="sparkjet.job"):
+        result = job.run(on_progress=on_progress)
+    assert result.restarts == 0 and result.events_in == TOTAL
+    assert len(calls) >= 10
+    records = [r for r in caplog.records if "on_progress" in r.getMessage()]
+    assert [r.exc_info is not None for r in records] == [True] + [False] * (len(records) - 1)
+    assert len(records) == 1 + sum(1 for k in (10, 100, 1000) if len(calls) >= k)
+    assert "on_progress has raised 10 times" in records[1].getMessage()
+    assert "ValueError: no " in records[1].getMessage()
     _exactly_once(tmp_path)
 
 

@@ -11,6 +11,7 @@ result type and restart policy of :mod:`~sparkjet.runtime.supervision`, whose
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 
@@ -137,6 +138,7 @@ class Job:
                                    metrics_host)
             self.metrics_port = server.port
         context = {"job": self.config.name, "member": "-"}
+        callback_errors = [0]
 
         def report(event: dict) -> None:
             metrics(event)
@@ -157,11 +159,20 @@ class Job:
             if on_progress is not None:
                 try:
                     on_progress(event)
-                except Exception:  # noqa: BLE001 - the caller's error, not the job's
-                    # as Spark's listener bus does: logged whole, the job goes on (raised,
-                    # it failed the execution under the callback's error, unnamed)
-                    _log.exception("on_progress raised on a %r event; the job goes on",
-                                   kind, extra=extra)
+                except Exception as e:  # noqa: BLE001 - the caller's error, not the job's
+                    # as Spark's listener bus does: logged, the job goes on (raised, it
+                    # failed the execution under the callback's error, unnamed); its
+                    # traceback once, then a count at 10, 100, 1000... (events come twice
+                    # a second, and a callback that fails on one kind fails on every one)
+                    callback_errors[0] += 1
+                    n = callback_errors[0]
+                    if n == 1:
+                        _log.exception("on_progress raised on a %r event; the job goes on",
+                                       kind, extra=extra)
+                    elif math.log10(n).is_integer():
+                        _log.error("on_progress has raised %d times (the last on a %r event: "
+                                   "%s: %s); the job goes on", n, kind, type(e).__name__, e,
+                                   extra=extra)
 
         try:
             with RunLock(self.config):
