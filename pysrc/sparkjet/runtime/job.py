@@ -139,10 +139,13 @@ class Job:
             self.metrics_port = server.port
         context = {"job": self.config.name, "member": "-"}
         callback_errors = [0]
+        hosts: set[str] = set()         # whose slots held the job (members' storage)
 
         def report(event: dict) -> None:
             metrics(event)
             kind = event.get("event")
+            if kind == "placed":
+                hosts.update(s["host"] for s in event.get("slots", ()) if s.get("host"))
             extra = {**context, "execution": event.get("execution", "-")}
             if kind == "execution":
                 _log.info("execution %s starts on %s member(s)%s", event.get("execution"),
@@ -196,7 +199,7 @@ class Job:
                             log, root = store.incarnation(), store.root
                         remove_finished(self.config, log, root)
                         if spark is not None:     # the other hosts of a cluster
-                            remove_finished_on_hosts(spark, self.config, log, root)
+                            remove_finished_on_hosts(spark, self.config, log, root, hosts)
                 else:
                     result.stopped, result.export = True, self._export(self._stop[1])
                 record_state(self.config, "stopped" if result.stopped else "finished",

@@ -455,21 +455,48 @@ REMOVE_FINISHED_WAIT = 30.0
 
 
 def remove_finished_on_hosts(spark, config: JobConfig, log: str | None,
-                             store: str | None = None) -> list[str]:
+                             store: str | None = None, hosts=()) -> list[str]:
     """After a run of ``config``'s job to its end on a cluster: one stage of four tasks per
     task slot of the cluster (an executor that is slow to take tasks, or busy with one,
     leaves them to the others, and every executor that is up gets some), the first task
     on each host removing the job's data of the store's log ``log`` (and store root
     ``store``) from the free slots of its host
     (:func:`~sparkjet.runtime.storage.remove_finished`; a slot still held is waited for,
-    up to half of :data:`REMOVE_FINISHED_WAIT`); the slots' paths emptied. On ``local[N]``
-    the driver's host is the only one, and the driver does it. Best effort and bounded:
-    not a barrier stage (which would wait for every slot of a busy cluster to be free at
-    once), cancelled after :data:`REMOVE_FINISHED_WAIT` s; a host without an executor, or
-    one the stage did not reach, keeps the data until its ``storage_dir`` is cleaned, and
-    a failed stage is logged, never raised (the job's output is committed)."""
+    up to half of :data:`REMOVE_FINISHED_WAIT`); the slots' paths emptied. ``hosts``: the
+    hosts whose slots held the job (its placements): while some of them ran no task (a
+    bounced worker whose executor is not back yet), the stage runs again, a second
+    apart. On ``local[N]`` the driver's host is the only one, and the driver does it.
+    Best effort and bounded: not a barrier stage (which would wait for every slot of a
+    busy cluster to be free at once), everything within :data:`REMOVE_FINISHED_WAIT` s;
+    a host the stages did not reach keeps the data until its ``storage_dir`` is cleaned
+    (logged), and a failed stage is logged, never raised (the job's output is
+    committed)."""
     if config.storage != "members" or log is None or _session.master(spark).startswith("local"):
         return []
+    deadline = time.monotonic() + REMOVE_FINISHED_WAIT
+    removed: list[str] = []
+    reached: set[str] = set()
+    while True:
+        rows = _remove_finished_stage(spark, config, log, store, deadline)
+        if rows is None:
+            return sorted(removed)
+        reached |= {r["host"] for r in rows}
+        removed += [r["slot"] for r in rows if r["slot"] is not None]
+        missing = sorted(set(hosts) - reached)
+        if not missing or time.monotonic() + 1.0 >= deadline:
+            break
+        time.sleep(1.0)
+    if missing:
+        _log.warning("finished job %r: no executor ran on host(s) %s within %.0f s; their "
+                     "slots keep the job's data until their storage_dir is cleaned",
+                     config.name, ", ".join(missing), REMOVE_FINISHED_WAIT)
+    return sorted(removed)
+
+
+def _remove_finished_stage(spark, config: JobConfig, log: str, store: str | None,
+                           deadline: float) -> list | None:
+    """One stage of :func:`remove_finished_on_hosts`: a row per host that ran it (slot
+    None) and per slot emptied; None when the stage failed or was cancelled (logged)."""
     tasks = 4 * _session.task_slots(spark)
     wait = REMOVE_FINISHED_WAIT / 2
 
@@ -480,9 +507,11 @@ def remove_finished_on_hosts(spark, config: JobConfig, log: str | None,
         import pyarrow as pa
 
         from sparkjet.runtime.storage import remove_finished
+        from sparkjet.snapshot.slots import host_id
         for _ in batches:
             pass
         removed: list[str] = []
+        here: list[str] = []
         root = config.storage_root()
         try:
             os.makedirs(root, exist_ok=True)
@@ -495,28 +524,32 @@ def remove_finished_on_hosts(spark, config: JobConfig, log: str | None,
                 # one task per host does it; the others find the lock held and leave
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 removed = remove_finished(config, log, store, wait=wait)
+                here = [host_id()]
             except BlockingIOError:
                 pass
             finally:
                 os.close(fd)
-        yield pa.RecordBatch.from_pydict({"slot": pa.array(removed, pa.string())})
+        yield pa.RecordBatch.from_pydict({
+            "host": pa.array(here + [host_id()] * len(removed), pa.string()),
+            "slot": pa.array([None] * len(here) + removed, pa.string())})
 
     tag = f"sparkjet-{config.id}-finished"
-    timer = threading.Timer(REMOVE_FINISHED_WAIT, lambda: spark.interruptTag(tag))
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()),
+                            lambda: spark.interruptTag(tag))
     timer.daemon = True
     try:
         spark.addTag(tag)
         timer.start()
-        rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, "slot string").collect()
+        return spark.range(0, tasks, 1, tasks).mapInArrow(
+            task, "host string, slot string").collect()
     except Exception as e:  # noqa: BLE001 - best effort, the job is done
         _log.warning("finished job %r: its data on the cluster's hosts was not removed (%s); "
                      "it stays in their storage_dir until cleaned", config.name,
                      short_error(e))
-        return []
+        return None
     finally:
         timer.cancel()
         spark.removeTag(tag)
-    return sorted(r["slot"] for r in rows)
 
 
 def member_task(plan, config, execution: int, topology: Topology, restore_from, coordinator: str,
