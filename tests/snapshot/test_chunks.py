@@ -298,8 +298,6 @@ def test_chunks_decoded_together_are_the_chunks_decoded_one_by_one():
 
 
 def test_a_run_names_the_chunk_whose_entry_count_is_wrong():
-    from sparkjet.snapshot.chunks import TableDecoder
-
     _, chunks = _blosc2_run()
     bad = chunks[2]
     h = bad.header
@@ -308,13 +306,21 @@ def test_a_run_names_the_chunk_whose_entry_count_is_wrong():
                                         h.stored_size, h.checksum)
     data = b"".join(c.to_bytes() if c is not bad else bytes(header) + c.to_bytes()[64:]
                     for c in chunks)
+    error = _run_error(data)
+    assert error.field == "entry count"
+    assert error.offset == sum(c.nbytes for c in chunks[:2])
+
+
+def _run_error(data: bytes) -> SnapshotCorruptError:
+    """The error decoding the chunk file ``data`` as one run raises."""
+    from sparkjet.snapshot.chunks import TableDecoder
+
     decoder = TableDecoder()
     for offset, header, payload in read_chunks(data, "f"):
         decoder.add(header, payload, "f", offset)
     with pytest.raises(SnapshotCorruptError) as e:
         decoder.tables()
-    assert e.value.field == "entry count"
-    assert e.value.offset == sum(c.nbytes for c in chunks[:2])
+    return e.value
 
 
 def test_a_corrupt_chunk_error_crosses_processes_whole():
@@ -412,8 +418,6 @@ def test_a_run_names_the_chunk_whose_blosc2_bytes_are_wrong():
     by chunk path names it."""
     import xxhash
 
-    from sparkjet.snapshot.chunks import TableDecoder
-
     _, chunks = _blosc2_run()
     bad = chunks[2]
     schema, packed = bad.pieces
@@ -425,13 +429,9 @@ def test_a_run_names_the_chunk_whose_blosc2_bytes_are_wrong():
                                         h.partition, h.entry_count, h.uncompressed_size,
                                         len(payload), xxhash.xxh3_64_intdigest(payload))
     data = b"".join(c.to_bytes() if c is not bad else bytes(header) + payload for c in chunks)
-    decoder = TableDecoder()
-    for offset, header, payload in read_chunks(data, "f"):
-        decoder.add(header, payload, "f", offset)
-    with pytest.raises(SnapshotCorruptError) as e:
-        decoder.tables()
-    assert e.value.field == "Blosc2 chunk"
-    assert e.value.offset == sum(c.nbytes for c in chunks[:2])
+    error = _run_error(data)
+    assert error.field == "Blosc2 chunk"
+    assert error.offset == sum(c.nbytes for c in chunks[:2])
 
 
 def test_a_run_decodes_alike_without_the_native_library(monkeypatch):
