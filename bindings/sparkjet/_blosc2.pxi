@@ -6,11 +6,12 @@
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
-from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlclose, dlerror, dlopen, dlsym
+from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 
 # blosc2_dparams of c-blosc2 3.x (blosc2.h); 2.x has the same fields without `typesize`,
-# which it then never reads. Passed by value, so a library with other leading fields would
-# misread it: the caller's check against blosc2's own output is what catches that.
+# which it then never reads. Passed by value, so a library with other fields would misread
+# it: the caller opens only 2.x and 3.x, and checks the result against blosc2's own output.
+# The library is never dlclose'd (a thread may be inside it when the last reference goes).
 ctypedef struct _blosc2_dparams:
     int16_t nthreads
     void *schunk
@@ -66,11 +67,6 @@ cdef class Blosc2Library:
             self.handle, b"blosc2_cbuffer_sizes", path)
         init()
         self.version = version().decode(errors="replace")
-
-    def __dealloc__(self):
-        # never dlclose'd: a thread may still be inside it when the last reference goes,
-        # and a library is loaded once per process anyway
-        pass
 
     def __repr__(self):
         return f"Blosc2Library({self.path!r}, version={self.version!r})"
