@@ -378,6 +378,20 @@ def test_teardown_removes_namespaces_and_bridge_even_after_a_failure():
                                                 text=True).stdout
 
 
+def test_teardown_kills_a_process_not_yet_in_its_namespace(monkeypatch):
+    # ``ip netns pids`` lists only processes inside the namespace: one whose ``ip netns
+    # exec`` has not entered it yet (a busy machine) must still be killed by teardown.
+    reason = netns.available()
+    if reason:
+        _skip_or_fail(reason)
+    enter = netns.Host.command
+    monkeypatch.setattr(netns.Host, "command", lambda self, argv: [
+        "sh", "-c", 'sleep 1; exec "$@"', "sh", *enter(self, argv)])
+    with netns.Network(hosts=1) as network:
+        late = network.hosts[0].popen(["sleep", "60"])
+    assert late.wait(10) == -signal.SIGKILL
+
+
 def test_a_network_left_by_a_killed_process_is_swept():
     reason = netns.available()
     if reason:

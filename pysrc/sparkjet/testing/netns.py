@@ -19,7 +19,8 @@ reached from another host.
 
 Teardown (:meth:`Network.stop`, also run by the context manager and at exit) deletes the
 namespaces (their veth ends and every rule or qdisc inside go with them) and the bridge,
-after killing the processes still running in a namespace. A process killed with SIGKILL
+after killing the processes still running in a namespace and those :meth:`Host.popen`
+started (one may not have entered its namespace yet). A process killed with SIGKILL
 cannot tear down: the next :meth:`Network.start` on the machine removes networks whose
 owner process is gone (each network writes its owner's pid under ``/run/sparkjet-netns``).
 Where namespaces cannot be made, :meth:`Network.start` raises
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkjet._checks import check_int
@@ -65,6 +66,9 @@ class Host:
     name: str
     address: str
     veth: str
+    #: What :meth:`popen` started: teardown kills these by pid as well, since ``ip netns
+    #: pids`` misses a process whose ``ip netns exec`` has not entered the namespace yet.
+    started: list[subprocess.Popen] = field(default_factory=list, compare=False, repr=False)
 
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` prefixed to run in this host's namespace (``ip netns exec``)."""
@@ -80,7 +84,10 @@ class Host:
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         """:class:`subprocess.Popen` of ``argv`` in this host's namespace (``ip netns
         exec`` execs it: the pid is the process's own)."""
-        return subprocess.Popen(self.command(argv), **kwargs)
+        proc = subprocess.Popen(self.command(argv), **kwargs)
+        self.started[:] = [p for p in self.started if p.poll() is None]
+        self.started.append(proc)
+        return proc
 
     def pids(self) -> list[int]:
         """The processes running in this namespace now (``ip netns pids``)."""
@@ -150,6 +157,14 @@ class Network:
         if os.getpid() != self._owner:
             return
         with self._lock:
+            for host in self.hosts:
+                for proc in host.started:
+                    if proc.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(5)
+                host.started.clear()
             _remove(self.token, [h.name for h in self.hosts] or
                     [f"{PREFIX}{self.token}h{i}" for i in range(self.size)])
             self.hosts = []
