@@ -71,6 +71,7 @@ from sparkjet.runtime.storage import (
 )
 from sparkjet.runtime.topology import Topology
 from sparkjet.runtime.watermarks import MAX_TIME, MIN_TIME
+from sparkjet.snapshot import chunks
 from sparkjet.snapshot.store import RecordView
 
 _log = logging.getLogger(__name__)
@@ -115,6 +116,12 @@ class Member:
         self.progress = progress or (lambda event: None)
         self.guarantee = config.processing_guarantee
         self.snapshots_on = self.guarantee != "none"
+        if self.snapshots_on:
+            # the codec's import (blosc2: ~1 s on a slow machine) runs beside the start,
+            # not on a processor's thread at its first snapshot (a member process started
+            # it already; a member in the caller's process, the local runner's
+            # run(isolated=False), had its keyed threads stall for it)
+            chunks.warm(config.snapshot_codec)
         # With the members' storage only the driver opens the store (the join answer, the
         # slots and the phase-2 record copies stand in for its log); the table versions of
         # table joins are kept in every slot (and durable copies written into the store).

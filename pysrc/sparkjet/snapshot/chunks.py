@@ -639,7 +639,7 @@ def warm(codec: str) -> None:
     """Imports what ``codec`` needs on a thread of its own (a member process calls this
     as it starts: the import then overlaps the member's start and join, which mostly
     wait, instead of delaying its first restore or snapshot)."""
-    if codec == "blosc2-lz4":
+    if codec == "blosc2-lz4" and _blosc2_native.cache_info().currsize == 0:
         threading.Thread(target=_blosc2_native, name="sparkjet-import-blosc2",
                          daemon=True).start()
 
