@@ -14,6 +14,8 @@ import time
 import pytest
 from helpers.jobs import scrape_while_running
 
+from sparkjet.connectors.base import Sink
+from sparkjet.connectors.discard import DiscardWriter
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.pipeline import Pipeline
 from sparkjet.runtime import Job, JobConfig
@@ -145,3 +147,73 @@ def test_on_spark_every_members_events_are_merged_on_the_driver(spark, tmp_path)
         assert _ordered(latency[output]), (output, latency[output])
         assert latency[output]["count"] == 40_000
     assert job.metrics["latency"] == latency
+
+
+class _BatchSizes(Sink):
+    """Appends the rows of every batch it is given to a file, one line each."""
+
+    name = "batch-sizes"
+    transactional = False
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def open(self, context):
+        return _BatchSizesWriter(self.path)
+
+
+class _BatchSizesWriter(DiscardWriter):
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def write(self, batch):
+        with open(self.path, "a") as f:
+            f.write(f"{batch.num_rows}\n")
+
+
+def test_small_batches_are_held_until_they_fill(tmp_path):
+    """A source read at 3,000 events a second gives a few rows per read: on the edge into
+    the aggregation they are held until they add up to batch_size / 16 rows (100 here;
+    max_batch_delay, 10 s, never passes), so the aggregation takes 100-row batches, not
+    thousands of few-row ones; nothing is lost. (Before, every read went on as it was.)"""
+    sizes = tmp_path / "sizes"
+    source = GeneratorSource(total=6_000, partitions=2, keys=1_000, rate=3_000)
+    pipeline = (Pipeline().read_from(source).group_by("id").aggregate(count="count")
+                .write_to(_BatchSizes(sizes)))
+    config = JobConfig(name="held", processing_guarantee="none", batch_size=1_600,
+                       max_batch_delay=10.0, local_parallelism=1)
+    result = Job(pipeline, config).run(isolated=False)
+    assert result.events_in == 6_000
+    rows = [int(n) for n in sizes.read_text().split()]
+    assert sum(rows) == 6_000            # group_by id: one update per event
+    # every batch but the last (the end sends what is held) holds at least 100 rows
+    assert min(rows[:-1]) >= 100, rows
+    assert len(rows) <= 6_000 // 100 + 1, rows
+
+
+def test_without_max_batch_delay_nothing_is_held(tmp_path):
+    """max_batch_delay=0: every batch goes on at once, so the source's first small read
+    reaches the sink while the source still reads (held, it would wait for 100 rows)."""
+    sizes = tmp_path / "sizes"
+    source = GeneratorSource(total=40, partitions=1, keys=1_000, rate=20)
+    pipeline = (Pipeline().read_from(source).group_by("id").aggregate(count="count")
+                .write_to(_BatchSizes(sizes)))
+    config = JobConfig(name="unheld", processing_guarantee="none", batch_size=1_600,
+                       max_batch_delay=0, local_parallelism=1)
+    result = Job(pipeline, config).run(isolated=False)
+    assert result.events_in == 40
+    rows = [int(n) for n in sizes.read_text().split()]
+    assert sum(rows) == 40 and len(rows) > 1, rows
+
+
+def test_a_rate_limited_generator_says_when_it_is_caught_up():
+    from sparkjet.connectors.generator import GeneratorReader
+
+    limited = GeneratorReader(GeneratorSource(total=10**6, partitions=1, rate=1_000), [0])
+    limited.read(1_000)             # starts the schedule
+    time.sleep(0.05)
+    batch = limited.read(1_000)     # ~50 events were due: all of them, fewer than asked
+    assert batch is not None and batch.num_rows < 1_000 and limited.caught_up()
+    free = GeneratorReader(GeneratorSource(total=10**6, partitions=1, batch_size=500), [0])
+    assert free.read(500).num_rows == 500 and not free.caught_up()

@@ -121,6 +121,15 @@ class SourceReader(ABC):
     def at_end(self) -> bool:
         """True once every partition of this reader is exhausted (bounded sources)."""
 
+    def caught_up(self) -> bool:
+        """True when the last :meth:`read` gave all this reader had at that moment (a live
+        stream read faster than it grows: a rate-limited generator, a Kafka or Redis
+        consumer with nothing more fetched). The runtime then waits about half of
+        ``JobConfig.max_batch_delay`` before it reads again, so that a slow stream comes in
+        batches of a few milliseconds' rows rather than a handful of rows at a time. False
+        (the default) when a short read says nothing of what follows (a file's last rows)."""
+        return False
+
     @abstractmethod
     def snapshot_state(self) -> dict:
         """What to save in a snapshot taken *now* (between two reads): offsets, or the ids

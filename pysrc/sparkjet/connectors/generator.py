@@ -221,6 +221,7 @@ class GeneratorReader(SourceReader):
         self._start_mono: float | None = None
         self._start_wall_ns = 0
         self._emitted = 0
+        self._caught_up = False
 
     def read(self, max_rows: int) -> pa.RecordBatch | None:
         """The next events of one partition (the next one in turn that has any), at most
@@ -233,6 +234,7 @@ class GeneratorReader(SourceReader):
             if self._start_mono is None:
                 self._start_mono, self._start_wall_ns = now, time.time_ns()
             allowed = int(self._rate * (now - self._start_mono)) - self._emitted
+            self._caught_up = allowed <= rows
             if allowed <= 0:
                 return None
             rows = min(rows, allowed)
@@ -250,6 +252,10 @@ class GeneratorReader(SourceReader):
 
     def last_partition(self) -> int | None:
         return self._last
+
+    def caught_up(self) -> bool:
+        """At a rate: the last read gave every event its schedule allowed by then."""
+        return self._caught_up
 
     def _emit(self, partition: int, offset: int, count: int) -> pa.RecordBatch:
         source = self._source

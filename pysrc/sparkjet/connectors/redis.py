@@ -273,6 +273,11 @@ class RedisStreamReader(SourceReader):
                 return self._emit(p, entries)
         return None
 
+    def caught_up(self) -> bool:
+        """The last fetch gave fewer entries than asked and all of them were read."""
+        return (self._short and not self._recovering
+                and not any(self._buffers.values()))
+
     def at_end(self) -> bool:
         """True once every partition's end marker has been read (never, without markers)."""
         return len(self._ended) == len(self._parts)
@@ -320,6 +325,7 @@ class RedisStreamReader(SourceReader):
         # Recovery: the position in each partition's pending entries list, from the start
         # (also for ended partitions: their processed entries still need acknowledging).
         self._recovering = {} if self._noack else dict.fromkeys(self._parts, "0")
+        self._short = False     # the last fetch gave fewer entries than asked
         self._buffers = {p: deque() for p in self._parts}
         self._returned = {p: [] for p in self._parts}
         self._generations: list[dict] = []
@@ -500,8 +506,11 @@ class RedisStreamReader(SourceReader):
             self._nogroup(e, ", ".join(streams))
             raise
         by_key = {k: p for p, k in self._keys.items()}
+        fetched = 0
         for key, entries in reply or []:
             self._buffers[by_key[key.decode()]].extend(entries)
+            fetched += len(entries)
+        self._short = fetched < max_rows
 
     def _emit(self, p: int, entries: list) -> pa.RecordBatch | None:
         for i, (_message_id, fields) in enumerate(entries):

@@ -84,7 +84,10 @@ class JobConfig:
       further, add members on a Spark cluster).
     - ``max_batch_delay``: the longest a row waits, in seconds, for a batch to fill before it
       moves on (Flink's buffer timeout; default 0.005, 0 to 10; 0: every batch at once): a
-      source with nothing to read looks again at least this often, and a sink that buffers
+      source with nothing to read looks again at least this often, one whose reader gave
+      all it had (a slow stream) reads again half of it later, a batch of fewer than
+      ``batch_size / 16`` rows waits on its edge into the next vertex for more (sent once
+      they add up to that many rows, or the oldest waited this long), and a sink that buffers
       rows (the upsert sinks, SQLite and PostgreSQL's ``key=`` mode) writes them out, and
       Kafka's producer sends them (its ``linger.ms``), once the oldest has waited this
       long. So at a low rate latency is not set by ``batch_size``; at a high rate batches

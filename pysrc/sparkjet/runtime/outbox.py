@@ -1,12 +1,19 @@
 """A processor's output: the fused stateless stages of each path, its sinks, and the
 channels of its edges into other vertices (local aligners or exchange streams).
 
-Nothing here waits for a batch to fill: each batch goes on as it comes (split by
-destination on a partitioned edge), into a local aligner or an exchange stream, which
-sends it at once. Sinks may buffer: the outbox notes when each sink got its first row
-since the last flush (:attr:`Outbox.unflushed`), and :meth:`Outbox.flush_due` has the
-writers whose oldest row has waited ``JobConfig.max_batch_delay`` show it
-(:meth:`~sparkjet.connectors.base.SinkWriter.flush`)."""
+A batch of at least :attr:`Outbox.small` rows goes on as it comes (split by destination on
+a partitioned edge), into a local aligner or an exchange stream, which sends it at once.
+Smaller batches (a source read at a low rate, say) are held per edge, before they are split
+by destination, and sent as one once they add up to ``small`` rows or
+the oldest has waited ``JobConfig.max_batch_delay`` (Flink's buffer timeout): each batch
+costs its consumer the same fixed work whatever its rows, and thousands of few-row batches
+a second kept both threads busy and every row waiting behind the others. Held rows go
+before any barrier, watermark or end of the channel, so nothing overtakes them.
+
+Sinks may buffer: the outbox notes when each sink got its first row since the last flush
+(:attr:`Outbox.unflushed`), and :meth:`Outbox.flush_due` has the writers whose oldest row
+has waited ``max_batch_delay`` show it (:meth:`~sparkjet.connectors.base.SinkWriter.flush`),
+and sends the held batches that waited as long."""
 from __future__ import annotations
 
 import time
@@ -26,6 +33,9 @@ from sparkjet.partitioning import partition_ids
 from sparkjet.pipeline.dag import Vertex
 from sparkjet.pipeline.stages import FilterStage, MapStage, TimestampsStage
 from sparkjet.runtime.schemas import SchemaGuard, encode
+
+#: A batch smaller than ``batch_size`` divided by this is held to be sent with the next.
+SMALL_BATCH_DIVISOR = 16
 
 
 class Outbox:
@@ -61,6 +71,13 @@ class Outbox:
         #: sink name -> time.monotonic() of its first row written since its last flush
         self.unflushed: dict[str, float] = {}
         self._max_delay = self.member.config.max_batch_delay
+        #: Batches under this many rows wait (at most ``max_batch_delay``) to go on as one.
+        self.small = (max(1, self.member.config.batch_size // SMALL_BATCH_DIVISOR)
+                      if self._max_delay > 0 else 0)
+        self._held: dict[tuple[str, int], list] = {}   # (target, ordinal) -> batches held
+        self._held_rows: dict[tuple[str, int], int] = {}
+        #: (target, ordinal) -> time.monotonic() of the first batch held for that edge
+        self._held_since: dict[tuple[str, int], float] = {}
         # Each output's schema (sink or edge into another vertex), fixed at its first batch
         # or by the restored snapshot: see sparkjet.runtime.schemas.
         restored_schemas = getattr(processor, "restored_schemas", None) or {}
@@ -249,11 +266,18 @@ class Outbox:
 
     def flush_due(self, now: float | None = None) -> float | None:
         """Flushes each sink whose first unflushed row has waited ``max_batch_delay``;
-        returns the seconds until the next one is due (None: nothing waits)."""
-        if not self.unflushed:
+        sends the held batches that waited as long; returns the seconds until the next
+        flush is due (None: nothing waits)."""
+        if not self.unflushed and not self._held_since:
             return None
         now = time.monotonic() if now is None else now
         nearest = None
+        for edge, since in list(self._held_since.items()):
+            left = since + self._max_delay - now
+            if left <= 0:
+                self._send_held(edge)
+            elif nearest is None or left < nearest:
+                nearest = left
         for name, since in list(self.unflushed.items()):
             left = since + self._max_delay - now
             if left <= 0:
@@ -273,6 +297,34 @@ class Outbox:
         return {k: encode(g.schema) for k, g in self._guards.items() if g.schema is not None}
 
     def _route(self, target: str, batch: pa.RecordBatch, ordinal: int = 0) -> None:
+        """Sends ``batch`` along the edge into ``target`` (its input ``ordinal``), or holds
+        it with the other small batches for that edge (see the module doc)."""
+        edge = (target, ordinal)
+        held = self._held.get(edge)
+        if held is not None and held[0].schema != batch.schema:
+            self._send_held(edge)
+            held = None
+        if batch.num_rows >= self.small:
+            if held is not None:
+                self._send_held(edge)
+            self._route_now(target, batch, ordinal)
+            return
+        if held is None:
+            held = self._held[edge] = []
+            self._held_rows[edge] = 0
+            self._held_since[edge] = time.monotonic()
+        held.append(batch)
+        self._held_rows[edge] += batch.num_rows
+        if self._held_rows[edge] >= self.small:
+            self._send_held(edge)
+
+    def _send_held(self, edge: tuple[str, int]) -> None:
+        held = self._held.pop(edge)
+        del self._held_rows[edge], self._held_since[edge]
+        self._route_now(edge[0], held[0] if len(held) == 1 else pa.concat_batches(held),
+                        edge[1])
+
+    def _route_now(self, target: str, batch: pa.RecordBatch, ordinal: int) -> None:
         if target in self._tagged:
             batch = batch.append_column(ORDINAL, pa.array(np.full(batch.num_rows, ordinal, np.int8)))
         width = self._width[target]
@@ -288,6 +340,11 @@ class Outbox:
                              key=self._keys[(target, ordinal)]).to_numpy()
         for k, rows in split_by(batch, m.topology.owner[pids]):
             self._put(target, k, rows)
+
+    def send_held(self) -> None:
+        """Sends every held batch now (before a barrier, a watermark or the end)."""
+        for edge in list(self._held):
+            self._send_held(edge)
 
     # -- in-band control -----------------------------------------------------------------
 
@@ -306,6 +363,7 @@ class Outbox:
             announce = getattr(aligner, "announce", None)
             if announce is not None:
                 announce(snapshot_id, terminal)
+        self.send_held()
         for w in self.targets:
             for k in range(self._width[w]):
                 self._put(w, k, None, barrier=(snapshot_id, terminal))
@@ -333,6 +391,7 @@ class Outbox:
         return local
 
     def watermark(self, mark) -> None:
+        self.send_held()
         for w in self.targets:
             for k in range(self._width[w]):
                 self._put(w, k, mark)
@@ -342,6 +401,7 @@ class Outbox:
         are closed, which waits until the peers hold everything sent."""
         if self.ended:
             return
+        self.send_held()
         self.ended = True
         m = self.member
         for w in self.targets:

@@ -264,6 +264,10 @@ class SourceProcessor(Processor):
         unaligned = m.config.alignment_timeout is not None and m.snapshots_on
         # an idle reader is asked again after at most max_batch_delay
         poll = min(_POLL, max(m.config.max_batch_delay, _MIN_WAIT))
+        # a reader that gave all it had (SourceReader.caught_up) is read again half of
+        # max_batch_delay later: a slow stream then comes in batches of a few
+        # milliseconds' rows, not a handful of rows a thousand times a second
+        gap = min(m.config.max_batch_delay / 2, _POLL)
         try:
             while not m.failed and not finished:
                 self._count_resets(reader)
@@ -287,6 +291,7 @@ class SourceProcessor(Processor):
                         self._send_watermark()
                     m.source_ended(self.label)
                     continue
+                began = time.monotonic()
                 batch = reader.read(m.config.batch_size)
                 if batch is None:
                     self._send_watermark()
@@ -299,7 +304,11 @@ class SourceProcessor(Processor):
                 self.emit(batch)
                 self.emitted(samples)
                 self._send_watermark()
-                self.flush_due()
+                due = self.flush_due()
+                if gap and reader.caught_up():
+                    left = began + gap - time.monotonic()
+                    if left > 0:
+                        time.sleep(left if due is None else max(min(left, due), 0.0))
         finally:
             self._count_resets(reader)
             if m.failed and self.outbox is not None:

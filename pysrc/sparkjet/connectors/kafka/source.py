@@ -224,6 +224,7 @@ class KafkaReader(SourceReader):
         self._next: dict[int, int] = {}     # owned Kafka partition -> next offset to return
         self._ends: dict[int, int] = {}     # bounded: Kafka partition -> end offset
         self._stash: list = []              # fetched records of other partitions, in order
+        self._short = False                 # the last fetch gave fewer records than asked
         self._last: int | None = None
         self._restored: dict | None = None
         self._assigned = False
@@ -379,10 +380,15 @@ class KafkaReader(SourceReader):
             if not self._next:
                 return None
             messages = self._consumer.consume(max_rows, 0)
+            self._short = len(messages) < max_rows
             if not messages:
                 return None
             self._stash = messages
         return self._take(max_rows)
+
+    def caught_up(self) -> bool:
+        """The client had fewer records than asked at the last fetch, and all were read."""
+        return self._short and not self._stash
 
     def _take(self, max_rows: int) -> pa.RecordBatch | None:
         """The leading records of the stash that share the first one's source partition."""
