@@ -397,6 +397,10 @@ class KeyedProcessor(Processor):
         terminal_sid = None
         unaligned = None        # (snapshot id, writer, schemas) until its last barrier
         done = False
+        after = None            # an event taken while gathering batches, handled next
+        # (a stage of one input: the batches of two inputs, tagged with their ordinal or
+        # told apart by their channel, are never mixed)
+        gather = v.arity == 1 and not v.broadcast_inputs
         try:
             while not m.failed:
                 if self._control(terminal_sid):
@@ -406,14 +410,17 @@ class KeyedProcessor(Processor):
                         return
                     time.sleep(_POLL)
                     continue
-                event = aligner.take(timeout=self.idle_wait(_TAKE))
+                event, after = after or aligner.take(timeout=self.idle_wait(_TAKE)), None
                 for out in op.tick():
                     self.emit(out)
                 if event is None:
                     continue
                 kind = event[0]
                 if kind == ITEM:
-                    self._item(op, tracker, event[1], event[2])
+                    item = event[2]
+                    if gather and isinstance(item, pa.RecordBatch):
+                        item, after = self._gather(aligner, item)
+                    self._item(op, tracker, event[1], item)
                 elif kind == UNALIGNED:
                     # The alignment timed out (JobConfig.alignment_timeout): the state is
                     # saved and the barrier forwarded now, ahead of the items still queued;
@@ -455,6 +462,29 @@ class KeyedProcessor(Processor):
             if m.failed and self.outbox is not None:
                 self.outbox.abort()
             self.close_sinks()
+
+    def _gather(self, aligner, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple | None]:
+        """``batch`` and the batches queued right behind it, as one (up to ``batch_size``
+        rows): a processor that fell behind takes its backlog in large batches, paying the
+        operator's fixed cost per batch once, as Jet's processors drain their whole inbox.
+        Taking them one after another would give the same state; only the updates a
+        rolling aggregate emits in between are skipped. Returns the batch and the event
+        that ended the run (a watermark, a barrier, a batch of another schema; None when
+        the queues were empty), which the caller handles next."""
+        limit = self.member.config.batch_size
+        if batch.num_rows >= limit:
+            return batch, None
+        batches, rows = [batch], batch.num_rows
+        nxt = None
+        while rows < limit:
+            nxt = aligner.take(timeout=0)
+            if (nxt is None or nxt[0] != ITEM or not isinstance(nxt[2], pa.RecordBatch)
+                    or nxt[2].schema != batch.schema):
+                break
+            batches.append(nxt[2])
+            rows += nxt[2].num_rows
+            nxt = None
+        return (batch if len(batches) == 1 else pa.concat_batches(batches)), nxt
 
     def _item(self, op, tracker: WatermarkTracker, channel: int, item) -> None:
         """One item of input channel ``channel``: a watermark or a batch."""
