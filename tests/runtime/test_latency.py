@@ -175,20 +175,28 @@ class _BatchSizesWriter(DiscardWriter):
         time.sleep(self.pause)       # a slow sink: the processor before it falls behind
 
 
+def _sizes_into_aggregation(tmp_path, name, source, pause=0.0, **config):
+    """Runs ``source`` -> group_by("id") count -> a sink noting each batch's rows (one
+    update per event, so a batch into the sink is a batch the aggregation took); returns
+    the events read and the rows of each batch."""
+    sizes = tmp_path / "sizes"
+    pipeline = (Pipeline().read_from(source).group_by("id").aggregate(count="count")
+                .write_to(_BatchSizes(sizes, pause)))
+    config = JobConfig(name=name, processing_guarantee="none", batch_size=1_600,
+                       local_parallelism=1, **config)
+    result = Job(pipeline, config).run(isolated=False)
+    return result.events_in, [int(n) for n in sizes.read_text().split()]
+
+
 def test_small_batches_are_held_until_they_fill(tmp_path):
     """A source read at 3,000 events a second gives a few rows per read: on the edge into
     the aggregation they are held until they add up to batch_size / 16 rows (100 here;
     max_batch_delay, 10 s, never passes), so the aggregation takes 100-row batches, not
     thousands of few-row ones; nothing is lost. (Before, every read went on as it was.)"""
-    sizes = tmp_path / "sizes"
-    source = GeneratorSource(total=6_000, partitions=2, keys=1_000, rate=3_000)
-    pipeline = (Pipeline().read_from(source).group_by("id").aggregate(count="count")
-                .write_to(_BatchSizes(sizes)))
-    config = JobConfig(name="held", processing_guarantee="none", batch_size=1_600,
-                       max_batch_delay=10.0, local_parallelism=1)
-    result = Job(pipeline, config).run(isolated=False)
-    assert result.events_in == 6_000
-    rows = [int(n) for n in sizes.read_text().split()]
+    events, rows = _sizes_into_aggregation(
+        tmp_path, "held", GeneratorSource(total=6_000, partitions=2, keys=1_000, rate=3_000),
+        max_batch_delay=10.0)
+    assert events == 6_000
     assert sum(rows) == 6_000            # group_by id: one update per event
     # every batch but the last (the end sends what is held) holds at least 100 rows
     assert min(rows[:-1]) >= 100, rows
@@ -198,15 +206,10 @@ def test_small_batches_are_held_until_they_fill(tmp_path):
 def test_without_max_batch_delay_nothing_is_held(tmp_path):
     """max_batch_delay=0: every batch goes on at once, so the source's first small read
     reaches the sink while the source still reads (held, it would wait for 100 rows)."""
-    sizes = tmp_path / "sizes"
-    source = GeneratorSource(total=40, partitions=1, keys=1_000, rate=20)
-    pipeline = (Pipeline().read_from(source).group_by("id").aggregate(count="count")
-                .write_to(_BatchSizes(sizes)))
-    config = JobConfig(name="unheld", processing_guarantee="none", batch_size=1_600,
-                       max_batch_delay=0, local_parallelism=1)
-    result = Job(pipeline, config).run(isolated=False)
-    assert result.events_in == 40
-    rows = [int(n) for n in sizes.read_text().split()]
+    events, rows = _sizes_into_aggregation(
+        tmp_path, "unheld", GeneratorSource(total=40, partitions=1, keys=1_000, rate=20),
+        max_batch_delay=0)
+    assert events == 40
     assert sum(rows) == 40 and len(rows) > 1, rows
 
 
@@ -228,15 +231,10 @@ def test_a_processor_behind_takes_its_backlog_as_one_batch(tmp_path):
     queued behind it, as one batch of up to batch_size (1,600) rows, instead of paying
     its fixed cost per 100 rows; nothing is lost or counted twice. (Before, every batch
     it got held 100 rows.)"""
-    sizes = tmp_path / "sizes"
-    source = GeneratorSource(total=20_000, partitions=2, keys=1_000, batch_size=100)
-    pipeline = (Pipeline().read_from(source).group_by("id").aggregate(count="count")
-                .write_to(_BatchSizes(sizes, pause=0.02)))
-    config = JobConfig(name="behind", processing_guarantee="none", batch_size=1_600,
-                       local_parallelism=1)
-    result = Job(pipeline, config).run(isolated=False)
-    assert result.events_in == 20_000
-    rows = [int(n) for n in sizes.read_text().split()]
+    events, rows = _sizes_into_aggregation(
+        tmp_path, "behind", GeneratorSource(total=20_000, partitions=2, keys=1_000,
+                                            batch_size=100), pause=0.02)
+    assert events == 20_000
     assert sum(rows) == 20_000           # group_by id: one update per event, none twice
     assert max(rows) > 100 and max(rows) <= 1_600, rows
     assert len(rows) < 20_000 // 100, rows
