@@ -118,9 +118,8 @@ class Member:
         self.snapshots_on = self.guarantee != "none"
         if self.snapshots_on:
             # the codec's import (blosc2: ~1 s on a slow machine) runs beside the start,
-            # not on a processor's thread at its first snapshot (a member process started
-            # it already; a member in the caller's process, the local runner's
-            # run(isolated=False), had its keyed threads stall for it)
+            # not on a keyed thread at its first snapshot (a member process started it
+            # already; a member in the caller's process, run(isolated=False), had not)
             chunks.warm(config.snapshot_codec)
         # With the members' storage only the driver opens the store (the join answer, the
         # slots and the phase-2 record copies stand in for its log); the table versions of

@@ -17,6 +17,7 @@ and sends the held batches that waited as long."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -74,10 +75,8 @@ class Outbox:
         #: Batches under this many rows wait (at most ``max_batch_delay``) to go on as one.
         self.small = (max(1, self.member.config.batch_size // SMALL_BATCH_DIVISOR)
                       if self._max_delay > 0 else 0)
-        self._held: dict[tuple[str, int], list] = {}   # (target, ordinal) -> batches held
-        self._held_rows: dict[tuple[str, int], int] = {}
-        #: (target, ordinal) -> time.monotonic() of the first batch held for that edge
-        self._held_since: dict[tuple[str, int], float] = {}
+        #: (target, ordinal) -> the small batches held for that edge
+        self._held: dict[tuple[str, int], _Held] = {}
         # Each output's schema (sink or edge into another vertex), fixed at its first batch
         # or by the restored snapshot: see sparkjet.runtime.schemas.
         restored_schemas = getattr(processor, "restored_schemas", None) or {}
@@ -268,12 +267,12 @@ class Outbox:
         """Flushes each sink whose first unflushed row has waited ``max_batch_delay``;
         sends the held batches that waited as long; returns the seconds until the next
         flush is due (None: nothing waits)."""
-        if not self.unflushed and not self._held_since:
+        if not self.unflushed and not self._held:
             return None
         now = time.monotonic() if now is None else now
         nearest = None
-        for edge, since in list(self._held_since.items()):
-            left = since + self._max_delay - now
+        for edge, held in list(self._held.items()):
+            left = held.since + self._max_delay - now
             if left <= 0:
                 self._send_held(edge)
             elif nearest is None or left < nearest:
@@ -299,29 +298,24 @@ class Outbox:
     def _route(self, target: str, batch: pa.RecordBatch, ordinal: int = 0) -> None:
         """Sends ``batch`` along the edge into ``target`` (its input ``ordinal``), or holds
         it with the other small batches for that edge (see the module doc)."""
+        # (the edge's SchemaGuard gave every batch on it the same schema: they concatenate)
         edge = (target, ordinal)
         held = self._held.get(edge)
-        if held is not None and held[0].schema != batch.schema:
-            self._send_held(edge)
-            held = None
         if batch.num_rows >= self.small:
             if held is not None:
                 self._send_held(edge)
             self._route_now(target, batch, ordinal)
             return
         if held is None:
-            held = self._held[edge] = []
-            self._held_rows[edge] = 0
-            self._held_since[edge] = time.monotonic()
-        held.append(batch)
-        self._held_rows[edge] += batch.num_rows
-        if self._held_rows[edge] >= self.small:
+            held = self._held[edge] = _Held(time.monotonic())
+        held.batches.append(batch)
+        held.rows += batch.num_rows
+        if held.rows >= self.small:
             self._send_held(edge)
 
     def _send_held(self, edge: tuple[str, int]) -> None:
-        held = self._held.pop(edge)
-        del self._held_rows[edge], self._held_since[edge]
-        self._route_now(edge[0], held[0] if len(held) == 1 else pa.concat_batches(held),
+        batches = self._held.pop(edge).batches
+        self._route_now(edge[0], batches[0] if len(batches) == 1 else pa.concat_batches(batches),
                         edge[1])
 
     def _route_now(self, target: str, batch: pa.RecordBatch, ordinal: int) -> None:
@@ -473,6 +467,15 @@ def _bisect(stage, batch: pa.RecordBatch, outputs: list, failed: list, error=Non
 
 
 _STAGE_NAMES = {MapStage: "map_batches", FilterStage: "filter"}
+
+
+@dataclass
+class _Held:
+    """The small batches an edge holds (:meth:`Outbox._route`): since when, how many rows."""
+
+    since: float
+    rows: int = 0
+    batches: list = field(default_factory=list)
 
 
 def _output(path) -> str:

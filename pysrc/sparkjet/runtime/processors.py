@@ -307,8 +307,8 @@ class SourceProcessor(Processor):
                 due = self.flush_due()
                 if gap and reader.caught_up():
                     left = began + gap - time.monotonic()
-                    if left > 0:
-                        time.sleep(left if due is None else max(min(left, due), 0.0))
+                    if left > 0:        # (due, if any, is > 0: what was due is sent)
+                        time.sleep(left if due is None else min(left, due))
         finally:
             self._count_resets(reader)
             if m.failed and self.outbox is not None:

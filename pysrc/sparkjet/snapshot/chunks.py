@@ -635,11 +635,13 @@ def _blosc2_module():
     return blosc2, cparams
 
 
+@functools.cache
 def warm(codec: str) -> None:
-    """Imports what ``codec`` needs on a thread of its own (a member process calls this
-    as it starts: the import then overlaps the member's start and join, which mostly
-    wait, instead of delaying its first restore or snapshot)."""
-    if codec == "blosc2-lz4" and _blosc2_native.cache_info().currsize == 0:
+    """Imports what ``codec`` needs on a thread of its own, once per process (a member
+    process calls this as it starts, and every member as it is made: the import then
+    overlaps the member's start and join, which mostly wait, instead of stalling a
+    processor's thread at its first restore or snapshot)."""
+    if codec == "blosc2-lz4":
         threading.Thread(target=_blosc2_native, name="sparkjet-import-blosc2",
                          daemon=True).start()
 
