@@ -513,6 +513,7 @@ def test_exactly_once_refuses_when_only_an_older_marked_snapshot_is_left(tmp_pat
         m.drain()
         m.snapshot(1, upload=False)
         m.snapshot(2, upload=False)
+        store.wait_for_cleanup()        # (snapshot 1 is removed by a background thread)
         assert [s.snapshot_id for s in store.complete()] == [0, 2]
     finally:
         m.close()
