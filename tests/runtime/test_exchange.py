@@ -35,6 +35,7 @@ from sparkjet.runtime.exchange import (
 from sparkjet.runtime.exchange.security import LinkSecurity
 from sparkjet.runtime.watermarks import IDLE, Watermark
 from sparkjet.snapshot.store import Manifest
+from sparkjet.testing.nemesis import stop_processes
 
 DEADLINE = 15.0  # seconds any single wait may take before the test fails
 
@@ -813,7 +814,9 @@ def test_a_stopped_peer_times_out(make_client, children):
     children.append(proc)
     client = make_client(location, connect_timeout=0.5)
     assert client.ping()["execution_id"] == 1  # connected
-    os.kill(proc.pid, signal.SIGSTOP)
+    # Every thread stopped before the stream opens: `kill` alone returns while the
+    # receiver's gRPC threads may still answer (CI saw the handshake come back).
+    assert stop_processes(proc.pid) == [proc.pid]
     try:
         with pytest.raises(ExchangeTimeoutError, match="open the stream: no answer") as info:
             client.channel("agg", 0, 0, 1)

@@ -71,7 +71,7 @@ __all__ = [
     "BandwidthCap", "ClockSkew", "Delay", "DiskFull", "Flapping", "HostLinks", "Lossy",
     "Nemesis", "NemesisError", "PacketLoss", "Partition", "Pause", "ReadOnly", "Removed", "ResetLinks",
     "ServerOutage", "Stall", "bridge", "cut", "isolate", "missing", "one_way",
-    "release_clock_segments", "split", "tmpfs",
+    "release_clock_segments", "split", "stop_processes", "tmpfs",
 ]
 
 #: Where Debian and Fedora put libfaketime (the multithreaded flavour first).
@@ -577,15 +577,9 @@ class Pause(Nemesis):
         self.stopped: list[int] = []
 
     def _inject(self) -> None:
-        self.stopped = []
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                self.stopped.append(pid)
+        self.stopped = stop_processes(self.pids)
         if not self.stopped:
             raise NemesisError(f"{self.name}: no such process (all of {self.pids} are gone)")
-        # A signal is delivered asynchronously: return once every process is stopped.
-        wait_until(lambda: all(_state(p) in ("T", "t", "Z", None) for p in self.stopped), 10)
 
     def _undo(self) -> None:
         for pid in self.stopped:
@@ -838,6 +832,41 @@ def _address(network: Network, which) -> str:
     if isinstance(which, str) and which == network.gateway:
         return which
     return network.host(which).address
+
+
+def stop_processes(pids, timeout: float = 10.0) -> list[int]:
+    """SIGSTOPs each of ``pids`` and returns once every thread of each has stopped (or
+    ``timeout`` s passed); the pids that were there to stop.
+
+    ``kill`` returns before the process stops: only the thread that takes the signal
+    starts the group stop, when the scheduler next runs it, and until then the others
+    run on. On a busy machine that window is milliseconds, long enough for a server
+    thread to answer a request sent right after the ``kill``.
+    """
+    stopped = []
+    for pid in [pids] if isinstance(pids, int) else pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGSTOP)
+            stopped.append(int(pid))
+    wait_until(lambda: all(_all_stopped(p) for p in stopped), timeout, interval=0.005)
+    return stopped
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or the process is gone)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # the thread ended
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 def _state(pid: int) -> str | None:
