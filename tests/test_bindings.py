@@ -555,3 +555,22 @@ def test_aligner_refuses_bad_channels_and_config():
     with pytest.raises(InvalidArgumentError, match="snapshot id"):
         a.offer_barrier(0, -5)
     a.close()
+
+
+def test_blosc2_bindings_refuse_short_buffers_and_never_write_past_them():
+    """Run under AddressSanitizer in CI: compression into an ``out`` of exactly the size
+    allowed, and every buffer too short refused before c-blosc2 sees it."""
+    from sparkjet.snapshot.chunks import _blosc2_compressor
+
+    lib = _blosc2_compressor()
+    assert lib is not None
+    rng = np.random.default_rng(5)
+    for data in (rng.bytes(4_099), np.arange(3_001, dtype=np.int64).tobytes(), b""):
+        out = np.empty(len(data) + _native.BLOSC2_MAX_OVERHEAD, np.uint8)  # exact: no slack
+        size = lib.compress(data, out)
+        back = np.empty(len(data), np.uint8)
+        assert lib.decompress_run([out[:size]], back, np.array([len(data)], np.int64)) == -1
+        assert back.tobytes() == data
+        with pytest.raises(InvalidArgumentError, match="out holds"):
+            lib.compress(data, out[:-1])
+        assert lib.decompress_run([out[:size - 1]], back, np.array([len(data)], np.int64)) == 0

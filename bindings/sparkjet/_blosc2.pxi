@@ -1,11 +1,13 @@
-# c-blosc2's decompression, called without the GIL: a restore decodes a run of a file's
-# Blosc2 chunks in one call. The library is the one the `blosc2` wheel ships beside its
+# c-blosc2 called without the GIL: a restore decodes a run of a file's Blosc2 chunks in
+# one call, and a snapshot compresses each chunk in one call that neither holds the GIL
+# nor allocates (blosc2's Python compress2 does both, and copies its result once more). The library is the one the `blosc2` wheel ships beside its
 # extension (sparkjet.snapshot.chunks finds it and checks it against blosc2's own output
 # before using it); it is opened with dlopen, so nothing of blosc2 is needed to build
 # sparkjet, and a blosc2 without it leaves the restore on blosc2's Python API.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
+from libc.string cimport memset
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 
 # blosc2_dparams of c-blosc2 3.x (blosc2.h); 2.x has the same fields without `typesize`,
@@ -19,16 +21,48 @@ ctypedef struct _blosc2_dparams:
     void *postparams
     int32_t typesize
 
+# blosc2_cparams of c-blosc2 2.x and 3.x (blosc2.h), by value as well. Every field is set
+# as blosc2's Python compress2 sets it for the parameters sparkjet uses, so the bytes are
+# the same: the caller compares them with compress2's before using this (2.x names the
+# tuner fields otherwise; they are a pointer and an int set to NULL and 0 either way).
+ctypedef struct _blosc2_cparams:
+    uint8_t compcode
+    uint8_t compcode_meta
+    uint8_t clevel
+    int use_dict
+    int32_t typesize
+    int16_t nthreads
+    int32_t blocksize
+    int32_t splitmode
+    void *schunk
+    uint8_t filters[6]
+    uint8_t filters_meta[6]
+    void *prefilter
+    void *preparams
+    void *tuner_params
+    int tuner_id
+    uint8_t instr_codec        # a C bool
+    void *codec_params
+    void *filter_params[6]
+
 ctypedef void (*_b2_init_fn)() noexcept nogil
 ctypedef const char *(*_b2_version_fn)() noexcept nogil
 ctypedef void *(*_b2_create_dctx_fn)(_blosc2_dparams) noexcept nogil
 ctypedef void (*_b2_free_ctx_fn)(void *) noexcept nogil
 ctypedef int (*_b2_decompress_ctx_fn)(void *, const void *, int32_t, void *, int32_t) noexcept nogil
+ctypedef void *(*_b2_create_cctx_fn)(_blosc2_cparams) noexcept nogil
+ctypedef int (*_b2_compress_ctx_fn)(void *, const void *, int32_t, void *, int32_t) noexcept nogil
 ctypedef int (*_b2_cbuffer_sizes_fn)(const void *, int32_t *, int32_t *, int32_t *) noexcept nogil
 
 # A Blosc2 chunk starts with its extended header: cbuffer_sizes reads that much.
 cdef int32_t _BLOSC2_HEADER = 32
 cdef int64_t _BLOSC2_MAX = 2147483647      # sizes are int32 in its API
+# What compression may add to a chunk (BLOSC2_MAX_OVERHEAD: the extended header).
+BLOSC2_MAX_OVERHEAD = _BLOSC2_HEADER
+# The codec and filter codes of the parameters compress() takes (blosc2.h).
+_BLOSC2_LZ4 = 1
+_BLOSC2_SHUFFLE = 1
+_BLOSC2_AUTO_SPLIT = 3
 
 
 cdef void *_symbol(void *handle, const char *name, str path) except NULL:
@@ -46,6 +80,8 @@ cdef class Blosc2Library:
     cdef _b2_free_ctx_fn free_ctx
     cdef _b2_decompress_ctx_fn decompress_ctx
     cdef _b2_cbuffer_sizes_fn cbuffer_sizes
+    cdef _b2_create_cctx_fn create_cctx
+    cdef _b2_compress_ctx_fn compress_ctx
     cdef readonly str path
     cdef readonly str version
 
@@ -65,6 +101,9 @@ cdef class Blosc2Library:
             self.handle, b"blosc2_decompress_ctx", path)
         self.cbuffer_sizes = <_b2_cbuffer_sizes_fn>_symbol(
             self.handle, b"blosc2_cbuffer_sizes", path)
+        self.create_cctx = <_b2_create_cctx_fn>_symbol(self.handle, b"blosc2_create_cctx", path)
+        self.compress_ctx = <_b2_compress_ctx_fn>_symbol(
+            self.handle, b"blosc2_compress_ctx", path)
         init()
         self.version = version().decode(errors="replace")
 
@@ -129,3 +168,38 @@ cdef class Blosc2Library:
                 PyBuffer_Release(&views[i])
             free(views)
         return failed
+
+    def compress(self, object source, object out, int clevel=1, int typesize=8):
+        """Compresses ``source`` into ``out`` (a writable buffer of at least
+        ``len(source) + BLOSC2_MAX_OVERHEAD`` bytes) as one Blosc2 chunk: lz4 at ``clevel``
+        after a shuffle by ``typesize`` bytes, on one thread, without the GIL. Returns the
+        chunk's size in ``out``."""
+        cdef Buf s = Buf(source, False, "source")
+        if s.size > _BLOSC2_MAX - _BLOSC2_HEADER:
+            raise InvalidArgumentError(f"source holds {s.size} bytes: at most "
+                                       f"{_BLOSC2_MAX - _BLOSC2_HEADER} fit one Blosc2 chunk")
+        if not 0 <= clevel <= 9 or not 1 <= typesize <= 255:
+            raise InvalidArgumentError(f"clevel {clevel} (0..9) or typesize {typesize} "
+                                       f"(1..255) out of range")
+        cdef Buf o = sized_buf(out, s.size + _BLOSC2_HEADER, "out", True)
+        cdef _blosc2_cparams params
+        memset(&params, 0, sizeof(params))
+        params.compcode = _BLOSC2_LZ4
+        params.clevel = <uint8_t>clevel
+        params.typesize = typesize
+        params.nthreads = 1
+        params.splitmode = _BLOSC2_AUTO_SPLIT
+        params.filters[5] = _BLOSC2_SHUFFLE
+        cdef void *ctx
+        cdef int got = -1
+        cdef int32_t capacity = <int32_t>(s.size + _BLOSC2_HEADER)
+        with nogil:
+            ctx = self.create_cctx(params)
+            if ctx != NULL:
+                got = self.compress_ctx(ctx, s.ptr, <int32_t>s.size, <void *>o.ptr, capacity)
+                self.free_ctx(ctx)
+        if ctx == NULL:
+            raise MemoryError("c-blosc2 could not make a compression context")
+        if got <= 0:
+            raise RuntimeError(f"c-blosc2 failed to compress {s.size} bytes (code {got})")
+        return got

@@ -51,6 +51,7 @@ def select_kernel(name: str | None) -> None: ...
 
 # snapshot chunks (sparkjet/chunk.h)
 CHUNK_HEADER_SIZE: Final[int]
+BLOSC2_MAX_OVERHEAD: Final[int]
 CHUNK_FORMAT_VERSION: Final[int]
 CODEC_RAW: Final[int]
 CODEC_LZ4: Final[int]
@@ -80,6 +81,7 @@ class Blosc2Library:
     def __init__(self, path: str) -> None: ...
     def decompress_run(self, sources: list[Buffer], out: Buffer,
                        sizes: np.ndarray) -> int: ...
+    def compress(self, source: Buffer, out: Buffer, clevel: int = ..., typesize: int = ...) -> int: ...
 
 # keyed state (sparkjet/keyed.h)
 class KeyMap:

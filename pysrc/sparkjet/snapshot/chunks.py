@@ -642,11 +642,24 @@ def warm(codec: str) -> None:
     overlaps the member's start and join, which mostly wait, instead of stalling a
     processor's thread at its first restore or snapshot)."""
     if codec == "blosc2-lz4":
-        threading.Thread(target=_blosc2_native, name="sparkjet-import-blosc2",
+        threading.Thread(target=_blosc2_compressor, name="sparkjet-import-blosc2",
                          daemon=True).start()
 
 
-def _blosc2(message: pa.Buffer) -> bytes:
+def _blosc2(message: pa.Buffer) -> pa.Buffer | bytes:
+    """``message`` as one Blosc2 chunk (lz4 after an 8-byte shuffle): through c-blosc2 in
+    one call that holds no GIL when the native library gives blosc2's own bytes, else
+    through blosc2's Python API (which holds the GIL as it compresses, and allocates and
+    copies the result twice)."""
+    native = _blosc2_compressor()
+    if native is None:
+        return _blosc2_python(message)
+    out = pa.allocate_buffer(_size(message) + _native.BLOSC2_MAX_OVERHEAD, resizable=True)
+    out.resize(native.compress(message, out))
+    return out
+
+
+def _blosc2_python(message) -> bytes:
     blosc2, cparams = _blosc2_module()
     return blosc2.compress2(message, cparams=cparams)
 
@@ -668,7 +681,7 @@ def _blosc2_native():
     found = sorted({os.path.realpath(p) for pattern in ("lib*/libblosc2.so*", "lib*/libblosc2*.dylib")
                     for p in glob.glob(os.path.join(root, pattern))})
     sample = np.arange(-40_000, 40_000, 7, dtype=np.int64).tobytes()
-    packed = _blosc2(pa.py_buffer(sample))
+    packed = _blosc2_python(pa.py_buffer(sample))
     for path in found:
         try:
             lib = _native.Blosc2Library(path)
@@ -681,6 +694,30 @@ def _blosc2_native():
         except OSError:
             continue
     return None
+
+
+@functools.cache
+def _blosc2_compressor():
+    """:func:`_blosc2_native`'s library when its compression gives, byte for byte, what
+    blosc2's Python API gives for the same input (so a chunk has the same bytes and
+    checksum whichever compressed it: the Merkle resync rebuilds chunks and compares
+    them); None otherwise, and snapshots are compressed through the Python API."""
+    lib = _blosc2_native()
+    if lib is None:
+        return None
+    rng = np.random.default_rng(7)
+    samples = (np.arange(-40_000, 40_000, 7, dtype=np.int64).tobytes(), b"", b"x",
+               rng.bytes(70_001),
+               np.cumsum(rng.integers(0, 9, 40_000)).astype(np.float64).tobytes()[:-3])
+    for sample in samples:
+        out = bytearray(len(sample) + _native.BLOSC2_MAX_OVERHEAD)
+        try:
+            size = lib.compress(sample, out)
+        except (RuntimeError, MemoryError):
+            return None
+        if out[:size] != _blosc2_python(sample):
+            return None
+    return lib
 
 
 def _unblosc2(packed: pa.Buffer, size: int, out: memoryview, source: str, offset: int) -> None:
