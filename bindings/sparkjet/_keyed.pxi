@@ -36,14 +36,14 @@ cdef class KeyMap:
     def reserve(self, int64_t total):
         """Makes room for ``total`` keys in all (rehashing at most once, now), so that
         adding up to that many grows nothing. InvalidArgumentError for a negative total;
-        MemoryError (the map as it was) past memory or 2**40 keys."""
+        MemoryError (the map as it was) past memory or 2**32 - 2 keys."""
         if total < 0:
             raise InvalidArgumentError(f"KeyMap.reserve: total must be >= 0, not {total}")
         cdef sj_status st
         with nogil:
             st = sj_keymap_reserve(self.map, total)
         if st != SJ_OK:
-            raise MemoryError(f"KeyMap.reserve: no room for {total} keys (at most 2**40, "
+            raise MemoryError(f"KeyMap.reserve: no room for {total} keys (at most 2**32 - 2, "
                               f"and memory for 16 bytes per key)")
 
     def upsert_bulk(self, const int64_t[::1] keys not None, int64_t[::1] slots not None):
@@ -59,7 +59,7 @@ cdef class KeyMap:
             st = sj_keymap_upsert_bulk(self.map, &keys[0], n, &slots[0])
         if st != SJ_OK:
             raise MemoryError(f"KeyMap.upsert_bulk: no room for {n} more keys beside "
-                              f"{sj_keymap_size(self.map)} (at most 2**40, and memory for "
+                              f"{sj_keymap_size(self.map)} (at most 2**32 - 2, and memory for "
                               f"16 bytes per key)")
 
     def lookup(self, const int64_t[::1] keys, int64_t[::1] slots):

@@ -54,8 +54,14 @@ def test_keymap_bad_input_raises_and_changes_nothing():
     m.upsert_bulk(keys, np.empty(10, np.int64))
     with pytest.raises(InvalidArgumentError, match="total must be >= 0, not -1"):
         m.reserve(-1)
-    with pytest.raises(MemoryError, match=r"no room for 2199023255552 keys \(at most 2\*\*40"):
+    with pytest.raises(MemoryError, match=r"no room for 2199023255552 keys \(at most 2\*\*32 - 2"):
         m.reserve(2**41)
+    # a bucket holds slot + 1 in 32 bits: one key more than fits is refused before any
+    # memory is asked for
+    with pytest.raises(MemoryError, match=r"no room for 4294967295 keys"):
+        m.reserve(2**32 - 1)
+    with pytest.raises(MemoryError):
+        _native.KeyMap(2**32 - 1)
     with pytest.raises(MemoryError):
         _native.KeyMap(2**41)
     with pytest.raises(InvalidArgumentError, match="slots"):

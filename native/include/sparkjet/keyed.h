@@ -29,7 +29,7 @@ sj_status sj_keymap_upsert(sj_keymap *map, const int64_t *keys, int64_t n, int64
 
 /* Room for `total` keys in all, so that inserting up to that many grows nothing (the
  * buckets are rehashed at most once, here). SJ_EINVAL for a negative total, SJ_ENOMEM
- * (the map as it was) if memory or the limit of 2^40 keys is short. */
+ * (the map as it was) if memory or the limit of 2^32 - 2 keys is short. */
 sj_status sj_keymap_reserve(sj_keymap *map, int64_t total);
 
 /* sj_keymap_upsert for many keys at once, as a restore adds a snapshot's keys: reserves
