@@ -158,12 +158,13 @@ def test_scatter_checks_its_arrays():
 
 @pytest.mark.parametrize("width, dtype", [(8, np.int64), (4, np.uint32)])
 def test_scatter_fixed_of_large_columns_matches_a_stable_sort(width, dtype):
-    """From 4 MiB up the scatter gathers each partition's values in a cache line and writes
-    full lines at once: the result is still the stable order by partition, for runs that
-    start anywhere in a line, skewed and empty partitions, a destination that starts
-    mid-line, and one not aligned to the width (which takes the plain scatter)."""
+    """From 1 MiB and 64 partitions up the scatter gathers each partition's values in a
+    cache line and writes full lines at once: the result is still the stable order by
+    partition, for runs that start anywhere in a line, skewed and empty partitions, a
+    destination that starts mid-line, and one not aligned to the width (which takes the
+    plain scatter)."""
     rng = np.random.default_rng(11)
-    n = (5 << 20) // width + 13
+    n = (3 << 20) // width + 13
     count = 271
     ids = rng.integers(0, count, n, dtype=np.int32)
     ids[rng.random(n) < 0.3] = 7                      # a hot partition

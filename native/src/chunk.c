@@ -219,9 +219,13 @@ static inline void store_line(void *to, const void *line) {
 #endif
 }
 
-/* Destinations from this size up take the write-combining scatter: below it the plain
- * one's writes stay in the cache. */
-#define WC_MIN_BYTES (4 << 20)
+/* The write-combining scatter is taken from this size and this many partitions up: below
+ * 1 MiB the plain loop's lines stay in the cache, and with a few dozen partitions or fewer
+ * (an exchange splitting a batch among its targets) the plain loop writes a few sequential
+ * streams, twice as fast as buffering them (C harness: 271 partitions, 1 MiB of 8-byte
+ * values, 8.1 against 6.8 ns a value; 4 partitions, 3.9 against 6.9). */
+#define WC_MIN_BYTES (1 << 20)
+#define WC_MIN_PARTITIONS 64
 
 sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const int32_t *partitions,
                            const int64_t *starts, int32_t partition_count, uint8_t *dst) {
@@ -233,6 +237,7 @@ sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const i
     if (!cursor) return SJ_ENOMEM;
     memcpy(cursor, starts, sizeof(int64_t) * (size_t)partition_count);
     if ((width == 8 || width == 4) && n * width >= WC_MIN_BYTES &&
+        partition_count >= WC_MIN_PARTITIONS &&
         ((uintptr_t)dst & (uintptr_t)(width - 1)) == 0) {
         void *lines = NULL;
         if (posix_memalign(&lines, WC_LINE, (size_t)WC_LINE * (size_t)partition_count) == 0) {
