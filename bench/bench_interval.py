@@ -47,7 +47,7 @@ INTERVALS = (1.0, 0.2, 0.1)
 
 
 def run(spark, interval: float, events: int, keys: int, storage: str, work: str,
-        codec: str = "lz4") -> dict:
+        codec: str = "blosc2-lz4") -> dict:
     """One bounded run at ``interval``: throughput after the first snapshot, and the
     snapshots' phases."""
     source = GeneratorSource(total=events, partitions=4, keys=keys, batch_size=BATCH)
@@ -93,7 +93,7 @@ def run(spark, interval: float, events: int, keys: int, storage: str, work: str,
 
 
 def compare(spark, events: int, keys: int, storage: str, rounds: int,
-            intervals=INTERVALS, codec: str = "lz4") -> dict:
+            intervals=INTERVALS, codec: str = "blosc2-lz4") -> dict:
     out: dict = {"load": os.getloadavg()[0], "events": events, "keys": keys, "storage": storage,
                  "spark": spark is not None, "codec": codec, "runs": []}
     if spark is not None:       # the members' Python workers start and import: not timed
@@ -154,8 +154,8 @@ def main(argv=None) -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--storage", choices=("shared", "members"), default="shared")
-    parser.add_argument("--codec", choices=("lz4", "raw"), default="lz4",
-                        help="JobConfig.snapshot_codec")
+    parser.add_argument("--codec", choices=("blosc2-lz4", "lz4", "raw"), default="blosc2-lz4",
+                        help="JobConfig.snapshot_codec (default: the job's default)")
     parser.add_argument("--in-process", action="store_true",
                         help="one member, local_parallelism=2, in this process (no Spark)")
     parser.add_argument("--json", help="also write the results to this file")
