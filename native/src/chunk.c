@@ -143,22 +143,25 @@ sj_status sj_scatter_by_partition(const int32_t *partitions, int64_t n, int32_t 
     return SJ_OK;
 }
 
-/* The next slot of value i's partition run, or -1 if the id or the run is bad. */
-static inline int64_t scatter_slot(const int32_t *partitions, int64_t i, const int64_t *starts,
-                                   int64_t *cursor, int32_t partition_count) {
-    uint32_t p = (uint32_t)partitions[i];
+/* The next slot of partition p's run, or -1 if the id or the run is bad. The caller reads
+ * the id once (another thread may change the ids while the GIL is released: what is
+ * checked must be what is used). */
+static inline int64_t scatter_slot(uint32_t p, const int64_t *starts, int64_t *cursor,
+                                   int32_t partition_count) {
     if (p >= (uint32_t)partition_count || cursor[p] >= starts[p + 1]) return -1;
     return cursor[p]++;
 }
 
+/* Values of sizeof(T) bytes moved by memcpy, which compiles to one load and one store and
+ * lets src and dst be unaligned (a cast pointer would not). */
 #define SCATTER_AS(T)                                                               \
     do {                                                                            \
-        const T *s_ = (const T *)src;                                               \
-        T *d_ = (T *)dst;                                                           \
         for (int64_t i = 0; i < n; i++) {                                           \
-            int64_t slot_ = scatter_slot(partitions, i, starts, cursor, partition_count); \
+            int64_t slot_ = scatter_slot((uint32_t)partitions[i], starts, cursor,   \
+                                         partition_count);                          \
             if (slot_ < 0) goto bad;                                                \
-            d_[slot_] = s_[i];                                                      \
+            memcpy(dst + sizeof(T) * (size_t)slot_, src + sizeof(T) * (size_t)i,    \
+                   sizeof(T));                                                      \
         }                                                                           \
     } while (0)
 
@@ -176,16 +179,15 @@ static inline int64_t scatter_slot(const int32_t *partitions, int64_t i, const i
 #define SCATTER_WC_AS(T, BAD)                                                               \
     do {                                                                                 \
         enum { PER_LINE = WC_LINE / sizeof(T) };                                         \
-        const T *s_ = (const T *)src;                                                    \
-        T *d_ = (T *)dst;                                                                \
+        T *d_ = (T *)dst; /* aligned to sizeof(T): checked by the caller */              \
         T(*line_)[PER_LINE] = (T(*)[PER_LINE])lines;                                     \
         for (int64_t i = 0; i < n; i++) {                                                \
-            int64_t k_ = scatter_slot(partitions, i, starts, cursor, partition_count);   \
-            if (k_ < 0) goto BAD;                                                        \
             uint32_t p_ = (uint32_t)partitions[i];                                       \
+            int64_t k_ = scatter_slot(p_, starts, cursor, partition_count);              \
+            if (k_ < 0) goto BAD;                                                        \
             uintptr_t at_ = (uintptr_t)(d_ + k_);                                        \
             unsigned slot_ = (unsigned)((at_ & (WC_LINE - 1)) / sizeof(T));              \
-            line_[p_][slot_] = s_[i];                                                    \
+            memcpy(&line_[p_][slot_], src + sizeof(T) * (size_t)i, sizeof(T));           \
             if (slot_ == PER_LINE - 1) {                                                 \
                 int64_t first_ = k_ - (PER_LINE - 1);                                    \
                 if (first_ >= starts[p_])                                                \
@@ -252,6 +254,9 @@ sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const i
             free(cursor);
             return SJ_OK;
         bad_wc:
+#if defined(__SSE2__)
+            _mm_sfence(); /* (the lines already written are dst's, as the plain path's are) */
+#endif
             free(lines);
             free(cursor);
             return SJ_EINVAL;
@@ -264,7 +269,7 @@ sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const i
     case 8: SCATTER_AS(uint64_t); break;
     default:
         for (int64_t i = 0; i < n; i++) {
-            int64_t slot = scatter_slot(partitions, i, starts, cursor, partition_count);
+            int64_t slot = scatter_slot((uint32_t)partitions[i], starts, cursor, partition_count);
             if (slot < 0) goto bad;
             memcpy(dst + width * slot, src + width * i, (size_t)width);
         }

@@ -92,6 +92,49 @@ static void test_scan(void) {
     CHECK(sj_chunk_scan(buf, pos + 0, offs, hs, 4, &count, &err, &bad) == SJ_OK, "exact");
 }
 
+/* The write-combining path (from 1 MiB and 64 partitions): the same order as moving the
+ * values one by one, for 8- and 4-byte values, a destination starting anywhere in a cache
+ * line, a hot partition and an empty one; guard bytes around the destination stay as they
+ * were, and an id past its run is refused. */
+static void test_scatter_large(void) {
+    enum { N = 300000, P = 200, GUARD = 64 };
+    int32_t *parts = malloc(sizeof(int32_t) * N);
+    int64_t *starts = malloc(sizeof(int64_t) * (P + 1)), err;
+    uint64_t *vals = malloc(sizeof(uint64_t) * N), *want = malloc(sizeof(uint64_t) * N);
+    int64_t *cur = malloc(sizeof(int64_t) * P);
+    uint8_t *raw = malloc(sizeof(uint64_t) * N + 2 * GUARD + 64);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        parts[i] = (x % 10 < 3) ? 5 : (int32_t)(x % P);
+        if (parts[i] == 9) parts[i] = 10; /* partition 9 stays empty */
+        vals[i] = x;
+    }
+    CHECK(sj_scatter_by_partition(parts, N, P, starts, NULL, &err) == SJ_OK, "large starts");
+    for (int width = 8; width >= 4; width -= 4) {
+        memcpy(cur, starts, sizeof(int64_t) * P);
+        for (int i = 0; i < N; i++)
+            memcpy((uint8_t *)want + (size_t)width * (size_t)cur[parts[i]]++,
+                   (uint8_t *)vals + (size_t)width * (size_t)i, (size_t)width);
+        int64_t n = N; /* 2.4 and 1.2 MB: both past 1 MiB */
+        for (int shift = 0; shift < 64; shift += width) {
+            uint8_t *dst = raw + GUARD + shift;
+            memset(raw, 0xa5, sizeof(uint64_t) * N + 2 * GUARD + 64);
+            CHECK(sj_scatter_fixed((const uint8_t *)vals, width, n, parts, starts, P, dst) == SJ_OK,
+                  "large scatter");
+            CHECK(memcmp(dst, want, (size_t)width * (size_t)n) == 0, "large scatter order");
+            int clean = 1;
+            for (int g = 0; g < GUARD + shift; g++) clean &= raw[g] == 0xa5;
+            for (int g = 0; g < GUARD; g++) clean &= dst[(size_t)width * (size_t)n + g] == 0xa5;
+            CHECK(clean, "large scatter writes nothing outside dst");
+        }
+    }
+    parts[N - 1] = 9; /* a value for the empty partition */
+    CHECK(sj_scatter_fixed((const uint8_t *)vals, 8, N, parts, starts, P, raw + GUARD) == SJ_EINVAL,
+          "large scatter refuses an overfull run");
+    free(parts), free(starts), free(vals), free(want), free(cur), free(raw);
+}
+
 static void test_scatter(void) {
     int32_t parts[] = {2, 0, 2, 1, 0, 2};
     int64_t starts[4], perm[6], err;
@@ -159,6 +202,7 @@ int main(void) {
     test_header();
     test_scan();
     test_scatter();
+    test_scatter_large();
     test_entries();
     printf("%s: chunk, %d failed\n", failures ? "FAIL" : "ok", failures);
     return failures != 0;

@@ -410,6 +410,19 @@ def test_native_blosc2_compresses_as_blosc2s_python_api_does():
         assert bytes(back) == data
 
 
+def test_compressed_chunks_hold_their_compressed_size():
+    """A chunk compressed natively keeps a buffer of its compressed size (not its message's):
+    a broadcast table's chunks are all held at once in a list."""
+    table = pa.table({"k": np.arange(2_000_000), "v": np.arange(2_000_000) * 1.0})
+    before = pa.total_allocated_bytes()
+    chunks = ChunkEncoder(1, 1, 1).broadcast_table(table)
+    held = pa.total_allocated_bytes() - before
+    stored = sum(c.header.stored_size for c in chunks)
+    assert len(chunks) > 100 and held < 2 * stored, (held, stored)
+    for c in chunks:
+        assert sum(len(memoryview(p)) for p in c.pieces) == c.header.stored_size
+
+
 def test_native_blosc2_compression_refuses_bad_buffers():
     from sparkjet.snapshot.chunks import _blosc2_compressor
 

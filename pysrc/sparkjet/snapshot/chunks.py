@@ -655,8 +655,11 @@ def _blosc2(message: pa.Buffer) -> pa.Buffer | bytes:
     if native is None:
         return _blosc2_python(message)
     out = pa.allocate_buffer(_size(message) + _native.BLOSC2_MAX_OVERHEAD, resizable=True)
-    out.resize(native.compress(message, out))
-    return out
+    size = native.compress(message, out)
+    # shrunk, so a chunk held in a list (a broadcast table's) keeps its compressed size, not
+    # the message's; sliced, as a resized buffer still shows its old size to memoryview
+    out.resize(size, shrink_to_fit=True)
+    return out.slice(0, size)
 
 
 def _blosc2_python(message) -> bytes:
@@ -703,8 +706,9 @@ def _blosc2_compressor():
     checksum whichever compressed it: the Merkle resync rebuilds chunks and compares
     them); None otherwise, and snapshots are compressed through the Python API."""
     lib = _blosc2_native()
-    if lib is None:
-        return None
+    blosc2, _ = _blosc2_module()
+    if lib is None or lib.version != str(blosc2.blosclib_version).split()[0]:
+        return None     # (the library blosc2 itself runs, or its bytes may differ)
     rng = np.random.default_rng(7)
     samples = (np.arange(-40_000, 40_000, 7, dtype=np.int64).tobytes(), b"", b"x",
                rng.bytes(70_001),
