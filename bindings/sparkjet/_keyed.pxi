@@ -44,7 +44,7 @@ cdef class KeyMap:
             st = sj_keymap_reserve(self.map, total)
         if st != SJ_OK:
             raise MemoryError(f"KeyMap.reserve: no room for {total} keys (at most 2**32 - 2, "
-                              f"and memory for 16 bytes per key)")
+                              f"and memory for 16-32 bytes per key)")
 
     def upsert_bulk(self, const int64_t[::1] keys not None, int64_t[::1] slots not None):
         """:meth:`upsert` of many keys at once (a restore's): room for all of them is
@@ -60,7 +60,7 @@ cdef class KeyMap:
         if st != SJ_OK:
             raise MemoryError(f"KeyMap.upsert_bulk: no room for {n} more keys beside "
                               f"{sj_keymap_size(self.map)} (at most 2**32 - 2, and memory for "
-                              f"16 bytes per key)")
+                              f"16-32 bytes per key)")
 
     def lookup(self, const int64_t[::1] keys, int64_t[::1] slots):
         """Finds every key (slot -1 when missing)."""
