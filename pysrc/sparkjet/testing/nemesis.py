@@ -858,21 +858,16 @@ def _all_stopped(pid: int) -> bool:
         tasks = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return True
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue  # the thread ended
-        if state not in ("T", "t", "Z", "X"):
-            return False
-    return True
+    # a thread gone meanwhile (None) counts as stopped
+    return all(_state(pid, task) in ("T", "t", "Z", "X", None) for task in tasks)
 
 
-def _state(pid: int) -> str | None:
-    """A process's state letter (``T``: stopped), None when it is gone."""
+def _state(pid: int, task: str | None = None) -> str | None:
+    """A process's state letter (``T``: stopped), or one of its threads', None when it is
+    gone."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
