@@ -443,8 +443,11 @@ def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
     back from their backups on the other hosts); worker 0's JVM killed and restarted (its
     slot reclaimed). Returns the steps, the slots of each execution and the checker's
     report of the exactly-once output."""
-    # 1.5 M events: three executions of 3 snapshots each before the last fault (see
-    # quorum_scenario), the rest for the last execution.
+    # 1.5 M events: two executions of 3 snapshots each and the third's first before the last
+    # fault (see quorum_scenario), the rest for the last execution. The last fault waits
+    # for one snapshot, not three: the generator's events are due by the clock, so after the
+    # second fault's recovery (a worker restarted on a wiped host) the third execution
+    # catches up at full speed, and once ran to the end before its third snapshot (CI).
     source, job = _scenario_job(work, "storage-scenario", 1_500_000, 11, storage="members",
                                 backup_count=1)
     steps: list[str] = []
@@ -478,7 +481,7 @@ def storage_scenario(work: Path, cluster, spark, progress=print) -> dict:
         elif kind == "snapshot":
             e = event["execution"]
             snapshots[e] = snapshots.get(e, 0) + 1
-            if snapshots[e] != 3:
+            if snapshots[e] != (3 if len(steps) < 2 else 1):
                 return
             if not steps:
                 act("kill member 1", kill_member)
