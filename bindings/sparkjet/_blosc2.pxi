@@ -1,6 +1,7 @@
 # c-blosc2 called without the GIL: a restore decodes a run of a file's Blosc2 chunks in
-# one call, and a snapshot compresses each chunk in one call that neither holds the GIL
-# nor allocates (blosc2's Python compress2 does both, and copies its result once more). The library is the one the `blosc2` wheel ships beside its
+# one call, and a snapshot compresses each chunk in one call into a buffer the caller
+# gives (blosc2's Python compress2 holds the GIL, allocates a zeroed buffer and copies its
+# result out of it). The library is the one the `blosc2` wheel ships beside its
 # extension (sparkjet.snapshot.chunks finds it and checks it against blosc2's own output
 # before using it); it is opened with dlopen, so nothing of blosc2 is needed to build
 # sparkjet, and a blosc2 without it leaves the restore on blosc2's Python API.

@@ -172,8 +172,8 @@ static inline int64_t scatter_slot(uint32_t p, const int64_t *starts, int64_t *c
  * out as the destination's cache line, and a full line goes out at once with
  * non-temporal stores (no read of the line, nothing evicted). A line that a partition
  * shares with its neighbour (a run's first and last) is written with plain stores, only
- * the partition's own values. 1.5x the plain scatter for 8-byte values into 271
- * partitions (bench: bench_recovery.py's snapshot write). */
+ * the partition's own values. Three columns of 5M 8-byte values into 271 partitions:
+ * 0.145 -> 0.071 s (a snapshot's grouping, bench_recovery.py's write). */
 #define WC_LINE 64
 
 #define SCATTER_WC_AS(T, BAD)                                                               \
@@ -243,23 +243,21 @@ sj_status sj_scatter_fixed(const uint8_t *src, int64_t width, int64_t n, const i
         ((uintptr_t)dst & (uintptr_t)(width - 1)) == 0) {
         void *lines = NULL;
         if (posix_memalign(&lines, WC_LINE, (size_t)WC_LINE * (size_t)partition_count) == 0) {
+            sj_status st = SJ_OK;
             if (width == 8)
                 SCATTER_WC_AS(uint64_t, bad_wc);
             else
                 SCATTER_WC_AS(uint32_t, bad_wc);
+            if (0) {
+            bad_wc:
+                st = SJ_EINVAL; /* (dst may be partly written, as by the plain loop) */
+            }
 #if defined(__SSE2__)
             _mm_sfence(); /* the non-temporal stores are visible before this returns */
 #endif
             free(lines);
             free(cursor);
-            return SJ_OK;
-        bad_wc:
-#if defined(__SSE2__)
-            _mm_sfence(); /* (the lines already written are dst's, as the plain path's are) */
-#endif
-            free(lines);
-            free(cursor);
-            return SJ_EINVAL;
+            return st;
         }
     }
     switch (width) {
