@@ -67,6 +67,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import KW_ONLY, dataclass
 from typing import Annotated
 
@@ -250,19 +251,36 @@ class _ProducerBase(SinkWriter):
         self._kafka = kafka_module()
         self._encoder = _Encoder(sink)
         self._error = None
+        self._fatal = None      # the first fatal error a call reported (_fatal_cause)
 
     def _on_error(self, err) -> None:
-        """librdkafka's error callback: keeps the first fatal error."""
-        if err.fatal() and getattr(self, "_fatal", None) is None:
-            self._fatal = err
+        """librdkafka's error callback (without one it prints every error to stderr): the
+        calls that fail raise their own errors, so this only logs."""
+        _log.debug("%s: librdkafka reported %s", self._what(), err)
 
-    def _poll_errors(self) -> None:
-        for p in [getattr(self, "_producer", None)]:
-            if p is not None:
+    def _fatal_cause(self, producer, wait: float = 2.0):
+        """The error that made `producer` fatal, or None. Its calls after a fatal error
+        fail with librdkafka's _FATAL, which does not say why; confluent-kafka raises the
+        error itself once, from the poll() that serves it (not through the error
+        callback), so a poll that comes first has it. librdkafka marks the producer failed
+        a moment before it queues why: this polls for up to `wait` seconds. The first
+        fatal error a call of this writer reported is kept for the calls after it (every
+        producer of a writer has its execution's ids: one fenced, all are)."""
+        if self._fatal is None and producer is not None:
+            deadline = time.monotonic() + wait
+            while self._fatal is None:
                 try:
-                    p.poll(0)
-                except Exception:  # noqa: BLE001 - only the callbacks matter here
-                    pass
+                    producer.poll(0.02)
+                except self._kafka.KafkaException as e:
+                    self._keep_fatal(kafka_error(e))
+                if time.monotonic() >= deadline:
+                    break
+        return self._fatal
+
+    def _keep_fatal(self, err) -> None:
+        if (err is not None and err.fatal() and self._fatal is None
+                and err.code() != self._kafka.KafkaError._FATAL):
+            self._fatal = err
 
     def _config(self, **extra) -> dict:
         # librdkafka holds records back up to linger.ms to fill a batch: the job's
@@ -280,19 +298,18 @@ class _ProducerBase(SinkWriter):
     def _what(self) -> str:
         return f"Kafka sink for topic {self.sink.topic!r}"
 
-    def _fail(self, action: str, e) -> None:
-        """Raises the error of a failed Kafka call as sparkjet's: FencedError if a newer
-        producer took over, ConnectorError otherwise."""
+    def _fail(self, action: str, e, producer=None) -> None:
+        """Raises the error of a failed Kafka call (of `producer`, if a producer's) as
+        sparkjet's: FencedError if a newer producer took over, ConnectorError otherwise."""
         err, text = kafka_error(e), error_text(e)
         fenced = (self._kafka.KafkaError._FENCED, self._kafka.KafkaError.PRODUCER_FENCED,
                   self._kafka.KafkaError.INVALID_PRODUCER_EPOCH)
+        self._keep_fatal(err)
         if err is not None and err.code() == self._kafka.KafkaError._FATAL:
-            # librdkafka raises _FATAL for calls after the fatal error itself: a
-            # transactional producer's fatal errors are its fencing (the error callback,
-            # served by a poll, has the original one)
-            self._poll_errors()
-            first = getattr(self, "_fatal", None)
-            if first is not None and first.code() in fenced:
+            # a call after the producer's fatal error: under load a zombie's produce()
+            # failed so before any call had reported the fencing itself (CI)
+            first = self._fatal_cause(producer)
+            if first is not None:
                 err, text = first, f"{first.str()}; then: {text}"
         if err is not None and err.code() in fenced:
             raise FencedError(
@@ -325,8 +342,11 @@ class _ProducerBase(SinkWriter):
                 except BufferError:
                     producer.poll(0.05)     # the local queue is full: let deliveries drain
                 except self._kafka.KafkaException as e:
-                    self._fail("produce", e)
-        producer.poll(0)
+                    self._fail("produce", e, producer)
+        try:
+            producer.poll(0)    # raises a fatal error it serves
+        except self._kafka.KafkaException as e:
+            self._fail("produce", e, producer)
 
     def _check_topic(self) -> None:
         partitions_of(self.sink.topic, self.sink.bootstrap_servers, self.sink.timeout,
@@ -347,7 +367,10 @@ class KafkaPlainWriter(_ProducerBase):
         self._produce(self._producer, batch, self._on_delivery)
 
     def _flush(self) -> None:
-        left = self._producer.flush(self.sink.timeout)
+        try:
+            left = self._producer.flush(self.sink.timeout)
+        except self._kafka.KafkaException as e:     # a fatal error flush() served
+            self._fail("flush", e, self._producer)
         if left:
             raise ConnectorError(
                 f"{self._what()}: {left} records not acknowledged within {self.sink.timeout:g} s")
@@ -416,7 +439,7 @@ class KafkaWriter(_ProducerBase):
         try:
             producer.init_transactions(self.sink.timeout)
         except self._kafka.KafkaException as e:
-            self._fail(f"init_transactions({self._id(processor)!r})", e)
+            self._fail(f"init_transactions({self._id(processor)!r})", e, producer)
         return producer
 
     def _marker(self, processor: int) -> int:
@@ -467,7 +490,7 @@ class KafkaWriter(_ProducerBase):
         try:
             producer.begin_transaction()
         except kafka.KafkaException as e:
-            self._fail("begin_transaction", e)
+            self._fail("begin_transaction", e, producer)
         try:
             for t in txns:
                 for batch in batches_of(t):
@@ -481,7 +504,7 @@ class KafkaWriter(_ProducerBase):
                     producer.abort_transaction(self.sink.timeout)
                 except kafka.KafkaException:
                     pass    # the restart's init_transactions aborts it
-            self._fail("commit_transaction", e)
+            self._fail("commit_transaction", e, producer)
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -522,7 +545,10 @@ class KafkaWriter(_ProducerBase):
                 self._check_topic()
                 self._producer = producer
             else:
-                producer.flush(self.sink.timeout)
+                try:
+                    producer.flush(self.sink.timeout)
+                except self._kafka.KafkaException as e:
+                    self._fail(f"flush({self._id(i)!r})", e, producer)
             # in Kafka now, or never completed; the restored snapshot's stay while it is
             # the one a restart restores
             self._staged.remove_leftovers(i, txns)
@@ -554,7 +580,11 @@ class KafkaWriter(_ProducerBase):
         stay for :meth:`recover`."""
         self._open = []
         if self._producer is not None:
-            self._producer.flush(self.sink.timeout)
+            try:
+                self._producer.flush(self.sink.timeout)
+            except self._kafka.KafkaException as e:
+                # a fatal error (a zombie's fencing): its open transaction never commits
+                _log.debug("%s: closing: %s", self._what(), error_text(e))
         if self._marker_consumer is not None:
             self._marker_consumer.close()
             self._marker_consumer = None
