@@ -178,10 +178,12 @@ def _key(key):
 
 
 def _old_path(agg):
-    """The key-by-key path: the same aggregator with the bulk insertion turned off."""
+    """The key-by-key path: the same aggregator with the bulk insertion turned off, and
+    every restore combined into filled arrays (none taken as it is)."""
     slots, group_slots = agg._slots, agg._group_slots
-    agg._slots = lambda keys, bulk=False: slots(keys)
-    agg._group_slots = lambda table, bulk=False: group_slots(table)
+    agg._slots = lambda keys, bulk=False, grow=True: slots(keys, grow=grow)
+    agg._group_slots = lambda table, bulk=False, grow=True: group_slots(table, grow=grow)
+    agg._restore_as_is = agg._restore_combined
     return agg
 
 
@@ -228,10 +230,58 @@ def test_bulk_restore_builds_the_old_paths_state_exactly(key, overflow):
         new.restore(part)
         old.restore(part)
     _assert_same(new, old)
-    # whole, into an empty aggregator: the original state back, and updates go on alike
+    # whole, into an empty aggregator (its state arrays taken from the columns, not
+    # combined): the original state back, the combining path's bytes (-0.0 sums, seen
+    # flags, nulls), and updates go on alike
     whole = KeyedAggregator(_key(key), AGGREGATIONS, overflow=overflow)
     whole.restore(snap)
     assert whole.snapshot().equals(snap)
     _assert_same(whole, original)
+    combined = _old_path(KeyedAggregator(_key(key), AGGREGATIONS, overflow=overflow))
+    combined.restore(snap)
+    _assert_same(whole, combined)
     more = next(_batches(key, seed=11, big=big))
     assert whole.update(more).equals(original.update(more))
+
+
+@pytest.mark.parametrize("overflow", ["fail", "decimal"])
+@pytest.mark.parametrize("key", ["int", "string", "composite"])
+def test_a_restore_into_an_empty_state_takes_the_columns_as_the_kernels_make_them(
+        key, overflow, monkeypatch):
+    """Sums, means, minima and maxima restored into an empty aggregator are its state
+    columns taken as they are, with no kernel run (first and last keep seen flags and go
+    through the kernels): byte for byte the state the combining path makes, -0.0 sums,
+    nulls, NaN and decimal sums included."""
+    aggregations = {k: v for k, v in AGGREGATIONS.items()
+                    if not (isinstance(v, tuple) and v[0] in ("first", "last"))}
+    original = KeyedAggregator(_key(key), aggregations, overflow=overflow)
+    big = overflow == "decimal"
+    for batch in _batches(key, big=big):
+        original.update(batch)
+    nan = next(_batches(key, rows=3, seed=5))
+    nan = nan.set_column(nan.schema.get_field_index("f"), "f",
+                         pa.array([float("nan"), -0.0, None], pa.float64()))
+    original.update(nan)
+
+    def no_kernels(*args, **kwargs):
+        raise AssertionError("a kernel combined state that could be taken as it is")
+    snap = original.snapshot()
+    # (a kernel's sum is never -0.0, 0.0 + -0.0 being 0.0; a snapshot's may be, and the
+    # combining path makes it 0.0)
+    sums = snap.column("__sum__f").to_numpy().copy()
+    sums[0] = -0.0
+    signed = snap.set_column(snap.schema.get_field_index("__sum__f"), "__sum__f", pa.array(sums))
+    for table in (signed, snap):
+        combined = _old_path(KeyedAggregator(_key(key), aggregations, overflow=overflow))
+        combined.restore(table)
+        taken = KeyedAggregator(_key(key), aggregations, overflow=overflow)
+        monkeypatch.setattr(taken.values, "combine", no_kernels)
+        taken.restore(table)
+        monkeypatch.undo()
+        _assert_same(taken, combined)   # (bytes: a NaN is not equal to itself)
+    whole = taken
+    _assert_same(whole, original)
+    more = next(_batches(key, seed=11, big=big))
+    whole.update(more)
+    original.update(more)
+    _assert_same(whole, original)

@@ -134,16 +134,18 @@ class KeyedAggregator:
             if op == "first" and c not in self._seen:
                 self._seen[c] = np.zeros(self._capacity, np.uint8)
 
-    def _group_slots(self, table, bulk: bool = False) -> np.ndarray:
+    def _group_slots(self, table, bulk: bool = False, grow: bool = True) -> np.ndarray:
         if self._groups is None:
             self._groups = Groups(self.key)
         slots = self._groups.slots(table, bulk=bulk)
-        self._grow(len(self._groups))
+        if grow:
+            self._grow(len(self._groups))
         return slots
 
-    def _slots(self, keys, bulk: bool = False) -> np.ndarray:
+    def _slots(self, keys, bulk: bool = False, grow: bool = True) -> np.ndarray:
         """The slots of ``keys`` (one column), adding new ones; ``bulk``: a restore's keys,
-        mostly new, go into a key map sized once for all of them."""
+        mostly new, go into a key map sized once for all of them. ``grow``: the state
+        arrays grow to the keys (else the caller sees to them)."""
         keys = one_array(keys)
         refuse_nulls(keys, f"group_by key {self.key!r}")
         if self._key_type is None:
@@ -168,8 +170,13 @@ class KeyedAggregator:
         else:
             slots = self._groups.slots(pa.table({self.key: keys}), bulk=bulk)
             size = len(self._groups)
-        self._grow(size)
+        if grow:
+            self._grow(size)
         return slots
+
+    def _keys_held(self) -> int:
+        held = self._map if self._map is not None else self._groups
+        return 0 if held is None else len(held)
 
     def _nulls_of(self, column: str) -> np.ndarray:
         arr = self._nulls.get(column)
@@ -263,18 +270,31 @@ class KeyedAggregator:
         # A snapshot's keys are each once: the key map is sized for all of them at once
         # and filled in bulk (not grown by rehashing as they come); the state arrays are
         # then allocated once, at that size, and combined into by the same kernels as
-        # an update's.
+        # an update's (or, into an empty state, taken as they are).
+        empty = self._size == 0
         if isinstance(self.key, list):
-            slots = self._group_slots(table.select(self.key), bulk=True)
+            slots = self._group_slots(table.select(self.key), bulk=True, grow=False)
         else:
-            slots = self._slots(table.column(self.key).combine_chunks(), bulk=True)
-        self._arrays()
+            slots = self._slots(table.column(self.key).combine_chunks(), bulk=True,
+                                grow=False)
         counts = np.ascontiguousarray(table.column("__count").to_numpy())
         nulls = {}
         for name in table.column_names:
             if name.startswith("__nulls__"):
                 nulls[name[len("__nulls__"):]] = np.ascontiguousarray(
                     table.column(name).to_numpy())
+        if empty and self._keys_held() == len(slots):
+            # every key new to an empty map: the maps give slots in order of first
+            # appearance, so row i is slot i, and the state is the snapshot's columns
+            self._restore_as_is(table, slots, counts, nulls)
+        else:
+            self._restore_combined(table, slots, counts, nulls)
+
+    def _restore_combined(self, table: pa.Table, slots: np.ndarray, counts: np.ndarray,
+                          nulls: dict) -> None:
+        """Combines ``table``'s state (its rows' keys at ``slots``) into this state."""
+        self._grow(self._keys_held())
+        self._arrays()
         for c in self._columns:
             other = {(op, c): self.values.restored(op, c, table.column(f"__{op}__{c}"))
                      for op in self.values.ops[c]}
@@ -284,6 +304,33 @@ class KeyedAggregator:
         _native.agg_sum_i64(slots, counts, self._counts)
         for c, n in nulls.items():
             _native.agg_sum_i64(slots, n, self._nulls_of(c))
+
+    def _restore_as_is(self, table: pa.Table, slots: np.ndarray, counts: np.ndarray,
+                       nulls: dict) -> None:
+        """Restores ``table`` into an empty state whose slots are its rows: each state
+        array is what combining its column into a fresh array makes (taken as it is where
+        that is the column itself; combined where a kernel does more), without filling
+        the arrays first or scattering into them (at 24M keys 0.3 s of 1.5)."""
+        n = len(slots)
+        self._size = self._capacity = n
+        self._counts = np.array(counts, np.int64)
+        self._marks = np.zeros(n, np.uint8)
+        self._nulls = {c: np.array(v, np.int64) for c, v in nulls.items()}
+        for c in self._columns:
+            other = {(op, c): self.values.restored(op, c, table.column(f"__{op}__{c}"))
+                     for op in self.values.ops[c]}
+            present = None if c not in nulls else counts > nulls[c]
+            taken = {key: self.values.as_state(*key, part) for key, part in other.items()}
+            if all(v is not None for v in taken.values()):
+                self._state.update(taken)
+                continue
+            for op, _ in other:
+                self._state[(op, c)] = self.values.new_array(op, c, n)
+            if "first" in self.values.ops[c]:
+                self._seen[c] = np.zeros(n, np.uint8)
+            self.values.combine(c, slots, other, present, n, self._state, self._seen,
+                                self._slot_key)
+        self._arrays()
 
 
 @dataclass(frozen=True)

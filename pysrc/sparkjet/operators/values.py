@@ -222,6 +222,18 @@ class ValueColumns:
                 self._first_last(op, c, np.ascontiguousarray(slots[present]),
                                  np.ascontiguousarray(part[present]), arr, seen)
 
+    def as_state(self, op: str, c: str, part: np.ndarray) -> np.ndarray | None:
+        """The state array that :meth:`combine` makes of ``part`` (of a snapshot's state, by
+        :meth:`restored`) in fresh arrays at slots 0, 1, ...: a new array, or None where
+        only the kernels make it (first and last keep seen flags; a sum changing width)."""
+        if op == "sum":
+            if self.kinds[c] == FLOAT:
+                return part + 0.0           # as the kernel's 0.0 + x (-0.0 becomes 0.0)
+            return np.array(part) if part.ndim == (2 if self._wide(c) else 1) else None
+        if op in ("min", "max") and part.ndim == 1:
+            return np.array(part)           # x against the fill (inf; a NaN is taken)
+        return None
+
     def _first_last(self, op, c, slots, values, arr, seen) -> None:
         suffix = "" if self.kinds[c] == FLOAT else "_i64"
         if op == "first":
