@@ -24,7 +24,7 @@ from sparkjet._keys import refuse_nulls
 from sparkjet.errors import InvalidArgumentError
 from sparkjet.operators.base import Operator, OperatorStage
 from sparkjet.operators.groups import Groups
-from sparkjet.operators.values import ValueColumns
+from sparkjet.operators.values import ValueColumns, owned
 
 OPERATIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 
@@ -314,21 +314,21 @@ class KeyedAggregator:
         the key map went from 0.36 to 0.21 s)."""
         n = len(slots)
         self._size = self._capacity = n
-        self._counts = np.array(counts, np.int64)
+        self._counts = owned(counts)
         self._marks = np.zeros(n, np.uint8)
-        self._nulls = {c: np.array(v, np.int64) for c, v in nulls.items()}
+        self._nulls = {c: owned(v) for c, v in nulls.items()}
         for c in self._columns:
             other = {(op, c): self.values.restored(op, c, table.column(f"__{op}__{c}"))
                      for op in self.values.ops[c]}
-            present = None if c not in nulls else counts > nulls[c]
             taken = {key: self.values.as_state(*key, part) for key, part in other.items()}
             if all(v is not None for v in taken.values()):
                 self._state.update(taken)
                 continue
-            for op, _ in other:
-                self._state[(op, c)] = self.values.new_array(op, c, n)
+            for key in other:
+                self._state[key] = self.values.new_array(*key, n)
             if "first" in self.values.ops[c]:
                 self._seen[c] = np.zeros(n, np.uint8)
+            present = None if c not in nulls else counts > nulls[c]
             self.values.combine(c, slots, other, present, n, self._state, self._seen,
                                 self._slot_key)
         self._arrays()

@@ -229,9 +229,9 @@ class ValueColumns:
         if op == "sum":
             if self.kinds[c] == FLOAT:
                 return part + 0.0           # as the kernel's 0.0 + x (-0.0 becomes 0.0)
-            return np.array(part) if part.ndim == (2 if self._wide(c) else 1) else None
+            return owned(part) if part.ndim == (2 if self._wide(c) else 1) else None
         if op in ("min", "max") and part.ndim == 1:
-            return np.array(part)           # x against the fill (inf; a NaN is taken)
+            return owned(part)              # x against the fill (inf; a NaN is taken)
         return None
 
     def _first_last(self, op, c, slots, values, arr, seen) -> None:
@@ -345,6 +345,12 @@ class ValueColumns:
         if op == "sum" and self._wide(c):
             return np.ascontiguousarray(np.stack([ints, ints >> 63], axis=1))
         return np.ascontiguousarray(ints)
+
+
+def owned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` if it owns its memory and may be written (an integer column :meth:`restored`
+    copied), else a copy (a view of Arrow's read-only buffers)."""
+    return arr if arr.flags.owndata and arr.flags.writeable else np.array(arr)
 
 
 def _decimals(words: np.ndarray, empty: np.ndarray | None) -> pa.Array:
