@@ -440,6 +440,76 @@ def test_native_blosc2_compression_refuses_bad_buffers():
         lib.compress(data, bytearray(len(data) + 64), typesize=0)
 
 
+def test_native_blosc2_compresses_a_run_as_it_compresses_each_chunk():
+    """compress_run (a file's chunks in one call) gives each chunk the bytes compress and
+    blosc2's Python API give it, back to back, and says how long each is."""
+    from sparkjet.snapshot.chunks import _blosc2_compressor, _blosc2_python
+
+    lib = _blosc2_compressor()
+    rng = np.random.default_rng(5)
+    sources = [b"", b"abc", rng.bytes(131_071), np.arange(50_000, dtype=np.int64).tobytes(),
+               pa.py_buffer(np.linspace(0, 1, 30_001).tobytes()), b"",
+               np.repeat(np.arange(100, dtype=np.int64), 700).tobytes()]
+    room = sum(len(memoryview(s)) for s in sources) + len(sources) * native.BLOSC2_MAX_OVERHEAD
+    out = bytearray(room + 16)
+    out[room:] = b"\xee" * 16
+    sizes = np.full(len(sources), -1, np.int64)
+    written = lib.compress_run(sources, out, sizes)
+    assert written == int(sizes.sum())
+    at = 0
+    for source, size in zip(sources, sizes.tolist()):
+        assert bytes(out[at:at + size]) == _blosc2_python(bytes(memoryview(source)))
+        at += size
+    assert out[room:] == b"\xee" * 16
+    assert lib.compress_run([], bytearray(0), np.empty(0, np.int64)) == 0
+
+
+def test_native_blosc2_run_compression_refuses_bad_buffers_before_writing():
+    from sparkjet.snapshot.chunks import _blosc2_compressor
+
+    lib = _blosc2_compressor()
+    data = [np.arange(1_000, dtype=np.int64).tobytes(), b"xyz"]
+    need = 8_003 + 2 * native.BLOSC2_MAX_OVERHEAD
+    sizes = np.zeros(2, np.int64)
+    short = bytearray(need - 1)
+    with pytest.raises(InvalidArgumentError, match=f"out holds {need - 1} bytes, {need}"):
+        lib.compress_run(data, short, sizes)
+    assert short == bytearray(need - 1)         # nothing compressed into it
+    with pytest.raises(InvalidArgumentError, match="sizes holds 1 values, 2"):
+        lib.compress_run(data, bytearray(need), sizes[:1])
+    with pytest.raises(TypeError):
+        lib.compress_run([data[0], 7], bytearray(need), sizes)
+    with pytest.raises(TypeError, match="out must be a writable"):
+        lib.compress_run(data, bytes(need), sizes)
+    with pytest.raises(InvalidArgumentError, match="clevel 10"):
+        lib.compress_run(data, bytearray(need), sizes, clevel=10)
+    with pytest.raises(InvalidArgumentError, match="typesize 256"):
+        lib.compress_run(data, bytearray(need), sizes, typesize=256)
+
+
+def test_a_files_chunks_compressed_in_runs_are_each_chunks_own_bytes(monkeypatch):
+    """The encoder compresses a file's chunks a run of messages at a time; each chunk is,
+    byte for byte, what encoding its rows alone gives (encode_payload, the Merkle
+    resync's rebuild), whatever the run's bounds (here a few chunks per run)."""
+    import sparkjet.snapshot.chunks as chunks
+
+    monkeypatch.setattr(chunks, "_RUN_BYTES", 50_000)
+    n = 60_000
+    rng = np.random.default_rng(11)
+    table = pa.table({"k": rng.permutation(n).astype(np.int64), "c": np.ones(n, np.int64),
+                      "v": rng.random(n)})
+    encoded = ChunkEncoder(3, 4, 5, partition_count=7, chunk_size=16_384).table(table, key="k")
+    assert len(encoded) > 4 * 7     # several chunks per partition, several runs
+    for c in encoded:
+        assert c.header.codec == native.CODEC_BLOSC2_LZ4
+        rows = decode_table(c.header, c.to_bytes()[chunks.HEADER_SIZE:])
+        rebuilt = chunks.encode_payload(c.header, rows)
+        assert [bytes(memoryview(p)) for p in rebuilt] == [bytes(memoryview(p)) for p in c.pieces]
+    back = pa.concat_tables(decode_table(c.header, c.to_bytes()[chunks.HEADER_SIZE:])
+                            for c in encoded).sort_by("k")
+    assert back.equals(table.sort_by("k"))
+
+
 def test_native_blosc2_survives_fuzzed_chunks():
     """Bytes flipped anywhere in a Blosc2 chunk: the call returns (a refusal, or bytes the
     chunk's checksum would refuse), it never crashes or writes past its share."""

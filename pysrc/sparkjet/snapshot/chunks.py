@@ -138,21 +138,17 @@ class ChunkEncoder:
 
     def iter_table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None) -> Iterator[Chunk]:
         """:meth:`table` as it goes, in partition order: bad input raises here, at the call;
-        chunks are then encoded one at a time (a writer can store each as it comes)."""
+        chunks are then encoded a run of a few MB at a time (a writer can store each as it
+        comes)."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         if table.num_rows == 0:
             return iter(())
         pids = partition_ids(table, self.partition_count, key=key, key_type=key_type)
         ordered, starts = group_rows(table, _ids(pids), self.partition_count)
-        schema_message = ordered.schema.serialize()
-
-        def chunks():
-            for p in np.flatnonzero(np.diff(starts)):
-                part = ordered.slice(starts[p], starts[p + 1] - starts[p])
-                yield from self._table_chunks(part, int(p), 0, schema_message)
-
-        return chunks()
+        parts = ((ordered.slice(starts[p], starts[p + 1] - starts[p]), int(p))
+                 for p in np.flatnonzero(np.diff(starts)))
+        return self._table_chunks(parts, ordered.schema, 0)
 
     def broadcast_table(self, table: pa.Table | pa.RecordBatch) -> list[Chunk]:
         """Chunks of state that every processor of the vertex restores."""
@@ -161,43 +157,93 @@ class ChunkEncoder:
         if table.num_rows == 0:
             return []
         batch = table.combine_chunks().to_batches()[0]
-        return list(self._table_chunks(batch, -1, _native.FLAG_BROADCAST, batch.schema.serialize()))
+        return list(self._table_chunks([(batch, -1)], batch.schema, _native.FLAG_BROADCAST,
+                                       kept=True))
 
-    def _table_chunks(self, part: pa.RecordBatch, partition: int, flags: int,
-                      schema_message: pa.Buffer) -> Iterator[Chunk]:
-        # Rows per chunk from the partition's average row size: an oversized row still
-        # gets a chunk of its own (step >= 1).
+    def _table_chunks(self, parts, schema: pa.Schema, flags: int,
+                      kept: bool = False) -> Iterator[Chunk]:
+        """The chunks of ``parts``, (record batch, partition) pairs of one schema, in their
+        order. With ``blosc2-lz4`` the record batch messages of up to :data:`_RUN_BYTES` are
+        compressed together, in one call that holds no GIL (:func:`_blosc2_run`), then
+        framed: a snapshot's processor shares its cores with the encoding thread, which
+        should ask for the GIL once per run, not once per chunk. ``kept``: the chunks are
+        held (a broadcast table's), so their payloads are trimmed to their size."""
+        schema_message = schema.serialize()
+        # A dictionary travels in a message of its own, which batch.serialize() leaves out:
+        # such a batch is written as a whole IPC stream.
+        dictionaries = _has_dictionary(schema)
+        run: list[tuple] = []       # (message, rows, partition) waiting to be compressed
+        held = 0
+        for part, partition in parts:
+            for batch in self._cuts(part):
+                if self.codec == "blosc2-lz4" and not dictionaries:
+                    message = batch.serialize()
+                    if message.size <= _BLOSC2_MAX:
+                        run.append((message, batch.num_rows, partition))
+                        held += message.size
+                        if held >= _RUN_BYTES:
+                            yield from self._blosc2_run(run, flags, schema_message, kept)
+                            run, held = [], 0
+                        continue
+                    if run:         # (chunks keep their order)
+                        yield from self._blosc2_run(run, flags, schema_message, kept)
+                        run, held = [], 0
+                    payload = _ipc_stream(batch, _LZ4_OPTIONS)
+                    yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
+                                      payload.size, (payload,))
+                elif self.codec == "raw" and dictionaries:
+                    payload = _ipc_stream(batch, _RAW_OPTIONS)
+                    yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows,
+                                      payload.size, (payload,))
+                elif self.codec == "raw":
+                    message = batch.serialize()
+                    size = schema_message.size + message.size
+                    yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows, size,
+                                      (schema_message, message))
+                else:
+                    payload = _ipc_stream(batch, _LZ4_OPTIONS)
+                    yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
+                                      payload.size, (payload,))
+        if run:
+            yield from self._blosc2_run(run, flags, schema_message, kept)
+
+    def _cuts(self, part: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """``part`` in pieces of about ``chunk_size`` bytes, by its average row size: an
+        oversized row still gets a piece of its own."""
         rows = part.num_rows
         pieces = max(1, math.ceil(part.nbytes / self.chunk_size))
+        if pieces == 1:
+            yield part
+            return
         step = max(1, math.ceil(rows / pieces))
-        # A dictionary travels in a message of its own, which batch.serialize() leaves out:
-        # such a batch is written as a whole IPC stream, uncompressed.
-        dictionaries = _has_dictionary(part.schema)
         for start in range(0, rows, step):
-            batch = part.slice(start, step)
-            if self.codec == "raw" and dictionaries:
-                payload = _ipc_stream(batch, _RAW_OPTIONS)
-                yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows,
-                                  payload.size, (payload,))
-            elif self.codec == "raw":
-                message = batch.serialize()
-                size = schema_message.size + message.size
-                yield self._frame(_native.CODEC_RAW, flags, partition, batch.num_rows, size,
-                                  (schema_message, message))
-            elif self.codec == "blosc2-lz4" and not dictionaries:
-                message = batch.serialize()
-                if message.size <= _BLOSC2_MAX:
-                    yield self._frame(_native.CODEC_BLOSC2_LZ4, flags, partition, batch.num_rows,
-                                      schema_message.size + message.size,
-                                      (schema_message, _blosc2(message)))
-                    continue
-                payload = _ipc_stream(batch, _LZ4_OPTIONS)
-                yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
-                                  payload.size, (payload,))
-            else:
-                payload = _ipc_stream(batch, _LZ4_OPTIONS)
-                yield self._frame(_native.CODEC_ARROW_LZ4, flags, partition, batch.num_rows,
-                                  payload.size, (payload,))
+            yield part.slice(start, step)
+
+    def _blosc2_run(self, run: list[tuple], flags: int, schema_message: pa.Buffer,
+                    kept: bool) -> Iterator[Chunk]:
+        """Blosc2 chunks of ``run``'s record batch messages, ``(message, rows, partition)``:
+        compressed back to back into one buffer by one native call (blosc2's Python API,
+        chunk by chunk, where the native library is not usable), then framed, each
+        checksummed after the schema message's digest, computed once."""
+        native = _blosc2_compressor()
+        if native is None:
+            packed = [_blosc2_python(m) for m, _, _ in run]
+        else:
+            out = pa.allocate_buffer(sum(m.size for m, _, _ in run)
+                                     + len(run) * _native.BLOSC2_MAX_OVERHEAD, resizable=kept)
+            sizes = np.empty(len(run), np.int64)
+            total = native.compress_run([m for m, _, _ in run], out, sizes)
+            if kept:    # held chunks keep their compressed size, not the messages'
+                out.resize(total, shrink_to_fit=True)
+            ends = np.cumsum(sizes).tolist()
+            packed = [out.slice(end - size, size) for end, size in zip(ends, sizes.tolist())]
+        base = xxhash.xxh3_64(schema_message)
+        for (message, rows, partition), piece in zip(run, packed):
+            digest = base.copy()
+            digest.update(piece)
+            yield self._framed(_native.CODEC_BLOSC2_LZ4, flags, partition, rows,
+                               schema_message.size + message.size,
+                               (schema_message, piece), digest.intdigest())
 
     # -- entries -----------------------------------------------------------------------
 
@@ -264,16 +310,21 @@ class ChunkEncoder:
             start = stop
 
     def _frame(self, codec, flags, partition, count, uncompressed, pieces) -> Chunk:
-        stored = sum(_size(p) for p in pieces)
-        if stored > _MAX_PAYLOAD or uncompressed > _MAX_PAYLOAD:
-            raise InvalidArgumentError(f"chunk payload of {uncompressed} bytes exceeds 4 GiB")
         digest = xxhash.xxh3_64()
         for p in pieces:
             digest.update(p)
+        return self._framed(codec, flags, partition, count, uncompressed, pieces,
+                            digest.intdigest())
+
+    def _framed(self, codec, flags, partition, count, uncompressed, pieces,
+                checksum: int) -> Chunk:
+        stored = sum(_size(p) for p in pieces)
+        if stored > _MAX_PAYLOAD or uncompressed > _MAX_PAYLOAD:
+            raise InvalidArgumentError(f"chunk payload of {uncompressed} bytes exceeds 4 GiB")
         header = ChunkHeader(codec, flags, self.job_id, self.snapshot_id, self.vertex,
-                             partition, count, uncompressed, stored, digest.intdigest())
+                             partition, count, uncompressed, stored, checksum)
         raw = _native.encode_chunk_header(codec, flags, self.job_id, self.snapshot_id, self.vertex,
-                                    partition, count, uncompressed, stored, header.checksum)
+                                          partition, count, uncompressed, stored, checksum)
         return Chunk(header, raw, tuple(pieces))
 
 
@@ -624,6 +675,9 @@ _RAW_OPTIONS = pa.ipc.IpcWriteOptions(compression=None, use_threads=False)
 # imported its dependencies (a Spark worker has), and most imports of sparkjet never
 # write a snapshot.
 _BLOSC2_MAX = 2**31 - 256      # blosc2.MAX_BUFFERSIZE (2 GiB less its header's room)
+#: The record batch messages a snapshot compresses in one call: a few MB, so that a
+#: file's encoding asks for the GIL rarely and holds little beside the state.
+_RUN_BYTES = 4 << 20
 _BLOSC2_DPARAMS = {"nthreads": 1}
 
 
