@@ -690,14 +690,19 @@ def _blosc2_module():
 
 
 @functools.cache
-def warm(codec: str) -> None:
+def warm(codec: str) -> threading.Thread | None:
     """Imports what ``codec`` needs on a thread of its own, once per process (a member
     process calls this as it starts, and every member as it is made: the import then
     overlaps the member's start and join, which mostly wait, instead of stalling a
-    processor's thread at its first restore or snapshot)."""
-    if codec == "blosc2-lz4":
-        threading.Thread(target=_blosc2_compressor, name="sparkjet-import-blosc2",
-                         daemon=True).start()
+    processor's thread at its first restore or snapshot). Returns that thread (the same
+    one on every call), which a member joins before its processors start, or None when
+    the codec needs no import."""
+    if codec != "blosc2-lz4":
+        return None
+    thread = threading.Thread(target=_blosc2_compressor, name="sparkjet-import-blosc2",
+                              daemon=True)
+    thread.start()
+    return thread
 
 
 def _blosc2(message: pa.Buffer) -> pa.Buffer | bytes:
