@@ -59,12 +59,13 @@ def split_by_sorting(batch: pa.RecordBatch, values: np.ndarray) -> list[tuple[in
 _GROUPED_VALUES = 1 << 16
 
 
-def group_rows(data: pa.RecordBatch | pa.Table, ids: np.ndarray,
-               count: int) -> tuple[pa.RecordBatch, np.ndarray]:
+def group_rows(data: pa.RecordBatch | pa.Table, ids: np.ndarray, count: int,
+               alloc=None) -> tuple[pa.RecordBatch, np.ndarray]:
     """The rows of ``data`` grouped by ``ids`` (one int32 per row, each in
     ``0..count - 1``), keeping their order within a group, as one RecordBatch, and where
     each id's rows start (``count + 1`` values, the last the row count). Fixed-width
-    columns without nulls move in one native pass each (``_native.scatter_fixed``); the
+    columns without nulls move in one native pass each (``_native.scatter_fixed``) into a
+    buffer from ``alloc(nbytes)`` (a writable buffer; default ``pa.allocate_buffer``); the
     others through one ``take`` of the native counting sort's row order. An id outside
     ``0..count - 1`` is refused (InvalidArgumentError naming its index)."""
     ids = np.ascontiguousarray(ids, dtype=np.int32)
@@ -81,7 +82,7 @@ def group_rows(data: pa.RecordBatch | pa.Table, ids: np.ndarray,
         width = t.bit_width // 8 if pa.types.is_primitive(t) and t.bit_width % 8 == 0 else 0
         if width and column.null_count == 0:
             data_buffer = column.buffers()[1]
-            out = pa.allocate_buffer(n * width)
+            out = (alloc or pa.allocate_buffer)(n * width)
             _native.scatter_fixed(data_buffer.slice(column.offset * width, n * width), width,
                                   ids, starts, out)
             columns.append(pa.Array.from_buffers(t, n, [None, out]))

@@ -495,3 +495,72 @@ def test_a_store_made_again_is_another_log_of_the_job(tmp_path):
     again.register_execution(0)
     assert again.incarnation() not in (None, first)
 
+
+
+def test_a_processors_snapshots_group_their_state_into_memory_kept_between_them(store):
+    """A keyed processor's snapshots take the memory they group its state into from a
+    pool (SnapshotBuffers): a writer gives it back once its files are written, and the
+    next snapshot groups into the same memory; a writer not finished keeps it. Every
+    snapshot still restores its own state: the files hold copies, not that memory."""
+    from sparkjet.snapshot.writer import SnapshotBuffers
+
+    pool = SnapshotBuffers()
+    lease_of = []
+    real_lease = pool.lease
+
+    def recording_lease():
+        lease = real_lease()
+        taken = []
+        take = lease.take
+
+        def take_recorded(nbytes):
+            buf = take(nbytes)
+            taken.append(buf.address)
+            return buf
+        lease.take = take_recorded
+        lease_of.append(taken)
+        return lease
+
+    pool.lease = recording_lease
+    first = store.writer(0, 1, codec="blosc2-lz4")
+    first.write_table("agg", state(1), key="key", buffers=pool)
+    # snapshot 1 starts before snapshot 0's files are written: it cannot have its memory
+    second = store.writer(1, 1, codec="blosc2-lz4")
+    second.write_table("agg", state(2), key="key", buffers=pool)
+    assert lease_of[0] and not set(lease_of[0]) & set(lease_of[1])
+    assert pool.held_bytes == 0
+    first.commit()
+    store.wait_for_cleanup()
+    assert pool.held_bytes > 0          # given back as its files were written
+    second.commit()
+    store.wait_for_cleanup()
+    third = store.writer(2, 1, codec="blosc2-lz4")
+    third.write_table("agg", state(3), key="key", buffers=pool)
+    assert set(lease_of[2]) <= set(lease_of[0]) | set(lease_of[1])
+    assert len(set(lease_of[2])) == len(lease_of[2]) == 3     # key, count, sum
+    third.commit()
+    store.wait_for_cleanup()
+    # each snapshot holds its own state, though the later ones grouped into the same memory
+    assert sorted_table(store.restore("agg", snapshot_id=1).table).equals(
+        sorted_table(state(2)))
+    assert sorted_table(store.restore("agg", snapshot_id=2).table).equals(
+        sorted_table(state(3)))
+    # the pool keeps about what one snapshot took, however many ran
+    assert pool.held_bytes <= 2 * sum(c.nbytes for c in state(3).columns)
+
+
+def test_a_buffer_lease_given_back_takes_nothing_more():
+    from sparkjet.snapshot.writer import SnapshotBuffers
+
+    pool = SnapshotBuffers()
+    lease = pool.lease()
+    buf = lease.take(1000)
+    assert buf.size == 1000 and buf.is_mutable
+    lease.give_back()
+    lease.give_back()                   # once is what counts
+    assert pool.held_bytes >= 1000
+    with pytest.raises(InvalidArgumentError, match="given back"):
+        lease.take(10)
+    again = pool.lease()
+    assert again.take(900).address == buf.address      # the same memory, reused
+    assert again.take(900).address != buf.address      # not twice in one lease

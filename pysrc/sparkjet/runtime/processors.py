@@ -45,6 +45,7 @@ from sparkjet.runtime.watermarks import (
     Watermark,
     WatermarkTracker,
 )
+from sparkjet.snapshot.writer import SnapshotBuffers
 
 
 class MemberLink(Protocol):
@@ -396,6 +397,7 @@ class KeyedProcessor(Processor):
         self.restored_in_flight = []
         terminal_sid = None
         unaligned = None        # (snapshot id, writer, schemas) until its last barrier
+        buffers = SnapshotBuffers()     # the memory its snapshots group the state into
         done = False
         after = None            # an event taken while gathering batches, handled next
         # (a stage of one input: the batches of two inputs, tagged with their ordinal or
@@ -428,7 +430,7 @@ class KeyedProcessor(Processor):
                     sid = event[1]
                     writer = open_writer(m, v.name, self.index, sid)
                     write_keyed(writer, v, self.index, op, tracker.current,
-                                m.topology.partitions_of(v.name, self.index))
+                                m.topology.partitions_of(v.name, self.index), buffers)
                     unaligned = (sid, writer, forward_barrier(self, writer, sid, False))
                 elif kind == SNAPSHOT:
                     sid, terminal = event[1], event[2]
@@ -444,7 +446,7 @@ class KeyedProcessor(Processor):
                         continue
                     writer = open_writer(m, v.name, self.index, sid)
                     write_keyed(writer, v, self.index, op, tracker.current,
-                                m.topology.partitions_of(v.name, self.index))
+                                m.topology.partitions_of(v.name, self.index), buffers)
                     # (this thread is the aligner's consumer: its alignment of this
                     # snapshot is the last one recorded until it takes again)
                     finish_barrier(self, writer, sid, terminal, aligned)

@@ -115,15 +115,17 @@ def write_source(writer, vertex: str, index: int, state, watermarks: dict | None
     writer.write_broadcast_entries(vertex, keys, values)
 
 
-def write_keyed(writer, vertex, index: int, op, watermark: int, partitions: list[int]) -> None:
+def write_keyed(writer, vertex, index: int, op, watermark: int, partitions: list[int],
+                buffers=None) -> None:
     """A keyed processor's operator state (``op``, of processor ``index`` of ``vertex``),
-    and its ``watermark`` with the ``partitions`` it owns."""
+    and its ``watermark`` with the ``partitions`` it owns; ``buffers``: the processor's
+    :class:`~sparkjet.snapshot.writer.SnapshotBuffers`, the state is grouped into."""
     table = op.snapshot()
     if table is not None:
         if vertex.single:
             writer.write_broadcast_table(vertex.name, table)
         else:
-            writer.write_table(vertex.name, table, key=op.state_key)
+            writer.write_table(vertex.name, table, key=op.state_key, buffers=buffers)
     shared = op.snapshot_broadcast() if index == 0 and not vertex.single else None
     if shared is not None:
         writer.write_broadcast_table(vertex.name, shared)

@@ -136,16 +136,20 @@ class ChunkEncoder:
         list of them); rows of one partition keep their order."""
         return list(self.iter_table(table, key, key_type=key_type))
 
-    def iter_table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None) -> Iterator[Chunk]:
+    def iter_table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None,
+                   alloc=None) -> Iterator[Chunk]:
         """:meth:`table` as it goes, in partition order: bad input raises here, at the call;
         chunks are then encoded a run of a few MB at a time (a writer can store each as it
-        comes)."""
+        comes). The rows are grouped by partition at the call, into buffers of their own
+        (from ``alloc``, as :func:`~sparkjet._batches.group_rows` takes it): ``table``
+        may change once this returns. No rows: an empty tuple, else a generator of at
+        least one chunk that has encoded none yet."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         if table.num_rows == 0:
-            return iter(())
+            return ()
         pids = partition_ids(table, self.partition_count, key=key, key_type=key_type)
-        ordered, starts = group_rows(table, _ids(pids), self.partition_count)
+        ordered, starts = group_rows(table, _ids(pids), self.partition_count, alloc)
         parts = ((ordered.slice(starts[p], starts[p + 1] - starts[p]), int(p))
                  for p in np.flatnonzero(np.diff(starts)))
         return self._table_chunks(parts, ordered.schema, 0)
@@ -253,12 +257,13 @@ class ChunkEncoder:
         return list(self.iter_entries(keys, values))
 
     def iter_entries(self, keys, values) -> Iterator[Chunk]:
-        """:meth:`entries` as it goes, in partition order (bad input raises at the call)."""
+        """:meth:`entries` as it goes, in partition order (bad input raises at the call); an
+        empty tuple when there are no entries."""
         keys, values = _binary(keys, "keys"), _binary(values, "values")
         if len(keys) != len(values):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} values")
         if len(keys) == 0:
-            return iter(())
+            return ()
         pids = partition_ids(keys, self.partition_count)
         starts, perm = _scatter(pids, self.partition_count, with_perm=True)
         sizes = np.empty(len(keys), np.int64)
