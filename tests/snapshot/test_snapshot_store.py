@@ -564,3 +564,29 @@ def test_a_buffer_lease_given_back_takes_nothing_more():
     again = pool.lease()
     assert again.take(900).address == buf.address      # the same memory, reused
     assert again.take(900).address != buf.address      # not twice in one lease
+
+
+def test_a_tables_chunks_are_all_encoded_on_the_writers_thread(store, monkeypatch):
+    """write_table groups the rows at the call and returns: every chunk of the file is
+    serialized and compressed on the writer's I/O thread, none on the caller's (a keyed
+    processor's, which has events waiting); no rows write no file."""
+    import threading
+
+    from sparkjet.snapshot import chunks
+
+    encoded_on = []
+    real = chunks.ChunkEncoder._blosc2_run
+
+    def recorded(self, run, *args):
+        encoded_on.append(threading.current_thread().name)
+        return real(self, run, *args)
+
+    monkeypatch.setattr(chunks, "_RUN_BYTES", 10_000)      # several runs per file
+    monkeypatch.setattr(chunks.ChunkEncoder, "_blosc2_run", recorded)
+    w = store.writer(0, 1, codec="blosc2-lz4")
+    w.write_table("agg", state(1), key="key")
+    w.write_table("empty", state(1).slice(0, 0), key="key")
+    info = w.commit()
+    assert len(encoded_on) > 3 and set(encoded_on) == {"sparkjet-snapshot-write"}
+    assert info.vertices == ("agg",)
+    assert sorted_table(store.restore("agg").table).equals(sorted_table(state(1)))
