@@ -590,3 +590,18 @@ def test_a_tables_chunks_are_all_encoded_on_the_writers_thread(store, monkeypatc
     assert len(encoded_on) > 3 and set(encoded_on) == {"sparkjet-snapshot-write"}
     assert info.vertices == ("agg",)
     assert sorted_table(store.restore("agg").table).equals(sorted_table(state(1)))
+
+
+def test_a_buffer_pool_keeps_no_more_than_its_bound():
+    """A state too large for the pool's bound is grouped into fresh memory each time, as
+    without a pool: nothing of it is kept idle between snapshots."""
+    from sparkjet.snapshot.writer import SnapshotBuffers
+
+    pool = SnapshotBuffers(max_bytes=10_000)
+    lease = pool.lease()
+    small, large = lease.take(4_000), lease.take(20_000)
+    lease.give_back()
+    assert 4_000 <= pool.held_bytes <= 10_000
+    again = pool.lease()
+    assert again.take(4_000).address == small.address
+    assert again.take(20_000).address != large.address

@@ -81,12 +81,16 @@ class SnapshotBuffers:
     gives them back when its files are written (:meth:`SnapshotWriter.finish`): the
     chunks it wrote hold copies (serialized, compressed), never these buffers. A lease
     never given back (a failed writer) leaves its buffers to the garbage collector. What
-    the pool keeps is what the last lease given back used: about one more copy of the
-    state's fixed-width columns."""
+    the pool keeps is what the last lease given back used, up to ``max_bytes``: about one
+    more copy of the state's fixed-width columns for a state of up to ~10M keys per
+    processor; a larger state's snapshots take fresh memory, as they did without a pool
+    (its snapshot costs far more than the faults, and a copy of it kept idle would cost
+    gigabytes)."""
 
-    def __init__(self):
+    def __init__(self, max_bytes: int = 256 << 20):
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
+        self.max_bytes = max_bytes
 
     def lease(self) -> BufferLease:
         return BufferLease(self)
@@ -102,8 +106,13 @@ class SnapshotBuffers:
     def _give_back(self, used: list[np.ndarray]) -> None:
         with self._lock:
             # the last snapshot's buffers, and as many of the others as it used (newest
-            # first): the pool does not grow past what a snapshot takes
-            self._free = (used + self._free)[: max(len(used), 1)]
+            # first), within max_bytes: the pool does not grow past what a snapshot takes
+            kept, held = [], 0
+            for buf in (used + self._free)[: max(len(used), 1)]:
+                if held + len(buf) <= self.max_bytes:
+                    kept.append(buf)
+                    held += len(buf)
+            self._free = kept
 
     @property
     def held_bytes(self) -> int:
