@@ -605,3 +605,46 @@ def test_a_buffer_pool_keeps_no_more_than_its_bound():
     again = pool.lease()
     assert again.take(4_000).address == small.address
     assert again.take(20_000).address != large.address
+
+
+def test_a_file_in_a_slot_is_backed_up_after_the_write_call_returns(tmp_path):
+    """With the members' storage a file's backup (and durable copy) is made on the
+    writer's thread once the file is written: the processor that wrote its state goes on
+    at once; finish() waits for the copies, and a copy that fails fails the snapshot."""
+    import threading
+    import uuid
+
+    from sparkjet.snapshot.slots import StorageSlot
+
+    b = str(uuid.uuid4())
+    a = StorageSlot.claim(tmp_path / "host-a", host="a")
+    store = SnapshotStore(tmp_path / "store", 42)
+    store.register_execution(1)
+    returned = threading.Event()
+    seen = []
+
+    def replicate(path, chunks):        # a backup that takes a while
+        seen.append((threading.current_thread().name, returned.wait(10), len(chunks)))
+        return [b]
+
+    try:
+        w = store.writer(0, 1, writer=0, slot=a, replicate=replicate, durable=True)
+        w.write_table("agg", state(1), key="key")
+        returned.set()
+        manifest = w.finish()
+        assert seen == [("sparkjet-snapshot-write", True, len(manifest.files[0]["chunks"]))]
+        (f,) = manifest.files
+        assert f["slot"] == a.uuid and f["replicas"] == [b] and f["durable"]
+        store.commit(0, 1, [manifest])
+        assert sorted_table(store.restore("agg").table).equals(sorted_table(state(1)))
+
+        def refused(path, chunks):
+            raise OSError(28, "No space left on device")
+
+        w = store.writer(1, 1, writer=0, slot=a, replicate=refused)
+        w.write_table("agg", state(2), key="key")           # returns; the copy fails later
+        with pytest.raises(OSError, match="No space left"):
+            w.finish()
+    finally:
+        store.close()
+        a.release()

@@ -242,24 +242,32 @@ class SnapshotWriter:
         name = layout.chunk_file(self.writer, self._calls)
         self._calls += 1
         record = {"vertex": vertex, "path": f"{vertex}/{name}", "bytes": 0, "chunks": []}
-        self._io((f"{directory}/{name}", chunks, record))
-        if self.slot is not None:
-            self._drain()   # replication and the durable copy read the file back
-            offset, entries = record["bytes"], record["chunks"]
+        after = None if self.slot is None else self._slot_copies(vertex, name, record)
+        self._io((f"{directory}/{name}", chunks, record, after))
+        self._files.append(record)      # (complete once the I/O thread has written it)
+
+    def _slot_copies(self, vertex: str, name: str, record: dict):
+        """What follows a file written into the slot, on the I/O thread once it is closed
+        (the caller, a processor with input waiting, goes on): its byte ranges streamed to
+        the slots that back them, which each verify (``replicate``), and the durable copy
+        in the store. Both read the file back; :meth:`finish` waits for them."""
+        path = "/".join((layout.SNAPSHOTS, self._dir, vertex, name))
+
+        def copies():
             record["slot"] = self.slot.uuid
             if self.replicate is not None:
-                replicas = self.replicate(
-                    "/".join((layout.SNAPSHOTS, self._dir, vertex, name)), entries)
+                replicas = self.replicate(path, record["chunks"])
                 if replicas:
                     record["replicas"] = list(replicas)
             if self.durable:
-                self._copy_to_store(vertex, name, offset)
+                self._copy_to_store(vertex, name, record["bytes"])
                 record["durable"] = True
-        self._files.append(record)      # (complete once the I/O thread has written it)
+        return copies
 
     def _io(self, op: tuple) -> None:
-        """Queues a file, ``(path, chunks, record)``, for this writer's one I/O thread,
-        started at the first: one thread per snapshot and writer, not one per file."""
+        """Queues a file, ``(path, chunks, record, after)``, for this writer's one I/O
+        thread, started at the first: one thread per snapshot and writer, not one per
+        file."""
         if self._queue is None:
             self._queue = queue.Queue()
             # The thread holds no reference to the writer: a writer dropped unfinished (its
@@ -274,16 +282,17 @@ class SnapshotWriter:
     @staticmethod
     def _run_io(ops: queue.Queue, backend: StorageBackend, failed: list) -> None:
         """The I/O thread: writes the queued files in order until ``None``, filling in each
-        one's record (its bytes and chunks); after a failure it writes nothing more (a
-        failed writer's snapshot is never committed) and keeps the error (in ``failed``)
-        for the encoding thread to raise."""
+        one's record (its bytes and chunks), then runs the file's ``after`` (the copies of a
+        file in a slot); after a failure it writes nothing more (a failed writer's snapshot
+        is never committed) and keeps the error (in ``failed``) for the encoding thread to
+        raise."""
         while (op := ops.get()) is not None:
             if isinstance(op, threading.Event):
                 op.set()
                 continue
             if failed:
                 continue
-            path, chunks, record = op
+            path, chunks, record, after = op
             try:
                 out = backend.open_write(path)
                 entries, offset = record["chunks"], 0
@@ -300,6 +309,8 @@ class SnapshotWriter:
                     raise
                 out.close()
                 record["bytes"] = offset
+                if after is not None:
+                    after()
             except BaseException as e:  # noqa: BLE001 - raised by the encoding thread
                 failed.append(e)
 
