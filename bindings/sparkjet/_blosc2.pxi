@@ -175,9 +175,9 @@ cdef class Blosc2Library:
         """Compresses each of ``sources`` (buffers) as :meth:`compress` does, back to back
         into ``out`` (a writable buffer of at least the sources' bytes plus
         ``BLOSC2_MAX_OVERHEAD`` per source), on one thread and without the GIL: a
-        snapshot's chunks of a file in one call instead of a call and a buffer each. ``sizes[i]`` gets chunk *i*'s size; returns the bytes
-        written. Nothing is written past ``out``: the room is checked before any source is
-        compressed."""
+        snapshot's chunks of a file in one call instead of a call and a buffer each.
+        ``sizes[i]`` gets chunk *i*'s size; returns the bytes written. Nothing is written
+        past ``out``: the room is checked before any source is compressed."""
         cdef Py_ssize_t n = len(sources), i, held = 0
         check_len(sizes.shape[0], n, "sizes")
         if not 0 <= clevel <= 9 or not 1 <= typesize <= 255:

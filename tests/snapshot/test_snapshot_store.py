@@ -648,3 +648,31 @@ def test_a_file_in_a_slot_is_backed_up_after_the_write_call_returns(tmp_path):
     finally:
         store.close()
         a.release()
+
+
+@pytest.mark.parametrize("in_slot", [False, True], ids=["store", "slot"])
+def test_a_writer_dropped_unfinished_ends_its_thread(tmp_path, in_slot):
+    """A writer whose processor failed is dropped without finish(): its I/O thread, which
+    holds nothing of it (nor, in a slot, of the copies' work), ends once it is collected."""
+    import gc
+
+    from sparkjet.snapshot.slots import StorageSlot
+
+    slot = StorageSlot.claim(tmp_path / "host-a", host="a") if in_slot else None
+    store = SnapshotStore(tmp_path / "store", 42)
+    store.register_execution(1)
+    try:
+        w = store.writer(0, 1, writer=0, slot=slot,
+                         replicate=(lambda path, chunks: []) if in_slot else None,
+                         durable=in_slot)
+        w.write_table("agg", state(1), key="key")
+        w._drain()          # the file written (and copied): the thread waits for the next
+        thread = w._thread
+        del w
+        gc.collect()
+        thread.join(10)
+        assert not thread.is_alive()
+    finally:
+        store.close()
+        if slot is not None:
+            slot.release()

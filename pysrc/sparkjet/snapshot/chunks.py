@@ -30,7 +30,7 @@ import glob
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import lz4.block
@@ -137,7 +137,7 @@ class ChunkEncoder:
         return list(self.iter_table(table, key, key_type=key_type))
 
     def iter_table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None,
-                   alloc=None) -> Iterator[Chunk]:
+                   alloc=None) -> Iterable[Chunk]:
         """:meth:`table` as it goes, in partition order: bad input raises here, at the call;
         chunks are then encoded a run of a few MB at a time (a writer can store each as it
         comes). The rows are grouped by partition at the call, into buffers of their own
@@ -168,7 +168,7 @@ class ChunkEncoder:
                       kept: bool = False) -> Iterator[Chunk]:
         """The chunks of ``parts``, (record batch, partition) pairs of one schema, in their
         order. With ``blosc2-lz4`` the record batch messages of up to :data:`_RUN_BYTES` are
-        compressed together, in one call that holds no GIL (:func:`_blosc2_run`), then
+        compressed together, in one call that holds no GIL (:meth:`_blosc2_run`), then
         framed: a snapshot's processor shares its cores with the encoding thread, which
         should ask for the GIL once per run, not once per chunk. ``kept``: the chunks are
         held (a broadcast table's), so their payloads are trimmed to their size."""
@@ -256,7 +256,7 @@ class ChunkEncoder:
         partitioned by each key as a Hazelcast byte[]."""
         return list(self.iter_entries(keys, values))
 
-    def iter_entries(self, keys, values) -> Iterator[Chunk]:
+    def iter_entries(self, keys, values) -> Iterable[Chunk]:
         """:meth:`entries` as it goes, in partition order (bad input raises at the call); an
         empty tuple when there are no entries."""
         keys, values = _binary(keys, "keys"), _binary(values, "values")

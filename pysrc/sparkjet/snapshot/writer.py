@@ -250,17 +250,20 @@ class SnapshotWriter:
         """What follows a file written into the slot, on the I/O thread once it is closed
         (the caller, a processor with input waiting, goes on): its byte ranges streamed to
         the slots that back them, which each verify (``replicate``), and the durable copy
-        in the store. Both read the file back; :meth:`finish` waits for them."""
+        in the store. Both read the file back; :meth:`finish` waits for them. (The function
+        holds what it needs, not the writer, which the I/O thread must never keep alive.)"""
         path = "/".join((layout.SNAPSHOTS, self._dir, vertex, name))
+        slot, replicate = self.slot.uuid, self.replicate
+        durable = self._durable_copy(vertex, name) if self.durable else None
 
         def copies():
-            record["slot"] = self.slot.uuid
-            if self.replicate is not None:
-                replicas = self.replicate(path, record["chunks"])
+            record["slot"] = slot
+            if replicate is not None:
+                replicas = replicate(path, record["chunks"])
                 if replicas:
                     record["replicas"] = list(replicas)
-            if self.durable:
-                self._copy_to_store(vertex, name, record["bytes"])
+            if durable is not None:
+                durable(record["bytes"])
                 record["durable"] = True
         return copies
 
@@ -292,27 +295,33 @@ class SnapshotWriter:
                 continue
             if failed:
                 continue
-            path, chunks, record, after = op
             try:
-                out = backend.open_write(path)
-                entries, offset = record["chunks"], 0
-                try:
-                    for c in chunks:
-                        out.write(c.header_bytes)
-                        for piece in c.pieces:
-                            out.write(piece)
-                        entries.append([offset, c.header.stored_size, c.header.checksum,
-                                        c.header.entry_count, c.header.partition])
-                        offset += c.nbytes
-                except BaseException:
-                    out.abort()
-                    raise
-                out.close()
-                record["bytes"] = offset
-                if after is not None:
-                    after()
+                SnapshotWriter._write_file(backend, *op)
             except BaseException as e:  # noqa: BLE001 - raised by the encoding thread
                 failed.append(e)
+            # nothing of this file is held while the thread waits for the next (its
+            # chunks, the state's memory they were cut from, the copies' function)
+            op = None
+
+    @staticmethod
+    def _write_file(backend: StorageBackend, path: str, chunks, record: dict, after) -> None:
+        out = backend.open_write(path)
+        entries, offset = record["chunks"], 0
+        try:
+            for c in chunks:
+                out.write(c.header_bytes)
+                for piece in c.pieces:
+                    out.write(piece)
+                entries.append([offset, c.header.stored_size, c.header.checksum,
+                                c.header.entry_count, c.header.partition])
+                offset += c.nbytes
+        except BaseException:
+            out.abort()
+            raise
+        out.close()
+        record["bytes"] = offset
+        if after is not None:
+            after()
 
     def _drain(self) -> None:
         """Waits until every queued file operation has run; raises the I/O thread's error."""
@@ -333,21 +342,25 @@ class SnapshotWriter:
         if self._failed:
             raise self._failed[0]
 
-    def _copy_to_store(self, vertex: str, name: str, size: int) -> None:
-        """The durable copy of a file written into the slot: the same bytes in the store's
-        snapshot folder, streamed in 4 MiB pieces."""
-        read = self._backend.range_reader(f"{self._folder(vertex)}/{name}")
+    def _durable_copy(self, vertex: str, name: str):
+        """The durable copy of a file written into the slot, as a function of its size: the
+        same bytes in the store's snapshot folder, streamed in 4 MiB pieces."""
+        source, read_from = f"{self._folder(vertex)}/{name}", self._backend
         store = self.store._backend
         folder = self.store._path(layout.SNAPSHOTS, self._dir, vertex)
-        store.makedirs(folder)
-        out = store.open_write(f"{folder}/{name}")
-        try:
-            for offset in range(0, size, 4 << 20):
-                out.write(read(offset, min(4 << 20, size - offset)))
-        except BaseException:
-            out.abort()
-            raise
-        out.close()
+
+        def copy(size: int) -> None:
+            read = read_from.range_reader(source)
+            store.makedirs(folder)
+            out = store.open_write(f"{folder}/{name}")
+            try:
+                for offset in range(0, size, 4 << 20):
+                    out.write(read(offset, min(4 << 20, size - offset)))
+            except BaseException:
+                out.abort()
+                raise
+            out.close()
+        return copy
 
     def _folder(self, vertex: str) -> str:
         if self.slot is None:
