@@ -676,3 +676,19 @@ def test_a_writer_dropped_unfinished_ends_its_thread(tmp_path, in_slot):
         store.close()
         if slot is not None:
             slot.release()
+
+
+def test_a_lease_that_took_nothing_leaves_the_pool_as_it_is():
+    """A snapshot of no rows (a processor with no keys yet) takes no buffer: giving its
+    lease back keeps what the pool held for the next snapshot."""
+    from sparkjet.snapshot.writer import SnapshotBuffers
+
+    pool = SnapshotBuffers()
+    lease = pool.lease()
+    taken = [lease.take(1000).address for _ in range(3)]
+    lease.give_back()
+    held = pool.held_bytes
+    pool.lease().give_back()
+    assert pool.held_bytes == held
+    again = pool.lease()
+    assert sorted(again.take(1000).address for _ in range(3)) == sorted(taken)

@@ -226,21 +226,9 @@ class ChunkEncoder:
     def _blosc2_run(self, run: list[tuple], flags: int, schema_message: pa.Buffer,
                     kept: bool) -> Iterator[Chunk]:
         """Blosc2 chunks of ``run``'s record batch messages, ``(message, rows, partition)``:
-        compressed back to back into one buffer by one native call (blosc2's Python API,
-        chunk by chunk, where the native library is not usable), then framed, each
-        checksummed after the schema message's digest, computed once."""
-        native = _blosc2_compressor()
-        if native is None:
-            packed = [_blosc2_python(m) for m, _, _ in run]
-        else:
-            out = pa.allocate_buffer(sum(m.size for m, _, _ in run)
-                                     + len(run) * _native.BLOSC2_MAX_OVERHEAD, resizable=kept)
-            sizes = np.empty(len(run), np.int64)
-            total = native.compress_run([m for m, _, _ in run], out, sizes)
-            if kept:    # held chunks keep their compressed size, not the messages'
-                out.resize(total, shrink_to_fit=True)
-            ends = np.cumsum(sizes).tolist()
-            packed = [out.slice(end - size, size) for end, size in zip(ends, sizes.tolist())]
+        compressed together (:func:`_blosc2_many`), then framed, each checksummed after the
+        schema message's digest, computed once."""
+        packed = _blosc2_many([m for m, _, _ in run], kept)
         base = xxhash.xxh3_64(schema_message)
         for (message, rows, partition), piece in zip(run, packed):
             digest = base.copy()
@@ -711,19 +699,30 @@ def warm(codec: str) -> threading.Thread | None:
 
 
 def _blosc2(message: pa.Buffer) -> pa.Buffer | bytes:
-    """``message`` as one Blosc2 chunk (lz4 after an 8-byte shuffle): through c-blosc2 in
-    one call that holds no GIL when the native library gives blosc2's own bytes, else
-    through blosc2's Python API (which holds the GIL as it compresses, and allocates and
-    copies the result twice)."""
+    """``message`` as one Blosc2 chunk (lz4 after an 8-byte shuffle), as a snapshot's chunks
+    are compressed (:func:`_blosc2_many`), held at its compressed size."""
+    return _blosc2_many([message], kept=True)[0]
+
+
+def _blosc2_many(messages: list, kept: bool) -> list:
+    """Each of ``messages`` as one Blosc2 chunk: through c-blosc2, back to back in one
+    buffer by one call that holds no GIL, when the native library gives blosc2's own
+    bytes; else through blosc2's Python API, one by one (which holds the GIL as it
+    compresses, and allocates and copies each result twice). ``kept``: the chunks are held
+    (a broadcast table's, in a list), so their buffer is trimmed to their compressed size,
+    not the messages'."""
     native = _blosc2_compressor()
     if native is None:
-        return _blosc2_python(message)
-    out = pa.allocate_buffer(_size(message) + _native.BLOSC2_MAX_OVERHEAD, resizable=True)
-    size = native.compress(message, out)
-    # shrunk, so a chunk held in a list (a broadcast table's) keeps its compressed size, not
-    # the message's; sliced, as a resized buffer still shows its old size to memoryview
-    out.resize(size, shrink_to_fit=True)
-    return out.slice(0, size)
+        return [_blosc2_python(m) for m in messages]
+    out = pa.allocate_buffer(sum(_size(m) for m in messages)
+                             + len(messages) * _native.BLOSC2_MAX_OVERHEAD, resizable=kept)
+    sizes = np.empty(len(messages), np.int64)
+    total = native.compress_run(messages, out, sizes)
+    if kept:
+        out.resize(total, shrink_to_fit=True)
+    # sliced, as a resized buffer still shows its old size to memoryview
+    ends = np.cumsum(sizes).tolist()
+    return [out.slice(end - size, size) for end, size in zip(ends, sizes.tolist())]
 
 
 def _blosc2_python(message) -> bytes:

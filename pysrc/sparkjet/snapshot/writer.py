@@ -75,8 +75,8 @@ class SnapshotBuffers:
     one snapshot to the next (a pool per processor).
 
     A snapshot copies the whole state once, grouped by partition, at the barrier, on the
-    processor's thread; in fresh memory that copy pays a page fault per page, which on
-    a VM guest made it 3-8 times slower than in memory used before (500k keys: 17-42 ms
+    processor's thread; into memory the process has not used before that copy was 3-8
+    times slower on a VM guest than into memory used before (500k keys: 17-42 ms
     instead of 5-6). A writer takes buffers from a :meth:`lease` while it encodes and
     gives them back when its files are written (:meth:`SnapshotWriter.finish`): the
     chunks it wrote hold copies (serialized, compressed), never these buffers. A lease
@@ -104,11 +104,13 @@ class SnapshotBuffers:
         return np.empty(nbytes + nbytes // 8, np.uint8)
 
     def _give_back(self, used: list[np.ndarray]) -> None:
+        if not used:
+            return      # (a snapshot of no rows took nothing: the pool stays as it is)
         with self._lock:
             # the last snapshot's buffers, and as many of the others as it used (newest
             # first), within max_bytes: the pool does not grow past what a snapshot takes
             kept, held = [], 0
-            for buf in (used + self._free)[: max(len(used), 1)]:
+            for buf in (used + self._free)[: len(used)]:
                 if held + len(buf) <= self.max_bytes:
                     kept.append(buf)
                     held += len(buf)
@@ -226,9 +228,10 @@ class SnapshotWriter:
         partition cost 271 fsyncs, 30x the time), while the record's byte ranges still let
         a restore read only its partitions. The writer's one I/O thread (:meth:`_run_io`)
         encodes the chunks (compression, which releases the GIL), writes and closes
-        (fsyncs) the file while this thread goes on: :meth:`finish` waits for it before
-        the manifest goes to the commit. (``chunks`` holds its own copy of the state: an
-        encoder's table is grouped by partition into new buffers at the call.)"""
+        (fsyncs) the file, and in a slot makes its copies (:meth:`_slot_copies`), while
+        this thread goes on: :meth:`finish` waits for it before the manifest goes to the
+        commit. (``chunks`` holds its own copy of the state: an encoder's table is grouped
+        by partition at the call, into fresh memory or a lease's.)"""
         self.store.check_fence(self.execution_id)
         self._raise_io_failure()
         # (an encoder's generator is never empty, and encodes nothing on this thread: no
