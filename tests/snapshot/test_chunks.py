@@ -393,7 +393,8 @@ def test_native_blosc2_compresses_as_blosc2s_python_api_does():
     """A snapshot's chunks are compressed by one native call without the GIL, and give the
     bytes blosc2's Python API gives (a rebuilt chunk's checksum must match the stored one,
     whichever compressed it)."""
-    from sparkjet.snapshot.chunks import _blosc2, _blosc2_compressor, _blosc2_python
+    from sparkjet.snapshot.chunks import (_BLOSC2_CLEVEL, _blosc2, _blosc2_compressor,
+                                          _blosc2_python)
 
     lib = _blosc2_compressor()
     assert lib is not None, "libblosc2's compression is not used for snapshots"
@@ -401,7 +402,7 @@ def test_native_blosc2_compresses_as_blosc2s_python_api_does():
     for data in (b"", b"abc", rng.bytes(131_071), np.arange(50_000, dtype=np.int64).tobytes(),
                  np.linspace(0, 1, 30_001).tobytes()):
         out = bytearray(len(data) + native.BLOSC2_MAX_OVERHEAD)
-        size = lib.compress(data, out)
+        size = lib.compress(data, out, _BLOSC2_CLEVEL)
         assert bytes(out[:size]) == _blosc2_python(data)
         assert _blosc2(pa.py_buffer(data)).to_pybytes() == _blosc2_python(data)
         back = bytearray(len(data))
@@ -443,7 +444,7 @@ def test_native_blosc2_compression_refuses_bad_buffers():
 def test_native_blosc2_compresses_a_run_as_it_compresses_each_chunk():
     """compress_run (a file's chunks in one call) gives each chunk the bytes compress and
     blosc2's Python API give it, back to back, and says how long each is."""
-    from sparkjet.snapshot.chunks import _blosc2_compressor, _blosc2_python
+    from sparkjet.snapshot.chunks import _BLOSC2_CLEVEL, _blosc2_compressor, _blosc2_python
 
     lib = _blosc2_compressor()
     rng = np.random.default_rng(5)
@@ -454,7 +455,7 @@ def test_native_blosc2_compresses_a_run_as_it_compresses_each_chunk():
     out = bytearray(room + 16)
     out[room:] = b"\xee" * 16
     sizes = np.full(len(sources), -1, np.int64)
-    written = lib.compress_run(sources, out, sizes)
+    written = lib.compress_run(sources, out, sizes, _BLOSC2_CLEVEL)
     assert written == int(sizes.sum())
     at = 0
     for source, size in zip(sources, sizes.tolist()):
