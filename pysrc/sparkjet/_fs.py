@@ -511,6 +511,8 @@ def _start_writeback():
 
 
 _SYNC_FILE_RANGE = _start_writeback()
+#: The buffers one writev call takes (POSIX guarantees 16; Linux takes 1,024).
+_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 _SYNC_FILE_RANGE_WRITE = 2
 
 
@@ -548,6 +550,33 @@ class StreamWriter:
                 self._out.write(piece)
         except OSError as e:
             raise storage_error("write", self.path, e) from None
+
+    def write_all(self, pieces: list) -> None:
+        """Writes ``pieces`` in order: on a local disk in as few ``writev`` calls as the
+        system takes buffers (a snapshot file's chunks are thousands of pieces, a header, a
+        schema message and a payload each: one write per piece cost a system call each,
+        and left the file in the page cache as small pages, which a restore's memory map
+        then faults in 64 KB at a time)."""
+        if not self.backend.local:
+            for piece in pieces:
+                self.write(piece)
+            return
+        views = [v for v in (memoryview(p).cast("B") for p in pieces) if v.nbytes]
+        at = 0
+        try:
+            while at < len(views):
+                n = os.writev(self._fd, views[at:at + _IOV_MAX])
+                self._unsynced += n
+                while n:            # what a short write left goes again
+                    if n >= views[at].nbytes:
+                        n -= views[at].nbytes
+                        at += 1
+                    else:
+                        views[at], n = views[at][n:], 0
+        except OSError as e:
+            raise storage_error("write", self.path, e) from None
+        if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
+            self._flush()
 
     def _flush(self) -> None:
         if _SYNC_FILE_RANGE is None or _SYNC_FILE_RANGE(

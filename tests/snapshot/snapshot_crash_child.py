@@ -1,11 +1,13 @@
 """A snapshot writer that kills itself (SIGKILL, as kill -9) at one chosen I/O call.
 
 `python snapshot_crash_child.py ROOT SNAPSHOT EXECUTION PHASE:INDEX MODE`. Every os.write /
-os.fsync / os.link / os.rename / os.replace counts as one call of the phase it happens in
-(register event, chunk files, finish, validation record, commit event, cleanup); at call
-INDEX of PHASE the process dies before the call (MODE "before") or after writing half of a
-write's bytes (MODE "mid"). PHASE:INDEX "none" runs to the end and prints the number of
-calls made in each phase, as JSON.
+os.writev / os.fsync / os.link / os.rename / os.replace counts as one call of the phase it
+happens in (register event, chunk files, finish, validation record, commit event, cleanup);
+at call INDEX of PHASE the process dies before the call (MODE "before") or after writing
+half of a write's bytes (MODE "mid"). A chunk file's chunks are written one writev call
+each here (a writer gathers ~2 MB a call), so that a kill can fall between any two.
+PHASE:INDEX "none" runs to the end and prints the number of calls made in each phase, as
+JSON.
 
 `python snapshot_crash_child.py --serve` (what tests/snapshot/test_snapshot_crash.py runs):
 reads one JSON list of those five arguments a line, forks a writer process for each (this
@@ -25,12 +27,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from helpers.snapshot_data import entries, state  # noqa: E402
 
 from sparkjet.snapshot import store as snapshot_store  # noqa: E402
+from sparkjet.snapshot import writer as snapshot_writer  # noqa: E402
+
+snapshot_writer._WRITE_BYTES = 1
 
 root, kill_phase, kill_index, mode = "", "none", -1, "before"
 phase = "start"
 lock = threading.Lock()  # the store writes files from several threads
 counts: dict[str, int] = {}
-real = {name: getattr(os, name) for name in ("write", "fsync", "link", "rename", "replace")}
+real = {name: getattr(os, name)
+        for name in ("write", "writev", "fsync", "link", "rename", "replace")}
 
 
 def die():
@@ -46,6 +52,14 @@ def counted(name):
             if phase == kill_phase and counts.get(phase, 0) == kill_index:
                 if name == "write" and mode == "mid" and len(args[1]) > 1:
                     real["write"](args[0], memoryview(args[1])[: len(args[1]) // 2])
+                if name == "writev" and mode == "mid":
+                    # the first half of the bytes of the buffers, then the kill
+                    views = [memoryview(b).cast("B") for b in args[1]]
+                    left, half = sum(v.nbytes for v in views) // 2, []
+                    for v in views:
+                        half.append(v[:left])
+                        left -= half[-1].nbytes
+                    real["writev"](args[0], half)
                 die()
             counts[phase] = counts.get(phase, 0) + 1
         return real[name](*args, **kwargs)

@@ -50,7 +50,8 @@ class StorageBackend(ABC):
 
     @abstractmethod
     def open_write(self, path: str):
-        """A file written piece by piece: ``write(piece)``, then ``close()`` (durable) or
+        """A file written piece by piece: ``write(piece)`` or ``write_all(pieces)`` (many
+        in order, as few calls to the system as it can), then ``close()`` (durable) or
         ``abort()`` (removed)."""
 
     @abstractmethod
