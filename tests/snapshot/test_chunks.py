@@ -393,8 +393,7 @@ def test_native_blosc2_compresses_as_blosc2s_python_api_does():
     """A snapshot's chunks are compressed by one native call without the GIL, and give the
     bytes blosc2's Python API gives (a rebuilt chunk's checksum must match the stored one,
     whichever compressed it)."""
-    from sparkjet.snapshot.chunks import (_BLOSC2_CLEVEL, _blosc2, _blosc2_compressor,
-                                          _blosc2_python)
+    from sparkjet.snapshot.chunks import _BLOSC2_CLEVEL, _blosc2, _blosc2_compressor, _blosc2_python
 
     lib = _blosc2_compressor()
     assert lib is not None, "libblosc2's compression is not used for snapshots"
