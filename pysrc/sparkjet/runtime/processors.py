@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from sparkjet._memory import small_pages
 from sparkjet.connectors import dead_letters
 from sparkjet.errors import BadRecordError, InvalidArgumentError
 from sparkjet.operators.time import EventTimeColumn, in_units
@@ -381,7 +382,8 @@ class KeyedProcessor(Processor):
         op = v.stage.make_operator(v.time_column)
         op.name = v.name
         rebuild_start = time.monotonic()
-        op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
+        with small_pages():     # a fresh process's rebuild, without waiting on compaction
+            op.restore(self.restored_table, self.restored_watermark, self.restored_floors)
         if self.restored_broadcast is not None:
             op.restore_broadcast(self.restored_broadcast)
         keys = 0 if self.restored_table is None else self.restored_table.num_rows
