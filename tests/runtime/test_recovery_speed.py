@@ -142,10 +142,11 @@ def test_table_decoder_refuses_bad_payloads_as_decode_table_does():
     for bad in (bytes(payload[:40]), b"\x00" * 64, bytes(payload[: len(payload) // 2])):
         with pytest.raises(SnapshotCorruptError, match="Arrow IPC payload"):
             decoder.decode(header, bad, "f", 7)
-    import dataclasses
+    import msgspec
     with pytest.raises(SnapshotCorruptError, match="entry count"):
-        decoder.decode(dataclasses.replace(header, entry_count=header.entry_count + 1), payload)
+        decoder.decode(msgspec.structs.replace(header, entry_count=header.entry_count + 1),
+                       payload)
     from sparkjet import _native
     with pytest.raises(SnapshotCorruptError, match="an entry chunk"):
-        decoder.decode(dataclasses.replace(header, flags=header.flags | _native.FLAG_ENTRIES),
+        decoder.decode(msgspec.structs.replace(header, flags=header.flags | _native.FLAG_ENTRIES),
                        payload)
