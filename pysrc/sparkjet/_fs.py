@@ -573,10 +573,10 @@ class StreamWriter:
                         at += 1
                     else:
                         views[at], n = views[at][n:], 0
+            if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
+                self._flush()
         except OSError as e:
             raise storage_error("write", self.path, e) from None
-        if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
-            self._flush()
 
     def _flush(self) -> None:
         if _SYNC_FILE_RANGE is None or _SYNC_FILE_RANGE(

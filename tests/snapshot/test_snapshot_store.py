@@ -750,3 +750,23 @@ def test_a_snapshot_file_is_written_a_few_megabytes_a_call(store, monkeypatch):
     w.commit()
     assert len(sizes) >= 2 and all(n >= writer._WRITE_BYTES for n in sizes[:-1])
     assert sorted_table(store.restore("agg").table).equals(sorted_table(table))
+
+
+def test_a_failed_flush_of_pieces_names_the_file(tmp_path, monkeypatch):
+    """write_all starts a durable file's writeback as write() does; a disk that refuses it
+    raises the StorageError that names the file, not a bare OSError."""
+    import errno
+
+    from sparkjet import _fs
+    from sparkjet.errors import StorageError
+
+    def refused(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(_fs, "_SYNC_FILE_RANGE", None)
+    monkeypatch.setattr(os, "fdatasync", refused)
+    backend = _fs.Backend(str(tmp_path), durable=True)
+    out = backend.open_write(str(tmp_path / "f"))
+    with pytest.raises(StorageError, match="f"):
+        out.write_all([bytes(1 << 20)] * (_fs.StreamWriter.SYNC_EVERY // (1 << 20) + 1))
+    out.abort()
