@@ -84,6 +84,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from sparkjet import _native
 from sparkjet.errors import (
     ExchangeRefusedError,
     FencedError,
@@ -121,6 +122,7 @@ from sparkjet.runtime.storage import (
 from sparkjet.snapshot import layout
 from sparkjet.snapshot import records as meta
 from sparkjet.snapshot.chunks import (
+    BLOSC2_CLEVELS,
     HEADER_SIZE,
     ChunkHeader,
     decode_entries,
@@ -1126,9 +1128,13 @@ def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
         header = ChunkHeader(codec, flags, 0, 0, 0, c.partition, c.entry_count, 0, 0, 0)
         data = (rows[ENTRY_KEY].combine_chunks(), rows["value"].combine_chunks()) if entries \
             else rows
-        chunk = b"".join([head, *encode_payload(header, data)])
-        if len(chunk) != HEADER_SIZE + c.stored_size or \
-                xxhash.xxh3_64_intdigest(memoryview(chunk)[HEADER_SIZE:]) != c.checksum:
+        # (a Blosc2 chunk written by an older sparkjet has another level's bytes)
+        for clevel in BLOSC2_CLEVELS if codec == _native.CODEC_BLOSC2_LZ4 else (None,):
+            chunk = b"".join([head, *encode_payload(header, data, clevel)])
+            if len(chunk) == HEADER_SIZE + c.stored_size and \
+                    xxhash.xxh3_64_intdigest(memoryview(chunk)[HEADER_SIZE:]) == c.checksum:
+                break
+        else:
             return None
         read_chunks(pa.py_buffer(chunk), f"{where}: rebuilt chunk at {c.offset}")  # header too
         return chunk

@@ -323,12 +323,14 @@ class ChunkEncoder:
         return Chunk(header, raw, tuple(pieces))
 
 
-def encode_payload(header: ChunkHeader, data) -> list:
+def encode_payload(header: ChunkHeader, data, clevel: int | None = None) -> list:
     """The stored payload pieces of one chunk like ``header`` (its codec and kind) holding
     ``data``: a table (a table chunk) or a ``(keys, values)`` pair of binary arrays (an
     entry chunk), encoded as :class:`ChunkEncoder` encodes a chunk of those rows. A chunk
     rebuilt from the same rows has the same bytes, so its checksum tells whether it is the
-    chunk ``header`` describes (the Merkle resync, :mod:`sparkjet.runtime.resync`)."""
+    chunk ``header`` describes (the Merkle resync, :mod:`sparkjet.runtime.resync`).
+    ``clevel``: a Blosc2 chunk's level, when not today's (:data:`BLOSC2_CLEVELS`: a chunk
+    does not record the level it was compressed at, and an older sparkjet wrote level 1)."""
     if header.entries:
         keys, values = _binary(data[0], "keys"), _binary(data[1], "values")
         sizes = np.empty(len(keys), np.int64)
@@ -345,7 +347,7 @@ def encode_payload(header: ChunkHeader, data) -> list:
     if header.codec == _native.CODEC_ARROW_LZ4:
         return [_ipc_stream(batch, _LZ4_OPTIONS)]
     if header.codec == _native.CODEC_BLOSC2_LZ4:
-        return [batch.schema.serialize(), _blosc2(batch.serialize())]
+        return [batch.schema.serialize(), _blosc2(batch.serialize(), clevel)]
     if _has_dictionary(batch.schema):
         return [_ipc_stream(batch, _RAW_OPTIONS)]
     return [batch.schema.serialize(), batch.serialize()]
@@ -680,6 +682,10 @@ _BLOSC2_DPARAMS = {"nthreads": 1}
 #: I/O thread (42 -> 45 ms) and chunks 0.3 % smaller; 3 and 5 decompress as slowly as 1.
 #: Only new chunks change: a Blosc2 chunk names what it needs to be decompressed.
 _BLOSC2_CLEVEL = 9
+#: The levels a snapshot's Blosc2 chunks may have been compressed at, today's first (before
+#: c1ed6eb, 1): what a chunk rebuilt from its rows tries to match (the Merkle resync), since
+#: a chunk does not record its level.
+BLOSC2_CLEVELS = (_BLOSC2_CLEVEL, 1)
 
 
 @functools.cache
@@ -706,26 +712,28 @@ def warm(codec: str) -> threading.Thread | None:
     return thread
 
 
-def _blosc2(message: pa.Buffer) -> pa.Buffer | bytes:
+def _blosc2(message: pa.Buffer, clevel: int | None = None) -> pa.Buffer | bytes:
     """``message`` as one Blosc2 chunk (lz4 after an 8-byte shuffle), as a snapshot's chunks
-    are compressed (:func:`_blosc2_many`), held at its compressed size."""
-    return _blosc2_many([message], kept=True)[0]
+    are compressed (:func:`_blosc2_many`; at ``clevel``, else today's level), held at its
+    compressed size."""
+    return _blosc2_many([message], kept=True, clevel=clevel)[0]
 
 
-def _blosc2_many(messages: list, kept: bool) -> list:
+def _blosc2_many(messages: list, kept: bool, clevel: int | None = None) -> list:
     """Each of ``messages`` as one Blosc2 chunk: through c-blosc2, back to back in one
     buffer by one call that holds no GIL, when the native library gives blosc2's own
     bytes; else through blosc2's Python API, one by one (which holds the GIL as it
     compresses, and allocates and copies each result twice). ``kept``: the chunks are held
     (a broadcast table's, in a list), so their buffer is trimmed to their compressed size,
     not the messages'."""
+    clevel = _BLOSC2_CLEVEL if clevel is None else clevel
     native = _blosc2_compressor()
     if native is None:
-        return [_blosc2_python(m) for m in messages]
+        return [_blosc2_python(m, clevel) for m in messages]
     out = pa.allocate_buffer(sum(_size(m) for m in messages)
                              + len(messages) * _native.BLOSC2_MAX_OVERHEAD, resizable=kept)
     sizes = np.empty(len(messages), np.int64)
-    total = native.compress_run(messages, out, sizes, _BLOSC2_CLEVEL)
+    total = native.compress_run(messages, out, sizes, clevel)
     if kept:
         out.resize(total, shrink_to_fit=True)
     # sliced, as a resized buffer still shows its old size to memoryview
@@ -733,8 +741,10 @@ def _blosc2_many(messages: list, kept: bool) -> list:
     return [out.slice(end - size, size) for end, size in zip(ends, sizes.tolist())]
 
 
-def _blosc2_python(message) -> bytes:
+def _blosc2_python(message, clevel: int = _BLOSC2_CLEVEL) -> bytes:
     blosc2, cparams = _blosc2_module()
+    if clevel != cparams["clevel"]:
+        cparams = {**cparams, "clevel": clevel}
     return blosc2.compress2(message, cparams=cparams)
 
 
