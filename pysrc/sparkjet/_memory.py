@@ -4,11 +4,13 @@ numpy asks the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on
 of 4 MB or more. Where the kernel then compacts memory at the fault to find 2 MB of
 contiguous pages (``/sys/kernel/mm/transparent_hugepage/defrag`` at ``madvise``, the default
 of most distributions), a process's first large allocations wait for that compaction: the
-first 24M-key rebuild of a fresh process took 3.1-4.0 s against 1.4-1.9 s with the advice
-off, and later rebuilds were no faster with it (``bench/README.md``, session 25). A member
-restarted after a failure is such a process. :func:`small_pages` turns the advice off
-around a rebuild and back on after it, counting overlapping users (two processors of a
-member rebuild at once), so that the rest of the process keeps numpy's setting.
+first 24M-key rebuild of a fresh process took 3.10-3.85 s against 1.46-1.94 s with the
+advice off, and later rebuilds were no faster with it (``bench/README.md``, session 25). A
+member restarted after a failure is such a process. :func:`small_pages` turns the advice
+off around a rebuild and back on after it, counting overlapping users (two processors of a
+member rebuild at once). The setting is the process's: while a rebuild runs, the arrays
+other threads make go without the advice too; outside rebuilds numpy's setting is as it
+was (one changed by other code during a rebuild is put back as it was before it).
 """
 from __future__ import annotations
 
