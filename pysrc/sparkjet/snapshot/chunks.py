@@ -692,7 +692,8 @@ BLOSC2_CLEVELS = (_BLOSC2_CLEVEL, 1)
 def _blosc2_module():
     import blosc2
     cparams = {"codec": blosc2.Codec.LZ4.value, "clevel": _BLOSC2_CLEVEL, "typesize": 8,
-               "nthreads": 1, "filters": [0, 0, 0, 0, 0, blosc2.Filter.SHUFFLE.value], "filters_meta": [0] * 6}
+               "nthreads": 1, "filters": [0, 0, 0, 0, 0, blosc2.Filter.SHUFFLE.value],
+               "filters_meta": [0] * 6}
     return blosc2, cparams
 
 
