@@ -538,32 +538,23 @@ class StreamWriter:
             raise storage_error("create", path, e) from None
 
     def write(self, piece) -> None:
-        try:
-            if self.backend.local:
-                view = memoryview(piece).cast("B")
-                self._unsynced += len(view)
-                while view:
-                    view = view[os.write(self._fd, view):]
-                if self.backend.durable and self._unsynced >= self.SYNC_EVERY:
-                    self._flush()
-            else:
-                self._out.write(piece)
-        except OSError as e:
-            raise storage_error("write", self.path, e) from None
+        """Writes one piece (:meth:`write_all`)."""
+        self.write_all((piece,))
 
-    def write_all(self, pieces: list) -> None:
+    def write_all(self, pieces) -> None:
         """Writes ``pieces`` in order: on a local disk in as few ``writev`` calls as the
         system takes buffers (a snapshot file's chunks are thousands of pieces, a header, a
         schema message and a payload each: one write per piece cost a system call each,
         and left the file in the page cache as small pages, which a restore's memory map
-        then faults in 64 KB at a time)."""
-        if not self.backend.local:
-            for piece in pieces:
-                self.write(piece)
-            return
-        views = [v for v in (memoryview(p).cast("B") for p in pieces) if v.nbytes]
-        at = 0
+        then faults in 64 KB at a time); a durable file's writeback is started every
+        :attr:`SYNC_EVERY` bytes. A failure raises the StorageError naming the file."""
         try:
+            if not self.backend.local:
+                for piece in pieces:
+                    self._out.write(piece)
+                return
+            views = [v for v in (memoryview(p).cast("B") for p in pieces) if v.nbytes]
+            at = 0
             while at < len(views):
                 n = os.writev(self._fd, views[at:at + _IOV_MAX])
                 self._unsynced += n

@@ -738,7 +738,8 @@ def test_a_snapshot_file_is_written_a_few_megabytes_a_call(store, monkeypatch):
 
     def counted(fd, buffers):
         n = real(fd, buffers)
-        sizes.append(n)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".chunks"):  # (the log's writes too)
+            sizes.append(n)
         return n
 
     monkeypatch.setattr(os, "writev", counted)
