@@ -162,8 +162,7 @@ class Backend:
         """Writes a file from byte pieces (fsynced on local disks when durable)."""
         out = self.open_write(path)
         try:
-            for piece in pieces:
-                out.write(piece)
+            out.write_all(pieces)
         except BaseException:
             out.abort()
             raise

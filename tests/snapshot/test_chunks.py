@@ -592,7 +592,21 @@ def test_a_chunk_an_older_sparkjet_compressed_is_rebuilt_byte_for_byte():
                         h.codec, h.flags))
         parts.setdefault(h.partition, []).append(decode_table(h, payload))
     rebuilt = {p: pa.concat_tables(t) for p, t in parts.items()}
-    built, mismatched = resync._encode(keyed, headers, rebuilt, False, "agg/0-0.chunks", "golden")
+    levels = []
+    real = resync.encode_payload
+
+    def recorded(header, data, clevel=None):
+        levels.append(clevel)
+        return real(header, data, clevel)
+
+    resync.encode_payload = recorded
+    try:
+        built, mismatched = resync._encode(keyed, headers, rebuilt, False, "agg/0-0.chunks",
+                                           "golden")
+    finally:
+        resync.encode_payload = real
     assert not mismatched
+    # today's level is tried once; the rest of the file's chunks go straight to level 1
+    assert levels == [9, 1] + [1] * (len(stored) - 1)
     assert {o: bytes(c) for o, c in built.items()} == {
         o: data[o:o + HEADER_SIZE + h.stored_size] for o, h, _ in stored}

@@ -1123,16 +1123,23 @@ def _encode(keyed, headers, rebuilt, entries: bool, rel: str, where: str):
         jobs.append((c, _unb64(head, "chunk header"), codec, flags,
                      rebuilt[c.partition].slice(start, c.entry_count)))
 
+    # the Blosc2 levels to try, the one the last chunk matched at first: a file is written
+    # by one build, so an older build's chunks are not each compressed at today's level too
+    levels = list(BLOSC2_CLEVELS)
+
     def encode(job):
         c, head, codec, flags, rows = job
         header = ChunkHeader(codec, flags, 0, 0, 0, c.partition, c.entry_count, 0, 0, 0)
         data = (rows[ENTRY_KEY].combine_chunks(), rows["value"].combine_chunks()) if entries \
             else rows
         # (a Blosc2 chunk written by an older sparkjet has another level's bytes)
-        for clevel in BLOSC2_CLEVELS if codec == _native.CODEC_BLOSC2_LZ4 else (None,):
+        for clevel in levels if codec == _native.CODEC_BLOSC2_LZ4 else (None,):
             chunk = b"".join([head, *encode_payload(header, data, clevel)])
             if len(chunk) == HEADER_SIZE + c.stored_size and \
                     xxhash.xxh3_64_intdigest(memoryview(chunk)[HEADER_SIZE:]) == c.checksum:
+                if clevel is not None and clevel != levels[0]:
+                    levels.remove(clevel)
+                    levels.insert(0, clevel)
                 break
         else:
             return None
