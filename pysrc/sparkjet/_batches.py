@@ -92,3 +92,26 @@ def group_rows(data: pa.RecordBatch | pa.Table, ids: np.ndarray, count: int,
                 _native.scatter(ids, count, np.empty(count + 1, np.int64), perm)
             columns.append(column.take(perm))
     return pa.RecordBatch.from_arrays(columns, schema=data.schema), starts
+
+
+def copy_fixed(data: pa.RecordBatch | pa.Table, alloc=None) -> pa.RecordBatch | None:
+    """A copy of ``data`` as one RecordBatch whose columns own their memory (from
+    ``alloc(nbytes)``, as :func:`group_rows` takes it): one plain copy per column, when
+    every column is of fixed width without nulls; None otherwise (nothing copied). What a
+    snapshot takes of state that goes on changing: a copy is a third of the time grouping
+    the rows by partition takes, which can then happen elsewhere."""
+    columns = [one_array(c) for c in data.columns]
+    widths = []
+    for column in columns:
+        t = column.type
+        if not (pa.types.is_primitive(t) and t.bit_width % 8 == 0) or column.null_count:
+            return None
+        widths.append(t.bit_width // 8)
+    n = data.num_rows
+    out = []
+    for column, width in zip(columns, widths):
+        into = (alloc or pa.allocate_buffer)(n * width)
+        source = column.buffers()[1].slice(column.offset * width, n * width)
+        np.copyto(np.frombuffer(into, np.uint8), np.frombuffer(source, np.uint8))
+        out.append(pa.Array.from_buffers(column.type, n, [None, into]))
+    return pa.RecordBatch.from_arrays(out, schema=data.schema)

@@ -536,17 +536,19 @@ def test_a_processors_snapshots_group_their_state_into_memory_kept_between_them(
     store.wait_for_cleanup()
     third = store.writer(2, 1, codec="blosc2-lz4")
     third.write_table("agg", state(3), key="key", buffers=pool)
-    assert set(lease_of[2]) <= set(lease_of[0]) | set(lease_of[1])
-    assert len(set(lease_of[2])) == len(lease_of[2]) == 3     # key, count, sum
     third.commit()
     store.wait_for_cleanup()
+    assert set(lease_of[2]) <= set(lease_of[0]) | set(lease_of[1])
+    # key, count, sum: copied at the call, then grouped on the I/O thread
+    assert len(set(lease_of[2])) == len(lease_of[2]) == 6
     # each snapshot holds its own state, though the later ones grouped into the same memory
     assert sorted_table(store.restore("agg", snapshot_id=1).table).equals(
         sorted_table(state(2)))
     assert sorted_table(store.restore("agg", snapshot_id=2).table).equals(
         sorted_table(state(3)))
-    # the pool keeps about what one snapshot took, however many ran
-    assert pool.held_bytes <= 2 * sum(c.nbytes for c in state(3).columns)
+    # the pool keeps about what one snapshot took (its copy and its grouped rows, each an
+    # eighth larger than asked), however many ran
+    assert pool.held_bytes <= 2 * 1.125 * sum(c.nbytes for c in state(3).columns)
 
 
 def test_a_buffer_lease_given_back_takes_nothing_more():
@@ -590,6 +592,44 @@ def test_a_tables_chunks_are_all_encoded_on_the_writers_thread(store, monkeypatc
     assert len(encoded_on) > 3 and set(encoded_on) == {"sparkjet-snapshot-write"}
     assert info.vertices == ("agg",)
     assert sorted_table(store.restore("agg").table).equals(sorted_table(state(1)))
+
+
+def test_a_processors_state_is_copied_at_the_call_and_grouped_on_the_writers_thread(
+        store, monkeypatch):
+    """With a keyed processor's buffer pool, write_table takes a plain copy of the state
+    and returns; the rows are grouped by partition on the I/O thread, from that copy, so
+    the state may change at once (a processor goes on with its input). A state larger than
+    half the pool is grouped at the call, as before (no second copy of it is made)."""
+    import threading
+
+    from sparkjet.snapshot import chunks
+    from sparkjet.snapshot.writer import SnapshotBuffers
+
+    grouped_on = []
+    real = chunks.group_rows
+
+    def recorded(*args, **kwargs):
+        grouped_on.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunks, "group_rows", recorded)
+    want = state(4)
+    live = {name: want.column(name).to_numpy().copy() for name in want.column_names}
+    table = pa.table(live)            # (zero copy: the table shows the live arrays)
+    w = store.writer(0, 1, codec="blosc2-lz4")
+    pool = SnapshotBuffers()
+    w.write_table("agg", table, key="key", buffers=pool)
+    for arr in live.values():
+        arr[:] = 0                      # the processor's next batch changes its state
+    w.commit()
+    assert grouped_on == ["sparkjet-snapshot-write"]
+    assert sorted_table(store.restore("agg").table).equals(sorted_table(want))
+    assert pool.held_bytes >= 2 * want.nbytes      # the copy and the grouped rows, kept
+    w = store.writer(1, 1, codec="blosc2-lz4")
+    w.write_table("big", state(5), key="key", buffers=SnapshotBuffers(max_bytes=1_000))
+    assert grouped_on[-1] == threading.current_thread().name     # at the call
+    w.commit()
+    assert sorted_table(store.restore("big").table).equals(sorted_table(state(5)))
 
 
 def test_a_buffer_pool_keeps_no_more_than_its_bound():

@@ -40,7 +40,7 @@ import pyarrow as pa
 import xxhash
 
 from sparkjet import _native
-from sparkjet._batches import group_rows
+from sparkjet._batches import copy_fixed, group_rows
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, partition_ids
 
@@ -139,22 +139,40 @@ class ChunkEncoder:
         return list(self.iter_table(table, key, key_type=key_type))
 
     def iter_table(self, table: pa.Table | pa.RecordBatch, key, *, key_type=None,
-                   alloc=None) -> Iterable[Chunk]:
+                   alloc=None, group_later: bool = False) -> Iterable[Chunk]:
         """:meth:`table` as it goes, in partition order: bad input raises here, at the call;
         chunks are then encoded a run of a few MB at a time (a writer can store each as it
         comes). The rows are grouped by partition at the call, into buffers of their own
         (from ``alloc``, as :func:`~sparkjet._batches.group_rows` takes it): ``table``
-        may change once this returns. No rows: an empty tuple, else a generator of at
-        least one chunk that has encoded none yet."""
+        may change once this returns. ``group_later``: the call takes a plain copy instead
+        (:func:`~sparkjet._batches.copy_fixed`, when its columns allow), and the rows are
+        grouped as the first chunk is asked for (on a writer's I/O thread, not the
+        caller's). No rows: an empty tuple, else a generator of at least one chunk that has
+        encoded none yet."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         if table.num_rows == 0:
             return ()
         pids = partition_ids(table, self.partition_count, key=key, key_type=key_type)
+        copy = copy_fixed(table, alloc) if group_later else None
+        if copy is not None:
+            return self._grouped_chunks(copy, _ids(pids), alloc)
         ordered, starts = group_rows(table, _ids(pids), self.partition_count, alloc)
-        parts = ((ordered.slice(starts[p], starts[p + 1] - starts[p]), int(p))
-                 for p in np.flatnonzero(np.diff(starts)))
-        return self._table_chunks(parts, ordered.schema, 0)
+        return self._partition_chunks(ordered, starts)
+
+    def _grouped_chunks(self, batch: pa.RecordBatch, ids: np.ndarray, alloc) -> Iterator[Chunk]:
+        ordered, starts = group_rows(batch, ids, self.partition_count, alloc)
+        del batch, ids      # (the copy is not needed once grouped)
+        yield from self._partition_chunks(ordered, starts)
+
+    def _partition_chunks(self, ordered: pa.RecordBatch, starts: np.ndarray) -> Iterator[Chunk]:
+        """The chunks of ``ordered``, its rows grouped by partition (partition p's from
+        ``starts[p]`` to ``starts[p + 1]``), in partition order."""
+        filled = np.flatnonzero(np.diff(starts))
+        parts = zip((ordered.slice(s, n) for s, n in zip(starts[filled].tolist(),
+                                                         np.diff(starts)[filled].tolist())),
+                    filled.tolist())
+        return self._table_chunks(parts, ordered.schema, 0, row_bytes=_row_bytes(ordered))
 
     def broadcast_table(self, table: pa.Table | pa.RecordBatch) -> list[Chunk]:
         """Chunks of state that every processor of the vertex restores."""
@@ -166,14 +184,18 @@ class ChunkEncoder:
         return list(self._table_chunks([(batch, -1)], batch.schema, _native.FLAG_BROADCAST,
                                        kept=True))
 
-    def _table_chunks(self, parts, schema: pa.Schema, flags: int,
-                      kept: bool = False) -> Iterator[Chunk]:
+    def _table_chunks(self, parts, schema: pa.Schema, flags: int, kept: bool = False,
+                      row_bytes: float | None = None) -> Iterator[Chunk]:
         """The chunks of ``parts``, (record batch, partition) pairs of one schema, in their
         order. With ``blosc2-lz4`` the record batch messages of up to :data:`_RUN_BYTES` are
         compressed together, in one call that holds no GIL (:meth:`_blosc2_run`), then
         framed: a snapshot's processor shares its cores with the encoding thread, which
         should ask for the GIL once per run, not once per chunk. ``kept``: the chunks are
-        held (a broadcast table's), so their payloads are trimmed to their size."""
+        held (a broadcast table's), so their payloads are trimmed to their size.
+        ``row_bytes``: the bytes of every row, when the schema makes them all the same
+        (:func:`_row_bytes`): a part's size is then its rows times that, not asked of each
+        part (a sliced batch's ``nbytes`` costs microseconds, and a snapshot's table has a
+        part for each of up to 271 partitions)."""
         schema_message = schema.serialize()
         # A dictionary travels in a message of its own, which batch.serialize() leaves out:
         # such a batch is written as a whole IPC stream.
@@ -181,7 +203,7 @@ class ChunkEncoder:
         run: list[tuple] = []       # (message, rows, partition) waiting to be compressed
         held = 0
         for part, partition in parts:
-            for batch in self._cuts(part):
+            for batch in self._cuts(part, row_bytes):
                 if self.codec == "blosc2-lz4" and not dictionaries:
                     message = batch.serialize()
                     if message.size <= _BLOSC2_MAX:
@@ -213,11 +235,13 @@ class ChunkEncoder:
         if run:
             yield from self._blosc2_run(run, flags, schema_message, kept)
 
-    def _cuts(self, part: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        """``part`` in pieces of about ``chunk_size`` bytes, by its average row size: an
-        oversized row still gets a piece of its own."""
+    def _cuts(self, part: pa.RecordBatch,
+              row_bytes: float | None = None) -> Iterator[pa.RecordBatch]:
+        """``part`` in pieces of about ``chunk_size`` bytes, by its average row size (or
+        ``row_bytes``, every row's): an oversized row still gets a piece of its own."""
         rows = part.num_rows
-        pieces = max(1, math.ceil(part.nbytes / self.chunk_size))
+        size = part.nbytes if row_bytes is None else rows * row_bytes
+        pieces = max(1, math.ceil(size / self.chunk_size))
         if pieces == 1:
             yield part
             return
@@ -232,12 +256,13 @@ class ChunkEncoder:
         schema message's digest, computed once."""
         packed = _blosc2_many([m for m, _, _ in run], kept)
         base = xxhash.xxh3_64(schema_message)
+        head = schema_message.size
         for (message, rows, partition), piece in zip(run, packed):
             digest = base.copy()
             digest.update(piece)
             yield self._framed(_native.CODEC_BLOSC2_LZ4, flags, partition, rows,
-                               schema_message.size + message.size,
-                               (schema_message, piece), digest.intdigest())
+                               head + message.size, (schema_message, piece),
+                               digest.intdigest(), head + _size(piece))
 
     # -- entries -----------------------------------------------------------------------
 
@@ -312,8 +337,9 @@ class ChunkEncoder:
                             digest.intdigest())
 
     def _framed(self, codec, flags, partition, count, uncompressed, pieces,
-                checksum: int) -> Chunk:
-        stored = sum(_size(p) for p in pieces)
+                checksum: int, stored: int | None = None) -> Chunk:
+        if stored is None:
+            stored = sum(_size(p) for p in pieces)
         if stored > _MAX_PAYLOAD or uncompressed > _MAX_PAYLOAD:
             raise InvalidArgumentError(f"chunk payload of {uncompressed} bytes exceeds 4 GiB")
         header = ChunkHeader(codec, flags, self.job_id, self.snapshot_id, self.vertex,
@@ -656,6 +682,20 @@ def _field_names(schema: pa.Schema) -> None:
     for f in schema:
         f.name  # noqa: B018 - decodes the name
         walk(f.type)
+
+
+def _row_bytes(batch: pa.RecordBatch) -> float | None:
+    """The bytes each row of ``batch`` takes when its columns are all of fixed width
+    without nulls (each part of it then takes its rows times that); None otherwise."""
+    if batch.num_rows == 0:
+        return None
+    for column in batch.columns:
+        t = column.type
+        if column.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)
+                                     or pa.types.is_temporal(t)
+                                     or pa.types.is_fixed_size_binary(t)):
+            return None
+    return batch.nbytes / batch.num_rows
 
 
 def _size(piece) -> int:

@@ -79,18 +79,19 @@ class SnapshotBuffers:
     """The memory a keyed processor's state is grouped into at each snapshot, kept from
     one snapshot to the next (a pool per processor).
 
-    A snapshot copies the whole state once, grouped by partition, at the barrier, on the
-    processor's thread; into memory the process has not used before that copy was 3-8
-    times slower on a VM guest than into memory used before (500k keys: 17-42 ms
-    instead of 5-6). A writer takes buffers from a :meth:`lease` while it encodes and
+    A snapshot copies the whole state at the barrier, on the processor's thread, and
+    groups it by partition (at the call, or from that copy on the writer's I/O thread:
+    :meth:`SnapshotWriter.write_table`); into memory the process has not used before,
+    grouping was 3-8 times slower on a VM guest than into memory used before (500k keys:
+    17-42 ms instead of 5-6). A writer takes buffers from a :meth:`lease` while it encodes and
     gives them back when its files are written (:meth:`SnapshotWriter.finish`): the
     chunks it wrote hold copies (serialized, compressed), never these buffers. A lease
     never given back (a failed writer) leaves its buffers to the garbage collector. What
-    the pool keeps is what the last lease given back used, up to ``max_bytes``: about one
-    more copy of the state's fixed-width columns for a state of up to ~10M keys per
-    processor; a larger state's snapshots take fresh memory, as they did without a pool
-    (its snapshot costs far more than the faults, and a copy of it kept idle would cost
-    gigabytes)."""
+    the pool keeps is what the last lease given back used, up to ``max_bytes``: two more
+    copies of the state's fixed-width columns (the copy and the grouped rows) for a state
+    of up to ~5M keys per processor, one for up to ~10M (grouped at the call); a larger
+    state's snapshots take fresh memory, as they did without a pool (its snapshot costs
+    far more than the faults, and a copy of it kept idle would cost gigabytes)."""
 
     def __init__(self, max_bytes: int = 256 << 20):
         self._lock = threading.Lock()
@@ -201,13 +202,18 @@ class SnapshotWriter:
     def write_table(self, vertex: str, table, key, *, key_type=None,
                     buffers: SnapshotBuffers | None = None) -> None:
         """Keyed state as an Arrow table, partitioned by `key`; grouped by partition into
-        memory from ``buffers`` (a keyed processor's pool), given back by :meth:`finish`."""
+        memory from ``buffers`` (a keyed processor's pool), given back by :meth:`finish`.
+        With ``buffers``, a state of up to half the pool's bytes is copied at the call
+        (into the pool's memory too) and grouped on the I/O thread: the processor's thread
+        pays a plain copy, not the grouping, before it goes on with its input."""
         encoder = self._encoder(vertex)
         lease = None if buffers is None else buffers.lease()
         if lease is not None:
             self._leases.append(lease)
+        later = buffers is not None and table.nbytes <= buffers.max_bytes // 2
         self._write(vertex, encoder.iter_table(table, key, key_type=key_type,
-                                               alloc=None if lease is None else lease.take))
+                                               alloc=None if lease is None else lease.take,
+                                               group_later=later))
 
     def write_entries(self, vertex: str, keys, values) -> None:
         """Keyed state as opaque bytes per key."""
@@ -236,7 +242,8 @@ class SnapshotWriter:
         (fsyncs) the file, and in a slot makes its copies (:meth:`_slot_copies`), while
         this thread goes on: :meth:`finish` waits for it before the manifest goes to the
         commit. (``chunks`` holds its own copy of the state: an encoder's table is grouped
-        by partition at the call, into fresh memory or a lease's.)"""
+        by partition at the call, or copied then and grouped on the I/O thread, into fresh
+        memory or a lease's.)"""
         self.store.check_fence(self.execution_id)
         self._raise_io_failure()
         # (an encoder's generator is never empty, and encodes nothing on this thread: no
