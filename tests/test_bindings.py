@@ -290,6 +290,29 @@ def test_keymap_checks_lengths_and_slots():
         m.upsert(i32(1, 2), np.zeros(2, np.int64))
 
 
+def test_keymap_keys_prefix_copies_the_first_slots_keys_and_no_more():
+    """keys_prefix: the keys of slots 0..n-1 in slot order, as keys_at of those slots
+    gives them; asking more than the map holds is refused before anything is written."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-2**62, 2**62, 5_000)
+    m = _native.KeyMap(0)
+    slots = np.zeros(len(keys), np.int64)
+    m.upsert(keys, slots)
+    n = len(m)
+    whole, gathered = np.empty(n, np.int64), np.empty(n, np.int64)
+    m.keys_prefix(whole)
+    m.keys_at(np.arange(n, dtype=np.int64), gathered)
+    assert whole.tolist() == gathered.tolist() == list(dict.fromkeys(keys.tolist()))
+    some = np.empty(7, np.int64)
+    m.keys_prefix(some)
+    assert some.tolist() == whole[:7].tolist()
+    m.keys_prefix(np.empty(0, np.int64))
+    out = np.full(n + 1, -1, np.int64)
+    with pytest.raises(InvalidArgumentError, match=f"out holds {n + 1} values, the map {n}"):
+        m.keys_prefix(out)
+    assert (out == -1).all()
+
+
 def test_dedupmap_checks_lengths_and_round_trips():
     m = _native.DedupMap(0)
     keep = np.zeros(4, np.uint8)

@@ -2,6 +2,7 @@
 # and aggregate kernels over caller-owned numpy arrays indexed by slot. Every slot is
 # checked against the arrays it indexes before anything is written.
 from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy
 
 
 cdef class KeyMap:
@@ -82,6 +83,19 @@ cdef class KeyMap:
         with nogil:
             for i in range(n):
                 out[i] = k[slots[i]]
+
+    def keys_prefix(self, int64_t[::1] out):
+        """Writes the keys of slots 0..len(out)-1 (at most len(self)) to out, in slot
+        order: a snapshot's keys, one copy instead of a gather through every slot."""
+        cdef int64_t n = out.shape[0]
+        cdef int64_t size = sj_keymap_size(self.map)
+        if n > size:
+            raise InvalidArgumentError(f"out holds {n} values, the map {size} keys")
+        if n == 0:
+            return
+        cdef const int64_t *k = sj_keymap_keys(self.map)
+        with nogil:
+            memcpy(&out[0], k, <size_t>n * sizeof(int64_t))
 
 
 cdef int _keyed_check_slots(const int64_t[::1] slots, int64_t size, str what) except -1:

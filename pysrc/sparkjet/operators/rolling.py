@@ -240,14 +240,17 @@ class KeyedAggregator:
 
     def snapshot(self) -> pa.Table:
         """The whole state as a table: the key, ``__count`` and ``__{op}__{column}``."""
-        slots = np.arange(self._size, dtype=np.int64)
         if isinstance(self.key, list):
             if self._groups is None:
                 return None
-            columns = self._key_columns(slots)
+            columns = self._key_columns(np.arange(self._size, dtype=np.int64))
+        elif self._map is not None:     # an integer key: the map's keys, in slot order
+            keys = np.empty(self._size, np.int64)
+            self._map.keys_prefix(keys)
+            columns = {self.key: pa.array(keys).cast(self._key_type)}
         else:
-            columns = {self.key: self._keys(slots) if self._key_type is not None
-                       else pa.array([], pa.int64())}
+            columns = {self.key: self._keys(np.arange(self._size, dtype=np.int64))
+                       if self._key_type is not None else pa.array([], pa.int64())}
         counts = self._counts[: self._size]
         columns["__count"] = pa.array(counts)
         for (op, c), arr in sorted(self._state.items()):
