@@ -79,8 +79,8 @@ def group_rows(data: pa.RecordBatch | pa.Table, ids: np.ndarray, count: int,
     for column in data.columns:
         column = one_array(column)
         t = column.type
-        width = t.bit_width // 8 if pa.types.is_primitive(t) and t.bit_width % 8 == 0 else 0
-        if width and column.null_count == 0:
+        width = fixed_width(column)
+        if width:
             data_buffer = column.buffers()[1]
             out = (alloc or pa.allocate_buffer)(n * width)
             _native.scatter_fixed(data_buffer.slice(column.offset * width, n * width), width,
@@ -94,6 +94,16 @@ def group_rows(data: pa.RecordBatch | pa.Table, ids: np.ndarray, count: int,
     return pa.RecordBatch.from_arrays(columns, schema=data.schema), starts
 
 
+def fixed_width(column: pa.Array | pa.ChunkedArray) -> int:
+    """The bytes each value of ``column`` takes when it is of a fixed width in whole bytes
+    and holds no null (what moves in one plain pass: :func:`group_rows`,
+    :func:`copy_fixed`); 0 otherwise."""
+    t = column.type
+    if pa.types.is_primitive(t) and t.bit_width % 8 == 0 and column.null_count == 0:
+        return t.bit_width // 8
+    return 0
+
+
 def copy_fixed(data: pa.RecordBatch | pa.Table, alloc=None) -> pa.RecordBatch | None:
     """A copy of ``data`` as one RecordBatch whose columns own their memory (from
     ``alloc(nbytes)``, as :func:`group_rows` takes it): one plain copy per column, when
@@ -101,12 +111,9 @@ def copy_fixed(data: pa.RecordBatch | pa.Table, alloc=None) -> pa.RecordBatch | 
     snapshot takes of state that goes on changing: a copy is a third of the time grouping
     the rows by partition takes, which can then happen elsewhere."""
     columns = [one_array(c) for c in data.columns]
-    widths = []
-    for column in columns:
-        t = column.type
-        if not (pa.types.is_primitive(t) and t.bit_width % 8 == 0) or column.null_count:
-            return None
-        widths.append(t.bit_width // 8)
+    widths = [fixed_width(c) for c in columns]
+    if not all(widths):
+        return None
     n = data.num_rows
     out = []
     for column, width in zip(columns, widths):

@@ -119,7 +119,8 @@ def write_keyed(writer, vertex, index: int, op, watermark: int, partitions: list
                 buffers=None) -> None:
     """A keyed processor's operator state (``op``, of processor ``index`` of ``vertex``),
     and its ``watermark`` with the ``partitions`` it owns; ``buffers``: the processor's
-    :class:`~sparkjet.snapshot.writer.SnapshotBuffers`, the state is grouped into."""
+    :class:`~sparkjet.snapshot.writer.SnapshotBuffers`, the state is copied and grouped
+    into."""
     table = op.snapshot()
     if table is not None:
         if vertex.single:

@@ -40,7 +40,7 @@ import pyarrow as pa
 import xxhash
 
 from sparkjet import _native
-from sparkjet._batches import copy_fixed, group_rows
+from sparkjet._batches import copy_fixed, fixed_width, group_rows
 from sparkjet.errors import InvalidArgumentError, SnapshotCorruptError
 from sparkjet.partitioning import DEFAULT_PARTITION_COUNT, partition_ids
 
@@ -185,7 +185,7 @@ class ChunkEncoder:
                                        kept=True))
 
     def _table_chunks(self, parts, schema: pa.Schema, flags: int, kept: bool = False,
-                      row_bytes: float | None = None) -> Iterator[Chunk]:
+                      row_bytes: int | None = None) -> Iterator[Chunk]:
         """The chunks of ``parts``, (record batch, partition) pairs of one schema, in their
         order. With ``blosc2-lz4`` the record batch messages of up to :data:`_RUN_BYTES` are
         compressed together, in one call that holds no GIL (:meth:`_blosc2_run`), then
@@ -236,7 +236,7 @@ class ChunkEncoder:
             yield from self._blosc2_run(run, flags, schema_message, kept)
 
     def _cuts(self, part: pa.RecordBatch,
-              row_bytes: float | None = None) -> Iterator[pa.RecordBatch]:
+              row_bytes: int | None = None) -> Iterator[pa.RecordBatch]:
         """``part`` in pieces of about ``chunk_size`` bytes, by its average row size (or
         ``row_bytes``, every row's): an oversized row still gets a piece of its own."""
         rows = part.num_rows
@@ -684,18 +684,11 @@ def _field_names(schema: pa.Schema) -> None:
         walk(f.type)
 
 
-def _row_bytes(batch: pa.RecordBatch) -> float | None:
+def _row_bytes(batch: pa.RecordBatch) -> int | None:
     """The bytes each row of ``batch`` takes when its columns are all of fixed width
     without nulls (each part of it then takes its rows times that); None otherwise."""
-    if batch.num_rows == 0:
-        return None
-    for column in batch.columns:
-        t = column.type
-        if column.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)
-                                     or pa.types.is_temporal(t)
-                                     or pa.types.is_fixed_size_binary(t)):
-            return None
-    return batch.nbytes / batch.num_rows
+    widths = [fixed_width(c) for c in batch.columns]
+    return sum(widths) if all(widths) else None
 
 
 def _size(piece) -> int:
