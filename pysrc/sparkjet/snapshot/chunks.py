@@ -168,9 +168,10 @@ class ChunkEncoder:
     def _partition_chunks(self, ordered: pa.RecordBatch, starts: np.ndarray) -> Iterator[Chunk]:
         """The chunks of ``ordered``, its rows grouped by partition (partition p's from
         ``starts[p]`` to ``starts[p + 1]``), in partition order."""
-        filled = np.flatnonzero(np.diff(starts))
+        sizes = np.diff(starts)
+        filled = np.flatnonzero(sizes)
         parts = zip((ordered.slice(s, n) for s, n in zip(starts[filled].tolist(),
-                                                         np.diff(starts)[filled].tolist())),
+                                                         sizes[filled].tolist())),
                     filled.tolist())
         return self._table_chunks(parts, ordered.schema, 0, row_bytes=_row_bytes(ordered))
 

@@ -76,8 +76,8 @@ class SlotLink(Protocol):
 
 
 class SnapshotBuffers:
-    """The memory a keyed processor's state is grouped into at each snapshot, kept from
-    one snapshot to the next (a pool per processor).
+    """The memory a keyed processor's state is copied and grouped into at each snapshot,
+    kept from one snapshot to the next (a pool per processor).
 
     A snapshot copies the whole state at the barrier, on the processor's thread, and
     groups it by partition (at the call, or from that copy on the writer's I/O thread:
